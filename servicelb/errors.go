@@ -1,0 +1,88 @@
+package servicelb
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Validation errors. A *ValidationError wraps exactly one of them, so that
+// callers test the kind of mistake with errors.Is and find the service and
+// field with errors.As.
+var (
+	// ErrInvalidName: a service or port name that is empty where a name is
+	// required, or holds characters kernel object names cannot carry.
+	ErrInvalidName = errors.New("invalid name")
+	// ErrNameTooLong: a name longer than MaxNameLen or MaxPortNameLen.
+	ErrNameTooLong = errors.New("name too long")
+	// ErrInvalidAddress: an invalid, unspecified, loopback, multicast,
+	// zoned or IPv4-mapped IPv6 address.
+	ErrInvalidAddress = errors.New("invalid address")
+	// ErrInvalidPrefix: a prefix that is invalid or has host bits set.
+	ErrInvalidPrefix = errors.New("invalid prefix")
+	// ErrFamilyMismatch: two cluster IPs of one family.
+	ErrFamilyMismatch = errors.New("address family mismatch")
+	// ErrDuplicateAddress: an address listed twice in one service.
+	ErrDuplicateAddress = errors.New("duplicate address")
+	// ErrInvalidPort: port 0, or a service without ports.
+	ErrInvalidPort = errors.New("invalid port")
+	// ErrNodePortRange: a node port outside NodeConfig's node port range.
+	ErrNodePortRange = errors.New("node port outside the node port range")
+	// ErrDuplicatePortName: two ports of one service with the same name.
+	ErrDuplicatePortName = errors.New("duplicate port name")
+	// ErrDuplicatePort: two ports of one service with the same port and
+	// protocol, or the same node port and protocol.
+	ErrDuplicatePort = errors.New("duplicate port")
+	// ErrUnknownProtocol: a protocol other than TCP, UDP and SCTP.
+	ErrUnknownProtocol = errors.New("unknown protocol")
+	// ErrInvalidPolicy: a traffic policy other than Cluster and Local.
+	ErrInvalidPolicy = errors.New("invalid traffic policy")
+	// ErrAffinityTimeout: an affinity timeout outside 1s .. 24h, or one
+	// without ClientIP affinity.
+	ErrAffinityTimeout = errors.New("affinity timeout out of range")
+	// ErrUnknownScheduler: a scheduler hint not in Schedulers.
+	ErrUnknownScheduler = errors.New("unknown scheduler")
+	// ErrVIPConflict: the same virtual address, port and protocol in two
+	// services.
+	ErrVIPConflict = errors.New("address and port already used by another service")
+	// ErrNodePortConflict: the same node port and protocol in two services.
+	ErrNodePortConflict = errors.New("node port already used by another service")
+	// ErrInvalidNode: a NodeConfig field that is not valid.
+	ErrInvalidNode = errors.New("invalid node config")
+)
+
+// ValidationError says what is wrong with a service and where.
+type ValidationError struct {
+	// Service is the service's name; empty for a NodeConfig error.
+	Service string
+	// Field is the path of the offending field, such as "ports[1].nodePort".
+	Field string
+	// Value is the offending value, as text.
+	Value string
+	// Err is one of the Err* kinds above, possibly wrapping more detail.
+	Err error
+}
+
+func (e *ValidationError) Error() string {
+	who := "node config"
+	if e.Service != "" || e.Field == "name" {
+		who = fmt.Sprintf("service %q", e.Service)
+	}
+	if e.Value != "" {
+		return fmt.Sprintf("%s: %s %s: %v", who, e.Field, e.Value, e.Err)
+	}
+	return fmt.Sprintf("%s: %s: %v", who, e.Field, e.Err)
+}
+
+func (e *ValidationError) Unwrap() error { return e.Err }
+
+func invalid(svc, field string, value any, err error) *ValidationError {
+	v := ""
+	if value != nil {
+		v = fmt.Sprint(value)
+	}
+	return &ValidationError{Service: svc, Field: field, Value: v, Err: err}
+}
+
+func invalidf(svc, field string, value any, kind error, format string, args ...any) *ValidationError {
+	return invalid(svc, field, value, fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...)))
+}

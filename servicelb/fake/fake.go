@@ -1,0 +1,147 @@
+// Package fake provides test aids for code that drives a servicelb.Proxier:
+// a Proxier that records what it is asked to apply, and a Clock whose time
+// moves only when told.
+package fake
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Record is one call to Proxier.Sync.
+type Record struct {
+	// State is what the proxier was asked to apply.
+	State *servicelb.State
+	// Changes is the difference from the state last applied successfully.
+	Changes servicelb.Changes
+	// Err is what Sync returned.
+	Err error
+}
+
+// Proxier is a servicelb.Proxier that touches no kernel: it records every
+// Sync and can be told to fail. The zero value is ready to use.
+type Proxier struct {
+	mu       sync.Mutex
+	records  []Record
+	applied  *servicelb.State
+	failures []error
+	cleanups int
+	changed  chan struct{}
+}
+
+var _ servicelb.Proxier = (*Proxier)(nil)
+var _ servicelb.Renderer = (*Proxier)(nil)
+
+// Sync records st and returns the next error queued by FailNext, if any.
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rec := Record{State: st, Changes: servicelb.Diff(p.applied, st)}
+	if err := ctx.Err(); err != nil {
+		rec.Err = err
+	} else if len(p.failures) > 0 {
+		rec.Err, p.failures = p.failures[0], p.failures[1:]
+	} else {
+		p.applied = st
+	}
+	p.records = append(p.records, rec)
+	p.notify()
+	return rec.Err
+}
+
+// Cleanup forgets the applied state.
+func (p *Proxier) Cleanup(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.applied = nil
+	p.cleanups++
+	p.notify()
+	return nil
+}
+
+func (p *Proxier) notify() {
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
+}
+
+// FailNext makes the next Sync calls return errs, one each.
+func (p *Proxier) FailNext(errs ...error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures = append(p.failures, errs...)
+}
+
+// Records returns every Sync call so far.
+func (p *Proxier) Records() []Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Record(nil), p.records...)
+}
+
+// Applied returns the last state applied successfully, or nil.
+func (p *Proxier) Applied() *servicelb.State {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.applied
+}
+
+// Cleanups returns how many times Cleanup was called.
+func (p *Proxier) Cleanups() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cleanups
+}
+
+// WaitSyncs blocks until Sync has been called at least n times in all, or
+// ctx ends, and returns the records.
+func (p *Proxier) WaitSyncs(ctx context.Context, n int) ([]Record, error) {
+	for {
+		p.mu.Lock()
+		if len(p.records) >= n {
+			out := append([]Record(nil), p.records...)
+			p.mu.Unlock()
+			return out, nil
+		}
+		if p.changed == nil {
+			p.changed = make(chan struct{})
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %d syncs: %w", n, ctx.Err())
+		}
+	}
+}
+
+// Render lists st's service ports with their addresses and backends, one
+// per line, in key order.
+func (p *Proxier) Render(st *servicelb.State) (string, error) {
+	var b strings.Builder
+	for _, sp := range st.Ports() {
+		fmt.Fprintf(&b, "%s %s", sp.Key, sp.Port.Protocol.Lower())
+		if sp.ClusterIP.IsValid() {
+			fmt.Fprintf(&b, " %s:%d", sp.ClusterIP, sp.Port.Port)
+		}
+		if sp.Port.NodePort != 0 {
+			fmt.Fprintf(&b, " nodePort=%d", sp.Port.NodePort)
+		}
+		b.WriteString(" ->")
+		bs := sp.Backends()
+		if len(bs) == 0 {
+			b.WriteString(" (reject)")
+		}
+		for _, be := range bs {
+			fmt.Fprintf(&b, " %s", be)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,362 @@
+package servicelb
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Protocol is a transport protocol a service port carries.
+type Protocol string
+
+// The protocols a service port may carry.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// Number returns the IP protocol number (6, 17 or 132), or 0 for an unknown protocol.
+func (p Protocol) Number() uint8 {
+	switch p {
+	case TCP:
+		return 6
+	case UDP:
+		return 17
+	case SCTP:
+		return 132
+	}
+	return 0
+}
+
+// Lower returns the protocol name in lower case ("tcp", "udp", "sctp"), as nft,
+// iptables and ipvsadm print it.
+func (p Protocol) Lower() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	case SCTP:
+		return "sctp"
+	}
+	return string(p)
+}
+
+// Family is an IP address family.
+type Family uint8
+
+// The address families.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// FamilyOf returns the family of a valid address.
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// String returns "ipv4" or "ipv6".
+func (f Family) String() string {
+	switch f {
+	case IPv4:
+		return "ipv4"
+	case IPv6:
+		return "ipv6"
+	}
+	return fmt.Sprintf("family(%d)", uint8(f))
+}
+
+// Bits returns the address length in bits (32 or 128).
+func (f Family) Bits() int {
+	if f == IPv6 {
+		return 128
+	}
+	return 32
+}
+
+// TrafficPolicy says which endpoints may receive a kind of traffic.
+type TrafficPolicy string
+
+// The traffic policies. The empty policy means Cluster.
+const (
+	// PolicyCluster sends traffic to every usable endpoint in the cluster.
+	PolicyCluster TrafficPolicy = "Cluster"
+	// PolicyLocal sends traffic only to endpoints on this node and, for
+	// external traffic, preserves the client's source address.
+	PolicyLocal TrafficPolicy = "Local"
+)
+
+// Scheduler is a hint for the algorithm that spreads new flows over
+// endpoints. Backends honour the hints they can express and refuse the others
+// at Sync; the empty hint means each backend's default (random or round robin).
+type Scheduler string
+
+// The scheduler hints. The names are IPVS's.
+const (
+	SchedulerDefault           Scheduler = ""
+	SchedulerRoundRobin        Scheduler = "rr"
+	SchedulerWeightedRR        Scheduler = "wrr"
+	SchedulerLeastConn         Scheduler = "lc"
+	SchedulerWeightedLeastConn Scheduler = "wlc"
+	SchedulerSourceHash        Scheduler = "sh"
+	SchedulerDestinationHash   Scheduler = "dh"
+	SchedulerShortestDelay     Scheduler = "sed"
+	SchedulerNeverQueue        Scheduler = "nq"
+	SchedulerMaglev            Scheduler = "mh"
+	// SchedulerRandom spreads flows at random in proportion to the endpoint
+	// weights: what the nftables and iptables backends do by default.
+	SchedulerRandom Scheduler = "random"
+)
+
+// Schedulers lists every scheduler hint that validation accepts.
+var Schedulers = []Scheduler{
+	SchedulerDefault, SchedulerRandom, SchedulerRoundRobin, SchedulerWeightedRR,
+	SchedulerLeastConn, SchedulerWeightedLeastConn, SchedulerSourceHash,
+	SchedulerDestinationHash, SchedulerShortestDelay, SchedulerNeverQueue, SchedulerMaglev,
+}
+
+// Port is one port of a service.
+type Port struct {
+	// Name identifies the port within its service and selects an
+	// endpoint's target port (Endpoint.Ports). It may be empty when the
+	// service has a single port.
+	Name string `json:"name,omitempty"`
+	// Protocol is TCP, UDP or SCTP.
+	Protocol Protocol `json:"protocol"`
+	// Port is the port on the service's virtual addresses.
+	Port uint16 `json:"port"`
+	// NodePort, when not zero, also exposes the port on the node's
+	// addresses (NodeConfig.NodePortAddresses).
+	NodePort uint16 `json:"nodePort,omitempty"`
+	// TargetPort is the endpoints' port for endpoints that do not name one
+	// in Endpoint.Ports; zero means Port.
+	TargetPort uint16 `json:"targetPort,omitempty"`
+}
+
+// SessionAffinity pins a client to the endpoint it first reached.
+type SessionAffinity struct {
+	// ClientIP turns affinity by client source address on.
+	ClientIP bool `json:"clientIP,omitempty"`
+	// Timeout is how long a client stays pinned after its last packet,
+	// from 1s to 24h; zero means DefaultAffinityTimeout.
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// Service is a set of virtual addresses and ports and the endpoints that
+// serve them.
+type Service struct {
+	// Name is the service's unique key, such as "default/web".
+	Name string `json:"name"`
+	// ClusterIPs are the service's virtual addresses, at most one per
+	// family. A service without one is reachable only through its node
+	// ports, external IPs and load-balancer IPs.
+	ClusterIPs []netip.Addr `json:"clusterIPs,omitempty"`
+	// ExternalIPs are further addresses the node accepts the ports on.
+	ExternalIPs []netip.Addr `json:"externalIPs,omitempty"`
+	// LoadBalancerIPs are the addresses of an external load balancer that
+	// sends traffic for the service to the node unchanged.
+	LoadBalancerIPs []netip.Addr `json:"loadBalancerIPs,omitempty"`
+	// Ports lists the service's ports; at least one.
+	Ports []Port `json:"ports"`
+	// InternalTrafficPolicy applies to traffic to the cluster IPs.
+	InternalTrafficPolicy TrafficPolicy `json:"internalTrafficPolicy,omitempty"`
+	// ExternalTrafficPolicy applies to traffic to node ports, external IPs
+	// and load-balancer IPs.
+	ExternalTrafficPolicy TrafficPolicy `json:"externalTrafficPolicy,omitempty"`
+	// Affinity is the session affinity.
+	Affinity SessionAffinity `json:"affinity,omitzero"`
+	// SourceRanges, when not empty, limits which client addresses may use
+	// the load-balancer IPs. The node's own addresses are always allowed.
+	SourceRanges []netip.Prefix `json:"sourceRanges,omitempty"`
+	// HealthCheckNodePort is the port an agent serves the local-endpoint
+	// health check on for services with an external Local policy.
+	HealthCheckNodePort uint16 `json:"healthCheckNodePort,omitempty"`
+	// Scheduler is a hint for spreading new flows over endpoints.
+	Scheduler Scheduler `json:"scheduler,omitempty"`
+	// Endpoints are the service's backends.
+	Endpoints []Endpoint `json:"endpoints,omitempty"`
+}
+
+// Endpoint is one backend address of a service.
+type Endpoint struct {
+	// Addr is the backend's address. A dual-stack backend is listed once
+	// per family.
+	Addr netip.Addr `json:"addr"`
+	// Ports maps service port names to the backend's port for them. A
+	// service port not named here uses its TargetPort.
+	Ports map[string]uint16 `json:"ports,omitempty"`
+	// Ready means the backend accepts new traffic.
+	Ready bool `json:"ready"`
+	// Serving means the backend still answers, even while terminating.
+	Serving bool `json:"serving"`
+	// Terminating means the backend is going away.
+	Terminating bool `json:"terminating,omitempty"`
+	// NodeName is the node the backend runs on; it is local when it equals
+	// NodeConfig.NodeName.
+	NodeName string `json:"nodeName,omitempty"`
+	// Zone is the backend's topology zone.
+	Zone string `json:"zone,omitempty"`
+	// Hints are topology hints: the zones and nodes that should prefer
+	// this backend.
+	Hints Hints `json:"hints,omitzero"`
+	// Weight is the backend's relative share of new flows, from 0 to
+	// 65535; nil means DefaultWeight. Weight 0 drains the backend: it takes
+	// no new flows while its existing ones continue.
+	Weight *uint16 `json:"weight,omitempty"`
+}
+
+// Hints are an endpoint's topology hints.
+type Hints struct {
+	ForZones []string `json:"forZones,omitempty"`
+	ForNodes []string `json:"forNodes,omitempty"`
+}
+
+// Empty reports whether no hint is set.
+func (h Hints) Empty() bool { return len(h.ForZones) == 0 && len(h.ForNodes) == 0 }
+
+// Defaults.
+const (
+	DefaultWeight          = 1
+	DefaultAffinityTimeout = 3 * time.Hour
+	MinAffinityTimeout     = time.Second
+	MaxAffinityTimeout     = 24 * time.Hour
+	// MaxNameLen bounds a service name so that every kernel object named
+	// after it (nft chains, IPVS and ipset comments) stays within the
+	// kernel's limits.
+	MaxNameLen = 128
+	// MaxPortNameLen bounds a port name, as a DNS label.
+	MaxPortNameLen = 63
+)
+
+// Weight returns a pointer to w, for Endpoint.Weight.
+func Weight(w uint16) *uint16 { return &w }
+
+// EffectiveWeight returns the endpoint's weight with the default applied.
+func (e *Endpoint) EffectiveWeight() uint16 {
+	if e.Weight == nil {
+		return DefaultWeight
+	}
+	return *e.Weight
+}
+
+// PortRange is an inclusive range of ports.
+type PortRange struct {
+	Min uint16 `json:"min"`
+	Max uint16 `json:"max"`
+}
+
+// Contains reports whether p lies in the range.
+func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
+
+// String formats the range as "min-max".
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// DefaultNodePortRange is Kubernetes' default node port range.
+var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
+
+// NodeConfig describes the node a proxier runs on. The zero value is usable:
+// a node without name, addresses or node ports.
+type NodeConfig struct {
+	// NodeName decides which endpoints are local (Endpoint.NodeName).
+	NodeName string `json:"nodeName,omitempty"`
+	// Zone selects endpoints by topology hints.
+	Zone string `json:"zone,omitempty"`
+	// NodeIPs are the node's addresses. Node ports are served on those that
+	// NodePortAddresses selects, and source ranges always allow them.
+	NodeIPs []netip.Addr `json:"nodeIPs,omitempty"`
+	// NodePortAddresses selects the node IPs that serve node ports; empty
+	// means all of them.
+	NodePortAddresses []netip.Prefix `json:"nodePortAddresses,omitempty"`
+	// NodePortRange bounds Port.NodePort; the zero range means
+	// DefaultNodePortRange.
+	NodePortRange PortRange `json:"nodePortRange,omitzero"`
+	// ClusterCIDRs hold the addresses of the cluster's workloads. Traffic
+	// from elsewhere to a cluster IP is masqueraded, so that replies come
+	// back through this node. Empty means no traffic is known to be local
+	// (and traffic to cluster IPs is masqueraded only with MasqueradeAll).
+	ClusterCIDRs []netip.Prefix `json:"clusterCIDRs,omitempty"`
+	// ServiceCIDRs hold every cluster IP. When set, traffic to an address
+	// in them that matches no service port is dropped.
+	ServiceCIDRs []netip.Prefix `json:"serviceCIDRs,omitempty"`
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool `json:"masqueradeAll,omitempty"`
+	// MasqueradeBit is the packet mark bit (0-31) that tags traffic for
+	// masquerade; zero means 14 (mark 0x4000), as kube-proxy.
+	MasqueradeBit uint8 `json:"masqueradeBit,omitempty"`
+}
+
+// DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
+const DefaultMasqueradeBit = 14
+
+// MasqueradeMark returns the mark that tags packets for masquerade.
+func (n *NodeConfig) MasqueradeMark() uint32 {
+	b := n.MasqueradeBit
+	if b == 0 {
+		b = DefaultMasqueradeBit
+	}
+	return 1 << b
+}
+
+// Ports returns the node port range with the default applied.
+func (n *NodeConfig) Ports() PortRange {
+	if n.NodePortRange == (PortRange{}) {
+		return DefaultNodePortRange
+	}
+	return n.NodePortRange
+}
+
+// NodePortIPs returns the node addresses of family f that serve node ports.
+func (n *NodeConfig) NodePortIPs(f Family) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range n.NodeIPs {
+		if FamilyOf(a) != f {
+			continue
+		}
+		if len(n.NodePortAddresses) == 0 || prefixesContain(n.NodePortAddresses, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// IPs returns the node addresses of family f.
+func (n *NodeConfig) IPs(f Family) []netip.Addr { return addrsOf(n.NodeIPs, f) }
+
+// Local reports whether the endpoint runs on this node.
+func (n *NodeConfig) Local(e *Endpoint) bool {
+	return n.NodeName != "" && e.NodeName == n.NodeName
+}
+
+func prefixesContain(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func addrsOf(as []netip.Addr, f Family) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range as {
+		if FamilyOf(a) == f {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func prefixesOf(ps []netip.Prefix, f Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if FamilyOf(p.Addr()) == f {
+			out = append(out, p)
+		}
+	}
+	return out
+}

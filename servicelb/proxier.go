@@ -1,0 +1,25 @@
+package servicelb
+
+import "context"
+
+// Proxier makes a kernel dataplane match a desired State. The nftables,
+// iptables and ipvs packages implement it.
+//
+// Sync is idempotent: a Proxier remembers the last State it applied and
+// sends the kernel only what Diff reports, so syncing an unchanged State
+// sends nothing beyond a cheap check that nobody removed what it owns, and
+// a sync's cost follows the size of the change, not of the State. A failed
+// Sync leaves the previous state in place where the kernel allows it (see
+// each backend) and the next Sync retries the whole difference.
+type Proxier interface {
+	// Sync makes the kernel match st.
+	Sync(ctx context.Context, st *State) error
+	// Cleanup removes everything the proxier owns from the kernel.
+	Cleanup(ctx context.Context) error
+}
+
+// Renderer is implemented by proxiers that can show the kernel state they
+// would install for a State, in the text of the dataplane's own tools.
+type Renderer interface {
+	Render(st *State) (string, error)
+}

@@ -1,0 +1,471 @@
+package servicelb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Clock is the Runner's source of time; tests inject a fake one
+// (servicelb/fake.Clock).
+type Clock interface {
+	Now() time.Time
+	// NewTimer returns a timer that fires once after d; at once if d <= 0.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a timer made by a Clock.
+type Timer interface {
+	C() <-chan time.Time
+	Stop() bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+func (realClock) NewTimer(d time.Duration) Timer {
+	return realTimer{time.NewTimer(d)}
+}
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Stop() bool          { return t.t.Stop() }
+
+// RunnerOptions configure a Runner. The zero value of each field means its
+// default.
+type RunnerOptions struct {
+	// Node is the node the services are validated and selected for.
+	Node NodeConfig
+	// MinSyncInterval is the least time between the starts of two syncs:
+	// changes that arrive meanwhile are applied together. Default 1s.
+	MinSyncInterval time.Duration
+	// MaxSyncInterval is the most time between two syncs: a sync runs this
+	// long after the last one even without changes, and the proxier checks
+	// and restores its kernel state. Default 1h.
+	MaxSyncInterval time.Duration
+	// RetryInterval is the wait before retrying a failed sync; it doubles
+	// with each further failure, up to MaxSyncInterval. Default 1s.
+	RetryInterval time.Duration
+	// Clock defaults to the system clock.
+	Clock Clock
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// Hooks are called for metrics.
+	Hooks Hooks
+}
+
+// Hooks let an agent export metrics. Every field is optional. Hooks are
+// called from the Runner's goroutines and must not block.
+type Hooks struct {
+	// Synced is called after every sync attempt.
+	Synced func(SyncResult)
+	// Pending is called with the number of services changed and not yet
+	// applied, whenever it changes.
+	Pending func(n int)
+}
+
+// SyncResult describes one sync attempt.
+type SyncResult struct {
+	Start    time.Time
+	Duration time.Duration
+	// Services is the number of services the sync applied changes of; zero
+	// for a periodic resync.
+	Services int
+	// QueuedAt is when the oldest change the sync applied was made; zero
+	// for a periodic resync. End minus QueuedAt is the network programming
+	// latency.
+	QueuedAt time.Time
+	// Err is the proxier's error.
+	Err error
+}
+
+// End returns when the sync finished.
+func (r SyncResult) End() time.Time { return r.Start.Add(r.Duration) }
+
+// Health reports whether the kernel is keeping up with the desired state.
+type Health struct {
+	// Ready is set once every source has synced and a sync has succeeded.
+	Ready bool
+	// QueuedAt is when the oldest change not yet applied was made; zero
+	// when every change is applied.
+	QueuedAt time.Time
+	// AppliedAt is when the last successful sync finished.
+	AppliedAt time.Time
+	// Pending is the number of services changed and not yet applied.
+	Pending int
+	// LastError is the last sync's error, nil after a success.
+	LastError error
+}
+
+// Healthy reports whether the runner is ready and no change has waited
+// longer than timeout.
+func (h Health) Healthy(now time.Time, timeout time.Duration) bool {
+	return h.Ready && (h.QueuedAt.IsZero() || now.Sub(h.QueuedAt) < timeout)
+}
+
+// ErrSourceConflict: a source changed a service another source owns.
+var ErrSourceConflict = errors.New("service belongs to another source")
+
+// Runner feeds a Proxier from named sources of services: it validates every
+// change as it arrives, coalesces changes, and syncs no more often than
+// MinSyncInterval, at least every MaxSyncInterval, retrying failures with
+// backoff. It never syncs before every registered source has reported its
+// initial contents, so that a restart never applies a partial state.
+type Runner struct {
+	p     Proxier
+	opts  RunnerOptions
+	clock Clock
+	log   *slog.Logger
+	wake  chan struct{}
+
+	mu        sync.Mutex
+	b         *Builder
+	sources   map[string]*Source
+	owner     map[string]*Source
+	dirty     map[string]bool // changed since the last sync began
+	inflight  int             // changes the running sync applies
+	queuedAt  time.Time       // of the oldest change not yet applied
+	fresh     bool            // a change arrived since the last sync began
+	applied   *State
+	appliedAt time.Time
+	lastErr   error
+	succeeded bool
+}
+
+// NewRunner returns a Runner that applies changes to p.
+func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
+	b, err := NewBuilder(o.Node)
+	if err != nil {
+		return nil, err
+	}
+	if o.MinSyncInterval < 0 || o.MaxSyncInterval < 0 || o.RetryInterval < 0 {
+		return nil, fmt.Errorf("servicelb: negative sync interval")
+	}
+	if o.MinSyncInterval == 0 {
+		o.MinSyncInterval = time.Second
+	}
+	if o.MaxSyncInterval == 0 {
+		o.MaxSyncInterval = time.Hour
+	}
+	if o.RetryInterval == 0 {
+		o.RetryInterval = time.Second
+	}
+	if o.MinSyncInterval > o.MaxSyncInterval {
+		return nil, fmt.Errorf("servicelb: MinSyncInterval %s exceeds MaxSyncInterval %s", o.MinSyncInterval, o.MaxSyncInterval)
+	}
+	r := &Runner{
+		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
+		wake:    make(chan struct{}, 1),
+		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]bool{},
+	}
+	if r.clock == nil {
+		r.clock = realClock{}
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	return r, nil
+}
+
+// Source returns the source of that name, registering it on first use. While
+// a registered source has not called Synced, the Runner does not sync.
+func (r *Runner) Source(name string) *Source {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s, ok := r.sources[name]; ok {
+		return s
+	}
+	s := &Source{r: r, name: name, owned: map[string]bool{}}
+	r.sources[name] = s
+	return s
+}
+
+// State returns the desired state: every valid change so far.
+func (r *Runner) State() *State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.b.State()
+}
+
+// Applied returns the last state the proxier applied, or nil.
+func (r *Runner) Applied() *State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applied
+}
+
+// Health reports queued versus applied changes.
+func (r *Runner) Health() Health {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return Health{
+		Ready:     r.succeeded && r.allSynced(),
+		QueuedAt:  r.queuedAt,
+		AppliedAt: r.appliedAt,
+		Pending:   len(r.dirty) + r.inflight,
+		LastError: r.lastErr,
+	}
+}
+
+func (r *Runner) allSynced() bool {
+	for _, s := range r.sources {
+		if !s.synced {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Runner) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// changed records a change to the named service; r.mu is held.
+func (r *Runner) changed(name string) {
+	if !r.dirty[name] {
+		r.dirty[name] = true
+	}
+	if r.queuedAt.IsZero() {
+		r.queuedAt = r.clock.Now()
+	}
+	r.fresh = true
+}
+
+func (r *Runner) reportPending(n int) {
+	if r.opts.Hooks.Pending != nil {
+		r.opts.Hooks.Pending(n)
+	}
+}
+
+// Run syncs until ctx ends, then returns nil. Run once per Runner.
+func (r *Runner) Run(ctx context.Context) error {
+	var l loop
+	for {
+		due, ok := r.due(&l)
+		var timer Timer
+		var fire <-chan time.Time
+		if ok {
+			timer = r.clock.NewTimer(due.Sub(r.clock.Now()))
+			fire = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			return nil
+		case <-r.wake:
+			if timer != nil {
+				timer.Stop()
+			}
+		case <-fire:
+			r.syncOnce(ctx, &l)
+		}
+	}
+}
+
+// loop is the state of Run's loop.
+type loop struct {
+	lastStart time.Time
+	failures  int
+	retryAt   time.Time
+	started   bool
+}
+
+// due returns when the next sync should start, or false to wait for a change.
+func (r *Runner) due(l *loop) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	switch {
+	case !r.allSynced():
+		return time.Time{}, false
+	case !l.started:
+		return now, true
+	case l.failures > 0:
+		if r.fresh {
+			return minTime(l.retryAt, l.lastStart.Add(r.opts.MinSyncInterval)), true
+		}
+		return l.retryAt, true
+	case len(r.dirty) > 0:
+		return l.lastStart.Add(r.opts.MinSyncInterval), true
+	}
+	return l.lastStart.Add(r.opts.MaxSyncInterval), true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func (r *Runner) syncOnce(ctx context.Context, l *loop) {
+	r.mu.Lock()
+	st := r.b.State()
+	batch, queued := r.dirty, r.queuedAt
+	r.dirty, r.queuedAt, r.fresh, r.inflight = map[string]bool{}, time.Time{}, false, len(batch)
+	r.mu.Unlock()
+
+	start := r.clock.Now()
+	l.started, l.lastStart = true, start
+	err := r.p.Sync(ctx, st)
+	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued, Err: err}
+
+	r.mu.Lock()
+	r.inflight = 0
+	r.lastErr = err
+	if err == nil {
+		r.applied, r.appliedAt, r.succeeded = st, res.End(), true
+		l.failures = 0
+	} else {
+		for name := range batch {
+			r.dirty[name] = true
+		}
+		if !queued.IsZero() && (r.queuedAt.IsZero() || queued.Before(r.queuedAt)) {
+			r.queuedAt = queued
+		}
+		l.failures++
+		l.retryAt = start.Add(backoff(r.opts.RetryInterval, r.opts.MaxSyncInterval, l.failures))
+	}
+	pending := len(r.dirty)
+	r.mu.Unlock()
+
+	if err != nil {
+		r.log.Error("sync failed", "err", err, "services", len(batch), "failures", l.failures, "retry", l.retryAt.Sub(start))
+	} else {
+		r.log.Debug("synced", "services", len(batch), "duration", res.Duration)
+	}
+	if r.opts.Hooks.Synced != nil {
+		r.opts.Hooks.Synced(res)
+	}
+	r.reportPending(pending)
+}
+
+func backoff(first, limit time.Duration, failures int) time.Duration {
+	d := first
+	for i := 1; i < failures && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// Source is one named feed of services into a Runner, such as a Kubernetes
+// informer or a file. A service belongs to the source that first adds it.
+// Its methods are safe for concurrent use.
+type Source struct {
+	r      *Runner
+	name   string
+	owned  map[string]bool
+	synced bool
+}
+
+// Name returns the source's name.
+func (s *Source) Name() string { return s.name }
+
+// Upsert adds or replaces services. Each valid service is applied; each
+// invalid one is left out, its previous version (if any) kept, and its
+// error returned, joined with the others.
+func (s *Source) Upsert(svcs ...Service) error {
+	r := s.r
+	r.mu.Lock()
+	var errs []error
+	for i := range svcs {
+		if err := s.upsert(&svcs[i]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	pending := len(r.dirty) + r.inflight
+	r.mu.Unlock()
+	r.reportPending(pending)
+	r.poke()
+	return errors.Join(errs...)
+}
+
+func (s *Source) upsert(svc *Service) error {
+	r := s.r
+	if o, ok := r.owner[svc.Name]; ok && o != s {
+		return &ValidationError{Service: svc.Name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
+	}
+	changed, err := r.b.upsert(*svc)
+	if err != nil {
+		return err
+	}
+	if changed {
+		r.changed(svc.Name)
+	}
+	r.owner[svc.Name], s.owned[svc.Name] = s, true
+	return nil
+}
+
+// Delete removes services by name. Names the source does not own are
+// ignored if nobody owns them, and an error if another source does.
+func (s *Source) Delete(names ...string) error {
+	r := s.r
+	r.mu.Lock()
+	var errs []error
+	for _, n := range names {
+		if err := s.delete(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	pending := len(r.dirty) + r.inflight
+	r.mu.Unlock()
+	r.reportPending(pending)
+	r.poke()
+	return errors.Join(errs...)
+}
+
+func (s *Source) delete(name string) error {
+	r := s.r
+	if o, ok := r.owner[name]; ok && o != s {
+		return &ValidationError{Service: name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
+	}
+	if r.b.Delete(name) {
+		r.changed(name)
+	}
+	delete(r.owner, name)
+	delete(s.owned, name)
+	return nil
+}
+
+// Replace makes svcs the source's whole contents: services it owns that are
+// not in svcs are deleted, and the rest upserted, as Upsert does.
+func (s *Source) Replace(svcs []Service) error {
+	r := s.r
+	r.mu.Lock()
+	keep := make(map[string]bool, len(svcs))
+	for i := range svcs {
+		keep[svcs[i].Name] = true
+	}
+	var errs []error
+	for name := range s.owned {
+		if !keep[name] {
+			errs = append(errs, s.delete(name))
+		}
+	}
+	for i := range svcs {
+		errs = append(errs, s.upsert(&svcs[i]))
+	}
+	pending := len(r.dirty) + r.inflight
+	r.mu.Unlock()
+	r.reportPending(pending)
+	r.poke()
+	return errors.Join(errs...)
+}
+
+// Synced reports that the source has delivered its initial contents.
+func (s *Source) Synced() {
+	s.r.mu.Lock()
+	s.synced = true
+	s.r.mu.Unlock()
+	s.r.poke()
+}
