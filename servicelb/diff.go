@@ -71,7 +71,7 @@ func diffPorts(c *Changes, old, cur []*ServicePort) {
 		switch {
 		case i < 0:
 			c.Added = append(c.Added, n)
-		case !reflect.DeepEqual(old[i], n):
+		case !samePort(old[i], n):
 			c.Changed = append(c.Changed, PortChange{Old: old[i], New: n})
 		}
 	}
@@ -80,6 +80,15 @@ func diffPorts(c *Changes, old, cur []*ServicePort) {
 			c.Removed = append(c.Removed, o)
 		}
 	}
+}
+
+// samePort reports whether two service ports program the same kernel state:
+// everything but the Service they point to, which changes with any of its
+// other ports.
+func samePort(a, b *ServicePort) bool {
+	x, y := *a, *b
+	x.Service, y.Service = nil, nil
+	return reflect.DeepEqual(x, y)
 }
 
 // StaleFlow describes conntrack flows that must be deleted after a change,

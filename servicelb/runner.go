@@ -122,6 +122,9 @@ type Runner struct {
 	clock Clock
 	log   *slog.Logger
 	wake  chan struct{}
+	// idle, when set (by tests), is called each time Run waits, with the
+	// time it waits for.
+	idle func(due time.Time, ok bool)
 
 	mu        sync.Mutex
 	b         *Builder
@@ -248,27 +251,34 @@ func (r *Runner) reportPending(n int) {
 // Run syncs until ctx ends, then returns nil. Run once per Runner.
 func (r *Runner) Run(ctx context.Context) error {
 	var l loop
-	for {
+	for ctx.Err() == nil {
 		due, ok := r.due(&l)
-		var timer Timer
-		var fire <-chan time.Time
-		if ok {
-			timer = r.clock.NewTimer(due.Sub(r.clock.Now()))
-			fire = timer.C()
-		}
-		select {
-		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
-			return nil
-		case <-r.wake:
-			if timer != nil {
-				timer.Stop()
-			}
-		case <-fire:
+		if ok && !due.After(r.clock.Now()) {
 			r.syncOnce(ctx, &l)
+			continue
 		}
+		r.wait(ctx, &l, due, ok)
+	}
+	return nil
+}
+
+// wait waits for a change, for due (if ok), or for ctx to end, and syncs if
+// due came first.
+func (r *Runner) wait(ctx context.Context, l *loop, due time.Time, ok bool) {
+	var fire <-chan time.Time
+	if ok {
+		timer := r.clock.NewTimer(due.Sub(r.clock.Now()))
+		defer timer.Stop()
+		fire = timer.C()
+	}
+	if r.idle != nil {
+		r.idle(due, ok)
+	}
+	select {
+	case <-ctx.Done():
+	case <-r.wake:
+	case <-fire:
+		r.syncOnce(ctx, l)
 	}
 }
 

@@ -201,7 +201,9 @@ func selectCluster(node *NodeConfig, cs []candidate) []Backend {
 	if !anyReady || !hinted {
 		return pick(cs, all)
 	}
-	byNode := func(c *candidate) bool { return node.NodeName != "" && slices.Contains(c.ep.Hints.ForNodes, node.NodeName) }
+	byNode := func(c *candidate) bool {
+		return node.NodeName != "" && slices.Contains(c.ep.Hints.ForNodes, node.NodeName)
+	}
 	byZone := func(c *candidate) bool { return node.Zone != "" && slices.Contains(c.ep.Hints.ForZones, node.Zone) }
 	for _, keep := range []func(*candidate) bool{byNode, byZone} {
 		if b := pick(cs, func(c *candidate) bool { return c.Ready && keep(c) }); len(b) > 0 {

@@ -218,16 +218,24 @@ func (b *Builder) upsert(s Service) (bool, error) {
 
 func (b *Builder) conflicts(s *Service) error {
 	var errs []error
-	vips, nps := keysOf(s)
-	for _, k := range vips {
-		if other, ok := b.vips[k]; ok && other != s.Name {
-			errs = append(errs, invalidf(s.Name, "ports", fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.addr, k.port), k.proto), ErrVIPConflict, "used by %q", other))
+	clash := func(field, value string, kind error, other string) {
+		if other != "" && other != s.Name {
+			errs = append(errs, invalidf(s.Name, field, value, kind, "used by %q", other))
 		}
 	}
-	for _, k := range nps {
-		if other, ok := b.nodePorts[k]; ok && other != s.Name {
-			errs = append(errs, invalidf(s.Name, "ports", fmt.Sprintf("%d/%s", k.port, k.proto), ErrNodePortConflict, "used by %q", other))
+	for i, p := range s.Ports {
+		f := fmt.Sprintf("ports[%d]", i)
+		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
+			v := fmt.Sprintf("%s/%s", netip.AddrPortFrom(a, p.Port), p.Protocol)
+			clash(f, v, ErrVIPConflict, b.vips[vipKey{a, p.Protocol, p.Port}])
 		}
+		if p.NodePort != 0 {
+			v := fmt.Sprintf("%d/%s", p.NodePort, p.Protocol)
+			clash(f+".nodePort", v, ErrNodePortConflict, b.nodePorts[portKey{p.Protocol, p.NodePort}])
+		}
+	}
+	if hc := s.HealthCheckNodePort; hc != 0 {
+		clash("healthCheckNodePort", fmt.Sprint(hc), ErrNodePortConflict, b.nodePorts[portKey{TCP, hc}])
 	}
 	return errors.Join(errs...)
 }

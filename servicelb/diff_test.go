@@ -1,0 +1,196 @@
+package servicelb
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func keys(sps []*ServicePort) []string {
+	out := []string{}
+	for _, sp := range sps {
+		out = append(out, sp.Key.String())
+	}
+	return out
+}
+
+func changedKeys(cs []PortChange) []string {
+	out := []string{}
+	for _, c := range cs {
+		out = append(out, c.New.Key.String())
+	}
+	return out
+}
+
+func simple(name, vip string, eps ...string) Service {
+	s := Service{Name: name, ClusterIPs: []netip.Addr{a(vip)}, Ports: []Port{
+		{Name: "tcp", Protocol: TCP, Port: 80}, {Name: "udp", Protocol: UDP, Port: 53},
+	}}
+	for _, e := range eps {
+		s.Endpoints = append(s.Endpoints, Endpoint{Addr: a(e), Ready: true})
+	}
+	return s
+}
+
+func TestDiff(t *testing.T) {
+	b, _ := NewBuilder(NodeConfig{})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(b.Upsert(simple("a", "10.96.0.1", "10.0.0.1")))
+	must(b.Upsert(simple("b", "10.96.0.2", "10.0.0.2")))
+	s0 := b.State()
+
+	all := Diff(nil, s0)
+	if !all.NodeChanged || len(all.Added) != 4 || len(all.Removed)+len(all.Changed) != 0 {
+		t.Fatalf("diff from nil: %+v", all)
+	}
+	if c := Diff(s0, s0); !c.Empty() {
+		t.Fatalf("diff of a state with itself: %+v", c)
+	}
+
+	// A no-op upsert changes nothing, not even the State's identity.
+	must(b.Upsert(simple("a", "10.96.0.1", "10.0.0.1")))
+	if b.State() != s0 {
+		t.Fatal("a no-op upsert made a new state")
+	}
+
+	// Change one port of a (only the UDP port's target), delete b, add c.
+	ca := simple("a", "10.96.0.1", "10.0.0.1")
+	ca.Ports[1].TargetPort = 5353
+	must(b.Upsert(ca))
+	b.Delete("b")
+	must(b.Upsert(simple("c", "10.96.0.3")))
+	s1 := b.State()
+	c := Diff(s0, s1)
+	if c.NodeChanged {
+		t.Error("node reported changed")
+	}
+	for _, x := range []struct {
+		what      string
+		want, got []string
+	}{
+		{"added", []string{"c:tcp/ipv4", "c:udp/ipv4"}, keys(c.Added)},
+		{"removed", []string{"b:tcp/ipv4", "b:udp/ipv4"}, keys(c.Removed)},
+		{"changed", []string{"a:udp/ipv4"}, changedKeys(c.Changed)},
+	} {
+		if diff := cmp.Diff(x.want, x.got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", x.what, diff)
+		}
+	}
+	if c.Len() != 5 {
+		t.Errorf("Len = %d", c.Len())
+	}
+
+	// The old state is untouched by the builder's later changes.
+	if s0.Len() != 2 || s0.Port(ServicePortKey{"b", "tcp", IPv4}) == nil || s0.Port(ServicePortKey{"a", "udp", IPv4}).Port.TargetPort != 0 {
+		t.Error("a later change leaked into an earlier state")
+	}
+}
+
+func TestDiffNodeChange(t *testing.T) {
+	b, _ := NewBuilder(NodeConfig{NodeName: "n1"})
+	s := simple("a", "10.96.0.1")
+	s.Endpoints = []Endpoint{{Addr: a("10.0.0.1"), Ready: true, NodeName: "n2"}}
+	s.Ports[0].NodePort = 30000
+	if err := b.Upsert(s); err != nil {
+		t.Fatal(err)
+	}
+	s0 := b.State()
+	if err := b.SetNode(NodeConfig{NodeName: "n2"}); err != nil {
+		t.Fatal(err)
+	}
+	c := Diff(s0, b.State())
+	if !c.NodeChanged || len(c.Changed) != 2 {
+		t.Fatalf("after a node change: NodeChanged=%v changed=%v", c.NodeChanged, changedKeys(c.Changed))
+	}
+	if !b.State().Port(ServicePortKey{"a", "tcp", IPv4}).Local[0].Local {
+		t.Error("endpoint not local on its node after SetNode")
+	}
+	if err := b.SetNode(NodeConfig{NodePortRange: PortRange{Min: 31000, Max: 32000}}); err == nil {
+		t.Error("SetNode accepted a node port range that excludes a service's node port")
+	} else if b.State().Node().NodeName != "n2" {
+		t.Error("a failed SetNode changed the node")
+	}
+}
+
+func TestStaleFlows(t *testing.T) {
+	node := NodeConfig{}
+	svc := func(eps ...string) Service {
+		s := Service{
+			Name: "ns/dns", ClusterIPs: []netip.Addr{a("10.96.0.10")}, ExternalIPs: []netip.Addr{a("192.0.2.10")},
+			Ports: []Port{{Name: "udp", Protocol: UDP, Port: 53, NodePort: 30053}, {Name: "tcp", Protocol: TCP, Port: 53}},
+		}
+		for _, e := range eps {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a(e), Ready: true})
+		}
+		return s
+	}
+	state := func(s ...Service) *State {
+		st, err := NewState(node, s...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	flows := func(from, to *State) []string {
+		c := Diff(from, to)
+		out := []string{}
+		for _, f := range c.StaleFlows() {
+			out = append(out, fmt.Sprintf("%s %v:%d ep=%v", f.Protocol, f.Dst, f.Port, f.Endpoint))
+		}
+		return out
+	}
+	empty, one, two := state(svc()), state(svc("10.0.0.1")), state(svc("10.0.0.1", "10.0.0.2"))
+	for _, tt := range []struct {
+		name     string
+		from, to *State
+		want     []string
+	}{
+		{"endpoint removed", two, one, []string{
+			"UDP 10.96.0.10:53 ep=10.0.0.2", "UDP 192.0.2.10:53 ep=10.0.0.2", "UDP invalid IP:30053 ep=10.0.0.2",
+		}},
+		{"endpoint added", one, two, []string{}},
+		{"first endpoint", empty, one, []string{
+			"UDP 10.96.0.10:53 ep=invalid IP", "UDP 192.0.2.10:53 ep=invalid IP", "UDP invalid IP:30053 ep=invalid IP",
+		}},
+		{"service removed", one, state(), []string{
+			"UDP 10.96.0.10:53 ep=10.0.0.1", "UDP 192.0.2.10:53 ep=10.0.0.1", "UDP invalid IP:30053 ep=10.0.0.1",
+		}},
+		{"new service with endpoints", state(), one, []string{
+			"UDP 10.96.0.10:53 ep=invalid IP", "UDP 192.0.2.10:53 ep=invalid IP", "UDP invalid IP:30053 ep=invalid IP",
+		}},
+		{"new service without endpoints", state(), empty, []string{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, flows(tt.from, tt.to)); diff != "" {
+				t.Errorf("stale flows (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestStateOwnsItsData(t *testing.T) {
+	s := simple("a", "10.96.0.1", "10.0.0.1")
+	s.Endpoints[0].Ports = map[string]uint16{"tcp": 8080}
+	st, err := NewState(NodeConfig{}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ClusterIPs[0] = a("10.96.0.99")
+	s.Ports[0].Port = 81
+	s.Endpoints[0].Ports["tcp"] = 9090
+	s.Endpoints[0].Addr = a("10.0.0.99")
+	got, _ := st.Service("a")
+	if got.ClusterIPs[0] != a("10.96.0.1") || got.Ports[0].Port != 80 || got.Endpoints[0].Ports["tcp"] != 8080 || got.Endpoints[0].Addr != a("10.0.0.1") {
+		t.Fatalf("the caller's later edits reached the state: %+v", got)
+	}
+	if got.InternalTrafficPolicy != PolicyCluster || got.ExternalTrafficPolicy != PolicyCluster {
+		t.Errorf("defaults not applied: %+v", got)
+	}
+}

@@ -1,0 +1,218 @@
+package servicelb
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+var a = netip.MustParseAddr
+
+func baseService() Service {
+	return Service{
+		Name:       "default/web",
+		ClusterIPs: []netip.Addr{a("10.96.0.10"), a("fd00:96::10")},
+		Ports: []Port{
+			{Name: "http", Protocol: TCP, Port: 80, TargetPort: 8080, NodePort: 30080},
+			{Name: "dns", Protocol: UDP, Port: 53},
+		},
+		Endpoints: []Endpoint{
+			{Addr: a("10.244.1.2"), Ready: true, Serving: true, NodeName: "n1"},
+		},
+	}
+}
+
+func TestValidateAccepts(t *testing.T) {
+	node := NodeConfig{}
+	s := baseService()
+	s.ExternalIPs = []netip.Addr{a("192.0.2.10")}
+	s.LoadBalancerIPs = []netip.Addr{a("192.0.2.11")}
+	s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
+	s.Affinity = SessionAffinity{ClientIP: true, Timeout: time.Minute}
+	s.ExternalTrafficPolicy = PolicyLocal
+	s.HealthCheckNodePort = 30999
+	s.Scheduler = SchedulerMaglev
+	if err := Validate(&node, &s); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	long := strings.Repeat("x", MaxNameLen+1)
+	tests := []struct {
+		name   string
+		edit   func(*Service)
+		node   NodeConfig
+		kind   error
+		field  string
+		substr string
+	}{
+		{"empty name", func(s *Service) { s.Name = "" }, NodeConfig{}, ErrInvalidName, "name", ""},
+		{"bad name", func(s *Service) { s.Name = "web svc" }, NodeConfig{}, ErrInvalidName, "name", ""},
+		{"long name", func(s *Service) { s.Name = long }, NodeConfig{}, ErrNameTooLong, "name", "129 bytes"},
+		{"long port name", func(s *Service) { s.Ports[0].Name = strings.Repeat("p", 64) }, NodeConfig{}, ErrNameTooLong, "ports[0].name", ""},
+		{"bad port name", func(s *Service) { s.Ports[0].Name = "a/b" }, NodeConfig{}, ErrInvalidName, "ports[0].name", ""},
+		{"missing cluster IP", func(s *Service) { s.ClusterIPs[0] = netip.Addr{} }, NodeConfig{}, ErrInvalidAddress, "clusterIPs[0]", "missing"},
+		{"unspecified cluster IP", func(s *Service) { s.ClusterIPs[0] = a("0.0.0.0") }, NodeConfig{}, ErrInvalidAddress, "clusterIPs[0]", "unspecified"},
+		{"unspecified v6", func(s *Service) { s.ClusterIPs[1] = a("::") }, NodeConfig{}, ErrInvalidAddress, "clusterIPs[1]", "unspecified"},
+		{"loopback external IP", func(s *Service) { s.ExternalIPs = []netip.Addr{a("127.0.0.1")} }, NodeConfig{}, ErrInvalidAddress, "externalIPs[0]", "loopback"},
+		{"multicast LB IP", func(s *Service) { s.LoadBalancerIPs = []netip.Addr{a("224.0.0.1")} }, NodeConfig{}, ErrInvalidAddress, "loadBalancerIPs[0]", "multicast"},
+		{"mapped address", func(s *Service) { s.ClusterIPs[1] = a("::ffff:10.0.0.1") }, NodeConfig{}, ErrInvalidAddress, "clusterIPs[1]", "IPv4-mapped"},
+		{"zoned address", func(s *Service) { s.ClusterIPs[1] = a("fe80::1%eth0") }, NodeConfig{}, ErrInvalidAddress, "clusterIPs[1]", "zoned"},
+		{"endpoint address", func(s *Service) { s.Endpoints[0].Addr = netip.Addr{} }, NodeConfig{}, ErrInvalidAddress, "endpoints[0].addr", ""},
+		{"endpoint port 0", func(s *Service) { s.Endpoints[0].Ports = map[string]uint16{"http": 0} }, NodeConfig{}, ErrInvalidPort, `endpoints[0].ports["http"]`, ""},
+		{"duplicate address", func(s *Service) { s.ExternalIPs = []netip.Addr{a("10.96.0.10")} }, NodeConfig{}, ErrDuplicateAddress, "externalIPs[0]", "clusterIPs[0]"},
+		{"two IPv4 cluster IPs", func(s *Service) { s.ClusterIPs[1] = a("10.96.0.11") }, NodeConfig{}, ErrFamilyMismatch, "clusterIPs[1]", ""},
+		{"three cluster IPs", func(s *Service) { s.ClusterIPs = append(s.ClusterIPs, a("10.96.0.12")) }, NodeConfig{}, ErrFamilyMismatch, "clusterIPs", ""},
+		{"bad source range", func(s *Service) { s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.1/8")} }, NodeConfig{}, ErrInvalidPrefix, "sourceRanges[0]", "10.0.0.0/8"},
+		{"no ports", func(s *Service) { s.Ports = nil }, NodeConfig{}, ErrInvalidPort, "ports", ""},
+		{"port 0", func(s *Service) { s.Ports[1].Port = 0 }, NodeConfig{}, ErrInvalidPort, "ports[1].port", ""},
+		{"node port below range", func(s *Service) { s.Ports[0].NodePort = 80 }, NodeConfig{}, ErrNodePortRange, "ports[0].nodePort", "30000-32767"},
+		{"node port outside custom range", func(s *Service) {}, NodeConfig{NodePortRange: PortRange{Min: 31000, Max: 31999}}, ErrNodePortRange, "ports[0].nodePort", "31000-31999"},
+		{"health check port", func(s *Service) { s.HealthCheckNodePort = 1 }, NodeConfig{}, ErrNodePortRange, "healthCheckNodePort", ""},
+		{"duplicate port name", func(s *Service) { s.Ports[1].Name = "http" }, NodeConfig{}, ErrDuplicatePortName, "ports[1].name", "ports[0]"},
+		{"duplicate port", func(s *Service) { s.Ports[1].Protocol, s.Ports[1].Port = TCP, 80 }, NodeConfig{}, ErrDuplicatePort, "ports[1].port", ""},
+		{"duplicate node port", func(s *Service) { s.Ports[1].Protocol, s.Ports[1].NodePort = TCP, 30080 }, NodeConfig{}, ErrDuplicatePort, "ports[1].nodePort", ""},
+		{"unknown protocol", func(s *Service) { s.Ports[0].Protocol = "ICMP" }, NodeConfig{}, ErrUnknownProtocol, "ports[0].protocol", "ICMP"},
+		{"lower-case protocol", func(s *Service) { s.Ports[0].Protocol = "tcp" }, NodeConfig{}, ErrUnknownProtocol, "ports[0].protocol", ""},
+		{"bad policy", func(s *Service) { s.ExternalTrafficPolicy = "Nearby" }, NodeConfig{}, ErrInvalidPolicy, "externalTrafficPolicy", ""},
+		{"affinity too short", func(s *Service) { s.Affinity = SessionAffinity{ClientIP: true, Timeout: time.Millisecond} }, NodeConfig{}, ErrAffinityTimeout, "affinity.timeout", ""},
+		{"affinity too long", func(s *Service) { s.Affinity = SessionAffinity{ClientIP: true, Timeout: 25 * time.Hour} }, NodeConfig{}, ErrAffinityTimeout, "affinity.timeout", ""},
+		{"timeout without affinity", func(s *Service) { s.Affinity = SessionAffinity{Timeout: time.Hour} }, NodeConfig{}, ErrAffinityTimeout, "affinity.timeout", "without ClientIP"},
+		{"unknown scheduler", func(s *Service) { s.Scheduler = "fastest" }, NodeConfig{}, ErrUnknownScheduler, "scheduler", "fastest"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := baseService()
+			tt.edit(&s)
+			err := Validate(&tt.node, &s)
+			checkValidation(t, err, tt.kind, s.Name, tt.field, tt.substr)
+		})
+	}
+}
+
+func checkValidation(t *testing.T, err, kind error, svc, field, substr string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if !errors.Is(err, kind) {
+		t.Fatalf("error %q is not %v", err, kind)
+	}
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("error %q is not a *ValidationError", err)
+	}
+	if ve.Service != svc || ve.Field != field {
+		t.Errorf("error names service %q field %q, want %q %q (%v)", ve.Service, ve.Field, svc, field, err)
+	}
+	if !strings.Contains(err.Error(), substr) {
+		t.Errorf("error %q does not mention %q", err, substr)
+	}
+	if svc != "" && !strings.Contains(err.Error(), svc) {
+		t.Errorf("error %q does not name the service", err)
+	}
+}
+
+func TestValidateReportsEveryMistake(t *testing.T) {
+	s := baseService()
+	s.Ports[0].Port = 0
+	s.Ports[1].Protocol = "ICMP"
+	s.ClusterIPs[0] = a("0.0.0.0")
+	err := Validate(&NodeConfig{}, &s)
+	for _, kind := range []error{ErrInvalidPort, ErrUnknownProtocol, ErrInvalidAddress} {
+		if !errors.Is(err, kind) {
+			t.Errorf("joined error %q lacks %v", err, kind)
+		}
+	}
+}
+
+func TestValidateNode(t *testing.T) {
+	tests := []struct {
+		name  string
+		node  NodeConfig
+		kind  error
+		field string
+	}{
+		{"node IP", NodeConfig{NodeIPs: []netip.Addr{a("0.0.0.0")}}, ErrInvalidAddress, "nodeIPs[0]"},
+		{"cluster CIDR", NodeConfig{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/16")}}, ErrInvalidPrefix, "clusterCIDRs[0]"},
+		{"service CIDR", NodeConfig{ServiceCIDRs: []netip.Prefix{{}}}, ErrInvalidPrefix, "serviceCIDRs[0]"},
+		{"node port range", NodeConfig{NodePortRange: PortRange{Min: 200, Max: 100}}, ErrInvalidNode, "nodePortRange"},
+		{"masquerade bit", NodeConfig{MasqueradeBit: 32}, ErrInvalidNode, "masqueradeBit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateNode(&tt.node)
+			checkValidation(t, err, tt.kind, "", tt.field, "")
+			if _, err := NewState(tt.node); !errors.Is(err, tt.kind) {
+				t.Errorf("NewState: %v, want %v", err, tt.kind)
+			}
+		})
+	}
+}
+
+func TestConflicts(t *testing.T) {
+	other := func(edit func(*Service)) Service {
+		s := Service{Name: "default/other", ClusterIPs: []netip.Addr{a("10.96.0.20")}, Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}}}
+		edit(&s)
+		return s
+	}
+	tests := []struct {
+		name  string
+		svc   Service
+		kind  error
+		field string
+	}{
+		{"same cluster IP and port", other(func(s *Service) { s.ClusterIPs[0] = a("10.96.0.10") }), ErrVIPConflict, "ports[0]"},
+		{"external IP equals cluster IP", other(func(s *Service) { s.ExternalIPs = []netip.Addr{a("10.96.0.10")} }), ErrVIPConflict, "ports[0]"},
+		{"same node port", other(func(s *Service) { s.Ports[0].NodePort = 30080 }), ErrNodePortConflict, "ports[0].nodePort"},
+		{"node port equals health check port", other(func(s *Service) { s.HealthCheckNodePort = 30080 }), ErrNodePortConflict, "healthCheckNodePort"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := NewBuilder(NodeConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Upsert(baseService()); err != nil {
+				t.Fatal(err)
+			}
+			before := b.State()
+			err = b.Upsert(tt.svc)
+			checkValidation(t, err, tt.kind, tt.svc.Name, tt.field, "default/web")
+			if b.State() != before || b.Has(tt.svc.Name) {
+				t.Error("a rejected upsert changed the builder")
+			}
+			if _, err := NewState(NodeConfig{}, baseService(), tt.svc); !errors.Is(err, tt.kind) {
+				t.Errorf("NewState: %v, want %v", err, tt.kind)
+			}
+		})
+	}
+}
+
+func TestConflictFreedByDeleteAndUpdate(t *testing.T) {
+	b, _ := NewBuilder(NodeConfig{})
+	if err := b.Upsert(baseService()); err != nil {
+		t.Fatal(err)
+	}
+	moved := baseService()
+	moved.ClusterIPs = []netip.Addr{a("10.96.0.11")}
+	moved.Ports[0].NodePort = 30081
+	if err := b.Upsert(moved); err != nil {
+		t.Fatalf("updating a service onto new addresses: %v", err)
+	}
+	taker := baseService()
+	taker.Name = "default/taker"
+	if err := b.Upsert(taker); err != nil {
+		t.Fatalf("taking addresses the first service gave up: %v", err)
+	}
+	if err := b.Upsert(moved); err != nil {
+		t.Fatalf("re-upserting an unchanged service: %v", err)
+	}
+	b.Delete("default/taker")
+	if err := b.Upsert(func() Service { s := moved; s.Name = "default/third"; return s }()); !errors.Is(err, ErrVIPConflict) {
+		t.Fatalf("conflict with a live service not found: %v", err)
+	}
+}
