@@ -108,9 +108,9 @@ func TestSelection(t *testing.T) {
 			internal: []string{}, external: []string{"10.0.0.2"}, hasBackEn: true,
 		},
 		{
-			name:    "both Local without local endpoints rejects",
-			eps:     []Endpoint{ep("10.0.0.2", "n2", "rs")},
-			itp:     PolicyLocal, etp: PolicyLocal,
+			name: "both Local without local endpoints rejects",
+			eps:  []Endpoint{ep("10.0.0.2", "n2", "rs")},
+			itp:  PolicyLocal, etp: PolicyLocal,
 			cluster: []string{"10.0.0.2"}, local: []string{},
 			internal: []string{}, external: []string{}, hasBackEn: false,
 		},
