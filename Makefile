@@ -35,7 +35,14 @@ test-unit:
 test-netns: deps
 	$(GO) test -count=1 -tags privileged $(CORE)
 
+# VMTEST_FLAGS go to every vm test binary (e.g. -run TestX -count 2); VMTEST_PKGS
+# limits the packages searched for vm tests; VMTEST_ARGS adds runner flags
+# (e.g. -shell for a shell in the guest). See docs/vm-tests.md.
+VMTEST_FLAGS ?=
+VMTEST_PKGS  ?= ./...
+VMTEST_ARGS  ?=
 test-vm: deps
+	$(GO) run ./internal/vmtest/cmd/vmrun -pkgs '$(VMTEST_PKGS)' $(VMTEST_ARGS) -- $(VMTEST_FLAGS)
 
 test-examples: deps
 

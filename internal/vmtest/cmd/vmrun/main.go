@@ -1,0 +1,80 @@
+// Command vmrun runs the module's vm-tagged tests in a qemu guest booting
+// Debian's cloud kernel (see docs/vm-tests.md). `make test-vm` calls it.
+//
+//	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 15m] [-shell] [-- test flags]
+//
+// Arguments after the flags go to every test binary (-run X, -count 2, ...).
+// It exits 1 when any test failed or was skipped, or the guest did not
+// finish.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/vmtest"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var c vmtest.Config
+	pkgs := flag.String("pkgs", "./...", "space-separated package patterns to search for vm tests")
+	flag.StringVar(&c.ModuleDir, "C", ".", "module root directory")
+	flag.StringVar(&c.CacheDir, "cache", "", "cache directory (default <module>/.cache/vm)")
+	flag.DurationVar(&c.Timeout, "timeout", 15*time.Minute, "watchdog for the whole guest run")
+	flag.IntVar(&c.MemoryMB, "mem", 2048, "guest memory in MiB")
+	flag.BoolVar(&c.Shell, "shell", false, "start a shell in the guest after the tests (interactive)")
+	quiet := flag.Bool("q", false, "do not stream the guest console")
+	flag.Parse()
+	c.Patterns = strings.Fields(*pkgs)
+	c.TestArgs = flag.Args()
+	if v, ok := os.LookupEnv("CI"); ok {
+		c.Env = append(c.Env, "CI="+v)
+	}
+	if !*quiet {
+		c.Console = os.Stdout
+	}
+	c.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	start := time.Now()
+	rep, err := vmtest.Run(ctx, c)
+	if rep != nil {
+		printReport(rep)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vmrun: FAIL: %v\n", err)
+		return 1
+	}
+	fmt.Printf("vmrun: ok in %v\n", time.Since(start).Round(time.Millisecond))
+	return 0
+}
+
+func printReport(rep *vmtest.Report) {
+	fmt.Printf("\nvm test results (kernel %s):\n", rep.Kernel)
+	for _, b := range rep.Binaries {
+		status := "ok"
+		switch {
+		case !b.Started:
+			status = "NOT STARTED"
+		case !b.Finished:
+			status = "DID NOT FINISH"
+		case !b.OK():
+			status = fmt.Sprintf("FAIL (exit %d)", b.Exit)
+		}
+		fmt.Printf("  %-40s %-16s %d passed, %d failed, %d skipped\n", b.Name, status, len(b.Passed), len(b.Failed), len(b.Skipped))
+	}
+	p, f, s := rep.Summary()
+	fmt.Printf("vm: %d passed, %d failed, %d skipped\n", p, f, s)
+}

@@ -1,0 +1,146 @@
+package vmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"go/build/constraint"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// Tag is the build tag of tests that run in the VM.
+const Tag = "vm"
+
+// Package is a Go package with vm tests.
+type Package struct {
+	ImportPath string
+	Dir        string
+	Rel        string   // directory relative to the module root, slash-separated
+	Files      []string // the test files that need the vm tag
+}
+
+// BinaryName is the test binary's file name: the package's directory
+// relative to the module root, with '/' turned into '_' (so that two
+// packages with the same last element do not collide).
+func (p Package) BinaryName() string {
+	if p.Rel == "." || p.Rel == "" {
+		return "root.test"
+	}
+	return strings.ReplaceAll(p.Rel, "/", "_") + ".test"
+}
+
+// NeedsVM reports whether a file with this build constraint is a vm test:
+// it builds with the vm tag and does not build without it (on linux/amd64).
+// A file that builds either way is an ordinary test; one with no
+// constraint is never a vm test.
+func NeedsVM(expr constraint.Expr) bool {
+	if expr == nil {
+		return false
+	}
+	with := expr.Eval(func(tag string) bool { return platformTag(tag) || tag == Tag })
+	without := expr.Eval(platformTag)
+	return with && !without
+}
+
+func platformTag(tag string) bool {
+	switch tag {
+	case "linux", "amd64", "unix", "gc":
+		return true
+	}
+	return strings.HasPrefix(tag, "go1.")
+}
+
+// FileConstraint returns the //go:build constraint of a Go source file, or
+// nil when it has none. Only the header (before the package clause) counts.
+func FileConstraint(r io.Reader) (constraint.Expr, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "//") && !constraint.IsGoBuild(line) {
+			continue
+		}
+		if constraint.IsGoBuild(line) {
+			return constraint.Parse(line)
+		}
+		return nil, nil // a block comment or the package clause ends the header
+	}
+	return nil, sc.Err()
+}
+
+type listedPackage struct {
+	ImportPath   string
+	Dir          string
+	TestGoFiles  []string
+	XTestGoFiles []string
+	Module       *struct{ Dir string }
+	Error        *struct{ Err string }
+}
+
+// FindPackages lists the packages matched by patterns in the module at
+// dir and returns those with vm test files.
+func FindPackages(ctx context.Context, dir string, patterns []string) ([]Package, error) {
+	args := append([]string{"list", "-e", "-json", "-tags", Tag, "--"}, patterns...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list %s: %w: %s", strings.Join(patterns, " "), err, stderr.Bytes())
+	}
+	var pkgs []Package
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var lp listedPackage
+		if err := dec.Decode(&lp); err != nil {
+			return nil, fmt.Errorf("go list: %w", err)
+		}
+		if lp.Error != nil {
+			return nil, fmt.Errorf("go list %s: %s", lp.ImportPath, lp.Error.Err)
+		}
+		p, err := vmPackage(lp)
+		if err != nil {
+			return nil, err
+		}
+		if p != nil {
+			pkgs = append(pkgs, *p)
+		}
+	}
+	return pkgs, nil
+}
+
+func vmPackage(lp listedPackage) (*Package, error) {
+	var files []string
+	for _, name := range append(append([]string{}, lp.TestGoFiles...), lp.XTestGoFiles...) {
+		f, err := os.Open(filepath.Join(lp.Dir, name))
+		if err != nil {
+			return nil, err
+		}
+		expr, err := FileConstraint(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(lp.Dir, name), err)
+		}
+		if NeedsVM(expr) {
+			files = append(files, name)
+		}
+	}
+	if len(files) == 0 {
+		return nil, nil
+	}
+	rel := "."
+	if lp.Module != nil {
+		r, err := filepath.Rel(lp.Module.Dir, lp.Dir)
+		if err != nil {
+			return nil, err
+		}
+		rel = filepath.ToSlash(r)
+	}
+	return &Package{ImportPath: lp.ImportPath, Dir: lp.Dir, Rel: rel, Files: files}, nil
+}
