@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// stderr is where loggers write; a variable for tests.
+var stderr io.Writer = os.Stderr
+
+// Source feeds services into the runner: a file, Kubernetes, Consul.
+type Source interface {
+	// Name names the source in logs and metrics.
+	Name() string
+	// Run feeds dst until ctx ends, then returns nil. It calls dst.Synced
+	// once its initial contents are in, and reports each object it must
+	// skip as invalid through report, naming the object.
+	Run(ctx context.Context, dst *servicelb.Source, report Reporter) error
+}
+
+// Reporter is told about an object a source skipped, and why.
+type Reporter func(object string, err error)
+
+// Options configure an Agent.
+type Options struct {
+	Config Config
+	Logger *slog.Logger
+	// Stdout receives dry-run output; default os.Stdout.
+	Stdout io.Writer
+	// Dataplane, when set, replaces the backend Config names (tests use
+	// servicelb/fake).
+	Dataplane Dataplane
+}
+
+// Agent drives a backend from sources through a servicelb.Runner.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	dp      servicelb.Proxier
+	runner  *servicelb.Runner
+	metrics *Metrics
+	ns      netns.NsHandle
+
+	first     chan error // the first sync's result, for --once
+	firstOnce sync.Once
+}
+
+// New checks the configuration, opens the backend (probing the kernel's
+// support for it unless it is a dry run) and builds the runner.
+func New(o Options) (*Agent, error) {
+	a := &Agent{cfg: o.Config, log: o.Logger, ns: netns.None(), first: make(chan error, 1)}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	node, err := a.cfg.Node()
+	if err != nil {
+		return nil, err
+	}
+	if err := a.openNS(); err != nil {
+		return nil, err
+	}
+	if err := a.openDataplane(o, node); err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.metrics = NewMetrics(a.cfg.Backend, a.health)
+	ro := a.cfg.RunnerOptions(node)
+	ro.Logger = a.log
+	ro.Hooks = a.hooks()
+	if a.runner, err = servicelb.NewRunner(a.dp, ro); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Agent) openNS() error {
+	if a.cfg.NetNS == "" {
+		return nil
+	}
+	path := a.cfg.NetNS
+	if !strings.Contains(path, "/") {
+		path = filepath.Join("/var/run/netns", path)
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("--netns %s: %w", a.cfg.NetNS, err)
+	}
+	a.ns = ns
+	return nil
+}
+
+func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log}
+	out := o.Stdout
+	if out == nil {
+		out = os.Stdout
+	}
+	switch {
+	case o.Dataplane != nil && a.cfg.DryRun:
+		a.dp = &dryRun{r: o.Dataplane, name: a.cfg.Backend, w: out}
+	case o.Dataplane != nil:
+		a.dp = o.Dataplane
+	case a.cfg.DryRun:
+		r, err := Renderer(a.cfg.Backend, bo)
+		if err != nil {
+			return err
+		}
+		a.dp = &dryRun{r: r, name: a.cfg.Backend, w: out}
+	default:
+		d, err := Open(a.cfg.Backend, bo)
+		if err != nil {
+			return err
+		}
+		a.dp = d
+	}
+	return nil
+}
+
+func (a *Agent) hooks() servicelb.Hooks {
+	h := a.metrics.Hooks()
+	synced := h.Synced
+	h.Synced = func(r servicelb.SyncResult) {
+		synced(r)
+		a.firstOnce.Do(func() { a.first <- r.Err })
+	}
+	return h
+}
+
+func (a *Agent) health() servicelb.Health {
+	if a.runner == nil {
+		return servicelb.Health{}
+	}
+	return a.runner.Health()
+}
+
+// Runner returns the agent's runner.
+func (a *Agent) Runner() *servicelb.Runner { return a.runner }
+
+// Metrics returns the agent's metrics.
+func (a *Agent) Metrics() *Metrics { return a.metrics }
+
+// Close releases the namespace handle.
+func (a *Agent) Close() {
+	if a.ns.IsOpen() {
+		a.ns.Close()
+		a.ns = netns.None()
+	}
+}
+
+// Run runs the sources and the runner until ctx ends, a source fails, or,
+// with --once, the first sync is done. With --cleanup it then removes the
+// backend's rules.
+func (a *Agent) Run(ctx context.Context, sources ...Source) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	if a.cfg.MetricsAddr != "" {
+		if err := a.serveMetrics(ctx, &wg); err != nil {
+			return err
+		}
+	}
+	wg.Go(func() { _ = a.runner.Run(ctx) })
+	for _, s := range sources {
+		dst := a.runner.Source(s.Name())
+		report := a.reporter(s.Name())
+		wg.Go(func() {
+			if err := s.Run(ctx, dst, report); err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("source %s: %w", s.Name(), err))
+			}
+		})
+	}
+	if a.cfg.Once {
+		wg.Go(func() {
+			select {
+			case err := <-a.first:
+				cancel(errOnce{err})
+			case <-ctx.Done():
+			}
+		})
+	}
+	<-ctx.Done()
+	wg.Wait()
+	err := context.Cause(ctx)
+	var once errOnce
+	switch {
+	case errors.As(err, &once):
+		err = once.err
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		err = nil
+	}
+	return errors.Join(err, a.cleanup())
+}
+
+type errOnce struct{ err error }
+
+func (e errOnce) Error() string { return "first sync done" }
+
+func (a *Agent) cleanup() error {
+	if !a.cfg.Cleanup || a.cfg.DryRun {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.dp.Cleanup(ctx); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	a.log.Info("removed the installed rules")
+	return nil
+}
+
+func (a *Agent) reporter(source string) Reporter {
+	return func(object string, err error) {
+		a.metrics.Invalid(source)
+		a.log.Error("skipping invalid object", "source", source, "object", object, "err", err)
+	}
+}
+
+func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
+	ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	srv := &http.Server{Handler: Handler(a.metrics, a.health, a.cfg.HealthzTimeout), ReadHeaderTimeout: 5 * time.Second}
+	a.log.Info("serving metrics", "addr", ln.Addr().String())
+	wg.Go(func() { _ = srv.Serve(ln) })
+	wg.Go(func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	})
+	return nil
+}

@@ -1,0 +1,224 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Dataplane is a backend as an agent drives it: it applies states and can
+// show them as the dataplane's own tools would.
+type Dataplane interface {
+	servicelb.Proxier
+	servicelb.Renderer
+}
+
+// BackendOptions are what every backend is built with.
+type BackendOptions struct {
+	// NetNS is the namespace to program; netns.None() means the caller's.
+	NetNS netns.NsHandle
+	// Node is the node the states are compiled for.
+	Node   servicelb.NodeConfig
+	Logger *slog.Logger
+}
+
+// ErrNoBackend: the backend is named right but this build has no
+// implementation of it.
+var ErrNoBackend = errors.New("backend not available in this build")
+
+// ErrUnsupported: the kernel lacks what the backend needs.
+var ErrUnsupported = errors.New("kernel support missing")
+
+type backend struct {
+	// probe checks the kernel's support in the namespace, with a message
+	// naming what is missing.
+	probe func(netns.NsHandle) error
+	// open returns the backend; nil while this build has none.
+	open func(BackendOptions) (Dataplane, error)
+}
+
+// backends maps each --backend value to its implementation.
+var backends = map[string]backend{
+	"nftables": {probe: probeNFTables("nftables")},
+	"iptables": {probe: probeNFTables("iptables")},
+	"ipvs":     {probe: probeIPVS},
+}
+
+// BackendNames returns the accepted --backend values.
+func BackendNames() []string {
+	var out []string
+	for n := range backends {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func lookup(name string) (backend, error) {
+	b, ok := backends[name]
+	if !ok {
+		return b, fmt.Errorf("--backend %q: want one of %s", name, strings.Join(BackendNames(), ", "))
+	}
+	if b.open == nil {
+		return b, fmt.Errorf("%s: %w", name, ErrNoBackend)
+	}
+	return b, nil
+}
+
+// Open probes the kernel for the named backend's support and returns the
+// backend. The error names what is missing.
+func Open(name string, o BackendOptions) (Dataplane, error) {
+	b, err := lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.probe(o.NetNS); err != nil {
+		return nil, err
+	}
+	d, err := b.open(o)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return d, nil
+}
+
+// Renderer returns the named backend for rendering only: a dry run. It
+// probes nothing and installs nothing.
+func Renderer(name string, o BackendOptions) (servicelb.Renderer, error) {
+	b, err := lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	d, err := b.open(o)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return d, nil
+}
+
+// probeNFTables checks that the kernel answers nf_tables requests in ns:
+// both the nftables and the iptables backend (which writes iptables-nft's
+// encoding) need it.
+func probeNFTables(name string) func(netns.NsHandle) error {
+	return func(ns netns.NsHandle) error {
+		var opts []nftables.ConnOption
+		if ns.IsOpen() {
+			opts = append(opts, nftables.WithNetNSFd(int(ns)))
+		}
+		c, err := nftables.New(opts...)
+		if err == nil {
+			defer c.CloseLasting()
+			_, err = c.ListTables()
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, syscall.EPERM):
+			return fmt.Errorf("%s: netlink permission denied: needs root (CAP_NET_ADMIN): %w", name, err)
+		default:
+			return fmt.Errorf("%s: %w: the kernel has no nf_tables support (CONFIG_NF_TABLES; modprobe nf_tables): %v", name, ErrUnsupported, err)
+		}
+	}
+}
+
+// probeIPVS checks that the kernel has IPVS, through its generic netlink
+// family, and that dummy links can be made.
+func probeIPVS(ns netns.NsHandle) error {
+	h, err := netlink.NewHandleAt(nsOrCurrent(ns))
+	if err != nil {
+		return fmt.Errorf("ipvs: netlink: %w", err)
+	}
+	defer h.Close()
+	if _, err := h.GenlFamilyGet("IPVS"); err != nil {
+		if errors.Is(err, syscall.EPERM) {
+			return fmt.Errorf("ipvs: netlink permission denied: needs root (CAP_NET_ADMIN): %w", err)
+		}
+		return fmt.Errorf("ipvs: %w: the kernel has no IP_VS support (CONFIG_IP_VS; modprobe ip_vs): %v", ErrUnsupported, err)
+	}
+	if !kernelHas("dummy") {
+		return fmt.Errorf("ipvs: %w: the kernel has no dummy link driver (CONFIG_DUMMY; modprobe dummy)", ErrUnsupported)
+	}
+	return nil
+}
+
+func nsOrCurrent(ns netns.NsHandle) netns.NsHandle {
+	if ns.IsOpen() {
+		return ns
+	}
+	h, err := netns.Get()
+	if err != nil {
+		return netns.None()
+	}
+	return h
+}
+
+// kernelHas reports whether a kernel module is loaded, built in, or
+// installed where modprobe would find it.
+func kernelHas(module string) bool {
+	if _, err := os.Stat("/sys/module/" + module); err == nil {
+		return true
+	}
+	var uts syscall.Utsname
+	if syscall.Uname(&uts) != nil {
+		return false
+	}
+	var rel []byte
+	for _, c := range uts.Release {
+		if c == 0 {
+			break
+		}
+		rel = append(rel, byte(c))
+	}
+	base := filepath.Join("/lib/modules", string(rel))
+	if b, err := os.ReadFile(filepath.Join(base, "modules.builtin")); err == nil && strings.Contains(string(b), "/"+module+".ko") {
+		return true
+	}
+	matches, _ := filepath.Glob(filepath.Join(base, "kernel/drivers/net", module+".ko*"))
+	return len(matches) > 0
+}
+
+// dryRun is a Proxier that prints what each sync would install.
+type dryRun struct {
+	r    servicelb.Renderer
+	name string
+	w    io.Writer
+
+	mu   sync.Mutex
+	n    int
+	last string
+}
+
+func (d *dryRun) Sync(_ context.Context, st *servicelb.State) error {
+	text, err := d.r.Render(st)
+	if err != nil {
+		return fmt.Errorf("render: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.n++
+	if d.n > 1 && text == d.last {
+		return nil
+	}
+	d.last = text
+	fmt.Fprintf(d.w, "# %s dry run, sync %d: %d services\n%s", d.name, d.n, st.Len(), text)
+	if !strings.HasSuffix(text, "\n") {
+		fmt.Fprintln(d.w)
+	}
+	return nil
+}
+
+func (d *dryRun) Cleanup(context.Context) error { return nil }

@@ -1,0 +1,129 @@
+package filesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/agent"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Source feeds the services of a file to a runner and follows the file's
+// changes. A change that does not parse is reported and changes nothing; a
+// service that is invalid is reported and keeps its last good version (or
+// stays absent), while the other services are applied.
+type Source struct {
+	// Path is the file.
+	Path string
+	// Logger receives what changed; nil discards.
+	Logger *slog.Logger
+	// Debounce is how long the file must be quiet before it is read after
+	// a change; default 100ms.
+	Debounce time.Duration
+
+	good map[string]servicelb.Service // last good version of each service
+}
+
+var _ agent.Source = (*Source)(nil)
+
+// Name returns "file".
+func (s *Source) Name() string { return "file" }
+
+// Run loads the file, then watches it until ctx ends. A first load that
+// fails as a whole is returned as the error.
+func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Reporter) error {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", s.Path, err)
+	}
+	defer w.Close()
+	// Watch the directory: editors replace files by renaming over them.
+	if err := w.Add(filepath.Dir(s.Path)); err != nil {
+		return fmt.Errorf("watch %s: %w", s.Path, err)
+	}
+	if err := s.load(dst, report); err != nil {
+		return err
+	}
+	dst.Synced()
+	return s.watch(ctx, w, dst, report)
+}
+
+func (s *Source) watch(ctx context.Context, w *fsnotify.Watcher, dst *servicelb.Source, report agent.Reporter) error {
+	debounce := s.Debounce
+	if debounce <= 0 {
+		debounce = 100 * time.Millisecond
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	name := filepath.Clean(s.Path)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("file watcher closed")
+			}
+			if filepath.Clean(ev.Name) == name {
+				timer.Reset(debounce)
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("file watcher closed")
+			}
+			s.Logger.Warn("file watcher", "err", err)
+		case <-timer.C:
+			if err := s.load(dst, report); err != nil {
+				report(s.Path, fmt.Errorf("%w (keeping the last good state)", err))
+			}
+		}
+	}
+}
+
+// load reads and applies the file. A whole-file error is returned with
+// nothing applied; problems of single services are reported.
+func (s *Source) load(dst *servicelb.Source, report agent.Reporter) error {
+	data, err := os.ReadFile(s.Path)
+	if err != nil {
+		return fmt.Errorf("read services: %w", err)
+	}
+	p, err := Parse(s.Path, data)
+	if err != nil {
+		return err
+	}
+	svcs := p.Services
+	for name, err := range p.Bad {
+		report(name, err)
+		if old, ok := s.good[name]; ok {
+			svcs = append(svcs, old) // keep the last good version
+		}
+	}
+	applyErr := p.Locate(dst.Replace(svcs))
+	bad := ByService(applyErr)
+	for name, err := range bad {
+		report(name, err)
+	}
+	next := map[string]servicelb.Service{}
+	for _, svc := range svcs {
+		if _, failed := bad[svc.Name]; failed {
+			if old, ok := s.good[svc.Name]; ok {
+				next[svc.Name] = old
+			}
+			continue
+		}
+		next[svc.Name] = svc
+	}
+	s.Logger.Info("loaded services", "file", s.Path, "services", len(next), "invalid", len(p.Bad)+len(bad))
+	s.good = next
+	return nil
+}

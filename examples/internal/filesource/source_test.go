@@ -1,0 +1,182 @@
+package filesource
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/fake"
+)
+
+type reports struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *reports) report(object string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, object+": "+err.Error())
+}
+
+func (r *reports) find(sub string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range r.got {
+		if strings.Contains(g, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func endpointsOf(p *fake.Proxier, name string) string {
+	st := p.Applied()
+	if st == nil {
+		return "<none>"
+	}
+	svc, ok := st.Service(name)
+	if !ok {
+		return "<absent>"
+	}
+	var out []string
+	for _, e := range svc.Endpoints {
+		out = append(out, e.Addr.String())
+	}
+	return strings.Join(out, ",")
+}
+
+const (
+	fileV1 = `services:
+  - name: a
+    clusterIPs: [10.96.0.1]
+    ports: [{port: 80}]
+    endpoints: [{addr: 10.1.0.1}]
+  - name: b
+    clusterIPs: [10.96.0.2]
+    ports: [{port: 80}]
+    endpoints: [{addr: 10.2.0.1}]
+`
+	fileV2 = `services:
+  - name: a
+    clusterIPs: [10.96.0.1]
+    ports: [{port: 80}]
+    endpoints: [{addr: 10.1.0.1}, {addr: 10.1.0.2}]
+  - name: b
+    clusterIPs: [10.96.0.2]
+    ports: [{port: 80}]
+    endpoints: [{addr: 10.2.0.1}]
+`
+	fileBroken = "services:\n  - name: a\n    ports: [\n"
+	// b is invalid (node port outside the range); a changes.
+	fileBadB = `services:
+  - name: a
+    clusterIPs: [10.96.0.1]
+    ports: [{port: 80}]
+    endpoints: [{addr: 10.1.0.3}]
+  - name: b
+    clusterIPs: [10.96.0.2]
+    ports: [{port: 80, nodePort: 80}]
+    endpoints: [{addr: 10.2.0.9}]
+`
+	fileOnlyB = `services:
+  - name: b
+    clusterIPs: [10.96.0.2]
+    ports: [{port: 80}]
+    endpoints: [{addr: 10.2.0.2}]
+`
+)
+
+// The source applies the file, follows its edits, applies only what
+// changed, reports an invalid edit and keeps the last good state.
+func TestSourceFollowsFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	write := func(s string) {
+		t.Helper()
+		// Replace the file as editors do: write beside it and rename.
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(fileV1)
+	p := &fake.Proxier{}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{MinSyncInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = r.Run(ctx) })
+	rep := &reports{}
+	src := &Source{Path: path, Debounce: 20 * time.Millisecond}
+	wg.Go(func() {
+		if err := src.Run(ctx, r.Source(src.Name()), rep.report); err != nil {
+			t.Error(err)
+		}
+	})
+	waitFor(t, "first apply", func() bool { return endpointsOf(p, "a") == "10.1.0.1" && endpointsOf(p, "b") == "10.2.0.1" })
+
+	write(fileV2)
+	waitFor(t, "edit applied", func() bool { return endpointsOf(p, "a") == "10.1.0.1,10.1.0.2" })
+	recs := p.Records()
+	last := recs[len(recs)-1].Changes
+	if last.Len() != 1 || len(last.Changed) != 1 || last.Changed[0].New.Key.Service != "a" {
+		t.Errorf("edit of a synced %+v, want only a's port changed", last)
+	}
+
+	write(fileBroken)
+	waitFor(t, "syntax error reported", func() bool { return rep.find(path + ":3: did not find expected node content") })
+	if got := endpointsOf(p, "a"); got != "10.1.0.1,10.1.0.2" {
+		t.Errorf("after a broken edit a has %s, want the last good state", got)
+	}
+
+	write(fileBadB)
+	waitFor(t, "a's change applied", func() bool { return endpointsOf(p, "a") == "10.1.0.3" })
+	if !rep.find(path + `:8: service "b": ports[0].nodePort: 80: node port outside the node port range`) {
+		t.Errorf("invalid b not reported with its line and field; reports: %q", rep.got)
+	}
+	if got := endpointsOf(p, "b"); got != "10.2.0.1" {
+		t.Errorf("invalid edit of b: b has %s, want its last good version 10.2.0.1", got)
+	}
+
+	write(fileOnlyB)
+	waitFor(t, "a removed, b fixed", func() bool { return endpointsOf(p, "a") == "<absent>" && endpointsOf(p, "b") == "10.2.0.2" })
+}
+
+// A file that fails as a whole at start is an error.
+func TestSourceBadStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	if err := os.WriteFile(path, []byte(fileBroken), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := servicelb.NewRunner(&fake.Proxier{}, servicelb.RunnerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &Source{Path: path}
+	err = src.Run(context.Background(), r.Source("file"), func(string, error) {})
+	if err == nil || !strings.Contains(err.Error(), path+":3:") {
+		t.Errorf("Run = %v, want the file's line", err)
+	}
+}

@@ -1,0 +1,137 @@
+package testservers
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// proc is a server process this package started.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+// start runs bin with args, its output going to a log file in dir.
+func start(name, dir, bin string, args ...string) (*proc, error) {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	defer f.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = f, f
+	// Pdeathsig ends the server if this process dies without stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stop ends the process by its pid: SIGTERM, then SIGKILL after 10 s.
+func (p *proc) stop() {
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// exited returns an error if the process has ended.
+func (p *proc) exited() error {
+	select {
+	case <-p.done:
+		b, _ := os.ReadFile(p.log)
+		return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, tail(string(b), 30))
+	default:
+		return nil
+	}
+}
+
+// failed wraps err with the tail of the process's log.
+func (p *proc) failed(err error) error {
+	b, _ := os.ReadFile(p.log)
+	return fmt.Errorf("%s: %w\n%s", p.name, err, tail(string(b), 30))
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}
+
+// waitHTTP polls url until it answers 200 OK, the process exits, or ctx
+// ends.
+func waitHTTP(ctx context.Context, p *proc, url, token string) error {
+	c := &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}},
+	}
+	var last error
+	for {
+		if err := p.exited(); err != nil {
+			return err
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = errors.New(resp.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return p.failed(fmt.Errorf("not ready at %s: %v: %w", url, last, ctx.Err()))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
