@@ -181,9 +181,21 @@ func TestHostTools(t *testing.T) {
 		}
 		t.Skipf("oracle tools not installed (make deps): %v", err)
 	}
+	cache := filepath.Join(t.TempDir(), "ldd.json")
 	l := NewListing("/")
-	if err := AddTools(t.Context(), l, DefaultTools, DefaultDataPaths); err != nil {
+	if err := AddTools(t.Context(), l, DefaultTools, DefaultDataPaths, cache); err != nil {
 		t.Fatal(err)
+	}
+	key, err := l.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := NewListing("/")
+	if err := AddTools(t.Context(), again, DefaultTools, DefaultDataPaths, cache); err != nil {
+		t.Fatal(err)
+	}
+	if key2, _ := again.Key(); key2 != key {
+		t.Errorf("listing with cached ldd answers differs: key %s, first %s", key2, key)
 	}
 	for _, p := range []string{
 		"usr/bin/busybox", "usr/sbin/nft", "usr/sbin/ipset", "usr/sbin/ipvsadm", "usr/sbin/conntrack",

@@ -133,7 +133,7 @@ func compileAll(ctx context.Context, dir, out string, pkgs []Package) error {
 func (c *Config) buildInitrd(ctx context.Context, k *Kernel, runDir string, pkgs []Package) (string, []string, error) {
 	start := time.Now()
 	tools := NewListing("/")
-	if err := AddTools(ctx, tools, DefaultTools, DefaultDataPaths); err != nil {
+	if err := AddTools(ctx, tools, DefaultTools, DefaultDataPaths, filepath.Join(c.CacheDir, "ldd.json")); err != nil {
 		return "", nil, err
 	}
 	mods := NewListing("/")

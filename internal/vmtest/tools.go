@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -56,8 +57,10 @@ func LookTool(name string) (string, error) {
 }
 
 // AddTools adds the named programs and data paths to l, with the shared
-// libraries of every ELF file added (found with ldd).
-func AddTools(ctx context.Context, l *Listing, tools, data []string) error {
+// libraries of every ELF file added (found with ldd). When lddCache names a
+// file, ldd's answers are kept there, keyed by each file's path, size and
+// modification time, so that a rerun does not run ldd again.
+func AddTools(ctx context.Context, l *Listing, tools, data []string, lddCache string) error {
 	var files []string
 	for _, name := range tools {
 		p, err := LookTool(name)
@@ -80,27 +83,21 @@ func AddTools(ctx context.Context, l *Listing, tools, data []string) error {
 		}
 		files = append(files, got...)
 	}
-	return addLibraries(ctx, l, files)
+	cache := loadLddCache(lddCache)
+	if err := addLibraries(ctx, l, files, cache); err != nil {
+		return err
+	}
+	return cache.save()
 }
 
 // addLibraries adds the shared libraries of each dynamically linked ELF
 // file in files.
-func addLibraries(ctx context.Context, l *Listing, files []string) error {
+func addLibraries(ctx context.Context, l *Listing, files []string, cache *lddCache) error {
 	seen := make(map[string]bool)
 	for _, f := range files {
-		if !isELF(f) {
-			continue
-		}
-		out, err := exec.CommandContext(ctx, "ldd", f).CombinedOutput()
-		if bytes.Contains(out, []byte("not a dynamic executable")) || bytes.Contains(out, []byte("statically linked")) {
-			continue
-		}
+		libs, err := cache.libraries(ctx, f)
 		if err != nil {
-			return fmt.Errorf("ldd %s: %w: %s", f, err, out)
-		}
-		libs, missing := ParseLdd(string(out))
-		if len(missing) > 0 {
-			return fmt.Errorf("ldd %s: libraries not found: %s", f, strings.Join(missing, ", "))
+			return err
 		}
 		for _, lib := range libs {
 			if seen[lib] {
@@ -113,6 +110,77 @@ func addLibraries(ctx context.Context, l *Listing, files []string) error {
 		}
 	}
 	return nil
+}
+
+// lddCache remembers ldd's answer for each file.
+type lddCache struct {
+	path    string
+	Entries map[string]lddEntry
+	dirty   bool
+}
+
+type lddEntry struct {
+	Size    int64
+	ModTime int64
+	Libs    []string
+}
+
+func loadLddCache(path string) *lddCache {
+	c := &lddCache{path: path, Entries: make(map[string]lddEntry)}
+	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &c.Entries) != nil {
+		c.Entries = make(map[string]lddEntry) // unreadable: start afresh
+	}
+	return c
+}
+
+func (c *lddCache) save() error {
+	if !c.dirty || c.path == "" {
+		return nil
+	}
+	b, err := json.Marshal(c.Entries)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(c.path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(c.path, b, 0o644)
+}
+
+// libraries returns the libraries of f (none for a file that is not a
+// dynamically linked ELF file).
+func (c *lddCache) libraries(ctx context.Context, f string) ([]string, error) {
+	fi, err := os.Stat(f)
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := c.Entries[f]; ok && e.Size == fi.Size() && e.ModTime == fi.ModTime().UnixNano() {
+		return e.Libs, nil
+	}
+	var libs []string
+	if isELF(f) {
+		if libs, err = ldd(ctx, f); err != nil {
+			return nil, err
+		}
+	}
+	c.Entries[f] = lddEntry{Size: fi.Size(), ModTime: fi.ModTime().UnixNano(), Libs: libs}
+	c.dirty = true
+	return libs, nil
+}
+
+func ldd(ctx context.Context, f string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "ldd", f).CombinedOutput()
+	if bytes.Contains(out, []byte("not a dynamic executable")) || bytes.Contains(out, []byte("statically linked")) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w: %s", f, err, out)
+	}
+	libs, missing := ParseLdd(string(out))
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("ldd %s: libraries not found: %s", f, strings.Join(missing, ", "))
+	}
+	return libs, nil
 }
 
 func isELF(p string) bool {
