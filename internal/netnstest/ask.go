@@ -1,0 +1,262 @@
+package netnstest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The kinds of failed asks, for errors.Is.
+var (
+	// ErrRefused: the destination answered no: a TCP reset, an SCTP
+	// abort, or an ICMP destination unreachable (port, host, network,
+	// administratively prohibited).
+	ErrRefused = errors.New("refused")
+	// ErrTimeout: silence until the deadline, as when packets are dropped.
+	ErrTimeout = errors.New("timed out")
+)
+
+// DefaultTimeout bounds an ask without a Timeout option.
+const DefaultTimeout = time.Second
+
+// Keys under which Count with CountFailures counts failed asks.
+const (
+	KeyRefused = "refused"
+	KeyTimeout = "timeout"
+	KeyError   = "error"
+)
+
+// Reply is an echo server's answer.
+type Reply struct {
+	// Host is the name of the host that answered.
+	Host string
+	// Client is the client's address and port as the server saw them:
+	// the client's own when its source address is preserved, the node's
+	// when it is masqueraded.
+	Client netip.AddrPort
+}
+
+// AskError is a failed ask. errors.Is(err, ErrRefused) and
+// errors.Is(err, ErrTimeout) tell the kinds apart; the underlying error
+// (for example syscall.ECONNREFUSED) is wrapped too.
+type AskError struct {
+	Proto string
+	Dst   netip.AddrPort
+	// Kind is ErrRefused, ErrTimeout, or nil for other failures (bad
+	// arguments, a malformed reply, a cancelled context).
+	Kind error
+	Err  error
+}
+
+func (e *AskError) Error() string {
+	if e.Kind != nil {
+		return fmt.Sprintf("ask %s %s: %v: %v", e.Proto, e.Dst, e.Kind, e.Err)
+	}
+	return fmt.Sprintf("ask %s %s: %v", e.Proto, e.Dst, e.Err)
+}
+
+func (e *AskError) Unwrap() []error {
+	if e.Kind == nil {
+		return []error{e.Err}
+	}
+	return []error{e.Kind, e.Err}
+}
+
+// AskOption changes how Ask and Count ask.
+type AskOption func(*askConfig)
+
+type askConfig struct {
+	timeout       time.Duration
+	from          netip.Addr
+	fromPort      uint16
+	countFailures bool
+}
+
+// Timeout bounds each ask (connection and exchange); the default is
+// DefaultTimeout.
+func Timeout(d time.Duration) AskOption { return func(c *askConfig) { c.timeout = d } }
+
+// FromAddr sets the source address of the asks; it must be an address of
+// the asking host (see Host.AddAddress) of the destination's family.
+func FromAddr(a netip.Addr) AskOption { return func(c *askConfig) { c.from = a } }
+
+// FromPort sets the source port of the asks (with SO_REUSEADDR).
+func FromPort(p uint16) AskOption { return func(c *askConfig) { c.fromPort = p } }
+
+// CountFailures makes Count count failed asks under KeyRefused,
+// KeyTimeout and KeyError instead of failing the test.
+func CountFailures() AskOption { return func(c *askConfig) { c.countFailures = true } }
+
+func newAskConfig(opts []AskOption) askConfig {
+	c := askConfig{timeout: DefaultTimeout}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// source returns the local address to bind, or the zero value.
+func (c *askConfig) source(dst netip.AddrPort) (netip.AddrPort, error) {
+	if !c.from.IsValid() && c.fromPort == 0 {
+		return netip.AddrPort{}, nil
+	}
+	a := c.from
+	if !a.IsValid() {
+		a = netip.IPv4Unspecified()
+		if dst.Addr().Is6() {
+			a = netip.IPv6Unspecified()
+		}
+	}
+	if a.Is4() != dst.Addr().Is4() {
+		return netip.AddrPort{}, fmt.Errorf("source %s and destination %s differ in family", a, dst.Addr())
+	}
+	return netip.AddrPortFrom(a, c.fromPort), nil
+}
+
+// Ask makes one fresh connection (TCP, SCTP) or sends one datagram from a
+// fresh socket (UDP) from the host to dst, and returns the echo server's
+// reply. Failures are *AskError; see ErrRefused and ErrTimeout.
+func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts ...AskOption) (Reply, error) {
+	cfg := newAskConfig(opts)
+	fail := func(kind, err error) (Reply, error) {
+		return Reply{}, &AskError{Proto: proto, Dst: dst, Kind: kind, Err: err}
+	}
+	if !dst.IsValid() || dst.Port() == 0 {
+		return fail(nil, errors.New("invalid destination"))
+	}
+	from, err := cfg.source(dst)
+	if err != nil {
+		return fail(nil, err)
+	}
+	deadline := time.Now().Add(cfg.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var text string
+	switch proto {
+	case "udp":
+		text, err = h.askUDP(ctx, dst, from, deadline)
+	case "tcp", "sctp":
+		text, err = h.askStream(ctx, proto, dst, from, deadline)
+	default:
+		return fail(nil, fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", proto))
+	}
+	if err != nil {
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fail(nil, errors.Join(ctx.Err(), err))
+		}
+		return fail(classify(err), err)
+	}
+	r, err := parseReply(text)
+	if err != nil {
+		return fail(nil, err)
+	}
+	return r, nil
+}
+
+// askUDP runs one UDP ask from a fresh connected socket, which the
+// kernel tells about ICMP errors: create it inside the namespace, exchange
+// outside it.
+func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (string, error) {
+	d := net.Dialer{Deadline: deadline}
+	if from.IsValid() {
+		d.LocalAddr = net.UDPAddrFromAddrPort(from)
+		if from.Port() != 0 {
+			d.Control = reuseAddr
+		}
+	}
+	var c net.Conn
+	if err := h.Do(func() (err error) { c, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
+		return "", err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := c.SetDeadline(deadline); err != nil {
+		return "", err
+	}
+	if _, err := c.Write([]byte(request)); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	return string(buf[:n]), err
+}
+
+func reuseAddr(_, _ string, rc syscall.RawConn) error {
+	var serr error
+	err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	})
+	return errors.Join(err, serr)
+}
+
+// classify returns ErrRefused, ErrTimeout or nil for a failed exchange.
+func classify(err error) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, unix.ETIMEDOUT), errors.As(err, &ne) && ne.Timeout():
+		return ErrTimeout
+	case errors.Is(err, unix.ECONNREFUSED), errors.Is(err, unix.ECONNRESET),
+		errors.Is(err, unix.EHOSTUNREACH), errors.Is(err, unix.ENETUNREACH),
+		errors.Is(err, unix.EACCES), errors.Is(err, unix.EPIPE):
+		return ErrRefused
+	}
+	return nil
+}
+
+// parseReply parses "<host name> <client addr:port>".
+func parseReply(text string) (Reply, error) {
+	host, client, ok := strings.Cut(strings.TrimSpace(text), " ")
+	if !ok || host == "" {
+		return Reply{}, fmt.Errorf("malformed reply %q", text)
+	}
+	ap, err := netip.ParseAddrPort(client)
+	if err != nil {
+		return Reply{}, fmt.Errorf("malformed reply %q: %w", text, err)
+	}
+	return Reply{Host: host, Client: ap}, nil
+}
+
+// failureKey returns the Count key of a failed ask.
+func failureKey(err error) string {
+	switch {
+	case errors.Is(err, ErrRefused):
+		return KeyRefused
+	case errors.Is(err, ErrTimeout):
+		return KeyTimeout
+	}
+	return KeyError
+}
+
+// Count makes n asks, one after the other, each on a fresh connection or
+// socket, and returns how many each host answered, by host name. A failed
+// ask fails the test unless the CountFailures option is given. Call it
+// from the test's goroutine.
+func (h *Host) Count(t testing.TB, proto string, dst netip.AddrPort, n int, opts ...AskOption) map[string]int {
+	t.Helper()
+	cfg := newAskConfig(opts)
+	counts := map[string]int{}
+	for i := range n {
+		r, err := h.Ask(t.Context(), proto, dst, opts...)
+		if err != nil {
+			if !cfg.countFailures {
+				t.Fatalf("netnstest: %s: ask %d of %d: %v (answers so far: %v)", h.Name, i+1, n, err, counts)
+			}
+			counts[failureKey(err)]++
+			continue
+		}
+		counts[r.Host]++
+	}
+	return counts
+}

@@ -1,0 +1,117 @@
+package netnstest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SCTP has no support in package net: the echo server uses one-to-one
+// (SOCK_STREAM) SCTP sockets made with x/sys/unix (see stream.go).
+
+// sockaddr converts an address and port to a unix.Sockaddr.
+func sockaddr(ap netip.AddrPort) unix.Sockaddr {
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+// addrPort converts a unix.Sockaddr back.
+func addrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// listenSCTP opens a listening SCTP socket on every address of one family.
+func listenSCTP(v6 bool, port uint16) (*os.File, error) {
+	fd, err := streamSocket("sctp", v6)
+	if err != nil {
+		return nil, err
+	}
+	wild := netip.AddrPortFrom(netip.IPv4Unspecified(), port)
+	if v6 {
+		wild = netip.AddrPortFrom(netip.IPv6Unspecified(), port)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("sctp SO_REUSEADDR: %w", err)
+	}
+	if err := unix.Bind(fd, sockaddr(wild)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("sctp bind %s: %w", wild, err)
+	}
+	if err := unix.Listen(fd, 128); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("sctp listen %s: %w", wild, err)
+	}
+	return os.NewFile(uintptr(fd), "sctp-listener"), nil
+}
+
+func (h *Host) serveSCTP(s *Server, port uint16) error {
+	for _, v6 := range []bool{false, true} {
+		var ln *os.File
+		err := h.Do(func() (err error) {
+			ln, err = listenSCTP(v6, port)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		s.closers = append(s.closers, ln)
+		s.wg.Go(func() { h.acceptSCTP(s, ln) })
+	}
+	return nil
+}
+
+func (h *Host) acceptSCTP(s *Server, ln *os.File) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		nfd, aerr := -1, error(nil)
+		err := rc.Read(func(fd uintptr) bool {
+			nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			return !errors.Is(aerr, unix.EAGAIN)
+		})
+		if err != nil {
+			return // the listener was closed
+		}
+		if aerr != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		c := os.NewFile(uintptr(nfd), "sctp")
+		s.wg.Go(func() { h.answerSCTP(c) })
+	}
+}
+
+func (h *Host) answerSCTP(c *os.File) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(connTimeout))
+	buf := make([]byte, 512)
+	if _, err := c.Read(buf); err != nil && err != io.EOF {
+		return
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	var peer unix.Sockaddr
+	rc.Control(func(fd uintptr) { peer, err = unix.Getpeername(int(fd)) })
+	if err != nil {
+		return
+	}
+	c.Write(h.reply(addrPort(peer)))
+}

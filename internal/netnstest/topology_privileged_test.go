@@ -1,0 +1,211 @@
+//go:build privileged
+
+package netnstest_test
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+)
+
+// TestTopologyCarriesTraffic asks every backend directly from the client,
+// over TCP and UDP, IPv4 and IPv6: the node routes both ways, the reply
+// names the backend and shows the client's own address.
+func TestTopologyCarriesTraffic(t *testing.T) {
+	netnstest.Require(t)
+	tp := netnstest.New(t, netnstest.Options{})
+	if len(tp.Backends) != 3 {
+		t.Fatalf("got %d backends, want the default 3", len(tp.Backends))
+	}
+	for _, b := range tp.Backends {
+		b.Serve(t, "tcp", 8080)
+		b.Serve(t, "udp", 8080)
+	}
+	for _, b := range tp.Backends {
+		for _, proto := range []string{"tcp", "udp"} {
+			for _, pair := range [][2]netip.Addr{{b.IPv4, tp.Client.IPv4}, {b.IPv6, tp.Client.IPv6}} {
+				dst := netip.AddrPortFrom(pair[0], 8080)
+				r, err := tp.Client.Ask(t.Context(), proto, dst)
+				if err != nil {
+					t.Fatalf("%s %s: %v", proto, dst, err)
+				}
+				if r.Host != b.Name || r.Client.Addr() != pair[1] || r.Client.Port() == 0 {
+					t.Errorf("%s %s: reply %+v, want host %s from client %s", proto, dst, r, b.Name, pair[1])
+				}
+			}
+		}
+	}
+}
+
+// TestAddressing checks the fixed addressing and links with the ip tool.
+func TestAddressing(t *testing.T) {
+	netnstest.Require(t)
+	tp := netnstest.New(t, netnstest.Options{Backends: 2})
+	want := map[*netnstest.Host][]string{
+		tp.Client:      {"eth0", "198.51.100.2/24", "fd00:c::2/64"},
+		tp.Backends[0]: {"eth0", "10.244.1.2/24", "fd00:244:1::2/64"},
+		tp.Backends[1]: {"eth0", "10.244.2.2/24", "fd00:244:2::2/64"},
+		tp.Node: {"ext0", "198.51.100.1/24", "fd00:c::1/64", "veth0", "10.244.1.1/24", "fd00:244:1::1/64",
+			"veth1", "10.244.2.1/24", "fd00:244:2::1/64"},
+	}
+	for h, words := range want {
+		out := h.Exec(t, "ip", "-o", "addr", "show")
+		for _, w := range words {
+			if !strings.Contains(out, " "+w+" ") && !strings.Contains(out, " "+w+":") && !strings.Contains(out, " "+w+"\\") {
+				t.Errorf("%s: %q not in\n%s", h.Name, w, out)
+			}
+		}
+		if strings.Contains(out, "tentative") {
+			t.Errorf("%s: tentative IPv6 address (duplicate address detection not off):\n%s", h.Name, out)
+		}
+	}
+	if got := strings.TrimSpace(tp.Node.Exec(t, "sysctl", "-n", "net.ipv4.ip_forward")); got != "1" {
+		t.Errorf("node ip_forward = %s", got)
+	}
+	if got := strings.TrimSpace(tp.Node.Exec(t, "sysctl", "-n", "net.ipv6.conf.all.forwarding")); got != "1" {
+		t.Errorf("node ipv6 forwarding = %s", got)
+	}
+	if got := strings.TrimSpace(tp.Client.Exec(t, "sysctl", "-n", "net.ipv4.ip_forward")); got != "0" {
+		t.Errorf("client ip_forward = %s, want 0", got)
+	}
+	route := tp.Backends[1].Exec(t, "ip", "-6", "route", "show", "default")
+	if !strings.Contains(route, "via fd00:244:2::1 dev eth0") {
+		t.Errorf("backend-1 IPv6 default route: %q", route)
+	}
+	if b := tp.Backends[1]; b.NodeLink != "veth1" || b.Gateway4 != netip.MustParseAddr("10.244.2.1") {
+		t.Errorf("backend-1 fields: %+v", b)
+	}
+	if got := filepath.Join(netnstest.RunDir, tp.Node.NSName); !strings.HasPrefix(tp.Node.NSName, netnstest.Prefix) {
+		t.Errorf("namespace %s lacks the prefix", got)
+	}
+}
+
+// TestRefusedAndTimeout tells a closed port (TCP reset, ICMP port
+// unreachable), a rejecting firewall (ICMP administratively prohibited)
+// and a dropping one (silence) apart, for both protocols and families.
+func TestRefusedAndTimeout(t *testing.T) {
+	netnstest.Require(t, "nf_tables")
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	b := tp.Backends[0]
+	b.Serve(t, "tcp", 8080)
+	b.Serve(t, "udp", 8080)
+	b.Serve(t, "tcp", 8081)
+	b.Serve(t, "udp", 8081)
+	b.Serve(t, "tcp", 8082)
+	b.Serve(t, "udp", 8082)
+	b.ExecInput(t, `table inet kpt_test {
+	chain in {
+		type filter hook input priority 0;
+		th dport 8081 drop
+	}
+}`, "nft", "-f", "-")
+	tp.Node.ExecInput(t, `table inet kpt_test {
+	chain forward {
+		type filter hook forward priority 0;
+		meta l4proto { tcp, udp } th dport 8082 reject with icmpx admin-prohibited
+	}
+}`, "nft", "-f", "-")
+	cases := []struct {
+		port uint16
+		want error
+	}{{8080, nil}, {9, netnstest.ErrRefused}, {8081, netnstest.ErrTimeout}, {8082, netnstest.ErrRefused}}
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, a := range []netip.Addr{b.IPv4, b.IPv6} {
+			for _, c := range cases {
+				dst := netip.AddrPortFrom(a, c.port)
+				start := time.Now()
+				_, err := tp.Client.Ask(t.Context(), proto, dst, netnstest.Timeout(300*time.Millisecond))
+				took := time.Since(start)
+				if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+					t.Errorf("%s %s: got %v, want %v", proto, dst, err, c.want)
+					continue
+				}
+				other := netnstest.ErrTimeout
+				if c.want == netnstest.ErrTimeout {
+					other = netnstest.ErrRefused
+				}
+				if c.want != nil && errors.Is(err, other) {
+					t.Errorf("%s %s: %v is both refused and timed out", proto, dst, err)
+				}
+				if c.want == netnstest.ErrRefused && took > 200*time.Millisecond {
+					t.Errorf("%s %s: refusal took %v", proto, dst, took)
+				}
+			}
+		}
+	}
+}
+
+// TestCount counts asks per backend and counts failures on request.
+func TestCount(t *testing.T) {
+	netnstest.Require(t)
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	b := tp.Backends[0]
+	b.Serve(t, "tcp", 8080)
+	b.Serve(t, "udp", 8080)
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, a := range []netip.Addr{b.IPv4, b.IPv6} {
+			start := time.Now()
+			got := tp.Client.Count(t, proto, netip.AddrPortFrom(a, 8080), 300)
+			t.Logf("300 %s asks to %s: %v", proto, a, time.Since(start))
+			if len(got) != 1 || got[b.Name] != 300 {
+				t.Errorf("%s %s: counts %v, want %s:300", proto, a, got, b.Name)
+			}
+		}
+	}
+	got := tp.Client.Count(t, "udp", netip.AddrPortFrom(b.IPv4, 9), 50, netnstest.CountFailures())
+	if len(got) != 1 || got[netnstest.KeyRefused] != 50 {
+		t.Errorf("closed port: counts %v, want %s:50 (ICMP rate limits off)", got, netnstest.KeyRefused)
+	}
+}
+
+// TestAddAddress gives the client more source addresses, on its link's
+// subnet and outside it, and checks the backend sees each.
+func TestAddAddress(t *testing.T) {
+	netnstest.Require(t)
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	b := tp.Backends[0]
+	b.Serve(t, "tcp", 8080)
+	b.Serve(t, "udp", 8080)
+	for _, p := range []string{"198.51.100.7/24", "203.0.113.9/32", "fd00:c::7/64", "2001:db8:9::9/128"} {
+		pfx := netip.MustParsePrefix(p)
+		tp.Client.AddAddress(t, pfx)
+		dstAddr := b.IPv4
+		if pfx.Addr().Is6() {
+			dstAddr = b.IPv6
+		}
+		for _, proto := range []string{"tcp", "udp"} {
+			r, err := tp.Client.Ask(t.Context(), proto, netip.AddrPortFrom(dstAddr, 8080),
+				netnstest.FromAddr(pfx.Addr()), netnstest.FromPort(40001))
+			if err != nil {
+				t.Fatalf("%s from %s: %v", proto, pfx, err)
+			}
+			if want := netip.AddrPortFrom(pfx.Addr(), 40001); r.Client != want {
+				t.Errorf("%s from %s: server saw %s, want %s", proto, pfx, r.Client, want)
+			}
+		}
+	}
+}
+
+// TestNewHost checks a lone namespace: loopback works, nothing else.
+func TestNewHost(t *testing.T) {
+	netnstest.Require(t)
+	h := netnstest.NewHost(t, "lone")
+	h.Serve(t, "tcp", 7000)
+	r, err := h.Ask(t.Context(), "tcp", netip.MustParseAddrPort("127.0.0.1:7000"))
+	if err != nil || r.Host != "lone" {
+		t.Fatalf("loopback ask: %+v, %v", r, err)
+	}
+	out := h.Exec(t, "ip", "-o", "link", "show")
+	if n := strings.Count(strings.TrimSpace(out), "\n") + 1; n != 1 {
+		t.Errorf("lone host has %d links, want only lo:\n%s", n, out)
+	}
+	if _, err := os.Stat(filepath.Join(netnstest.RunDir, h.NSName)); err != nil {
+		t.Errorf("named namespace: %v", err)
+	}
+}
