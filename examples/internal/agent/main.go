@@ -89,4 +89,3 @@ func Stderr(w io.Writer) io.Writer {
 	stderr = w
 	return old
 }
-

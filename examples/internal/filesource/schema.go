@@ -56,17 +56,17 @@ type File struct {
 
 // Service is a service as written in the file.
 type Service struct {
-	Name                  string   `yaml:"name"`
-	ClusterIPs            []string `yaml:"clusterIPs"`
-	ExternalIPs           []string `yaml:"externalIPs"`
-	LoadBalancerIPs       []string `yaml:"loadBalancerIPs"`
-	Ports                 []Port   `yaml:"ports"`
-	InternalTrafficPolicy string   `yaml:"internalTrafficPolicy"`
-	ExternalTrafficPolicy string   `yaml:"externalTrafficPolicy"`
-	Affinity              Affinity `yaml:"affinity"`
-	SourceRanges          []string `yaml:"sourceRanges"`
-	HealthCheckNodePort   uint16   `yaml:"healthCheckNodePort"`
-	Scheduler             string   `yaml:"scheduler"`
+	Name                  string     `yaml:"name"`
+	ClusterIPs            []string   `yaml:"clusterIPs"`
+	ExternalIPs           []string   `yaml:"externalIPs"`
+	LoadBalancerIPs       []string   `yaml:"loadBalancerIPs"`
+	Ports                 []Port     `yaml:"ports"`
+	InternalTrafficPolicy string     `yaml:"internalTrafficPolicy"`
+	ExternalTrafficPolicy string     `yaml:"externalTrafficPolicy"`
+	Affinity              Affinity   `yaml:"affinity"`
+	SourceRanges          []string   `yaml:"sourceRanges"`
+	HealthCheckNodePort   uint16     `yaml:"healthCheckNodePort"`
+	Scheduler             string     `yaml:"scheduler"`
 	Endpoints             []Endpoint `yaml:"endpoints"`
 }
 

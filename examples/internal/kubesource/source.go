@@ -1,0 +1,206 @@
+package kubesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/agent"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Source watches Services and EndpointSlices and feeds their translation
+// to a runner. Every change to a service or one of its slices re-translates
+// that service alone.
+type Source struct {
+	// Client talks to the API server.
+	Client kubernetes.Interface
+	// ProxyName is this proxy's value of the service-proxy-name label: with
+	// a name, only services labelled with it are handled; without, only
+	// services without the label.
+	ProxyName string
+	// Logger receives skipped services at Debug; nil discards.
+	Logger *slog.Logger
+
+	mu       sync.Mutex
+	dst      *servicelb.Source
+	report   agent.Reporter
+	services cache.Indexer
+	slices   cache.Indexer
+	invalid  map[string]string // services reported invalid, by their error text
+}
+
+var _ agent.Source = (*Source)(nil)
+
+const byService = "service"
+
+// Name returns "kubernetes".
+func (s *Source) Name() string { return "kubernetes" }
+
+// Selector returns the label selector for the services this proxy handles.
+func Selector(proxyName string) labels.Selector {
+	op, vals := selection.DoesNotExist, []string(nil)
+	if proxyName != "" {
+		op, vals = selection.Equals, []string{proxyName}
+	}
+	req, err := labels.NewRequirement(LabelProxyName, op, vals)
+	if err != nil {
+		panic(err) // the label key and values are constants or checked
+	}
+	return labels.NewSelector().Add(*req)
+}
+
+// Run starts the informers, feeds their initial contents, reports the
+// source synced, and follows changes until ctx ends.
+func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Reporter) error {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	s.dst, s.report, s.invalid = dst, report, map[string]string{}
+	sel := Selector(s.ProxyName).String()
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(s.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	sliceFactory := informers.NewSharedInformerFactory(s.Client, 0)
+	svcInf := svcFactory.Core().V1().Services().Informer()
+	sliceInf := sliceFactory.Discovery().V1().EndpointSlices().Informer()
+	if err := sliceInf.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	s.services, s.slices = svcInf.GetIndexer(), sliceInf.GetIndexer()
+	if _, err := svcInf.AddEventHandler(s.handler(s.serviceKey)); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	if _, err := sliceInf.AddEventHandler(s.handler(s.sliceKey)); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	svcFactory.Start(ctx.Done())
+	sliceFactory.Start(ctx.Done())
+	defer svcFactory.Shutdown()
+	defer sliceFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), svcInf.HasSynced, sliceInf.HasSynced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("kubernetes: informers did not sync")
+	}
+	s.resyncAll()
+	dst.Synced()
+	s.Logger.Info("kubernetes informers synced", "services", len(s.services.ListKeys()), "proxyName", s.ProxyName)
+	<-ctx.Done()
+	return nil
+}
+
+// handler calls update with the service key of each changed object.
+func (s *Source) handler(key func(any) (string, bool)) cache.ResourceEventHandlerFuncs {
+	on := func(obj any) {
+		if k, ok := key(obj); ok {
+			s.update(k)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: on,
+		UpdateFunc: func(old, cur any) {
+			ko, _ := key(old)
+			if kc, _ := key(cur); ko != kc {
+				on(old)
+			}
+			on(cur)
+		},
+		DeleteFunc: on,
+	}
+}
+
+func (s *Source) serviceKey(obj any) (string, bool) {
+	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	return k, err == nil
+}
+
+func (s *Source) sliceKey(obj any) (string, bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return "", false
+	}
+	name := sl.Labels[discoveryv1.LabelServiceName]
+	return sl.Namespace + "/" + name, name != ""
+}
+
+func sliceService(obj any) ([]string, error) {
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok || sl.Labels[discoveryv1.LabelServiceName] == "" {
+		return nil, nil
+	}
+	return []string{sl.Namespace + "/" + sl.Labels[discoveryv1.LabelServiceName]}, nil
+}
+
+func (s *Source) resyncAll() {
+	for _, k := range s.services.ListKeys() {
+		s.update(k)
+	}
+}
+
+// update re-translates the service with key "namespace/name" and upserts
+// or deletes it.
+func (s *Source) update(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	obj, exists, err := s.services.GetByKey(key)
+	if err != nil || !exists {
+		s.delete(key)
+		return
+	}
+	svc := obj.(*corev1.Service)
+	objs, err := s.slices.ByIndex(byService, key)
+	if err != nil {
+		s.reportOnce(key, fmt.Errorf("endpointslices: %w", err))
+		return
+	}
+	var slices []*discoveryv1.EndpointSlice
+	for _, o := range objs {
+		slices = append(slices, o.(*discoveryv1.EndpointSlice))
+	}
+	t, err := Translate(svc, slices)
+	if errors.Is(err, ErrSkipped) {
+		s.Logger.Debug("skipping service", "service", key, "reason", err)
+		s.delete(key)
+		return
+	}
+	if err == nil {
+		err = s.dst.Upsert(t)
+	}
+	if err != nil {
+		s.reportOnce(key, err)
+		return
+	}
+	delete(s.invalid, key)
+}
+
+func (s *Source) delete(key string) {
+	delete(s.invalid, key)
+	if err := s.dst.Delete(key); err != nil {
+		s.reportOnce(key, err)
+	}
+}
+
+// reportOnce reports an invalid service, once per distinct error, so that
+// unrelated slice updates do not repeat it.
+func (s *Source) reportOnce(key string, err error) {
+	if s.invalid[key] == err.Error() {
+		return
+	}
+	s.invalid[key] = err.Error()
+	s.report(key, err)
+}

@@ -1,0 +1,182 @@
+// Package kubesource feeds a servicelb.Runner from Kubernetes: client-go
+// informers on Services and EndpointSlices, translated to servicelb
+// services with kube-proxy's rules. Headless and ExternalName services are
+// skipped; the service.kubernetes.io/service-proxy-name label picks which
+// services this proxy handles; endpoint conditions (ready, serving,
+// terminating), node names, zones and topology hints are kept as they are,
+// for servicelb's endpoint selection.
+package kubesource
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Labels and annotations this source reads.
+const (
+	// LabelProxyName names the proxy that handles a service: a proxy
+	// without a name handles only services without the label.
+	LabelProxyName = "service.kubernetes.io/service-proxy-name"
+	// AnnotationScheduler sets servicelb.Service.Scheduler, such as "rr".
+	AnnotationScheduler = "kproxy.dev/scheduler"
+)
+
+// ErrSkipped marks a service this proxy does not handle (headless,
+// ExternalName); it is not a mistake.
+var ErrSkipped = errors.New("not load-balanced")
+
+// Translate turns a Service and its EndpointSlices into a servicelb
+// service named "namespace/name". It returns an error wrapping ErrSkipped
+// for services a proxy does not handle, and an error naming the field for
+// values it cannot parse.
+func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (servicelb.Service, error) {
+	out := servicelb.Service{Name: svc.Namespace + "/" + svc.Name}
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		return out, fmt.Errorf("ExternalName service: %w", ErrSkipped)
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return out, fmt.Errorf("headless service: %w", ErrSkipped)
+	}
+	var errs []error
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	out.ClusterIPs = parseAddrs("spec.clusterIPs", ips, &errs)
+	out.ExternalIPs = parseAddrs("spec.externalIPs", svc.Spec.ExternalIPs, &errs)
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		var lb []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IP != "" {
+				lb = append(lb, in.IP)
+			}
+		}
+		out.LoadBalancerIPs = parseAddrs("status.loadBalancer.ingress", lb, &errs)
+		out.SourceRanges = parsePrefixes(svc.Spec.LoadBalancerSourceRanges, &errs)
+		out.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
+	}
+	nodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	for _, p := range svc.Spec.Ports {
+		sp := servicelb.Port{Name: p.Name, Protocol: servicelb.Protocol(cmp.Or(p.Protocol, corev1.ProtocolTCP)), Port: uint16(p.Port)}
+		if nodePorts {
+			sp.NodePort = uint16(p.NodePort)
+		}
+		if p.TargetPort.Type == intstr.Int {
+			sp.TargetPort = uint16(p.TargetPort.IntVal)
+		}
+		out.Ports = append(out.Ports, sp)
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil {
+		out.InternalTrafficPolicy = servicelb.TrafficPolicy(*p)
+	}
+	if svc.Spec.ExternalTrafficPolicy != "" {
+		out.ExternalTrafficPolicy = servicelb.TrafficPolicy(svc.Spec.ExternalTrafficPolicy)
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		out.Affinity.ClientIP = true
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			out.Affinity.Timeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	out.Scheduler = servicelb.Scheduler(svc.Annotations[AnnotationScheduler])
+	out.Endpoints = endpoints(slices, &errs)
+	return out, errors.Join(errs...)
+}
+
+func parseAddrs(field string, in []string, errs *[]error) []netip.Addr {
+	var out []netip.Addr
+	for i, s := range in {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("%s[%d]: %w", field, i, err))
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// parsePrefixes parses source ranges as kube-proxy does: surrounding
+// spaces are ignored and host bits cleared.
+func parsePrefixes(in []string, errs *[]error) []netip.Prefix {
+	var out []netip.Prefix
+	for i, s := range in {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("spec.loadBalancerSourceRanges[%d]: %w", i, err))
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
+// endpoints translates the endpoints of the slices: the first address of
+// each, with the slice's ports by name. FQDN slices are ignored.
+func endpoints(slices []*discoveryv1.EndpointSlice, errs *[]error) []servicelb.Endpoint {
+	var out []servicelb.Endpoint
+	for _, sl := range slices {
+		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		ports := map[string]uint16{}
+		for _, p := range sl.Ports {
+			if p.Port != nil {
+				ports[deref(p.Name)] = uint16(*p.Port)
+			}
+		}
+		for i, e := range sl.Endpoints {
+			if len(e.Addresses) == 0 {
+				continue
+			}
+			a, err := netip.ParseAddr(e.Addresses[0])
+			if err != nil {
+				*errs = append(*errs, fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %w", sl.Name, i, err))
+				continue
+			}
+			out = append(out, endpoint(a, e, ports))
+		}
+	}
+	return out
+}
+
+func endpoint(a netip.Addr, e discoveryv1.Endpoint, ports map[string]uint16) servicelb.Endpoint {
+	// Unknown conditions: ready unless said otherwise; serving as ready.
+	ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+	serving := ready
+	if e.Conditions.Serving != nil {
+		serving = *e.Conditions.Serving
+	}
+	ep := servicelb.Endpoint{
+		Addr: a, Ports: ports, Ready: ready, Serving: serving,
+		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+		NodeName:    deref(e.NodeName), Zone: deref(e.Zone),
+	}
+	if h := e.Hints; h != nil {
+		for _, z := range h.ForZones {
+			ep.Hints.ForZones = append(ep.Hints.ForZones, z.Name)
+		}
+		for _, n := range h.ForNodes {
+			ep.Hints.ForNodes = append(ep.Hints.ForNodes, n.Name)
+		}
+	}
+	return ep
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
