@@ -44,6 +44,9 @@ type Options struct {
 	// Dataplane, when set, replaces the backend Config names (tests use
 	// servicelb/fake).
 	Dataplane Dataplane
+	// OnInvalid, when set, is told about every object a source skips as
+	// invalid, besides the log and the metrics.
+	OnInvalid Reporter
 }
 
 // Agent drives a backend from sources through a servicelb.Runner.
@@ -57,12 +60,13 @@ type Agent struct {
 
 	first     chan error // the first sync's result, for --once
 	firstOnce sync.Once
+	onInvalid Reporter
 }
 
 // New checks the configuration, opens the backend (probing the kernel's
 // support for it unless it is a dry run) and builds the runner.
 func New(o Options) (*Agent, error) {
-	a := &Agent{cfg: o.Config, log: o.Logger, ns: netns.None(), first: make(chan error, 1)}
+	a := &Agent{cfg: o.Config, log: o.Logger, ns: netns.None(), first: make(chan error, 1), onInvalid: o.OnInvalid}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
@@ -227,6 +231,9 @@ func (a *Agent) reporter(source string) Reporter {
 	return func(object string, err error) {
 		a.metrics.Invalid(source)
 		a.log.Error("skipping invalid object", "source", source, "object", object, "err", err)
+		if a.onInvalid != nil {
+			a.onInvalid(object, err)
+		}
 	}
 }
 

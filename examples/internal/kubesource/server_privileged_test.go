@@ -1,0 +1,220 @@
+//go:build privileged
+
+package kubesource
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/e2e"
+	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
+	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
+	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
+)
+
+var kube *testservers.Kube
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	var err error
+	kube, err = testservers.StartKube(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kube-apiserver:", err)
+	}
+	code := m.Run()
+	kube.Stop()
+	os.Exit(code)
+}
+
+func client(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	if kube == nil {
+		testutil.SkipOrFail(t, "kube-apiserver did not start (see the error above)")
+	}
+	cfg, err := RestConfig(kube.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestAPIServerFake(t *testing.T) {
+	c := client(t)
+	scenario(t, c, func(src *Source) *e2e.World { return e2e.StartFake(t, src) })
+}
+
+func TestAPIServerPackets(t *testing.T) {
+	for _, backend := range []string{"nftables", "iptables"} {
+		t.Run(backend, func(t *testing.T) {
+			c := client(t)
+			scenario(t, c, func(src *Source) *e2e.World { return e2e.StartPackets(t, backend, src) })
+		})
+	}
+}
+
+// ep is an endpoint of backend i with its conditions.
+type ep struct {
+	i                           int
+	ready, serving, terminating bool
+}
+
+func ready(is ...int) []ep {
+	var out []ep
+	for _, i := range is {
+		out = append(out, ep{i: i, ready: true, serving: true})
+	}
+	return out
+}
+
+func endpointSlice(ns, name, svc string, eps []ep) *discoveryv1.EndpointSlice {
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for _, e := range eps {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses: []string{sandbox.BackendAddr(e.i).String()},
+			NodeName:  ptr(e2e.NodeName),
+			Conditions: discoveryv1.EndpointConditions{
+				Ready: ptr(e.ready), Serving: ptr(e.serving), Terminating: ptr(e.terminating)},
+		})
+	}
+	return sl
+}
+
+func service(ns, name string, mut func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+	if mut != nil {
+		mut(s)
+	}
+	return s
+}
+
+// scenario creates services and endpoint slices through the API and checks
+// that the agent follows each change within 2 s, skips what it must, and
+// reports a bad service without disturbing the others.
+func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.World) {
+	ctx := context.Background()
+	var tag [3]byte
+	_, _ = rand.Read(tag[:])
+	ns := "t-" + hex.EncodeToString(tag[:])
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svcs, slices := c.CoreV1().Services(ns), c.DiscoveryV1().EndpointSlices(ns)
+	t.Cleanup(func() {
+		for _, n := range []string{"web", "bad", "headless", "other"} {
+			_ = svcs.Delete(ctx, n, metav1.DeleteOptions{})
+		}
+		_ = slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	})
+	web, err := svcs.Create(ctx, service(ns, "web", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSlice := func(eps []ep) {
+		t.Helper()
+		sl := endpointSlice(ns, "web-a", "web", eps)
+		old, err := slices.Get(ctx, sl.Name, metav1.GetOptions{})
+		if err == nil {
+			sl.ResourceVersion = old.ResourceVersion
+			_, err = slices.Update(ctx, sl, metav1.UpdateOptions{})
+		} else {
+			_, err = slices.Create(ctx, sl, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustSlice(ready(1, 2, 3))
+
+	w := start(&Source{Client: c})
+	key := ns + "/web"
+	vip := e2e.Target{Service: key, URL: fmt.Sprintf("http://%s:80/", web.Spec.ClusterIP)}
+	nodePort := e2e.Target{Service: key, URL: fmt.Sprintf("http://%s:%d/", sandbox.NodeAddr, web.Spec.Ports[0].NodePort)}
+	w.Expect(t, 20*time.Second, vip, 1, 2, 3)
+	w.Expect(t, 2*time.Second, nodePort, 1, 2, 3)
+
+	t.Log("backend 3 not ready")
+	mustSlice(append(ready(1, 2), ep{i: 3}))
+	w.Expect(t, 2*time.Second, vip, 1, 2)
+
+	t.Log("backend 2 terminating but serving: only the ready backend 1 takes traffic")
+	mustSlice([]ep{{i: 1, ready: true, serving: true}, {i: 2, serving: true, terminating: true}, {i: 3}})
+	w.Expect(t, 2*time.Second, vip, 1)
+
+	t.Log("no backend ready: the serving, terminating ones take it")
+	mustSlice([]ep{{i: 1, serving: true, terminating: true}, {i: 2, serving: true, terminating: true}, {i: 3, terminating: true}})
+	w.Expect(t, 2*time.Second, vip, 1, 2)
+
+	t.Log("a bad service: an external IP that is web's cluster IP, on the same port")
+	mustSlice(ready(2, 3))
+	if _, err := svcs.Create(ctx, service(ns, "bad", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeClusterIP
+		s.Spec.ExternalIPs = []string{web.Spec.ClusterIP}
+	}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.WaitReport(t, 2*time.Second, ns+"/bad", "already used by another service")
+	w.Expect(t, 2*time.Second, vip, 2, 3)
+
+	t.Log("a headless service and another proxy's service are ignored")
+	for _, s := range []*corev1.Service{
+		service(ns, "headless", func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
+		}),
+		service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{LabelProxyName: "someone-else"} }),
+	} {
+		if _, err := svcs.Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Log("endpoint slice deleted: no backends")
+	if err := slices.Delete(ctx, "web-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.Expect(t, 2*time.Second, vip)
+	for _, n := range []string{"headless", "other", "bad"} {
+		if _, ok := w.Agent.Runner().State().Service(ns + "/" + n); ok {
+			t.Errorf("service %s is in the desired state, want it skipped", n)
+		}
+	}
+	if len(w.Reports.Of(ns+"/headless"))+len(w.Reports.Of(ns+"/other")) > 0 {
+		t.Errorf("skipped services were reported as invalid")
+	}
+
+	t.Log("slice back with backend 1, then the service deleted")
+	mustSlice(ready(1))
+	w.Expect(t, 2*time.Second, vip, 1)
+	if err := svcs.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.Expect(t, 2*time.Second, vip)
+	if _, ok := w.Agent.Runner().State().Service(key); ok {
+		t.Error("deleted service still in the desired state")
+	}
+}
