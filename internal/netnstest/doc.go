@@ -18,8 +18,9 @@
 // The client (198.51.100.2/24, fd00:c::2/64) and backend i (0-based;
 // 10.244.(i+1).2/24, fd00:244:(i+1)::2/64) have default routes through the
 // node, whose addresses on each link end in .1 / ::1. The cluster CIDRs are
-// 10.244.0.0/16 and fd00:244::/48 (ClusterCIDRs); the client is outside
-// them. The node's links to the backends share the prefix "veth", as a CNI
+// 10.244.0.0/16 and fd00:244::/32 (ClusterCIDRs; not fd00:244::/48, which
+// would miss fd00:244:1::/64 and every other backend subnet); the client is
+// outside them. The node's links to the backends share the prefix "veth", as a CNI
 // plugin's would; its link to the client is "ext0". Every host's link to
 // the node is "eth0".
 //

@@ -1,7 +1,6 @@
 package netnstest
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -63,12 +62,19 @@ func Require(t testing.TB, features ...string) {
 	if err := checkNames(features); err != nil {
 		t.Fatalf("netnstest.Require: %v", err)
 	}
-	if reason := missing(features); reason != "" {
-		if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
-			t.Fatalf("netnstest: cannot run under CI=true: %s", reason)
-		}
-		t.Skipf("netnstest: skipped: %s", reason)
+	report(t, missing(features))
+}
+
+// report skips the test, or fails it under CI=true, if reason is not "".
+func report(t testing.TB, reason string) {
+	t.Helper()
+	if reason == "" {
+		return
 	}
+	if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
+		t.Fatalf("netnstest: cannot run under CI=true: %s", reason)
+	}
+	t.Skipf("netnstest: skipped: %s", reason)
 }
 
 // checkNames rejects unknown feature names.
@@ -182,14 +188,12 @@ func probeBridge() error {
 }
 
 func probeSCTP() error {
-	var errs []error
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_SCTP)
 		if err != nil {
-			errs = append(errs, err)
-			continue
+			return err
 		}
 		unix.Close(fd)
 	}
-	return errors.Join(errs...)
+	return nil
 }

@@ -47,9 +47,9 @@ func BackendIPv6(i int) netip.Addr {
 }
 
 // ClusterCIDRs are the prefixes holding every backend address:
-// 10.244.0.0/16 and fd00:244::/48.
+// 10.244.0.0/16 and fd00:244::/32.
 func ClusterCIDRs() []netip.Prefix {
-	return []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}
+	return []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/32")}
 }
 
 // gateway returns the node's address on a host's link: the host's address

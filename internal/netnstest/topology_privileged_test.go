@@ -209,3 +209,24 @@ func TestNewHost(t *testing.T) {
 		t.Errorf("named namespace: %v", err)
 	}
 }
+
+// BenchmarkAsk measures one ask from the client to a backend through the
+// node, per protocol and family.
+func BenchmarkAsk(b *testing.B) {
+	netnstest.Require(b)
+	tp := netnstest.New(b, netnstest.Options{Backends: 1})
+	be := tp.Backends[0]
+	for _, proto := range []string{"tcp", "udp"} {
+		be.Serve(b, proto, 8080)
+		for _, a := range []netip.Addr{be.IPv4, be.IPv6} {
+			dst := netip.AddrPortFrom(a, 8080)
+			b.Run(proto+"/"+a.String(), func(b *testing.B) {
+				for b.Loop() {
+					if _, err := tp.Client.Ask(b.Context(), proto, dst); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,103 @@
+package netnstest
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func netipPort(a netip.Addr, p uint16) netip.AddrPort { return netip.AddrPortFrom(a, p) }
+
+func TestAddressing(t *testing.T) {
+	for _, c := range []struct{ got, want netip.Addr }{
+		{BackendIPv4(0), netip.MustParseAddr("10.244.1.2")},
+		{BackendIPv6(0), netip.MustParseAddr("fd00:244:1::2")},
+		{BackendIPv4(9), netip.MustParseAddr("10.244.10.2")},
+		{BackendIPv6(9), netip.MustParseAddr("fd00:244:a::2")},
+		{gateway(BackendIPv6(9)), netip.MustParseAddr("fd00:244:a::1")},
+		{gateway(ClientIPv4()), NodeIPv4()},
+		{gateway(ClientIPv6()), NodeIPv6()},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %s, want %s", c.got, c.want)
+		}
+	}
+	for i := range maxBackends {
+		if !ClusterCIDRs()[0].Contains(BackendIPv4(i)) || !ClusterCIDRs()[1].Contains(BackendIPv6(i)) {
+			t.Fatalf("backend %d outside the cluster CIDRs", i)
+		}
+	}
+	if ClusterCIDRs()[0].Contains(ClientIPv4()) || ClusterCIDRs()[1].Contains(ClientIPv6()) {
+		t.Error("client inside the cluster CIDRs")
+	}
+}
+
+func TestLeftoverPID(t *testing.T) {
+	for name, want := range map[string]int{
+		"kpt-123-abc-node": 123, "kpt-123-abc-backend-10": 123,
+		"kpt-x-abc-node": 0, "kpt-123": 0, "kpt--1-a-b": 0, "other-123-a-b": 0, "kpt-0-a-b": 0,
+	} {
+		pid, ok := leftoverPID(name)
+		if ok != (want != 0) || pid != want {
+			t.Errorf("leftoverPID(%q) = %d, %v; want %d", name, pid, ok, want)
+		}
+	}
+	if !alive(os.Getpid()) {
+		t.Error("this process is not alive")
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	r, err := parseReply("backend-1 [fd00:c::2]:40000\n")
+	if err != nil || r.Host != "backend-1" || r.Client != netip.MustParseAddrPort("[fd00:c::2]:40000") {
+		t.Errorf("got %+v, %v", r, err)
+	}
+	for _, bad := range []string{"", "backend-1", " 1.2.3.4:5", "backend-1 1.2.3.4", "backend-1 x:1"} {
+		if _, err := parseReply(bad); err == nil {
+			t.Errorf("parseReply(%q) accepted", bad)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for err, want := range map[error]error{
+		fmt.Errorf("connect: %w", unix.ECONNREFUSED): ErrRefused,
+		unix.EHOSTUNREACH: ErrRefused,
+		unix.EACCES:       ErrRefused,
+		unix.ECONNRESET:   ErrRefused,
+		fmt.Errorf("read: %w", os.ErrDeadlineExceeded): ErrTimeout,
+		unix.ETIMEDOUT:                  ErrTimeout,
+		errors.New("malformed"):         nil,
+		fmt.Errorf("x: %w", unix.EPERM): nil,
+	} {
+		if got := classify(err); got != want {
+			t.Errorf("classify(%v) = %v, want %v", err, got, want)
+		}
+	}
+	e := &AskError{Proto: "tcp", Kind: ErrRefused, Err: unix.ECONNREFUSED}
+	if !errors.Is(e, ErrRefused) || !errors.Is(e, unix.ECONNREFUSED) || errors.Is(e, ErrTimeout) {
+		t.Errorf("AskError does not unwrap to its kind and cause")
+	}
+	if failureKey(e) != KeyRefused || failureKey(errors.New("x")) != KeyError {
+		t.Error("failureKey")
+	}
+}
+
+func TestMissingGroups(t *testing.T) {
+	igmp6 := `1    lo              ff020000000000000000000000000001     1 0000000C 0
+2    eth0            ff0200000000000000000001ff000002     1 00000004 0
+2    eth0            ff020000000000000000000000000001     1 0000000C 0
+3    ext0            ff0200000000000000000001ff000007     1 00000004 0
+`
+	got := missingGroups(igmp6, "eth0", []netip.Addr{
+		netip.MustParseAddr("fd00:c::2"), netip.MustParseAddr("fd00:c::7"), netip.MustParseAddr("2001:db8::1:2"),
+	})
+	want := []netip.Addr{netip.MustParseAddr("fd00:c::7"), netip.MustParseAddr("2001:db8::1:2")}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("missing %v, want %v", got, want)
+	}
+}
