@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -36,7 +38,7 @@ func start(name, dir, bin string, args ...string) (*proc, error) {
 	cmd.Stdout, cmd.Stderr = f, f
 	// Pdeathsig ends the server if this process dies without stopping it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := spawn(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
@@ -45,6 +47,34 @@ func start(name, dir, bin string, args ...string) (*proc, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// The kernel sends Pdeathsig when the thread that forked the child ends,
+// not the process. Go ends a thread when a goroutine locked to it exits (as
+// the sandbox's namespace helpers do), so servers are forked from one
+// locked thread that lives as long as the process.
+var (
+	spawnOnce sync.Once
+	spawnReqs = make(chan spawnReq)
+)
+
+type spawnReq struct {
+	cmd *exec.Cmd
+	err chan error
+}
+
+func spawn(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		go func() {
+			runtime.LockOSThread()
+			for r := range spawnReqs {
+				r.err <- r.cmd.Start()
+			}
+		}()
+	})
+	r := spawnReq{cmd: cmd, err: make(chan error, 1)}
+	spawnReqs <- r
+	return <-r.err
 }
 
 // stop ends the process by its pid: SIGTERM, then SIGKILL after 10 s.

@@ -1,0 +1,181 @@
+package consulsource
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/agent"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Source follows Consul's catalog and each service's health with blocking
+// queries and feeds the translations to a runner.
+type Source struct {
+	Client *api.Client
+	Options
+	// WaitTime bounds each blocking query; default 5 minutes.
+	WaitTime time.Duration
+	// RetryInterval is the wait after a failed query; default 1 s.
+	RetryInterval time.Duration
+	// Logger receives query failures and skipped services; nil discards.
+	Logger *slog.Logger
+
+	dst    *servicelb.Source
+	report agent.Reporter
+
+	mu       sync.Mutex
+	watchers map[string]context.CancelFunc
+	waiting  map[string]bool   // services whose first answer is pending
+	invalid  map[string]string // services reported invalid, by error text
+	synced   bool
+	listed   bool
+}
+
+var _ agent.Source = (*Source)(nil)
+
+// Name returns "consul".
+func (s *Source) Name() string { return "consul" }
+
+// Run follows the catalog until ctx ends. The source is synced once the
+// catalog and every service in it have answered once.
+func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Reporter) error {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.WaitTime == 0 {
+		s.WaitTime = 5 * time.Minute
+	}
+	if s.RetryInterval == 0 {
+		s.RetryInterval = time.Second
+	}
+	s.dst, s.report = dst, report
+	s.watchers, s.waiting, s.invalid = map[string]context.CancelFunc{}, map[string]bool{}, map[string]string{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var index uint64
+	for ctx.Err() == nil {
+		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
+		names, meta, err := s.Client.Catalog().Services(opts)
+		if err != nil {
+			s.retry(ctx, "catalog", err)
+			continue
+		}
+		index = nextIndex(index, meta.LastIndex)
+		s.follow(ctx, &wg, names)
+	}
+	return nil
+}
+
+// nextIndex applies Consul's rules for blocking query indexes: start over
+// when the index goes backwards, and never wait on 0.
+func nextIndex(prev, last uint64) uint64 {
+	if last < prev || last == 0 {
+		return 0
+	}
+	return last
+}
+
+func (s *Source) retry(ctx context.Context, what string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	s.Logger.Warn("consul query failed", "query", what, "err", err, "retry", s.RetryInterval)
+	select {
+	case <-ctx.Done():
+	case <-time.After(s.RetryInterval):
+	}
+}
+
+// follow starts a watcher for each new service and stops those gone.
+func (s *Source) follow(ctx context.Context, wg *sync.WaitGroup, names map[string][]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, cancel := range s.watchers {
+		if _, ok := names[name]; !ok {
+			cancel()
+			delete(s.watchers, name)
+			delete(s.waiting, name)
+			s.remove(name)
+		}
+	}
+	for name := range names {
+		if _, ok := s.watchers[name]; ok {
+			continue
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		s.watchers[name] = cancel
+		s.waiting[name] = true
+		wg.Go(func() { s.watch(wctx, name) })
+	}
+	s.listed = true
+	s.checkSynced()
+}
+
+// watch follows one service's health until ctx ends.
+func (s *Source) watch(ctx context.Context, name string) {
+	var index uint64
+	for ctx.Err() == nil {
+		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
+		entries, meta, err := s.Client.Health().Service(name, "", false, opts)
+		if err != nil {
+			s.retry(ctx, "health "+name, err)
+			continue
+		}
+		index = nextIndex(index, meta.LastIndex)
+		s.mu.Lock()
+		if ctx.Err() == nil {
+			s.apply(name, entries)
+			delete(s.waiting, name)
+			s.checkSynced()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// apply translates and upserts a service; s.mu is held.
+func (s *Source) apply(name string, entries []*api.ServiceEntry) {
+	if len(entries) == 0 {
+		s.remove(name)
+		return
+	}
+	svc, err := Translate(name, entries, s.Options)
+	if errors.Is(err, ErrNoVIP) {
+		s.Logger.Debug("service not load-balanced", "service", name, "reason", err)
+		s.remove(name)
+		return
+	}
+	if err == nil {
+		err = s.dst.Upsert(svc)
+	}
+	if err != nil {
+		if s.invalid[name] != err.Error() {
+			s.invalid[name] = err.Error()
+			s.report(NamePrefix+name, err)
+		}
+		return
+	}
+	delete(s.invalid, name)
+}
+
+// remove deletes a service; s.mu is held.
+func (s *Source) remove(name string) {
+	delete(s.invalid, name)
+	if err := s.dst.Delete(NamePrefix + name); err != nil {
+		s.report(NamePrefix+name, err)
+	}
+}
+
+// checkSynced reports the source synced once everything answered; s.mu is
+// held.
+func (s *Source) checkSynced() {
+	if !s.synced && s.listed && len(s.waiting) == 0 {
+		s.synced = true
+		s.dst.Synced()
+		s.Logger.Info("consul catalog synced", "services", len(s.watchers))
+	}
+}
