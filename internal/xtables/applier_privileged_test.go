@@ -1,0 +1,171 @@
+//go:build privileged
+
+package xtables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+)
+
+var natT = Table{IPv4, NAT}
+
+func testOwns(_ TableName, chain string) bool { return strings.HasPrefix(chain, "KT-") }
+
+func newTestApplier(t *testing.T, h *netnstest.Host) *Applier {
+	t.Helper()
+	c, err := Dial(h.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return NewApplier(ApplierOptions{Conn: c, Owns: testOwns})
+}
+
+func keyRule(key string, n int) Rule {
+	return Rule{Dst: pfx(fmt.Sprintf("10.96.0.%d/32", n)), Proto: ProtoTCP,
+		Matches: []Match{Comment(key), Port{ProtoTCP, 80}}, Target: Jump("KT-A")}
+}
+
+func content(keys ...int) *TableContent {
+	c := &TableContent{
+		Chains: map[string][]Rule{"KT-A": {{Target: OrMark(0x4000)}}},
+		Keyed:  map[string]map[string][]Rule{"KT-K": {}},
+		Jumps:  map[string][]Rule{"PREROUTING": {{Matches: []Match{Comment("kt portals")}, Target: Jump("KT-K")}}},
+	}
+	for _, k := range keys {
+		key := fmt.Sprintf("key%02d", k)
+		c.Keyed["KT-K"][key] = []Rule{keyRule(key, k), keyRule(key, k+100)}
+	}
+	c.Keyed["KT-K"]["\xff"] = []Rule{{Matches: []Match{Comment("tail")}, Target: Return}}
+	return c
+}
+
+// saveOurs returns iptables-nft-save's nat table without comment lines.
+func saveNAT(t *testing.T, h *netnstest.Host) string {
+	return StripSave(h.Exec(t, "iptables-nft-save", "-t", "nat"))
+}
+
+func render(c *TableContent) string {
+	return string(AppendSaveTable(nil, IPv4, c.Text(NAT)))
+}
+
+func TestApplierReconcileCommitCheck(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "xtapply")
+	a := newTestApplier(t, h)
+
+	if _, err := a.Commit(ctx, NewTx()); !errors.Is(err, ErrNotLoaded) {
+		t.Fatalf("Commit before Reconcile: %v, want ErrNotLoaded", err)
+	}
+	want := content(1, 3, 5)
+	if _, err := a.Reconcile(ctx, map[Table]*TableContent{natT: want}); err != nil {
+		t.Fatal(err)
+	}
+	if got := saveNAT(t, h); got != render(want) {
+		t.Fatalf("after reconcile:\n%s\nwant\n%s", got, render(want))
+	}
+	// Reconciling again sends nothing.
+	if st, err := a.Reconcile(ctx, map[Table]*TableContent{natT: want}); err != nil || st.Messages != 0 {
+		t.Fatalf("second reconcile: %+v, %v; want no messages", st, err)
+	}
+
+	// Keys inserted before, between and after others, one changed, one
+	// removed: each lands in key order, placed by handle or by batch id.
+	tx := NewTx()
+	for _, k := range []int{0, 2, 4, 6} {
+		key := fmt.Sprintf("key%02d", k)
+		tx.SetKeyed(natT, "KT-K", key, []Rule{keyRule(key, k)})
+	}
+	tx.SetKeyed(natT, "KT-K", "key03", []Rule{keyRule("key03", 33)})
+	tx.SetKeyed(natT, "KT-K", "key05", nil)
+	tx.SetKeyed(natT, "KT-K", "key01", []Rule{keyRule("key01", 1), keyRule("key01", 101)}) // unchanged
+	st, err := a.Commit(ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 deletions (key03) + 2 (key05) + 5 insertions.
+	if st.Messages != 9 {
+		t.Errorf("commit sent %d messages, want 9", st.Messages)
+	}
+	want = content(1)
+	for _, k := range []int{0, 2, 4, 6} {
+		key := fmt.Sprintf("key%02d", k)
+		want.Keyed["KT-K"][key] = []Rule{keyRule(key, k)}
+	}
+	want.Keyed["KT-K"]["key03"] = []Rule{keyRule("key03", 33)}
+	if got := saveNAT(t, h); got != render(want) {
+		t.Fatalf("after commit:\n%s\nwant\n%s", got, render(want))
+	}
+	// The handles learned from the commit serve the next one.
+	tx = NewTx()
+	tx.SetKeyed(natT, "KT-K", "key02", nil)
+	tx.SetKeyed(natT, "KT-K", "key04", []Rule{keyRule("key04", 44)})
+	tx.SetChain(natT, "KT-A", []Rule{{Target: OrMark(0x8000)}})
+	if _, err := a.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	delete(want.Keyed["KT-K"], "key02")
+	want.Keyed["KT-K"]["key04"] = []Rule{keyRule("key04", 44)}
+	want.Chains["KT-A"] = []Rule{{Target: OrMark(0x8000)}}
+	if got := saveNAT(t, h); got != render(want) {
+		t.Fatalf("after second commit:\n%s\nwant\n%s", got, render(want))
+	}
+	if ok, err := a.Check(ctx); !ok || err != nil {
+		t.Fatalf("Check after own commits: %v, %v", ok, err)
+	}
+
+	// A foreign change elsewhere passes the cheap check; deleting our
+	// jump does not, and reconciling restores it.
+	h.Exec(t, "iptables-nft", "-t", "nat", "-N", "FOREIGN")
+	h.Exec(t, "iptables-nft", "-t", "nat", "-A", "PREROUTING", "-j", "FOREIGN")
+	if ok, err := a.Check(ctx); ok || err != nil {
+		t.Fatalf("Check after a foreign chain was added: %v, %v; want false (use count moved)", ok, err)
+	}
+	if _, err := a.Reconcile(ctx, map[Table]*TableContent{natT: want}); err != nil {
+		t.Fatal(err)
+	}
+	h.Exec(t, "iptables-nft", "-t", "nat", "-A", "FOREIGN", "-j", "RETURN")
+	if ok, err := a.Check(ctx); !ok || err != nil {
+		t.Fatalf("Check after a foreign rule: %v, %v; want true", ok, err)
+	}
+	h.Exec(t, "iptables-nft", "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "kt portals", "-j", "KT-K")
+	if ok, err := a.Check(ctx); ok || err != nil {
+		t.Fatalf("Check after our jump was deleted: %v, %v; want false", ok, err)
+	}
+	// A commit built on the old generation is refused.
+	tx = NewTx()
+	tx.SetChain(natT, "KT-A", []Rule{{Target: OrMark(0x1)}})
+	if _, err := a.Commit(ctx, tx); !errors.Is(err, ErrGenChanged) {
+		t.Fatalf("commit after a foreign change: %v, want ErrGenChanged", err)
+	}
+	st, err = a.Reconcile(ctx, map[Table]*TableContent{natT: want})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Messages != 1 {
+		t.Errorf("repair sent %d messages, want 1 (the jump)", st.Messages)
+	}
+	// Our jump is back at the top, above the foreign one.
+	text := want.Text(NAT)
+	text.Base = map[string][]Rule{"PREROUTING": append(want.Jumps["PREROUTING"][:1:1], Rule{Target: Jump("FOREIGN")})}
+	text.Chains = append(text.Chains, Chain{Name: "FOREIGN", Rules: []Rule{{Target: Return}}})
+	if got, w := saveNAT(t, h), string(AppendSaveTable(nil, IPv4, text)); got != w {
+		t.Errorf("after repair:\n%s\nwant\n%s", got, w)
+	}
+
+	// Cleanup leaves only the foreign chain and rules.
+	if err := a.Cleanup(ctx, []Table{natT}); err != nil {
+		t.Fatal(err)
+	}
+	got := saveNAT(t, h)
+	wantLeft := "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n-A FOREIGN -j RETURN\nCOMMIT\n"
+	if got != wantLeft {
+		t.Errorf("after cleanup:\n%s\nwant\n%s", got, wantLeft)
+	}
+}

@@ -1,0 +1,405 @@
+package xtables
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+)
+
+// ErrNotLoaded reports a Commit before the Applier has read the kernel's
+// state with Reconcile (or after a failure made that state unknown).
+var ErrNotLoaded = errors.New("kernel state not loaded: reconcile first")
+
+// Applier keeps the chains its owner owns in iptables-nft tables as its
+// owner asks, one nf_tables batch per change, and remembers what it wrote
+// so that each change costs what it changes.
+//
+// It owns the user chains its Owns function accepts and, in builtin
+// chains, the rules that jump to them. It creates tables and builtin
+// chains when they are missing, as iptables-nft does, and never deletes or
+// flushes them; every other chain and rule is left alone.
+//
+// There are three kinds of content. A whole chain is written in full when
+// it changes (flushed, then filled). A keyed chain holds rules of many
+// owners, each under a key, kept in key order; changing one key deletes
+// and inserts only that key's rules, placing them by rule handle. Jumps are
+// the owner's rules at the top of a builtin chain.
+//
+// An Applier is not safe for concurrent use.
+type Applier struct {
+	conn   Conn
+	owns   func(TableName, string) bool
+	log    *slog.Logger
+	tables map[Table]*tableState
+	gen    uint32
+	loaded bool
+}
+
+// ApplierOptions configure an Applier.
+type ApplierOptions struct {
+	Conn Conn
+	// Owns reports whether a user chain belongs to the owner.
+	Owns func(table TableName, chain string) bool
+	// Logger receives per-commit detail at Debug; nil discards.
+	Logger *slog.Logger
+}
+
+// NewApplier returns an Applier. It reads nothing until Reconcile.
+func NewApplier(o ApplierOptions) *Applier {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Applier{conn: o.Conn, owns: o.Owns, log: log, tables: map[Table]*tableState{}}
+}
+
+// tableState is what the Applier knows the kernel holds in one table.
+type tableState struct {
+	exists bool
+	base   map[string]bool
+	chains map[string]bool // owned user chains present
+	keyed  map[string]*keyedChain
+	jumps  map[string]*ruleBlock // by builtin chain
+	// use is the table's use count (chains, sets, objects) as of the
+	// last commit; a change means someone else added or removed some.
+	use uint32
+}
+
+func newTableState() *tableState {
+	return &tableState{base: map[string]bool{}, chains: map[string]bool{},
+		keyed: map[string]*keyedChain{}, jumps: map[string]*ruleBlock{}}
+}
+
+// keyedChain is a keyed chain's rules, grouped by key in key order.
+type keyedChain struct {
+	entries []*keyedEntry
+}
+
+type keyedEntry struct {
+	key     string
+	sigs    []uint64
+	handles []uint64
+	ids     []uint32 // batch ids while a commit places the entry
+}
+
+// find returns the index of key's entry, or where it would go.
+func (k *keyedChain) find(key string) (int, bool) {
+	return sort.Find(len(k.entries), func(i int) int { return cmp.Compare(key, k.entries[i].key) })
+}
+
+// ruleBlock is the owner's rules in a builtin chain.
+type ruleBlock struct {
+	sigs    []uint64
+	handles []uint64
+}
+
+// TableContent is everything an owner wants in one table.
+type TableContent struct {
+	// Chains are whole chains.
+	Chains map[string][]Rule
+	// Keyed are keyed chains: chain, then key, then the key's rules.
+	Keyed map[string]map[string][]Rule
+	// Jumps are the owner's rules at the top of builtin chains.
+	Jumps map[string][]Rule
+}
+
+// Text returns the content as a table to render as iptables-save text.
+func (c *TableContent) Text(name TableName) *TableText {
+	t := &TableText{Name: name, Base: c.Jumps}
+	for n, rules := range c.Chains {
+		t.Chains = append(t.Chains, Chain{Name: n, Rules: rules})
+	}
+	for n, keys := range c.Keyed {
+		t.Chains = append(t.Chains, Chain{Name: n, Rules: flattenKeyed(keys)})
+	}
+	return t
+}
+
+// flattenKeyed returns the rules of a keyed chain in key order.
+func flattenKeyed(keys map[string][]Rule) []Rule {
+	var out []Rule
+	for _, k := range sortedKeys(keys) {
+		out = append(out, keys[k]...)
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// Tx is a set of changes to commit in one batch. Its methods record the
+// change and cannot fail; errors surface at Commit.
+type Tx struct {
+	tables map[Table]*txTable
+}
+
+type txTable struct {
+	set   map[string][]Rule
+	del   map[string]bool
+	keyed map[string]*txKeyed
+	jumps map[string][]Rule
+}
+
+type txKeyed struct {
+	reset bool
+	set   map[string][]Rule
+}
+
+// NewTx returns an empty transaction.
+func NewTx() *Tx { return &Tx{tables: map[Table]*txTable{}} }
+
+func (tx *Tx) table(t Table) *txTable {
+	tt := tx.tables[t]
+	if tt == nil {
+		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{}}
+		tx.tables[t] = tt
+	}
+	return tt
+}
+
+// Touch makes the commit create table t and its builtin chains if they
+// are missing, even when nothing else changes in it.
+func (tx *Tx) Touch(t Table) { tx.table(t) }
+
+// SetChain makes chain name hold exactly rules, creating it if needed.
+func (tx *Tx) SetChain(t Table, name string, rules []Rule) {
+	tt := tx.table(t)
+	delete(tt.del, name)
+	tt.set[name] = rules
+}
+
+// DeleteChain removes chain name if it exists.
+func (tx *Tx) DeleteChain(t Table, name string) {
+	tt := tx.table(t)
+	delete(tt.set, name)
+	tt.del[name] = true
+}
+
+func (tt *txTable) keyedChain(name string) *txKeyed {
+	k := tt.keyed[name]
+	if k == nil {
+		k = &txKeyed{set: map[string][]Rule{}}
+		tt.keyed[name] = k
+	}
+	return k
+}
+
+// SetKeyed makes key's rules in keyed chain chain exactly rules (none
+// removes the key), creating the chain if needed.
+func (tx *Tx) SetKeyed(t Table, chain, key string, rules []Rule) {
+	tx.table(t).keyedChain(chain).set[key] = rules
+}
+
+// ResetKeyed makes keyed chain chain hold only the keys set in this
+// transaction: it is flushed and written anew.
+func (tx *Tx) ResetKeyed(t Table, chain string) {
+	tx.table(t).keyedChain(chain).reset = true
+}
+
+// SetJumps makes rules the owner's rules in builtin chain chain, at its
+// top; none removes them.
+func (tx *Tx) SetJumps(t Table, chain string, rules []Rule) {
+	tx.table(t).jumps[chain] = rules
+}
+
+// Gen returns the nf_tables generation the Applier last saw: the one its
+// own last commit produced, or the one it read.
+func (a *Applier) Gen() uint32 { return a.gen }
+
+// Loaded reports whether the Applier knows the kernel's state, so that
+// Commit may run.
+func (a *Applier) Loaded() bool { return a.loaded }
+
+// Commit applies tx in one batch. It sends nothing when tx changes
+// nothing the kernel does not already hold. If it fails, the kernel is
+// unchanged and the Applier forgets what it knew: the next change must
+// start with Reconcile.
+func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
+	if !a.loaded {
+		return CommitStats{}, ErrNotLoaded
+	}
+	b := newBuilder()
+	for _, t := range sortedTables(tx.tables) {
+		st := a.tables[t]
+		if st == nil {
+			st = newTableState()
+			a.tables[t] = st
+		}
+		if err := b.table(t, st, tx.tables[t]); err != nil {
+			return CommitStats{}, err
+		}
+	}
+	if b.m.count == 0 {
+		return CommitStats{}, nil
+	}
+	b.markEchoes()
+	echoes, err := a.conn.Batch(ctx, b.m.b, a.gen)
+	if err != nil {
+		a.loaded = false
+		return CommitStats{}, fmt.Errorf("commit: %w", err)
+	}
+	a.gen = nextGen(a.gen)
+	for _, f := range b.onSuccess {
+		f()
+	}
+	if err := b.learnHandles(echoes); err != nil {
+		a.loaded = false
+		a.log.Warn("rule handles not learned; the next sync reloads", "err", err)
+	}
+	stats := CommitStats{Messages: b.m.count, Bytes: len(b.m.b)}
+	a.log.Debug("committed", "messages", stats.Messages, "bytes", stats.Bytes, "gen", a.gen)
+	return stats, nil
+}
+
+// CommitStats describe a batch.
+type CommitStats struct {
+	Messages int
+	Bytes    int
+}
+
+func nextGen(g uint32) uint32 {
+	g++
+	if g == 0 {
+		g = 1
+	}
+	return g
+}
+
+func sortedTables[V any](m map[Table]V) []Table {
+	ts := make([]Table, 0, len(m))
+	for t := range m {
+		ts = append(ts, t)
+	}
+	slices.SortFunc(ts, func(x, y Table) int {
+		return cmp.Or(cmp.Compare(x.Family, y.Family), cmp.Compare(x.Name, y.Name))
+	})
+	return ts
+}
+
+// builder turns a Tx into batch messages, counting the handles the kernel
+// will hand out.
+type builder struct {
+	m         msgWriter
+	nextID    uint32
+	onSuccess []func()
+	pending   map[Table]*pendingTable
+}
+
+// pendingTable tracks, for one table, the rules whose handles the owner
+// needs and the number of handles the batch allocates before each.
+type pendingTable struct {
+	allocs int
+	rules  []pendingRule
+}
+
+type pendingRule struct {
+	alloc int
+	seq   uint32
+	off   int // message offset in the batch, to flag it for echo
+	slot  *uint64
+}
+
+func newBuilder() *builder { return &builder{pending: map[Table]*pendingTable{}} }
+
+func (b *builder) pt(t Table) *pendingTable {
+	p := b.pending[t]
+	if p == nil {
+		p = &pendingTable{}
+		b.pending[t] = p
+	}
+	return p
+}
+
+// addRule writes a rule and, with slot, records where its handle goes.
+func (b *builder) addRule(t Table, chain string, r *Rule, pos position, id uint32, slot *uint64) error {
+	off := len(b.m.b)
+	if err := b.m.addRule(t, chain, r, pos, id, false); err != nil {
+		return fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
+	}
+	p := b.pt(t)
+	if slot != nil {
+		p.rules = append(p.rules, pendingRule{alloc: p.allocs, seq: b.m.seq, off: off, slot: slot})
+	}
+	p.allocs++
+	return nil
+}
+
+// lastSig returns the signature of the rule just written.
+func (b *builder) lastSig(off int) uint64 {
+	_, _, payload, err := nfPayload(b.m.b[off:])
+	if err != nil {
+		return 0
+	}
+	attrs, _ := parseAttrs(payload)
+	for _, a := range attrs {
+		if a.typ == attrRuleExprs {
+			sig, _, _ := exprSig(a.data)
+			return sig
+		}
+	}
+	return 0
+}
+
+// markEchoes asks the kernel to echo the first and last rule of each
+// table whose handle is needed: handles are allocated one by one in batch
+// order, so two of them give all the others and check the count.
+func (b *builder) markEchoes() {
+	for _, p := range b.pending {
+		if len(p.rules) == 0 {
+			continue
+		}
+		for _, r := range []pendingRule{p.rules[0], p.rules[len(p.rules)-1]} {
+			flags := binary.LittleEndian.Uint16(b.m.b[r.off+6:])
+			binary.LittleEndian.PutUint16(b.m.b[r.off+6:], flags|nlmEcho)
+		}
+	}
+}
+
+// learnHandles fills in the handles of the pending rules from the echoed
+// ones.
+func (b *builder) learnHandles(echoes [][]byte) error {
+	bySeq := map[uint32]uint64{}
+	for _, e := range echoes {
+		if len(e) < 16 {
+			continue
+		}
+		r, err := parseRule(e)
+		if err != nil {
+			return err
+		}
+		bySeq[binary.LittleEndian.Uint32(e[8:])] = r.handle
+	}
+	var errs []error
+	for t, p := range b.pending {
+		if len(p.rules) == 0 {
+			continue
+		}
+		first, last := p.rules[0], p.rules[len(p.rules)-1]
+		h0, ok0 := bySeq[first.seq]
+		h1, ok1 := bySeq[last.seq]
+		if !ok0 || !ok1 {
+			errs = append(errs, fmt.Errorf("%s: %d of 2 rules echoed", t, len(bySeq)))
+			continue
+		}
+		base := h0 - uint64(first.alloc)
+		if h1 != base+uint64(last.alloc) {
+			errs = append(errs, fmt.Errorf("%s: handles %d and %d for allocations %d and %d", t, h0, h1, first.alloc, last.alloc))
+			continue
+		}
+		for _, r := range p.rules {
+			*r.slot = base + uint64(r.alloc)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,239 @@
+package xtables
+
+import (
+	"slices"
+)
+
+// table writes the messages that make table t move from st to what tt
+// asks, in an order the kernel accepts within one batch: rule deletions,
+// flushes, chain deletions, chain creations, whole chains, keyed rules,
+// jumps. State updates run only after the batch succeeds.
+func (b *builder) table(t Table, st *tableState, tt *txTable) error {
+	b.ensureTable(t, st)
+	for _, chain := range sortedKeys(tt.keyed) {
+		b.dropKeyed(t, st, chain, tt.keyed[chain])
+	}
+	for _, chain := range sortedKeys(tt.jumps) {
+		b.dropJumps(t, st, chain, tt.jumps[chain])
+	}
+	setNames, delNames := sortedKeys(tt.set), sortedKeys(tt.del)
+	for _, name := range setNames {
+		if st.chains[name] {
+			b.m.flushChain(t, name)
+		}
+	}
+	for _, name := range delNames {
+		if st.chains[name] {
+			b.m.flushChain(t, name)
+			b.m.delChain(t, name)
+			b.onSuccess = append(b.onSuccess, func() { delete(st.chains, name); delete(st.keyed, name); st.use-- })
+		}
+	}
+	for _, name := range slices.Concat(setNames, sortedKeys(tt.keyed)) {
+		b.ensureChain(t, st, name)
+	}
+	for _, name := range setNames {
+		for i := range tt.set[name] {
+			if err := b.addRule(t, name, &tt.set[name][i], position{}, 0, nil); err != nil {
+				return err
+			}
+		}
+	}
+	for _, chain := range sortedKeys(tt.keyed) {
+		if err := b.placeKeyed(t, st, chain, tt.keyed[chain]); err != nil {
+			return err
+		}
+	}
+	for _, chain := range sortedKeys(tt.jumps) {
+		if err := b.placeJumps(t, st, chain, tt.jumps[chain]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureTable creates the table and its builtin chains when missing.
+func (b *builder) ensureTable(t Table, st *tableState) {
+	if !st.exists {
+		b.m.newTable(t)
+		b.onSuccess = append(b.onSuccess, func() { st.exists = true })
+	}
+	for _, bc := range BaseChains(t.Name) {
+		if st.base[bc.Name] {
+			continue
+		}
+		b.m.newBaseChain(t, bc)
+		b.pt(t).allocs++
+		name := bc.Name
+		b.onSuccess = append(b.onSuccess, func() { st.base[name] = true; st.use++ })
+	}
+}
+
+// ensureChain creates a user chain when missing.
+func (b *builder) ensureChain(t Table, st *tableState, name string) {
+	if st.chains[name] {
+		return
+	}
+	b.m.newChain(t, name)
+	b.pt(t).allocs++
+	b.onSuccess = append(b.onSuccess, func() {
+		if !st.chains[name] {
+			st.chains[name] = true
+			st.use++
+		}
+	})
+}
+
+// dropKeyed deletes the rules of the keys a keyed change replaces or
+// removes, or flushes the whole chain for a reset.
+func (b *builder) dropKeyed(t Table, st *tableState, chain string, k *txKeyed) {
+	kc := st.keyed[chain]
+	if k.reset {
+		if st.chains[chain] {
+			b.m.flushChain(t, chain)
+		}
+		return
+	}
+	if kc == nil {
+		return
+	}
+	for _, key := range sortedKeys(k.set) {
+		i, ok := kc.find(key)
+		if !ok {
+			continue
+		}
+		e := kc.entries[i]
+		if sameSigs(e.sigs, sigsOf(t.Family, k.set[key])) {
+			delete(k.set, key) // unchanged: keep it as it is
+			continue
+		}
+		for _, h := range e.handles {
+			b.m.delRule(t, chain, h)
+		}
+	}
+}
+
+// sigsOf returns the signatures of rules; a rule that does not encode
+// gets 0, so that it never compares equal and its error surfaces when it
+// is written.
+func sigsOf(f Family, rules []Rule) []uint64 {
+	out := make([]uint64, len(rules))
+	for i := range rules {
+		out[i], _ = Signature(f, &rules[i])
+	}
+	return out
+}
+
+func sameSigs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] || a[i] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// placeKeyed inserts the rules of new and changed keys at their place in
+// key order, before the first rule of the next key that stays. New keys
+// are placed from the last to the first, so that the next key is either
+// one that stays (placed by handle) or one placed earlier in this batch
+// (placed by batch id).
+func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) error {
+	old := st.keyed[chain]
+	final := &keyedChain{}
+	if old != nil && !k.reset {
+		for _, e := range old.entries {
+			if _, changed := k.set[e.key]; !changed {
+				final.entries = append(final.entries, e)
+			}
+		}
+	}
+	var added []*keyedEntry
+	for _, key := range sortedKeys(k.set) {
+		if len(k.set[key]) == 0 {
+			continue
+		}
+		e := &keyedEntry{key: key, handles: make([]uint64, len(k.set[key]))}
+		i, _ := final.find(key)
+		final.entries = slices.Insert(final.entries, i, e)
+		added = append(added, e)
+	}
+	for j := len(added) - 1; j >= 0; j-- {
+		e := added[j]
+		pos := b.successor(final, e)
+		rules := k.set[e.key]
+		for i := range rules {
+			b.nextID++
+			off := len(b.m.b)
+			if err := b.addRule(t, chain, &rules[i], pos, b.nextID, &e.handles[i]); err != nil {
+				return err
+			}
+			e.ids = append(e.ids, b.nextID)
+			e.sigs = append(e.sigs, b.lastSig(off))
+		}
+	}
+	b.onSuccess = append(b.onSuccess, func() {
+		for _, e := range added {
+			e.ids = nil
+		}
+		st.keyed[chain] = final
+	})
+	return nil
+}
+
+// successor returns where e's rules go: before the first rule of the next
+// entry in final order, or at the end.
+func (b *builder) successor(final *keyedChain, e *keyedEntry) position {
+	i, _ := final.find(e.key)
+	for _, next := range final.entries[i+1:] {
+		switch {
+		case len(next.ids) > 0:
+			return position{kind: posBeforeID, id: next.ids[0]}
+		case len(next.handles) > 0 && next.handles[0] != 0:
+			return position{kind: posBeforeHandle, handle: next.handles[0]}
+		}
+	}
+	return position{}
+}
+
+// dropJumps deletes the owner's rules in a builtin chain unless they are
+// already exactly the wanted ones.
+func (b *builder) dropJumps(t Table, st *tableState, chain string, rules []Rule) {
+	blk := st.jumps[chain]
+	if blk == nil {
+		return
+	}
+	if sameSigs(blk.sigs, sigsOf(t.Family, rules)) {
+		return
+	}
+	for _, h := range blk.handles {
+		b.m.delRule(t, chain, h)
+	}
+}
+
+// placeJumps inserts the wanted rules at the top of a builtin chain, in
+// order, unless they are there already.
+func (b *builder) placeJumps(t Table, st *tableState, chain string, rules []Rule) error {
+	if blk := st.jumps[chain]; blk != nil && sameSigs(blk.sigs, sigsOf(t.Family, rules)) {
+		return nil
+	}
+	blk := &ruleBlock{sigs: make([]uint64, len(rules)), handles: make([]uint64, len(rules))}
+	for i := len(rules) - 1; i >= 0; i-- {
+		off := len(b.m.b)
+		if err := b.addRule(t, chain, &rules[i], position{kind: posHead}, 0, &blk.handles[i]); err != nil {
+			return err
+		}
+		blk.sigs[i] = b.lastSig(off)
+	}
+	b.onSuccess = append(b.onSuccess, func() {
+		if len(rules) == 0 {
+			delete(st.jumps, chain)
+		} else {
+			st.jumps[chain] = blk
+		}
+	})
+	return nil
+}

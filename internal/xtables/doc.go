@@ -1,0 +1,52 @@
+// Package xtables writes iptables rules through nf_tables netlink, in
+// exactly the encoding iptables-nft 1.8.9 uses, so that iptables-nft-save,
+// iptables -S, -C and -D treat them as their own. It is the machinery of
+// the iptables dataplane and of the IPVS dataplane's helper rules.
+//
+// # The model
+//
+// A [Rule] is an iptables rule: addresses, interfaces and protocol, then
+// extension matches ([Comment], [Port], [Statistic], [Recent], [Mark],
+// [AddrType], [Conntrack], [Set]) in order, then a target ([Jump], [Goto],
+// [Verdict], [DNAT], [Masquerade], [SetMark], [Reject]). A rule renders as
+// the line iptables-nft-save prints for it ([Rule.AppendSave],
+// [AppendSaveTable]) and encodes into the nf_tables expressions iptables-nft
+// writes for it ([EncodeExprs]): native payload, meta, cmp and bitwise
+// expressions where iptables-nft uses them, xt match and target
+// expressions with the same info blobs elsewhere, a counter before the
+// target. Nothing iptables cannot parse back is ever written, since that
+// would hide the whole table from iptables-save.
+//
+// # Applying
+//
+// An [Applier] owns the user chains its owner's Owns function accepts,
+// and the rules in builtin chains that jump to them. It keeps them as its
+// owner asks, one nf_tables batch (one transaction) per change:
+//
+//   - [Applier.Reconcile] reads what the kernel holds (a dump of the owned
+//     tables) and makes it match a complete [TableContent] per table,
+//     sending only what differs. Run it first, after a failure, and when
+//     [Applier.Check] reports a foreign change.
+//   - [Applier.Commit] applies a [Tx] of changes: whole chains rewritten
+//     (flushed then filled), chains deleted, keys of keyed chains replaced
+//     rule by rule, jumps restored. A keyed chain holds the rules of many
+//     owners (service ports, say) under keys in key order; a change to one
+//     key deletes its rules by handle and inserts the new ones before the
+//     next key's first rule, so its cost follows the change. Handles of
+//     the rules it inserts are learned from two echoed rules per table:
+//     the kernel hands handles out one by one in batch order.
+//   - [Applier.Check] is the cheap test that nobody removed what the
+//     Applier wrote: nothing to do when the nf_tables generation is the
+//     one of its own last commit; else it compares the tables' chain
+//     counts and the jumps in builtin chains.
+//   - [Applier.Cleanup] removes the owned chains and jumps.
+//
+// Every batch carries the generation it was built for, so that a
+// concurrent change by someone else makes the kernel refuse it
+// ([ErrGenChanged]) instead of applying a stale diff. Tables and builtin
+// chains are created when missing, as iptables-nft does, and are never
+// flushed or deleted.
+//
+// The Applier talks to the kernel through a [Conn]; [Dial] opens one in a
+// network namespace. Writing needs CAP_NET_ADMIN in that namespace.
+package xtables

@@ -1,0 +1,368 @@
+package xtables
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// kernelTable is one table as the kernel lists it, seen from an owner.
+type kernelTable struct {
+	st *tableState
+	// rules are the rules of owned and builtin chains, in order.
+	rules map[string][]dumpedRule
+	// referenced are owned chains that rules of foreign chains jump to:
+	// they cannot be deleted.
+	referenced map[string]bool
+}
+
+// request builds an nf_tables request message.
+func request(typ uint16, flags uint16, f Family, attrs func(w *exprWriter)) []byte {
+	var w exprWriter
+	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
+	w.b = binary.LittleEndian.AppendUint16(w.b, subsysNFTables<<8|typ)
+	w.b = binary.LittleEndian.AppendUint16(w.b, nlmRequest|flags)
+	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
+	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
+	w.b = append(w.b, byte(f), 0, 0, 0)
+	if attrs != nil {
+		attrs(&w)
+	}
+	binary.LittleEndian.PutUint32(w.b, uint32(len(w.b)))
+	return w.b
+}
+
+const nlmDump = 0x300 // NLM_F_ROOT | NLM_F_MATCH
+
+// tableUse returns whether table t exists and its use count.
+func (a *Applier) tableUse(ctx context.Context, t Table) (bool, uint32, error) {
+	msgs, err := a.conn.Dump(ctx, request(msgGetTable, nlmDump, t.Family, nil))
+	if err != nil {
+		return false, 0, fmt.Errorf("list %s tables: %w", t.Family, err)
+	}
+	for _, m := range msgs {
+		name, use, err := parseTableUse(m)
+		if err != nil {
+			return false, 0, err
+		}
+		if name == string(t.Name) {
+			return true, use, nil
+		}
+	}
+	return false, 0, nil
+}
+
+// dumpRules lists the rules of table t, or of one chain of it.
+func (a *Applier) dumpRules(ctx context.Context, t Table, chain string) ([]dumpedRule, error) {
+	req := request(msgGetRule, nlmDump, t.Family, func(w *exprWriter) {
+		w.str(attrRuleTable, string(t.Name))
+		if chain != "" {
+			w.str(attrRuleChain, chain)
+		}
+	})
+	msgs, err := a.conn.Dump(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("list rules of %s %s: %w", t, chain, err)
+	}
+	out := make([]dumpedRule, 0, len(msgs))
+	for _, m := range msgs {
+		r, err := parseRule(m)
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s: %w", t, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// load reads table t: its existence, builtin and owned chains, and the
+// rules of builtin and owned chains.
+func (a *Applier) load(ctx context.Context, t Table) (*kernelTable, error) {
+	k := &kernelTable{st: newTableState(), rules: map[string][]dumpedRule{}, referenced: map[string]bool{}}
+	exists, use, err := a.tableUse(ctx, t)
+	if err != nil || !exists {
+		return k, err
+	}
+	k.st.exists, k.st.use = true, use
+	msgs, err := a.conn.Dump(ctx, request(msgGetChain, nlmDump, t.Family, nil))
+	if err != nil {
+		return nil, fmt.Errorf("list chains of %s: %w", t, err)
+	}
+	for _, m := range msgs {
+		c, err := parseChain(m)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case c.table != string(t.Name):
+		case c.base:
+			k.st.base[c.name] = IsBaseChain(t.Name, c.name) || k.st.base[c.name]
+		case a.owns(t.Name, c.name):
+			k.st.chains[c.name] = true
+		}
+	}
+	rules, err := a.dumpRules(ctx, t, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		switch {
+		case a.owns(t.Name, r.chain) || IsBaseChain(t.Name, r.chain):
+			k.rules[r.chain] = append(k.rules[r.chain], r)
+		case r.jumpsTo != "" && a.owns(t.Name, r.jumpsTo):
+			k.referenced[r.jumpsTo] = true
+		}
+	}
+	return k, nil
+}
+
+// Reconcile reads what the kernel holds in the tables of want and makes
+// it match want in one batch, sending only what differs: chains whose
+// rules differ are rewritten, missing ones created, owned chains not
+// wanted deleted, jumps restored. Afterwards the Applier knows the
+// kernel's state and Commit may run. A concurrent change by someone else
+// makes it start over, a few times at most.
+func (a *Applier) Reconcile(ctx context.Context, want map[Table]*TableContent) (CommitStats, error) {
+	var err error
+	for range 3 {
+		var stats CommitStats
+		stats, err = a.reconcileOnce(ctx, want)
+		if !errors.Is(err, ErrGenChanged) {
+			return stats, err
+		}
+	}
+	return CommitStats{}, err
+}
+
+func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableContent) (CommitStats, error) {
+	gen, err := a.conn.GenID(ctx)
+	if err != nil {
+		return CommitStats{}, fmt.Errorf("read generation: %w", err)
+	}
+	tables := map[Table]*tableState{}
+	tx := NewTx()
+	for _, t := range sortedTables(want) {
+		k, err := a.load(ctx, t)
+		if err != nil {
+			return CommitStats{}, err
+		}
+		tables[t] = k.st
+		if err := a.diff(t, k, want[t], tx); err != nil {
+			return CommitStats{}, err
+		}
+	}
+	a.tables, a.gen, a.loaded = tables, gen, true
+	return a.Commit(ctx, tx)
+}
+
+// diff records in tx what makes kernel table k hold want, and fills k.st
+// with what stays as it is.
+func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) error {
+	tx.Touch(t)
+	for name, rules := range want.Chains {
+		if !k.st.chains[name] || !sameSigs(dumpedSigs(k.rules[name]), sigsOf(t.Family, rules)) {
+			tx.SetChain(t, name, rules)
+		}
+	}
+	for chain, keys := range want.Keyed {
+		if kc, ok := adoptKeyed(t.Family, k.rules[chain], keys); ok && k.st.chains[chain] {
+			k.st.keyed[chain] = kc
+			continue
+		}
+		tx.ResetKeyed(t, chain)
+		for key, rules := range keys {
+			tx.SetKeyed(t, chain, key, rules)
+		}
+	}
+	for name := range k.st.chains {
+		_, whole := want.Chains[name]
+		_, keyed := want.Keyed[name]
+		switch {
+		case whole || keyed:
+		case k.referenced[name]:
+			a.log.Warn("chain no longer wanted is still used by a foreign rule; left in place", "table", t.String(), "chain", name)
+		default:
+			tx.DeleteChain(t, name)
+		}
+	}
+	for _, bc := range BaseChains(t.Name) {
+		a.diffJumps(t, k, bc.Name, want.Jumps[bc.Name], tx)
+	}
+	return nil
+}
+
+// diffJumps adopts the owner's rules in a builtin chain when they are
+// exactly the wanted ones at its top, else has them rewritten.
+func (a *Applier) diffJumps(t Table, k *kernelTable, chain string, want []Rule, tx *Tx) {
+	all := k.rules[chain]
+	blk := &ruleBlock{}
+	top := true
+	for i, r := range all {
+		if r.jumpsTo == "" || !a.owns(t.Name, r.jumpsTo) {
+			continue
+		}
+		top = top && i == len(blk.handles)
+		blk.sigs = append(blk.sigs, r.sig)
+		blk.handles = append(blk.handles, r.handle)
+	}
+	if len(blk.handles) > 0 {
+		k.st.jumps[chain] = blk
+	}
+	if top && sameSigs(blk.sigs, sigsOf(t.Family, want)) {
+		return
+	}
+	if len(blk.handles) > 0 {
+		blk.sigs = make([]uint64, len(blk.sigs)) // never equal: rewrite
+	}
+	if len(want) > 0 || len(blk.handles) > 0 {
+		tx.SetJumps(t, chain, want)
+	}
+}
+
+func dumpedSigs(rules []dumpedRule) []uint64 {
+	out := make([]uint64, len(rules))
+	for i, r := range rules {
+		out[i] = r.sig
+	}
+	return out
+}
+
+// adoptKeyed returns the keyed chain state for dumped rules that are
+// exactly keys' rules in key order.
+func adoptKeyed(f Family, dumped []dumpedRule, keys map[string][]Rule) (*keyedChain, bool) {
+	kc := &keyedChain{}
+	i := 0
+	for _, key := range sortedKeys(keys) {
+		rules := keys[key]
+		if len(rules) == 0 {
+			continue
+		}
+		sigs := sigsOf(f, rules)
+		if i+len(sigs) > len(dumped) || !sameSigs(dumpedSigs(dumped[i:i+len(sigs)]), sigs) {
+			return nil, false
+		}
+		e := &keyedEntry{key: key, sigs: sigs}
+		for _, r := range dumped[i : i+len(sigs)] {
+			e.handles = append(e.handles, r.handle)
+		}
+		kc.entries = append(kc.entries, e)
+		i += len(sigs)
+	}
+	return kc, i == len(dumped)
+}
+
+// Check reports whether the kernel still holds what the Applier wrote, as
+// far as cheap checks can tell: nothing changed at all (the generation is
+// the one of the last commit), or the only changes left the tables' chain
+// counts and the owner's jumps in builtin chains as they were. A false
+// answer means Reconcile should run.
+func (a *Applier) Check(ctx context.Context) (bool, error) {
+	if !a.loaded {
+		return false, nil
+	}
+	gen, err := a.conn.GenID(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read generation: %w", err)
+	}
+	if gen == a.gen {
+		return true, nil
+	}
+	for _, t := range sortedTables(a.tables) {
+		ok, err := a.checkTable(ctx, t, a.tables[t])
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	a.gen = gen
+	return true, nil
+}
+
+func (a *Applier) checkTable(ctx context.Context, t Table, st *tableState) (bool, error) {
+	exists, use, err := a.tableUse(ctx, t)
+	if err != nil || !exists || use != st.use {
+		a.log.Debug("table changed", "table", t.String(), "exists", exists, "use", use, "want", st.use)
+		return false, err
+	}
+	for _, bc := range BaseChains(t.Name) {
+		rules, err := a.dumpRules(ctx, t, bc.Name)
+		if err != nil {
+			return false, err
+		}
+		blk := st.jumps[bc.Name]
+		var n int
+		for i, r := range rules {
+			if r.jumpsTo == "" || !a.owns(t.Name, r.jumpsTo) {
+				continue
+			}
+			if blk == nil || i != n || n >= len(blk.handles) || r.handle != blk.handles[n] || r.sig != blk.sigs[n] {
+				return false, nil
+			}
+			n++
+		}
+		if blk != nil && n != len(blk.handles) {
+			a.log.Debug("jumps changed", "table", t.String(), "chain", bc.Name)
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Cleanup removes from tables everything the owner owns: its rules in
+// builtin chains and its chains. Chains that foreign rules still jump to
+// are flushed but kept, and reported. Tables and builtin chains stay.
+// Afterwards the Applier knows nothing, as after NewApplier.
+func (a *Applier) Cleanup(ctx context.Context, tables []Table) error {
+	var err error
+	for range 3 {
+		if err = a.cleanupOnce(ctx, tables); !errors.Is(err, ErrGenChanged) {
+			break
+		}
+	}
+	a.tables, a.loaded = map[Table]*tableState{}, false
+	return err
+}
+
+func (a *Applier) cleanupOnce(ctx context.Context, tables []Table) error {
+	gen, err := a.conn.GenID(ctx)
+	if err != nil {
+		return fmt.Errorf("read generation: %w", err)
+	}
+	var m msgWriter
+	var kept []string
+	for _, t := range tables {
+		k, err := a.load(ctx, t)
+		if err != nil {
+			return err
+		}
+		for _, bc := range BaseChains(t.Name) {
+			for _, r := range k.rules[bc.Name] {
+				if r.jumpsTo != "" && a.owns(t.Name, r.jumpsTo) {
+					m.delRule(t, bc.Name, r.handle)
+				}
+			}
+		}
+		chains := sortedKeys(k.st.chains)
+		for _, name := range chains {
+			m.flushChain(t, name)
+		}
+		for _, name := range chains {
+			if k.referenced[name] {
+				kept = append(kept, t.String()+" "+name)
+				continue
+			}
+			m.delChain(t, name)
+		}
+	}
+	if m.count > 0 {
+		if _, err := a.conn.Batch(ctx, m.b, gen); err != nil {
+			return fmt.Errorf("cleanup: %w", err)
+		}
+	}
+	if len(kept) > 0 {
+		slices.Sort(kept)
+		return fmt.Errorf("cleanup: chains still used by foreign rules were flushed but kept: %v", kept)
+	}
+	return nil
+}
