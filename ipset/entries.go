@@ -1,0 +1,175 @@
+package ipset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mdlayher/netlink"
+)
+
+// batchBytes bounds the encoded entries of one add or delete message; a
+// longer list goes in several messages.
+const batchBytes = 32 << 10
+
+// Add adds entries to a set. An entry already present is updated: its
+// timeout restarts and its comment is replaced. Every entry is checked
+// against the set's type first; if any does not fit, nothing is sent.
+func (c *Client) Add(ctx context.Context, name string, entries ...Entry) error {
+	info, err := c.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	valid, err := validateAll(&info.Set, entries)
+	if err != nil {
+		return err
+	}
+	return c.batch(ctx, "add", cmdAdd, info, valid)
+}
+
+// Delete removes entries from a set; entries not in the set are ignored.
+// As with Add, nothing is sent if any entry does not fit the set.
+func (c *Client) Delete(ctx context.Context, name string, entries ...Entry) error {
+	info, err := c.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	valid, err := validateAll(&info.Set, entries)
+	if err != nil {
+		return err
+	}
+	return c.batch(ctx, "del", cmdDel, info, valid)
+}
+
+// Test reports whether a set holds an entry (as the kernel matches it: a
+// hash:net set holds every address of its networks).
+func (c *Client) Test(ctx context.Context, name string, e Entry) (bool, error) {
+	info, err := c.Get(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	if e, err = validateEntry(&info.Set, e); err != nil {
+		return false, err
+	}
+	proto, err := c.lockedProto(ctx)
+	defer c.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	full := c.KernelName(name)
+	_, err = c.request(ctx, "test", full, cmdTest, netlink.Acknowledge, 1, func(ae *netlink.AttributeEncoder) {
+		ae.Uint8(attrProtocol, proto)
+		putName(ae, attrSetName, full)
+		ae.Nested(attrData, func(nae *netlink.AttributeEncoder) error {
+			encodeEntry(nae, info.Type, e)
+			return nil
+		})
+	})
+	if isNetlinkErr(err, errExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func validateAll(s *Set, entries []Entry) ([]Entry, error) {
+	out := make([]Entry, len(entries))
+	var errs []error
+	for i, e := range entries {
+		v, err := validateEntry(s, e)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		out[i] = v
+	}
+	return out, errors.Join(errs...)
+}
+
+// batch sends entries in as few messages as batchBytes allows: each
+// message carries a list of entries (IPSET_ATTR_ADT), which the kernel
+// applies in order.
+func (c *Client) batch(ctx context.Context, op string, cmd uint8, info *SetInfo, entries []Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	proto, err := c.lockedProto(ctx)
+	defer c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	full := c.KernelName(info.Name)
+	for start := 0; start < len(entries); {
+		end := start + batchLen(entries[start:])
+		chunk := entries[start:end]
+		_, err := c.request(ctx, op, full, cmd, netlink.Acknowledge, len(chunk), func(ae *netlink.AttributeEncoder) {
+			ae.Uint8(attrProtocol, proto)
+			putName(ae, attrSetName, full)
+			putU32(ae, attrLineNo, 0)
+			ae.Nested(attrADT, func(nae *netlink.AttributeEncoder) error {
+				for _, e := range chunk {
+					nae.Nested(attrData, func(dae *netlink.AttributeEncoder) error {
+						encodeEntry(dae, info.Type, e)
+						return nil
+					})
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			return fmt.Errorf("entries %d-%d of %d: %w", start+1, end, len(entries), err)
+		}
+		start = end
+	}
+	c.log.Debug("ipset "+op, "set", full, "entries", len(entries))
+	return nil
+}
+
+// batchLen is how many of entries fit in one message.
+func batchLen(entries []Entry) int {
+	size := 0
+	for i, e := range entries {
+		size += entrySize(e)
+		if size > batchBytes && i > 0 {
+			return i
+		}
+	}
+	return len(entries)
+}
+
+// entrySize bounds the encoded size of an entry: the nest header, two
+// nested IPv6 addresses, port, protocol and prefix lengths, the timeout
+// and the comment.
+func entrySize(e Entry) int {
+	return 4 + 2*(4+4+16) + 3*8 + 8 + 4 + len(e.Comment) + 4
+}
+
+// encodeEntry writes an entry's attributes for a set of type t.
+func encodeEntry(ae *netlink.AttributeEncoder, t Type, e Entry) {
+	f := typeFields[t]
+	switch {
+	case t == HashNet:
+		putAddr(ae, attrIP, e.Net.Addr())
+		ae.Uint8(attrCIDR, uint8(e.Net.Bits()))
+	case f.ip:
+		putAddr(ae, attrIP, e.IP)
+	}
+	if f.port {
+		putU16(ae, attrPort, e.Port)
+		if t != BitmapPort {
+			ae.Uint8(attrProto, uint8(e.Protocol))
+		}
+	}
+	if f.ip2 {
+		putAddr(ae, attrIP2, e.IP2)
+	}
+	if t == HashIPPortNet {
+		putAddr(ae, attrIP2, e.Net.Addr())
+		ae.Uint8(attrCIDR2, uint8(e.Net.Bits()))
+	}
+	if e.Timeout != 0 {
+		putU32(ae, attrTimeout, uint32(e.Timeout/time.Second))
+	}
+	if e.Comment != "" {
+		ae.String(attrComment, e.Comment)
+	}
+}

@@ -1,0 +1,250 @@
+package ipset
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/mdlayher/netlink"
+)
+
+var (
+	ip  = netip.MustParseAddr
+	pfx = netip.MustParsePrefix
+)
+
+func TestValidateSet(t *testing.T) {
+	ok := []Set{
+		{Name: "A", Type: HashIP, Family: IPv4},
+		{Name: "A", Type: HashIPPortNet, Family: IPv6, Timeout: time.Hour, Comment: true, Counters: true, MaxElem: 10, HashSize: 64},
+		{Name: "A", Type: BitmapPort, PortFrom: 30000, PortTo: 32767},
+		{Name: strings.Repeat("N", 27), Type: HashNet, Family: IPv4}, // 31 bytes with "KPT-"
+	}
+	for _, s := range ok {
+		if err := validateSet("KPT-", s); err != nil {
+			t.Errorf("validateSet(%+v): %v", s, err)
+		}
+	}
+	bad := map[string]Set{
+		"name too long":      {Name: strings.Repeat("N", 28), Type: HashIP, Family: IPv4},
+		"empty name":         {Type: HashIP, Family: IPv4},
+		"space":              {Name: "A B", Type: HashIP, Family: IPv4},
+		"unknown type":       {Name: "A", Type: "hash:mac", Family: IPv4},
+		"no family":          {Name: "A", Type: HashIP},
+		"bad family":         {Name: "A", Type: HashIP, Family: 7},
+		"bitmap family":      {Name: "A", Type: BitmapPort, Family: IPv4, PortTo: 10},
+		"no range":           {Name: "A", Type: BitmapPort},
+		"reversed range":     {Name: "A", Type: BitmapPort, PortFrom: 9, PortTo: 8},
+		"range on hash":      {Name: "A", Type: HashIP, Family: IPv4, PortTo: 8},
+		"maxelem on bitmap":  {Name: "A", Type: BitmapPort, PortTo: 8, MaxElem: 3},
+		"fractional timeout": {Name: "A", Type: HashIP, Family: IPv4, Timeout: 1500 * time.Millisecond},
+		"negative timeout":   {Name: "A", Type: HashIP, Family: IPv4, Timeout: -time.Second},
+		"huge timeout":       {Name: "A", Type: HashIP, Family: IPv4, Timeout: maxTimeout + time.Second},
+	}
+	for name, s := range bad {
+		err := validateSet("KPT-", s)
+		var se *SetError
+		if !errors.Is(err, ErrInvalid) || !errors.As(err, &se) {
+			t.Errorf("%s: validateSet = %v, want a SetError", name, err)
+		}
+	}
+}
+
+func TestValidateEntry(t *testing.T) {
+	sets := map[Type]*Set{
+		HashIP:        {Name: "ip", Type: HashIP, Family: IPv4, Timeout: time.Minute, Comment: true},
+		HashIPPort:    {Name: "ipport", Type: HashIPPort, Family: IPv6},
+		HashIPPortIP:  {Name: "ipportip", Type: HashIPPortIP, Family: IPv4},
+		HashIPPortNet: {Name: "ipportnet", Type: HashIPPortNet, Family: IPv4},
+		HashNet:       {Name: "net", Type: HashNet, Family: IPv6},
+		BitmapPort:    {Name: "port", Type: BitmapPort, PortFrom: 30000, PortTo: 32767},
+	}
+	good := []struct {
+		t        Type
+		in, want Entry
+	}{
+		{HashIP, Entry{IP: ip("::ffff:10.0.0.1"), Timeout: 5 * time.Second, Comment: "c"}, Entry{IP: ip("10.0.0.1"), Timeout: 5 * time.Second, Comment: "c"}},
+		{HashIPPort, Entry{IP: ip("fd00::1"), Protocol: SCTP, Port: 9}, Entry{IP: ip("fd00::1"), Protocol: SCTP, Port: 9}},
+		{HashIPPortIP, Entry{IP: ip("10.0.0.1"), Protocol: UDP, Port: 53, IP2: ip("10.0.0.2")}, Entry{IP: ip("10.0.0.1"), Protocol: UDP, Port: 53, IP2: ip("10.0.0.2")}},
+		{HashIPPortNet, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80, Net: pfx("192.0.2.77/24")}, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80, Net: pfx("192.0.2.0/24")}},
+		{HashNet, Entry{Net: pfx("fd00:1::1/64")}, Entry{Net: pfx("fd00:1::/64")}},
+		{BitmapPort, Entry{Port: 30080}, Entry{Port: 30080}},
+	}
+	for _, g := range good {
+		got, err := validateEntry(sets[g.t], g.in)
+		if err != nil {
+			t.Errorf("%s %v: %v", g.t, g.in, err)
+			continue
+		}
+		if diff := cmp.Diff(g.want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+			cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+			t.Errorf("%s canonical form (-want +got):\n%s", g.t, diff)
+		}
+	}
+	bad := []struct {
+		t      Type
+		e      Entry
+		reason string
+	}{
+		{HashIP, Entry{}, "needs an IP"},
+		{HashIP, Entry{IP: ip("fd00::1")}, "is not inet"},
+		{HashIP, Entry{IP: ip("10.0.0.1"), Port: 80}, "takes no port"},
+		{HashIP, Entry{IP: ip("10.0.0.1"), Timeout: 1500 * time.Millisecond}, "whole seconds"},
+		{HashIP, Entry{IP: ip("10.0.0.1"), Comment: strings.Repeat("x", 256)}, "at most 255"},
+		{HashIP, Entry{IP: ip("10.0.0.1"), Packets: 1}, "read only"},
+		{HashIPPort, Entry{IP: ip("fd00::1"), Port: 80}, "want tcp, udp or sctp"},
+		{HashIPPort, Entry{IP: ip("fd00::1"), Protocol: TCP, Port: 80, Timeout: time.Second}, "set has no timeout"},
+		{HashIPPort, Entry{IP: ip("fd00::1"), Protocol: TCP, Port: 80, Comment: "x"}, "set has no comments"},
+		{HashIPPort, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80}, "is not inet6"},
+		{HashIPPortIP, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80}, "needs a second IP"},
+		{HashIPPortIP, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80, IP2: ip("fd00::2")}, "is not inet"},
+		{HashIPPortNet, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80, Net: pfx("0.0.0.0/0")}, "zero prefix length"},
+		{HashIPPortNet, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80, IP2: ip("10.0.0.2"), Net: pfx("10.0.0.0/8")}, "takes no second IP"},
+		{HashNet, Entry{IP: ip("fd00::1"), Net: pfx("fd00::/64")}, "takes no IP"},
+		{BitmapPort, Entry{Port: 80}, "outside the set's range"},
+		{BitmapPort, Entry{Port: 30080, Protocol: TCP}, "takes no protocol"},
+	}
+	for _, b := range bad {
+		_, err := validateEntry(sets[b.t], b.e)
+		var ee *EntryError
+		if !errors.As(err, &ee) || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), b.reason) || ee.Set != sets[b.t].Name {
+			t.Errorf("%s %+v: error %v, want an EntryError saying %q", b.t, b.e, err, b.reason)
+		}
+	}
+}
+
+// TestEntryWireRoundTrip encodes entries as the package sends them and
+// parses them as the kernel lists them (the same attributes).
+func TestEntryWireRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		t Type
+		e Entry
+	}{
+		{HashIP, Entry{IP: ip("10.0.0.1"), Timeout: 30 * time.Second, Comment: "hello"}},
+		{HashIP, Entry{IP: ip("2001:db8::1")}},
+		{HashIPPort, Entry{IP: ip("10.0.0.1"), Protocol: UDP, Port: 53}},
+		{HashIPPortIP, Entry{IP: ip("fd00::1"), Protocol: SCTP, Port: 9, IP2: ip("fd00::2")}},
+		{HashIPPortNet, Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 443, Net: pfx("192.0.2.0/24")}},
+		{HashNet, Entry{Net: pfx("10.244.0.0/16")}},
+		{BitmapPort, Entry{Port: 30080}},
+	} {
+		ae := netlink.NewAttributeEncoder()
+		ae.ByteOrder = bigEndian
+		encodeEntry(ae, tc.t, tc.e)
+		b, err := ae.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := parseEntry(b, tc.t)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.t, err)
+		}
+		if diff := cmp.Diff(tc.e, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+			cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+			t.Errorf("%s round trip (-want +got):\n%s", tc.t, diff)
+		}
+		if tc.e.IP.IsValid() && !strings.Contains(string(b), string(tc.e.IP.AsSlice())) {
+			t.Errorf("%s: address bytes not in network order", tc.t)
+		}
+	}
+}
+
+func TestDiff(t *testing.T) {
+	a := Entry{IP: ip("10.0.0.1"), Protocol: TCP, Port: 80}
+	b := Entry{IP: ip("10.0.0.2"), Protocol: TCP, Port: 80, Comment: "b"}
+	c := Entry{IP: ip("10.0.0.3"), Protocol: UDP, Port: 53}
+	d := Entry{IP: ip("10.0.0.4"), Protocol: TCP, Port: 80}
+	current := []Entry{
+		{IP: a.IP, Protocol: TCP, Port: 80, Timeout: 17 * time.Second, Packets: 3},
+		{IP: b.IP, Protocol: TCP, Port: 80, Comment: "old"},
+		{IP: c.IP, Protocol: UDP, Port: 53, Timeout: 5 * time.Second},
+	}
+	add, del, err := diff("S", current, []Entry{d, a, b, d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmpAddr := cmp.Comparer(func(x, y netip.Addr) bool { return x == y })
+	cmpPfx := cmp.Comparer(func(x, y netip.Prefix) bool { return x == y })
+	if diff := cmp.Diff([]Entry{d, b}, add, cmpAddr, cmpPfx); diff != "" {
+		t.Errorf("add (-want +got):\n%s", diff)
+	}
+	// Deleted entries go without their extensions.
+	if diff := cmp.Diff([]Entry{{IP: c.IP, Protocol: UDP, Port: 53}}, del, cmpAddr, cmpPfx); diff != "" {
+		t.Errorf("del (-want +got):\n%s", diff)
+	}
+	if add, del, _ := diff("S", current[:1], []Entry{a}); len(add)+len(del) != 0 {
+		t.Errorf("unchanged: add %v, del %v", add, del)
+	}
+	if _, _, err := diff("S", nil, []Entry{b, {IP: b.IP, Protocol: TCP, Port: 80}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("conflicting duplicates: %v", err)
+	}
+}
+
+func TestBatchLen(t *testing.T) {
+	entries := make([]Entry, 10000)
+	n := batchLen(entries)
+	if n < 100 || n >= len(entries) {
+		t.Fatalf("batchLen = %d", n)
+	}
+	if size := n * entrySize(Entry{}); size > batchBytes {
+		t.Errorf("a batch of %d entries bounds to %d bytes, over %d", n, size, batchBytes)
+	}
+	if batchLen([]Entry{{Comment: strings.Repeat("x", 255)}}) != 1 {
+		t.Error("one entry must always fit")
+	}
+}
+
+func TestKernelErrors(t *testing.T) {
+	for _, tc := range []struct {
+		op    string
+		errno syscall.Errno
+		want  error
+	}{
+		{"destroy", syscall.ENOENT, ErrNotExist},
+		{"create", errExist, ErrExist},
+		{"create", syscall.EEXIST, ErrExist},
+		{"destroy", errReferenced, ErrInUse},
+		{"create", errFindType, ErrNotSupported},
+	} {
+		err := kernelError(tc.op, "KPT-S", &netlink.OpError{Op: "receive", Err: tc.errno})
+		var ke *KernelError
+		var oe *OpError
+		if !errors.Is(err, tc.want) || !errors.As(err, &ke) || !errors.As(err, &oe) || !errors.Is(err, tc.errno) {
+			t.Errorf("%s errno %d: %v, want %v with KernelError and OpError", tc.op, tc.errno, err, tc.want)
+		}
+		if !strings.HasPrefix(err.Error(), "ipset "+tc.op+" KPT-S: ") {
+			t.Errorf("message %q", err)
+		}
+	}
+	err := kernelError("add", "KPT-S", &netlink.OpError{Op: "receive", Err: syscall.Errno(errHashFull)})
+	if !strings.Contains(err.Error(), "set is full") {
+		t.Errorf("hash full: %v", err)
+	}
+}
+
+func TestNewOptions(t *testing.T) {
+	if _, err := New(Options{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("no prefix: %v, want ErrInvalid", err)
+	}
+	if _, err := New(Options{Prefix: strings.Repeat("P", 31)}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("prefix leaving no room for a name: %v, want ErrInvalid", err)
+	}
+}
+
+func TestEntryString(t *testing.T) {
+	for want, e := range map[string]Entry{
+		"10.0.0.1,tcp:80":             {IP: ip("10.0.0.1"), Protocol: TCP, Port: 80},
+		"10.0.0.1,udp:53,10.0.0.2":    {IP: ip("10.0.0.1"), Protocol: UDP, Port: 53, IP2: ip("10.0.0.2")},
+		"10.0.0.1,sctp:9,10.1.0.0/16": {IP: ip("10.0.0.1"), Protocol: SCTP, Port: 9, Net: pfx("10.1.0.0/16")},
+		"30080":                       {Port: 30080},
+		"fd00::/64":                   {Net: pfx("fd00::/64")},
+	} {
+		if got := e.String(); got != want {
+			t.Errorf("String() = %q, want %q", got, want)
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package ipset
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/mdlayher/netlink"
+)
+
+// The ipset netlink protocol (include/uapi/linux/netfilter/ipset/ip_set.h).
+const (
+	subsysIPSet = 6 // NFNL_SUBSYS_IPSET
+
+	protocolMin   = 6 // the oldest protocol the kernel accepts
+	protocolIndex = 7 // the protocol whose list replies carry the set index
+
+	maxNameLen    = 31 // IPSET_MAXNAMELEN without the NUL
+	maxCommentLen = 255
+	maxTimeout    = 2147483 * time.Second // IPSET_MAX_TIMEOUT
+)
+
+// Commands.
+const (
+	cmdProtocol = 1
+	cmdCreate   = 2
+	cmdDestroy  = 3
+	cmdFlush    = 4
+	cmdList     = 7
+	cmdAdd      = 9
+	cmdDel      = 10
+	cmdTest     = 11
+	cmdType     = 13
+)
+
+// Attributes at command level.
+const (
+	attrProtocol    = 1
+	attrSetName     = 2
+	attrTypeName    = 3
+	attrRevision    = 4
+	attrFamily      = 5
+	attrFlags       = 6
+	attrData        = 7
+	attrADT         = 8
+	attrLineNo      = 9  // required with attrADT
+	attrProtocolMin = 10 // also the minimal revision in TYPE replies
+	attrIndex       = 11
+)
+
+// Attributes inside attrData: create, list header and entries (CADT), then
+// create-only, then entry-only (ADT).
+const (
+	attrIP         = 1
+	attrCIDR       = 3
+	attrPort       = 4
+	attrPortTo     = 5
+	attrTimeout    = 6
+	attrProto      = 7
+	attrCadtFlags  = 8
+	attrHashSize   = 18
+	attrMaxElem    = 19
+	attrElements   = 24
+	attrReferences = 25
+	attrIP2        = 20
+	attrCIDR2      = 21
+	attrBytes      = 24
+	attrPackets    = 25
+	attrComment    = 26
+
+	attrIPAddrIPv4 = 1
+	attrIPAddrIPv6 = 2
+)
+
+// Flags.
+const (
+	flagListHeader = 1 << 2 // IPSET_FLAG_LIST_HEADER, in attrFlags
+
+	cadtWithCounters = 1 << 3 // IPSET_FLAG_WITH_COUNTERS, in attrCadtFlags
+	cadtWithComment  = 1 << 4 // IPSET_FLAG_WITH_COMMENT
+
+	nlaNetByteOrder = 0x4000 // NLA_F_NET_BYTEORDER
+)
+
+// Kernel error numbers of ipset (above the errno range).
+const (
+	errProtocol       = 4097
+	errFindType       = 4098
+	errMaxSets        = 4099
+	errBusy           = 4100
+	errExistSetName2  = 4101
+	errTypeMismatch   = 4102
+	errExist          = 4103
+	errInvalidCIDR    = 4104
+	errInvalidFamily  = 4106
+	errTimeout        = 4107
+	errReferenced     = 4108
+	errCounter        = 4111
+	errComment        = 4112
+	errHashFull       = 4352
+	errHashElem       = 4353
+	errInvalidProto   = 4354
+	errMissingProto   = 4355
+	errBitmapRange    = 4352 // bitmap types reuse the type-specific range
+	errBitmapRangeLen = 4353
+)
+
+// kernelErrors describes ipset's private error numbers.
+var kernelErrors = map[int]string{
+	errProtocol:      "protocol error (kernel and request disagree on the ipset protocol)",
+	errFindType:      "set type not supported by the kernel",
+	errMaxSets:       "the kernel's maximum number of sets is reached",
+	errBusy:          "set is busy",
+	errExistSetName2: "the second set does not exist",
+	errTypeMismatch:  "set types differ",
+	errExist:         "element or set already exists, or does not exist",
+	errInvalidCIDR:   "invalid prefix length",
+	errInvalidFamily: "invalid address family",
+	errTimeout:       "timeout given for a set created without timeout",
+	errReferenced:    "set is referenced by a rule or another set",
+	errCounter:       "counters given for a set created without counters",
+	errComment:       "comment given for a set created without comments",
+	errHashFull:      "set is full (hash full or bitmap out of range)",
+	errHashElem:      "null-valued element or element out of the bitmap range",
+	errInvalidProto:  "invalid protocol",
+	errMissingProto:  "protocol missing",
+}
+
+// message builds an ipset netlink request: the nfgenmsg header followed by
+// the attributes that enc fills.
+func message(cmd uint8, flags netlink.HeaderFlags, fill func(ae *netlink.AttributeEncoder)) (netlink.Message, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.ByteOrder = binary.BigEndian
+	fill(ae)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return netlink.Message{}, err
+	}
+	// nfgenmsg: family NFPROTO_UNSPEC, version NFNETLINK_V0, res_id 0.
+	data := append([]byte{0, 0, 0, 0}, attrs...)
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(subsysIPSet<<8 | uint16(cmd)), Flags: netlink.Request | flags},
+		Data:   data,
+	}, nil
+}
+
+func putU32(ae *netlink.AttributeEncoder, typ uint16, v uint32) { ae.Uint32(typ|nlaNetByteOrder, v) }
+func putU16(ae *netlink.AttributeEncoder, typ uint16, v uint16) { ae.Uint16(typ|nlaNetByteOrder, v) }
+
+func putName(ae *netlink.AttributeEncoder, typ uint16, s string) { ae.String(typ, s) }
+
+// putAddr writes an address as ipset's nested IPADDR attribute.
+func putAddr(ae *netlink.AttributeEncoder, typ uint16, a netip.Addr) {
+	ae.Nested(typ, func(nae *netlink.AttributeEncoder) error {
+		if a.Is4() {
+			b := a.As4()
+			nae.Bytes(attrIPAddrIPv4|nlaNetByteOrder, b[:])
+		} else {
+			b := a.As16()
+			nae.Bytes(attrIPAddrIPv6|nlaNetByteOrder, b[:])
+		}
+		return nil
+	})
+}
+
+// readAddr decodes a nested IPADDR attribute.
+func readAddr(b []byte) (netip.Addr, error) {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	var a netip.Addr
+	for ad.Next() {
+		switch ad.Type() {
+		case attrIPAddrIPv4, attrIPAddrIPv6:
+			var ok bool
+			if a, ok = netip.AddrFromSlice(ad.Bytes()); !ok {
+				return netip.Addr{}, fmt.Errorf("bad address of %d bytes", len(ad.Bytes()))
+			}
+		}
+	}
+	return a, ad.Err()
+}
+
+// payload strips the nfgenmsg header from a reply.
+func payload(m netlink.Message) ([]byte, error) {
+	if len(m.Data) < 4 {
+		return nil, fmt.Errorf("short ipset reply (%d bytes)", len(m.Data))
+	}
+	return m.Data[4:], nil
+}
