@@ -352,4 +352,3 @@ func TestIndex(t *testing.T) {
 		t.Errorf("Index of a destroyed set: %v, want ErrNotExist", err)
 	}
 }
-
