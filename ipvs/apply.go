@@ -1,0 +1,250 @@
+package ipvs
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// apply makes the kernel match d, in an order that never leaves a virtual
+// address without its servers: addresses first, then new and changed
+// virtual servers (real servers added before others are removed), then
+// removed virtual servers, then addresses no longer used. It keeps p.kern,
+// p.present and p.use up to date as it goes, and cleans up the conntrack
+// flows that removed UDP and SCTP real servers leave.
+func (p *Proxier) apply(ctx context.Context, d *delta) error {
+	keys := sortedKeys(d.servers)
+	for _, k := range keys {
+		if d.servers[k] != nil && !p.present[k.addr] {
+			if err := p.k.addAddress(ctx, p.link, k.addr); err != nil {
+				return err
+			}
+			p.present[k.addr] = true
+		}
+	}
+	var stale []servicelb.StaleFlow
+	for _, k := range keys {
+		want := d.servers[k]
+		if want == nil {
+			continue
+		}
+		var err error
+		if have := p.kern[k]; have == nil {
+			err = p.create(ctx, want, &stale)
+		} else {
+			err = p.update(ctx, have, want, &stale)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	gone, err := p.deleteServers(ctx, d, keys)
+	if err != nil {
+		return err
+	}
+	if d.full {
+		gone = nil
+		for a := range p.present {
+			gone = append(gone, a)
+		}
+	}
+	if err := p.deleteAddresses(ctx, gone, d.full); err != nil {
+		return err
+	}
+	return p.cleanFlows(ctx, stale)
+}
+
+// create adds a virtual server and its real servers.
+func (p *Proxier) create(ctx context.Context, want *VirtualServer, stale *[]servicelb.StaleFlow) error {
+	if err := p.k.newService(ctx, want); err != nil {
+		return err
+	}
+	got := want.clone()
+	got.Real = nil
+	p.kern[want.key()] = got
+	p.use[want.Addr]++
+	for _, r := range want.Real {
+		if err := p.k.newReal(ctx, want, r); err != nil {
+			return err
+		}
+		got.Real = append(got.Real, r)
+	}
+	if len(want.Real) > 0 {
+		*stale = appendAllFlows(*stale, want)
+	}
+	return nil
+}
+
+// update changes a virtual server from what the kernel has to want: its
+// settings, then new and re-weighted real servers, then removed ones.
+func (p *Proxier) update(ctx context.Context, have, want *VirtualServer, stale *[]servicelb.StaleFlow) error {
+	k := want.key()
+	if !sameService(have, want) {
+		if err := p.k.updateService(ctx, want); err != nil {
+			return err
+		}
+		have.Scheduler, have.Persistence = want.Scheduler, want.Persistence
+	}
+	served := slices.ContainsFunc(have.Real, func(r RealServer) bool { return r.Weight > 0 })
+	for _, r := range want.Real {
+		i := have.realIndex(r.AddrPort())
+		switch {
+		case i < 0:
+			if err := p.k.newReal(ctx, want, r); err != nil {
+				return err
+			}
+			have.Real = append(have.Real, r)
+		case have.Real[i].Weight != r.Weight:
+			if err := p.k.updateReal(ctx, want, r); err != nil {
+				return err
+			}
+			have.Real[i].Weight = r.Weight
+		}
+		delete(p.draining, realKey{k, r.AddrPort()})
+	}
+	var gone []RealServer
+	for _, r := range have.Real {
+		if want.realIndex(r.AddrPort()) < 0 {
+			gone = append(gone, r)
+		}
+	}
+	if err := p.removeReals(ctx, have, gone, stale); err != nil {
+		return err
+	}
+	slices.SortFunc(have.Real, compareReal)
+	if !served && len(want.Real) > 0 {
+		*stale = appendAllFlows(*stale, want)
+	}
+	return nil
+}
+
+// removeReals removes real servers from vs (as the kernel holds it). UDP
+// and SCTP ones go at once, with their conntrack flows. TCP ones without
+// connections go at once too; the others stay at weight 0, draining, until
+// their connections end or the graceful timeout passes.
+func (p *Proxier) removeReals(ctx context.Context, vs *VirtualServer, gone []RealServer, stale *[]servicelb.StaleFlow) error {
+	if len(gone) == 0 {
+		return nil
+	}
+	var info []realInfo
+	if vs.Protocol == servicelb.TCP {
+		var err error
+		if info, err = p.k.reals(ctx, vs); err != nil {
+			return err
+		}
+	}
+	for _, r := range gone {
+		rk := realKey{vs.key(), r.AddrPort()}
+		i := slices.IndexFunc(info, func(ri realInfo) bool { return ri.AddrPort() == r.AddrPort() })
+		if i >= 0 && info[i].active+info[i].inactive > 0 {
+			if err := p.quiesce(ctx, vs, r, rk); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := p.deleteReal(ctx, vs, r); err != nil {
+			return err
+		}
+		if vs.Protocol != servicelb.TCP {
+			*stale = append(*stale, servicelb.StaleFlow{Protocol: vs.Protocol, Dst: vs.Addr, Port: vs.Port, Endpoint: r.Addr})
+		}
+	}
+	return nil
+}
+
+// quiesce sets a real server with connections to weight 0 and records it
+// as draining.
+func (p *Proxier) quiesce(ctx context.Context, vs *VirtualServer, r RealServer, rk realKey) error {
+	if r.Weight != 0 {
+		r.Weight = 0
+		if err := p.k.updateReal(ctx, vs, r); err != nil {
+			return err
+		}
+		vs.Real[vs.realIndex(r.AddrPort())].Weight = 0
+	}
+	if _, ok := p.draining[rk]; !ok {
+		p.draining[rk] = p.now()
+		p.log.Debug("ipvs: real server draining", "server", realName(vs, r))
+	}
+	return nil
+}
+
+// deleteReal deletes a real server and forgets it.
+func (p *Proxier) deleteReal(ctx context.Context, vs *VirtualServer, r RealServer) error {
+	if err := p.k.delReal(ctx, vs, r); err != nil {
+		return err
+	}
+	vs.Real = slices.DeleteFunc(vs.Real, func(x RealServer) bool { return x.AddrPort() == r.AddrPort() })
+	delete(p.draining, realKey{vs.key(), r.AddrPort()})
+	return nil
+}
+
+// deleteServers deletes the virtual servers d removes and returns their
+// addresses.
+func (p *Proxier) deleteServers(ctx context.Context, d *delta, keys []vsKey) ([]netip.Addr, error) {
+	var addrs []netip.Addr
+	for _, k := range keys {
+		have := p.kern[k]
+		if d.servers[k] != nil || have == nil {
+			continue
+		}
+		if err := p.k.delService(ctx, have); err != nil {
+			return nil, err
+		}
+		for _, r := range have.Real {
+			delete(p.draining, realKey{k, r.AddrPort()})
+		}
+		delete(p.kern, k)
+		p.use[k.addr]--
+		addrs = append(addrs, k.addr)
+	}
+	return addrs, nil
+}
+
+// deleteAddresses removes the addresses among candidates that no virtual
+// server uses any more, and the stray ones when full.
+func (p *Proxier) deleteAddresses(ctx context.Context, candidates []netip.Addr, full bool) error {
+	slices.SortFunc(candidates, netip.Addr.Compare)
+	for _, a := range slices.Compact(candidates) {
+		if p.use[a] > 0 || !p.present[a] {
+			continue
+		}
+		if err := p.k.delAddress(ctx, p.link, netip.PrefixFrom(a, a.BitLen())); err != nil {
+			return err
+		}
+		delete(p.present, a)
+		delete(p.use, a)
+	}
+	if !full {
+		return nil
+	}
+	for _, pf := range p.stray {
+		if err := p.k.delAddress(ctx, p.link, pf); err != nil {
+			return err
+		}
+	}
+	p.stray = nil
+	return nil
+}
+
+// appendAllFlows marks every conntrack flow to a UDP or SCTP virtual
+// server stale: flows created while it had no real server.
+func appendAllFlows(out []servicelb.StaleFlow, vs *VirtualServer) []servicelb.StaleFlow {
+	if vs.Protocol == servicelb.TCP {
+		return out
+	}
+	return append(out, servicelb.StaleFlow{Protocol: vs.Protocol, Dst: vs.Addr, Port: vs.Port})
+}
+
+// cleanFlows hands stale flows to the FlowCleaner.
+func (p *Proxier) cleanFlows(ctx context.Context, stale []servicelb.StaleFlow) error {
+	if len(stale) == 0 || p.opts.FlowCleaner == nil {
+		return nil
+	}
+	if err := p.opts.FlowCleaner.DeleteStale(ctx, stale); err != nil {
+		return opErr("delete stale conntrack flows", "", err)
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+package ipvs
+
+import (
+	"context"
+	"slices"
+)
+
+// Drain deletes the draining real servers (removed TCP real servers kept
+// at weight 0) whose connections have ended or whose graceful timeout has
+// passed, and returns how many still drain. Sync does the same; call Drain
+// between syncs (every few seconds, say) to delete them sooner.
+func (p *Proxier) Drain(ctx context.Context) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.errIf(); err != nil {
+		return 0, err
+	}
+	if err := p.drain(ctx); err != nil {
+		p.forget()
+		return len(p.draining), err
+	}
+	return len(p.draining), nil
+}
+
+// drain checks each virtual server with draining real servers once.
+func (p *Proxier) drain(ctx context.Context) error {
+	byVS := map[vsKey][]realKey{}
+	for rk := range p.draining {
+		byVS[rk.vs] = append(byVS[rk.vs], rk)
+	}
+	now := p.now()
+	for _, k := range sortedKeys(p.kern) {
+		rks := byVS[k]
+		if len(rks) == 0 {
+			continue
+		}
+		vs := p.kern[k]
+		info, err := p.k.reals(ctx, vs)
+		if err != nil {
+			return err
+		}
+		for _, rk := range rks {
+			i := slices.IndexFunc(info, func(ri realInfo) bool { return ri.AddrPort() == rk.ap })
+			if i < 0 {
+				delete(p.draining, rk)
+				continue
+			}
+			conns := info[i].active + info[i].inactive
+			if conns > 0 && now.Sub(p.draining[rk]) < p.opts.GracefulTimeout {
+				continue
+			}
+			if err := p.deleteReal(ctx, vs, info[i].RealServer); err != nil {
+				return err
+			}
+			p.log.Debug("ipvs: drained real server deleted", "server", realName(vs, info[i].RealServer), "connections", conns)
+		}
+		delete(byVS, k)
+	}
+	for _, rks := range byVS {
+		for _, rk := range rks {
+			delete(p.draining, rk)
+		}
+	}
+	return nil
+}

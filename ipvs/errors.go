@@ -1,0 +1,78 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Errors. Every error the package returns wraps one of these (or a
+// *servicelb.ValidationError, or a context error), so that callers test the
+// kind with errors.Is.
+var (
+	// ErrInvalidOptions: an Options field is not valid.
+	ErrInvalidOptions = errors.New("invalid options")
+	// ErrUnsupported: the State asks for something IPVS cannot do, such as
+	// the "random" scheduler. It comes wrapped in a
+	// *servicelb.ValidationError naming the service and field.
+	ErrUnsupported = errors.New("not supported by the ipvs proxier")
+	// ErrConflict: two service ports of the State need the same IPVS
+	// virtual server (an external IP and port equal to a node address and
+	// node port), or a virtual server the State needs exists and belongs to
+	// someone else. Wrapped in a *servicelb.ValidationError when the State
+	// is at fault.
+	ErrConflict = errors.New("virtual server conflict")
+	// ErrIPVSUnavailable: the kernel has no IPVS (hint: load the ip_vs
+	// module and the schedulers' ip_vs_* modules).
+	ErrIPVSUnavailable = errors.New("ipvs not available (is the ip_vs module loaded?)")
+	// ErrLinkConflict: a link with the Interface name exists and is not a
+	// dummy link.
+	ErrLinkConflict = errors.New("interface exists and is not a dummy link")
+	// ErrSysctl: a sysctl the proxier needs cannot be written, or differs
+	// with Options.LeaveSysctls set.
+	ErrSysctl = errors.New("sysctl")
+	// ErrKernel: a netlink operation failed; the OpError says which.
+	ErrKernel = errors.New("kernel operation failed")
+	// ErrClosed: the Proxier was closed.
+	ErrClosed = errors.New("proxier closed")
+)
+
+// OpError is a failed kernel operation: what was done to which object.
+type OpError struct {
+	// Op is the operation, such as "add virtual server".
+	Op string
+	// Object names the kernel object, such as "-t 10.96.0.10:80".
+	Object string
+	// Err is the kernel's error.
+	Err error
+}
+
+func (e *OpError) Error() string {
+	if e.Object == "" {
+		return fmt.Sprintf("%s: %v", e.Op, e.Err)
+	}
+	return fmt.Sprintf("%s %s: %v", e.Op, e.Object, e.Err)
+}
+
+// Unwrap returns the kernel's error and ErrKernel.
+func (e *OpError) Unwrap() []error {
+	if errors.Is(e.Err, context.Canceled) || errors.Is(e.Err, context.DeadlineExceeded) {
+		return []error{e.Err}
+	}
+	return []error{e.Err, ErrKernel}
+}
+
+func opErr(op, object string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &OpError{Op: op, Object: object, Err: err}
+}
+
+// unsupported returns a validation error for a field IPVS cannot express.
+func unsupported(svc, field, value, why string) error {
+	return &servicelb.ValidationError{Service: svc, Field: field, Value: value,
+		Err: fmt.Errorf("%w: %s", ErrUnsupported, why)}
+}

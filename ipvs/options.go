@@ -1,0 +1,121 @@
+package ipvs
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// Defaults of Options.
+const (
+	DefaultInterface       = "kproxy-ipvs0"
+	DefaultSetPrefix       = "kproxy-ipvs-"
+	DefaultChainPrefix     = "KPROXY-IPVS-"
+	DefaultGracefulTimeout = 15 * time.Minute
+	DefaultScheduler       = "rr"
+)
+
+// Name limits of the kernel objects the proxier names.
+const (
+	maxInterfaceLen = 15 // IFNAMSIZ - 1
+	maxSetNameLen   = 31 // IPSET_MAXNAMELEN - 1
+	maxChainNameLen = 28 // iptables' limit
+)
+
+// Options configure a Proxier. The zero value of each field means its
+// default.
+type Options struct {
+	// Interface is the dummy link that holds every virtual address the
+	// proxier serves (cluster, external, load-balancer and node-port
+	// addresses). Only the IPVS virtual servers whose address sits on it
+	// belong to the proxier. Default DefaultInterface.
+	Interface string
+	// NetNS is the network namespace to program. The zero value (and
+	// netns.None()) mean the namespace of the thread that calls New. New
+	// duplicates the handle: the caller may close its own.
+	NetNS netns.NsHandle
+	// SetPrefix starts the name of every ipset the proxier owns. Default
+	// DefaultSetPrefix.
+	SetPrefix string
+	// ChainPrefix starts the name of every iptables chain the proxier owns.
+	// Default DefaultChainPrefix.
+	ChainPrefix string
+	// StrictARP sets net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 in
+	// the namespace, so that the node does not answer ARP requests for the
+	// virtual addresses of its dummy link on its other links. Use it when
+	// another node or a load balancer announces the same addresses.
+	StrictARP bool
+	// GracefulTimeout bounds how long a removed TCP real server keeps
+	// serving its open connections (at weight 0) before it is deleted.
+	// Default DefaultGracefulTimeout.
+	GracefulTimeout time.Duration
+	// LeaveSysctls stops the proxier from writing the IPVS sysctls it needs
+	// (net.ipv4.vs.conntrack=1, expire_nodest_conn=1,
+	// expire_quiescent_template=1, and the StrictARP ones): Sync then only
+	// checks them and fails with ErrSysctl when one differs.
+	LeaveSysctls bool
+	// FlowCleaner deletes the conntrack flows that removing UDP and SCTP
+	// real servers leaves stale. Nil means no cleanup.
+	FlowCleaner FlowCleaner
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+}
+
+// withDefaults returns o with defaults applied, or an error naming the
+// first invalid field.
+func (o Options) withDefaults() (Options, error) {
+	if o.Interface == "" {
+		o.Interface = DefaultInterface
+	}
+	if o.SetPrefix == "" {
+		o.SetPrefix = DefaultSetPrefix
+	}
+	if o.ChainPrefix == "" {
+		o.ChainPrefix = DefaultChainPrefix
+	}
+	if o.GracefulTimeout == 0 {
+		o.GracefulTimeout = DefaultGracefulTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := o.check(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+func (o *Options) check() error {
+	if len(o.Interface) > maxInterfaceLen || !validName(o.Interface) {
+		return fmt.Errorf("%w: Interface %q: want 1-%d letters, digits and . _ -", ErrInvalidOptions, o.Interface, maxInterfaceLen)
+	}
+	if n := len(o.SetPrefix) + maxSetSuffixLen(); n > maxSetNameLen || !validName(o.SetPrefix) {
+		return fmt.Errorf("%w: SetPrefix %q: want letters, digits and . _ - and at most %d bytes",
+			ErrInvalidOptions, o.SetPrefix, maxSetNameLen-maxSetSuffixLen())
+	}
+	if n := len(o.ChainPrefix) + maxChainSuffixLen(); n > maxChainNameLen || !validName(o.ChainPrefix) {
+		return fmt.Errorf("%w: ChainPrefix %q: want letters, digits and . _ - and at most %d bytes",
+			ErrInvalidOptions, o.ChainPrefix, maxChainNameLen-maxChainSuffixLen())
+	}
+	if o.GracefulTimeout < 0 {
+		return fmt.Errorf("%w: GracefulTimeout %s is negative", ErrInvalidOptions, o.GracefulTimeout)
+	}
+	return nil
+}
+
+// validName reports whether s holds only characters every kernel object
+// name and rendering can carry unquoted.
+func validName(s string) bool {
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,179 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// FlowCleaner deletes conntrack flows; the conntrack package implements it.
+type FlowCleaner interface {
+	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) error
+}
+
+// Proxier programs IPVS in one network namespace. It implements
+// servicelb.Proxier and servicelb.Renderer. Its methods may be called
+// concurrently: they are serialised.
+type Proxier struct {
+	opts Options
+	log  *slog.Logger
+	ns   netns.NsHandle
+	now  func() time.Time
+
+	mu     sync.Mutex
+	k      *kernel
+	closed bool
+	// applied is the last State synced in full; nil means the next Sync
+	// reads the kernel and converges from what it finds.
+	applied *servicelb.State
+	plan    *statePlan
+	// link is the dummy link as last seen.
+	link netlink.Link
+	// kern holds the proxier's virtual servers as the kernel holds them,
+	// draining real servers (weight 0) included.
+	kern map[vsKey]*VirtualServer
+	// present are the addresses on the dummy link; use counts the virtual
+	// servers of kern on each address.
+	present map[netip.Addr]bool
+	use     map[netip.Addr]int
+	// stray are addresses on the dummy link that are not single
+	// addresses: never the proxier's, removed by the next full sync.
+	stray []netip.Prefix
+	// draining are the removed TCP real servers left at weight 0 until
+	// their connections end, with when they started draining.
+	draining map[realKey]time.Time
+}
+
+// realKey names one real server of one virtual server.
+type realKey struct {
+	vs vsKey
+	ap netip.AddrPort
+}
+
+// New returns a Proxier for the namespace o.NetNS. It checks that the
+// kernel has IPVS (ErrIPVSUnavailable otherwise) and opens netlink sockets
+// there, but changes nothing until Sync. Close releases it.
+func New(o Options) (*Proxier, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := dupNS(o.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	k, err := openKernel(ns, o.Interface)
+	if err != nil {
+		ns.Close()
+		return nil, err
+	}
+	return &Proxier{
+		opts: o, log: o.Logger, ns: ns, now: time.Now, k: k,
+		draining: map[realKey]time.Time{},
+	}, nil
+}
+
+// dupNS returns a handle of its own to ns, or to the calling thread's
+// namespace when ns is not set.
+func dupNS(ns netns.NsHandle) (netns.NsHandle, error) {
+	if ns == 0 || ns == netns.None() {
+		h, err := netns.Get()
+		if err != nil {
+			return netns.None(), opErr("open current network namespace", "", err)
+		}
+		return h, nil
+	}
+	h, err := netns.GetFromPath(fmt.Sprintf("/proc/self/fd/%d", int(ns)))
+	if err != nil {
+		return netns.None(), fmt.Errorf("%w: NetNS: %v", ErrInvalidOptions, err)
+	}
+	return h, nil
+}
+
+// Close releases the proxier's sockets and namespace handle. The kernel
+// state stays: a later Proxier with the same options adopts it.
+func (p *Proxier) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	p.k.close()
+	return p.ns.Close()
+}
+
+// Render returns the kernel state Sync installs for st; see the
+// package-level Render.
+func (p *Proxier) Render(st *servicelb.State) (string, error) {
+	return Render(st, p.opts)
+}
+
+var _ servicelb.Proxier = (*Proxier)(nil)
+var _ servicelb.Renderer = (*Proxier)(nil)
+
+// errIf returns ErrClosed once the proxier is closed; p.mu is held.
+func (p *Proxier) errIf() error {
+	if p.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// forget makes the next Sync read the kernel again.
+func (p *Proxier) forget() {
+	p.applied, p.plan, p.link = nil, nil, nil
+}
+
+// Cleanup removes everything the proxier owns: its virtual servers (those
+// on the dummy link's addresses), the dummy link, and its helper sets and
+// rules. It works without a previous Sync, so a new Proxier can clean up
+// after an old one.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.errIf(); err != nil {
+		return err
+	}
+	p.forget()
+	p.kern, p.present, p.use = nil, nil, nil
+	clear(p.draining)
+	l, err := p.k.dummy(ctx)
+	if err != nil || l == nil {
+		return err
+	}
+	prefixes, err := p.k.addresses(ctx, l)
+	if err != nil {
+		return err
+	}
+	ours := map[netip.Addr]bool{}
+	for _, pf := range prefixes {
+		ours[pf.Addr()] = true
+	}
+	servers, err := p.k.services(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, vs := range servers {
+		if ours[vs.Addr] {
+			errs = append(errs, p.k.delService(ctx, vs))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := p.k.deleteDummy(ctx); err != nil {
+		return err
+	}
+	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
+	return nil
+}

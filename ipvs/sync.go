@@ -1,0 +1,299 @@
+package ipvs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// delta is a change to the kernel: the virtual servers to make match their
+// plan, nil meaning delete.
+type delta struct {
+	servers map[vsKey]*VirtualServer
+	// full removes every present address no virtual server uses, and
+	// stray ones.
+	full bool
+}
+
+// Sync makes the kernel match st. The first Sync (and the first after a
+// failure, or after someone removed the dummy link) reads the proxier's
+// virtual servers from the kernel and converges on st without touching
+// what is already right; later ones send only what servicelb.Diff reports.
+// A State the proxier cannot apply (ErrUnsupported, ErrConflict) is refused
+// before anything is sent. IPVS is not transactional: Sync adds addresses,
+// virtual servers and real servers before it removes any, so that no
+// virtual address is ever left without its servers; if it fails part way,
+// the next Sync reads the kernel and completes the change. Sync also
+// deletes draining real servers whose connections have ended (see Drain).
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.errIf(); err != nil {
+		return err
+	}
+	start, writes := p.now(), p.k.writes
+	err := p.sync(ctx, st)
+	if err == nil {
+		err = p.drain(ctx)
+	}
+	n := p.k.writes - writes
+	p.log.Debug("ipvs: sync", "services", st.Len(), "changes", n, "took", p.now().Sub(start), "err", err)
+	if n > 0 && err == nil {
+		p.log.Info("ipvs: synced", "services", st.Len(), "changes", n)
+	}
+	return err
+}
+
+func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
+	if p.applied != nil {
+		ok, err := p.linkIntact(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			p.log.Info("ipvs: dummy link gone or replaced; reading the kernel again", "interface", p.opts.Interface)
+			p.forget()
+		}
+	}
+	if p.applied == st {
+		return nil
+	}
+	if p.applied != nil {
+		if ch := servicelb.Diff(p.applied, st); !ch.NodeChanged {
+			return p.syncChanges(ctx, st, &ch)
+		}
+	}
+	return p.syncFull(ctx, st)
+}
+
+// syncFull plans st in full and converges on it, reading the kernel first
+// unless its state is known.
+func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
+	plan, err := planState(st)
+	if err != nil {
+		return err
+	}
+	if p.applied == nil {
+		if err := p.ensureSysctls(); err != nil {
+			return err
+		}
+		foreign, err := p.readKernel(ctx)
+		if err != nil {
+			return err
+		}
+		if err := checkForeign(plan, foreign); err != nil {
+			return err
+		}
+	}
+	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true}
+	for k := range p.kern {
+		d.servers[k] = nil
+	}
+	maps.Copy(d.servers, plan.servers)
+	if err := p.apply(ctx, d); err != nil {
+		p.forget()
+		return err
+	}
+	p.applied, p.plan = st, plan
+	return nil
+}
+
+// checkForeign refuses a plan that needs a virtual server someone else
+// owns: one whose address is not on the dummy link.
+func checkForeign(plan *statePlan, foreign map[vsKey]bool) error {
+	var errs []error
+	for k := range plan.servers {
+		if foreign[k] {
+			errs = append(errs, fmt.Errorf("%w: %s (needed by %s) exists and its address is not on the dummy link",
+				ErrConflict, k, plan.owner[k]))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// syncChanges applies the changes from the applied state to st.
+func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) error {
+	if ch.Empty() {
+		p.applied = st
+		return nil
+	}
+	node := st.Node()
+	d, news, err := p.planChanges(&node, ch)
+	if err != nil {
+		return err
+	}
+	if err := p.apply(ctx, d); err != nil {
+		p.forget()
+		return err
+	}
+	for _, sp := range slices.Concat(ch.Removed, oldPorts(ch.Changed)) {
+		if pp := p.plan.ports[sp.Key]; pp != nil {
+			for _, vs := range pp.servers {
+				delete(p.plan.servers, vs.key())
+				delete(p.plan.owner, vs.key())
+			}
+			delete(p.plan.ports, sp.Key)
+		}
+	}
+	for _, pp := range news {
+		p.plan.ports[pp.key] = pp
+		for _, vs := range pp.servers {
+			p.plan.servers[vs.key()] = vs
+			p.plan.owner[vs.key()] = pp.key
+		}
+	}
+	p.applied = st
+	return nil
+}
+
+func oldPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
+	out := make([]*servicelb.ServicePort, len(cs))
+	for i, c := range cs {
+		out[i] = c.Old
+	}
+	return out
+}
+
+// planChanges plans the ports that changed and returns the delta and their
+// new plans. It fails, changing nothing, when a port cannot be planned or
+// needs a virtual server another port keeps.
+func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes) (*delta, []*portPlan, error) {
+	d := &delta{servers: map[vsKey]*VirtualServer{}}
+	leaving := map[servicelb.ServicePortKey]bool{}
+	for _, sp := range slices.Concat(ch.Removed, oldPorts(ch.Changed)) {
+		leaving[sp.Key] = true
+		if pp := p.plan.ports[sp.Key]; pp != nil {
+			for _, vs := range pp.servers {
+				d.servers[vs.key()] = nil
+			}
+		}
+	}
+	var news []*portPlan
+	var errs []error
+	claimed := map[vsKey]servicelb.ServicePortKey{}
+	for _, sp := range slices.Concat(ch.Added, newPorts(ch.Changed)) {
+		pp, err := planPort(node, sp)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, vs := range pp.servers {
+			k := vs.key()
+			if o, ok := p.plan.owner[k]; ok && !leaving[o] {
+				errs = append(errs, conflict(sp, k, o))
+			} else if o, ok := claimed[k]; ok {
+				errs = append(errs, conflict(sp, k, o))
+			}
+			claimed[k] = pp.key
+			d.servers[k] = vs
+		}
+		news = append(news, pp)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
+	}
+	return d, news, nil
+}
+
+func newPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
+	out := make([]*servicelb.ServicePort, len(cs))
+	for i, c := range cs {
+		out[i] = c.New
+	}
+	return out
+}
+
+// linkIntact reports whether the dummy link is still the one last seen.
+func (p *Proxier) linkIntact(ctx context.Context) (bool, error) {
+	l, err := p.k.dummy(ctx)
+	if err != nil {
+		return false, err
+	}
+	return l != nil && p.link != nil && l.Attrs().Index == p.link.Attrs().Index, nil
+}
+
+// readKernel learns the proxier's state from the kernel: the dummy link
+// (created if missing), its addresses, and the virtual servers on them
+// with their real servers. It returns the other virtual servers' keys.
+func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
+	l, err := p.k.ensureDummy(ctx)
+	if err != nil {
+		return nil, err
+	}
+	prefixes, err := p.k.addresses(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	p.link, p.stray = l, nil
+	p.kern, p.present, p.use = map[vsKey]*VirtualServer{}, map[netip.Addr]bool{}, map[netip.Addr]int{}
+	for _, pf := range prefixes {
+		if pf.IsSingleIP() {
+			p.present[pf.Addr()] = true
+		} else {
+			p.stray = append(p.stray, pf)
+		}
+	}
+	servers, err := p.k.services(ctx)
+	if err != nil {
+		return nil, err
+	}
+	foreign := map[vsKey]bool{}
+	for _, vs := range servers {
+		if !p.present[vs.Addr] {
+			foreign[vs.key()] = true
+			continue
+		}
+		if err := p.adopt(ctx, vs); err != nil {
+			return nil, err
+		}
+	}
+	p.dropStaleDrains()
+	return foreign, nil
+}
+
+// adopt records one of the proxier's virtual servers found in the kernel.
+func (p *Proxier) adopt(ctx context.Context, vs *VirtualServer) error {
+	reals, err := p.k.reals(ctx, vs)
+	if err != nil {
+		return err
+	}
+	for _, r := range reals {
+		vs.Real = append(vs.Real, r.RealServer)
+		rk := realKey{vs.key(), r.AddrPort()}
+		if _, ok := p.draining[rk]; r.Weight == 0 && !ok {
+			p.draining[rk] = p.now()
+		}
+	}
+	p.kern[vs.key()] = vs
+	p.use[vs.Addr]++
+	return nil
+}
+
+// dropStaleDrains forgets draining records of real servers that are gone
+// or no longer at weight 0.
+func (p *Proxier) dropStaleDrains() {
+	for rk := range p.draining {
+		vs := p.kern[rk.vs]
+		if vs == nil {
+			delete(p.draining, rk)
+			continue
+		}
+		if i := vs.realIndex(rk.ap); i < 0 || vs.Real[i].Weight != 0 {
+			delete(p.draining, rk)
+		}
+	}
+}
+
+func sortedKeys(m map[vsKey]*VirtualServer) []vsKey {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b vsKey) int {
+		return cmp.Or(a.addr.Compare(b.addr), cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
+	})
+	return keys
+}
