@@ -5,80 +5,25 @@ package smoke
 import (
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"runtime"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// requireGuest stands in for the shared kit's Require until tests can use
-// it: root is needed; locally the test skips, under CI it fails.
-func requireGuest(t *testing.T) {
-	t.Helper()
-	if os.Getuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("vm test needs root (CI=true: not skipping)")
-	}
-	t.Skip("vm test needs root")
-}
-
-// namespace is a throwaway named network namespace.
-type namespace struct {
-	name string
-	ns   netns.NsHandle
-}
-
-func newNamespace(t *testing.T) *namespace {
-	t.Helper()
-	name := fmt.Sprintf("kpt-smoke-%d", os.Getpid())
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.NewNamed(name)
-	if err != nil {
-		t.Fatalf("create namespace %s: %v", name, err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("return to the original namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		ns.Close()
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("delete namespace %s: %v", name, err)
-		}
-	})
-	return &namespace{name: name, ns: ns}
-}
-
-// exec runs a tool inside the namespace and returns its output.
-func (n *namespace) exec(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 // TestGuestKernel proves the guest kernel has what the dataplanes need,
 // each feature driven through netlink and read back with its own tool.
 func TestGuestKernel(t *testing.T) {
-	requireGuest(t)
-	n := newNamespace(t)
-	h, err := netlink.NewHandleAt(n.ns, unix.NETLINK_ROUTE)
+	netnstest.Require(t, "ip_vs", "dummy", "veth", "bridge", "sctp", "ipset", "nf_tables", "nft_compat", "nat", "conntrack")
+	n := netnstest.NewHost(t, "guest")
+	h, err := netlink.NewHandleAt(n.NS, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,11 +35,11 @@ func TestGuestKernel(t *testing.T) {
 	t.Run("nftables", func(t *testing.T) { testNftables(t, n) })
 	t.Run("iptables-nft", func(t *testing.T) { testIptables(t, n) })
 	t.Run("ipset", func(t *testing.T) { testIPSet(t, n) })
-	t.Run("conntrack", func(t *testing.T) { n.exec(t, "conntrack", "-L") })
+	t.Run("conntrack", func(t *testing.T) { n.Exec(t, "conntrack", "-L") })
 	t.Run("sctp", func(t *testing.T) { testSCTP(t, n) })
 }
 
-func testDummy(t *testing.T, n *namespace, h *netlink.Handle) {
+func testDummy(t *testing.T, n *netnstest.Host, h *netlink.Handle) {
 	link := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "kpt-dummy0"}}
 	if err := h.LinkAdd(link); err != nil {
 		t.Fatalf("add dummy link: %v", err)
@@ -103,23 +48,23 @@ func testDummy(t *testing.T, n *namespace, h *netlink.Handle) {
 	if err := h.AddrAdd(link, addr); err != nil {
 		t.Fatalf("add address: %v", err)
 	}
-	if out := n.exec(t, "ip", "-d", "addr", "show", "kpt-dummy0"); !strings.Contains(out, "dummy") || !strings.Contains(out, "10.96.0.10/32") {
+	if out := n.Exec(t, "ip", "-d", "addr", "show", "kpt-dummy0"); !strings.Contains(out, "dummy") || !strings.Contains(out, "10.96.0.10/32") {
 		t.Fatalf("ip addr show: no dummy link with 10.96.0.10:\n%s", out)
 	}
 }
 
-func testVeth(t *testing.T, n *namespace, h *netlink.Handle) {
+func testVeth(t *testing.T, n *netnstest.Host, h *netlink.Handle) {
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kpt-veth0"}, PeerName: "kpt-veth1"}
 	if err := h.LinkAdd(veth); err != nil {
 		t.Fatalf("add veth pair: %v", err)
 	}
-	if out := n.exec(t, "ip", "link", "show", "kpt-veth1"); !strings.Contains(out, "kpt-veth1@kpt-veth0") {
+	if out := n.Exec(t, "ip", "link", "show", "kpt-veth1"); !strings.Contains(out, "kpt-veth1@kpt-veth0") {
 		t.Fatalf("ip link show: no veth peer:\n%s", out)
 	}
 }
 
-func testIPVS(t *testing.T, n *namespace) {
-	h, err := ipvs.New("/run/netns/" + n.name)
+func testIPVS(t *testing.T, n *netnstest.Host) {
+	h, err := ipvs.New("/run/netns/" + n.NSName)
 	if err != nil {
 		t.Fatalf("ipvs handle: %v", err)
 	}
@@ -136,7 +81,7 @@ func testIPVS(t *testing.T, n *namespace) {
 			t.Fatalf("add real server: %v", err)
 		}
 	}
-	out := n.exec(t, "ipvsadm", "-Sn")
+	out := n.Exec(t, "ipvsadm", "-Sn")
 	for _, want := range []string{"-A -t 10.96.0.10:80 -s rr", "-a -t 10.96.0.10:80 -r 10.0.1.2:8080 -m -w 1", "-A -t 10.96.0.10:92 -s mh"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ipvsadm -Sn lacks %q:\n%s", want, out)
@@ -144,8 +89,8 @@ func testIPVS(t *testing.T, n *namespace) {
 	}
 }
 
-func testNftables(t *testing.T, n *namespace) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.ns)))
+func testNftables(t *testing.T, n *netnstest.Host) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.NS)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,51 +98,64 @@ func testNftables(t *testing.T, n *namespace) {
 	if err := c.Flush(); err != nil {
 		t.Fatalf("add nft table: %v", err)
 	}
-	if out := n.exec(t, "nft", "list", "tables"); !strings.Contains(out, "table inet kpt_smoke") {
+	if out := n.Exec(t, "nft", "list", "tables"); !strings.Contains(out, "table inet kpt_smoke") {
 		t.Fatalf("nft list tables:\n%s", out)
 	}
 }
 
-func testIptables(t *testing.T, n *namespace) {
-	n.exec(t, "iptables-nft", "-t", "nat", "-N", "KPT-SMOKE")
-	n.exec(t, "iptables-nft", "-t", "nat", "-A", "KPT-SMOKE", "-p", "tcp", "-m", "statistic", "--mode", "random",
+func testIptables(t *testing.T, n *netnstest.Host) {
+	n.Exec(t, "iptables-nft", "-t", "nat", "-N", "KPT-SMOKE")
+	n.Exec(t, "iptables-nft", "-t", "nat", "-A", "KPT-SMOKE", "-p", "tcp", "-m", "statistic", "--mode", "random",
 		"--probability", "0.5", "-m", "comment", "--comment", "smoke", "-j", "DNAT", "--to-destination", "10.0.1.2:8080")
-	if out := n.exec(t, "iptables-nft-save", "-t", "nat"); !strings.Contains(out, "-A KPT-SMOKE") {
+	if out := n.Exec(t, "iptables-nft-save", "-t", "nat"); !strings.Contains(out, "-A KPT-SMOKE") {
 		t.Fatalf("iptables-nft-save:\n%s", out)
 	}
 }
 
-func testIPSet(t *testing.T, n *namespace) {
-	for _, typ := range []string{"hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net", "hash:net"} {
-		name := "kpt-" + strings.NewReplacer(":", "-", ",", "-").Replace(typ)
-		n.exec(t, "ipset", "create", name, typ, "comment")
+// testIPSet drives every set type kproxy uses through the ipset package
+// and reads them back with the ipset tool.
+func testIPSet(t *testing.T, n *netnstest.Host) {
+	c, err := ipset.New(ipset.Options{NetNS: n.NS, Prefix: "KPT-"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	n.exec(t, "ipset", "create", "kpt-bitmap-port", "bitmap:port", "range", "0-65535")
-	n.exec(t, "ipset", "add", "kpt-hash-ip-port", "10.96.0.10,tcp:80")
-	if out := n.exec(t, "ipset", "save"); !strings.Contains(out, "add kpt-hash-ip-port 10.96.0.10,tcp:80") {
-		t.Fatalf("ipset save:\n%s", out)
+	defer c.Close()
+	ctx := t.Context()
+	ip, tcp := netip.MustParseAddr, ipset.TCP
+	net := netip.MustParsePrefix("10.244.0.0/16")
+	for _, s := range []struct {
+		set   ipset.Set
+		entry ipset.Entry
+		save  string
+	}{
+		{ipset.Set{Name: "IP", Type: ipset.HashIP, Family: ipset.IPv4}, ipset.Entry{IP: ip("10.96.0.10")}, "add KPT-IP 10.96.0.10"},
+		{ipset.Set{Name: "IPPORT", Type: ipset.HashIPPort, Family: ipset.IPv6, Comment: true}, ipset.Entry{IP: ip("fd00::10"), Protocol: tcp, Port: 80, Comment: "web"}, `add KPT-IPPORT fd00::10,tcp:80 comment "web"`},
+		{ipset.Set{Name: "IPPORTIP", Type: ipset.HashIPPortIP, Family: ipset.IPv4}, ipset.Entry{IP: ip("10.0.1.2"), Protocol: tcp, Port: 80, IP2: ip("10.0.1.2")}, "add KPT-IPPORTIP 10.0.1.2,tcp:80,10.0.1.2"},
+		{ipset.Set{Name: "IPPORTNET", Type: ipset.HashIPPortNet, Family: ipset.IPv4}, ipset.Entry{IP: ip("10.96.0.10"), Protocol: tcp, Port: 80, Net: net}, "add KPT-IPPORTNET 10.96.0.10,tcp:80,10.244.0.0/16"},
+		{ipset.Set{Name: "NET", Type: ipset.HashNet, Family: ipset.IPv4, Timeout: time.Minute}, ipset.Entry{Net: net}, "add KPT-NET 10.244.0.0/16 timeout "},
+		{ipset.Set{Name: "PORT", Type: ipset.BitmapPort, PortFrom: 0, PortTo: 65535}, ipset.Entry{Port: 30080}, "add KPT-PORT 30080"},
+	} {
+		if err := c.Create(ctx, s.set); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Sync(ctx, s.set.Name, []ipset.Entry{s.entry}); err != nil {
+			t.Fatal(err)
+		}
+		if out := n.Exec(t, "ipset", "save", c.KernelName(s.set.Name)); !strings.Contains(out, s.save) {
+			t.Errorf("ipset save lacks %q:\n%s", s.save, out)
+		}
 	}
 }
 
-func testSCTP(t *testing.T, n *namespace) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := netns.Set(n.ns); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(err) // a thread left in the namespace must not be reused
+func testSCTP(t *testing.T, n *netnstest.Host) {
+	err := n.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+		if err != nil {
+			return fmt.Errorf("SCTP socket: %w", err)
 		}
-	}()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+		return unix.Close(fd)
+	})
 	if err != nil {
-		t.Fatalf("SCTP socket: %v", err)
+		t.Fatal(err)
 	}
-	unix.Close(fd)
 }
