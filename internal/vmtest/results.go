@@ -33,6 +33,7 @@ type Report struct {
 	Binaries       []*BinaryResult
 	Done           bool     // the done line was seen: /init reached its end
 	ModprobeFailed []string // modules that did not load
+	RunDir         string   // the run's files (binaries, initramfs, results.log); kept when it failed
 }
 
 // ParseResults reads the guest's results output. expected names the

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Config is one run of the vm tests.
@@ -26,6 +28,7 @@ type Config struct {
 	MemoryMB  int           // default 2048
 	CPUs      int           // default 2
 	Shell     bool          // debug shell in the guest after the tests
+	Keep      bool          // keep the run directory even when the run passed
 	Console   io.Writer     // guest console stream; nil discards it
 	Log       *slog.Logger  // progress; nil discards it
 }
@@ -76,15 +79,33 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	if len(pkgs) == 0 {
 		return nil, fmt.Errorf("no package in %s has %s-tagged tests", strings.Join(c.Patterns, " "), Tag)
 	}
-	kc := &KernelCache{Dir: filepath.Join(c.CacheDir, "kernel"), Log: c.Log}
-	k, err := kc.Ensure(ctx)
+	unlock, err := lockFile(filepath.Join(c.CacheDir, "lock"))
 	if err != nil {
 		return nil, err
 	}
-	runDir := filepath.Join(c.CacheDir, "run")
-	if err := os.MkdirAll(filepath.Join(runDir, "bin"), 0o755); err != nil {
+	kc := &KernelCache{Dir: filepath.Join(c.CacheDir, "kernel"), Log: c.Log}
+	k, err := kc.Ensure(ctx)
+	unlock()
+	if err != nil {
 		return nil, err
 	}
+	runDir, err := newRunDir(filepath.Join(c.CacheDir, "runs"))
+	if err != nil {
+		return nil, err
+	}
+	rep, err := c.runIn(ctx, k, runDir, pkgs)
+	if rep != nil {
+		rep.RunDir = runDir
+	}
+	if err == nil && !c.Keep {
+		_ = os.RemoveAll(runDir)
+	} else {
+		c.Log.Info("run files kept", "dir", runDir)
+	}
+	return rep, err
+}
+
+func (c *Config) runIn(ctx context.Context, k *Kernel, runDir string, pkgs []Package) (*Report, error) {
 	start := time.Now()
 	if err := compileAll(ctx, c.ModuleDir, filepath.Join(runDir, "bin"), pkgs); err != nil {
 		return nil, err
@@ -95,6 +116,44 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		return nil, err
 	}
 	return c.boot(ctx, k, runDir, initrd, names)
+}
+
+// newRunDir makes a fresh directory for one run under dir, so that runs
+// started at the same time in one tree do not collide, and removes run
+// directories left for more than a day.
+func newRunDir(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if old, err := os.ReadDir(dir); err == nil {
+		for _, e := range old {
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > 24*time.Hour {
+				_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	d, err := os.MkdirTemp(dir, "run-")
+	if err != nil {
+		return "", err
+	}
+	return d, os.MkdirAll(filepath.Join(d, "bin"), 0o755)
+}
+
+// lockFile takes an exclusive lock on path (created if needed), which
+// serialises cache updates between runs; unlock releases it.
+func lockFile(path string) (unlock func(), err error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 func validEnvName(k string) bool {
@@ -140,6 +199,11 @@ func (c *Config) buildInitrd(ctx context.Context, k *Kernel, runDir string, pkgs
 	if err := AddModules(mods, k, DefaultModuleSelection); err != nil {
 		return "", nil, err
 	}
+	unlock, err := lockFile(filepath.Join(c.CacheDir, "lock"))
+	if err != nil {
+		return "", nil, err
+	}
+	defer unlock()
 	var segs []string
 	for _, s := range []struct {
 		name string
@@ -151,7 +215,7 @@ func (c *Config) buildInitrd(ctx context.Context, k *Kernel, runDir string, pkgs
 		}
 		segs = append(segs, p)
 	}
-	tests, names, err := c.testsListing(pkgs)
+	tests, names, err := c.testsListing(runDir, pkgs)
 	if err != nil {
 		return "", nil, err
 	}
@@ -169,14 +233,14 @@ func (c *Config) buildInitrd(ctx context.Context, k *Kernel, runDir string, pkgs
 
 // testsListing holds the test binaries, their packages' testdata, and
 // /init.
-func (c *Config) testsListing(pkgs []Package) (*Listing, []string, error) {
+func (c *Config) testsListing(runDir string, pkgs []Package) (*Listing, []string, error) {
 	l := NewListing("/")
 	init := InitConfig{Modules: DefaultModules, Args: TestArgs(c.TestArgs, c.Timeout), Env: c.Env, Shell: c.Shell}
 	var names []string
 	for _, p := range pkgs {
 		name := p.BinaryName()
 		names = append(names, name)
-		l.AddFile("vmtest/bin/"+name, filepath.Join(c.CacheDir, "run", "bin", name), 0o755)
+		l.AddFile("vmtest/bin/"+name, filepath.Join(runDir, "bin", name), 0o755)
 		guestDir := "/vmtest/src/" + p.Rel
 		l.AddDir(guestDir, 0o755)
 		if err := addTree(l, guestDir+"/testdata", filepath.Join(p.Dir, "testdata")); err != nil {
@@ -240,19 +304,20 @@ func (c *Config) cachedSegment(name string, l *Listing) (string, error) {
 }
 
 func writeSegment(p string, l *Listing) error {
-	tmp := p + ".tmp"
-	f, err := os.Create(tmp)
+	f, err := os.CreateTemp(filepath.Dir(p), filepath.Base(p)+".tmp*")
 	if err != nil {
 		return err
 	}
 	if err := WriteCPIO(f, l.Entries()); err != nil {
 		f.Close()
+		os.Remove(f.Name())
 		return fmt.Errorf("write %s: %w", p, err)
 	}
 	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
 		return err
 	}
-	return os.Rename(tmp, p)
+	return os.Rename(f.Name(), p)
 }
 
 func concatFiles(dst string, srcs ...string) error {

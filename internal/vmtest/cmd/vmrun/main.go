@@ -34,6 +34,7 @@ func run() int {
 	flag.DurationVar(&c.Timeout, "timeout", 15*time.Minute, "watchdog for the whole guest run")
 	flag.IntVar(&c.MemoryMB, "mem", 2048, "guest memory in MiB")
 	flag.BoolVar(&c.Shell, "shell", false, "start a shell in the guest after the tests (interactive)")
+	flag.BoolVar(&c.Keep, "keep", false, "keep the run directory (binaries, initramfs, results.log) even when the run passed")
 	quiet := flag.Bool("q", false, "do not stream the guest console")
 	flag.Parse()
 	c.Patterns = strings.Fields(*pkgs)
