@@ -1,0 +1,110 @@
+package iptables
+
+import (
+	"github.com/kproxy-dev/kproxy/internal/xtables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// nodeRules are the rules of one family that do not belong to a service
+// port: the fixed chains, the tails of the dispatch chains, and the jumps
+// from the builtin chains.
+type nodeRules struct {
+	// chains are whole fixed chains, by table.
+	chains map[xtables.TableName][]xtables.Chain
+	tails  [numDispatch][]xtables.Rule
+	// jumps are the rules at the top of builtin chains, by table and chain.
+	jumps map[xtables.TableName]map[string][]xtables.Rule
+}
+
+func jumpRule(comment string, chain string, ctNew bool) xtables.Rule {
+	r := xtables.Rule{Matches: []xtables.Match{xtables.Comment(comment)}, Target: xtables.Jump(chain)}
+	if ctNew {
+		r.Matches = append([]xtables.Match{xtables.Conntrack{States: xtables.CtNew}}, r.Matches...)
+	}
+	return r
+}
+
+// nodeRules builds the node's rules for the planner's family. The jumps
+// are kube-proxy's, in the order kube-proxy leaves them at the top of the
+// builtin chains.
+func (p *planner) nodeRules() nodeRules {
+	n := p.n
+	masq := xtables.Mark{Value: p.masq, Mask: p.masq}
+	nr := nodeRules{
+		chains: map[xtables.TableName][]xtables.Chain{},
+		jumps:  map[xtables.TableName]map[string][]xtables.Rule{},
+	}
+	nat := []xtables.Chain{
+		{Name: n.fixed(chainPostrouting), Rules: []xtables.Rule{
+			{Matches: []xtables.Match{xtables.Mark{Value: p.masq, Mask: p.masq, Invert: true}}, Target: xtables.Return},
+			{Target: xtables.XorMark(p.masq)},
+			{Matches: []xtables.Match{xtables.Comment("kubernetes service traffic requiring SNAT")}, Target: xtables.Masquerade{RandomFully: true}},
+		}},
+		{Name: n.fixed(chainMarkMasq), Rules: []xtables.Rule{{Target: xtables.OrMark(p.masq)}}},
+		{Name: n.fixed(chainMarkDrop), Rules: []xtables.Rule{{Target: xtables.OrMark(p.drop)}}},
+	}
+	if len(p.cidrs) > 1 && !p.node.MasqueradeAll {
+		var rules []xtables.Rule
+		for _, c := range p.cidrs {
+			rules = append(rules, xtables.Rule{Src: c, Target: xtables.Return})
+		}
+		rules = append(rules, xtables.Rule{Target: xtables.Jump(n.fixed(chainMarkMasq))})
+		nat = append(nat, xtables.Chain{Name: n.fixed(chainOffClusterMasq), Rules: rules})
+	}
+	nr.chains[xtables.NAT] = nat
+	nr.chains[xtables.Filter] = []xtables.Chain{
+		{Name: n.fixed(chainForward), Rules: []xtables.Rule{
+			{Matches: []xtables.Match{xtables.Conntrack{States: xtables.CtInvalid}}, Target: xtables.Drop},
+			{Matches: []xtables.Match{xtables.Comment("kubernetes forwarding rules"), masq}, Target: xtables.Accept},
+			{Matches: []xtables.Match{xtables.Comment("kubernetes forwarding conntrack rule"), xtables.Conntrack{States: xtables.CtRelated | xtables.CtEstablished}}, Target: xtables.Accept},
+		}},
+		{Name: n.fixed(chainProxyFirewall), Rules: []xtables.Rule{
+			{Matches: []xtables.Match{xtables.Comment("drop traffic to load balancer IPs refused by their source ranges"), xtables.Mark{Value: p.drop, Mask: p.drop}}, Target: xtables.Drop},
+		}},
+	}
+	for _, a := range p.node.NodePortIPs(p.sfam()) {
+		nr.tails[natServices] = append(nr.tails[natServices], xtables.Rule{Dst: host(a),
+			Matches: []xtables.Match{xtables.Comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")},
+			Target:  xtables.Jump(n.fixed(chainNodePorts))})
+	}
+	for _, c := range p.node.ServiceCIDRs {
+		if xfam(servicelb.FamilyOf(c.Addr())) == p.fam {
+			nr.tails[filterServices] = append(nr.tails[filterServices], xtables.Rule{Dst: c,
+				Matches: []xtables.Match{xtables.Comment("drop traffic to unallocated cluster IPs and undefined ports")},
+				Target:  xtables.Drop})
+		}
+	}
+	portals := "kubernetes service portals"
+	external := "kubernetes externally-visible service portals"
+	lbFirewall := "kubernetes load balancer firewall"
+	nr.jumps[xtables.NAT] = map[string][]xtables.Rule{
+		"PREROUTING":  {jumpRule(portals, n.fixed(chainServices), false)},
+		"OUTPUT":      {jumpRule(portals, n.fixed(chainServices), false)},
+		"POSTROUTING": {jumpRule("kubernetes postrouting rules", n.fixed(chainPostrouting), false)},
+	}
+	nr.jumps[xtables.Filter] = map[string][]xtables.Rule{
+		"INPUT": {
+			jumpRule(lbFirewall, n.fixed(chainProxyFirewall), true),
+			jumpRule("kubernetes health check service ports", n.fixed(chainNodePorts), false),
+			jumpRule(external, n.fixed(chainExternalServices), true),
+		},
+		"FORWARD": {
+			jumpRule(lbFirewall, n.fixed(chainProxyFirewall), true),
+			jumpRule("kubernetes forwarding rules", n.fixed(chainForward), false),
+			jumpRule(portals, n.fixed(chainServices), true),
+			jumpRule(external, n.fixed(chainExternalServices), true),
+		},
+		"OUTPUT": {
+			jumpRule(lbFirewall, n.fixed(chainProxyFirewall), true),
+			jumpRule(portals, n.fixed(chainServices), true),
+		},
+	}
+	return nr
+}
+
+func (p *planner) sfam() servicelb.Family {
+	if p.fam == xtables.IPv6 {
+		return servicelb.IPv6
+	}
+	return servicelb.IPv4
+}

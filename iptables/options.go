@@ -1,0 +1,85 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/xtables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// ErrInvalidOptions reports Options that New refuses.
+var ErrInvalidOptions = errors.New("invalid options")
+
+// DefaultDropBit is the mark bit of MARK-DROP, as kubelet's
+// --iptables-drop-bit: mark 0x8000.
+const DefaultDropBit = 15
+
+// Options configure a Proxier. The zero value is usable: chains named
+// KPROXY-..., both families, the caller's network namespace.
+type Options struct {
+	// ChainPrefix starts every chain name, 1 to 8 characters of A-Z, 0-9,
+	// '-' and '_'; empty means DefaultChainPrefix. With "KUBE-" the chains
+	// are named as kube-proxy names them.
+	ChainPrefix string
+	// NetNS is the network namespace to program; a handle that is not
+	// valid (zero or negative) means the caller's namespace.
+	NetNS netns.NsHandle
+	// Families lists the address families to program: their ip and ip6
+	// tables; empty means both. Service ports of other families are left
+	// out.
+	Families []servicelb.Family
+	// DropBit is the packet mark bit (0-31) that MARK-DROP sets for
+	// PROXY-FIREWALL to drop; zero means DefaultDropBit. It must differ from
+	// the node's masquerade bit.
+	DropBit uint8
+	// Conntrack, when set, deletes the conntrack flows that a sync leaves
+	// stale (UDP and SCTP flows to removed endpoints) after each
+	// successful sync. The conntrack package provides one.
+	Conntrack FlowCleaner
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// conn replaces the netlink connection, for tests.
+	conn xtables.Conn
+}
+
+// FlowCleaner deletes conntrack flows.
+type FlowCleaner interface {
+	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) error
+}
+
+func (o *Options) normalize() error {
+	if o.ChainPrefix == "" {
+		o.ChainPrefix = DefaultChainPrefix
+	}
+	if err := checkPrefix(o.ChainPrefix); err != nil {
+		return err
+	}
+	if len(o.Families) == 0 {
+		o.Families = []servicelb.Family{servicelb.IPv4, servicelb.IPv6}
+	}
+	for _, f := range o.Families {
+		if f != servicelb.IPv4 && f != servicelb.IPv6 {
+			return fmt.Errorf("%w: family %s", ErrInvalidOptions, f)
+		}
+	}
+	o.Families = slices.Compact(slices.Sorted(slices.Values(o.Families)))
+	if o.DropBit == 0 {
+		o.DropBit = DefaultDropBit
+	}
+	if o.DropBit > 31 {
+		return fmt.Errorf("%w: drop bit %d: want 0-31", ErrInvalidOptions, o.DropBit)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func (o *Options) dropMark() uint32 { return 1 << o.DropBit }

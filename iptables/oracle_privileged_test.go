@@ -1,0 +1,195 @@
+//go:build privileged
+
+package iptables
+
+import (
+	"context"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/xtables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+var families = []servicelb.Family{servicelb.IPv4, servicelb.IPv6}
+
+func saveCmd(f servicelb.Family) string {
+	if f == servicelb.IPv6 {
+		return "ip6tables-nft-save"
+	}
+	return "iptables-nft-save"
+}
+
+func restoreCmd(f servicelb.Family) string {
+	if f == servicelb.IPv6 {
+		return "ip6tables-nft-restore"
+	}
+	return "iptables-nft-restore"
+}
+
+// saved returns iptables-nft-save's text of one family, comment lines
+// dropped and counters zeroed.
+func saved(t *testing.T, h *netnstest.Host, f servicelb.Family) string {
+	t.Helper()
+	return xtables.StripSave(h.Exec(t, saveCmd(f)))
+}
+
+func newProxier(t *testing.T, h *netnstest.Host, o Options) *Proxier {
+	t.Helper()
+	o.NetNS = h.NS
+	px, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	return px
+}
+
+// nftRules returns the rules of every table as `nft --debug=netlink`
+// shows their expressions, by "family table chain", handles and counter
+// values left out.
+func nftRules(t *testing.T, h *netnstest.Host) map[string][]string {
+	t.Helper()
+	out := h.Exec(t, "nft", "--debug=netlink", "list", "ruleset")
+	header := regexp.MustCompile(`^(ip6?) (nat|filter) (\S+) \d+( \d+)?$`)
+	counter := regexp.MustCompile(`counter pkts \d+ bytes \d+`)
+	rules := map[string][]string{}
+	var cur string
+	var expr []string
+	flush := func() {
+		if cur != "" {
+			rules[cur] = append(rules[cur], strings.Join(expr, "\n"))
+		}
+		cur, expr = "", nil
+	}
+	for line := range strings.Lines(out) {
+		line = strings.TrimRight(line, "\n")
+		if m := header.FindStringSubmatch(line); m != nil {
+			flush()
+			cur = m[1] + " " + m[2] + " " + m[3]
+			continue
+		}
+		if cur != "" && strings.HasPrefix(line, "  [") {
+			expr = append(expr, counter.ReplaceAllString(line, "counter"))
+			continue
+		}
+		flush()
+	}
+	flush()
+	return rules
+}
+
+// TestOracle syncs a rich state and checks it three ways: iptables-nft-save
+// shows exactly Render's text; loading Render's text with
+// iptables-nft-restore into a fresh namespace gives the same nf_tables
+// expressions as ours; and syncing the same state again sends nothing.
+func TestOracle(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	st := richState(t)
+	for _, prefix := range []string{"", "KUBE-"} {
+		t.Run("prefix="+prefix, func(t *testing.T) {
+			h := netnstest.NewHost(t, "ipt")
+			cc := &countingConn{}
+			px := newProxier(t, h, Options{ChainPrefix: prefix})
+			cc.Conn, px.conn = px.conn, cc
+			px.ap = newApplier(px, cc)
+			if err := px.Sync(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			fresh := netnstest.NewHost(t, "iptr")
+			for _, f := range families {
+				want, err := px.RenderFamily(st, f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if diff := cmp.Diff(want, saved(t, h, f)); diff != "" {
+					t.Errorf("%s differs from Render (-render +saved):\n%s", saveCmd(f), diff)
+				}
+				fresh.ExecInput(t, want, restoreCmd(f))
+				if diff := cmp.Diff(want, saved(t, fresh, f)); diff != "" {
+					t.Errorf("%s of the restored text differs (-render +saved):\n%s", saveCmd(f), diff)
+				}
+			}
+			ours, theirs := nftRules(t, h), nftRules(t, fresh)
+			if len(ours) < 20 {
+				t.Fatalf("only %d chains with rules listed", len(ours))
+			}
+			if diff := cmp.Diff(theirs, ours); diff != "" {
+				t.Errorf("nft expressions differ (-iptables-nft-restore +ours):\n%s", diff)
+			}
+			batches := cc.batches
+			if err := px.Sync(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			if cc.batches != batches {
+				t.Errorf("syncing the same state sent %d batches", cc.batches-batches)
+			}
+		})
+	}
+}
+
+// TestCoexistence runs two Proxiers with different prefixes and a foreign
+// ruleset in one namespace: each keeps its own chains, Cleanup of one
+// leaves the other and the foreign rules exactly as they were.
+func TestCoexistence(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptco")
+	foreign := "*nat\n:FOREIGN - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\n-A PREROUTING -j FOREIGN\n-A FOREIGN -d 192.0.2.1/32 -j RETURN\nCOMMIT\n" +
+		"*filter\n:KUBE-FIREWALL - [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A KUBE-FIREWALL -m mark --mark 0x8000/0x8000 -j DROP\nCOMMIT\n"
+	h.ExecInput(t, foreign, "iptables-nft-restore", "--noflush")
+	before := saved(t, h, servicelb.IPv4)
+
+	st := richState(t)
+	a := newProxier(t, h, Options{ChainPrefix: "KUBE-", Families: []servicelb.Family{servicelb.IPv4}})
+	b := newProxier(t, h, Options{ChainPrefix: "KUBE-X-", Families: []servicelb.Family{servicelb.IPv4}, DropBit: 16})
+	for _, px := range []*Proxier{a, b, a} {
+		if err := px.Sync(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	both := saved(t, h, servicelb.IPv4)
+	for _, want := range []string{"-A KUBE-SERVICES ", "-A KUBE-X-SERVICES ", "-A FOREIGN -d 192.0.2.1/32 -j RETURN", "-A KUBE-FIREWALL -m mark"} {
+		if !strings.Contains(both, want) {
+			t.Errorf("missing %q after both synced", want)
+		}
+	}
+	if err := b.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ra, err := a.RenderFamily(st, servicelb.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only a's rules and the foreign ones are left: what a renders plus the
+	// foreign lines.
+	left := saved(t, h, servicelb.IPv4)
+	if got, want := lines(left), lines(ra+foreign); !slices.Equal(got, want) {
+		t.Errorf("after b's cleanup (-want +got):\n%s", cmp.Diff(want, got))
+	}
+	if err := a.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := saved(t, h, servicelb.IPv4); !slices.Equal(lines(got), lines(before)) {
+		t.Errorf("after both cleanups (-before +after):\n%s", cmp.Diff(lines(before), lines(got)))
+	}
+}
+
+// lines returns the sorted rule and chain lines of save text, without
+// table headers and COMMIT lines.
+func lines(s string) []string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.HasPrefix(l, "-A") || strings.HasPrefix(l, ":") {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

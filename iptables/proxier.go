@@ -1,0 +1,200 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/kproxy-dev/kproxy/internal/xtables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Proxier programs kube-proxy's iptables layout into the iptables-nft
+// tables of one network namespace. See the package documentation.
+type Proxier struct {
+	mu      sync.Mutex
+	opts    Options
+	n       names
+	conn    xtables.Conn
+	ap      *xtables.Applier
+	applied *servicelb.State
+	log     *slog.Logger
+}
+
+var (
+	_ servicelb.Proxier  = (*Proxier)(nil)
+	_ servicelb.Renderer = (*Proxier)(nil)
+)
+
+// New returns a Proxier. It opens a netlink socket in the target
+// namespace and reads nothing until the first Sync.
+func New(o Options) (*Proxier, error) {
+	if err := o.normalize(); err != nil {
+		return nil, err
+	}
+	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, conn: o.conn, log: o.Logger}
+	if px.conn == nil {
+		c, err := xtables.Dial(o.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("iptables: %w", err)
+		}
+		px.conn = c
+	}
+	px.ap = xtables.NewApplier(xtables.ApplierOptions{
+		Conn:   px.conn,
+		Owns:   func(_ xtables.TableName, chain string) bool { return px.n.owns(chain) },
+		Logger: o.Logger,
+	})
+	return px, nil
+}
+
+// Close releases the netlink socket. The kernel state stays.
+func (px *Proxier) Close() error {
+	if c, ok := px.conn.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// Sync makes the kernel match st. The first Sync reads what the kernel
+// holds and writes only what differs, so that a restarted agent takes
+// over without disturbing traffic. Later ones send only the changes since
+// the last successful Sync, after checking cheaply that nobody removed
+// what the Proxier owns (and repairing it if someone did). Each sync is
+// one nf_tables transaction: a failed Sync changes nothing.
+func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+	if st == nil {
+		return errors.New("iptables: sync: nil state")
+	}
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	prev := px.applied
+	var ch servicelb.Changes
+	if prev != nil {
+		ch = servicelb.Diff(prev, st)
+	}
+	full, err := px.needFull(ctx, prev, &ch)
+	if err != nil {
+		return fmt.Errorf("iptables: sync: %w", err)
+	}
+	if full {
+		err = px.reconcile(ctx, st)
+	} else if !ch.Empty() {
+		err = px.commit(ctx, st, &ch)
+	}
+	if err != nil {
+		return fmt.Errorf("iptables: sync: %w", err)
+	}
+	px.applied = st
+	if prev != nil && px.opts.Conntrack != nil {
+		if flows := ch.StaleFlows(); len(flows) > 0 {
+			if err := px.opts.Conntrack.DeleteStale(ctx, flows); err != nil {
+				return fmt.Errorf("iptables: sync applied; clearing %d stale flows: %w", len(flows), err)
+			}
+		}
+	}
+	return nil
+}
+
+// needFull reports whether the sync must reconcile the whole state: on
+// the first sync, after a failure, after a node change, or when someone
+// else changed what the Proxier owns.
+func (px *Proxier) needFull(ctx context.Context, prev *servicelb.State, ch *servicelb.Changes) (bool, error) {
+	if prev == nil || !px.ap.Loaded() || ch.NodeChanged {
+		return true, nil
+	}
+	ok, err := px.ap.Check(ctx)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		px.log.Info("tables changed by someone else; repairing")
+	}
+	return !ok, nil
+}
+
+func (px *Proxier) reconcile(ctx context.Context, st *servicelb.State) error {
+	want, err := px.content(st)
+	if err != nil {
+		return err
+	}
+	stats, err := px.ap.Reconcile(ctx, want)
+	if err != nil {
+		return err
+	}
+	px.log.Debug("reconciled", "services", st.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
+	return nil
+}
+
+func (px *Proxier) commit(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) error {
+	tx := xtables.NewTx()
+	px.changes(st, ch, tx)
+	stats, err := px.ap.Commit(ctx, tx)
+	if errors.Is(err, xtables.ErrGenChanged) {
+		px.log.Info("tables changed by someone else during the sync; repairing")
+		return px.reconcile(ctx, st)
+	}
+	if err != nil {
+		return err
+	}
+	px.log.Debug("committed", "ports", ch.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
+	return nil
+}
+
+// Cleanup removes every chain the Proxier owns and its rules in the
+// builtin chains. Tables and builtin chains stay, as do foreign chains and
+// rules.
+func (px *Proxier) Cleanup(ctx context.Context) error {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	var tables []xtables.Table
+	for _, f := range px.opts.Families {
+		nat, filter := familyTables(f)
+		tables = append(tables, filter, nat)
+	}
+	px.applied = nil
+	if err := px.ap.Cleanup(ctx, tables); err != nil {
+		return fmt.Errorf("iptables: cleanup: %w", err)
+	}
+	return nil
+}
+
+// Render returns the rules st gives, as iptables-save prints them: for
+// each family, the filter and nat tables with their builtin chains (only
+// the Proxier's rules in them) and the Proxier's chains. With both
+// families, the IPv4 text comes first and each is introduced by a comment
+// line; use RenderFamily for input to iptables-restore.
+func (px *Proxier) Render(st *servicelb.State) (string, error) {
+	var b strings.Builder
+	for _, f := range px.opts.Families {
+		text, err := px.RenderFamily(st, f)
+		if err != nil {
+			return "", err
+		}
+		if len(px.opts.Families) > 1 {
+			fmt.Fprintf(&b, "# %s\n", map[servicelb.Family]string{servicelb.IPv4: "iptables-save", servicelb.IPv6: "ip6tables-save"}[f])
+		}
+		b.WriteString(text)
+	}
+	return b.String(), nil
+}
+
+// RenderFamily returns the rules of one family as iptables-save (or
+// ip6tables-save) prints them.
+func (px *Proxier) RenderFamily(st *servicelb.State, f servicelb.Family) (string, error) {
+	want, err := px.content(st)
+	if err != nil {
+		return "", err
+	}
+	nat, filter := familyTables(f)
+	if want[nat] == nil {
+		return "", fmt.Errorf("iptables: render: family %s is not programmed", f)
+	}
+	b := xtables.AppendSaveTable(nil, nat.Family, want[filter].Text(xtables.Filter))
+	b = xtables.AppendSaveTable(b, nat.Family, want[nat].Text(xtables.NAT))
+	return string(b), nil
+}

@@ -1,0 +1,107 @@
+package iptables
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func prefixes(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+func ep(addr, node string) servicelb.Endpoint {
+	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), Ready: true, Serving: true, NodeName: node}
+}
+
+// richNode is a dual-stack node with cluster and service CIDRs.
+func richNode() servicelb.NodeConfig {
+	return servicelb.NodeConfig{
+		NodeName:     "node-a",
+		NodeIPs:      addrs("198.51.100.1", "fd00:c::1"),
+		ClusterCIDRs: prefixes("10.244.0.0/16", "fd00:244::/48"),
+		ServiceCIDRs: prefixes("10.96.0.0/16", "fd00:96::/112"),
+	}
+}
+
+// richServices covers every service shape: cluster IPs of both families,
+// node ports, load-balancer IPs with source ranges and the Local policy,
+// external IPs, TCP, UDP and SCTP, weights, affinity, no endpoints, and
+// internal Local without local endpoints.
+func richServices() []servicelb.Service {
+	weighted := ep("10.244.3.2", "node-c")
+	weighted.Weight = servicelb.Weight(3)
+	terminating := ep("10.244.2.9", "node-b")
+	terminating.Ready, terminating.Terminating = false, true
+	return []servicelb.Service{
+		{
+			Name:       "default/web",
+			ClusterIPs: addrs("10.96.0.10", "fd00:96::10"),
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080, NodePort: 30080}},
+			Endpoints: []servicelb.Endpoint{ep("10.244.1.2", "node-a"), ep("10.244.2.2", "node-b"),
+				ep("fd00:244:1::2", "node-a"), terminating},
+		},
+		{
+			Name:       "kube-system/dns",
+			ClusterIPs: addrs("10.96.0.53"),
+			Ports: []servicelb.Port{{Name: "dns", Protocol: servicelb.UDP, Port: 53},
+				{Name: "dns-tcp", Protocol: servicelb.TCP, Port: 53}},
+			Affinity:  servicelb.SessionAffinity{ClientIP: true, Timeout: 3 * time.Hour},
+			Endpoints: []servicelb.Endpoint{ep("10.244.1.3", "node-a"), ep("10.244.2.3", "node-b")},
+		},
+		{
+			Name:                  "lb/ingress",
+			ClusterIPs:            addrs("10.96.1.1"),
+			LoadBalancerIPs:       addrs("203.0.113.10"),
+			SourceRanges:          prefixes("192.0.2.0/24"),
+			ExternalTrafficPolicy: servicelb.PolicyLocal,
+			HealthCheckNodePort:   30500,
+			Ports:                 []servicelb.Port{{Name: "https", Protocol: servicelb.TCP, Port: 443, NodePort: 30443}},
+			Endpoints:             []servicelb.Endpoint{ep("10.244.1.4", "node-a"), ep("10.244.2.4", "node-b")},
+		},
+		{
+			Name:        "ext/diameter",
+			ClusterIPs:  addrs("10.96.2.2"),
+			ExternalIPs: addrs("192.0.2.100"),
+			Ports:       []servicelb.Port{{Protocol: servicelb.SCTP, Port: 3868}},
+			Endpoints:   []servicelb.Endpoint{ep("10.244.1.5", "node-a"), weighted},
+		},
+		{
+			Name:        "empty/none",
+			ClusterIPs:  addrs("10.96.3.3"),
+			ExternalIPs: addrs("192.0.2.101"),
+			Ports:       []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30099}},
+		},
+		{
+			Name:                  "local/itp",
+			ClusterIPs:            addrs("10.96.4.4", "fd00:96::44"),
+			InternalTrafficPolicy: servicelb.PolicyLocal,
+			ExternalTrafficPolicy: servicelb.PolicyLocal,
+			Ports:                 []servicelb.Port{{Name: "p", Protocol: servicelb.TCP, Port: 8000, NodePort: 30800}},
+			Endpoints:             []servicelb.Endpoint{ep("10.244.2.6", "node-b"), ep("fd00:244:2::6", "node-b")},
+		},
+	}
+}
+
+func richState(t testing.TB) *servicelb.State {
+	t.Helper()
+	st, err := servicelb.NewState(richNode(), richServices()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
