@@ -44,7 +44,14 @@ VMTEST_ARGS  ?=
 test-vm: deps
 	$(GO) run ./internal/vmtest/cmd/vmrun -pkgs '$(VMTEST_PKGS)' $(VMTEST_ARGS) -- $(VMTEST_FLAGS)
 
+# The examples' tests run the agents against a real kube-apiserver with
+# etcd and a real Consul agent, built once into the user cache; then the
+# demo runs as a smoke test.
 test-examples: deps
+	@examples/hack/deps.sh
+	$(GO) run ./examples/internal/testservers/cmd/buildservers
+	$(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
+	$(GO) run ./examples/demo
 
 bench: deps
 	$(GO) test -tags privileged -run '^$$' -bench . -benchmem -timeout 60m $(CORE)

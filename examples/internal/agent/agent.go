@@ -155,6 +155,10 @@ func (a *Agent) health() servicelb.Health {
 // Runner returns the agent's runner.
 func (a *Agent) Runner() *servicelb.Runner { return a.runner }
 
+// Dataplane returns the proxier the runner drives: the backend, or in a
+// dry run the printer.
+func (a *Agent) Dataplane() servicelb.Proxier { return a.dp }
+
 // Metrics returns the agent's metrics.
 func (a *Agent) Metrics() *Metrics { return a.metrics }
 

@@ -38,7 +38,7 @@ type BackendOptions struct {
 
 // ErrNoBackend: the backend is named right but this build has no
 // implementation of it.
-var ErrNoBackend = errors.New("backend not available in this build")
+var ErrNoBackend = errors.New("backend not available in this build of kproxy")
 
 // ErrUnsupported: the kernel lacks what the backend needs.
 var ErrUnsupported = errors.New("kernel support missing")
@@ -73,10 +73,14 @@ func lookup(name string) (backend, error) {
 	if !ok {
 		return b, fmt.Errorf("--backend %q: want one of %s", name, strings.Join(BackendNames(), ", "))
 	}
-	if b.open == nil {
-		return b, fmt.Errorf("%s: %w", name, ErrNoBackend)
-	}
 	return b, nil
+}
+
+func (b backend) available(name string) error {
+	if b.open == nil {
+		return fmt.Errorf("%s: %w", name, ErrNoBackend)
+	}
+	return nil
 }
 
 // Open probes the kernel for the named backend's support and returns the
@@ -87,6 +91,9 @@ func Open(name string, o BackendOptions) (Dataplane, error) {
 		return nil, err
 	}
 	if err := b.probe(o.NetNS); err != nil {
+		return nil, err
+	}
+	if err := b.available(name); err != nil {
 		return nil, err
 	}
 	d, err := b.open(o)
@@ -101,6 +108,9 @@ func Open(name string, o BackendOptions) (Dataplane, error) {
 func Renderer(name string, o BackendOptions) (servicelb.Renderer, error) {
 	b, err := lookup(name)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.available(name); err != nil {
 		return nil, err
 	}
 	d, err := b.open(o)

@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/fake"
+)
+
+func defaults() Config {
+	var c Config
+	fs := newFlagSet()
+	c.RegisterFlags(fs)
+	return c
+}
+
+func TestNode(t *testing.T) {
+	c := defaults()
+	c.NodeName, c.NodeIPs, c.ClusterCIDRs, c.NodePortRange = "n1", "10.0.0.1, 2001:db8::1", "10.244.0.0/16", "30000-30100"
+	n, err := c.Node()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.NodeName != "n1" || len(n.NodeIPs) != 2 || n.NodeIPs[1] != netip.MustParseAddr("2001:db8::1") ||
+		n.ClusterCIDRs[0] != netip.MustParsePrefix("10.244.0.0/16") || n.NodePortRange != (servicelb.PortRange{Min: 30000, Max: 30100}) {
+		t.Errorf("Node() = %+v", n)
+	}
+	for _, bad := range []struct{ field, value, want string }{
+		{"ips", "10.0.0", "--node-ips"},
+		{"cidrs", "10.244.0.0/33", "--cluster-cidrs"},
+		{"range", "30100-30000", "--nodeport-range"},
+		{"hostbits", "10.244.0.1/16", "host bits"},
+	} {
+		c := defaults()
+		switch bad.field {
+		case "ips":
+			c.NodeIPs = bad.value
+		case "cidrs", "hostbits":
+			c.ClusterCIDRs = bad.value
+		case "range":
+			c.NodePortRange = bad.value
+		}
+		if _, err := c.Node(); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s %q: err %v, want %q", bad.field, bad.value, err, bad.want)
+		}
+	}
+}
+
+func TestBackendSelection(t *testing.T) {
+	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of iptables, ipvs, nftables") {
+		t.Errorf("Open(bogus) = %v", err)
+	}
+	// Whatever this kernel has, an error names the backend and what is
+	// missing.
+	for _, name := range BackendNames() {
+		_, err := Open(name, BackendOptions{NetNS: netns.None()})
+		if err == nil {
+			continue
+		}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, name+":") {
+			t.Errorf("Open(%s) = %q, want it to start with the backend's name", name, msg)
+		}
+		if !errors.Is(err, ErrNoBackend) && !errors.Is(err, ErrUnsupported) && !strings.Contains(msg, "CAP_NET_ADMIN") {
+			t.Errorf("Open(%s) = %q: neither a missing backend, missing kernel support nor missing privilege", name, msg)
+		}
+		if errors.Is(err, ErrUnsupported) && !strings.Contains(msg, "CONFIG_") {
+			t.Errorf("Open(%s) = %q: does not name the kernel option", name, msg)
+		}
+	}
+}
+
+func startAgent(t *testing.T, cfg Config, p *fake.Proxier, out io.Writer) (*Agent, context.CancelFunc, chan error) {
+	t.Helper()
+	a, err := New(Options{Config: cfg, Dataplane: p, Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; a.Close() })
+	return a, cancel, done
+}
+
+var web = servicelb.Service{
+	Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+	Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
+	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1"), Ready: true, Serving: true}},
+}
+
+func TestDryRunOnce(t *testing.T) {
+	cfg := defaults()
+	cfg.DryRun, cfg.Once = true, true
+	p := &fake.Proxier{}
+	var out bytes.Buffer
+	a, err := New(Options{Config: cfg, Dataplane: p, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := a.Runner().Source("test")
+	if err := src.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	src.Synced()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("--once did not exit after the first sync")
+	}
+	want := "# nftables dry run, sync 1: 1 services\nns/web:http/ipv4 tcp 10.96.0.10:80 -> 10.1.0.1:80\n"
+	if out.String() != want {
+		t.Errorf("dry run printed\n%s\nwant\n%s", out.String(), want)
+	}
+	if len(p.Records()) != 0 {
+		t.Error("a dry run synced the dataplane")
+	}
+}
+
+func TestMetricsAndHealthz(t *testing.T) {
+	cfg := defaults()
+	cfg.MinSyncInterval = 10 * time.Millisecond
+	p := &fake.Proxier{}
+	a, _, _ := startAgent(t, cfg, p, io.Discard)
+	h := Handler(a.Metrics(), a.health, time.Minute)
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := get("/healthz"); code != 503 || !strings.Contains(body, "ready=false") {
+		t.Errorf("/healthz before sync: %d %q", code, body)
+	}
+	src := a.Runner().Source("test")
+	if err := src.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	src.Synced()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.WaitSyncs(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !a.health().Ready && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != 200 || !strings.Contains(body, "ready=true pending=0") {
+		t.Errorf("/healthz after sync: %d %q", code, body)
+	}
+	p.FailNext(errors.New("boom"))
+	web2 := web
+	web2.Endpoints = nil
+	if err := src.Upsert(web2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.WaitSyncs(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	a.reporter("test")("ns/bad", errors.New("bad"))
+	time.Sleep(20 * time.Millisecond) // the hook runs after Sync returns
+	_, body := get("/metrics")
+	for _, want := range []string{
+		`kproxy_sync_proxy_rules_duration_seconds_count{backend="nftables"} 2`,
+		`kproxy_network_programming_duration_seconds_count{backend="nftables"} 1`,
+		`kproxy_sync_proxy_rules_failures_total{backend="nftables"} 1`,
+		`kproxy_sync_proxy_rules_service_changes_total{backend="nftables"} 1`,
+		`kproxy_invalid_objects_total{source="test"} 1`,
+		`kproxy_sync_proxy_rules_last_queued_timestamp_seconds{backend="nftables"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if n := testutil.ToFloat64(a.Metrics().lastSync); n < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Errorf("last sync timestamp %v", n)
+	}
+}
+
+// A source that fails ends Run with its error.
+func TestSourceFailure(t *testing.T) {
+	a, err := New(Options{Config: defaults(), Dataplane: &fake.Proxier{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	err = a.Run(context.Background(), failing{})
+	if err == nil || !strings.Contains(err.Error(), "source broken: it broke") {
+		t.Errorf("Run = %v", err)
+	}
+}
+
+type failing struct{}
+
+func (failing) Name() string { return "broken" }
+func (failing) Run(context.Context, *servicelb.Source, Reporter) error {
+	return errors.New("it broke")
+}
