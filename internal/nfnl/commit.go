@@ -1,0 +1,198 @@
+package nfnl
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"syscall"
+)
+
+// Commit sends the batch as one transaction and waits for the kernel's
+// verdict. On success it returns the ruleset generation read right after
+// the commit; on failure nothing of the batch was applied and the error is
+// a *CommitError naming each failed message (or ErrGenerationChanged, or a
+// socket error). An empty batch sends nothing and returns the current
+// generation.
+//
+// If ctx ends after the batch was sent, Commit returns ctx's error and the
+// batch may or may not have been applied.
+func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
+	if err := b.Err(); err != nil {
+		return Generation{}, fmt.Errorf("nfnl: batch not sent: %w", err)
+	}
+	if b.Len() == 0 {
+		return c.Generation(ctx)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return Generation{}, ErrClosed
+	}
+	base := c.nextSeq(b.Len() + 3)
+	p := b.frame(base)
+	err := c.send(ctx, p)
+	b.unframe()
+	if err != nil {
+		return Generation{}, err
+	}
+	probe := base + uint32(b.Len()) + 2
+	if err := c.sendGetGen(ctx, probe); err != nil {
+		return Generation{}, err
+	}
+	return c.collect(ctx, b, base, probe)
+}
+
+// frame writes BATCH_BEGIN into the reserved room and appends BATCH_END,
+// numbering every message from base, and returns the bytes to send.
+func (b *Batch) frame(base uint32) []byte {
+	buf := b.enc.b
+	for i, o := range b.ops {
+		binary.LittleEndian.PutUint32(buf[o.off+8:], base+1+uint32(i))
+	}
+	start := nlaHdrLen + 4
+	if b.check {
+		start = 0
+	}
+	hdr := buf[start:batchReserve]
+	clear(hdr)
+	binary.LittleEndian.PutUint32(hdr[0:], uint32(len(hdr)))
+	binary.LittleEndian.PutUint16(hdr[4:], msgBatchBegin)
+	binary.LittleEndian.PutUint16(hdr[6:], nlmRequest)
+	binary.LittleEndian.PutUint32(hdr[8:], base)
+	binary.BigEndian.PutUint16(hdr[18:], subsysNFTables)
+	if b.check {
+		binary.LittleEndian.PutUint16(hdr[20:], nlaHdrLen+4)
+		binary.LittleEndian.PutUint16(hdr[22:], attrBatchGen)
+		binary.BigEndian.PutUint32(hdr[24:], b.genID)
+	}
+	e := encoder{b: buf}
+	m := e.message(msgBatchEnd, nlmRequest, 0, subsysNFTables)
+	e.endMessage(m)
+	binary.LittleEndian.PutUint32(e.b[m+8:], base+uint32(len(b.ops))+1)
+	b.enc.b = e.b
+	return e.b[start:]
+}
+
+// unframe removes the BATCH_END that frame appended.
+func (b *Batch) unframe() {
+	b.enc.b = b.enc.b[:len(b.enc.b)-nlmsgHdrLen-nfgenLen]
+}
+
+// collect reads the kernel's answers up to the reply to the generation
+// probe: errors for the batch's failed messages come before it.
+func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Generation, error) {
+	var failed []*MessageError
+	for {
+		msgs, err := c.receive(ctx)
+		if err != nil {
+			return Generation{}, err
+		}
+		for _, m := range msgs {
+			if m.typ == nlmsgError {
+				errno, seq, text := errorOf(m)
+				if seq == probe && errno != 0 {
+					return Generation{}, fmt.Errorf("nfnl: read generation: %w", errno)
+				}
+				if errno == 0 || seq < base || seq >= probe {
+					continue
+				}
+				failed = append(failed, b.failure(int(seq-base)-1, errno, text))
+				continue
+			}
+			if m.seq != probe || m.typ != subsysNFTables<<8|msgNewGen {
+				continue
+			}
+			gen, err := parseGeneration(m.data)
+			if err != nil {
+				return Generation{}, err
+			}
+			if len(failed) > 0 {
+				return gen, b.commitError(failed)
+			}
+			return gen, nil
+		}
+	}
+}
+
+func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
+	e := &MessageError{Index: i, Errno: errno, Message: text}
+	switch {
+	case i < 0:
+		e.Index, e.Op = -1, "commit"
+	case i >= len(b.ops):
+		e.Index, e.Op = -1, "end of batch"
+	default:
+		e.Op = b.ops[i].String()
+	}
+	return e
+}
+
+func (b *Batch) commitError(failed []*MessageError) error {
+	if b.check && len(failed) == 1 && failed[0].Index == -1 && failed[0].Errno == syscall.ERESTART {
+		return fmt.Errorf("nfnl: commit: %w (expected generation %d)", ErrGenerationChanged, b.genID)
+	}
+	return &CommitError{Failed: failed}
+}
+
+func (c *Conn) sendGetGen(ctx context.Context, seq uint32) error {
+	c.scratch.b = c.scratch.b[:0]
+	m := c.scratch.message(subsysNFTables<<8|msgGetGen, nlmRequest, 0, 0)
+	c.scratch.endMessage(m)
+	binary.LittleEndian.PutUint32(c.scratch.b[m+8:], seq)
+	return c.send(ctx, c.scratch.b)
+}
+
+func parseGeneration(data []byte) (Generation, error) {
+	if len(data) < nfgenLen {
+		return Generation{}, fmt.Errorf("nfnl: short generation message")
+	}
+	as, err := attributes(data[nfgenLen:])
+	if err != nil {
+		return Generation{}, fmt.Errorf("nfnl: generation: %w", err)
+	}
+	var g Generation
+	for _, a := range as {
+		switch a.typ {
+		case attrGenID:
+			g.ID = a.u32()
+		case attrGenPID:
+			g.PID = a.u32()
+		case attrGenProcess:
+			g.Process = a.str()
+		}
+	}
+	return g, nil
+}
+
+// Generation returns the current ruleset generation of the namespace. It
+// costs one small round trip: compare it with the generation a Commit
+// returned to learn whether anyone else committed since.
+func (c *Conn) Generation(ctx context.Context) (Generation, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return Generation{}, ErrClosed
+	}
+	seq := c.nextSeq(1)
+	if err := c.sendGetGen(ctx, seq); err != nil {
+		return Generation{}, err
+	}
+	for {
+		msgs, err := c.receive(ctx)
+		if err != nil {
+			return Generation{}, err
+		}
+		for _, m := range msgs {
+			if m.seq != seq {
+				continue
+			}
+			if m.typ == nlmsgError {
+				if errno, _, _ := errorOf(m); errno != 0 {
+					return Generation{}, fmt.Errorf("nfnl: read generation: %w", errno)
+				}
+				continue
+			}
+			return parseGeneration(m.data)
+		}
+	}
+}

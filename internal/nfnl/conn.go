@@ -1,0 +1,196 @@
+package nfnl
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/mdlayher/socket"
+	"golang.org/x/sys/unix"
+)
+
+// Options configure a Conn.
+type Options struct {
+	// NetNS is a file descriptor of the network namespace to talk to, such
+	// as a github.com/vishvananda/netns.NsHandle; zero or negative means
+	// the caller's namespace. The socket is created in that namespace and
+	// stays bound to it: the descriptor may be closed once Open returns.
+	NetNS int
+	// ReceiveBuffer is the socket's receive buffer for dumps, in bytes;
+	// zero means 8 MiB.
+	ReceiveBuffer int
+}
+
+// Conn is a netlink socket of the nf_tables subsystem in one network
+// namespace. Its methods are safe for concurrent use; they run one at a
+// time.
+type Conn struct {
+	mu      sync.Mutex
+	s       *socket.Conn
+	seq     uint32
+	rbuf    []byte
+	sndbuf  int
+	closed  bool
+	scratch encoder
+}
+
+// Open opens a Conn. It needs CAP_NET_ADMIN in the target namespace to
+// change or read the ruleset.
+func Open(o Options) (*Conn, error) {
+	ns := o.NetNS
+	if ns < 0 {
+		ns = 0
+	}
+	s, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nfnl", &socket.Config{NetNS: ns})
+	if err != nil {
+		return nil, fmt.Errorf("nfnl: open netlink socket: %w", err)
+	}
+	c := &Conn{s: s, seq: 1, rbuf: make([]byte, 1<<20)}
+	if err := c.setup(o); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Conn) setup(o Options) error {
+	if err := c.s.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("nfnl: bind netlink socket: %w", err)
+	}
+	// Errors carry only the failed message's header, not its payload, and
+	// the kernel's explanation when it has one.
+	for _, opt := range []int{unix.NETLINK_CAP_ACK, unix.NETLINK_EXT_ACK} {
+		if err := c.s.SetsockoptInt(unix.SOL_NETLINK, opt, 1); err != nil {
+			return fmt.Errorf("nfnl: set netlink socket option %d: %w", opt, err)
+		}
+	}
+	rcv := o.ReceiveBuffer
+	if rcv <= 0 {
+		rcv = 8 << 20
+	}
+	return c.setBuffer(unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, rcv)
+}
+
+// setBuffer sets a socket buffer size beyond the system limit when allowed
+// (CAP_NET_ADMIN), else as far as the limit goes.
+func (c *Conn) setBuffer(force, plain, size int) error {
+	if err := c.s.SetsockoptInt(unix.SOL_SOCKET, force, size); err == nil {
+		return nil
+	}
+	if err := c.s.SetsockoptInt(unix.SOL_SOCKET, plain, size); err != nil {
+		return fmt.Errorf("nfnl: set socket buffer to %d bytes: %w", size, err)
+	}
+	return nil
+}
+
+// Close closes the socket.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.s.Close()
+}
+
+// nextSeq reserves n sequence numbers and returns the first.
+func (c *Conn) nextSeq(n int) uint32 {
+	s := c.seq
+	c.seq += uint32(n)
+	if c.seq < s { // wrapped
+		s, c.seq = 1, uint32(n)+1
+	}
+	return s
+}
+
+// message is one received netlink message.
+type message struct {
+	typ   uint16
+	flags uint16
+	seq   uint32
+	data  []byte // payload after the netlink header
+}
+
+// receive reads one datagram and splits it into messages. The messages'
+// data point into c.rbuf and are valid until the next receive.
+func (c *Conn) receive(ctx context.Context) ([]message, error) {
+	n, _, rflags, _, err := c.s.Recvmsg(ctx, c.rbuf, nil, 0)
+	if err != nil {
+		return nil, fmt.Errorf("nfnl: receive: %w", err)
+	}
+	if rflags&unix.MSG_TRUNC != 0 {
+		c.rbuf = make([]byte, 2*len(c.rbuf))
+		return nil, errors.New("nfnl: receive: message truncated")
+	}
+	return splitMessages(c.rbuf[:n])
+}
+
+func splitMessages(b []byte) ([]message, error) {
+	var out []message
+	for len(b) >= nlmsgHdrLen {
+		l := int(binary.LittleEndian.Uint32(b[0:]))
+		if l < nlmsgHdrLen || l > len(b) {
+			return nil, errors.New("nfnl: receive: malformed netlink message")
+		}
+		out = append(out, message{
+			typ:   binary.LittleEndian.Uint16(b[4:]),
+			flags: binary.LittleEndian.Uint16(b[6:]),
+			seq:   binary.LittleEndian.Uint32(b[8:]),
+			data:  b[nlmsgHdrLen:l],
+		})
+		a := align4(l)
+		if a > len(b) {
+			a = len(b)
+		}
+		b = b[a:]
+	}
+	return out, nil
+}
+
+// errorOf decodes an NLMSG_ERROR message: its errno (0 for an ack), the
+// sequence number of the message it answers, and the extended ack text.
+func errorOf(m message) (syscall.Errno, uint32, string) {
+	if len(m.data) < 4+nlmsgHdrLen {
+		return syscall.EPROTO, m.seq, ""
+	}
+	code := int32(binary.LittleEndian.Uint32(m.data))
+	orig := m.data[4:]
+	origLen := int(binary.LittleEndian.Uint32(orig))
+	seq := binary.LittleEndian.Uint32(orig[8:])
+	var text string
+	if m.flags&nlmAckTLVs != 0 {
+		off := nlmsgHdrLen
+		if m.flags&nlmCapped == 0 {
+			off = align4(origLen)
+		}
+		if off <= len(orig) {
+			if as, err := attributes(orig[off:]); err == nil {
+				for _, a := range as {
+					if a.typ == extAckMsg {
+						text = a.str()
+					}
+				}
+			}
+		}
+	}
+	return syscall.Errno(-code), seq, text
+}
+
+// send writes p to the kernel in one datagram, growing the send buffer as
+// needed: a large batch must travel in a single message.
+func (c *Conn) send(ctx context.Context, p []byte) error {
+	if need := len(p) + 64<<10; need > c.sndbuf {
+		if err := c.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
+			return err
+		}
+		c.sndbuf = need
+	}
+	if _, err := c.s.Sendmsg(ctx, p, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
+		return fmt.Errorf("nfnl: send %d bytes: %w", len(p), err)
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+package nfnl
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+)
+
+var (
+	// ErrNotExist: the table, chain or set asked for does not exist.
+	ErrNotExist = errors.New("does not exist")
+	// ErrGenerationChanged: a batch made with RequireGeneration found that
+	// someone else committed since; nothing was applied.
+	ErrGenerationChanged = errors.New("ruleset generation changed")
+	// ErrDumpInterrupted: the ruleset changed while the kernel dumped it;
+	// the dump is inconsistent and should be retried.
+	ErrDumpInterrupted = errors.New("dump interrupted by a concurrent change")
+	// ErrClosed: the Conn is closed.
+	ErrClosed = errors.New("connection closed")
+)
+
+// MessageError is the kernel's answer to one failed message of a batch.
+type MessageError struct {
+	// Index is the message's position in the batch (0-based); -1 for the
+	// batch as a whole (a failure at commit time).
+	Index int
+	// Op describes the message, such as "add rule inet kproxy services".
+	Op string
+	// Errno is the kernel's error number.
+	Errno syscall.Errno
+	// Message is the kernel's extended acknowledgement text, if any.
+	Message string
+}
+
+func (e *MessageError) Error() string {
+	s := fmt.Sprintf("%s: %v", e.Op, e.Errno)
+	if e.Message != "" {
+		s += " (" + e.Message + ")"
+	}
+	return s
+}
+
+func (e *MessageError) Unwrap() error { return e.Errno }
+
+// CommitError reports a batch the kernel refused. Nothing of the batch was
+// applied. errors.Is finds each message's errno (e.g. syscall.ENOENT) and
+// errors.As each *MessageError.
+type CommitError struct {
+	// Failed lists the failed messages in batch order.
+	Failed []*MessageError
+}
+
+func (e *CommitError) Error() string {
+	if len(e.Failed) == 0 {
+		return "nfnl: commit failed"
+	}
+	var b strings.Builder
+	b.WriteString("nfnl: commit: ")
+	b.WriteString(e.Failed[0].Error())
+	if n := len(e.Failed) - 1; n > 0 {
+		fmt.Fprintf(&b, " (and %d more failed message", n)
+		if n > 1 {
+			b.WriteByte('s')
+		}
+		b.WriteByte(')')
+	}
+	return b.String()
+}
+
+func (e *CommitError) Unwrap() []error {
+	out := make([]error, 0, len(e.Failed))
+	for _, f := range e.Failed {
+		out = append(out, f)
+	}
+	return out
+}
