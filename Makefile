@@ -35,14 +35,16 @@ test-unit:
 test-netns: deps
 	$(GO) test -count=1 -tags privileged $(CORE)
 
-# VMTEST_FLAGS go to every vm test binary (e.g. -run TestX -count 2); VMTEST_PKGS
-# limits the packages searched for vm tests; VMTEST_ARGS adds runner flags
-# (e.g. -shell for a shell in the guest). See docs/vm-tests.md.
+# VMTEST_FLAGS go to every vm test binary (e.g. -run 'TestX|TestY' -count 2),
+# VMTEST_PKGS limits the packages searched for vm tests, VMTEST_ARGS adds
+# runner flags (e.g. -shell for a shell in the guest). The first two reach the
+# runner through the environment, unparsed by the shell. See docs/vm-tests.md.
 VMTEST_FLAGS ?=
 VMTEST_PKGS  ?= ./...
 VMTEST_ARGS  ?=
+export VMTEST_FLAGS VMTEST_PKGS
 test-vm: deps
-	$(GO) run ./internal/vmtest/cmd/vmrun -pkgs '$(VMTEST_PKGS)' $(VMTEST_ARGS) -- $(VMTEST_FLAGS)
+	$(GO) run ./internal/vmtest/cmd/vmrun $(VMTEST_ARGS)
 
 # The examples' tests run the agents against a real kube-apiserver with
 # etcd and a real Consul agent, built once into the user cache; then the

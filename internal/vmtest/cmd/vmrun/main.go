@@ -3,7 +3,10 @@
 //
 //	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 15m] [-shell] [-- test flags]
 //
-// Arguments after the flags go to every test binary (-run X, -count 2, ...).
+// Arguments after the flags go to every test binary (-run X, -count 2, ...);
+// without any, the environment variable VMTEST_FLAGS gives them, split at
+// white space (so that make can pass a regular expression with | or $
+// without the shell seeing it). VMTEST_PKGS is the default of -pkgs.
 // It exits 1 when any test failed or was skipped, or the guest did not
 // finish.
 package main
@@ -28,7 +31,7 @@ func main() {
 
 func run() int {
 	var c vmtest.Config
-	pkgs := flag.String("pkgs", "./...", "space-separated package patterns to search for vm tests")
+	pkgs := flag.String("pkgs", envOr("VMTEST_PKGS", "./..."), "space-separated package patterns to search for vm tests")
 	flag.StringVar(&c.ModuleDir, "C", ".", "module root directory")
 	flag.StringVar(&c.CacheDir, "cache", "", "cache directory (default <module>/.cache/vm)")
 	flag.DurationVar(&c.Timeout, "timeout", 15*time.Minute, "watchdog for the whole guest run")
@@ -39,6 +42,9 @@ func run() int {
 	flag.Parse()
 	c.Patterns = strings.Fields(*pkgs)
 	c.TestArgs = flag.Args()
+	if len(c.TestArgs) == 0 {
+		c.TestArgs = strings.Fields(os.Getenv("VMTEST_FLAGS"))
+	}
 	if v, ok := os.LookupEnv("CI"); ok {
 		c.Env = append(c.Env, "CI="+v)
 	}
@@ -60,6 +66,13 @@ func run() int {
 	}
 	fmt.Printf("vmrun: ok in %v\n", time.Since(start).Round(time.Millisecond))
 	return 0
+}
+
+func envOr(name, def string) string {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
+		return v
+	}
+	return def
 }
 
 func printReport(rep *vmtest.Report) {
