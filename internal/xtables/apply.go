@@ -249,7 +249,7 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 		a.loaded = false
 		return CommitStats{}, fmt.Errorf("commit: %w", err)
 	}
-	a.gen = nextGen(a.gen)
+	a.gen = committedGen(echoes, a.gen)
 	for _, f := range b.onSuccess {
 		f()
 	}
@@ -266,6 +266,25 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 type CommitStats struct {
 	Messages int
 	Bytes    int
+}
+
+// committedGen returns the generation a commit produced: the one the
+// kernel reports with the echoes, else the next after the one the batch
+// was built for.
+func committedGen(echoes [][]byte, built uint32) uint32 {
+	for _, e := range echoes {
+		typ, _, payload, err := nfPayload(e)
+		if err != nil || typ != msgNewGen {
+			continue
+		}
+		attrs, _ := parseAttrs(payload)
+		for _, a := range attrs {
+			if a.typ == attrGenID {
+				return attrU32(a)
+			}
+		}
+	}
+	return nextGen(built)
 }
 
 func nextGen(g uint32) uint32 {
@@ -371,8 +390,9 @@ func (b *builder) markEchoes() {
 func (b *builder) learnHandles(echoes [][]byte) error {
 	bySeq := map[uint32]uint64{}
 	for _, e := range echoes {
-		if len(e) < 16 {
-			continue
+		typ, _, _, err := nfPayload(e)
+		if err != nil || typ != msgNewRule {
+			continue // the kernel also reports the new generation
 		}
 		r, err := parseRule(e)
 		if err != nil {

@@ -22,9 +22,15 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 			b.m.flushChain(t, name)
 		}
 	}
+	// Every chain to delete is flushed before any is deleted: they may
+	// jump to one another.
 	for _, name := range delNames {
 		if st.chains[name] {
 			b.m.flushChain(t, name)
+		}
+	}
+	for _, name := range delNames {
+		if st.chains[name] {
 			b.m.delChain(t, name)
 			b.onSuccess = append(b.onSuccess, func() { delete(st.chains, name); delete(st.keyed, name); st.use-- })
 		}

@@ -24,6 +24,7 @@ const (
 	msgNewRule  = 6
 	msgGetRule  = 7
 	msgDelRule  = 8
+	msgNewGen   = 15
 	msgGetGen   = 16
 
 	attrTableName = 1

@@ -182,7 +182,10 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 		switch {
 		case whole || keyed:
 		case k.referenced[name]:
-			a.log.Warn("chain no longer wanted is still used by a foreign rule; left in place", "table", t.String(), "chain", name)
+			a.log.Warn("chain no longer wanted is still used by a foreign rule; flushed and left in place", "table", t.String(), "chain", name)
+			if len(k.rules[name]) > 0 {
+				tx.SetChain(t, name, nil)
+			}
 		default:
 			tx.DeleteChain(t, name)
 		}

@@ -1,0 +1,213 @@
+//go:build privileged
+
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestRandomTransitions applies 300 random state transitions (services
+// added, changed and removed, now and then a node change) one sync each,
+// then checks that the kernel's tables equal a fresh apply of the final
+// state in another namespace, and Render's text.
+func TestRandomTransitions(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	seed := rand.Uint64()
+	if s, err := strconv.ParseUint(os.Getenv("KPROXY_TEST_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d", seed)
+	g := randomServices{rand.New(rand.NewPCG(seed, 1))}
+	h := netnstest.NewHost(t, "iptrand")
+	px := newProxier(t, h, Options{})
+	cc := &countingConn{Conn: px.conn}
+	px.conn, px.ap = cc, newApplier(px, cc)
+
+	b, err := servicelb.NewBuilder(richNode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range 300 {
+		switch r := g.pick(100); {
+		case r < 3:
+			if err := b.SetNode(g.node()); err != nil {
+				t.Fatal(err)
+			}
+		case r < 25:
+			b.Delete(fmt.Sprintf("ns%d/svc%d", step%3, g.pick(12)))
+		default:
+			i := g.pick(12)
+			s := g.service(i)
+			s.Name = fmt.Sprintf("ns%d/svc%d", i%3, i)
+			if err := b.Upsert(s); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+		}
+		before := cc.batches
+		if err := px.Sync(ctx, b.State()); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if n := cc.batches - before; n > 1 {
+			t.Fatalf("step %d: sync sent %d batches", step, n)
+		}
+		if step%50 == 49 {
+			checkRendered(t, h, px, b.State(), fmt.Sprintf("step %d", step))
+		}
+	}
+	final := b.State()
+	checkRendered(t, h, px, final, "final state")
+	fresh := netnstest.NewHost(t, "iptfresh")
+	if err := newProxier(t, fresh, Options{}).Sync(ctx, final); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if diff := cmp.Diff(saved(t, fresh, f), saved(t, h, f)); diff != "" {
+			t.Errorf("%s after 300 transitions differs from a fresh apply (-fresh +transitions):\n%s", saveCmd(f), diff)
+		}
+	}
+	if t.Failed() {
+		t.Logf("reproduce with seed %d", seed)
+	}
+}
+
+func checkRendered(t *testing.T, h *netnstest.Host, px *Proxier, st *servicelb.State, when string) {
+	t.Helper()
+	for _, f := range families {
+		want, err := px.RenderFamily(st, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, saved(t, h, f)); diff != "" {
+			t.Fatalf("%s: %s differs from Render (-render +saved):\n%s", when, saveCmd(f), diff)
+		}
+	}
+}
+
+// dumpAll returns everything nf_tables holds, as nft lists it with
+// expressions, for before/after comparisons.
+func dumpAll(t *testing.T, h *netnstest.Host) string {
+	t.Helper()
+	return h.Exec(t, "nft", "--debug=netlink", "list", "ruleset")
+}
+
+// TestFailedSyncChangesNothing checks that syncs that fail leave the
+// kernel's tables exactly as they were: a state the Proxier refuses before
+// sending anything, and a batch the kernel refuses halfway (a foreign rule
+// still uses a chain the sync deletes), which must not apply its first
+// half.
+func TestFailedSyncChangesNothing(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptfail")
+	px := newProxier(t, h, Options{})
+	st := richState(t)
+	if err := px.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	before := dumpAll(t, h)
+
+	// The node's masquerade mark is the drop mark.
+	bad := richNode()
+	bad.MasqueradeBit = DefaultDropBit
+	badState, err := servicelb.NewState(bad, richServices()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := px.Sync(ctx, badState); !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("sync with the masquerade bit on the drop bit: %v, want ErrInvalidOptions", err)
+	}
+	if err := px.Sync(ctx, nil); err == nil {
+		t.Fatal("sync of a nil state succeeded")
+	}
+	if after := dumpAll(t, h); after != before {
+		t.Fatalf("refused syncs changed the tables:\n%s", cmp.Diff(before, after))
+	}
+
+	// A foreign rule jumps to the SVC chain of default/web, which the next
+	// state removes together with other changes. The foreign chain exists
+	// from before, so the cheap check passes and the sync goes the
+	// incremental way; the kernel refuses the chain's deletion.
+	svc := px.n.svc(st.Port(servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}))
+	h.Exec(t, "iptables-nft", "-t", "nat", "-N", "FOREIGN")
+	if err := px.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	h.Exec(t, "iptables-nft", "-t", "nat", "-A", "FOREIGN", "-j", svc)
+	before = dumpAll(t, h)
+	edit := st.Edit()
+	edit.Delete("default/web")
+	svcs := richServices()
+	svcs[1].Endpoints = svcs[1].Endpoints[:1]
+	if err := edit.Upsert(svcs[1]); err != nil {
+		t.Fatal(err)
+	}
+	next := edit.State()
+	err = px.Sync(ctx, next)
+	if !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("sync deleting a chain in use: %v, want EBUSY", err)
+	}
+	if after := dumpAll(t, h); after != before {
+		t.Fatalf("a refused batch changed the tables:\n%s", cmp.Diff(before, after))
+	}
+	// The next sync reads the tables back: it applies the state but only
+	// flushes the chain the foreign rule uses.
+	if err := px.Sync(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Exec(t, "iptables-nft", "-t", "nat", "-S", svc); got != "-N "+svc+"\n" {
+		t.Errorf("chain in use after the sync: %q, want it empty", got)
+	}
+	// Once the foreign chain is gone, the next sync deletes it.
+	h.Exec(t, "iptables-nft", "-t", "nat", "-F", "FOREIGN")
+	h.Exec(t, "iptables-nft", "-t", "nat", "-X", "FOREIGN")
+	if err := px.Sync(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	checkRendered(t, h, px, next, "after the retry")
+}
+
+// TestRepairsForeignDamage deletes the Proxier's jumps and chains behind
+// its back, as an operator's iptables commands would, and checks that the
+// next sync of the same state restores them.
+func TestRepairsForeignDamage(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	st := richState(t)
+	for _, tc := range []struct {
+		name   string
+		damage [][]string
+	}{
+		{"jump deleted", [][]string{{"iptables-nft", "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KPROXY-SERVICES"}}},
+		{"filter jump deleted", [][]string{{"ip6tables-nft", "-t", "filter", "-D", "FORWARD", "-m", "comment", "--comment", "kubernetes forwarding rules", "-j", "KPROXY-FORWARD"}}},
+		{"table flushed and chains deleted", [][]string{{"iptables-nft", "-t", "nat", "-F"}, {"iptables-nft", "-t", "nat", "-X"}}},
+		{"whole ruleset flushed", [][]string{{"nft", "flush", "ruleset"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := netnstest.NewHost(t, "iptrepair")
+			px := newProxier(t, h, Options{})
+			if err := px.Sync(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			for _, cmd := range tc.damage {
+				h.Exec(t, cmd[0], cmd[1:]...)
+			}
+			if err := px.Sync(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			checkRendered(t, h, px, st, "after repair")
+		})
+	}
+}
