@@ -1,0 +1,202 @@
+package conntrack
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ctnetlink message types and attributes (linux/netfilter/nfnetlink_conntrack.h).
+const (
+	ctMsgGet    = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1
+	ctMsgDelete = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2
+
+	ctaTupleOrig  = 1
+	ctaTupleReply = 2
+	ctaTimeout    = 7
+	ctaMark       = 8
+	ctaID         = 12
+	ctaZone       = 18
+
+	ctaTupleIP    = 1
+	ctaTupleProto = 2
+
+	ctaIPv4Src = 1
+	ctaIPv4Dst = 2
+	ctaIPv6Src = 3
+	ctaIPv6Dst = 4
+
+	ctaProtoNum     = 1
+	ctaProtoSrcPort = 2
+	ctaProtoDstPort = 3
+)
+
+// errInterrupted marks a dump the kernel flagged NLM_F_DUMP_INTR: complete
+// messages, but the table changed while they were read.
+var errInterrupted = errors.New("dump interrupted")
+
+// entry is a dumped flow with what deleting exactly it takes.
+type entry struct {
+	flow Flow
+	// orig is the payload of CTA_TUPLE_ORIG as the kernel sent it.
+	orig []byte
+	// id is CTA_ID: the kernel refuses to delete a different flow that
+	// reuses the tuple.
+	id    uint32
+	hasID bool
+	// hasZone says whether the kernel sent CTA_ZONE.
+	hasZone bool
+}
+
+// ctTable is the conntrack table behind one ctnetlink socket. Unlike the
+// ctnetlink parsers of the common Go netlink libraries it reads the ports
+// of every protocol that has them (SCTP and DCCP as well as TCP and UDP).
+type ctTable struct{ c *netlink.Conn }
+
+func nfgenmsg(fam uint8) []byte { return []byte{fam, unix.NFNETLINK_V0, 0, 0} }
+
+func (t *ctTable) dump(fam uint8) ([]entry, error) {
+	msgs, err := t.c.Execute(netlink.Message{
+		Header: netlink.Header{Type: ctMsgGet, Flags: netlink.Request | netlink.Dump},
+		Data:   nfgenmsg(fam),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]entry, 0, len(msgs))
+	interrupted := false
+	for _, m := range msgs {
+		interrupted = interrupted || m.Header.Flags&netlink.DumpInterrupted != 0
+		if len(m.Data) < 4 {
+			return nil, fmt.Errorf("short ctnetlink message (%d bytes)", len(m.Data))
+		}
+		e, err := parseEntry(m.Data[0], m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	if interrupted {
+		return out, errInterrupted
+	}
+	return out, nil
+}
+
+func (t *ctTable) remove(fam uint8, e entry) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.ByteOrder = binary.BigEndian
+	ae.Bytes(unix.NLA_F_NESTED|ctaTupleOrig, e.orig)
+	if e.hasZone {
+		ae.Uint16(ctaZone, e.flow.Zone)
+	}
+	if e.hasID {
+		ae.Uint32(ctaID, e.id)
+	}
+	attrs, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	_, err = t.c.Execute(netlink.Message{
+		Header: netlink.Header{Type: ctMsgDelete, Flags: netlink.Request | netlink.Acknowledge},
+		Data:   append(nfgenmsg(fam), attrs...),
+	})
+	return err
+}
+
+func (t *ctTable) setDeadline(d time.Time) error {
+	if !d.IsZero() && time.Until(d) <= 0 {
+		return context.DeadlineExceeded
+	}
+	return t.c.SetDeadline(d)
+}
+
+func (t *ctTable) close() error { return t.c.Close() }
+
+// parseEntry parses the attributes of one flow of family fam.
+func parseEntry(fam uint8, b []byte) (entry, error) {
+	e := entry{flow: Flow{Family: servicelb.IPv4}}
+	if fam == unix.AF_INET6 {
+		e.flow.Family = servicelb.IPv6
+	}
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return e, fmt.Errorf("parse flow: %w", err)
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		switch ad.Type() {
+		case ctaTupleOrig:
+			e.orig = ad.Bytes()
+			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				e.flow.Orig, e.flow.Protocol = parseTuple(nd)
+				return nil
+			})
+		case ctaTupleReply:
+			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				e.flow.Reply, _ = parseTuple(nd)
+				return nil
+			})
+		case ctaTimeout:
+			e.flow.Timeout = time.Duration(ad.Uint32()) * time.Second
+		case ctaMark:
+			e.flow.Mark = ad.Uint32()
+		case ctaZone:
+			e.flow.Zone, e.hasZone = ad.Uint16(), true
+		case ctaID:
+			e.id, e.hasID = ad.Uint32(), true
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return e, fmt.Errorf("parse flow: %w", err)
+	}
+	if e.orig == nil {
+		return e, errors.New("parse flow: no original tuple")
+	}
+	return e, nil
+}
+
+// parseTuple parses a CTA_TUPLE_* nest: addresses, protocol and ports.
+func parseTuple(ad *netlink.AttributeDecoder) (Tuple, uint8) {
+	var src, dst netip.Addr
+	var sport, dport uint16
+	var proto uint8
+	for ad.Next() {
+		switch ad.Type() {
+		case ctaTupleIP:
+			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				for nd.Next() {
+					a, _ := netip.AddrFromSlice(nd.Bytes())
+					switch nd.Type() {
+					case ctaIPv4Src, ctaIPv6Src:
+						src = a.Unmap()
+					case ctaIPv4Dst, ctaIPv6Dst:
+						dst = a.Unmap()
+					}
+				}
+				return nil
+			})
+		case ctaTupleProto:
+			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				for nd.Next() {
+					switch nd.Type() {
+					case ctaProtoNum:
+						proto = nd.Uint8()
+					case ctaProtoSrcPort:
+						sport = nd.Uint16()
+					case ctaProtoDstPort:
+						dport = nd.Uint16()
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return Tuple{Src: netip.AddrPortFrom(src, sport), Dst: netip.AddrPortFrom(dst, dport)}, proto
+}

@@ -1,0 +1,65 @@
+// Package conntrack lists the kernel's connection tracking table and
+// deletes the flows that a change of service endpoints leaves stale, over
+// ctnetlink (netlink's NETLINK_NETFILTER conntrack subsystem).
+//
+// # Why stale flows matter
+//
+// A proxier translates the first packet of a flow to a service address
+// (DNAT) and conntrack applies the same translation to every later packet
+// of the flow. For TCP a flow ends with its connection; for UDP and SCTP a
+// client that keeps sending keeps its entry alive, and with it the
+// translation to a backend that may be gone, or (for a service that had no
+// backends) the rejection. servicelb.Changes.StaleFlows lists what to
+// delete after a sync; DeleteStale deletes it.
+//
+// # Model
+//
+// A Flow is one entry: Orig is the direction the client sent (Orig.Dst is
+// the service address before translation), Reply the answers' direction
+// (Reply.Src is the backend after DNAT). A servicelb.StaleFlow matches the
+// flows of a protocol to an original destination port, to the original
+// destination address unless it is zero (the node port form: any of the
+// node's addresses), from the endpoint as reply source unless that is zero
+// (every flow, whatever backend it reached); see Flow.Matches.
+//
+// # Lifecycle
+//
+//	c, err := conntrack.New(conntrack.Options{NetNS: ns, Logger: log})
+//	defer c.Close()
+//	n, err := c.DeleteStale(ctx, changes.StaleFlows())
+//
+// New opens one netlink socket in the namespace Options.NetNS (zero: the
+// namespace of the calling thread) from a thread switched into it, so the
+// caller's threads never change namespace; the socket stays in that
+// namespace until Close. A Client serialises its calls. Each call honours
+// its context: the deadline bounds the socket's reads and writes, and
+// cancellation interrupts a call under way.
+//
+// DeleteStale reads each family's table once per call (a filter names its
+// family through its destination or endpoint; one with neither applies to
+// both), matches each flow against all filters with a few map lookups (an
+// index by protocol and port, then destination, then endpoint), and deletes
+// each match by its original tuple, zone and conntrack ID, so a new flow
+// that reuses the tuple is left alone. A flow that vanished meanwhile
+// counts as deleted. When the kernel marks a dump as interrupted by
+// concurrent changes (NLM_F_DUMP_INTR), the call deletes what that dump
+// showed and dumps again, at most MaxAttempts times, then reports
+// ErrDumpInterrupted. Invalid filters fail the call before anything is read
+// or deleted (*StaleFlowError). Kernel failures are *OpError values naming
+// the operation and family.
+//
+// The parser reads the ports of every protocol that has them, SCTP
+// included (the conntrack parsers of common Go netlink libraries read TCP
+// and UDP ports only, so they cannot match SCTP flows by port).
+//
+// # What it owns
+//
+// Nothing: the package creates no kernel objects and has no Cleanup. It
+// deletes only flows that the filters given to DeleteStale match.
+//
+// # Privileges
+//
+// Listing and deleting flows needs CAP_NET_ADMIN in the namespace's user
+// namespace; opening a client for another namespace needs CAP_SYS_ADMIN to
+// enter it. The kernel must have conntrack netlink (CONFIG_NF_CT_NETLINK).
+package conntrack

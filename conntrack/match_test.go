@@ -1,0 +1,179 @@
+package conntrack
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	vip   = netip.MustParseAddr("10.96.0.10")
+	node  = netip.MustParseAddr("198.51.100.1")
+	ep1   = netip.MustParseAddr("10.244.1.2")
+	ep2   = netip.MustParseAddr("10.244.2.2")
+	vip6  = netip.MustParseAddr("fd00:96::10")
+	ep61  = netip.MustParseAddr("fd00:244:1::2")
+	cli   = netip.MustParseAddrPort("198.51.100.2:40000")
+	cli6  = netip.MustParseAddrPort("[fd00:c::2]:40000")
+	udpNo = uint8(unix.IPPROTO_UDP)
+)
+
+// mkFlow builds a flow from client to dst translated to endpoint.
+func mkFlow(proto uint8, client, dst netip.AddrPort, endpoint netip.AddrPort) Flow {
+	fam := servicelb.IPv4
+	if dst.Addr().Is6() {
+		fam = servicelb.IPv6
+	}
+	return Flow{Family: fam, Protocol: proto, Orig: Tuple{Src: client, Dst: dst},
+		Reply: Tuple{Src: endpoint, Dst: client}, Timeout: 30 * time.Second}
+}
+
+func (ix index) matchFlow(f Flow) bool { return ix.matches(f.Protocol, f.Orig.Dst, f.Reply.Src.Addr()) }
+
+func TestIndexMatches(t *testing.T) {
+	stale := []servicelb.StaleFlow{
+		{Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep1},
+		{Protocol: servicelb.UDP, Port: 30053, Endpoint: ep2}, // node port, one endpoint
+		{Protocol: servicelb.SCTP, Dst: vip, Port: 9000},      // every flow to the VIP port
+		{Protocol: servicelb.UDP, Port: 30099},                // node port, both families
+		{Protocol: servicelb.UDP, Dst: vip6, Port: 53, Endpoint: ep61},
+		{Protocol: servicelb.UDP, Dst: netip.AddrFrom16(vip.As16()), Port: 54}, // IPv4-mapped: unmapped
+	}
+	idx, err := buildIndex(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := netip.AddrPortFrom
+	cases := []struct {
+		name string
+		f    Flow
+		want bool
+	}{
+		{"vip to removed endpoint", mkFlow(udpNo, cli, ap(vip, 53), ap(ep1, 5353)), true},
+		{"vip to kept endpoint", mkFlow(udpNo, cli, ap(vip, 53), ap(ep2, 5353)), false},
+		{"tcp to vip and removed endpoint", mkFlow(unix.IPPROTO_TCP, cli, ap(vip, 53), ap(ep1, 5353)), false},
+		{"other port", mkFlow(udpNo, cli, ap(vip, 5353), ap(ep1, 5353)), false},
+		{"node port to removed endpoint", mkFlow(udpNo, cli, ap(node, 30053), ap(ep2, 53)), true},
+		{"node port on any address", mkFlow(udpNo, cli, ap(ep1, 30053), ap(ep2, 53)), true},
+		{"node port to kept endpoint", mkFlow(udpNo, cli, ap(node, 30053), ap(ep1, 53)), false},
+		{"sctp any endpoint", mkFlow(unix.IPPROTO_SCTP, cli, ap(vip, 9000), ap(ep2, 9000)), true},
+		{"sctp untranslated", mkFlow(unix.IPPROTO_SCTP, cli, ap(vip, 9000), ap(vip, 9000)), true},
+		{"sctp other vip", mkFlow(unix.IPPROTO_SCTP, cli, ap(node, 9000), ap(ep2, 9000)), false},
+		{"node port any endpoint", mkFlow(udpNo, cli, ap(node, 30099), ap(ep2, 1)), true},
+		{"ipv6 removed endpoint", mkFlow(udpNo, cli6, ap(vip6, 53), ap(ep61, 53)), true},
+		{"ipv6 node port any endpoint", mkFlow(udpNo, cli6, ap(netip.MustParseAddr("fd00:c::1"), 30099), ap(ep61, 1)), true},
+		{"mapped filter", mkFlow(udpNo, cli, ap(vip, 54), ap(ep1, 1)), true},
+	}
+	for _, c := range cases {
+		if got := idx[c.f.Family] != nil && idx[c.f.Family].matchFlow(c.f); got != c.want {
+			t.Errorf("%s: match %v, want %v", c.name, got, c.want)
+		}
+		naive := false
+		for _, s := range stale {
+			naive = naive || c.f.Matches(s)
+		}
+		if naive != c.want {
+			t.Errorf("%s: Flow.Matches %v, want %v", c.name, naive, c.want)
+		}
+	}
+	if len(idx[servicelb.IPv6]) != 2 || len(idx[servicelb.IPv4]) != 5 {
+		t.Errorf("families: v4 %d keys, v6 %d keys", len(idx[servicelb.IPv4]), len(idx[servicelb.IPv6]))
+	}
+}
+
+// TestIndexAgreesWithNaiveMatching compares the index with Flow.Matches
+// over random flows and filters drawn from small pools, so that many
+// match.
+func TestIndexAgreesWithNaiveMatching(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	addrs := []netip.Addr{vip, node, ep1, ep2, vip6, ep61, {}}
+	protos := []servicelb.Protocol{servicelb.UDP, servicelb.SCTP, servicelb.TCP}
+	pick := func() netip.Addr { return addrs[rng.IntN(len(addrs))] }
+	for round := range 200 {
+		var stale []servicelb.StaleFlow
+		for range rng.IntN(8) + 1 {
+			s := servicelb.StaleFlow{Protocol: protos[rng.IntN(3)], Port: uint16(rng.IntN(3) + 1), Dst: pick(), Endpoint: pick()}
+			if s.Dst.IsValid() && s.Endpoint.IsValid() && s.Dst.Is4() != s.Endpoint.Is4() {
+				continue
+			}
+			stale = append(stale, s)
+		}
+		idx, err := buildIndex(stale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 200 {
+			dst, ep := pick(), pick()
+			if !dst.IsValid() || !ep.IsValid() || dst.Is4() != ep.Is4() {
+				continue
+			}
+			src := cli
+			if dst.Is6() {
+				src = cli6
+			}
+			f := mkFlow(protos[rng.IntN(3)].Number(), src, netip.AddrPortFrom(dst, uint16(rng.IntN(3)+1)), netip.AddrPortFrom(ep, 7))
+			naive := false
+			for _, s := range stale {
+				naive = naive || f.Matches(s)
+			}
+			if got := idx[f.Family] != nil && idx[f.Family].matchFlow(f); got != naive {
+				t.Fatalf("round %d: flow %s, filters %+v: index %v, naive %v", round, f, stale, got, naive)
+			}
+		}
+	}
+}
+
+func TestBuildIndexRejectsInvalidFilters(t *testing.T) {
+	good := servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53}
+	for name, s := range map[string]servicelb.StaleFlow{
+		"unknown protocol": {Protocol: "ICMP", Dst: vip, Port: 53},
+		"port 0":           {Protocol: servicelb.UDP, Dst: vip},
+		"mixed families":   {Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep61},
+		"zoned":            {Protocol: servicelb.UDP, Dst: netip.MustParseAddr("fe80::1%eth0"), Port: 53},
+	} {
+		_, err := buildIndex([]servicelb.StaleFlow{good, s})
+		var se *StaleFlowError
+		if !errors.Is(err, ErrInvalidStaleFlow) || !errors.As(err, &se) || se.Index != 1 {
+			t.Errorf("%s: got %v, want a StaleFlowError at index 1", name, err)
+		}
+	}
+}
+
+// BenchmarkMatch compares the index with checking every filter, for a
+// table of 20k flows and 2k filters (a service losing many endpoints).
+func BenchmarkMatch(b *testing.B) {
+	var stale []servicelb.StaleFlow
+	for i := range 2000 {
+		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53,
+			Endpoint: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)})})
+	}
+	var flows []Flow
+	for i := range 20000 {
+		ep := netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})
+		flows = append(flows, mkFlow(udpNo, netip.AddrPortFrom(cli.Addr(), uint16(i)), netip.AddrPortFrom(vip, 53), netip.AddrPortFrom(ep, 53)))
+	}
+	idx, _ := buildIndex(stale)
+	b.Run("index", func(b *testing.B) {
+		for b.Loop() {
+			for _, f := range flows {
+				idx[servicelb.IPv4].matchFlow(f)
+			}
+		}
+	})
+	b.Run("every-filter", func(b *testing.B) {
+		for b.Loop() {
+			for _, f := range flows {
+				for _, s := range stale {
+					if f.Matches(s) {
+						break
+					}
+				}
+			}
+		}
+	})
+}
