@@ -10,6 +10,7 @@ import (
 //
 //	##vmtest boot <kernel release>
 //	##vmtest modprobe-failed <module>
+//	##vmtest ready <guest uptime when the modules are loaded>
 //	##vmtest begin <binary>
 //	##vmtest exit <binary> <status>
 //	##vmtest done
@@ -59,6 +60,7 @@ mark boot "$(uname -r)"
 	if len(c.Modules) > 0 {
 		fmt.Fprintf(&b, "for m in %s; do\n\tmodprobe \"$m\" || mark modprobe-failed \"$m\"\ndone\n", strings.Join(c.Modules, " "))
 	}
+	b.WriteString("mark ready \"$(cut -d' ' -f1 /proc/uptime)s\"\n")
 	for _, e := range c.Env {
 		fmt.Fprintf(&b, "export %s\n", shellQuoteAssign(e))
 	}

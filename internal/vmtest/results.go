@@ -30,6 +30,7 @@ func (b *BinaryResult) OK() bool {
 // Report is the outcome of one VM run, parsed from the results port.
 type Report struct {
 	Kernel         string // release the guest booted, from the boot line
+	Ready          string // guest uptime when the modules were loaded ("4.12s")
 	Binaries       []*BinaryResult
 	Done           bool     // the done line was seen: /init reached its end
 	ModprobeFailed []string // modules that did not load
@@ -71,6 +72,8 @@ func (rep *Report) marker(rest string, byName map[string]*BinaryResult, cur *Bin
 	switch {
 	case f[0] == "boot" && len(f) > 1:
 		rep.Kernel = f[1]
+	case f[0] == "ready" && len(f) > 1:
+		rep.Ready = f[1]
 	case f[0] == "modprobe-failed" && len(f) > 1:
 		rep.ModprobeFailed = append(rep.ModprobeFailed, f[1])
 	case f[0] == "begin" && len(f) > 1:

@@ -63,6 +63,7 @@ func TestParseResults(t *testing.T) {
 	out := strings.Join([]string{
 		"##vmtest boot 6.1.0-test\r",
 		"##vmtest modprobe-failed ip_vs_mh\r",
+		"##vmtest ready 4.25s",
 		"##vmtest begin a.test\r",
 		"=== RUN   TestA",
 		"--- PASS: TestA (0.00s)",
@@ -82,6 +83,7 @@ func TestParseResults(t *testing.T) {
 	}
 	want := &Report{
 		Kernel:         "6.1.0-test",
+		Ready:          "4.25s",
 		Done:           true,
 		ModprobeFailed: []string{"ip_vs_mh"},
 		Binaries: []*BinaryResult{

@@ -76,7 +76,7 @@ func envOr(name, def string) string {
 }
 
 func printReport(rep *vmtest.Report) {
-	fmt.Printf("\nvm test results (kernel %s):\n", rep.Kernel)
+	fmt.Printf("\nvm test results (kernel %s, modules loaded at %s of guest uptime):\n", rep.Kernel, rep.Ready)
 	for _, b := range rep.Binaries {
 		status := "ok"
 		switch {
