@@ -248,7 +248,7 @@ func (h *Host) Count(t testing.TB, proto string, dst netip.AddrPort, n int, opts
 	cfg := newAskConfig(opts)
 	counts := map[string]int{}
 	for i := range n {
-		r, err := h.Ask(t.Context(), proto, dst, opts...)
+		r, err := h.Ask(context.Background(), proto, dst, opts...)
 		if err != nil {
 			if !cfg.countFailures {
 				t.Fatalf("netnstest: %s: ask %d of %d: %v (answers so far: %v)", h.Name, i+1, n, err, counts)

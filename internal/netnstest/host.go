@@ -203,7 +203,8 @@ const execTimeout = time.Minute
 
 // Exec runs a tool inside the host's namespace and returns its standard
 // output. It fails the test, showing standard error, when the tool fails.
-// Call it from the test's goroutine.
+// Call it from the test's goroutine (or a t.Cleanup function: it does not
+// depend on the test's context).
 func (h *Host) Exec(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	return h.ExecInput(t, "", name, args...)
@@ -212,7 +213,7 @@ func (h *Host) Exec(t testing.TB, name string, args ...string) string {
 // ExecInput is Exec with stdin fed to the tool, e.g. an `nft -f -` script.
 func (h *Host) ExecInput(t testing.TB, stdin, name string, args ...string) string {
 	t.Helper()
-	out, err := h.Output(t.Context(), stdin, name, args...)
+	out, err := h.Output(context.Background(), stdin, name, args...)
 	if err != nil {
 		t.Fatalf("netnstest: %v", err)
 	}

@@ -197,6 +197,13 @@ func TestNewHost(t *testing.T) {
 	netnstest.Require(t)
 	h := netnstest.NewHost(t, "lone")
 	h.Serve(t, "tcp", 7000)
+	// Exec and Count also work in cleanup, after the test's context ends.
+	t.Cleanup(func() {
+		h.Exec(t, "ip", "link", "show", "lo")
+		if got := h.Count(t, "tcp", netip.MustParseAddrPort("127.0.0.1:7000"), 3); got["lone"] != 3 {
+			t.Errorf("count in cleanup: %v", got)
+		}
+	})
 	r, err := h.Ask(t.Context(), "tcp", netip.MustParseAddrPort("127.0.0.1:7000"))
 	if err != nil || r.Host != "lone" {
 		t.Fatalf("loopback ask: %+v, %v", r, err)
