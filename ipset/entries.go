@@ -42,8 +42,9 @@ func (c *Client) Delete(ctx context.Context, name string, entries ...Entry) erro
 	return c.batch(ctx, "del", cmdDel, info, valid)
 }
 
-// Test reports whether a set holds an entry (as the kernel matches it: a
-// hash:net set holds every address of its networks).
+// Test reports whether a set holds an entry, as the kernel matches it: in
+// a hash:net or hash:ip,port,net set a host (a full-length prefix) matches
+// any network that contains it, a shorter prefix only itself.
 func (c *Client) Test(ctx context.Context, name string, e Entry) (bool, error) {
 	info, err := c.Get(ctx, name)
 	if err != nil {

@@ -3,6 +3,7 @@
 package ipset_test
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -350,5 +351,93 @@ func TestIndex(t *testing.T) {
 	}
 	if _, err := c.Index(ctx, "A"); !errors.Is(err, ipset.ErrNotExist) {
 		t.Errorf("Index of a destroyed set: %v, want ErrNotExist", err)
+	}
+}
+
+// TestInUse: a set an iptables rule references cannot be destroyed;
+// Cleanup destroys the others and reports it.
+func TestInUse(t *testing.T) {
+	netnstest.Require(t, "ipset", "nft_compat")
+	h := netnstest.NewHost(t, "node")
+	c := newClient(t, h, "KPT-")
+	ctx := t.Context()
+	for _, name := range []string{"USED", "FREE"} {
+		if err := c.Create(ctx, ipset.Set{Name: name, Type: ipset.HashIPPort, Family: ipset.IPv4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Exec(t, "iptables-nft", "-A", "INPUT", "-m", "set", "--match-set", "KPT-USED", "dst,dst", "-j", "ACCEPT")
+	if info, err := c.Get(ctx, "USED"); err != nil || info.References != 1 {
+		t.Errorf("Get: %+v, %v; want 1 reference", info, err)
+	}
+	if err := c.Destroy(ctx, "USED"); !errors.Is(err, ipset.ErrInUse) {
+		t.Errorf("Destroy of a referenced set: %v, want ErrInUse", err)
+	}
+	if err := c.Cleanup(ctx); !errors.Is(err, ipset.ErrInUse) || !strings.Contains(err.Error(), "KPT-USED") {
+		t.Errorf("Cleanup: %v, want ErrInUse naming KPT-USED", err)
+	}
+	if out := h.Exec(t, "ipset", "list", "-n"); strings.TrimSpace(out) != "KPT-USED" {
+		t.Errorf("after Cleanup: sets %q, want only KPT-USED", out)
+	}
+	h.Exec(t, "iptables-nft", "-D", "INPUT", "-m", "set", "--match-set", "KPT-USED", "dst,dst", "-j", "ACCEPT")
+	if err := c.Cleanup(ctx); err != nil {
+		t.Errorf("Cleanup after the rule is gone: %v", err)
+	}
+}
+
+func TestTestMembership(t *testing.T) {
+	netnstest.Require(t, "ipset")
+	h := netnstest.NewHost(t, "node")
+	c := newClient(t, h, "KPT-")
+	ctx := t.Context()
+	if err := c.Create(ctx, ipset.Set{Name: "NETS", Type: ipset.HashNet, Family: ipset.IPv6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Add(ctx, "NETS", ipset.Entry{Net: pfx("fd00:244::/48")}); err != nil {
+		t.Fatal(err)
+	}
+	for e, want := range map[string]bool{"fd00:244::/48": true, "fd00:244:1::/64": false, "fd00:244::7/128": true, "fd00:245::/64": false} {
+		got, err := c.Test(ctx, "NETS", ipset.Entry{Net: pfx(e)})
+		if err != nil || got != want {
+			t.Errorf("Test(%s) = %v, %v; want %v", e, got, err, want)
+		}
+	}
+	if err := c.Create(ctx, ipset.Set{Name: "SRC", Type: ipset.HashIPPortNet, Family: ipset.IPv4}); err != nil {
+		t.Fatal(err)
+	}
+	lb := ipset.Entry{IP: ip("203.0.113.7"), Protocol: tcp, Port: 443, Net: pfx("192.0.2.0/24")}
+	if err := c.Add(ctx, "SRC", lb); err != nil {
+		t.Fatal(err)
+	}
+	for e, want := range map[string]bool{"192.0.2.0/24": true, "192.0.2.9/32": true, "192.0.2.0/25": false, "198.51.100.1/32": false} {
+		probe := lb
+		probe.Net = pfx(e)
+		if got, err := c.Test(ctx, "SRC", probe); err != nil || got != want {
+			t.Errorf("Test(%v) = %v, %v; want %v", probe, got, err, want)
+		}
+	}
+	if err := c.Delete(ctx, "NETS", ipset.Entry{Net: pfx("fd00:244::/48")}, ipset.Entry{Net: pfx("fd00:999::/48")}); err != nil {
+		t.Errorf("Delete with an absent entry: %v", err)
+	}
+	if out := h.Exec(t, "ipset", "save", "KPT-NETS"); strings.Contains(out, "add ") {
+		t.Errorf("entries left:\n%s", out)
+	}
+	if _, err := c.Test(ctx, "MISSING", ipset.Entry{Net: pfx("fd00::/64")}); !errors.Is(err, ipset.ErrNotExist) {
+		t.Errorf("Test on a missing set: %v, want ErrNotExist", err)
+	}
+}
+
+func TestCanceledContext(t *testing.T) {
+	netnstest.Require(t, "ipset")
+	h := netnstest.NewHost(t, "node")
+	c := newClient(t, h, "KPT-")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := c.Create(ctx, ipset.Set{Name: "X", Type: ipset.HashIP, Family: ipset.IPv4})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Create with a canceled context: %v", err)
+	}
+	if out := h.Exec(t, "ipset", "list", "-n"); strings.TrimSpace(out) != "" {
+		t.Errorf("sets after a canceled Create: %q", out)
 	}
 }
