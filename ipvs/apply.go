@@ -2,6 +2,9 @@ package ipvs
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -9,20 +12,24 @@ import (
 )
 
 // apply makes the kernel match d, in an order that never leaves a virtual
-// address without its servers: addresses first, then new and changed
-// virtual servers (real servers added before others are removed), then
-// removed virtual servers, then addresses no longer used. It keeps p.kern,
-// p.present and p.use up to date as it goes, and cleans up the conntrack
-// flows that removed UDP and SCTP real servers leave.
+// address without its servers, nor a virtual server unrecorded: addresses
+// and set entries first, then new and changed virtual servers (real
+// servers added before others are removed), then removed virtual servers,
+// then addresses and set entries no longer used. It keeps p.kern, p.present
+// and p.use up to date as it goes, and cleans up the conntrack flows that
+// removed UDP and SCTP real servers leave.
 func (p *Proxier) apply(ctx context.Context, d *delta) error {
 	keys := sortedKeys(d.servers)
-	for _, k := range keys {
-		if d.servers[k] != nil && !p.present[k.addr] {
-			if err := p.k.addAddress(ctx, p.link, k.addr); err != nil {
-				return err
-			}
-			p.present[k.addr] = true
+	if !d.full {
+		if err := p.checkNew(ctx, d, keys); err != nil {
+			return err
 		}
+	}
+	if err := p.addAddresses(ctx, d, keys); err != nil {
+		return err
+	}
+	if err := p.sets.add(ctx, d.add); err != nil {
+		return err
 	}
 	var stale []servicelb.StaleFlow
 	for _, k := range keys {
@@ -45,15 +52,49 @@ func (p *Proxier) apply(ctx context.Context, d *delta) error {
 		return err
 	}
 	if d.full {
-		gone = nil
-		for a := range p.present {
-			gone = append(gone, a)
-		}
+		gone = slices.Collect(maps.Keys(p.present))
 	}
 	if err := p.deleteAddresses(ctx, gone, d.full); err != nil {
 		return err
 	}
+	if err := p.sets.del(ctx, d.del); err != nil {
+		return err
+	}
 	return p.cleanFlows(ctx, stale)
+}
+
+// checkNew refuses, before any change, to create a virtual server that
+// exists already: not being the proxier's, it is someone else's. (A full
+// sync knows them all from reading the kernel.)
+func (p *Proxier) checkNew(ctx context.Context, d *delta, keys []vsKey) error {
+	var errs []error
+	for _, k := range keys {
+		if want := d.servers[k]; want != nil && p.kern[k] == nil {
+			exists, err := p.k.exists(ctx, want)
+			if err != nil {
+				return err
+			}
+			if exists {
+				errs = append(errs, fmt.Errorf("%w: %s exists and is not the proxier's", ErrConflict, k))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// addAddresses puts the addresses of the virtual servers d adds on the
+// dummy link, node addresses aside.
+func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) error {
+	for _, k := range keys {
+		if d.servers[k] == nil || p.present[k.addr] || p.nodeIP[k.addr] {
+			continue
+		}
+		if err := p.k.addAddress(ctx, p.link, k.addr); err != nil {
+			return err
+		}
+		p.present[k.addr] = true
+	}
+	return nil
 }
 
 // create adds a virtual server and its real servers.
@@ -203,19 +244,19 @@ func (p *Proxier) deleteServers(ctx context.Context, d *delta, keys []vsKey) ([]
 	return addrs, nil
 }
 
-// deleteAddresses removes the addresses among candidates that no virtual
-// server uses any more, and the stray ones when full.
+// deleteAddresses removes from the dummy link the addresses among
+// candidates that no virtual server uses any more or that are node
+// addresses, and the stray ones when full.
 func (p *Proxier) deleteAddresses(ctx context.Context, candidates []netip.Addr, full bool) error {
 	slices.SortFunc(candidates, netip.Addr.Compare)
 	for _, a := range slices.Compact(candidates) {
-		if p.use[a] > 0 || !p.present[a] {
+		if !p.present[a] || (p.use[a] > 0 && !p.nodeIP[a]) {
 			continue
 		}
 		if err := p.k.delAddress(ctx, p.link, netip.PrefixFrom(a, a.BitLen())); err != nil {
 			return err
 		}
 		delete(p.present, a)
-		delete(p.use, a)
 	}
 	if !full {
 		return nil

@@ -197,6 +197,14 @@ func (k *kernel) reals(ctx context.Context, vs *VirtualServer) ([]realInfo, erro
 	return out, nil
 }
 
+// exists reports whether the kernel has a virtual server with vs's key.
+func (k *kernel) exists(ctx context.Context, vs *VirtualServer) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	return k.ipvs.IsServicePresent(toService(vs)), nil
+}
+
 func (k *kernel) newService(ctx context.Context, vs *VirtualServer) error {
 	return k.do(ctx, "add virtual server", vs.key().String(), func() error { return k.ipvs.NewService(toService(vs)) })
 }

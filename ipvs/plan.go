@@ -25,6 +25,8 @@ type statePlan struct {
 	ports   map[servicelb.ServicePortKey]*portPlan
 	servers map[vsKey]*VirtualServer
 	owner   map[vsKey]servicelb.ServicePortKey
+	// nodeIPs are the node's addresses: never put on the dummy link.
+	nodeIPs map[netip.Addr]bool
 }
 
 // planState plans every service port of st. It fails, with every mistake
@@ -36,6 +38,10 @@ func planState(st *servicelb.State) (*statePlan, error) {
 		ports:   map[servicelb.ServicePortKey]*portPlan{},
 		servers: map[vsKey]*VirtualServer{},
 		owner:   map[vsKey]servicelb.ServicePortKey{},
+		nodeIPs: map[netip.Addr]bool{},
+	}
+	for _, a := range node.NodeIPs {
+		p.nodeIPs[a] = true
 	}
 	var errs []error
 	for _, sp := range st.Ports() {
@@ -217,11 +223,14 @@ func realServers(bs []servicelb.Backend) []RealServer {
 	return out
 }
 
-// addresses returns every virtual address of the plan, sorted.
+// addresses returns the addresses the plan puts on the dummy link: those
+// of its virtual servers that are not node addresses, sorted.
 func (p *statePlan) addresses() []netip.Addr {
 	set := map[netip.Addr]bool{}
 	for k := range p.servers {
-		set[k.addr] = true
+		if !p.nodeIPs[k.addr] {
+			set[k.addr] = true
+		}
 	}
 	return slices.SortedFunc(maps.Keys(set), netip.Addr.Compare)
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -47,6 +48,12 @@ type Proxier struct {
 	// stray are addresses on the dummy link that are not single
 	// addresses: never the proxier's, removed by the next full sync.
 	stray []netip.Prefix
+	// nodeIP are the node's addresses, which stay off the dummy link.
+	nodeIP map[netip.Addr]bool
+	// sets are the helper sets; want counts the service ports that need
+	// each entry.
+	sets *sets
+	want map[setEntry]int
 	// draining are the removed TCP real servers left at weight 0 until
 	// their connections end, with when they started draining.
 	draining map[realKey]time.Time
@@ -75,8 +82,14 @@ func New(o Options) (*Proxier, error) {
 		ns.Close()
 		return nil, err
 	}
+	c, err := ipset.New(ipset.Options{NetNS: ns, Prefix: o.SetPrefix, Logger: o.Logger})
+	if err != nil {
+		k.close()
+		ns.Close()
+		return nil, fmt.Errorf("helper sets: %w", err)
+	}
 	return &Proxier{
-		opts: o, log: o.Logger, ns: ns, now: time.Now, k: k,
+		opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, sets: &sets{c: c},
 		draining: map[realKey]time.Time{},
 	}, nil
 }
@@ -108,7 +121,7 @@ func (p *Proxier) Close() error {
 	}
 	p.closed = true
 	p.k.close()
-	return p.ns.Close()
+	return errors.Join(p.sets.c.Close(), p.ns.Close())
 }
 
 // Render returns the kernel state Sync installs for st; see the
@@ -134,9 +147,9 @@ func (p *Proxier) forget() {
 }
 
 // Cleanup removes everything the proxier owns: its virtual servers (those
-// on the dummy link's addresses), the dummy link, and its helper sets and
-// rules. It works without a previous Sync, so a new Proxier can clean up
-// after an old one.
+// on the dummy link's addresses and those its sets record), the dummy link,
+// and its helper sets and rules. It works without a previous Sync, so a new
+// Proxier can clean up after an old one.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -144,19 +157,39 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		return err
 	}
 	p.forget()
-	p.kern, p.present, p.use = nil, nil, nil
+	p.kern, p.present, p.use, p.want = nil, nil, nil, nil
 	clear(p.draining)
-	l, err := p.k.dummy(ctx)
-	if err != nil || l == nil {
+	if err := p.cleanupServers(ctx); err != nil {
 		return err
 	}
-	prefixes, err := p.k.addresses(ctx, l)
+	if err := p.k.deleteDummy(ctx); err != nil {
+		return err
+	}
+	if err := p.sets.cleanup(ctx); err != nil {
+		return err
+	}
+	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
+	return nil
+}
+
+// cleanupServers deletes the proxier's virtual servers.
+func (p *Proxier) cleanupServers(ctx context.Context) error {
+	ours := map[netip.Addr]bool{}
+	l, err := p.k.dummy(ctx)
 	if err != nil {
 		return err
 	}
-	ours := map[netip.Addr]bool{}
-	for _, pf := range prefixes {
-		ours[pf.Addr()] = true
+	if l != nil {
+		prefixes, err := p.k.addresses(ctx, l)
+		if err != nil {
+			return err
+		}
+		for _, pf := range prefixes {
+			ours[pf.Addr()] = true
+		}
+	}
+	if err := p.sets.load(ctx); err != nil {
+		return err
 	}
 	servers, err := p.k.services(ctx)
 	if err != nil {
@@ -164,16 +197,9 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	var errs []error
 	for _, vs := range servers {
-		if ours[vs.Addr] {
+		if ours[vs.Addr] || p.sets.recorded(vs.key()) {
 			errs = append(errs, p.k.delService(ctx, vs))
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if err := p.k.deleteDummy(ctx); err != nil {
-		return err
-	}
-	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
-	return nil
+	return errors.Join(errs...)
 }

@@ -13,9 +13,10 @@ import (
 )
 
 // delta is a change to the kernel: the virtual servers to make match their
-// plan, nil meaning delete.
+// plan (nil meaning delete) and the set entries to add and delete.
 type delta struct {
-	servers map[vsKey]*VirtualServer
+	servers  map[vsKey]*VirtualServer
+	add, del []setEntry
 	// full removes every present address no virtual server uses, and
 	// stray ones.
 	full bool
@@ -23,32 +24,36 @@ type delta struct {
 
 // Sync makes the kernel match st. The first Sync (and the first after a
 // failure, or after someone removed the dummy link) reads the proxier's
-// virtual servers from the kernel and converges on st without touching
-// what is already right; later ones send only what servicelb.Diff reports.
+// virtual servers from the kernel and converges on st without touching what
+// is already right; later ones send only what servicelb.Diff reports.
 // A State the proxier cannot apply (ErrUnsupported, ErrConflict) is refused
 // before anything is sent. IPVS is not transactional: Sync adds addresses,
-// virtual servers and real servers before it removes any, so that no
-// virtual address is ever left without its servers; if it fails part way,
-// the next Sync reads the kernel and completes the change. Sync also
-// deletes draining real servers whose connections have ended (see Drain).
+// set entries, virtual servers and real servers before it removes any, so
+// that no virtual address is ever left without its servers; if it fails
+// part way, the next Sync reads the kernel and completes the change. Sync
+// also deletes draining real servers whose connections have ended (see
+// Drain).
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.errIf(); err != nil {
 		return err
 	}
-	start, writes := p.now(), p.k.writes
+	start, writes := p.now(), p.writes()
 	err := p.sync(ctx, st)
 	if err == nil {
 		err = p.drain(ctx)
 	}
-	n := p.k.writes - writes
+	n := p.writes() - writes
 	p.log.Debug("ipvs: sync", "services", st.Len(), "changes", n, "took", p.now().Sub(start), "err", err)
 	if n > 0 && err == nil {
 		p.log.Info("ipvs: synced", "services", st.Len(), "changes", n)
 	}
 	return err
 }
+
+// writes counts the changes sent to the kernel so far.
+func (p *Proxier) writes() int { return p.k.writes + p.sets.writes }
 
 func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 	if p.applied != nil {
@@ -96,22 +101,32 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 		d.servers[k] = nil
 	}
 	maps.Copy(d.servers, plan.servers)
+	want := plan.entries()
+	for e := range want {
+		d.add = append(d.add, e)
+	}
+	for e := range p.sets.have {
+		if want[e] == 0 {
+			d.del = append(d.del, e)
+		}
+	}
+	p.nodeIP = plan.nodeIPs
 	if err := p.apply(ctx, d); err != nil {
 		p.forget()
 		return err
 	}
-	p.applied, p.plan = st, plan
+	p.applied, p.plan, p.want = st, plan, want
 	return nil
 }
 
 // checkForeign refuses a plan that needs a virtual server someone else
-// owns: one whose address is not on the dummy link.
+// owns.
 func checkForeign(plan *statePlan, foreign map[vsKey]bool) error {
 	var errs []error
-	for k := range plan.servers {
+	for _, k := range sortedKeys(plan.servers) {
 		if foreign[k] {
-			errs = append(errs, fmt.Errorf("%w: %s (needed by %s) exists and its address is not on the dummy link",
-				ErrConflict, k, plan.owner[k]))
+			errs = append(errs, fmt.Errorf("%w: %s (needed by %s) exists and is not the proxier's "+
+				"(its address is not on the dummy link, nor is it in the proxier's sets)", ErrConflict, k, plan.owner[k]))
 		}
 	}
 	return errors.Join(errs...)
@@ -124,13 +139,20 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 		return nil
 	}
 	node := st.Node()
-	d, news, err := p.planChanges(&node, ch)
+	d, news, counts, err := p.planChanges(&node, ch)
 	if err != nil {
 		return err
 	}
 	if err := p.apply(ctx, d); err != nil {
 		p.forget()
 		return err
+	}
+	for e, c := range counts {
+		if n := p.want[e] + c; n > 0 {
+			p.want[e] = n
+		} else {
+			delete(p.want, e)
+		}
 	}
 	for _, sp := range slices.Concat(ch.Removed, oldPorts(ch.Changed)) {
 		if pp := p.plan.ports[sp.Key]; pp != nil {
@@ -160,17 +182,30 @@ func oldPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
 	return out
 }
 
-// planChanges plans the ports that changed and returns the delta and their
-// new plans. It fails, changing nothing, when a port cannot be planned or
-// needs a virtual server another port keeps.
-func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes) (*delta, []*portPlan, error) {
+func newPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
+	out := make([]*servicelb.ServicePort, len(cs))
+	for i, c := range cs {
+		out[i] = c.New
+	}
+	return out
+}
+
+// planChanges plans the ports that changed and returns the delta, their
+// new plans and the changes of the set entries' counts. It fails, changing
+// nothing, when a port cannot be planned or needs a virtual server another
+// port keeps.
+func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes) (*delta, []*portPlan, map[setEntry]int, error) {
 	d := &delta{servers: map[vsKey]*VirtualServer{}}
+	counts := map[setEntry]int{}
 	leaving := map[servicelb.ServicePortKey]bool{}
 	for _, sp := range slices.Concat(ch.Removed, oldPorts(ch.Changed)) {
 		leaving[sp.Key] = true
 		if pp := p.plan.ports[sp.Key]; pp != nil {
 			for _, vs := range pp.servers {
 				d.servers[vs.key()] = nil
+			}
+			for _, e := range pp.entries {
+				counts[e]--
 			}
 		}
 	}
@@ -193,20 +228,23 @@ func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes)
 			claimed[k] = pp.key
 			d.servers[k] = vs
 		}
+		for _, e := range pp.entries {
+			counts[e]++
+		}
 		news = append(news, pp)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return d, news, nil
-}
-
-func newPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
-	out := make([]*servicelb.ServicePort, len(cs))
-	for i, c := range cs {
-		out[i] = c.New
+	for e, c := range counts {
+		switch before, after := p.want[e], p.want[e]+c; {
+		case before == 0 && after > 0:
+			d.add = append(d.add, e)
+		case before > 0 && after == 0:
+			d.del = append(d.del, e)
+		}
 	}
-	return out
+	return d, news, counts, nil
 }
 
 // linkIntact reports whether the dummy link is still the one last seen.
@@ -218,10 +256,18 @@ func (p *Proxier) linkIntact(ctx context.Context) (bool, error) {
 	return l != nil && p.link != nil && l.Attrs().Index == p.link.Attrs().Index, nil
 }
 
-// readKernel learns the proxier's state from the kernel: the dummy link
-// (created if missing), its addresses, and the virtual servers on them
-// with their real servers. It returns the other virtual servers' keys.
+// readKernel learns the proxier's state from the kernel: the helper sets
+// (created if missing), the dummy link (created if missing) and its
+// addresses, and the proxier's virtual servers with their real servers:
+// those on the link's addresses and those its sets record. It returns the
+// other virtual servers' keys.
 func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
+	if err := p.sets.ensure(ctx); err != nil {
+		return nil, err
+	}
+	if err := p.sets.load(ctx); err != nil {
+		return nil, err
+	}
 	l, err := p.k.ensureDummy(ctx)
 	if err != nil {
 		return nil, err
@@ -245,7 +291,7 @@ func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
 	}
 	foreign := map[vsKey]bool{}
 	for _, vs := range servers {
-		if !p.present[vs.Addr] {
+		if !p.present[vs.Addr] && !p.sets.recorded(vs.key()) {
 			foreign[vs.key()] = true
 			continue
 		}

@@ -1,0 +1,360 @@
+//go:build vm
+
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// longService is a TCP service on port 7000 (line servers) and 80 (echo
+// servers), with the given backends.
+func longService(backends ...int) servicelb.Service {
+	return servicelb.Service{
+		Name: "default/long", ClusterIPs: []netip.Addr{a("10.96.0.40"), a("fd00:96::40")},
+		Ports: []servicelb.Port{
+			{Name: "lines", Protocol: tcp, Port: 7000, NodePort: 30700},
+			{Name: "echo", Protocol: tcp, Port: 80, TargetPort: 8080},
+			{Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353},
+		},
+		Endpoints: endpoints(backends...),
+	}
+}
+
+// backendIndex returns the index of the backend named host.
+func (e *env) backendIndex(host string) int {
+	e.t.Helper()
+	i := slices.IndexFunc(e.tp.Backends, func(h *netnstest.Host) bool { return h.Name == host })
+	if i < 0 {
+		e.t.Fatalf("no backend %q", host)
+	}
+	return i
+}
+
+// TestGracefulTermination checks that a removed TCP real server keeps its
+// open connection (at weight 0, taking no new one) and is deleted once the
+// connection ends.
+func TestGracefulTermination(t *testing.T) {
+	e := newEnv(t, 2, Options{})
+	e.serveLines(0, 7000)
+	e.serveLines(1, 7000)
+	e.sync(e.state(longService(0, 1)))
+	dst := ap(a("10.96.0.40"), 7000)
+	s := e.dial(dst)
+	x, err := s.ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	xi := e.backendIndex(x)
+	st := e.state(longService(1 - xi))
+	e.sync(st)
+	drained := "-r " + netip.AddrPortFrom(backendAddr(xi, servicelb.IPv4), 7000).String() + " -m -w 0"
+	if out := e.tp.Node.Exec(t, "ipvsadm", "-Sn"); !strings.Contains(out, drained) {
+		t.Fatalf("ipvsadm -Sn lacks %q:\n%s", drained, out)
+	}
+	s.mustAsk(t, x)
+	y := e.tp.Backends[1-xi].Name
+	for range 4 {
+		n := e.dial(dst)
+		n.mustAsk(t, y)
+		n.closeAbort()
+	}
+	s.mustAsk(t, x)
+	if n, err := e.p.Drain(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Drain with the connection open: %d draining, %v; want 1", n, err)
+	}
+	s.closeAbort()
+	eventually(t, 40*time.Second, func() error {
+		n, err := e.p.Drain(t.Context())
+		if err == nil && n != 0 {
+			err = errors.New("real server still draining")
+		}
+		return err
+	})
+	e.checkIPVS(st)
+}
+
+// TestGracefulTimeout checks that a draining real server is deleted after
+// the graceful timeout even with a connection open, which then fails.
+func TestGracefulTimeout(t *testing.T) {
+	e := newEnv(t, 2, Options{GracefulTimeout: time.Second})
+	e.serveLines(0, 7000)
+	e.serveLines(1, 7000)
+	e.sync(e.state(longService(0, 1)))
+	s := e.dial(ap(a("fd00:96::40"), 7000))
+	x, err := s.ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := e.state(longService(1 - e.backendIndex(x)))
+	e.sync(st)
+	s.mustAsk(t, x)
+	time.Sleep(1200 * time.Millisecond)
+	if n, err := e.p.Drain(t.Context()); err != nil || n != 0 {
+		t.Fatalf("Drain after the timeout: %d draining, %v; want 0", n, err)
+	}
+	e.checkIPVS(st)
+	if got, err := s.ask(); err == nil {
+		t.Fatalf("connection to a deleted real server answered %q", got)
+	}
+}
+
+// flowRecorder is a FlowCleaner that records what it is asked to delete.
+type flowRecorder struct {
+	mu    sync.Mutex
+	flows []servicelb.StaleFlow
+}
+
+func (r *flowRecorder) DeleteStale(_ context.Context, flows []servicelb.StaleFlow) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.flows = append(r.flows, flows...)
+	return nil
+}
+
+// TestUDPRemovedAtOnce checks that removed UDP real servers go at once, and
+// that their flows are handed to the FlowCleaner.
+func TestUDPRemovedAtOnce(t *testing.T) {
+	rec := &flowRecorder{}
+	e := newEnv(t, 2, Options{FlowCleaner: rec})
+	e.serve("udp", 5353, 0, 1)
+	e.sync(e.state(longService(0, 1)))
+	dst := ap(a("10.96.0.40"), 53)
+	if counts := e.tp.Client.Count(t, "udp", dst, 4); len(counts) != 2 {
+		t.Fatalf("answers %v: want both backends", counts)
+	}
+	rec.flows = nil
+	st := e.state(longService(1))
+	e.sync(st)
+	e.checkIPVS(st)
+	want := []servicelb.StaleFlow{
+		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Endpoint: backendAddr(0, servicelb.IPv4)},
+		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Endpoint: backendAddr(0, servicelb.IPv6)},
+	}
+	if diff := cmp.Diff(want, rec.flows, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+		t.Errorf("stale flows (-want +got):\n%s", diff)
+	}
+	if counts := e.tp.Client.Count(t, "udp", dst, 4); counts["backend-1"] != 4 {
+		t.Fatalf("answers %v: want backend-1 only", counts)
+	}
+}
+
+// TestRestartKeepsConnections checks that a new Proxier adopts what an old
+// one left without sending a change, while an open connection and a stream
+// of new ones go on.
+func TestRestartKeepsConnections(t *testing.T) {
+	e := newEnv(t, 2, Options{})
+	e.serveLines(0, 7000)
+	e.serveLines(1, 7000)
+	e.serve("tcp", 8080, 0, 1)
+	e.serve("udp", 5353, 0, 1)
+	st := e.state(longService(0, 1))
+	e.sync(st)
+	s := e.dial(ap(a("10.96.0.40"), 7000))
+	x, err := s.ask()
+	if err != nil {
+		t.Fatal(err)
+	}
+	failures := make(chan error, 1000)
+	asks := 0
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, q := range []struct {
+				proto string
+				dst   netip.AddrPort
+			}{{"tcp", ap(a("10.96.0.40"), 80)}, {"udp", ap(a("fd00:96::40"), 53)}, {"tcp", ap(netnstest.NodeIPv4(), 30700)}} {
+				if q.dst.Port() == 30700 {
+					continue // line servers do not speak the echo protocol
+				}
+				if _, err := e.tp.Client.Ask(context.Background(), q.proto, q.dst); err != nil {
+					failures <- err
+				}
+				asks++
+			}
+		}
+	}()
+	e.p.Close()
+	e.p = e.newProxier()
+	before := e.writes()
+	e.sync(st)
+	if n := e.writes() - before; n != 0 {
+		t.Errorf("the restarted proxier sent %d changes for an unchanged state, want 0", n)
+	}
+	s.mustAsk(t, x)
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	<-done
+	close(failures)
+	for err := range failures {
+		t.Errorf("ask during the restart: %v", err)
+	}
+	t.Logf("%d asks during the restart", asks)
+	e.checkIPVS(st)
+}
+
+// snapshot returns the proxier's kernel state as the tools show it: the
+// IPVS table, the dummy link's addresses and the helper sets.
+func snapshot(t *testing.T, h *netnstest.Host, o Options) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(h.Exec(t, "ipvsadm", "-Sn"))
+	b.WriteString("--\n")
+	if out, err := h.Output(t.Context(), "", "ip", "-o", "addr", "show", "dev", o.Interface); err == nil {
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(l); len(f) > 3 {
+				b.WriteString(f[2] + " " + f[3] + "\n")
+			}
+		}
+	} else {
+		b.WriteString("no dummy link\n")
+	}
+	b.WriteString("--\n")
+	lines := strings.Split(h.Exec(t, "ipset", "save"), "\n")
+	var keep []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "add ") {
+			keep = append(keep, l)
+		} else if f := strings.Fields(l); len(f) > 2 && f[0] == "create" {
+			keep = append(keep, strings.Join(f[:3], " "))
+		}
+	}
+	slices.Sort(keep)
+	b.WriteString(strings.Join(keep, "\n"))
+	return b.String()
+}
+
+// TestInvalidInputLeavesKernel checks that a State the proxier cannot apply
+// is refused before anything changes, on a fresh proxier and on one that
+// applied a state before, and that a valid change applies afterwards.
+func TestInvalidInputLeavesKernel(t *testing.T) {
+	e := newEnv(t, 2, Options{})
+	random := longService(0, 1)
+	random.Scheduler = servicelb.SchedulerRandom
+	ext := servicelb.Service{
+		Name: "default/ext", ExternalIPs: []netip.Addr{netnstest.NodeIPv4()},
+		Ports: []servicelb.Port{{Protocol: tcp, Port: 30700}},
+	}
+	bad := []struct {
+		st   *servicelb.State
+		kind error
+	}{
+		{e.state(random), ErrUnsupported},
+		{e.state(longService(0, 1), ext), ErrConflict},
+	}
+	empty := snapshot(t, e.tp.Node, e.p.opts)
+	for _, b := range bad {
+		if err := e.p.Sync(t.Context(), b.st); !errors.Is(err, b.kind) {
+			t.Fatalf("first Sync: %v, want %v", err, b.kind)
+		}
+		if got := snapshot(t, e.tp.Node, e.p.opts); got != empty {
+			t.Fatalf("a refused first Sync changed the kernel:\n%s", cmp.Diff(empty, got))
+		}
+	}
+	st := e.state(longService(0))
+	e.sync(st)
+	before := snapshot(t, e.tp.Node, e.p.opts)
+	for _, b := range bad {
+		if err := e.p.Sync(t.Context(), b.st); !errors.Is(err, b.kind) {
+			t.Fatalf("Sync: %v, want %v", err, b.kind)
+		}
+		if got := snapshot(t, e.tp.Node, e.p.opts); got != before {
+			t.Fatalf("a refused Sync changed the kernel (-before +after):\n%s", cmp.Diff(before, got))
+		}
+	}
+	st = e.state(longService(0, 1))
+	e.sync(st)
+	e.checkIPVS(st)
+}
+
+// TestOwnership checks that the proxier touches only its own virtual
+// servers: foreign ones on node addresses and on other addresses survive
+// Sync, a restart and Cleanup, as do those of a second proxier with its
+// own link and sets; a State needing a foreign virtual server is refused.
+func TestOwnership(t *testing.T) {
+	e := newEnv(t, 1, Options{})
+	for _, args := range [][]string{
+		{"-A", "-t", "198.51.100.1:9999", "-s", "rr"},
+		{"-A", "-t", "198.51.100.1:30081", "-s", "rr"},
+		{"-A", "-u", "10.250.0.1:53", "-s", "wlc"},
+	} {
+		e.tp.Node.Exec(t, "ipvsadm", args...)
+	}
+	foreign := e.tp.Node.Exec(t, "ipvsadm", "-Sn")
+	st := e.state(longService(0))
+	e.sync(st)
+	clash := longService(0)
+	clash.Ports[0].NodePort = 30081
+	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Sync needing a foreign virtual server: %v, want ErrConflict", err)
+	}
+	e.sync(st)
+
+	o2 := Options{NetNS: e.tp.Node.NS, Interface: "kproxy-ipvs1", SetPrefix: "kp2-", ChainPrefix: "KP2-"}
+	p2, err := New(o2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	other := servicelb.Service{Name: "other/web", ClusterIPs: []netip.Addr{a("10.96.7.7")},
+		Ports: []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30777}}, Endpoints: endpoints(0)}
+	st2 := e.state(other)
+	if err := p2.Sync(t.Context(), st2); err != nil {
+		t.Fatal(err)
+	}
+	render := func(st *servicelb.State) []*VirtualServer {
+		p, err := planState(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Collect(mapsValues(p.servers))
+	}
+	ours, theirs := render(st), render(st2)
+	foreignVS := parseSave(t, foreign)
+	check := func(what string, sets ...[]*VirtualServer) {
+		t.Helper()
+		want := RenderVirtualServers(slices.Concat(sets...))
+		if got := e.tp.Node.Exec(t, "ipvsadm", "-Sn"); got != want {
+			t.Fatalf("%s: ipvsadm -Sn (-want +got):\n%s", what, cmp.Diff(want, got))
+		}
+	}
+	check("both synced", foreignVS, ours, theirs)
+	e.p.Close()
+	e.p = e.newProxier()
+	e.sync(st)
+	check("after a restart", foreignVS, ours, theirs)
+	if err := e.p.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	check("after Cleanup", foreignVS, theirs)
+	if out, err := e.tp.Node.Output(t.Context(), "", "ip", "link", "show", "kproxy-ipvs0"); err == nil {
+		t.Errorf("dummy link left after Cleanup:\n%s", out)
+	}
+	if out := e.tp.Node.Exec(t, "ipset", "list", "-n"); strings.Contains(out, DefaultSetPrefix) {
+		t.Errorf("sets left after Cleanup:\n%s", out)
+	}
+	if err := p2.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	check("after both Cleanups", foreignVS)
+	if out := e.tp.Node.Exec(t, "ipset", "list", "-n"); strings.TrimSpace(out) != "" {
+		t.Errorf("sets left after both Cleanups:\n%s", out)
+	}
+}
