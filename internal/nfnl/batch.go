@@ -21,6 +21,9 @@ type Batch struct {
 	ops   []op
 	genID uint32
 	check bool
+	// echoed holds, after a commit, the rules the kernel echoed for the
+	// messages marked with Echo, by message index.
+	echoed map[int]Rule
 }
 
 // op describes one message of a batch, for error reports and String.
@@ -199,7 +202,21 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 	if r.Position != 0 {
 		b.enc.u64(attrRulePosition, r.Position)
 	}
+	if r.PositionID != 0 {
+		b.enc.u32(attrRulePosID, r.PositionID)
+	}
+	if r.ID != 0 {
+		b.enc.u32(attrRuleID, r.ID)
+	}
 	n := b.enc.nest(attrRuleExprs)
+	if len(r.Exprs) == 0 {
+		for _, x := range r.Raw {
+			en := b.enc.nest(attrListElem)
+			b.enc.str(attrExprName, x.Name)
+			b.enc.attr(attrExprData|nlaNested, x.Data)
+			b.enc.endNest(en)
+		}
+	}
 	for i, e := range r.Exprs {
 		data, err := expr.Marshal(byte(r.Family), e)
 		if err != nil {
@@ -221,6 +238,26 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 		b.enc.attr(attrRuleUData, r.UserData)
 	}
 	b.enc.endMessage(m)
+}
+
+// Echo asks the kernel to send message i (0-based; a rule addition) back
+// once the batch is committed, as NLM_F_ECHO does: with its handle. After
+// a successful Commit, Echoed returns it. Echo ignores other messages.
+func (b *Batch) Echo(i int) {
+	if i < 0 || i >= len(b.ops) || b.ops[i].kind != "rule" || b.ops[i].verb == "delete" {
+		return
+	}
+	off := b.ops[i].off + 6
+	flags := uint16(b.enc.b[off]) | uint16(b.enc.b[off+1])<<8
+	flags |= nlmEcho
+	b.enc.b[off], b.enc.b[off+1] = byte(flags), byte(flags>>8)
+}
+
+// Echoed returns the rule the kernel echoed for message i, which Echo
+// marked, after a successful Commit: the rule as added, with its handle.
+func (b *Batch) Echoed(i int) (Rule, bool) {
+	r, ok := b.echoed[i]
+	return r, ok
 }
 
 // DelRule deletes the rule with the given handle.

@@ -82,6 +82,7 @@ func (b *Batch) unframe() {
 // probe: errors for the batch's failed messages come before it.
 func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Generation, error) {
 	var failed []*MessageError
+	b.echoed = nil
 	for {
 		msgs, err := c.receive(ctx)
 		if err != nil {
@@ -97,6 +98,18 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 					continue
 				}
 				failed = append(failed, b.failure(int(seq-base)-1, errno, text))
+				continue
+			}
+			if m.typ == subsysNFTables<<8|msgNewRule && m.seq > base && m.seq < probe {
+				// A rule the batch asked to have echoed (Batch.Echo).
+				r, err := parseRule(m.data)
+				if err != nil {
+					return Generation{}, fmt.Errorf("nfnl: echoed rule: %w", err)
+				}
+				if b.echoed == nil {
+					b.echoed = map[int]Rule{}
+				}
+				b.echoed[int(m.seq-base)-1] = r
 				continue
 			}
 			if m.seq != probe || m.typ != subsysNFTables<<8|msgNewGen {

@@ -38,6 +38,7 @@ const (
 	nlmRequest  = 0x1
 	nlmMulti    = 0x2
 	nlmAck      = 0x4
+	nlmEcho     = 0x8
 	nlmDumpIntr = 0x10
 	nlmRoot     = 0x100
 	nlmMatch    = 0x200
@@ -102,6 +103,8 @@ const (
 	attrRuleCompat   = 5
 	attrRulePosition = 6
 	attrRuleUData    = 7
+	attrRuleID       = 9
+	attrRulePosID    = 10
 	attrCompatProto  = 1
 	attrCompatFlags  = 2
 	attrListElem     = 1

@@ -11,8 +11,11 @@
 // expression that library knows fits, native or x_tables (expr.Match,
 // expr.Target; set Rule.Compat for the NFTA_RULE_COMPAT attribute that
 // nft_compat wants). Rules go at the end of a chain (AddRule), at its start
-// (InsertRule), after or before a rule handle (Rule.Position), or replace a
-// rule by handle (ReplaceRule); DelRule deletes by handle.
+// (InsertRule), after or before a rule handle (Rule.Position) or a rule
+// added earlier in the same batch (Rule.ID and Rule.PositionID), or replace
+// a rule by handle (ReplaceRule); DelRule deletes by handle. A rule without
+// Exprs is written from Rule.Raw, expressions encoded elsewhere (the
+// iptables backend's own encoder) or dumped.
 //
 // Builder methods never fail. A mistake is kept (Batch.Err) and Commit then
 // refuses to send anything. Conn.Commit frames the messages between
@@ -23,6 +26,11 @@
 // buffer grows to the batch (SO_SNDBUFFORCE), so a batch of tens of
 // megabytes goes through in one piece instead of failing with EMSGSIZE.
 // Large element lists are split across messages by the batch itself.
+//
+// Batch.Echo marks chosen rule additions for NLM_F_ECHO: the kernel sends
+// them back after the commit with their handles, which Batch.Echoed
+// returns. The iptables backend asks for two per table and derives the
+// other handles, which the kernel hands out one by one in batch order.
 //
 // After the batch, Commit asks for the ruleset generation (NFT_MSG_GETGEN)
 // on the same socket; the kernel's errors for the batch arrive before that
@@ -45,7 +53,8 @@
 //
 // Conn.Table, Tables, Chains, Rules, Sets and Elements dump one table's
 // objects. Rules come back with their expressions raw (Rule.Raw) and,
-// where the expression library knows them all, decoded (Rule.Exprs).
+// where the expression library knows them all, decoded (Rule.Exprs);
+// RulesRaw skips the decoding, for large tables.
 // SameExprs compares a dumped rule with expressions one would write,
 // independent of attribute order. A dump that raced with a commit fails
 // with ErrDumpInterrupted; a missing table or set gives ErrNotExist.

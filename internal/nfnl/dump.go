@@ -136,6 +136,16 @@ func (c *Conn) Chains(ctx context.Context, fam Family, table string) ([]Chain, e
 // Rules returns the rules of one chain of a table, or of every chain when
 // chain is empty, in order.
 func (c *Conn) Rules(ctx context.Context, fam Family, table, chain string) ([]Rule, error) {
+	return c.rules(ctx, fam, table, chain, true)
+}
+
+// RulesRaw is Rules without decoding the expressions: each rule has Raw
+// and no Exprs, which is much cheaper for large tables.
+func (c *Conn) RulesRaw(ctx context.Context, fam Family, table, chain string) ([]Rule, error) {
+	return c.rules(ctx, fam, table, chain, false)
+}
+
+func (c *Conn) rules(ctx context.Context, fam Family, table, chain string, decode bool) ([]Rule, error) {
 	var out []Rule
 	attrs := func(e *encoder) {
 		e.str(attrRuleTable, table)
@@ -144,7 +154,10 @@ func (c *Conn) Rules(ctx context.Context, fam Family, table, chain string) ([]Ru
 		}
 	}
 	err := c.request(ctx, msgGetRule, fam, true, attrs, func(d []byte) error {
-		r, err := parseRule(d)
+		r, err := parseRawRule(d)
+		if err == nil && decode {
+			r.Exprs, _ = DecodeExprs(r.Family, r.Raw)
+		}
 		if r.Table == table && (chain == "" || r.Chain == chain) {
 			out = append(out, r)
 		}
@@ -266,6 +279,15 @@ func parseHook(d []byte, h *Hook) {
 }
 
 func parseRule(d []byte) (Rule, error) {
+	r, err := parseRawRule(d)
+	if err == nil {
+		r.Exprs, _ = DecodeExprs(r.Family, r.Raw)
+	}
+	return r, err
+}
+
+// parseRawRule parses a rule without decoding its expressions.
+func parseRawRule(d []byte) (Rule, error) {
 	fam, as, err := payload(d)
 	r := Rule{Family: fam}
 	for _, a := range as {
@@ -289,9 +311,6 @@ func parseRule(d []byte) (Rule, error) {
 			}
 			r.Raw = raw
 		}
-	}
-	if err == nil {
-		r.Exprs, _ = DecodeExprs(fam, r.Raw)
 	}
 	return r, err
 }

@@ -152,10 +152,20 @@ type Rule struct {
 	// and Batch.InsertRule before it. Zero means the end (AddRule) or the
 	// start (InsertRule) of the chain.
 	Position uint64
-	Exprs    []expr.Any
+	// ID names a rule added by a batch within that batch (NFTA_RULE_ID),
+	// so that later rules of the same batch can be placed next to it with
+	// PositionID before it has a handle. Zero means none.
+	ID uint32
+	// PositionID places the rule next to the rule of this batch whose ID
+	// it is, as Position does for a handle: AddRule after it, InsertRule
+	// before it.
+	PositionID uint32
+	Exprs      []expr.Any
 	Compat   *Compat
 	UserData []byte
-	// Raw holds the expressions as the kernel dumped them.
+	// Raw holds the expressions as the kernel dumped them. When writing a
+	// rule without Exprs, Raw is written as is: expressions encoded
+	// elsewhere, or a dumped rule written back.
 	Raw []RawExpr
 }
 
