@@ -161,8 +161,8 @@ type Rule struct {
 	// before it.
 	PositionID uint32
 	Exprs      []expr.Any
-	Compat   *Compat
-	UserData []byte
+	Compat     *Compat
+	UserData   []byte
 	// Raw holds the expressions as the kernel dumped them. When writing a
 	// rule without Exprs, Raw is written as is: expressions encoded
 	// elsewhere, or a dumped rule written back.
