@@ -6,23 +6,28 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
 	"go/build/constraint"
+	"go/parser"
+	"go/token"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"unicode"
 )
 
 // Tag is the build tag of tests that run in the VM.
 const Tag = "vm"
 
-// Package is a Go package with vm tests.
+// Package is a Go package with vm tests: at least one test file that
+// needs the vm tag and declares a test, fuzz test or example.
 type Package struct {
 	ImportPath string
 	Dir        string
 	Rel        string   // directory relative to the module root, slash-separated
-	Files      []string // the test files that need the vm tag
+	Files      []string // the test files that need the vm tag (helpers included)
 }
 
 // BinaryName is the test binary's file name: the package's directory
@@ -54,6 +59,28 @@ func platformTag(tag string) bool {
 		return true
 	}
 	return strings.HasPrefix(tag, "go1.")
+}
+
+// declaresTests reports whether a Go test file declares a top-level test,
+// fuzz test or example function; a vm-tagged file of helpers only does
+// not make its package a vm test package.
+func declaresTests(src []byte) (bool, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), "", src, parser.SkipObjectResolution)
+	if err != nil {
+		return false, err
+	}
+	for _, d := range f.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || fn.Recv != nil {
+			continue
+		}
+		for _, prefix := range []string{"Test", "Fuzz", "Example"} {
+			if rest, ok := strings.CutPrefix(fn.Name.Name, prefix); ok && (rest == "" || !unicode.IsLower(rune(rest[0]))) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // FileConstraint returns the //go:build constraint of a Go source file, or
@@ -117,21 +144,27 @@ func FindPackages(ctx context.Context, dir string, patterns []string) ([]Package
 
 func vmPackage(lp listedPackage) (*Package, error) {
 	var files []string
+	tests := false
 	for _, name := range append(append([]string{}, lp.TestGoFiles...), lp.XTestGoFiles...) {
-		f, err := os.Open(filepath.Join(lp.Dir, name))
+		src, err := os.ReadFile(filepath.Join(lp.Dir, name))
 		if err != nil {
 			return nil, err
 		}
-		expr, err := FileConstraint(f)
-		f.Close()
+		expr, err := FileConstraint(bytes.NewReader(src))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(lp.Dir, name), err)
 		}
-		if NeedsVM(expr) {
-			files = append(files, name)
+		if !NeedsVM(expr) {
+			continue
 		}
+		files = append(files, name)
+		has, err := declaresTests(src)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(lp.Dir, name), err)
+		}
+		tests = tests || has
 	}
-	if len(files) == 0 {
+	if !tests {
 		return nil, nil
 	}
 	rel := "."

@@ -63,13 +63,16 @@ func TestFindPackages(t *testing.T) {
 	files := map[string]string{
 		"go.mod":                      "module example.com/m\n\ngo 1.22\n",
 		"a/a.go":                      "package a\n",
-		"a/a_vm_test.go":              "//go:build vm\n\npackage a\n",
+		"a/a_vm_test.go":              "//go:build vm\n\npackage a\n\nimport \"testing\"\n\nfunc TestA(t *testing.T) {}\n",
+		"a/helpers_vm_test.go":        "//go:build vm\n\npackage a\n\nfunc helper() {}\n",
 		"a/a_test.go":                 "package a\n",
 		"b/b.go":                      "package b\n",
-		"b/b_netns_test.go":           "//go:build privileged\n\npackage b\n",
+		"b/b_netns_test.go":           "//go:build privileged\n\npackage b\n\nimport \"testing\"\n\nfunc TestB(t *testing.T) {}\n",
 		"c/d/d.go":                    "package d\n",
-		"c/d/x_vm_test.go":            "//go:build vm || privileged\n\npackage d_test\n",
-		"e/only_vm_test.go":           "//go:build vm\n\npackage e\n",
+		"c/d/x_vm_test.go":            "//go:build vm || privileged\n\npackage d_test\n\nfunc Example() {}\n",
+		"e/only_vm_test.go":           "//go:build vm\n\npackage e\n\nimport \"testing\"\n\nfunc FuzzE(f *testing.F) {}\n",
+		"f/f.go":                      "package f\n",
+		"f/helpers_vm_test.go":        "//go:build privileged || vm\n\npackage f\n\nfunc Testify() {}\n\nfunc (x T) TestM() {}\n\ntype T int\n",
 		"testdata/ignored_vm_test.go": "//go:build vm\n\npackage ignored\n",
 	}
 	for name, content := range files {
@@ -96,7 +99,7 @@ func TestFindPackages(t *testing.T) {
 		got = append(got, found{p.ImportPath, p.Rel, p.BinaryName(), p.Files})
 	}
 	want := []found{
-		{"example.com/m/a", "a", "a.test", []string{"a_vm_test.go"}},
+		{"example.com/m/a", "a", "a.test", []string{"a_vm_test.go", "helpers_vm_test.go"}},
 		{"example.com/m/c/d", "c/d", "c_d.test", []string{"x_vm_test.go"}},
 		{"example.com/m/e", "e", "e.test", []string{"only_vm_test.go"}},
 	}

@@ -98,3 +98,13 @@ func TestTestArgs(t *testing.T) {
 		t.Errorf("short watchdog: %q", got)
 	}
 }
+
+func TestFiltered(t *testing.T) {
+	for args, want := range map[string]bool{
+		"": false, "-count 2": false, "-run X": true, "-test.run=X": true, "-skip Y": true, "-runner": false,
+	} {
+		if got := filtered(strings.Fields(args)); got != want {
+			t.Errorf("filtered(%q) = %v, want %v", args, got, want)
+		}
+	}
+}

@@ -35,6 +35,10 @@ type Report struct {
 	Done           bool     // the done line was seen: /init reached its end
 	ModprobeFailed []string // modules that did not load
 	RunDir         string   // the run's files (binaries, initramfs, results.log); kept when it failed
+	// Filtered says the tests were selected (-run, -skip): a binary that
+	// then runs no test is fine. Without a filter it is a failure, since
+	// only packages that declare vm tests are run.
+	Filtered bool
 }
 
 // ParseResults reads the guest's results output. expected names the
@@ -120,6 +124,7 @@ var (
 	ErrTestSkipped = errors.New("vm test skipped (a missing kernel feature is a failure in the VM)")
 	ErrIncomplete  = errors.New("vm run incomplete (crash, kernel panic or timeout)")
 	ErrModprobe    = errors.New("kernel module failed to load")
+	ErrNoTests     = errors.New("vm test binary ran no test")
 )
 
 // Err returns nil when every expected binary ran, exited 0 and skipped no
@@ -141,6 +146,9 @@ func (rep *Report) Err() error {
 		}
 		if len(b.Skipped) > 0 {
 			errs = append(errs, fmt.Errorf("%w: %s: %s", ErrTestSkipped, b.Name, strings.Join(b.Skipped, ", ")))
+		}
+		if b.NoTests && !rep.Filtered {
+			errs = append(errs, fmt.Errorf("%w: %s", ErrNoTests, b.Name))
 		}
 	}
 	if !rep.Done {

@@ -105,6 +105,13 @@ func TestParseResults(t *testing.T) {
 	if !strings.Contains(err.Error(), "c.test never started") || !strings.Contains(err.Error(), "extra.test exit status 2") {
 		t.Errorf("Err() does not name the binaries: %v", err)
 	}
+	if !errors.Is(err, ErrNoTests) || !strings.Contains(err.Error(), "b.test") {
+		t.Errorf("Err() = %v, want ErrNoTests for b.test", err)
+	}
+	rep.Filtered = true
+	if err := rep.Err(); errors.Is(err, ErrNoTests) {
+		t.Errorf("with a test filter, a binary without matching tests is fine: %v", err)
+	}
 	if _, failed, _ := rep.Summary(); failed != 1 {
 		t.Errorf("Summary failed = %d, want 1 (the binary that exited 2 outside any test)", failed)
 	}

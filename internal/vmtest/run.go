@@ -358,10 +358,23 @@ func (c *Config) boot(ctx context.Context, k *Kernel, runDir, initrd string, nam
 	if err != nil {
 		return nil, errors.Join(vmErr, fmt.Errorf("results: %w", err))
 	}
+	rep.Filtered = filtered(c.TestArgs)
 	if rerr := rep.Err(); rerr != nil || vmErr != nil {
 		return rep, errors.Join(vmErr, rerr, fmt.Errorf("last console lines:\n%s", strings.Join(tail, "\n")))
 	}
 	return rep, nil
+}
+
+// filtered reports whether args select tests (-run or -skip).
+func filtered(args []string) bool {
+	for _, a := range args {
+		for _, f := range []string{"-run", "-test.run", "-skip", "-test.skip"} {
+			if a == f || strings.HasPrefix(a, f+"=") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // shortTestFlags are go test flags that test binaries know as -test.<name>.
