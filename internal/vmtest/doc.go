@@ -8,7 +8,8 @@
 // A run has five steps, each a small piece of this package:
 //
 //  1. FindPackages lists the packages (go list) and keeps those with test
-//     files whose //go:build constraint needs the vm tag (NeedsVM).
+//     files whose //go:build constraint needs the vm tag (NeedsVM) and
+//     that declare a test, fuzz test or example.
 //  2. KernelCache.Ensure resolves the versioned package that
 //     linux-image-cloud-amd64 depends on (apt-cache), downloads it
 //     (apt-get download), unpacks it (dpkg -x) and indexes its modules
@@ -36,8 +37,9 @@
 //
 // A run fails (Report.Err) when a binary exits non-zero, a test fails or is
 // skipped (in the guest a skip means a missing kernel feature), a module
-// does not load, or a binary's exit line or the final done line is missing
-// (crash, kernel panic, watchdog).
+// does not load, a binary runs no test while no -run or -skip filter was
+// given, or a binary's exit line or the final done line is missing (crash,
+// kernel panic, watchdog).
 //
 // # What it touches
 //
