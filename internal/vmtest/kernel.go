@@ -61,7 +61,14 @@ func ParseVersion(out string) string {
 // directory per package and version, and reuses what is there.
 type KernelCache struct {
 	Dir string
-	Log *slog.Logger
+	Log *slog.Logger // nil discards
+}
+
+func (c *KernelCache) log() *slog.Logger {
+	if c.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Log
 }
 
 // Ensure returns the kernel that KernelMeta currently depends on, from the
@@ -72,7 +79,7 @@ func (c *KernelCache) Ensure(ctx context.Context) (*Kernel, error) {
 	pkg, ver, err := c.resolve(ctx)
 	if err != nil {
 		if k := c.newestCached(); k != nil {
-			c.Log.Warn("cannot resolve the kernel package; using the cached one", "err", err, "kernel", k.Release)
+			c.log().Warn("cannot resolve the kernel package; using the cached one", "err", err, "kernel", k.Release)
 			return k, nil
 		}
 		return nil, err
@@ -81,8 +88,24 @@ func (c *KernelCache) Ensure(ctx context.Context) (*Kernel, error) {
 	if k, err := loadKernel(dir, pkg, ver); err == nil {
 		return k, nil
 	}
-	c.Log.Info("fetching kernel", "package", pkg, "version", ver)
-	return c.fetch(ctx, dir, pkg, ver)
+	c.log().Info("fetching kernel", "package", pkg, "version", ver)
+	k, err := c.fetch(ctx, dir, pkg, ver)
+	if err != nil {
+		return nil, err
+	}
+	c.prune(filepath.Base(dir))
+	return k, nil
+}
+
+// prune removes the cached kernels other than keep (about 100 MB each).
+func (c *KernelCache) prune(keep string) {
+	ents, _ := os.ReadDir(c.Dir)
+	for _, e := range ents {
+		if e.Name() != keep && strings.HasPrefix(e.Name(), "linux-image-") {
+			c.log().Info("removing an older cached kernel", "dir", e.Name())
+			_ = os.RemoveAll(filepath.Join(c.Dir, e.Name()))
+		}
+	}
 }
 
 func (c *KernelCache) resolve(ctx context.Context) (pkg, ver string, err error) {
@@ -95,7 +118,7 @@ func (c *KernelCache) resolve(ctx context.Context) (pkg, ver string, err error) 
 		if attempt > 0 || os.Getuid() != 0 {
 			return "", "", fmt.Errorf("resolve %s: apt-cache knows no such package (run apt-get update): %s", KernelMeta, strings.TrimSpace(string(out)))
 		}
-		c.Log.Info("apt-get update: the package lists do not know " + KernelMeta)
+		c.log().Info("apt-get update: the package lists do not know " + KernelMeta)
 		if out, err := exec.CommandContext(ctx, "apt-get", "update", "-qq").CombinedOutput(); err != nil {
 			return "", "", fmt.Errorf("apt-get update: %w: %s", err, out)
 		}
