@@ -4,29 +4,32 @@ import (
 	"context"
 	"sync"
 
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 )
 
-// countingConn counts what passes through a Conn.
+// countingConn counts what passes through a Conn and keeps the last batch.
 type countingConn struct {
 	xtables.Conn
 	mu      sync.Mutex
 	batches int
 	dumps   int
+	last    string
 }
 
-func (c *countingConn) Batch(ctx context.Context, body []byte, gen uint32) ([][]byte, error) {
+func (c *countingConn) Commit(ctx context.Context, b *nfnl.Batch) (nfnl.Generation, error) {
 	c.mu.Lock()
 	c.batches++
+	c.last = b.String()
 	c.mu.Unlock()
-	return c.Conn.Batch(ctx, body, gen)
+	return c.Conn.Commit(ctx, b)
 }
 
-func (c *countingConn) Dump(ctx context.Context, req []byte) ([][]byte, error) {
+func (c *countingConn) RulesRaw(ctx context.Context, fam nfnl.Family, table, chain string) ([]nfnl.Rule, error) {
 	c.mu.Lock()
 	c.dumps++
 	c.mu.Unlock()
-	return c.Conn.Dump(ctx, req)
+	return c.Conn.RulesRaw(ctx, fam, table, chain)
 }
 
 // newApplier rebuilds px's applier on conn.

@@ -3,6 +3,8 @@ package iptables
 import (
 	"context"
 	"errors"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
 
 // offlineConn refuses to talk to a kernel: for tests that only render.
@@ -10,6 +12,22 @@ type offlineConn struct{}
 
 var errOffline = errors.New("offline")
 
-func (offlineConn) GenID(context.Context) (uint32, error)                   { return 0, errOffline }
-func (offlineConn) Batch(context.Context, []byte, uint32) ([][]byte, error) { return nil, errOffline }
-func (offlineConn) Dump(context.Context, []byte) ([][]byte, error)          { return nil, errOffline }
+func (offlineConn) Generation(context.Context) (nfnl.Generation, error) {
+	return nfnl.Generation{}, errOffline
+}
+
+func (offlineConn) Commit(context.Context, *nfnl.Batch) (nfnl.Generation, error) {
+	return nfnl.Generation{}, errOffline
+}
+
+func (offlineConn) Tables(context.Context, nfnl.Family) ([]nfnl.Table, error) {
+	return nil, errOffline
+}
+
+func (offlineConn) Chains(context.Context, nfnl.Family, string) ([]nfnl.Chain, error) {
+	return nil, errOffline
+}
+
+func (offlineConn) RulesRaw(context.Context, nfnl.Family, string, string) ([]nfnl.Rule, error) {
+	return nil, errOffline
+}

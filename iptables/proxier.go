@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -38,7 +39,7 @@ func New(o Options) (*Proxier, error) {
 	}
 	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, conn: o.conn, log: o.Logger}
 	if px.conn == nil {
-		c, err := xtables.Dial(o.NetNS)
+		c, err := nfnl.Open(nfnl.Options{NetNS: int(o.NetNS)})
 		if err != nil {
 			return nil, fmt.Errorf("iptables: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
 
 var natT = Table{IPv4, NAT}
@@ -18,7 +19,7 @@ func testOwns(_ TableName, chain string) bool { return strings.HasPrefix(chain, 
 
 func newTestApplier(t *testing.T, h *netnstest.Host) *Applier {
 	t.Helper()
-	c, err := Dial(h.NS)
+	c, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
 	if err != nil {
 		t.Fatal(err)
 	}

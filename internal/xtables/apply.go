@@ -3,7 +3,6 @@ package xtables
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -240,24 +239,26 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 			return CommitStats{}, err
 		}
 	}
-	if b.m.count == 0 {
+	if b.m.count() == 0 {
 		return CommitStats{}, nil
 	}
 	b.markEchoes()
-	echoes, err := a.conn.Batch(ctx, b.m.b, a.gen)
-	if err != nil {
+	b.m.b.RequireGeneration(a.gen)
+	stats := CommitStats{Messages: b.m.count(), Bytes: b.m.b.Size()}
+	if _, err := a.conn.Commit(ctx, &b.m.b); err != nil {
 		a.loaded = false
 		return CommitStats{}, fmt.Errorf("commit: %w", err)
 	}
-	a.gen = committedGen(echoes, a.gen)
+	// The generation after our commit; Commit's own reading may already
+	// include someone else's commit, which Check must still see.
+	a.gen = nextGen(a.gen)
 	for _, f := range b.onSuccess {
 		f()
 	}
-	if err := b.learnHandles(echoes); err != nil {
+	if err := b.learnHandles(); err != nil {
 		a.loaded = false
 		a.log.Warn("rule handles not learned; the next sync reloads", "err", err)
 	}
-	stats := CommitStats{Messages: b.m.count, Bytes: len(b.m.b)}
 	a.log.Debug("committed", "messages", stats.Messages, "bytes", stats.Bytes, "gen", a.gen)
 	return stats, nil
 }
@@ -266,25 +267,6 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 type CommitStats struct {
 	Messages int
 	Bytes    int
-}
-
-// committedGen returns the generation a commit produced: the one the
-// kernel reports with the echoes, else the next after the one the batch
-// was built for.
-func committedGen(echoes [][]byte, built uint32) uint32 {
-	for _, e := range echoes {
-		typ, _, payload, err := nfPayload(e)
-		if err != nil || typ != msgNewGen {
-			continue
-		}
-		attrs, _ := parseAttrs(payload)
-		for _, a := range attrs {
-			if a.typ == attrGenID {
-				return attrU32(a)
-			}
-		}
-	}
-	return nextGen(built)
 }
 
 func nextGen(g uint32) uint32 {
@@ -324,8 +306,7 @@ type pendingTable struct {
 
 type pendingRule struct {
 	alloc int
-	seq   uint32
-	off   int // message offset in the batch, to flag it for echo
+	msg   int // index of the message in the batch
 	slot  *uint64
 }
 
@@ -340,34 +321,21 @@ func (b *builder) pt(t Table) *pendingTable {
 	return p
 }
 
-// addRule writes a rule and, with slot, records where its handle goes.
-func (b *builder) addRule(t Table, chain string, r *Rule, pos position, id uint32, slot *uint64) error {
-	off := len(b.m.b)
-	if err := b.m.addRule(t, chain, r, pos, id, false); err != nil {
-		return fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
+// addRule writes a rule and, with slot, records where its handle goes. It
+// returns the rule's signature.
+func (b *builder) addRule(t Table, chain string, r *Rule, pos position, id uint32, slot *uint64) (uint64, error) {
+	raw, err := b.m.addRule(t, chain, r, pos, id)
+	if err != nil {
+		return 0, fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
 	}
 	p := b.pt(t)
+	var sig uint64
 	if slot != nil {
-		p.rules = append(p.rules, pendingRule{alloc: p.allocs, seq: b.m.seq, off: off, slot: slot})
+		p.rules = append(p.rules, pendingRule{alloc: p.allocs, msg: b.m.last(), slot: slot})
+		sig, _, _ = rawSig(raw)
 	}
 	p.allocs++
-	return nil
-}
-
-// lastSig returns the signature of the rule just written.
-func (b *builder) lastSig(off int) uint64 {
-	_, _, payload, err := nfPayload(b.m.b[off:])
-	if err != nil {
-		return 0
-	}
-	attrs, _ := parseAttrs(payload)
-	for _, a := range attrs {
-		if a.typ == attrRuleExprs {
-			sig, _, _ := exprSig(a.data)
-			return sig
-		}
-	}
-	return 0
+	return sig, nil
 }
 
 // markEchoes asks the kernel to echo the first and last rule of each
@@ -375,46 +343,31 @@ func (b *builder) lastSig(off int) uint64 {
 // order, so two of them give all the others and check the count.
 func (b *builder) markEchoes() {
 	for _, p := range b.pending {
-		if len(p.rules) == 0 {
-			continue
-		}
-		for _, r := range []pendingRule{p.rules[0], p.rules[len(p.rules)-1]} {
-			flags := binary.LittleEndian.Uint16(b.m.b[r.off+6:])
-			binary.LittleEndian.PutUint16(b.m.b[r.off+6:], flags|nlmEcho)
+		if len(p.rules) > 0 {
+			b.m.b.Echo(p.rules[0].msg)
+			b.m.b.Echo(p.rules[len(p.rules)-1].msg)
 		}
 	}
 }
 
 // learnHandles fills in the handles of the pending rules from the echoed
 // ones.
-func (b *builder) learnHandles(echoes [][]byte) error {
-	bySeq := map[uint32]uint64{}
-	for _, e := range echoes {
-		typ, _, _, err := nfPayload(e)
-		if err != nil || typ != msgNewRule {
-			continue // the kernel also reports the new generation
-		}
-		r, err := parseRule(e)
-		if err != nil {
-			return err
-		}
-		bySeq[binary.LittleEndian.Uint32(e[8:])] = r.handle
-	}
+func (b *builder) learnHandles() error {
 	var errs []error
 	for t, p := range b.pending {
 		if len(p.rules) == 0 {
 			continue
 		}
 		first, last := p.rules[0], p.rules[len(p.rules)-1]
-		h0, ok0 := bySeq[first.seq]
-		h1, ok1 := bySeq[last.seq]
+		r0, ok0 := b.m.b.Echoed(first.msg)
+		r1, ok1 := b.m.b.Echoed(last.msg)
 		if !ok0 || !ok1 {
-			errs = append(errs, fmt.Errorf("%s: %d of 2 rules echoed", t, len(bySeq)))
+			errs = append(errs, fmt.Errorf("%s: rules %d and %d not echoed", t, first.msg, last.msg))
 			continue
 		}
-		base := h0 - uint64(first.alloc)
-		if h1 != base+uint64(last.alloc) {
-			errs = append(errs, fmt.Errorf("%s: handles %d and %d for allocations %d and %d", t, h0, h1, first.alloc, last.alloc))
+		base := r0.Handle - uint64(first.alloc)
+		if r1.Handle != base+uint64(last.alloc) {
+			errs = append(errs, fmt.Errorf("%s: handles %d and %d for allocations %d and %d", t, r0.Handle, r1.Handle, first.alloc, last.alloc))
 			continue
 		}
 		for _, r := range p.rules {

@@ -40,7 +40,7 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 	}
 	for _, name := range setNames {
 		for i := range tt.set[name] {
-			if err := b.addRule(t, name, &tt.set[name][i], position{}, 0, nil); err != nil {
+			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, 0, nil); err != nil {
 				return err
 			}
 		}
@@ -173,12 +173,12 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 		rules := k.set[e.key]
 		for i := range rules {
 			b.nextID++
-			off := len(b.m.b)
-			if err := b.addRule(t, chain, &rules[i], pos, b.nextID, &e.handles[i]); err != nil {
+			sig, err := b.addRule(t, chain, &rules[i], pos, b.nextID, &e.handles[i])
+			if err != nil {
 				return err
 			}
 			e.ids = append(e.ids, b.nextID)
-			e.sigs = append(e.sigs, b.lastSig(off))
+			e.sigs = append(e.sigs, sig)
 		}
 	}
 	b.onSuccess = append(b.onSuccess, func() {
@@ -228,11 +228,11 @@ func (b *builder) placeJumps(t Table, st *tableState, chain string, rules []Rule
 	}
 	blk := &ruleBlock{sigs: make([]uint64, len(rules)), handles: make([]uint64, len(rules))}
 	for i := len(rules) - 1; i >= 0; i-- {
-		off := len(b.m.b)
-		if err := b.addRule(t, chain, &rules[i], position{kind: posHead}, 0, &blk.handles[i]); err != nil {
+		sig, err := b.addRule(t, chain, &rules[i], position{kind: posHead}, 0, &blk.handles[i])
+		if err != nil {
 			return err
 		}
-		blk.sigs[i] = b.lastSig(off)
+		blk.sigs[i] = sig
 	}
 	b.onSuccess = append(b.onSuccess, func() {
 		if len(rules) == 0 {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
 
 // errMalformed reports a netlink message or attribute that does not parse.
@@ -47,129 +49,28 @@ func attrU32(a attribute) uint32 {
 	return binary.BigEndian.Uint32(a.data)
 }
 
-func attrU64(a attribute) uint64 {
-	if len(a.data) < 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(a.data)
-}
-
 func attrString(a attribute) string {
 	return string(bytes.TrimRight(a.data, "\x00"))
 }
 
 // dumpedRule is a rule as the kernel lists it.
 type dumpedRule struct {
-	table   string
 	chain   string
 	handle  uint64
 	sig     uint64
 	jumpsTo string
 }
 
-// dumpedChain is a chain as the kernel lists it.
-type dumpedChain struct {
-	table string
-	name  string
-	base  bool
-	use   uint32
-}
-
-// nfPayload returns the attributes of an nf_tables message (after its
-// nlmsghdr and nfgenmsg) and its type.
-func nfPayload(msg []byte) (uint16, Family, []byte, error) {
-	if len(msg) < 20 {
-		return 0, 0, nil, errMalformed
+// fromDump converts a dumped rule.
+func fromDump(r *nfnl.Rule) (dumpedRule, error) {
+	d := dumpedRule{chain: r.Chain, handle: r.Handle}
+	var err error
+	d.sig, d.jumpsTo, err = rawSig(r.Raw)
+	if len(r.UserData) > 0 {
+		// iptables-nft writes no user data: not a rule of ours.
+		d.sig ^= 0x9e3779b97f4a7c15
 	}
-	n := int(binary.LittleEndian.Uint32(msg))
-	if n < 20 || n > len(msg) {
-		return 0, 0, nil, errMalformed
-	}
-	return binary.LittleEndian.Uint16(msg[4:]) & 0xff, Family(msg[16]), msg[20:n], nil
-}
-
-// parseRule decodes an NFT_MSG_NEWRULE message from a dump or an echo.
-func parseRule(msg []byte) (dumpedRule, error) {
-	_, _, payload, err := nfPayload(msg)
-	if err != nil {
-		return dumpedRule{}, err
-	}
-	attrs, err := parseAttrs(payload)
-	if err != nil {
-		return dumpedRule{}, err
-	}
-	var r dumpedRule
-	var exprs []byte
-	foreign := false
-	for _, a := range attrs {
-		switch a.typ {
-		case attrRuleTable:
-			r.table = attrString(a)
-		case attrRuleChain:
-			r.chain = attrString(a)
-		case attrRuleHandle:
-			r.handle = attrU64(a)
-		case attrRuleExprs:
-			exprs = a.data
-		case 7: // NFTA_RULE_USERDATA: iptables-nft writes none.
-			foreign = true
-		}
-	}
-	r.sig, r.jumpsTo, err = exprSig(exprs)
-	if foreign {
-		r.sig ^= 0x9e3779b97f4a7c15
-	}
-	return r, err
-}
-
-// parseChain decodes an NFT_MSG_NEWCHAIN message from a dump.
-func parseChain(msg []byte) (dumpedChain, error) {
-	_, _, payload, err := nfPayload(msg)
-	if err != nil {
-		return dumpedChain{}, err
-	}
-	attrs, err := parseAttrs(payload)
-	if err != nil {
-		return dumpedChain{}, err
-	}
-	var c dumpedChain
-	for _, a := range attrs {
-		switch a.typ {
-		case attrChainTable:
-			c.table = attrString(a)
-		case attrChainName:
-			c.name = attrString(a)
-		case attrChainHook:
-			c.base = true
-		case attrChainUse:
-			c.use = attrU32(a)
-		}
-	}
-	return c, nil
-}
-
-// parseTableUse decodes the name and use count of an NFT_MSG_NEWTABLE
-// message.
-func parseTableUse(msg []byte) (string, uint32, error) {
-	_, _, payload, err := nfPayload(msg)
-	if err != nil {
-		return "", 0, err
-	}
-	attrs, err := parseAttrs(payload)
-	if err != nil {
-		return "", 0, err
-	}
-	var name string
-	var use uint32
-	for _, a := range attrs {
-		switch a.typ {
-		case attrTableName:
-			name = attrString(a)
-		case attrTableUse:
-			use = attrU32(a)
-		}
-	}
-	return name, use, nil
+	return d, err
 }
 
 // Signature returns a hash of the rule's expressions that is equal for the
@@ -177,42 +78,25 @@ func parseTableUse(msg []byte) (string, uint32, error) {
 // left out, and xt info blobs are compared without trailing zeros (the
 // kernel dumps some of them shorter).
 func Signature(f Family, r *Rule) (uint64, error) {
-	b, err := EncodeExprs(f, r)
+	raw, err := EncodeExprs(f, r)
 	if err != nil {
 		return 0, err
 	}
-	sig, _, err := exprSig(b)
+	sig, _, err := rawSig(raw)
 	return sig, err
 }
 
-// exprSig returns the canonical hash of an NFTA_RULE_EXPRESSIONS payload,
-// and the chain its verdict jumps or goes to, if any.
-func exprSig(b []byte) (uint64, string, error) {
-	elems, err := parseAttrs(b)
-	if err != nil {
-		return 0, "", err
-	}
+// rawSig returns the canonical hash of a rule's expressions, and the
+// chain its verdict jumps or goes to, if any.
+func rawSig(raw []nfnl.RawExpr) (uint64, string, error) {
 	h := fnv.New64a()
 	var canon []byte
 	var jump string
-	for _, el := range elems {
-		attrs, err := parseAttrs(el.data)
+	var err error
+	for _, x := range raw {
+		canon, jump, err = appendCanonExpr(canon[:0], x.Name, x.Data, jump)
 		if err != nil {
-			return 0, "", err
-		}
-		var name string
-		var data []byte
-		for _, a := range attrs {
-			switch a.typ {
-			case attrExprName:
-				name = attrString(a)
-			case attrExprData:
-				data = a.data
-			}
-		}
-		canon, jump, err = appendCanonExpr(canon[:0], name, data, jump)
-		if err != nil {
-			return 0, "", fmt.Errorf("expression %s: %w", name, err)
+			return 0, "", fmt.Errorf("expression %s: %w", x.Name, err)
 		}
 		h.Write(canon)
 	}

@@ -4,13 +4,29 @@ package xtables
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
+
+// sameRaw reports whether two dumped rules have the same expressions,
+// byte for byte.
+func sameRaw(a, b []nfnl.RawExpr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Name != b[i].Name || !bytes.Equal(a[i].Data, b[i].Data) {
+			return false
+		}
+	}
+	return true
+}
 
 // oracleCase is a rule to write both ways.
 type oracleCase struct {
@@ -144,39 +160,42 @@ func testEncoding(t *testing.T, f Family, table TableName) {
 	var m msgWriter
 	m.newChain(tab, "KX-OURS")
 	for i := range cases {
-		if err := m.addRule(tab, "KX-OURS", &cases[i].rule, position{}, 0, false); err != nil {
+		if _, err := m.addRule(tab, "KX-OURS", &cases[i].rule, position{}, 0); err != nil {
 			t.Fatalf("%s: encode: %v", cases[i].name, err)
 		}
 	}
-	var saved, ours, cmd [][]byte
-	err := h.Do(func() error {
-		if err := rawBatch(&m); err != nil {
-			return err
-		}
-		var err error
-		if saved, err = rawRuleExprs(tab, "KX-SAVE"); err != nil {
-			return err
-		}
-		if ours, err = rawRuleExprs(tab, "KX-OURS"); err != nil {
-			return err
-		}
-		cmd, err = rawRuleExprs(tab, "KX-CMD")
-		return err
-	})
+	conn, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer conn.Close()
+	ctx := context.Background()
+	if _, err := conn.Commit(ctx, &m.b); err != nil {
+		t.Fatal(err)
+	}
+	dump := func(chain string) [][]nfnl.RawExpr {
+		rules, err := conn.RulesRaw(ctx, nfnl.Family(f), string(table), chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out [][]nfnl.RawExpr
+		for _, r := range rules {
+			out = append(out, r.Raw)
+		}
+		return out
+	}
+	saved, ours, cmd := dump("KX-SAVE"), dump("KX-OURS"), dump("KX-CMD")
 	if len(saved) != len(cases) || len(ours) != len(cases) {
 		t.Fatalf("rules: iptables wrote %d, we wrote %d, want %d", len(saved), len(ours), len(cases))
 	}
 	k := 0
 	for i, c := range cases {
-		if !bytes.Equal(saved[i], ours[i]) {
-			t.Errorf("%s: expressions differ from iptables-nft-restore of %q:\n iptables % x\n ours     % x", c.name, c.rule.AppendSave(nil, f, "X"), saved[i], ours[i])
+		if !sameRaw(saved[i], ours[i]) {
+			t.Errorf("%s: expressions differ from iptables-nft-restore of %q:\n iptables %x\n ours     %x", c.name, c.rule.AppendSave(nil, f, "X"), saved[i], ours[i])
 		}
 		if c.cmdline != "" {
-			if !bytes.Equal(cmd[k], ours[i]) {
-				t.Errorf("%s: expressions differ from kube-proxy's %q:\n iptables % x\n ours     % x", c.name, c.cmdline, cmd[k], ours[i])
+			if !sameRaw(cmd[k], ours[i]) {
+				t.Errorf("%s: expressions differ from kube-proxy's %q:\n iptables %x\n ours     %x", c.name, c.cmdline, cmd[k], ours[i])
 			}
 			k++
 		}

@@ -2,10 +2,11 @@ package xtables
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
 
 // kernelTable is one table as the kernel lists it, seen from an owner.
@@ -18,37 +19,15 @@ type kernelTable struct {
 	referenced map[string]bool
 }
 
-// request builds an nf_tables request message.
-func request(typ uint16, flags uint16, f Family, attrs func(w *exprWriter)) []byte {
-	var w exprWriter
-	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
-	w.b = binary.LittleEndian.AppendUint16(w.b, subsysNFTables<<8|typ)
-	w.b = binary.LittleEndian.AppendUint16(w.b, nlmRequest|flags)
-	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
-	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
-	w.b = append(w.b, byte(f), 0, 0, 0)
-	if attrs != nil {
-		attrs(&w)
-	}
-	binary.LittleEndian.PutUint32(w.b, uint32(len(w.b)))
-	return w.b
-}
-
-const nlmDump = 0x300 // NLM_F_ROOT | NLM_F_MATCH
-
 // tableUse returns whether table t exists and its use count.
 func (a *Applier) tableUse(ctx context.Context, t Table) (bool, uint32, error) {
-	msgs, err := a.conn.Dump(ctx, request(msgGetTable, nlmDump, t.Family, nil))
+	tables, err := a.conn.Tables(ctx, nfnl.Family(t.Family))
 	if err != nil {
 		return false, 0, fmt.Errorf("list %s tables: %w", t.Family, err)
 	}
-	for _, m := range msgs {
-		name, use, err := parseTableUse(m)
-		if err != nil {
-			return false, 0, err
-		}
-		if name == string(t.Name) {
-			return true, use, nil
+	for _, tab := range tables {
+		if tab.Name == string(t.Name) {
+			return true, tab.Use, nil
 		}
 	}
 	return false, 0, nil
@@ -56,19 +35,13 @@ func (a *Applier) tableUse(ctx context.Context, t Table) (bool, uint32, error) {
 
 // dumpRules lists the rules of table t, or of one chain of it.
 func (a *Applier) dumpRules(ctx context.Context, t Table, chain string) ([]dumpedRule, error) {
-	req := request(msgGetRule, nlmDump, t.Family, func(w *exprWriter) {
-		w.str(attrRuleTable, string(t.Name))
-		if chain != "" {
-			w.str(attrRuleChain, chain)
-		}
-	})
-	msgs, err := a.conn.Dump(ctx, req)
+	rules, err := a.conn.RulesRaw(ctx, nfnl.Family(t.Family), string(t.Name), chain)
 	if err != nil {
 		return nil, fmt.Errorf("list rules of %s %s: %w", t, chain, err)
 	}
-	out := make([]dumpedRule, 0, len(msgs))
-	for _, m := range msgs {
-		r, err := parseRule(m)
+	out := make([]dumpedRule, 0, len(rules))
+	for i := range rules {
+		r, err := fromDump(&rules[i])
 		if err != nil {
 			return nil, fmt.Errorf("list rules of %s: %w", t, err)
 		}
@@ -86,21 +59,16 @@ func (a *Applier) load(ctx context.Context, t Table) (*kernelTable, error) {
 		return k, err
 	}
 	k.st.exists, k.st.use = true, use
-	msgs, err := a.conn.Dump(ctx, request(msgGetChain, nlmDump, t.Family, nil))
+	chains, err := a.conn.Chains(ctx, nfnl.Family(t.Family), string(t.Name))
 	if err != nil {
 		return nil, fmt.Errorf("list chains of %s: %w", t, err)
 	}
-	for _, m := range msgs {
-		c, err := parseChain(m)
-		if err != nil {
-			return nil, err
-		}
+	for _, c := range chains {
 		switch {
-		case c.table != string(t.Name):
-		case c.base:
-			k.st.base[c.name] = IsBaseChain(t.Name, c.name) || k.st.base[c.name]
-		case a.owns(t.Name, c.name):
-			k.st.chains[c.name] = true
+		case c.Hook != nil:
+			k.st.base[c.Name] = IsBaseChain(t.Name, c.Name)
+		case a.owns(t.Name, c.Name):
+			k.st.chains[c.Name] = true
 		}
 	}
 	rules, err := a.dumpRules(ctx, t, "")
@@ -137,7 +105,7 @@ func (a *Applier) Reconcile(ctx context.Context, want map[Table]*TableContent) (
 }
 
 func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableContent) (CommitStats, error) {
-	gen, err := a.conn.GenID(ctx)
+	gen, err := a.conn.Generation(ctx)
 	if err != nil {
 		return CommitStats{}, fmt.Errorf("read generation: %w", err)
 	}
@@ -153,7 +121,7 @@ func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableConten
 			return CommitStats{}, err
 		}
 	}
-	a.tables, a.gen, a.loaded = tables, gen, true
+	a.tables, a.gen, a.loaded = tables, gen.ID, true
 	return a.Commit(ctx, tx)
 }
 
@@ -265,10 +233,11 @@ func (a *Applier) Check(ctx context.Context) (bool, error) {
 	if !a.loaded {
 		return false, nil
 	}
-	gen, err := a.conn.GenID(ctx)
+	g, err := a.conn.Generation(ctx)
 	if err != nil {
 		return false, fmt.Errorf("read generation: %w", err)
 	}
+	gen := g.ID
 	if gen == a.gen {
 		return true, nil
 	}
@@ -328,7 +297,7 @@ func (a *Applier) Cleanup(ctx context.Context, tables []Table) error {
 }
 
 func (a *Applier) cleanupOnce(ctx context.Context, tables []Table) error {
-	gen, err := a.conn.GenID(ctx)
+	gen, err := a.conn.Generation(ctx)
 	if err != nil {
 		return fmt.Errorf("read generation: %w", err)
 	}
@@ -358,8 +327,9 @@ func (a *Applier) cleanupOnce(ctx context.Context, tables []Table) error {
 			m.delChain(t, name)
 		}
 	}
-	if m.count > 0 {
-		if _, err := a.conn.Batch(ctx, m.b, gen); err != nil {
+	if m.count() > 0 {
+		m.b.RequireGeneration(gen.ID)
+		if _, err := a.conn.Commit(ctx, &m.b); err != nil {
 			return fmt.Errorf("cleanup: %w", err)
 		}
 	}
