@@ -211,7 +211,7 @@ func drive(ctx context.Context, cfg agent.Config, o options, sb *sandbox.Sandbox
 	if err := traffic(ctx, out, sb, svcs, o.requests); err != nil {
 		return err
 	}
-	if err := showRules(ctx, out, a); err != nil {
+	if err := showRules(ctx, out, a, cfg.Backend, sb, svcs); err != nil {
 		return err
 	}
 	return shift(ctx, out, a, src, sb, svcs, o.requests)
@@ -269,7 +269,7 @@ func traffic(ctx context.Context, out io.Writer, sb *sandbox.Sandbox, svcs []ser
 		counts = append(counts, c)
 	}
 	fmt.Fprintf(out, "\n%d requests from the client (a new connection each) to %s:\n", n, svcs[0].Name)
-	fmt.Fprintf(out, "  %-10s", "answered by")
+	fmt.Fprintf(out, "  %-11s", "answered by")
 	for _, t := range ts {
 		fmt.Fprintf(out, "  %24s", t.label)
 	}

@@ -4,41 +4,87 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
 	"strings"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
+	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// kernelLister is implemented by backends that can read back, in their
-// tools' text, what the kernel holds.
-type kernelLister interface {
-	List(ctx context.Context) (string, error)
+// listers are the tools that show what the kernel holds, per backend, run
+// inside the sandbox node's namespace. They are optional: without them the
+// demo shows the backend's own rendering of what it applied.
+var listers = map[string][]string{
+	"nftables": {"nft", "list", "ruleset"},
+	"iptables": {"iptables-nft-save", "-t", "nat"},
+	"ipvs":     {"ipvsadm", "-Ln"},
 }
 
-// showRules prints the rules the kernel holds when the backend can read
-// them back, else the backend's rendering of the state it applied.
-func showRules(ctx context.Context, out io.Writer, a *agent.Agent) error {
-	dp := a.Dataplane()
-	title, text := "", ""
-	if l, ok := dp.(kernelLister); ok {
-		t, err := l.List(ctx)
-		if err != nil {
-			return fmt.Errorf("read the rules back: %w", err)
+// showRules prints the rules of the demo's services: read back from the
+// kernel with the dataplane's own tool when it is installed, else as the
+// backend renders the state it applied.
+func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend string, sb *sandbox.Sandbox, svcs []servicelb.Service) error {
+	title, text, err := kernelRules(ctx, backend, sb)
+	if err != nil {
+		r, ok := a.Dataplane().(servicelb.Renderer)
+		if !ok {
+			return nil
 		}
-		title, text = "Rules as the kernel now holds them", t
-	} else if r, ok := dp.(servicelb.Renderer); ok {
-		t, err := r.Render(a.Runner().Applied())
-		if err != nil {
+		if text, err = r.Render(a.Runner().Applied()); err != nil {
 			return fmt.Errorf("render the rules: %w", err)
 		}
-		title, text = "Rules installed", t
-	} else {
-		return nil
+		title = "Rules installed, as the backend renders them (install " + listers[backend][0] + " to read them back from the kernel)"
 	}
-	fmt.Fprintf(out, "\n%s (namespace of the node):\n", title)
-	for line := range strings.SplitSeq(strings.TrimRight(text, "\n"), "\n") {
-		fmt.Fprintf(out, "  %s\n", line)
+	lines := relevant(backend, text, svcs)
+	fmt.Fprintf(out, "\n%s:\n", title)
+	for _, l := range lines {
+		fmt.Fprintf(out, "  %s\n", l)
 	}
 	return nil
+}
+
+// kernelRules runs the backend's listing tool in the node's namespace.
+func kernelRules(ctx context.Context, backend string, sb *sandbox.Sandbox) (string, string, error) {
+	argv, ok := listers[backend]
+	if !ok {
+		return "", "", fmt.Errorf("no lister for %s", backend)
+	}
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		return "", "", err
+	}
+	var b []byte
+	err := sandbox.In(sb.Node.NS, func() error {
+		var err error
+		b, err = exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
+		return err
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("%s: %w", strings.Join(argv, " "), err)
+	}
+	title := fmt.Sprintf("Rules as the kernel now holds them (%s, in the node's namespace)", strings.Join(argv, " "))
+	return title, string(b), nil
+}
+
+// relevant keeps the output short: for iptables, the rules that name one
+// of the services (the IPv4 nat table's service, endpoint and node port
+// rules); other listings are shown whole.
+func relevant(backend, text string, svcs []servicelb.Service) []string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	if backend != "iptables" {
+		return lines
+	}
+	var out []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "# ip6tables") {
+			break // the rendering's IPv6 half; the demo is IPv4
+		}
+		for _, s := range svcs {
+			if strings.Contains(l, `"`+s.Name+":") {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return out
 }

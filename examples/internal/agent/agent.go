@@ -162,8 +162,14 @@ func (a *Agent) Dataplane() servicelb.Proxier { return a.dp }
 // Metrics returns the agent's metrics.
 func (a *Agent) Metrics() *Metrics { return a.metrics }
 
-// Close releases the namespace handle.
+// Close releases the backend's sockets and the namespace handle. The
+// kernel state stays (see Config.Cleanup).
 func (a *Agent) Close() {
+	if c, ok := a.dp.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			a.log.Warn("closing the backend", "err", err)
+		}
+	}
 	if a.ns.IsOpen() {
 		a.ns.Close()
 		a.ns = netns.None()

@@ -54,7 +54,7 @@ type backend struct {
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
 	"nftables": {probe: probeNFTables("nftables")},
-	"iptables": {probe: probeNFTables("iptables")},
+	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
 	"ipvs":     {probe: probeIPVS},
 }
 

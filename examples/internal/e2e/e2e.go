@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -172,6 +173,9 @@ func (w *World) Expect(t *testing.T, within time.Duration, tg Target, want ...in
 		err = w.expectPackets(ctx, tg, want)
 	}
 	if err != nil {
+		if w.Sandbox != nil {
+			t.Logf("node's rules:\n%s", w.kernelRules())
+		}
 		t.Fatalf("%s: want backends %v within %s: %v", tg.Service, want, within, err)
 	}
 	t.Logf("%s served by %v after %s", tg.Service, want, time.Since(start).Round(time.Millisecond))
@@ -193,7 +197,11 @@ func (w *World) expectPackets(ctx context.Context, tg Target, want []int) error 
 	names := wantNames(want)
 	// 10 requests per backend make missing one by chance unlikely (3 *
 	// (2/3)^30 for three backends).
-	n := 10 * max(len(want), 1) * max(len(want), 1)
+	n := 10 * len(want) * len(want)
+	if n == 0 {
+		// Failing requests take sandbox.RequestTimeout each: two tell.
+		n = 2
+	}
 	_, err := w.Sandbox.Eventually(ctx, tg.URL, n, func(c sandbox.Counts) bool {
 		got := slices.Sorted(maps.Keys(c))
 		return slices.Equal(got, names)
@@ -234,6 +242,20 @@ func appliedBackends(st *servicelb.State, svc string) []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
+}
+
+// kernelRules lists the node namespace's rules with the tools, for a
+// failing test's log.
+func (w *World) kernelRules() string {
+	var b strings.Builder
+	for _, argv := range [][]string{{"nft", "list", "ruleset"}, {"ipvsadm", "-Ln"}, {"conntrack", "-L"}} {
+		_ = sandbox.In(w.Sandbox.Node.NS, func() error {
+			out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+			fmt.Fprintf(&b, "$ %s (%v)\n%s\n", strings.Join(argv, " "), err, out)
+			return nil
+		})
+	}
+	return b.String()
 }
 
 // WaitReport waits up to within for a report about object containing sub.
