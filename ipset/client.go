@@ -129,7 +129,8 @@ func (c *Client) protocol(ctx context.Context) (uint8, error) {
 		ae.Uint8(attrProtocol, protocolMin)
 	})
 	if err != nil {
-		if isNetlinkErr(err, unix.EPROTONOSUPPORT) || isNetlinkErr(err, unix.ENOENT) {
+		// Without the ip_set module nfnetlink answers EINVAL for its subsystem.
+		if isNetlinkErr(err, unix.EPROTONOSUPPORT) || isNetlinkErr(err, unix.ENOENT) || isNetlinkErr(err, unix.EINVAL) {
 			return 0, fmt.Errorf("%w: %w", ErrNotSupported, err)
 		}
 		return 0, err

@@ -41,6 +41,7 @@ type typeCase struct {
 	set     ipset.Set
 	entries []ipset.Entry
 	save    []string
+	create  string // what the create line of `ipset save` shows after the type
 }
 
 func typeCases() []typeCase {
@@ -49,6 +50,7 @@ func typeCases() []typeCase {
 			set:     ipset.Set{Name: "CLUSTER-IP", Type: ipset.HashIPPort, Family: ipset.IPv4, Comment: true},
 			entries: []ipset.Entry{{IP: ip("10.96.0.10"), Protocol: tcp, Port: 80, Comment: "default/web:http"}, {IP: ip("10.96.0.10"), Protocol: udp, Port: 53}, {IP: ip("10.96.0.11"), Protocol: sctp, Port: 9000}},
 			save:    []string{`add KPT-CLUSTER-IP 10.96.0.10,tcp:80 comment "default/web:http"`, "add KPT-CLUSTER-IP 10.96.0.10,udp:53", "add KPT-CLUSTER-IP 10.96.0.11,sctp:9000"},
+			create:  "family inet hashsize 1024 maxelem 65536",
 		},
 		{
 			set:     ipset.Set{Name: "LOOP-BACK", Type: ipset.HashIPPortIP, Family: ipset.IPv4},
@@ -59,6 +61,7 @@ func typeCases() []typeCase {
 			set:     ipset.Set{Name: "LB-SOURCE-CIDR", Type: ipset.HashIPPortNet, Family: ipset.IPv4, MaxElem: 1000, HashSize: 64},
 			entries: []ipset.Entry{{IP: ip("203.0.113.7"), Protocol: tcp, Port: 443, Net: pfx("192.0.2.0/24")}},
 			save:    []string{"add KPT-LB-SOURCE-CIDR 203.0.113.7,tcp:443,192.0.2.0/24"},
+			create:  "family inet hashsize 64 maxelem 1000",
 		},
 		{
 			set:     ipset.Set{Name: "LB-SOURCE-IP", Type: ipset.HashIPPortIP, Family: ipset.IPv6},
@@ -69,6 +72,7 @@ func typeCases() []typeCase {
 			set:     ipset.Set{Name: "EXTERNAL-IP6", Type: ipset.HashIP, Family: ipset.IPv6, Timeout: 300 * time.Second},
 			entries: []ipset.Entry{{IP: ip("2001:db8::1"), Timeout: 120 * time.Second}},
 			save:    []string{"add KPT-EXTERNAL-IP6 2001:db8::1 timeout 1"}, // timeout checked apart (it runs)
+			create:  "family inet6 hashsize 1024 maxelem 65536 timeout 300",
 		},
 		{
 			set:     ipset.Set{Name: "NODE-IP", Type: ipset.HashIP, Family: ipset.IPv4},
@@ -84,6 +88,13 @@ func typeCases() []typeCase {
 			set:     ipset.Set{Name: "NODE-PORT-TCP", Type: ipset.BitmapPort, PortFrom: 0, PortTo: 65535},
 			entries: []ipset.Entry{{Port: 30080}, {Port: 32000}},
 			save:    []string{"add KPT-NODE-PORT-TCP 30080", "add KPT-NODE-PORT-TCP 32000"},
+			create:  "range 0-65535",
+		},
+		{
+			set:     ipset.Set{Name: "NODE-PORT-UDP", Type: ipset.BitmapPort, PortFrom: 30000, PortTo: 32767, Counters: true},
+			entries: []ipset.Entry{{Port: 30000}, {Port: 32767}},
+			save:    []string{"add KPT-NODE-PORT-UDP 30000 packets 0 bytes 0", "add KPT-NODE-PORT-UDP 32767 packets 0 bytes 0"},
+			create:  "range 30000-32767 counters",
 		},
 	}
 }
@@ -127,8 +138,8 @@ func TestSetTypes(t *testing.T) {
 			checkHeader(t, tc.set, info, len(tc.entries))
 			checkEntries(t, tc.entries, got)
 			create, adds := saveLines(t, h, c.KernelName(tc.set.Name))
-			if !strings.HasPrefix(create, "create KPT-"+tc.set.Name+" "+string(tc.set.Type)) {
-				t.Errorf("ipset save: create line %q", create)
+			if !strings.HasPrefix(create, "create KPT-"+tc.set.Name+" "+string(tc.set.Type)+" "+tc.create) {
+				t.Errorf("ipset save: create line %q, want it to start with the type and %q", create, tc.create)
 			}
 			want := slices.Clone(tc.save)
 			sort.Strings(want)
