@@ -34,6 +34,10 @@
 // (several entries per netlink message). An unchanged Sync sends a single
 // list request.
 //
+// Restore renders a set and its entries as `ipset restore` input, for dry
+// runs, logs and golden tests; fed to `ipset restore` it makes the same set
+// the client would.
+//
 // # What it owns
 //
 // Every set the client creates is named Prefix+Name in the kernel (the

@@ -452,3 +452,44 @@ func TestCanceledContext(t *testing.T) {
 		t.Errorf("sets after a canceled Create: %q", out)
 	}
 }
+
+// TestRestoreMatchesKernel feeds Restore's text to `ipset restore` and
+// checks that the kernel then holds what the client creates from the same
+// description.
+func TestRestoreMatchesKernel(t *testing.T) {
+	netnstest.Require(t, "ipset")
+	h := netnstest.NewHost(t, "node")
+	c := newClient(t, h, "KPT-")
+	ctx := t.Context()
+	for _, tc := range typeCases() {
+		text, err := ipset.Restore("KPR-", tc.set, tc.entries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.ExecInput(t, text, "ipset", "restore")
+		if err := c.Create(ctx, tc.set); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Add(ctx, tc.set.Name, tc.entries...); err != nil {
+			t.Fatal(err)
+		}
+		rc, radds := saveLines(t, h, "KPR-"+tc.set.Name)
+		cc, cadds := saveLines(t, h, "KPT-"+tc.set.Name)
+		norm := func(s string) string {
+			s = strings.ReplaceAll(s, "KPR-", "KPT-")
+			if i := strings.Index(s, " initval "); i >= 0 { // random per set
+				s = s[:i]
+			}
+			return s
+		}
+		if norm(rc) != norm(cc) {
+			t.Errorf("%s: ipset restore made\n%s\nthe client made\n%s", tc.set.Name, rc, cc)
+		}
+		for i := range radds {
+			radds[i] = norm(radds[i])
+		}
+		if diff := cmp.Diff(cadds, radds); diff != "" {
+			t.Errorf("%s entries (-client +restore):\n%s", tc.set.Name, diff)
+		}
+	}
+}

@@ -248,3 +248,25 @@ func TestEntryString(t *testing.T) {
 		}
 	}
 }
+
+func TestRestore(t *testing.T) {
+	got, err := Restore("KPT-", Set{Name: "SVC", Type: HashIPPort, Family: IPv6, Timeout: time.Minute, Comment: true, MaxElem: 100},
+		[]Entry{{IP: ip("fd00::1"), Protocol: TCP, Port: 80, Comment: `web "x"`}, {IP: ip("fd00::2"), Protocol: UDP, Port: 53, Timeout: 5 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `create KPT-SVC hash:ip,port family inet6 maxelem 100 timeout 60 comment
+add KPT-SVC fd00::1,tcp:80 comment "web \"x\""
+add KPT-SVC fd00::2,udp:53 timeout 5
+`
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Restore (-want +got):\n%s", diff)
+	}
+	got, err = Restore("KPT-", Set{Name: "NP", Type: BitmapPort, PortFrom: 30000, PortTo: 32767, Counters: true}, []Entry{{Port: 30080}})
+	if err != nil || got != "create KPT-NP bitmap:port range 30000-32767 counters\nadd KPT-NP 30080\n" {
+		t.Errorf("bitmap:port: %q, %v", got, err)
+	}
+	if _, err := Restore("KPT-", Set{Name: "NP", Type: BitmapPort, PortFrom: 1, PortTo: 2}, []Entry{{Port: 3}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad entry: %v, want ErrInvalid", err)
+	}
+}
