@@ -38,9 +38,12 @@ type Options struct {
 	// PROXY-FIREWALL to drop; zero means DefaultDropBit. It must differ from
 	// the node's masquerade bit.
 	DropBit uint8
-	// Conntrack, when set, deletes the conntrack flows that a sync leaves
-	// stale (UDP and SCTP flows to removed endpoints) after each
-	// successful sync. The conntrack package provides one.
+	// ClearStaleFlows deletes, after each successful sync, the conntrack
+	// flows the sync left stale (UDP and SCTP flows to endpoints that went
+	// away, and to ports that had no endpoints), through a conntrack
+	// client that New opens in NetNS.
+	ClearStaleFlows bool
+	// Conntrack replaces that client (ClearStaleFlows is then implied).
 	Conntrack FlowCleaner
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
@@ -49,9 +52,9 @@ type Options struct {
 	conn xtables.Conn
 }
 
-// FlowCleaner deletes conntrack flows.
+// FlowCleaner deletes conntrack flows: a *conntrack.Client.
 type FlowCleaner interface {
-	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) error
+	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) (int, error)
 }
 
 func (o *Options) normalize() error {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -24,6 +25,7 @@ type Proxier struct {
 	ap      *xtables.Applier
 	applied *servicelb.State
 	log     *slog.Logger
+	ct      *conntrack.Client // opened by New for ClearStaleFlows
 }
 
 var (
@@ -45,6 +47,14 @@ func New(o Options) (*Proxier, error) {
 		}
 		px.conn = c
 	}
+	if o.ClearStaleFlows && o.Conntrack == nil {
+		ct, err := conntrack.New(conntrack.Options{NetNS: o.NetNS, Logger: o.Logger})
+		if err != nil {
+			px.Close()
+			return nil, fmt.Errorf("iptables: %w", err)
+		}
+		px.opts.Conntrack, px.ct = ct, ct
+	}
 	px.ap = xtables.NewApplier(xtables.ApplierOptions{
 		Conn:   px.conn,
 		Owns:   func(_ xtables.TableName, chain string) bool { return px.n.owns(chain) },
@@ -53,12 +63,16 @@ func New(o Options) (*Proxier, error) {
 	return px, nil
 }
 
-// Close releases the netlink socket. The kernel state stays.
+// Close releases the netlink sockets. The kernel state stays.
 func (px *Proxier) Close() error {
+	var errs []error
 	if c, ok := px.conn.(io.Closer); ok {
-		return c.Close()
+		errs = append(errs, c.Close())
 	}
-	return nil
+	if px.ct != nil {
+		errs = append(errs, px.ct.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Sync makes the kernel match st. The first Sync reads what the kernel
@@ -91,13 +105,24 @@ func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 		return fmt.Errorf("iptables: sync: %w", err)
 	}
 	px.applied = st
-	if prev != nil && px.opts.Conntrack != nil {
-		if flows := ch.StaleFlows(); len(flows) > 0 {
-			if err := px.opts.Conntrack.DeleteStale(ctx, flows); err != nil {
-				return fmt.Errorf("iptables: sync applied; clearing %d stale flows: %w", len(flows), err)
-			}
-		}
+	return px.clearStale(ctx, prev, &ch)
+}
+
+// clearStale deletes the conntrack flows a sync left stale. The first
+// sync clears nothing: it takes over rules that were already in place.
+func (px *Proxier) clearStale(ctx context.Context, prev *servicelb.State, ch *servicelb.Changes) error {
+	if prev == nil || px.opts.Conntrack == nil {
+		return nil
 	}
+	flows := ch.StaleFlows()
+	if len(flows) == 0 {
+		return nil
+	}
+	n, err := px.opts.Conntrack.DeleteStale(ctx, flows)
+	if err != nil {
+		return fmt.Errorf("iptables: sync applied; clearing %d stale flow filters: %w", len(flows), err)
+	}
+	px.log.Debug("cleared stale flows", "filters", len(flows), "deleted", n)
 	return nil
 }
 

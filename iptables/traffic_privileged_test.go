@@ -402,3 +402,41 @@ func TestTrafficLoadBalancerSourceRanges(t *testing.T) {
 		}
 	})
 }
+
+// TestTrafficStaleUDPFlows: a UDP client that keeps its source port keeps
+// its conntrack flow, and with it the endpoint it reached. When that
+// endpoint leaves the service, the flow must be cleared so that the next
+// datagram reaches a current endpoint; without ClearStaleFlows it still
+// goes to the old one.
+func TestTrafficStaleUDPFlows(t *testing.T) {
+	for _, clear := range []bool{true, false} {
+		t.Run(fmt.Sprintf("clear=%v", clear), func(t *testing.T) {
+			forFamilies(t, func(t *testing.T, fam servicelb.Family) {
+				netnstest.Require(t, "conntrack")
+				e := newEnv(t, fam, "udp")
+				if clear {
+					e.px = newProxier(t, e.tp.Node, Options{ClearStaleFlows: true})
+				}
+				cip := e.pick("10.96.0.60", "fd00:96::60")
+				svc := func(i int) servicelb.Service {
+					return servicelb.Service{Name: "t/dns", ClusterIPs: []netip.Addr{cip},
+						Ports:     []servicelb.Port{{Protocol: servicelb.UDP, Port: 53, TargetPort: udpPort}},
+						Endpoints: []servicelb.Endpoint{e.endpoint(i, true)}}
+				}
+				e.sync(svc(0))
+				from := netnstest.FromPort(40053)
+				if r := e.mustAsk(e.tp.Client, "udp", cip, 53, from); r.Host != "backend-0" {
+					t.Fatalf("first datagram answered by %s", r.Host)
+				}
+				e.sync(svc(1))
+				want := "backend-1"
+				if !clear {
+					want = "backend-0"
+				}
+				if r := e.mustAsk(e.tp.Client, "udp", cip, 53, from); r.Host != want {
+					t.Errorf("after backend-0 left: answered by %s, want %s", r.Host, want)
+				}
+			})
+		})
+	}
+}

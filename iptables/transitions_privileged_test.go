@@ -10,6 +10,8 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -209,5 +211,94 @@ func TestRepairsForeignDamage(t *testing.T) {
 			}
 			checkRendered(t, h, px, st, "after repair")
 		})
+	}
+}
+
+// TestChangesTouchOnlyTheirChains checks that a sync sends only what a
+// change needs: an endpoint change rewrites its port's SVC chain and
+// deletes the SEP chain of the endpoint that left, without touching the
+// shared chains; a new or removed service edits the shared chains rule by
+// rule; each sync is one batch.
+func TestChangesTouchOnlyTheirChains(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptchange")
+	px := newProxier(t, h, Options{})
+	cc := &countingConn{Conn: px.conn}
+	px.conn, px.ap = cc, newApplier(px, cc)
+	st := richState(t)
+	if err := px.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	webKey := servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}
+	web := st.Port(webKey)
+	gone := web.Cluster[1]
+	svcs := richServices()
+	svcs[0].Endpoints = slices.DeleteFunc(svcs[0].Endpoints, func(e servicelb.Endpoint) bool { return e.Addr == gone.Addr })
+	extra := servicelb.Service{Name: "new/svc", ClusterIPs: addrs("10.96.9.9"),
+		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
+		Endpoints: []servicelb.Endpoint{ep("10.244.1.9", "node-a")}}
+	newKey := servicelb.ServicePortKey{Service: "new/svc", Family: servicelb.IPv4}
+	steps := []struct {
+		name string
+		edit func(b *servicelb.Builder)
+		// chains each message may name, and how many messages
+		allowed func(st *servicelb.State) []string
+		msgs    int
+	}{
+		{"endpoint removed", func(b *servicelb.Builder) { must(t, b.Upsert(svcs[0])) },
+			func(*servicelb.State) []string { return []string{px.n.svc(web), px.n.sep(web, gone)} },
+			// flush and refill the SVC chain (masquerade rule and one
+			// endpoint), flush and delete the SEP chain.
+			1 + 2 + 2},
+		{"service added", func(b *servicelb.Builder) { must(t, b.Upsert(extra)) },
+			func(st *servicelb.State) []string {
+				sp := st.Port(newKey)
+				return []string{px.n.svc(sp), px.n.sep(sp, sp.Cluster[0]), "KPROXY-SERVICES"}
+			},
+			// two chains created and filled (2 rules each), one rule
+			// inserted in KPROXY-SERVICES.
+			2 + 4 + 1},
+		{"service removed", func(b *servicelb.Builder) { b.Delete("new/svc") },
+			func(*servicelb.State) []string {
+				sp := st.Port(newKey)
+				return []string{px.n.svc(sp), px.n.sep(sp, sp.Cluster[0]), "KPROXY-SERVICES"}
+			},
+			// one rule deleted by handle, two chains flushed and deleted.
+			1 + 2 + 2},
+	}
+	b := st.Edit()
+	for _, s := range steps {
+		s.edit(b)
+		next := b.State()
+		if s.name == "service added" {
+			st = next
+		}
+		before := cc.batches
+		if err := px.Sync(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+		if cc.batches != before+1 {
+			t.Fatalf("%s: %d batches", s.name, cc.batches-before)
+		}
+		allowed := s.allowed(next)
+		ops := strings.Split(strings.TrimSpace(cc.last), "\n")
+		for _, op := range ops {
+			f := strings.Fields(op)
+			if len(f) < 5 || !slices.Contains(allowed, f[4]) {
+				t.Errorf("%s: message %q outside %v", s.name, op, allowed)
+			}
+		}
+		if len(ops) != s.msgs {
+			t.Errorf("%s: %d messages, want %d:\n%s", s.name, len(ops), s.msgs, cc.last)
+		}
+		checkRendered(t, h, px, next, s.name)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
