@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
-	"syscall"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
