@@ -108,3 +108,23 @@ func TestFiltered(t *testing.T) {
 		}
 	}
 }
+
+// TestVMArgs: the console must be the first serial port (ttyS0, where the
+// kernel and /init write) and the results file the second (ttyS1); an
+// extra serial device declared before -serial would take ttyS0.
+func TestVMArgs(t *testing.T) {
+	vm := &VM{Kernel: "/k", Initrd: "/i", Results: "/r.log", MemoryMB: 2048, CPUs: 2}
+	args := strings.Join(vm.Args(), " ")
+	for _, want := range []string{
+		"-accel tcg,thread=multi -cpu max -smp 2 -m 2048 -nographic -no-reboot",
+		"-serial mon:stdio -serial file:/r.log",
+		"-kernel /k -initrd /i -append console=ttyS0 ",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("qemu args lack %q: %s", want, args)
+		}
+	}
+	if strings.Contains(args, "isa-serial") || strings.Contains(args, "kvm") {
+		t.Errorf("qemu args: %s", args)
+	}
+}
