@@ -5,7 +5,9 @@ package ipset_test
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +175,47 @@ func TestSyncLarge(t *testing.T) {
 	}
 	if strings.Contains(out, "add KPT-BIG 10.96.9.195,") {
 		t.Error("ipset save still holds an entry Sync deleted (10.96.9.195 is entry 2499)")
+	}
+}
+
+// TestSyncRandomStates walks a set through random desired states; after
+// each Sync the kernel holds exactly the desired entries (with their
+// comments), as a fresh set filled with them would.
+func TestSyncRandomStates(t *testing.T) {
+	netnstest.Require(t, "ipset")
+	h := netnstest.NewHost(t, "node")
+	c := newClient(t, h, "KPT-")
+	ctx := t.Context()
+	set := ipset.Set{Name: "WALK", Type: ipset.HashIPPortIP, Family: ipset.IPv4, Comment: true}
+	if err := c.Create(ctx, set); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	pool := make([]ipset.Entry, 40)
+	for i := range pool {
+		pool[i] = ipset.Entry{IP: netip.AddrFrom4([4]byte{10, 96, 0, byte(i % 8)}), Protocol: []ipset.Protocol{tcp, udp, sctp}[i%3],
+			Port: uint16(80 + i/8), IP2: netip.AddrFrom4([4]byte{10, 244, 1, byte(i)})}
+	}
+	for step := range 25 {
+		var desired []ipset.Entry
+		for _, e := range pool {
+			if rng.IntN(3) == 0 {
+				e.Comment = []string{"", "a", "b"}[rng.IntN(3)]
+				desired = append(desired, e)
+			}
+		}
+		if _, err := c.Sync(ctx, set.Name, desired); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		fresh, err := ipset.Restore("KPT-", set, desired)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Split(strings.TrimSpace(fresh), "\n")[1:]
+		sort.Strings(want)
+		_, got := saveLines(t, h, "KPT-WALK")
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("step %d: kernel differs from the desired state (-want +got):\n%s", step, diff)
+		}
 	}
 }
