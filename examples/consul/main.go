@@ -24,10 +24,13 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
 )
 
-func main() {
+func main() { agent.Main(program()) }
+
+// program is the agent: its flags and its source.
+func program() agent.Program {
 	var addr, mapping string
 	var warningReady bool
-	agent.Main(agent.Program{
+	return agent.Program{
 		Name: "consul",
 		Usage: "consul: a node agent that load-balances Consul services on virtual addresses,\n" +
 			"following their health. Needs root unless --dry-run.",
@@ -54,5 +57,5 @@ func main() {
 			}
 			return []agent.Source{src}, nil
 		},
-	})
+	}
 }

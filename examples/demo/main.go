@@ -117,6 +117,9 @@ func demo(ctx context.Context, cfg agent.Config, o options, out io.Writer, log *
 		return err
 	}
 	sandboxNode(&cfg)
+	if err := agent.Available(cfg.Backend); err != nil {
+		return err
+	}
 	if cfg.DryRun {
 		return dryRun(ctx, cfg, svcs, out, log)
 	}

@@ -25,9 +25,12 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/kubesource"
 )
 
-func main() {
+func main() { agent.Main(program()) }
+
+// program is the agent: its flags and its source.
+func program() agent.Program {
 	var kubeconfig, proxyName string
-	agent.Main(agent.Program{
+	return agent.Program{
 		Name: "kubernetes",
 		Usage: "kubernetes: a node agent that load-balances Kubernetes Services from their\n" +
 			"EndpointSlices, like kube-proxy. Needs root unless --dry-run.",
@@ -46,5 +49,5 @@ func main() {
 			}
 			return []agent.Source{&kubesource.Source{Client: c, ProxyName: proxyName, Logger: log}}, nil
 		},
-	})
+	}
 }

@@ -22,9 +22,12 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 )
 
-func main() {
+func main() { agent.Main(program()) }
+
+// program is the agent: its flags and its source.
+func program() agent.Program {
 	var file string
-	agent.Main(agent.Program{
+	return agent.Program{
 		Name: "static",
 		Usage: "static: a node agent that load-balances the services of a YAML or JSON file,\n" +
 			"applying each change to the file as it is saved. Needs root unless --dry-run.",
@@ -37,5 +40,5 @@ func main() {
 			}
 			return []agent.Source{&filesource.Source{Path: file, Logger: log}}, nil
 		},
-	})
+	}
 }

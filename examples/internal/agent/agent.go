@@ -19,9 +19,6 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// stderr is where loggers write; a variable for tests.
-var stderr io.Writer = os.Stderr
-
 // Source feeds services into the runner: a file, Kubernetes, Consul.
 type Source interface {
 	// Name names the source in logs and metrics.

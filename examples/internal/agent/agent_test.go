@@ -81,17 +81,20 @@ func TestBackendSelection(t *testing.T) {
 	}
 }
 
-func startAgent(t *testing.T, cfg Config, p *fake.Proxier, out io.Writer) (*Agent, context.CancelFunc, chan error) {
+// startAgent runs an agent with one source, "test", registered before it
+// starts, so that it does not sync before the source says it is synced.
+func startAgent(t *testing.T, cfg Config, p *fake.Proxier, out io.Writer) (*Agent, *servicelb.Source) {
 	t.Helper()
 	a, err := New(Options{Config: cfg, Dataplane: p, Stdout: out})
 	if err != nil {
 		t.Fatal(err)
 	}
+	src := a.Runner().Source("test")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; a.Close() })
-	return a, cancel, done
+	return a, src
 }
 
 var web = servicelb.Service{
@@ -135,7 +138,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 	cfg := defaults()
 	cfg.MinSyncInterval = 10 * time.Millisecond
 	p := &fake.Proxier{}
-	a, _, _ := startAgent(t, cfg, p, io.Discard)
+	a, src := startAgent(t, cfg, p, io.Discard)
 	h := Handler(a.Metrics(), a.health, time.Minute)
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
@@ -145,7 +148,6 @@ func TestMetricsAndHealthz(t *testing.T) {
 	if code, body := get("/healthz"); code != 503 || !strings.Contains(body, "ready=false") {
 		t.Errorf("/healthz before sync: %d %q", code, body)
 	}
-	src := a.Runner().Source("test")
 	if err := src.Upsert(web); err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,16 @@ func (b backend) available(name string) error {
 	return nil
 }
 
+// Available returns an error unless this build has the named backend. It
+// touches nothing.
+func Available(name string) error {
+	b, err := lookup(name)
+	if err != nil {
+		return err
+	}
+	return b.available(name)
+}
+
 // Open probes the kernel for the named backend's support and returns the
 // backend. The error names what is missing.
 func Open(name string, o BackendOptions) (Dataplane, error) {

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -143,12 +145,15 @@ func parseRange(s string) (servicelb.PortRange, error) {
 }
 
 // Logger returns a text logger on stderr at the configured level.
-func (c *Config) Logger() (*slog.Logger, error) {
+func (c *Config) Logger() (*slog.Logger, error) { return c.LoggerTo(os.Stderr) }
+
+// LoggerTo returns a text logger on w at the configured level.
+func (c *Config) LoggerTo(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
-	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})), nil
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 }
 
 // RunnerOptions returns the servicelb.RunnerOptions the flags describe.

@@ -30,12 +30,14 @@ type Program struct {
 // SIGTERM, and exits: 0 on success, 1 on error, 2 on bad flags.
 func Main(p Program) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := p.run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := p.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
-func (p Program) run(ctx context.Context, args []string, stdout, errOut io.Writer) int {
+// Run runs the program with args until ctx ends and returns its exit code;
+// logs go to errOut.
+func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Writer) int {
 	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
 	fs.SetOutput(errOut)
 	var cfg Config
@@ -57,7 +59,7 @@ func (p Program) run(ctx context.Context, args []string, stdout, errOut io.Write
 		fmt.Fprintf(errOut, "%s: unexpected arguments %q\n", p.Name, fs.Args())
 		return 2
 	}
-	log, err := cfg.Logger()
+	log, err := cfg.LoggerTo(errOut)
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", p.Name, err)
 		return 2
@@ -81,11 +83,4 @@ func (p Program) start(ctx context.Context, cfg Config, log *slog.Logger, stdout
 	defer a.Close()
 	log.Info("starting", "backend", cfg.Backend, "dryRun", cfg.DryRun, "netns", cfg.NetNS)
 	return a.Run(ctx, sources...)
-}
-
-// Stderr sets where loggers write, for tests; it returns the previous one.
-func Stderr(w io.Writer) io.Writer {
-	old := stderr
-	stderr = w
-	return old
 }
