@@ -284,8 +284,10 @@ func (p *Proxier) cleanFlows(ctx context.Context, stale []servicelb.StaleFlow) e
 	if len(stale) == 0 || p.opts.FlowCleaner == nil {
 		return nil
 	}
-	if err := p.opts.FlowCleaner.DeleteStale(ctx, stale); err != nil {
+	n, err := p.opts.FlowCleaner.DeleteStale(ctx, stale)
+	if err != nil {
 		return opErr("delete stale conntrack flows", "", err)
 	}
+	p.log.Debug("ipvs: stale conntrack flows deleted", "filters", len(stale), "flows", n)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -132,10 +133,24 @@ func (s *sets) each(entries []setEntry, keep func(setEntry) bool, send func(stri
 	return nil
 }
 
-// cleanup destroys every helper set.
+// cleanup destroys every helper set. The kernel drops the references of
+// deleted rules to the sets a moment after their transaction: a set still
+// busy is tried again for a while.
 func (s *sets) cleanup(ctx context.Context) error {
 	s.have, s.index = nil, nil
-	if err := s.c.Cleanup(ctx); err != nil && !errors.Is(err, ipset.ErrNotExist) {
+	var err error
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		err = s.c.Cleanup(ctx)
+		if !errors.Is(err, ipset.ErrInUse) || wait > 2*time.Second {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	if err != nil && !errors.Is(err, ipset.ErrNotExist) {
 		return fmt.Errorf("helper sets: %w", err)
 	}
 	return nil

@@ -115,11 +115,11 @@ type flowRecorder struct {
 	flows []servicelb.StaleFlow
 }
 
-func (r *flowRecorder) DeleteStale(_ context.Context, flows []servicelb.StaleFlow) error {
+func (r *flowRecorder) DeleteStale(_ context.Context, flows []servicelb.StaleFlow) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.flows = append(r.flows, flows...)
-	return nil
+	return 0, nil
 }
 
 // TestUDPRemovedAtOnce checks that removed UDP real servers go at once, and
@@ -357,4 +357,45 @@ func TestOwnership(t *testing.T) {
 	if out := e.tp.Node.Exec(t, "ipset", "list", "-n"); strings.TrimSpace(out) != "" {
 		t.Errorf("sets left after both Cleanups:\n%s", out)
 	}
+}
+
+// TestUDPConntrackCleanup checks, with the real conntrack table, that
+// removing a UDP real server deletes the conntrack flows that went to it,
+// and that the client's next datagram from the same port reaches another
+// backend.
+func TestUDPConntrackCleanup(t *testing.T) {
+	netnstest.Require(t, "conntrack")
+	e := newEnv(t, 2, Options{})
+	e.serve("udp", 5353, 0, 1)
+	e.sync(e.state(longService(0, 1)))
+	dst := ap(a("10.96.0.40"), 53)
+	from := netnstest.FromPort(40053)
+	counts := e.tp.Client.Count(t, "udp", dst, 3, from)
+	if len(counts) != 1 {
+		t.Fatalf("answers %v from one source port: want one backend", counts)
+	}
+	var x string
+	for h := range counts {
+		x = h
+	}
+	xi := e.backendIndex(x)
+	flows := func() string {
+		return e.tp.Node.Exec(t, "conntrack", "-L", "-p", "udp", "--orig-dst", "10.96.0.40")
+	}
+	reply := "src=" + backendAddr(xi, servicelb.IPv4).String() + " "
+	if out := flows(); !strings.Contains(out, reply) {
+		t.Fatalf("conntrack -L lacks a flow answered by %s:\n%s\nall flows:\n%s", x, out, e.tp.Node.Exec(t, "conntrack", "-L"))
+	}
+	e.sync(e.state(longService(1 - xi)))
+	if out := flows(); strings.Contains(out, reply) {
+		t.Fatalf("a flow to the removed %s is left:\n%s", x, out)
+	}
+	y := e.tp.Backends[1-xi].Name
+	eventually(t, 5*time.Second, func() error {
+		r, err := e.tp.Client.Ask(t.Context(), "udp", dst, from)
+		if err == nil && r.Host != y {
+			err = errors.New("answered by " + r.Host)
+		}
+		return err
+	})
 }

@@ -57,7 +57,8 @@ type Options struct {
 	// checks them and fails with ErrSysctl when one differs.
 	LeaveSysctls bool
 	// FlowCleaner deletes the conntrack flows that removing UDP and SCTP
-	// real servers leaves stale. Nil means no cleanup.
+	// real servers leaves stale. Nil means a conntrack.Client of the
+	// proxier's own in its namespace.
 	FlowCleaner FlowCleaner
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.

@@ -9,15 +9,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
-// FlowCleaner deletes conntrack flows; the conntrack package implements it.
+// FlowCleaner deletes conntrack flows and returns how many it deleted; the
+// conntrack package's Client implements it.
 type FlowCleaner interface {
-	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) error
+	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) (int, error)
 }
 
 // Proxier programs IPVS in one network namespace. It implements
@@ -54,6 +58,12 @@ type Proxier struct {
 	// each entry.
 	sets *sets
 	want map[setEntry]int
+	// conntrack is the FlowCleaner the proxier opened itself, if any.
+	conntrack *conntrack.Client
+	// rules keeps the helper rules through rconn.
+	rules      *xtables.Applier
+	rconn      *nfnl.Conn
+	ruleWrites int
 	// draining are the removed TCP real servers left at weight 0 until
 	// their connections end, with when they started draining.
 	draining map[realKey]time.Time
@@ -82,16 +92,43 @@ func New(o Options) (*Proxier, error) {
 		ns.Close()
 		return nil, err
 	}
+	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}}
 	c, err := ipset.New(ipset.Options{NetNS: ns, Prefix: o.SetPrefix, Logger: o.Logger})
 	if err != nil {
-		k.close()
-		ns.Close()
+		p.closeAll()
 		return nil, fmt.Errorf("helper sets: %w", err)
 	}
-	return &Proxier{
-		opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, sets: &sets{c: c},
-		draining: map[realKey]time.Time{},
-	}, nil
+	p.sets = &sets{c: c}
+	if p.rconn, err = nfnl.Open(nfnl.Options{NetNS: int(ns)}); err != nil {
+		p.closeAll()
+		return nil, fmt.Errorf("helper rules: %w", err)
+	}
+	p.rules = xtables.NewApplier(xtables.ApplierOptions{Conn: p.rconn, Owns: ownsChain(o.ChainPrefix), Logger: o.Logger})
+	if p.opts.FlowCleaner == nil {
+		ct, err := conntrack.New(conntrack.Options{NetNS: ns, Logger: o.Logger})
+		if err != nil {
+			p.closeAll()
+			return nil, err
+		}
+		p.opts.FlowCleaner, p.conntrack = ct, ct
+	}
+	return p, nil
+}
+
+// closeAll releases what New opened.
+func (p *Proxier) closeAll() error {
+	var errs []error
+	p.k.close()
+	if p.sets != nil {
+		errs = append(errs, p.sets.c.Close())
+	}
+	if p.conntrack != nil {
+		errs = append(errs, p.conntrack.Close())
+	}
+	if p.rconn != nil {
+		errs = append(errs, p.rconn.Close())
+	}
+	return errors.Join(append(errs, p.ns.Close())...)
 }
 
 // dupNS returns a handle of its own to ns, or to the calling thread's
@@ -120,8 +157,7 @@ func (p *Proxier) Close() error {
 		return nil
 	}
 	p.closed = true
-	p.k.close()
-	return errors.Join(p.sets.c.Close(), p.ns.Close())
+	return p.closeAll()
 }
 
 // Render returns the kernel state Sync installs for st; see the
@@ -164,6 +200,9 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	if err := p.k.deleteDummy(ctx); err != nil {
 		return err
+	}
+	if err := p.rules.Cleanup(ctx, ruleTables()); err != nil {
+		return fmt.Errorf("helper rules: %w", err)
 	}
 	if err := p.sets.cleanup(ctx); err != nil {
 		return err

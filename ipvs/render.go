@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -46,9 +47,9 @@ func Render(st *servicelb.State, o Options) (string, error) {
 	fmt.Fprintln(&b, SectionSets)
 	b.WriteString(renderSets(&o, p.entries()))
 	fmt.Fprintln(&b, SectionRules4)
-	b.WriteString(renderRules(planRules(&o, &node, servicelb.IPv4)))
+	b.WriteString(renderRules(ruleNames{o: &o, f: servicelb.IPv4}, &node))
 	fmt.Fprintln(&b, SectionRules6)
-	b.WriteString(renderRules(planRules(&o, &node, servicelb.IPv6)))
+	b.WriteString(renderRules(ruleNames{o: &o, f: servicelb.IPv6}, &node))
 	return b.String(), nil
 }
 
@@ -145,33 +146,17 @@ func ipsetFamily(f servicelb.Family) string {
 	return "inet"
 }
 
-// renderRules formats one family's helper rules as iptables-save prints
-// them.
-func renderRules(tables []ruleTable) string {
-	var b strings.Builder
-	for _, t := range tables {
-		fmt.Fprintf(&b, "*%s\n", t.name)
-		for _, c := range t.chains {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+// renderRules formats one family's helper rules as iptables-nft-save
+// prints them in a namespace where they are the only rules.
+func renderRules(n ruleNames, node *servicelb.NodeConfig) string {
+	tables := planRules(n, node)
+	var b []byte
+	for _, name := range []xtables.TableName{xtables.NAT, xtables.Filter} {
+		for t, c := range tables {
+			if t.Name == name {
+				b = xtables.AppendSaveTable(b, t.Family, c.Text(name))
+			}
 		}
-		for _, r := range slices.Concat(t.jumps, t.rules) {
-			b.WriteString(r.String())
-			b.WriteString("\n")
-		}
-		b.WriteString("COMMIT\n")
 	}
-	return b.String()
-}
-
-// String formats the rule as an iptables-save line.
-func (r Rule) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "-A %s", r.Chain)
-	for _, a := range r.Args {
-		if strings.ContainsAny(a, " \t\"") || a == "" {
-			a = fmt.Sprintf("%q", a)
-		}
-		b.WriteString(" " + a)
-	}
-	return b.String()
+	return string(b)
 }

@@ -53,17 +53,12 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 }
 
 // writes counts the changes sent to the kernel so far.
-func (p *Proxier) writes() int { return p.k.writes + p.sets.writes }
+func (p *Proxier) writes() int { return p.k.writes + p.sets.writes + p.ruleWrites }
 
 func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 	if p.applied != nil {
-		ok, err := p.linkIntact(ctx)
-		if err != nil {
+		if err := p.check(ctx); err != nil {
 			return err
-		}
-		if !ok {
-			p.log.Info("ipvs: dummy link gone or replaced; reading the kernel again", "interface", p.opts.Interface)
-			p.forget()
 		}
 	}
 	if p.applied == st {
@@ -95,6 +90,11 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 		if err := checkForeign(plan, foreign); err != nil {
 			return err
 		}
+	}
+	node := st.Node()
+	if err := p.reconcileRules(ctx, &node); err != nil {
+		p.forget()
+		return err
 	}
 	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true}
 	for k := range p.kern {
@@ -245,6 +245,41 @@ func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes)
 		}
 	}
 	return d, news, counts, nil
+}
+
+// check is the cheap test that nobody removed what the proxier owns: the
+// dummy link (if it is gone or replaced, the next sync reads the kernel
+// again) and the helper rules (restored at once).
+func (p *Proxier) check(ctx context.Context) error {
+	ok, err := p.linkIntact(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		p.log.Info("ipvs: dummy link gone or replaced; reading the kernel again", "interface", p.opts.Interface)
+		p.forget()
+		return nil
+	}
+	if ok, err = p.rules.Check(ctx); err != nil {
+		return fmt.Errorf("helper rules: %w", err)
+	}
+	if !ok {
+		p.log.Info("ipvs: helper rules changed by someone else; restoring them")
+		node := p.applied.Node()
+		return p.reconcileRules(ctx, &node)
+	}
+	return nil
+}
+
+// reconcileRules makes the helper rules match node, sending what differs.
+func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig) error {
+	index := func(id string) uint16 { return p.sets.index[id] }
+	stats, err := p.rules.Reconcile(ctx, allRules(&p.opts, node, index))
+	p.ruleWrites += stats.Messages
+	if err != nil {
+		return fmt.Errorf("helper rules: %w", err)
+	}
+	return nil
 }
 
 // linkIntact reports whether the dummy link is still the one last seen.
