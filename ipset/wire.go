@@ -85,25 +85,23 @@ const (
 
 // Kernel error numbers of ipset (above the errno range).
 const (
-	errProtocol       = 4097
-	errFindType       = 4098
-	errMaxSets        = 4099
-	errBusy           = 4100
-	errExistSetName2  = 4101
-	errTypeMismatch   = 4102
-	errExist          = 4103
-	errInvalidCIDR    = 4104
-	errInvalidFamily  = 4106
-	errTimeout        = 4107
-	errReferenced     = 4108
-	errCounter        = 4111
-	errComment        = 4112
-	errHashFull       = 4352
-	errHashElem       = 4353
-	errInvalidProto   = 4354
-	errMissingProto   = 4355
-	errBitmapRange    = 4352 // bitmap types reuse the type-specific range
-	errBitmapRangeLen = 4353
+	errProtocol      = 4097
+	errFindType      = 4098
+	errMaxSets       = 4099
+	errBusy          = 4100
+	errExistSetName2 = 4101
+	errTypeMismatch  = 4102
+	errExist         = 4103
+	errInvalidCIDR   = 4104
+	errInvalidFamily = 4106
+	errTimeout       = 4107
+	errReferenced    = 4108
+	errCounter       = 4111
+	errComment       = 4112
+	errHashFull      = 4352
+	errHashElem      = 4353
+	errInvalidProto  = 4354
+	errMissingProto  = 4355
 )
 
 // kernelErrors describes ipset's private error numbers.
@@ -121,8 +119,8 @@ var kernelErrors = map[int]string{
 	errReferenced:    "set is referenced by a rule or another set",
 	errCounter:       "counters given for a set created without counters",
 	errComment:       "comment given for a set created without comments",
-	errHashFull:      "set is full (hash full or bitmap out of range)",
-	errHashElem:      "null-valued element or element out of the bitmap range",
+	errHashFull:      "set is full, or (bitmap types) element out of range",
+	errHashElem:      "null-valued element, or (bitmap types) range too large",
 	errInvalidProto:  "invalid protocol",
 	errMissingProto:  "protocol missing",
 }
