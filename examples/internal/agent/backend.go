@@ -49,13 +49,16 @@ type backend struct {
 	probe func(netns.NsHandle) error
 	// open returns the backend; nil while this build has none.
 	open func(BackendOptions) (Dataplane, error)
+	// render returns a renderer that needs no kernel support, for dry
+	// runs; nil means open's backend renders.
+	render func(BackendOptions) (servicelb.Renderer, error)
 }
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
 	"nftables": {probe: probeNFTables("nftables")},
 	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
-	"ipvs":     {probe: probeIPVS},
+	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
 }
 
 // BackendNames returns the accepted --backend values.
@@ -122,6 +125,9 @@ func Renderer(name string, o BackendOptions) (servicelb.Renderer, error) {
 	}
 	if err := b.available(name); err != nil {
 		return nil, err
+	}
+	if b.render != nil {
+		return b.render(o)
 	}
 	d, err := b.open(o)
 	if err != nil {
