@@ -164,8 +164,17 @@ func probeNFTables(name string) func(netns.NsHandle) error {
 // probeIPVS checks that the kernel has IPVS, through its generic netlink
 // family, and that dummy links can be made.
 func probeIPVS(ns netns.NsHandle) error {
-	h, err := netlink.NewHandleAt(nsOrCurrent(ns))
+	var h *netlink.Handle
+	var err error
+	if ns.IsOpen() {
+		h, err = netlink.NewHandleAt(ns)
+	} else {
+		h, err = netlink.NewHandle()
+	}
 	if err != nil {
+		if errors.Is(err, syscall.EPERM) {
+			return fmt.Errorf("ipvs: netlink permission denied: needs root (CAP_NET_ADMIN): %w", err)
+		}
 		return fmt.Errorf("ipvs: netlink: %w", err)
 	}
 	defer h.Close()
@@ -179,17 +188,6 @@ func probeIPVS(ns netns.NsHandle) error {
 		return fmt.Errorf("ipvs: %w: the kernel has no dummy link driver (CONFIG_DUMMY; modprobe dummy)", ErrUnsupported)
 	}
 	return nil
-}
-
-func nsOrCurrent(ns netns.NsHandle) netns.NsHandle {
-	if ns.IsOpen() {
-		return ns
-	}
-	h, err := netns.Get()
-	if err != nil {
-		return netns.None()
-	}
-	return h
 }
 
 // kernelHas reports whether a kernel module is loaded, built in, or
