@@ -1,0 +1,387 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// A rule is written twice from one description: as nft text, for Render,
+// and as the netlink expressions nft itself would send for that text, so
+// that what kproxy writes lists back exactly as the text it renders. The
+// encodings below follow nft's (registers, byte order conversions, implicit
+// protocol checks), which the tests compare against the real nft.
+type rule struct {
+	text  string
+	exprs []expr.Any
+}
+
+// term is part of a rule: some text and the expressions behind it.
+type term struct {
+	text  string
+	exprs []expr.Any
+}
+
+func mk(terms ...term) rule {
+	var r rule
+	var words []string
+	for _, t := range terms {
+		if t.text != "" {
+			words = append(words, t.text)
+		}
+		r.exprs = append(r.exprs, t.exprs...)
+	}
+	r.text = strings.Join(words, " ")
+	return r
+}
+
+// Registers, numbered as the kernel dumps them: a 32-bit register whose
+// index is a multiple of four is reported as the 16-byte register it
+// starts (NFT_REG_1 = 1, NFT_REG_2 = 2, ...), the others as NFT_REG32_xx
+// (8 + index). nft numbers them the same way.
+func reg32(i int) uint32 {
+	if i%4 == 0 {
+		return uint32(1 + i/4)
+	}
+	return uint32(8 + i)
+}
+
+// concatRegs returns the register of each field of a concatenation whose
+// fields are lens bytes long, each starting on a 32-bit register.
+func concatRegs(lens ...int) []uint32 {
+	out := make([]uint32, len(lens))
+	i := 0
+	for k, l := range lens {
+		out[k] = reg32(i)
+		i += (l + 3) / 4
+	}
+	return out
+}
+
+const reg1 = 1
+
+func nfproto(f servicelb.Family) term {
+	p := byte(unix.NFPROTO_IPV4)
+	if f == servicelb.IPv6 {
+		p = unix.NFPROTO_IPV6
+	}
+	return term{exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{p}},
+	}}
+}
+
+func l4proto(p servicelb.Protocol) term {
+	return term{text: "meta l4proto " + p.Lower(), exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{p.Number()}},
+	}}
+}
+
+// ipFamily is "ip" or "ip6", as nft names the network header.
+func ipFamily(f servicelb.Family) string {
+	if f == servicelb.IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+func addrLen(f servicelb.Family) int {
+	if f == servicelb.IPv6 {
+		return 16
+	}
+	return 4
+}
+
+// addrLoad loads the source or destination address into register r.
+func addrLoad(f servicelb.Family, src bool, r uint32) expr.Any {
+	off := uint32(16)
+	switch {
+	case f == servicelb.IPv4 && src:
+		off = 12
+	case f == servicelb.IPv6 && src:
+		off = 8
+	case f == servicelb.IPv6:
+		off = 24
+	}
+	return &expr.Payload{DestRegister: r, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: uint32(addrLen(f))}
+}
+
+func addrWord(f servicelb.Family, src bool) string {
+	if src {
+		return ipFamily(f) + " saddr"
+	}
+	return ipFamily(f) + " daddr"
+}
+
+// inSet matches when the source or destination address is (or, negated,
+// is not) in a set: "ip saddr != @cluster-cidrs4".
+func inSet(f servicelb.Family, src, negate bool, set string) term {
+	op := ""
+	if negate {
+		op = "!= "
+	}
+	t := nfproto(f)
+	t.text = fmt.Sprintf("%s %s@%s", addrWord(f, src), op, set)
+	t.exprs = append(t.exprs, addrLoad(f, src, reg1), &expr.Lookup{SourceRegister: reg1, SetName: set, Invert: negate})
+	return t
+}
+
+// entryKey loads "ip daddr . meta l4proto . th dport" and, with saddr,
+// ". ip saddr" after it. hton converts the protocol as nft does for a
+// concatenation with intervals.
+func entryKey(f servicelb.Family, saddr, hton bool) ([]expr.Any, string) {
+	lens := []int{addrLen(f), 1, 2}
+	if saddr {
+		lens = append(lens, addrLen(f))
+	}
+	regs := concatRegs(lens...)
+	es := []expr.Any{
+		addrLoad(f, false, regs[0]),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+	}
+	if hton {
+		es = append(es, &expr.Byteorder{SourceRegister: regs[1], DestRegister: regs[1], Op: expr.ByteorderHton, Len: 1, Size: 2})
+	}
+	es = append(es, &expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+	text := addrWord(f, false) + " . meta l4proto . th dport"
+	if saddr {
+		es = append(es, addrLoad(f, true, regs[3]))
+		text += " . " + addrWord(f, true)
+	}
+	return es, text
+}
+
+// entryIn matches packets whose destination address, protocol and port are
+// in set: "ip daddr . meta l4proto . th dport @no-endpoints4".
+func entryIn(f servicelb.Family, set string) term {
+	t := nfproto(f)
+	es, text := entryKey(f, false, false)
+	t.exprs = append(t.exprs, es...)
+	t.exprs = append(t.exprs, &expr.Lookup{SourceRegister: reg1, SetName: set})
+	t.text = text + " @" + set
+	return t
+}
+
+// entrySourceNotIn matches packets whose destination, protocol, port and
+// source address are not in the interval set: the source range check.
+func entrySourceNotIn(f servicelb.Family, set string) term {
+	es, text := entryKey(f, true, true)
+	return term{text: text + " != @" + set, exprs: append(es, &expr.Lookup{SourceRegister: reg1, SetName: set, Invert: true})}
+}
+
+// entryVmap dispatches on "ip daddr . meta l4proto . th dport vmap @set".
+func entryVmap(f servicelb.Family, set string) term {
+	t := nfproto(f)
+	es, text := entryKey(f, false, false)
+	t.exprs = append(t.exprs, es...)
+	t.exprs = append(t.exprs, &expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: 0})
+	t.text = text + " vmap @" + set
+	return t
+}
+
+func verdict(kind expr.VerdictKind, chain string) term {
+	var text string
+	switch kind {
+	case expr.VerdictJump:
+		text = "jump " + chain
+	case expr.VerdictGoto:
+		text = "goto " + chain
+	case expr.VerdictDrop:
+		text = "drop"
+	case expr.VerdictAccept:
+		text = "accept"
+	case expr.VerdictReturn:
+		text = "return"
+	}
+	return term{text: text, exprs: []expr.Any{&expr.Verdict{Kind: kind, Chain: chain}}}
+}
+
+func jump(chain string) term  { return verdict(expr.VerdictJump, chain) }
+func goTo(chain string) term  { return verdict(expr.VerdictGoto, chain) }
+func drop() term              { return verdict(expr.VerdictDrop, "") }
+func returnVerdict() term     { return verdict(expr.VerdictReturn, "") }
+func hostU32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
+func bigU32(v uint32) []byte  { return binary.BigEndian.AppendUint32(nil, v) }
+func fmtMark(v uint32) string { return fmt.Sprintf("0x%08x", v) }
+func timeoutText(d time.Duration) string {
+	return nftDuration(d)
+}
+
+// fibLocalSource matches packets from one of the node's own addresses:
+// "fib saddr type local".
+func fibLocalSource() term {
+	return term{text: "fib saddr type local", exprs: []expr.Any{
+		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
+	}}
+}
+
+// markSetOr is "meta mark set meta mark | m".
+func markSetOr(m uint32) term {
+	return term{text: "meta mark set meta mark | " + fmtMark(m), exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(^m), Xor: hostU32(m)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+	}}
+}
+
+// markSetXor is "meta mark set meta mark ^ m".
+func markSetXor(m uint32) term {
+	return term{text: "meta mark set meta mark ^ " + fmtMark(m), exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(0xffffffff), Xor: hostU32(m)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+	}}
+}
+
+// markClear is "meta mark & m == 0".
+func markClear(m uint32) term {
+	return term{text: fmt.Sprintf("meta mark & %s == 0x00000000", fmtMark(m)), exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(m), Xor: hostU32(0)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)},
+	}}
+}
+
+// ctDNAT is "ct status dnat": the connection's destination was translated.
+func ctDNAT() term {
+	return term{text: "ct status dnat", exprs: []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(ctStatusDNAT), Xor: hostU32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
+	}}
+}
+
+// hairpinIn is "ip saddr . ip daddr @set": a packet sent to its own source.
+func hairpinIn(f servicelb.Family, set string) term {
+	t := nfproto(f)
+	regs := concatRegs(addrLen(f), addrLen(f))
+	t.exprs = append(t.exprs, addrLoad(f, true, regs[0]), addrLoad(f, false, regs[1]), &expr.Lookup{SourceRegister: reg1, SetName: set})
+	t.text = fmt.Sprintf("%s . %s @%s", addrWord(f, true), addrWord(f, false), set)
+	return t
+}
+
+func masquerade() term {
+	return term{text: "masquerade fully-random", exprs: []expr.Any{&expr.Masq{FullyRandom: true}}}
+}
+
+// reject answers TCP with a reset and everything else with an ICMP port
+// unreachable of the packet's family.
+func reject(f servicelb.Family, tcp bool) term {
+	if tcp {
+		return term{text: "reject with tcp reset", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}}
+	}
+	code := uint8(3) // ICMP_PORT_UNREACH
+	if f == servicelb.IPv6 {
+		code = 4 // ICMPV6_PORT_UNREACH
+	}
+	return term{text: "reject", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code}}}
+}
+
+// numgenConst is "numgen random mod 1 offset v": a constant inside a
+// concatenation, which nft cannot write as a literal there.
+func numgenConst(r, v uint32) (expr.Any, string) {
+	text := "numgen random mod 1"
+	if v != 0 {
+		text += fmt.Sprintf(" offset %d", v)
+	}
+	return &expr.Numgen{Register: r, Modulus: 1, Type: unix.NFT_NG_RANDOM, Offset: v}, text
+}
+
+// affinityKey loads "ip saddr . <slot> . <endpoint>" for the affinity set.
+func affinityKey(f servicelb.Family, slot, ep uint32) ([]expr.Any, string) {
+	regs := concatRegs(addrLen(f), 4, 4)
+	a, at := numgenConst(regs[1], slot)
+	b, bt := numgenConst(regs[2], ep)
+	es := append(nfproto(f).exprs, addrLoad(f, true, regs[0]), a, b)
+	return es, fmt.Sprintf("%s . %s . %s", addrWord(f, true), at, bt)
+}
+
+// affinityHit matches a client pinned to the endpoint:
+// "ip saddr . <slot> . <endpoint> @affinity4".
+func affinityHit(f servicelb.Family, set string, slot, ep uint32) term {
+	es, text := affinityKey(f, slot, ep)
+	return term{text: text + " @" + set, exprs: append(es, &expr.Lookup{SourceRegister: reg1, SetName: set})}
+}
+
+// affinityUpdate pins the client to the endpoint, or refreshes the pin.
+func affinityUpdate(f servicelb.Family, set string, slot, ep uint32, timeout time.Duration) term {
+	es, text := affinityKey(f, slot, ep)
+	return term{
+		text:  fmt.Sprintf("update @%s { %s timeout %s }", set, text, timeoutText(timeout)),
+		exprs: append(es, &expr.Dynset{SrcRegKey: reg1, SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout}),
+	}
+}
+
+// randomBelow matches with probability w/n: "numgen random mod n < w".
+func randomBelow(n, w uint32) term {
+	return term{text: fmt.Sprintf("numgen random mod %d < %d", n, w), exprs: []expr.Any{
+		&expr.Numgen{Register: reg1, Modulus: n, Type: unix.NFT_NG_RANDOM},
+		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Cmp{Op: expr.CmpOpLt, Register: reg1, Data: bigU32(w)},
+	}}
+}
+
+func natFamily(f servicelb.Family) uint32 {
+	if f == servicelb.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// dnatTo translates the destination to one endpoint: "dnat ip to a:p".
+func dnatTo(f servicelb.Family, to netip.AddrPort) term {
+	// nft puts a literal address in register 1 and the port in register 2
+	// (the second 16-byte register), for either family.
+	text := fmt.Sprintf("dnat %s to %s", ipFamily(f), to)
+	return term{text: text, exprs: []expr.Any{
+		&expr.Immediate{Register: 1, Data: to.Addr().AsSlice()},
+		&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, to.Port())},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+	}}
+}
+
+// dnatMap translates the destination to the endpoint a random bucket of
+// the slot maps to: "dnat ip to numgen random mod 4095 offset o map @m".
+func dnatMap(f servicelb.Family, offset uint32, set string) term {
+	regs := concatRegs(addrLen(f), 2)
+	text := fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", ipFamily(f), buckets, offset, set)
+	return term{text: text, exprs: []expr.Any{
+		&expr.Numgen{Register: reg1, Modulus: buckets, Type: unix.NFT_NG_RANDOM, Offset: offset},
+		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: reg1},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: regs[0], RegProtoMin: regs[1], Specified: true},
+	}}
+}
+
+// nftDuration formats a duration as nft prints timeouts ("3h", "1h30m",
+// "10s", "1s500ms").
+func nftDuration(d time.Duration) string {
+	ms := d.Milliseconds()
+	if ms == 0 {
+		return "0s"
+	}
+	var b strings.Builder
+	for _, u := range []struct {
+		n    int64
+		unit string
+	}{{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}, {1, "ms"}} {
+		if ms >= u.n {
+			fmt.Fprintf(&b, "%d%s", ms/u.n, u.unit)
+			ms %= u.n
+		}
+	}
+	return b.String()
+}
+
+// ctStatusDNAT is the conntrack status bit of a translated destination
+// (IPS_DST_NAT).
+const ctStatusDNAT = 1 << 5

@@ -1,0 +1,180 @@
+package nftables
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// model is the plan of a whole State: what the table holds once the State
+// is applied. The Proxier keeps the model of the state it applied last and
+// changes it only after a successful commit.
+type model struct {
+	node  nodePlan
+	ports map[servicelb.ServicePortKey]*portPlan
+	// hairpin counts the ports that select each endpoint address.
+	hairpin map[netip.Addr]int
+	// shards counts the load-balancing chains reading each backends map.
+	shards map[string]int
+	slots  *slotTable
+}
+
+func newModel() *model {
+	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, hairpin: map[netip.Addr]int{}, shards: map[string]int{}, slots: newSlotTable()}
+}
+
+// build plans a whole State from scratch.
+func (p *planner) build(st *servicelb.State) (*model, error) {
+	m := newModel()
+	node := st.Node()
+	m.node = p.node(&node)
+	txn := m.slots.begin()
+	for _, sp := range st.Ports() {
+		pp, err := p.port(sp, &node, txn)
+		if err != nil {
+			return nil, err
+		}
+		m.ports[sp.Key] = pp
+		for _, a := range pp.hairpin {
+			m.hairpin[a]++
+		}
+		for _, s := range pp.shards {
+			m.shards[s]++
+		}
+	}
+	txn.commit()
+	return m, nil
+}
+
+// step is a planned change of a model: the fragments it replaces and the
+// counts it moves. apply commits it to the model after a successful sync.
+type step struct {
+	node    *nodePlan // the new node plan, when the node changed
+	removed []*portPlan
+	added   []*portPlan
+	changed [][2]*portPlan // old, new
+	slots   *slotTxn
+	hairpin map[netip.Addr]int // new counts of the addresses that moved
+	shards  map[string]int     // new counts of the maps that moved
+}
+
+// plan computes the step from m (the model of from) to to. When the node
+// changed every port is planned again; otherwise only the ports Diff
+// reports.
+func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*step, error) {
+	node := to.Node()
+	s := &step{slots: m.slots.begin(), hairpin: map[netip.Addr]int{}, shards: map[string]int{}}
+	var targets []*servicelb.ServicePort
+	if ch.NodeChanged {
+		np := p.node(&node)
+		s.node = &np
+		targets = to.Ports()
+		for k, old := range m.ports {
+			if to.Port(k) == nil {
+				s.removed = append(s.removed, old)
+			}
+		}
+	} else {
+		for _, o := range ch.Removed {
+			s.removed = append(s.removed, m.ports[o.Key])
+		}
+		targets = slices.Clone(ch.Added)
+		for _, c := range ch.Changed {
+			targets = append(targets, c.New)
+		}
+	}
+	for _, old := range s.removed {
+		for _, k := range old.slots {
+			s.slots.release(k)
+		}
+	}
+	for _, sp := range targets {
+		pp, err := p.port(sp, &node, s.slots)
+		if err != nil {
+			return nil, err
+		}
+		if old := m.ports[sp.Key]; old != nil {
+			s.changed = append(s.changed, [2]*portPlan{old, pp})
+			for _, k := range old.slots {
+				if !slices.Contains(pp.slots, k) {
+					s.slots.release(k)
+				}
+			}
+		} else {
+			s.added = append(s.added, pp)
+		}
+	}
+	s.count(m)
+	return s, nil
+}
+
+// count works out the new hairpin and shard counts of what the step moves.
+func (s *step) count(m *model) {
+	move := func(pp *portPlan, d int) {
+		for _, a := range pp.hairpin {
+			if _, ok := s.hairpin[a]; !ok {
+				s.hairpin[a] = m.hairpin[a]
+			}
+			s.hairpin[a] += d
+		}
+		for _, x := range pp.shards {
+			if _, ok := s.shards[x]; !ok {
+				s.shards[x] = m.shards[x]
+			}
+			s.shards[x] += d
+		}
+	}
+	for _, pp := range s.removed {
+		move(pp, -1)
+	}
+	for _, pp := range s.added {
+		move(pp, 1)
+	}
+	for _, c := range s.changed {
+		move(c[0], -1)
+		move(c[1], 1)
+	}
+}
+
+// apply makes m the model of the step's target state.
+func (s *step) apply(m *model) {
+	if s.node != nil {
+		m.node = *s.node
+	}
+	for _, pp := range s.removed {
+		delete(m.ports, pp.key)
+	}
+	for _, pp := range s.added {
+		m.ports[pp.key] = pp
+	}
+	for _, c := range s.changed {
+		m.ports[c[1].key] = c[1]
+	}
+	for a, n := range s.hairpin {
+		if n > 0 {
+			m.hairpin[a] = n
+		} else {
+			delete(m.hairpin, a)
+		}
+	}
+	for x, n := range s.shards {
+		if n > 0 {
+			m.shards[x] = n
+		} else {
+			delete(m.shards, x)
+		}
+	}
+	s.slots.commit()
+}
+
+// sortedPorts returns a model's port plans in key order.
+func (m *model) sortedPorts() []*portPlan {
+	keys := slices.SortedFunc(maps.Keys(m.ports), servicelb.ServicePortKey.Compare)
+	out := make([]*portPlan, len(keys))
+	for i, k := range keys {
+		out[i] = m.ports[k]
+	}
+	return out
+}

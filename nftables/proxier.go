@@ -1,0 +1,174 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// DefaultTable is the name of the table a Proxier owns by default.
+const DefaultTable = "kproxy"
+
+// DefaultAffinitySize bounds the number of ClientIP affinity pins per
+// address family.
+const DefaultAffinitySize = 1 << 18
+
+// FlowCleaner deletes conntrack flows left stale by a sync: a UDP or SCTP
+// client's flow to an endpoint that is gone. The conntrack package's
+// cleaner satisfies it.
+type FlowCleaner interface {
+	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) error
+}
+
+// Options configure a Proxier. The zero value is usable: the table
+// "kproxy" in the caller's network namespace, no logging, no conntrack
+// cleanup.
+type Options struct {
+	// Table is the name of the inet table the Proxier owns; default
+	// DefaultTable. Two Proxiers with different tables coexist in one
+	// namespace.
+	Table string
+	// NetNS is the network namespace to program; zero (or netns.None())
+	// means the caller's.
+	NetNS netns.NsHandle
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// Conntrack, when set, deletes stale UDP and SCTP flows after each
+	// successful sync (servicelb.Changes.StaleFlows). Deletions that fail
+	// are retried on the next Sync.
+	Conntrack FlowCleaner
+	// AffinitySize bounds the number of affinity pins per address family;
+	// zero means DefaultAffinitySize.
+	AffinitySize uint32
+}
+
+// Proxier programs one nf_tables table of family inet. It implements
+// servicelb.Proxier and servicelb.Renderer. Its methods are safe for
+// concurrent use.
+type Proxier struct {
+	opts Options
+	log  *slog.Logger
+	plan planner
+	conn *nfnl.Conn
+
+	mu      sync.Mutex
+	applied *servicelb.State // the state the table holds, nil before the first sync
+	model   *model
+	gen     uint32 // the ruleset generation after kproxy's last commit
+	genOK   bool   // whether gen is known to follow kproxy's own commit
+	stale   []servicelb.StaleFlow
+	closed  bool
+}
+
+var (
+	_ servicelb.Proxier  = (*Proxier)(nil)
+	_ servicelb.Renderer = (*Proxier)(nil)
+)
+
+// New returns a Proxier for the options. It opens a netlink socket in the
+// target namespace and sends nothing: the first Sync creates or adopts the
+// table.
+func New(o Options) (*Proxier, error) {
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if !validTableName(o.Table) {
+		return nil, fmt.Errorf("nftables: table name %q: %w: use letters, digits and / - _ . after a letter", o.Table, ErrInvalidOptions)
+	}
+	if o.AffinitySize == 0 {
+		o.AffinitySize = DefaultAffinitySize
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	conn, err := nfnl.Open(nfnl.Options{NetNS: int(o.NetNS)})
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return &Proxier{
+		opts: o,
+		log:  log.With("table", o.Table),
+		plan: planner{table: o.Table, affinitySize: o.AffinitySize},
+		conn: conn,
+	}, nil
+}
+
+// Close releases the netlink socket. It leaves the table in place (see
+// Cleanup).
+func (p *Proxier) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	return p.conn.Close()
+}
+
+// Render returns the table st would produce, as nft text that `nft -f`
+// loads. It needs no privileges and does not touch the kernel.
+func (p *Proxier) Render(st *servicelb.State) (string, error) {
+	m, err := p.plan.build(st)
+	if err != nil {
+		return "", err
+	}
+	return p.plan.content(m).render(p.opts.Table), nil
+}
+
+// Cleanup deletes the table, and nothing else. A later Sync creates it
+// again.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.applied, p.model, p.genOK = nil, nil, false
+	if _, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table); errors.Is(err, nfnl.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("nftables: cleanup: %w", err)
+	}
+	var b nfnl.Batch
+	b.DelTable(nfnl.Inet, p.opts.Table)
+	// ENOENT: someone deleted the table since we looked.
+	if _, err := p.conn.Commit(ctx, &b); err != nil && !errors.Is(err, syscall.ENOENT) {
+		return fmt.Errorf("nftables: cleanup: %w", err)
+	}
+	p.log.Info("table deleted")
+	return nil
+}
+
+// Sync makes the table match st. See the package documentation for what
+// it writes and when.
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+	if st == nil {
+		return fmt.Errorf("nftables: sync: nil state")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	start := time.Now()
+	err := p.sync(ctx, st)
+	if errors.Is(err, nfnl.ErrGenerationChanged) {
+		// Someone committed between our look at the ruleset and our own
+		// commit: look again.
+		err = p.sync(ctx, st)
+	}
+	if err != nil {
+		return err
+	}
+	p.log.Debug("synced", "services", st.Len(), "duration", time.Since(start))
+	return p.cleanFlows(ctx)
+}

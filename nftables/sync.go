@@ -1,0 +1,126 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// sync is one attempt at Sync: look at the generation, decide between an
+// incremental change and a full rewrite, commit, and remember the result.
+func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
+	gen, err := p.conn.Generation(ctx)
+	if err != nil {
+		return fmt.Errorf("nftables: sync: %w", err)
+	}
+	full, err := p.needRewrite(ctx, gen.ID)
+	if err != nil {
+		return err
+	}
+	if full {
+		return p.rewrite(ctx, st, gen.ID)
+	}
+	changes := servicelb.Diff(p.applied, st)
+	if changes.Empty() {
+		p.gen, p.genOK = gen.ID, true
+		return nil
+	}
+	s, err := p.plan.plan(p.model, &changes, st)
+	if err != nil {
+		return fmt.Errorf("nftables: sync: %w", err)
+	}
+	b := &nfnl.Batch{}
+	s.delta(p.model).batch(p.opts.Table, b)
+	if err := p.commit(ctx, b, gen.ID); err != nil {
+		return err
+	}
+	s.apply(p.model)
+	p.stale = append(p.stale, changes.StaleFlows()...)
+	p.applied = st
+	p.log.Debug("applied changes", "added", len(changes.Added), "removed", len(changes.Removed),
+		"changed", len(changes.Changed), "node", changes.NodeChanged, "messages", b.Len())
+	return nil
+}
+
+// needRewrite reports whether the next sync must rewrite the whole table:
+// on the first sync, and when someone else committed since our last commit
+// and the table no longer holds what we wrote.
+func (p *Proxier) needRewrite(ctx context.Context, gen uint32) (bool, error) {
+	if p.model == nil {
+		return true, nil
+	}
+	if p.genOK && gen == p.gen {
+		return false, nil
+	}
+	why, err := p.verify(ctx, p.plan.content(p.model))
+	if err != nil {
+		return false, fmt.Errorf("nftables: sync: check table: %w", err)
+	}
+	if why != "" {
+		p.log.Info("table changed by another writer; rewriting it", "difference", why)
+		return true, nil
+	}
+	p.gen, p.genOK = gen, true
+	return false, nil
+}
+
+// rewrite replaces the table's content with st's in one transaction.
+func (p *Proxier) rewrite(ctx context.Context, st *servicelb.State, gen uint32) error {
+	next, err := p.plan.build(st)
+	if err != nil {
+		return fmt.Errorf("nftables: sync: %w", err)
+	}
+	b, err := p.replaceBatch(ctx, p.plan.content(next))
+	if err != nil {
+		return fmt.Errorf("nftables: sync: read table: %w", err)
+	}
+	if err := p.commit(ctx, b, gen); err != nil {
+		return err
+	}
+	if p.applied != nil {
+		// A repair: flows stale since the state last applied still are.
+		ch := servicelb.Diff(p.applied, st)
+		p.stale = append(p.stale, ch.StaleFlows()...)
+	} else {
+		p.log.Info("table written", "services", st.Len(), "messages", b.Len(), "bytes", b.Size())
+	}
+	p.model, p.applied = next, st
+	return nil
+}
+
+// commit sends b, on the condition that the generation is still gen, and
+// records the generation it leaves.
+func (p *Proxier) commit(ctx context.Context, b *nfnl.Batch, gen uint32) error {
+	if b.Len() == 0 {
+		p.gen, p.genOK = gen, true
+		return nil
+	}
+	b.RequireGeneration(gen)
+	after, err := p.conn.Commit(ctx, b)
+	if err != nil {
+		return fmt.Errorf("nftables: sync: %w", err)
+	}
+	// Anything but the next generation means someone else committed right
+	// after us: check the table on the next sync.
+	p.gen, p.genOK = after.ID, after.ID == gen+1
+	return nil
+}
+
+// cleanFlows deletes the stale conntrack flows of the syncs so far.
+func (p *Proxier) cleanFlows(ctx context.Context) error {
+	if len(p.stale) == 0 {
+		return nil
+	}
+	if p.opts.Conntrack == nil {
+		p.stale = nil
+		return nil
+	}
+	if err := p.opts.Conntrack.DeleteStale(ctx, p.stale); err != nil {
+		return fmt.Errorf("nftables: delete %d stale conntrack flows (retried on the next sync): %w", len(p.stale), err)
+	}
+	p.log.Debug("deleted stale flows", "flows", len(p.stale))
+	p.stale = nil
+	return nil
+}
