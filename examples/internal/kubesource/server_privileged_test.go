@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/e2e"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
@@ -113,10 +115,15 @@ func service(ns, name string, mut func(*corev1.Service)) *corev1.Service {
 	return s
 }
 
-// scenario creates services and endpoint slices through the API and checks
-// that the agent follows each change within 2 s, skips what it must, and
-// reports a bad service without disturbing the others.
-func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.World) {
+// fixture is a test namespace on the API server.
+type fixture struct {
+	t      *testing.T
+	ns     string
+	svcs   typedcorev1.ServiceInterface
+	slices typeddiscoveryv1.EndpointSliceInterface
+}
+
+func newFixture(t *testing.T, c kubernetes.Interface) *fixture {
 	ctx := context.Background()
 	var tag [3]byte
 	_, _ = rand.Read(tag[:])
@@ -124,32 +131,51 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svcs, slices := c.CoreV1().Services(ns), c.DiscoveryV1().EndpointSlices(ns)
+	f := &fixture{t: t, ns: ns, svcs: c.CoreV1().Services(ns), slices: c.DiscoveryV1().EndpointSlices(ns)}
 	t.Cleanup(func() {
 		for _, n := range []string{"web", "bad", "headless", "other"} {
-			_ = svcs.Delete(ctx, n, metav1.DeleteOptions{})
+			_ = f.svcs.Delete(ctx, n, metav1.DeleteOptions{})
 		}
-		_ = slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		_ = f.slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	})
-	web, err := svcs.Create(ctx, service(ns, "web", nil), metav1.CreateOptions{})
+	return f
+}
+
+// slice creates or replaces web's endpoint slice.
+func (f *fixture) slice(eps []ep) {
+	f.t.Helper()
+	ctx := context.Background()
+	sl := endpointSlice(f.ns, "web-a", "web", eps)
+	old, err := f.slices.Get(ctx, sl.Name, metav1.GetOptions{})
+	if err == nil {
+		sl.ResourceVersion = old.ResourceVersion
+		_, err = f.slices.Update(ctx, sl, metav1.UpdateOptions{})
+	} else {
+		_, err = f.slices.Create(ctx, sl, metav1.CreateOptions{})
+	}
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	mustSlice := func(eps []ep) {
-		t.Helper()
-		sl := endpointSlice(ns, "web-a", "web", eps)
-		old, err := slices.Get(ctx, sl.Name, metav1.GetOptions{})
-		if err == nil {
-			sl.ResourceVersion = old.ResourceVersion
-			_, err = slices.Update(ctx, sl, metav1.UpdateOptions{})
-		} else {
-			_, err = slices.Create(ctx, sl, metav1.CreateOptions{})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+}
+
+func (f *fixture) create(s *corev1.Service) *corev1.Service {
+	f.t.Helper()
+	out, err := f.svcs.Create(context.Background(), s, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatal(err)
 	}
-	mustSlice(ready(1, 2, 3))
+	return out
+}
+
+// scenario creates services and endpoint slices through the API and checks
+// that the agent follows each change within 2 s, skips what it must, and
+// reports a bad service without disturbing the others.
+func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.World) {
+	ctx := context.Background()
+	f := newFixture(t, c)
+	ns := f.ns
+	web := f.create(service(ns, "web", nil))
+	f.slice(ready(1, 2, 3))
 
 	w := start(&Source{Client: c})
 	key := ns + "/web"
@@ -159,42 +185,34 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	w.Expect(t, 2*time.Second, nodePort, 1, 2, 3)
 
 	t.Log("backend 3 not ready")
-	mustSlice(append(ready(1, 2), ep{i: 3}))
+	f.slice(append(ready(1, 2), ep{i: 3}))
 	w.Expect(t, 2*time.Second, vip, 1, 2)
 
 	t.Log("backend 2 terminating but serving: only the ready backend 1 takes traffic")
-	mustSlice([]ep{{i: 1, ready: true, serving: true}, {i: 2, serving: true, terminating: true}, {i: 3}})
+	f.slice([]ep{{i: 1, ready: true, serving: true}, {i: 2, serving: true, terminating: true}, {i: 3}})
 	w.Expect(t, 2*time.Second, vip, 1)
 
 	t.Log("no backend ready: the serving, terminating ones take it")
-	mustSlice([]ep{{i: 1, serving: true, terminating: true}, {i: 2, serving: true, terminating: true}, {i: 3, terminating: true}})
+	f.slice([]ep{{i: 1, serving: true, terminating: true}, {i: 2, serving: true, terminating: true}, {i: 3, terminating: true}})
 	w.Expect(t, 2*time.Second, vip, 1, 2)
 
 	t.Log("a bad service: an external IP that is web's cluster IP, on the same port")
-	mustSlice(ready(2, 3))
-	if _, err := svcs.Create(ctx, service(ns, "bad", func(s *corev1.Service) {
+	f.slice(ready(2, 3))
+	f.create(service(ns, "bad", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeClusterIP
 		s.Spec.ExternalIPs = []string{web.Spec.ClusterIP}
-	}), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	}))
 	w.WaitReport(t, 2*time.Second, ns+"/bad", "already used by another service")
 	w.Expect(t, 2*time.Second, vip, 2, 3)
 
 	t.Log("a headless service and another proxy's service are ignored")
-	for _, s := range []*corev1.Service{
-		service(ns, "headless", func(s *corev1.Service) {
-			s.Spec.Type, s.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
-		}),
-		service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{LabelProxyName: "someone-else"} }),
-	} {
-		if _, err := svcs.Create(ctx, s, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.create(service(ns, "headless", func(s *corev1.Service) {
+		s.Spec.Type, s.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
+	}))
+	f.create(service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{LabelProxyName: "someone-else"} }))
 
 	t.Log("endpoint slice deleted: no backends")
-	if err := slices.Delete(ctx, "web-a", metav1.DeleteOptions{}); err != nil {
+	if err := f.slices.Delete(ctx, "web-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.Expect(t, 2*time.Second, vip)
@@ -208,9 +226,9 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	}
 
 	t.Log("slice back with backend 1, then the service deleted")
-	mustSlice(ready(1))
+	f.slice(ready(1))
 	w.Expect(t, 2*time.Second, vip, 1)
-	if err := svcs.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+	if err := f.svcs.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.Expect(t, 2*time.Second, vip)
