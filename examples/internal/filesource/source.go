@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -123,7 +125,32 @@ func (s *Source) load(dst *servicelb.Source, report agent.Reporter) error {
 		}
 		next[svc.Name] = svc
 	}
-	s.Logger.Info("loaded services", "file", s.Path, "services", len(next), "invalid", len(p.Bad)+len(bad))
+	added, changed, removed := difference(s.good, next)
+	s.Logger.Info("loaded services", "file", s.Path, "services", len(next), "invalid", len(p.Bad)+len(bad),
+		"added", added, "changed", changed, "removed", removed)
 	s.good = next
 	return nil
+}
+
+// difference names the services added, changed and removed from old to
+// cur, sorted.
+func difference(old, cur map[string]servicelb.Service) (added, changed, removed []string) {
+	for name, svc := range cur {
+		o, ok := old[name]
+		switch {
+		case !ok:
+			added = append(added, name)
+		case !reflect.DeepEqual(o, svc):
+			changed = append(changed, name)
+		}
+	}
+	for name := range old {
+		if _, ok := cur[name]; !ok {
+			removed = append(removed, name)
+		}
+	}
+	slices.Sort(added)
+	slices.Sort(changed)
+	slices.Sort(removed)
+	return added, changed, removed
 }

@@ -180,3 +180,16 @@ func TestSourceBadStart(t *testing.T) {
 		t.Errorf("Run = %v, want the file's line", err)
 	}
 }
+
+func TestDifference(t *testing.T) {
+	a := servicelb.Service{Name: "a", Ports: []servicelb.Port{{Port: 80}}}
+	a2 := servicelb.Service{Name: "a", Ports: []servicelb.Port{{Port: 81}}}
+	b := servicelb.Service{Name: "b"}
+	c := servicelb.Service{Name: "c"}
+	added, changed, removed := difference(
+		map[string]servicelb.Service{"a": a, "b": b},
+		map[string]servicelb.Service{"a": a2, "c": c})
+	if strings.Join(added, ",") != "c" || strings.Join(changed, ",") != "a" || strings.Join(removed, ",") != "b" {
+		t.Errorf("difference = %v %v %v", added, changed, removed)
+	}
+}
