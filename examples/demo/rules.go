@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
+	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -16,7 +18,7 @@ import (
 // inside the sandbox node's namespace. They are optional: without them the
 // demo shows the backend's own rendering of what it applied.
 var listers = map[string][]string{
-	"nftables": {"nft", "list", "ruleset"},
+	"nftables": {"nft", "list", "table", "inet", nftables.DefaultTable},
 	"iptables": {"iptables-nft-save", "-t", "nat"},
 	"ipvs":     {"ipvsadm", "-Ln"},
 }
@@ -37,6 +39,12 @@ func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend strin
 		title = "Rules installed, as the backend renders them (install " + listers[backend][0] + " to read them back from the kernel)"
 	}
 	lines := relevant(backend, text, svcs)
+	switch backend {
+	case "nftables":
+		title += ", empty sets and maps left out"
+	case "iptables":
+		title += ", the services' rules"
+	}
 	fmt.Fprintf(out, "\n%s:\n", title)
 	for _, l := range lines {
 		fmt.Fprintf(out, "  %s\n", l)
@@ -68,10 +76,15 @@ func kernelRules(ctx context.Context, backend string, sb *sandbox.Sandbox) (stri
 
 // relevant keeps the output short: for iptables, the rules that name one
 // of the services (the IPv4 nat table's service, endpoint and node port
-// rules); other listings are shown whole.
+// rules); for nftables, the table without its empty sets and maps; other
+// listings whole.
 func relevant(backend, text string, svcs []servicelb.Service) []string {
 	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	if backend != "iptables" {
+	switch backend {
+	case "nftables":
+		return withoutEmptySets(lines)
+	case "iptables":
+	default:
 		return lines
 	}
 	var out []string
@@ -84,6 +97,31 @@ func relevant(backend, text string, svcs []servicelb.Service) []string {
 				out = append(out, l)
 				break
 			}
+		}
+	}
+	return out
+}
+
+// withoutEmptySets drops the set and map blocks of an nft listing that
+// hold no elements, and the blank lines between blocks.
+func withoutEmptySets(lines []string) []string {
+	var out, block []string
+	inSet := false
+	for _, l := range lines {
+		t := strings.TrimSpace(l)
+		switch {
+		case inSet:
+			block = append(block, l)
+			if l == "\t}" {
+				inSet = false
+				if slices.ContainsFunc(block, func(b string) bool { return strings.Contains(b, "elements = ") }) {
+					out = append(out, block...)
+				}
+			}
+		case strings.HasPrefix(l, "\tset ") || strings.HasPrefix(l, "\tmap "):
+			inSet, block = true, []string{l}
+		case t != "":
+			out = append(out, l)
 		}
 	}
 	return out

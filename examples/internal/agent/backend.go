@@ -56,7 +56,7 @@ type backend struct {
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
-	"nftables": {probe: probeNFTables("nftables")},
+	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
 	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
 }
