@@ -51,9 +51,17 @@ func (e *encoder) attr(typ uint16, v []byte) {
 }
 
 func (e *encoder) str(typ uint16, s string) {
-	v := make([]byte, len(s)+1)
-	copy(v, s)
-	e.attr(typ, v)
+	n := nlaHdrLen + len(s) + 1
+	if n > maxAttrLen {
+		e.fail(fmt.Errorf("attribute %d: %d bytes, at most %d", typ, n, maxAttrLen))
+		return
+	}
+	e.b = binary.LittleEndian.AppendUint16(e.b, uint16(n))
+	e.b = binary.LittleEndian.AppendUint16(e.b, typ)
+	e.b = append(e.b, s...)
+	for pad := align4(n) - n + 1; pad > 0; pad-- {
+		e.b = append(e.b, 0)
+	}
 }
 
 func (e *encoder) u32(typ uint16, v uint32) {

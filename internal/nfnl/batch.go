@@ -2,6 +2,7 @@ package nfnl
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,6 +71,16 @@ func (b *Batch) Size() int { return max(len(b.enc.b)-batchReserve, 0) }
 // BATCH_BEGIN message (header, nfgenmsg and a generation attribute), so that
 // a commit sends the buffer without copying it.
 const batchReserve = nlmsgHdrLen + nfgenLen + nlaHdrLen + 4
+
+// Grow makes room for n more bytes of messages, so that a caller that
+// knows roughly how big a batch will be saves the copies of growing it.
+func (b *Batch) Grow(n int) {
+	if len(b.enc.b) == 0 {
+		b.enc.b = make([]byte, batchReserve, batchReserve+n)
+		return
+	}
+	b.enc.b = slices.Grow(b.enc.b, n)
+}
 
 // Err returns the first mistake made while building the batch.
 func (b *Batch) Err() error { return b.enc.err }
