@@ -33,7 +33,7 @@ func golden(t *testing.T, name, got string) {
 	}
 }
 
-func newOffline(t *testing.T, o Options) *Proxier {
+func newOffline(t testing.TB, o Options) *Proxier {
 	t.Helper()
 	o.conn = offlineConn{}
 	px, err := New(o)

@@ -85,19 +85,6 @@ func TestRandomTransitions(t *testing.T) {
 	}
 }
 
-func checkRendered(t *testing.T, h *netnstest.Host, px *Proxier, st *servicelb.State, when string) {
-	t.Helper()
-	for _, f := range families {
-		want, err := px.RenderFamily(st, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(want, saved(t, h, f)); diff != "" {
-			t.Fatalf("%s: %s differs from Render (-render +saved):\n%s", when, saveCmd(f), diff)
-		}
-	}
-}
-
 // dumpAll returns everything nf_tables holds, as nft lists it with
 // expressions, for before/after comparisons.
 func dumpAll(t *testing.T, h *netnstest.Host) string {

@@ -83,7 +83,7 @@ type keyedEntry struct {
 	key     string
 	sigs    []uint64
 	handles []uint64
-	ids     []uint32 // batch ids while a commit places the entry
+	fresh   bool // being placed by the commit under way
 }
 
 // find returns the index of key's entry, or where it would go.
@@ -153,6 +153,24 @@ type txTable struct {
 type txKeyed struct {
 	reset bool
 	set   map[string][]Rule
+}
+
+// sizeHint guesses the size of the batch for tx, to allocate it at once:
+// rules written with a comment take about 600 bytes.
+func (tx *Tx) sizeHint() int {
+	n := 0
+	for _, tt := range tx.tables {
+		n += 64 * (len(tt.set) + len(tt.del))
+		for _, rules := range tt.set {
+			n += 600 * len(rules)
+		}
+		for _, k := range tt.keyed {
+			for _, rules := range k.set {
+				n += 600 * len(rules)
+			}
+		}
+	}
+	return n
 }
 
 // NewTx returns an empty transaction.
@@ -229,6 +247,7 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 		return CommitStats{}, ErrNotLoaded
 	}
 	b := newBuilder()
+	b.m.b.Grow(tx.sizeHint())
 	for _, t := range sortedTables(tx.tables) {
 		st := a.tables[t]
 		if st == nil {
@@ -292,7 +311,6 @@ func sortedTables[V any](m map[Table]V) []Table {
 // will hand out.
 type builder struct {
 	m         msgWriter
-	nextID    uint32
 	onSuccess []func()
 	pending   map[Table]*pendingTable
 }

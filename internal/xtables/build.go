@@ -143,10 +143,9 @@ func sameSigs(a, b []uint64) bool {
 }
 
 // placeKeyed inserts the rules of new and changed keys at their place in
-// key order, before the first rule of the next key that stays. New keys
-// are placed from the last to the first, so that the next key is either
-// one that stays (placed by handle) or one placed earlier in this batch
-// (placed by batch id).
+// key order: in ascending key order, each before the first rule of the
+// next key that stays (placed by handle; inserting one after another
+// before the same rule keeps them in order), or at the end of the chain.
 func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) error {
 	old := st.keyed[chain]
 	final := &keyedChain{}
@@ -162,28 +161,26 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 		if len(k.set[key]) == 0 {
 			continue
 		}
-		e := &keyedEntry{key: key, handles: make([]uint64, len(k.set[key]))}
+		e := &keyedEntry{key: key, handles: make([]uint64, len(k.set[key])), fresh: true}
 		i, _ := final.find(key)
 		final.entries = slices.Insert(final.entries, i, e)
 		added = append(added, e)
 	}
-	for j := len(added) - 1; j >= 0; j-- {
-		e := added[j]
-		pos := b.successor(final, e)
+	for _, e := range added {
+		pos := successor(final, e)
 		rules := k.set[e.key]
+		e.sigs = make([]uint64, len(rules))
 		for i := range rules {
-			b.nextID++
-			sig, err := b.addRule(t, chain, &rules[i], pos, b.nextID, &e.handles[i])
+			sig, err := b.addRule(t, chain, &rules[i], pos, 0, &e.handles[i])
 			if err != nil {
 				return err
 			}
-			e.ids = append(e.ids, b.nextID)
-			e.sigs = append(e.sigs, sig)
+			e.sigs[i] = sig
 		}
 	}
 	b.onSuccess = append(b.onSuccess, func() {
 		for _, e := range added {
-			e.ids = nil
+			e.fresh = false
 		}
 		st.keyed[chain] = final
 	})
@@ -191,14 +188,11 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 }
 
 // successor returns where e's rules go: before the first rule of the next
-// entry in final order, or at the end.
-func (b *builder) successor(final *keyedChain, e *keyedEntry) position {
+// entry in final order that is already in the kernel, or at the end.
+func successor(final *keyedChain, e *keyedEntry) position {
 	i, _ := final.find(e.key)
 	for _, next := range final.entries[i+1:] {
-		switch {
-		case len(next.ids) > 0:
-			return position{kind: posBeforeID, id: next.ids[0]}
-		case len(next.handles) > 0 && next.handles[0] != 0:
+		if !next.fresh && len(next.handles) > 0 {
 			return position{kind: posBeforeHandle, handle: next.handles[0]}
 		}
 	}

@@ -25,21 +25,27 @@ type attribute struct {
 func parseAttrs(b []byte) ([]attribute, error) {
 	var out []attribute
 	for len(b) > 0 {
-		if len(b) < 4 {
-			return nil, errMalformed
+		a, rest, err := nextAttr(b)
+		if err != nil {
+			return nil, err
 		}
-		n := int(binary.LittleEndian.Uint16(b))
-		if n < 4 || n > len(b) {
-			return nil, errMalformed
-		}
-		out = append(out, attribute{typ: binary.LittleEndian.Uint16(b[2:]) &^ 0xc000, data: b[4:n]})
-		n = (n + 3) &^ 3
-		if n > len(b) {
-			n = len(b)
-		}
-		b = b[n:]
+		out = append(out, a)
+		b = rest
 	}
 	return out, nil
+}
+
+// nextAttr returns the first attribute of b and what follows it.
+func nextAttr(b []byte) (attribute, []byte, error) {
+	if len(b) < 4 {
+		return attribute{}, nil, errMalformed
+	}
+	n := int(binary.LittleEndian.Uint16(b))
+	if n < 4 || n > len(b) {
+		return attribute{}, nil, errMalformed
+	}
+	a := attribute{typ: binary.LittleEndian.Uint16(b[2:]) &^ 0xc000, data: b[4:n]}
+	return a, b[min((n+3)&^3, len(b)):], nil
 }
 
 func attrU32(a attribute) uint32 {

@@ -84,7 +84,18 @@ const (
 // in host byte order (little endian on the machines this runs on), values
 // in network byte order unless noted.
 type exprWriter struct {
-	b []byte
+	b   []byte
+	tmp []byte // scratch for xt info blobs
+}
+
+// blob returns n zeroed bytes of scratch space, valid until the next call.
+func (w *exprWriter) blob(n int) []byte {
+	if cap(w.tmp) < n {
+		w.tmp = make([]byte, n)
+	}
+	w.tmp = w.tmp[:n]
+	clear(w.tmp)
+	return w.tmp
 }
 
 // begin opens a nested attribute and returns its offset for end.
@@ -354,7 +365,7 @@ func (c Comment) encode(w *exprWriter, _ Family) error {
 	if len(c) > 255 || strings.IndexByte(string(c), 0) >= 0 {
 		return invalidf("comment longer than 255 bytes or with NUL")
 	}
-	info := make([]byte, 256)
+	info := w.blob(256)
 	copy(info, c)
 	w.xt("match", "comment", 0, info)
 	return nil
@@ -366,7 +377,7 @@ func (p Port) encode(w *exprWriter, _ Family) error {
 		if p.DPort == 0 {
 			// Bare -m tcp or -m udp: the xt match with full port ranges.
 			// xt_tcp is 12 bytes, xt_udp 10; both pad to 16.
-			info := make([]byte, 16)
+			info := w.blob(16)
 			binary.LittleEndian.PutUint16(info[2:], 0xffff)
 			binary.LittleEndian.PutUint16(info[6:], 0xffff)
 			w.xt("match", protoName(p.Proto), 0, info)
@@ -376,15 +387,14 @@ func (p Port) encode(w *exprWriter, _ Family) error {
 		w.cmp(cmpEq, binary.BigEndian.AppendUint16(nil, p.DPort))
 		return nil
 	case ProtoSCTP:
-		w.xt("match", "sctp", 0, sctpInfo(p.DPort))
+		w.xt("match", "sctp", 0, sctpInfo(w.blob(292), p.DPort))
 		return nil
 	}
 	return invalidf("port match for protocol %d", p.Proto)
 }
 
 // sctpInfo returns struct xt_sctp_info (292 bytes) as libxt_sctp fills it.
-func sctpInfo(dport uint16) []byte {
-	info := make([]byte, 292)
+func sctpInfo(info []byte, dport uint16) []byte {
 	if dport != 0 {
 		binary.LittleEndian.PutUint16(info[0:], dport)
 		binary.LittleEndian.PutUint16(info[2:], dport)
@@ -397,7 +407,7 @@ func sctpInfo(dport uint16) []byte {
 }
 
 func (s Statistic) encode(w *exprWriter, _ Family) error {
-	info := make([]byte, 24)
+	info := w.blob(24)
 	binary.LittleEndian.PutUint32(info[4:], s.Random)
 	// libxt_statistic computes nth.count = every - packet, which for
 	// random mode copies the probability into the count.
@@ -422,7 +432,7 @@ func (r Recent) encode(w *exprWriter, f Family) error {
 	if r.Name == "" || len(r.Name) >= 200 || strings.ContainsAny(r.Name, "\x00/") {
 		return invalidf("recent list name %q", r.Name)
 	}
-	info := make([]byte, 228)
+	info := w.blob(228)
 	switch r.Mode {
 	case RecentSet:
 		info[8] = recentSet
@@ -460,7 +470,7 @@ func (m Mark) encode(w *exprWriter, _ Family) error {
 }
 
 func (a AddrType) encode(w *exprWriter, _ Family) error {
-	info := make([]byte, 8)
+	info := w.blob(8)
 	binary.LittleEndian.PutUint16(info[0:], a.Src)
 	binary.LittleEndian.PutUint16(info[2:], a.Dst)
 	var flags uint32
@@ -479,7 +489,7 @@ func (c Conntrack) encode(w *exprWriter, _ Family) error {
 	// struct xt_conntrack_mtinfo3: addresses and masks (128 bytes), then
 	// expiry, protocol and ports, then match_flags @146, invert_flags @148
 	// and state_mask @150.
-	info := make([]byte, 162)
+	info := w.blob(162)
 	binary.LittleEndian.PutUint16(info[146:], 1) // XT_CONNTRACK_STATE
 	if c.Invert {
 		binary.LittleEndian.PutUint16(info[148:], 1)
@@ -498,7 +508,7 @@ func (s Set) encode(w *exprWriter, _ Family) error {
 	}
 	// struct xt_set_info_match_v4: index, dim, flags, then the packet and
 	// byte counter matches, then cmdflags @40.
-	info := make([]byte, 48)
+	info := w.blob(48)
 	binary.LittleEndian.PutUint16(info[0:], s.Index)
 	info[2] = byte(len(s.Dirs))
 	for i, d := range s.Dirs {
@@ -545,7 +555,7 @@ func (d DNAT) encode(w *exprWriter, f Family) error {
 	}
 	// struct nf_nat_range2: flags, min and max address, min, max and base
 	// proto (ports in network byte order).
-	info := make([]byte, 48)
+	info := w.blob(48)
 	binary.LittleEndian.PutUint32(info[0:], 0x3) // MAP_IPS | PROTO_SPECIFIED
 	a := d.To.Addr().AsSlice()
 	copy(info[4:], a)
@@ -563,13 +573,13 @@ func (m Masquerade) encode(w *exprWriter, f Family) error {
 	}
 	if f == IPv6 {
 		// struct nf_nat_range.
-		info := make([]byte, 40)
+		info := w.blob(40)
 		binary.LittleEndian.PutUint32(info, flags)
 		w.xt("target", "MASQUERADE", 0, info)
 		return nil
 	}
 	// struct nf_nat_ipv4_multi_range_compat with one range.
-	info := make([]byte, 24)
+	info := w.blob(24)
 	binary.LittleEndian.PutUint32(info[0:], 1)
 	binary.LittleEndian.PutUint32(info[4:], flags)
 	w.xt("target", "MASQUERADE", 0, info)
@@ -577,7 +587,7 @@ func (m Masquerade) encode(w *exprWriter, f Family) error {
 }
 
 func (m SetMark) encode(w *exprWriter, _ Family) error {
-	info := make([]byte, 8)
+	info := w.blob(8)
 	binary.LittleEndian.PutUint32(info[0:], m.Value)
 	binary.LittleEndian.PutUint32(info[4:], m.Mask)
 	w.xt("target", "MARK", 2, info)
@@ -585,7 +595,7 @@ func (m SetMark) encode(w *exprWriter, _ Family) error {
 }
 
 func (Reject) encode(w *exprWriter, f Family) error {
-	info := make([]byte, 4)
+	info := w.blob(4)
 	with := uint32(3) // IPT_ICMP_PORT_UNREACHABLE
 	if f == IPv6 {
 		with = 4 // IP6T_ICMP6_PORT_UNREACH

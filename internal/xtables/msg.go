@@ -1,13 +1,16 @@
 package xtables
 
 import (
+	"bytes"
+
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
 
 // msgWriter adds iptables-nft's messages to an nfnl batch.
 type msgWriter struct {
 	b   nfnl.Batch
-	enc exprWriter // scratch space for rule expressions
+	enc exprWriter     // scratch space for rule expressions
+	raw []nfnl.RawExpr // scratch for their split
 }
 
 // count returns the number of messages so far.
@@ -68,10 +71,15 @@ const (
 // batch, so that later rules of the same batch can be placed before it.
 // It returns the rule's expressions, for their signature.
 func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position, id uint32) ([]nfnl.RawExpr, error) {
-	raw, err := encodeRaw(&m.enc, t.Family, r)
+	m.enc.b = m.enc.b[:0]
+	if err := encodeRule(&m.enc, t.Family, r); err != nil {
+		return nil, err
+	}
+	raw, err := splitExprs(m.raw[:0], m.enc.b)
 	if err != nil {
 		return nil, err
 	}
+	m.raw = raw
 	var flags uint32
 	if r.NotProto {
 		flags = compatInvert
@@ -102,27 +110,28 @@ func encodeRaw(w *exprWriter, f Family, r *Rule) ([]nfnl.RawExpr, error) {
 	if err := encodeRule(w, f, r); err != nil {
 		return nil, err
 	}
-	return splitExprs(w.b)
+	return splitExprs(nil, w.b)
 }
 
-// splitExprs splits the contents of NFTA_RULE_EXPRESSIONS into
-// expressions.
-func splitExprs(b []byte) ([]nfnl.RawExpr, error) {
-	elems, err := parseAttrs(b)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]nfnl.RawExpr, 0, len(elems))
-	for _, el := range elems {
-		attrs, err := parseAttrs(el.data)
+// splitExprs appends the expressions in b, the contents of
+// NFTA_RULE_EXPRESSIONS, to out. Their data points into b.
+func splitExprs(out []nfnl.RawExpr, b []byte) ([]nfnl.RawExpr, error) {
+	for len(b) > 0 {
+		el, rest, err := nextAttr(b)
 		if err != nil {
 			return nil, err
 		}
+		b = rest
 		var x nfnl.RawExpr
-		for _, a := range attrs {
+		for len(el.data) > 0 {
+			a, rest, err := nextAttr(el.data)
+			if err != nil {
+				return nil, err
+			}
+			el.data = rest
 			switch a.typ {
 			case attrExprName:
-				x.Name = attrString(a)
+				x.Name = exprName(a.data)
 			case attrExprData:
 				x.Data = a.data
 			}
@@ -130,6 +139,18 @@ func splitExprs(b []byte) ([]nfnl.RawExpr, error) {
 		out = append(out, x)
 	}
 	return out, nil
+}
+
+// exprName returns an expression's name from its NUL-terminated
+// attribute, without allocating for the names the encoder writes.
+func exprName(b []byte) string {
+	b = bytes.TrimRight(b, "\x00")
+	for _, n := range []string{"match", "target", "meta", "cmp", "payload", "counter", "immediate", "bitwise"} {
+		if string(b) == n {
+			return n
+		}
+	}
+	return string(b)
 }
 
 // EncodeExprs returns the expressions iptables-nft writes for r in a

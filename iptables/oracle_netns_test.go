@@ -1,10 +1,9 @@
-//go:build privileged
+//go:build privileged || vm
 
 package iptables
 
 import (
 	"context"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -12,77 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
-
-var families = []servicelb.Family{servicelb.IPv4, servicelb.IPv6}
-
-func saveCmd(f servicelb.Family) string {
-	if f == servicelb.IPv6 {
-		return "ip6tables-nft-save"
-	}
-	return "iptables-nft-save"
-}
-
-func restoreCmd(f servicelb.Family) string {
-	if f == servicelb.IPv6 {
-		return "ip6tables-nft-restore"
-	}
-	return "iptables-nft-restore"
-}
-
-// saved returns iptables-nft-save's text of one family, comment lines
-// dropped and counters zeroed.
-func saved(t *testing.T, h *netnstest.Host, f servicelb.Family) string {
-	t.Helper()
-	return xtables.StripSave(h.Exec(t, saveCmd(f)))
-}
-
-func newProxier(t *testing.T, h *netnstest.Host, o Options) *Proxier {
-	t.Helper()
-	o.NetNS = h.NS
-	px, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	return px
-}
-
-// nftRules returns the rules of every table as `nft --debug=netlink`
-// shows their expressions, by "family table chain", handles and counter
-// values left out.
-func nftRules(t *testing.T, h *netnstest.Host) map[string][]string {
-	t.Helper()
-	out := h.Exec(t, "nft", "--debug=netlink", "list", "ruleset")
-	header := regexp.MustCompile(`^(ip6?) (nat|filter) (\S+) \d+( \d+)?$`)
-	counter := regexp.MustCompile(`counter pkts \d+ bytes \d+`)
-	rules := map[string][]string{}
-	var cur string
-	var expr []string
-	flush := func() {
-		if cur != "" {
-			rules[cur] = append(rules[cur], strings.Join(expr, "\n"))
-		}
-		cur, expr = "", nil
-	}
-	for line := range strings.Lines(out) {
-		line = strings.TrimRight(line, "\n")
-		if m := header.FindStringSubmatch(line); m != nil {
-			flush()
-			cur = m[1] + " " + m[2] + " " + m[3]
-			continue
-		}
-		if cur != "" && strings.HasPrefix(line, "  [") {
-			expr = append(expr, counter.ReplaceAllString(line, "counter"))
-			continue
-		}
-		flush()
-	}
-	flush()
-	return rules
-}
 
 // TestOracle syncs a rich state and checks it three ways: iptables-nft-save
 // shows exactly Render's text; loading Render's text with
@@ -179,17 +109,4 @@ func TestCoexistence(t *testing.T) {
 	if got := saved(t, h, servicelb.IPv4); !slices.Equal(lines(got), lines(before)) {
 		t.Errorf("after both cleanups (-before +after):\n%s", cmp.Diff(lines(before), lines(got)))
 	}
-}
-
-// lines returns the sorted rule and chain lines of save text, without
-// table headers and COMMIT lines.
-func lines(s string) []string {
-	var out []string
-	for l := range strings.Lines(s) {
-		if strings.HasPrefix(l, "-A") || strings.HasPrefix(l, ":") {
-			out = append(out, strings.TrimSpace(l))
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
 }
