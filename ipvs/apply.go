@@ -281,10 +281,10 @@ func appendAllFlows(out []servicelb.StaleFlow, vs *VirtualServer) []servicelb.St
 
 // cleanFlows hands stale flows to the FlowCleaner.
 func (p *Proxier) cleanFlows(ctx context.Context, stale []servicelb.StaleFlow) error {
-	if len(stale) == 0 || p.opts.FlowCleaner == nil {
+	if len(stale) == 0 {
 		return nil
 	}
-	n, err := p.opts.FlowCleaner.DeleteStale(ctx, stale)
+	n, err := p.cleaner.DeleteStale(ctx, stale)
 	if err != nil {
 		return opErr("delete stale conntrack flows", "", err)
 	}

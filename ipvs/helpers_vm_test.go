@@ -111,7 +111,7 @@ func section(text, header string) string {
 // checkIPVS compares `ipvsadm -Sn` in the node with Render's IPVS section.
 func (e *env) checkIPVS(st *servicelb.State) {
 	e.t.Helper()
-	want, err := Render(st, e.opts)
+	want, err := Render(st, e.p.opts)
 	if err != nil {
 		e.t.Fatalf("Render: %v", err)
 	}

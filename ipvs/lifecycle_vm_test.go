@@ -217,7 +217,7 @@ func snapshot(t *testing.T, h *netnstest.Host, o Options) string {
 	var b strings.Builder
 	b.WriteString(h.Exec(t, "ipvsadm", "-Sn"))
 	b.WriteString("--\n")
-	if out, err := h.Output(t.Context(), "", "ip", "-o", "addr", "show", "dev", o.Interface); err == nil {
+	if out, err := h.Output(t.Context(), "", "ip", "-o", "addr", "show", "dev", cmpOr(o.Interface, DefaultInterface)); err == nil {
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 			if f := strings.Fields(l); len(f) > 3 {
 				b.WriteString(f[2] + " " + f[3] + "\n")
@@ -398,4 +398,11 @@ func TestUDPConntrackCleanup(t *testing.T) {
 		}
 		return err
 	})
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

@@ -58,7 +58,9 @@ type Proxier struct {
 	// each entry.
 	sets *sets
 	want map[setEntry]int
-	// conntrack is the FlowCleaner the proxier opened itself, if any.
+	// cleaner deletes stale flows: Options.FlowCleaner, or conntrack, a
+	// client the proxier opened itself.
+	cleaner   FlowCleaner
 	conntrack *conntrack.Client
 	// rules keeps the helper rules through rconn.
 	rules      *xtables.Applier
@@ -104,13 +106,14 @@ func New(o Options) (*Proxier, error) {
 		return nil, fmt.Errorf("helper rules: %w", err)
 	}
 	p.rules = xtables.NewApplier(xtables.ApplierOptions{Conn: p.rconn, Owns: ownsChain(o.ChainPrefix), Logger: o.Logger})
-	if p.opts.FlowCleaner == nil {
+	p.cleaner = o.FlowCleaner
+	if p.cleaner == nil {
 		ct, err := conntrack.New(conntrack.Options{NetNS: ns, Logger: o.Logger})
 		if err != nil {
 			p.closeAll()
 			return nil, err
 		}
-		p.opts.FlowCleaner, p.conntrack = ct, ct
+		p.cleaner, p.conntrack = ct, ct
 	}
 	return p, nil
 }

@@ -1,0 +1,272 @@
+//go:build vm
+
+package ipvs
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	gocmp "github.com/google/go-cmp/cmp"
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/xtables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// saveTables splits iptables-save text into its tables, comment lines and
+// counters removed.
+func saveTables(text string) map[string]string {
+	out := map[string]string{}
+	var name string
+	for line := range strings.Lines(xtables.StripSave(text)) {
+		if strings.HasPrefix(line, "*") {
+			name = strings.TrimSpace(line[1:])
+		}
+		out[name] += line
+	}
+	return out
+}
+
+// setLines returns ipset save's text reduced to what Render shows: create
+// lines up to the family, and entries, sorted.
+func setLines(text string) []string {
+	var out []string
+	for line := range strings.Lines(text) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && f[0] == "create":
+			out = append(out, strings.Join(f[:5], " "))
+		case len(f) >= 3 && f[0] == "add":
+			out = append(out, strings.Join(f, " "))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// kernelText returns the kernel state of host h in Render's sections, as
+// the tools print it.
+func kernelText(t *testing.T, h *netnstest.Host, o Options) map[string]string {
+	t.Helper()
+	out := map[string]string{SectionIPVS: h.Exec(t, "ipvsadm", "-Sn")}
+	var addrs []netip.Prefix
+	if text, err := h.Output(t.Context(), "", "ip", "-o", "addr", "show", "dev", o.Interface); err == nil {
+		for line := range strings.Lines(text) {
+			if f := strings.Fields(line); len(f) > 3 {
+				addrs = append(addrs, netip.MustParsePrefix(f[3]))
+			}
+		}
+	}
+	slices.SortFunc(addrs, func(x, y netip.Prefix) int { return cmp.Compare(x.Addr().Compare(y.Addr()), 0) })
+	for _, p := range addrs {
+		out[SectionAddresses] += p.String() + "\n"
+	}
+	out[SectionSets] = strings.Join(setLines(h.Exec(t, "ipset", "save")), "\n")
+	for sec, tool := range map[string]string{SectionRules4: "iptables-nft-save", SectionRules6: "ip6tables-nft-save"} {
+		for name, text := range saveTables(h.Exec(t, tool)) {
+			out[sec+" "+name] = text
+		}
+	}
+	return out
+}
+
+// renderText returns Render's text for st in the same shape as kernelText.
+func renderText(t *testing.T, st *servicelb.State, o Options) map[string]string {
+	t.Helper()
+	text, err := Render(st, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{
+		SectionIPVS:      section(text, SectionIPVS),
+		SectionAddresses: section(text, SectionAddresses),
+		SectionSets:      strings.Join(setLines(section(text, SectionSets)), "\n"),
+	}
+	for _, sec := range []string{SectionRules4, SectionRules6} {
+		for name, tt := range saveTables(section(text, sec)) {
+			out[sec+" "+name] = tt
+		}
+	}
+	return out
+}
+
+// TestKernelEqualsRender syncs a rich state and checks that every tool's
+// view of the kernel is what Render shows.
+func TestKernelEqualsRender(t *testing.T) {
+	e := newEnv(t, 3, Options{})
+	sticky := multiService()
+	sticky.Name, sticky.Scheduler = "default/sticky", servicelb.SchedulerMaglev
+	sticky.ClusterIPs = []netip.Addr{a("10.96.0.11"), a("fd00:96::11")}
+	sticky.Affinity = servicelb.SessionAffinity{ClientIP: true}
+	for i := range sticky.Ports {
+		sticky.Ports[i].NodePort += 100
+	}
+	lb := localService(servicelb.PolicyLocal, servicelb.PolicyCluster, true)
+	lb.SourceRanges = []netip.Prefix{pfx("203.0.113.0/24"), pfx("2001:db8:1::/48")}
+	empty := servicelb.Service{Name: "default/empty", ClusterIPs: []netip.Addr{a("10.96.0.12")},
+		Ports: []servicelb.Port{{Protocol: udp, Port: 53}}}
+	st := e.state(multiService(), sticky, lb, empty)
+	e.sync(st)
+	want, got := renderText(t, st, e.p.opts), kernelText(t, e.tp.Node, e.p.opts)
+	if diff := gocmp.Diff(want, got); diff != "" {
+		t.Errorf("kernel differs from Render (-render +kernel):\n%s", diff)
+	}
+}
+
+// randomService returns a random service i, sometimes one the proxier
+// must refuse (the random scheduler, or an external IP on another
+// service's node port).
+func randomService(r *rand.Rand, i int) servicelb.Service {
+	s := servicelb.Service{Name: fmt.Sprintf("ns/svc-%d", i)}
+	if r.IntN(5) != 0 {
+		s.ClusterIPs = append(s.ClusterIPs, netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}))
+	}
+	if r.IntN(3) == 0 {
+		s.ClusterIPs = append(s.ClusterIPs, netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x96, 15: byte(i + 1)}))
+	}
+	if r.IntN(4) == 0 {
+		s.ExternalIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(i + 1)})}
+	}
+	if r.IntN(20) == 0 {
+		s.ExternalIPs = append(s.ExternalIPs, netnstest.NodeIPv4())
+	}
+	if r.IntN(4) == 0 {
+		s.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 114, byte(i + 1)}), netip.AddrFrom16([16]byte{0x20, 1, 0xd, 0xb8, 15: byte(i + 1)})}
+		if r.IntN(2) == 0 {
+			s.SourceRanges = []netip.Prefix{pfx("198.51.100.0/24")}
+		}
+	}
+	protos := []servicelb.Protocol{tcp, udp, sctp}
+	for j := range 1 + r.IntN(2) {
+		p := servicelb.Port{Name: fmt.Sprintf("p%d", j), Protocol: protos[r.IntN(3)], Port: uint16(80 + j), TargetPort: uint16(8080 + r.IntN(2))}
+		if r.IntN(2) == 0 {
+			p.NodePort = uint16(30000 + 4*i + j)
+		}
+		if len(s.ExternalIPs) > 0 && s.ExternalIPs[len(s.ExternalIPs)-1] == netnstest.NodeIPv4() {
+			p.Port = uint16(30000 + 4*((i+1)%8)) // maybe another service's node port
+		}
+		s.Ports = append(s.Ports, p)
+	}
+	scheds := []servicelb.Scheduler{"", "rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh", "random"}
+	s.Scheduler = scheds[r.IntN(len(scheds)-1)]
+	if r.IntN(25) == 0 {
+		s.Scheduler = servicelb.SchedulerRandom
+	}
+	policies := []servicelb.TrafficPolicy{servicelb.PolicyCluster, servicelb.PolicyLocal}
+	s.ExternalTrafficPolicy, s.InternalTrafficPolicy = policies[r.IntN(2)], policies[r.IntN(4)/3]
+	if r.IntN(3) == 0 {
+		s.Affinity = servicelb.SessionAffinity{ClientIP: true, Timeout: time.Duration(r.IntN(5)+1) * 10 * time.Second}
+	}
+	for b := range 6 {
+		if r.IntN(2) == 0 {
+			continue
+		}
+		for _, f := range []servicelb.Family{servicelb.IPv4, servicelb.IPv6} {
+			ep := servicelb.Endpoint{Addr: backendAddr(b, f), Ready: r.IntN(5) != 0, Serving: true,
+				Terminating: r.IntN(5) == 0, NodeName: []string{"node", "other"}[r.IntN(2)]}
+			if r.IntN(3) == 0 {
+				ep.Weight = servicelb.Weight(uint16(r.IntN(4)))
+			}
+			s.Endpoints = append(s.Endpoints, ep)
+		}
+	}
+	return s
+}
+
+// TestRandomTransitions walks 300 random state transitions (services added,
+// changed and removed, the node changed, some states refused, now and then
+// a restart of the proxier) and checks
+// that the kernel then equals a fresh apply of the final state, and that
+// every refused state left the kernel as it was.
+func TestRandomTransitions(t *testing.T) {
+	netnstest.Require(t, vmFeatures...)
+	seed := uint64(rand.Int64())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 1))
+	h := netnstest.NewHost(t, "walk")
+	o := Options{NetNS: h.NS}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { p.Close() }()
+	o = p.opts
+	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
+		ClusterCIDRs: netnstest.ClusterCIDRs()}
+	cur := mustState(t, node)
+	refused, applied, restarts := 0, 0, 0
+	for step := range 300 {
+		b := cur.Edit()
+		switch x := r.IntN(20); {
+		case x < 12:
+			if err := b.Upsert(randomService(r, r.IntN(8))); err != nil {
+				continue
+			}
+		case x < 18:
+			b.Delete(fmt.Sprintf("ns/svc-%d", r.IntN(8)))
+		default:
+			node.MasqueradeAll = !node.MasqueradeAll
+			if err := b.SetNode(node); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next := b.State()
+		before := ""
+		if _, err := Render(next, o); err != nil || step%25 == 0 {
+			before = snapshot(t, h, o)
+		}
+		if r.IntN(20) == 0 {
+			// A restart: a new Proxier adopts what the old one left.
+			p.Close()
+			if p, err = New(o); err != nil {
+				t.Fatal(err)
+			}
+			restarts++
+		}
+		if err := p.Sync(t.Context(), next); err != nil {
+			if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrConflict) {
+				t.Fatalf("step %d: Sync: %v", step, err)
+			}
+			refused++
+			if before != "" {
+				if after := snapshot(t, h, o); after != before {
+					t.Fatalf("step %d: a refused Sync changed the kernel:\n%s", step, gocmp.Diff(before, after))
+				}
+			}
+			node = cur.Node()
+			continue
+		}
+		applied++
+		cur = next
+		if step%50 == 49 {
+			want, got := renderText(t, cur, o), kernelText(t, h, o)
+			if diff := gocmp.Diff(want, got); diff != "" {
+				t.Fatalf("step %d: kernel differs from Render (-render +kernel):\n%s", step, diff)
+			}
+		}
+	}
+	t.Logf("%d states applied, %d refused, %d restarts; %d services at the end", applied, refused, restarts, cur.Len())
+	fresh := netnstest.NewHost(t, "fresh")
+	fo := Options{NetNS: fresh.NS}
+	p2, err := New(fo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	fo = p2.opts
+	if err := p2.Sync(t.Context(), cur); err != nil {
+		t.Fatal(err)
+	}
+	if diff := gocmp.Diff(kernelText(t, fresh, fo), kernelText(t, h, o)); diff != "" {
+		t.Fatalf("after the walk the kernel differs from a fresh apply (-fresh +walked):\n%s", diff)
+	}
+	if diff := gocmp.Diff(renderText(t, cur, o), kernelText(t, h, o)); diff != "" {
+		t.Fatalf("after the walk the kernel differs from Render (-render +walked):\n%s", diff)
+	}
+}
