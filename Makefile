@@ -51,8 +51,8 @@ test-vm: deps
 # demo runs as a smoke test.
 test-examples: deps
 	@examples/hack/deps.sh
-	$(GO) run ./examples/internal/testservers/cmd/buildservers
-	$(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
+	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) run ./examples/internal/testservers/cmd/buildservers
+	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
 	$(GO) run ./examples/demo
 
 bench: deps

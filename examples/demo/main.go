@@ -79,6 +79,10 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) int {
 		return 2
 	}
 	if err := demo(ctx, cfg, o, out, log); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(errOut, "demo: interrupted")
+			return 130
+		}
 		fmt.Fprintln(errOut, "demo:", err)
 		return 1
 	}
