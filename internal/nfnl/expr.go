@@ -136,3 +136,30 @@ func SameExprs(fam Family, raw []RawExpr, want []expr.Any) bool {
 	}
 	return true
 }
+
+// EncodeExprs marshals expressions into the raw form a Rule carries in Raw,
+// so that a writer can encode a rule once and add it to many batches.
+func EncodeExprs(fam Family, es []expr.Any) ([]RawExpr, error) {
+	out := make([]RawExpr, 0, len(es))
+	for i, e := range es {
+		b, err := expr.Marshal(byte(fam), e)
+		if err != nil {
+			return nil, fmt.Errorf("nfnl: expression %d (%T): %w", i, e, err)
+		}
+		as, err := attributes(b)
+		if err != nil {
+			return nil, fmt.Errorf("nfnl: expression %d (%T): %w", i, e, err)
+		}
+		var x RawExpr
+		for _, a := range as {
+			switch a.typ {
+			case attrExprName:
+				x.Name = a.str()
+			case attrExprData:
+				x.Data = a.data
+			}
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
