@@ -133,7 +133,7 @@ func newFixture(t *testing.T, c kubernetes.Interface) *fixture {
 	}
 	f := &fixture{t: t, ns: ns, svcs: c.CoreV1().Services(ns), slices: c.DiscoveryV1().EndpointSlices(ns)}
 	t.Cleanup(func() {
-		for _, n := range []string{"web", "bad", "headless", "other"} {
+		for _, n := range []string{"web", "bad", "headless", "other", "local"} {
 			_ = f.svcs.Delete(ctx, n, metav1.DeleteOptions{})
 		}
 		_ = f.slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
@@ -211,6 +211,8 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	}))
 	f.create(service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{LabelProxyName: "someone-else"} }))
 
+	checkLocal(t, f, w)
+
 	t.Log("endpoint slice deleted: no backends")
 	if err := f.slices.Delete(ctx, "web-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -235,4 +237,23 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	if _, ok := w.Agent.Runner().State().Service(key); ok {
 		t.Error("deleted service still in the desired state")
 	}
+}
+
+// checkLocal creates a service with the Local internal traffic policy
+// whose endpoints run on this node (backend 1) and another (backend 2):
+// only the local one takes its traffic.
+func checkLocal(t *testing.T, f *fixture, w *e2e.World) {
+	t.Helper()
+	t.Log("internal traffic policy Local: only the endpoint on this node")
+	local := f.create(service(f.ns, "local", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeClusterIP
+		s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+	}))
+	sl := endpointSlice(f.ns, "local-a", "local", ready(1, 2))
+	sl.Endpoints[1].NodeName = ptr("node-2")
+	if _, err := f.slices.Create(context.Background(), sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tg := e2e.Target{Service: f.ns + "/local", URL: fmt.Sprintf("http://%s:80/", local.Spec.ClusterIP)}
+	w.Expect(t, 2*time.Second, tg, 1)
 }
