@@ -56,8 +56,14 @@
 // previous rules in place. Before each sync a cheap check (the generation,
 // then the tables' chain counts and the jumps in builtin chains) tells
 // whether someone else removed chains or jumps; if so the Proxier reads
-// its chains back and repairs them. When a sync removes UDP or SCTP
-// endpoints, Options.Conntrack deletes their stale flows afterwards.
+// its chains back and repairs them. With Options.ClearStaleFlows, the
+// conntrack flows a sync leaves stale (UDP and SCTP flows to endpoints
+// that went away, or to ports that had none) are deleted after it, through
+// the conntrack package.
+//
+// The rules of the shared chains are placed by rule handle: the Proxier
+// learns the handles of the rules it inserts from the kernel's echo of two
+// of them per table, as the kernel hands handles out in batch order.
 //
 // # What it owns, and Cleanup
 //
@@ -70,7 +76,8 @@
 //
 // # Privileges
 //
-// CAP_NET_ADMIN in the target network namespace, and the kernel's
+// CAP_NET_ADMIN in the target network namespace (CAP_SYS_ADMIN to open
+// sockets in another namespace than the caller's), and the kernel's
 // nf_tables with nft_compat and the xt matches and targets used (comment,
 // statistic, recent, addrtype, conntrack, mark, tcp/udp/sctp, DNAT,
 // MASQUERADE, MARK, REJECT).

@@ -289,3 +289,50 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartAdopts: a new Proxier (a restarted agent) finds what the
+// previous one wrote: syncing the same state sends nothing, and syncing a
+// changed state sends only the difference, leaving the rest (and the
+// rule handles of the shared chains) in place.
+func TestRestartAdopts(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptrestart")
+	st := richState(t)
+	if err := newProxier(t, h, Options{}).Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	handles := h.Exec(t, "nft", "-a", "list", "chain", "ip", "nat", "KPROXY-SERVICES")
+
+	px := newProxier(t, h, Options{})
+	cc := &countingConn{Conn: px.conn}
+	px.conn, px.ap = cc, newApplier(px, cc)
+	if err := px.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if cc.batches != 0 {
+		t.Fatalf("restarted sync of the same state sent %d batches:\n%s", cc.batches, cc.last)
+	}
+	if got := h.Exec(t, "nft", "-a", "list", "chain", "ip", "nat", "KPROXY-SERVICES"); got != handles {
+		t.Errorf("rules of KPROXY-SERVICES changed:\n%s\nwant\n%s", got, handles)
+	}
+
+	svcs := richServices()
+	svcs[1].Endpoints = svcs[1].Endpoints[:1]
+	next, err := servicelb.NewState(richNode(), svcs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px2 := newProxier(t, h, Options{})
+	cc2 := &countingConn{Conn: px2.conn}
+	px2.conn, px2.ap = cc2, newApplier(px2, cc2)
+	if err := px2.Sync(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range strings.Split(strings.TrimSpace(cc2.last), "\n") {
+		if !strings.Contains(op, "KPROXY-SVC-") && !strings.Contains(op, "KPROXY-SEP-") {
+			t.Errorf("restarted sync of a changed state: message %q beyond the changed service's chains", op)
+		}
+	}
+	checkRendered(t, h, px2, next, "after the restarted sync")
+}

@@ -32,9 +32,11 @@
 //     rule by rule, jumps restored. A keyed chain holds the rules of many
 //     owners (service ports, say) under keys in key order; a change to one
 //     key deletes its rules by handle and inserts the new ones before the
-//     next key's first rule, so its cost follows the change. Handles of
-//     the rules it inserts are learned from two echoed rules per table:
-//     the kernel hands handles out one by one in batch order.
+//     next key that stays, so its cost follows the change. Handles of the
+//     rules it inserts are learned from two echoed rules per table: the
+//     kernel hands handles out one by one in batch order, so the first
+//     gives all the others and the last checks the count (a mismatch makes
+//     the next change start with Reconcile).
 //   - [Applier.Check] is the cheap test that nobody removed what the
 //     Applier wrote: nothing to do when the nf_tables generation is the
 //     one of its own last commit; else it compares the tables' chain
@@ -47,6 +49,14 @@
 // chains are created when missing, as iptables-nft does, and are never
 // flushed or deleted.
 //
-// The Applier talks to the kernel through a [Conn]; [Dial] opens one in a
-// network namespace. Writing needs CAP_NET_ADMIN in that namespace.
+// The Applier talks to the kernel through a [Conn], normally an
+// *nfnl.Conn opened in the target network namespace; writing and reading
+// need CAP_NET_ADMIN there.
+//
+// # Reuse
+//
+// The iptables dataplane owns kube-proxy's iptables-mode chains with it;
+// the IPVS dataplane owns its helper chains (KUBE-SERVICES matching ipsets
+// with [Set], KUBE-MARK-MASQ, KUBE-POSTROUTING, KUBE-NODE-PORT, ...) with
+// another Applier and another ownership test in the same tables.
 package xtables
