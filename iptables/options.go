@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netns"
 
@@ -15,6 +16,9 @@ import (
 
 // ErrInvalidOptions reports Options that New refuses.
 var ErrInvalidOptions = errors.New("invalid options")
+
+// DefaultFullResyncInterval is the default Options.FullResyncInterval.
+const DefaultFullResyncInterval = time.Hour
 
 // DefaultDropBit is the mark bit of MARK-DROP, as kubelet's
 // --iptables-drop-bit: mark 0x8000.
@@ -45,6 +49,12 @@ type Options struct {
 	ClearStaleFlows bool
 	// Conntrack replaces that client (ClearStaleFlows is then implied).
 	Conntrack FlowCleaner
+	// FullResyncInterval bounds the time between full checks: a Sync that
+	// comes this long after the last one reads all its chains back and
+	// repairs any difference, which the cheap check before each Sync cannot
+	// see (someone flushing one of its chains, say). Zero means
+	// DefaultFullResyncInterval; negative, never.
+	FullResyncInterval time.Duration
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger
@@ -78,6 +88,9 @@ func (o *Options) normalize() error {
 	}
 	if o.DropBit > 31 {
 		return fmt.Errorf("%w: drop bit %d: want 0-31", ErrInvalidOptions, o.DropBit)
+	}
+	if o.FullResyncInterval == 0 {
+		o.FullResyncInterval = DefaultFullResyncInterval
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
@@ -26,6 +27,8 @@ type Proxier struct {
 	applied *servicelb.State
 	log     *slog.Logger
 	ct      *conntrack.Client // opened by New for ClearStaleFlows
+	// lastFull is when the last full reconcile succeeded.
+	lastFull time.Time
 }
 
 var (
@@ -133,6 +136,10 @@ func (px *Proxier) needFull(ctx context.Context, prev *servicelb.State, ch *serv
 	if prev == nil || !px.ap.Loaded() || ch.NodeChanged {
 		return true, nil
 	}
+	if i := px.opts.FullResyncInterval; i > 0 && time.Since(px.lastFull) >= i {
+		px.log.Debug("full check of the tables", "last", px.lastFull)
+		return true, nil
+	}
 	ok, err := px.ap.Check(ctx)
 	if err != nil {
 		return false, err
@@ -152,6 +159,7 @@ func (px *Proxier) reconcile(ctx context.Context, st *servicelb.State) error {
 	if err != nil {
 		return err
 	}
+	px.lastFull = time.Now()
 	px.log.Debug("reconciled", "services", st.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
 	return nil
 }

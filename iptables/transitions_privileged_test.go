@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -335,4 +336,39 @@ func TestRestartAdopts(t *testing.T) {
 		}
 	}
 	checkRendered(t, h, px2, next, "after the restarted sync")
+}
+
+// TestFullResync: damage the cheap check cannot see (one of the Proxier's
+// chains flushed, a rule of a shared chain deleted) is repaired by the
+// next full check, which FullResyncInterval schedules.
+func TestFullResync(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptfull")
+	st := richState(t)
+	px := newProxier(t, h, Options{FullResyncInterval: time.Nanosecond})
+	if err := px.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	svc := px.n.svc(st.Port(servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}))
+	h.Exec(t, "iptables-nft", "-t", "nat", "-F", svc)
+	h.Exec(t, "iptables-nft", "-t", "nat", "-D", "KPROXY-SERVICES", "1")
+	if err := px.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	checkRendered(t, h, px, st, "after the full check")
+
+	// With the default interval the cheap check alone runs: the damage
+	// stays until the next full check.
+	lazy := newProxier(t, h, Options{})
+	if err := lazy.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	h.Exec(t, "iptables-nft", "-t", "nat", "-F", svc)
+	if err := lazy.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Exec(t, "iptables-nft", "-t", "nat", "-S", svc); got != "-N "+svc+"\n" {
+		t.Errorf("with the default interval the flushed chain was refilled at once: %q", got)
+	}
 }

@@ -342,8 +342,8 @@ func (b *builder) pt(t Table) *pendingTable {
 
 // addRule writes a rule and, with slot, records where its handle goes. It
 // returns the rule's signature.
-func (b *builder) addRule(t Table, chain string, r *Rule, pos position, id uint32, slot *uint64) (uint64, error) {
-	raw, err := b.m.addRule(t, chain, r, pos, id)
+func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *uint64) (uint64, error) {
+	raw, err := b.m.addRule(t, chain, r, pos)
 	if err != nil {
 		return 0, fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
 	}

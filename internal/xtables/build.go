@@ -40,7 +40,7 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 	}
 	for _, name := range setNames {
 		for i := range tt.set[name] {
-			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, 0, nil); err != nil {
+			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, nil); err != nil {
 				return err
 			}
 		}
@@ -171,7 +171,7 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 		rules := k.set[e.key]
 		e.sigs = make([]uint64, len(rules))
 		for i := range rules {
-			sig, err := b.addRule(t, chain, &rules[i], pos, 0, &e.handles[i])
+			sig, err := b.addRule(t, chain, &rules[i], pos, &e.handles[i])
 			if err != nil {
 				return err
 			}
@@ -222,7 +222,7 @@ func (b *builder) placeJumps(t Table, st *tableState, chain string, rules []Rule
 	}
 	blk := &ruleBlock{sigs: make([]uint64, len(rules)), handles: make([]uint64, len(rules))}
 	for i := len(rules) - 1; i >= 0; i-- {
-		sig, err := b.addRule(t, chain, &rules[i], position{kind: posHead}, 0, &blk.handles[i])
+		sig, err := b.addRule(t, chain, &rules[i], position{kind: posHead}, &blk.handles[i])
 		if err != nil {
 			return err
 		}

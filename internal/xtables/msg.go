@@ -55,7 +55,6 @@ func (m *msgWriter) delRule(t Table, chain string, handle uint64) {
 type position struct {
 	kind   posKind
 	handle uint64 // for posBeforeHandle
-	id     uint32 // for posBeforeID
 }
 
 type posKind uint8
@@ -64,13 +63,11 @@ const (
 	posAppend posKind = iota
 	posHead
 	posBeforeHandle
-	posBeforeID
 )
 
-// addRule adds r to chain at pos. A non-zero id names the rule within the
-// batch, so that later rules of the same batch can be placed before it.
-// It returns the rule's expressions, for their signature.
-func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position, id uint32) ([]nfnl.RawExpr, error) {
+// addRule adds r to chain at pos. It returns the rule's expressions, for
+// their signature.
+func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position) ([]nfnl.RawExpr, error) {
 	m.enc.b = m.enc.b[:0]
 	if err := encodeRule(&m.enc, t.Family, r); err != nil {
 		return nil, err
@@ -84,7 +81,7 @@ func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position, id uin
 	if r.NotProto {
 		flags = compatInvert
 	}
-	nr := nfnl.Rule{Family: nfnl.Family(t.Family), Table: string(t.Name), Chain: chain, ID: id, Raw: raw,
+	nr := nfnl.Rule{Family: nfnl.Family(t.Family), Table: string(t.Name), Chain: chain, Raw: raw,
 		Compat: &nfnl.Compat{Proto: uint32(r.Proto), Flags: flags}}
 	switch pos.kind {
 	case posAppend:
@@ -93,9 +90,6 @@ func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position, id uin
 		m.b.InsertRule(nr)
 	case posBeforeHandle:
 		nr.Position = pos.handle
-		m.b.InsertRule(nr)
-	case posBeforeID:
-		nr.PositionID = pos.id
 		m.b.InsertRule(nr)
 	}
 	return raw, nil

@@ -160,7 +160,7 @@ func testEncoding(t *testing.T, f Family, table TableName) {
 	var m msgWriter
 	m.newChain(tab, "KX-OURS")
 	for i := range cases {
-		if _, err := m.addRule(tab, "KX-OURS", &cases[i].rule, position{}, 0); err != nil {
+		if _, err := m.addRule(tab, "KX-OURS", &cases[i].rule, position{}); err != nil {
 			t.Fatalf("%s: encode: %v", cases[i].name, err)
 		}
 	}
