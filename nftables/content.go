@@ -1,33 +1,41 @@
 package nftables
 
 import (
-	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // content is a whole table, in the order it is declared and created: sets
-// first, then chains.
+// first, then chains. Each set's elements come in an order the kernel
+// accepts: every owner's intervals in ascending order.
 type content struct {
 	sets   []setDef
-	elems  map[string][]elem
+	elems  map[setID][]elem
 	chains []chainPlan
 }
 
 func (p *planner) content(m *model) *content {
-	c := &content{elems: map[string][]elem{}}
+	c := &content{elems: map[setID][]elem{}}
 	for _, f := range families {
 		c.sets = append(c.sets, fixedSets(p.table, f, p.affinitySize)...)
 	}
 	for _, s := range slices.Sorted(maps.Keys(m.shards)) {
-		c.sets = append(c.sets, backendsDef(p.table, shardFamily(s), s))
+		c.sets = append(c.sets, backendsDef(p.table, s))
 	}
-	add := func(es map[string][]elem) {
+	counts := map[setID]int{}
+	for _, pp := range m.ports {
+		for set, e := range pp.elems {
+			counts[set] += len(e)
+		}
+	}
+	for set, n := range counts {
+		c.elems[set] = make([]elem, 0, n)
+	}
+	add := func(es map[setID][]elem) {
 		for set, e := range es {
 			c.elems[set] = append(c.elems[set], e...)
 		}
@@ -38,70 +46,59 @@ func (p *planner) content(m *model) *content {
 		add(pp.elems)
 		c.chains = append(c.chains, pp.chains...)
 	}
-	for _, a := range slices.SortedFunc(maps.Keys(m.hairpin), netip.Addr.Compare) {
-		set := setName(setHairpin, servicelb.FamilyOf(a))
-		c.elems[set] = append(c.elems[set], hairpinElem(a))
+	for _, f := range families {
+		c.elems[fixedSet(kindHairpin, f)] = make([]elem, 0, len(m.hairpin))
 	}
-	for _, es := range c.elems {
-		sortElems(es)
+	for _, a := range slices.SortedFunc(maps.Keys(m.hairpin), netip.Addr.Compare) {
+		set := fixedSet(kindHairpin, servicelb.FamilyOf(a))
+		c.elems[set] = append(c.elems[set], hairpinElem(a))
 	}
 	return c
 }
 
-// render writes the table as nft text that `nft -f` loads.
-func (c *content) render(table string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "table inet %s {\n", table)
-	for _, d := range c.sets {
-		setText(d, c.elems[d.set.Name], &b)
-	}
-	for _, ch := range c.chains {
-		fmt.Fprintf(&b, "\tchain %s {\n", ch.name)
-		if h := ch.hook; h != nil {
-			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %d; policy accept;\n", h.Type, hookName(h.Num), h.Priority)
-		}
-		for _, r := range ch.rules {
-			fmt.Fprintf(&b, "\t\t%s\n", r.text)
-		}
-		b.WriteString("\t}\n")
-	}
-	b.WriteString("}\n")
-	return b.String()
-}
-
-func hookName(n uint32) string {
-	switch n {
-	case nfnl.HookPrerouting:
-		return "prerouting"
-	case nfnl.HookInput:
-		return "input"
-	case nfnl.HookForward:
-		return "forward"
-	case nfnl.HookOutput:
-		return "output"
-	case nfnl.HookPostrouting:
-		return "postrouting"
-	}
-	return fmt.Sprintf("hook%d", n)
-}
-
 // create writes the whole content into a batch: sets, chains, rules and
 // elements, in that order.
-func (c *content) create(table string, b *nfnl.Batch) {
+func (c *content) create(table string, b *nfnl.Batch) error {
+	b.Grow(c.size())
 	for _, d := range c.sets {
 		b.AddSet(d.set)
 	}
 	for _, ch := range c.chains {
 		b.AddChain(nfnl.Chain{Family: nfnl.Inet, Table: table, Name: ch.name, Hook: ch.hook})
 	}
-	for _, ch := range c.chains {
-		for _, r := range ch.rules {
-			b.AddRule(nfnl.Rule{Family: nfnl.Inet, Table: table, Chain: ch.name, Exprs: r.exprs})
-		}
+	if err := writeRules(table, c.chains, b); err != nil {
+		return err
 	}
 	for _, d := range c.sets {
-		if es := c.elems[d.set.Name]; len(es) > 0 {
-			b.AddElements(nfnl.Inet, table, d.set.Name, insertOrder(es))
+		addElements(b, table, d.set.Name, c.elems[d.id])
+	}
+	return nil
+}
+
+// size estimates the bytes of the batch that creates the content, so that
+// the batch grows once.
+func (c *content) size() int {
+	n := 300 * len(c.sets)
+	for _, ch := range c.chains {
+		n += 100 + 250*len(ch.rules)
+	}
+	for _, es := range c.elems {
+		n += 64 * len(es)
+	}
+	return n
+}
+
+// addElements adds elements to a set, converting them a chunk at a time.
+func addElements(b *nfnl.Batch, table, set string, es []elem) {
+	const chunk = 1024
+	buf := make([]nfnl.Element, 0, min(chunk, len(es)))
+	for len(es) > 0 {
+		n := min(chunk, len(es))
+		buf = buf[:0]
+		for i := range es[:n] {
+			buf = append(buf, es[i].element())
 		}
+		b.AddElements(nfnl.Inet, table, set, buf)
+		es = es[n:]
 	}
 }

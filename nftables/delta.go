@@ -3,10 +3,10 @@ package nftables
 import (
 	"bytes"
 	"cmp"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -16,22 +16,22 @@ import (
 // apply it: references go before what they refer to is deleted, and after
 // what they refer to is created.
 type delta struct {
-	delElems map[string][]elem
-	addElems map[string][]elem
+	delElems map[setID][]elem
+	addElems map[setID][]elem
 	flush    []string    // chains whose rules are replaced or that go
 	delete   []string    // chains that go
 	create   []chainPlan // chains that are new
 	write    []chainPlan // chains whose rules are written (new or changed)
-	delSets  []string
-	addSets  []string
+	delSets  []setID
+	addSets  []setID
 }
 
 func newDelta() *delta {
-	return &delta{delElems: map[string][]elem{}, addElems: map[string][]elem{}}
+	return &delta{delElems: map[setID][]elem{}, addElems: map[setID][]elem{}}
 }
 
-func sameRules(a, b []rule) bool {
-	return slices.EqualFunc(a, b, func(x, y rule) bool { return x.text == y.text })
+func sameRules(a, b []*rule) bool {
+	return slices.EqualFunc(a, b, func(x, y *rule) bool { return x == y || x.text == y.text })
 }
 
 func (d *delta) chains(old, cur []chainPlan) {
@@ -59,8 +59,8 @@ func (d *delta) chains(old, cur []chainPlan) {
 	}
 }
 
-func (d *delta) elems(set string, old, cur []elem) {
-	if isIntervalSet(set) {
+func (d *delta) elems(set setID, old, cur []elem) {
+	if set.interval() {
 		d.intervals(set, old, cur)
 		return
 	}
@@ -86,7 +86,7 @@ func (d *delta) elems(set string, old, cur []elem) {
 // or the node) holds: if anything differs, all of the old ones go and all
 // of the new ones come, since the kernel refuses to split an interval that
 // stays in place.
-func (d *delta) intervals(set string, old, cur []elem) {
+func (d *delta) intervals(set setID, old, cur []elem) {
 	same := len(old) == len(cur)
 	for i := 0; same && i < len(old); i++ {
 		same = old[i].id() == cur[i].id() && old[i].same(&cur[i])
@@ -98,35 +98,23 @@ func (d *delta) intervals(set string, old, cur []elem) {
 	d.addElems[set] = append(d.addElems[set], cur...)
 }
 
-// isIntervalSet reports whether a set is one of the table's interval sets
-// kept by the kernel as a tree of interval starts and ends.
-func isIntervalSet(set string) bool {
-	return strings.HasPrefix(set, "backends") || strings.HasPrefix(set, setClusterCIDRs) || strings.HasPrefix(set, setServiceCIDRs)
-}
-
-// elemMaps diffs two maps of set name to elements.
-func (d *delta) elemMaps(old, cur map[string][]elem) {
-	for _, set := range slices.Sorted(maps.Keys(mergeKeys(old, cur))) {
-		d.elems(set, old[set], cur[set])
+// elemMaps diffs two maps of sets to elements.
+func (d *delta) elemMaps(old, cur map[setID][]elem) {
+	for set, es := range cur {
+		d.elems(set, old[set], es)
 	}
-}
-
-func mergeKeys(a, b map[string][]elem) map[string]bool {
-	out := map[string]bool{}
-	for k := range a {
-		out[k] = true
+	for set, es := range old {
+		if _, ok := cur[set]; !ok {
+			d.elems(set, es, nil)
+		}
 	}
-	for k := range b {
-		out[k] = true
-	}
-	return out
 }
 
 // port adds the difference between two fragments of one port (nil for a
 // port that is new or gone).
 func (d *delta) port(old, cur *portPlan) {
 	var oc, cc []chainPlan
-	var oe, ce map[string][]elem
+	var oe, ce map[setID][]elem
 	if old != nil {
 		oc, oe = old.chains, old.elems
 	}
@@ -155,7 +143,7 @@ func (s *step) delta(m *model) *delta {
 	}
 	for _, a := range slices.SortedFunc(maps.Keys(s.hairpin), netip.Addr.Compare) {
 		was, now := m.hairpin[a], s.hairpin[a]
-		set := setName(setHairpin, servicelb.FamilyOf(a))
+		set := fixedSet(kindHairpin, servicelb.FamilyOf(a))
 		switch {
 		case was == 0 && now > 0:
 			d.addElems[set] = append(d.addElems[set], hairpinElem(a))
@@ -176,9 +164,9 @@ func (s *step) delta(m *model) *delta {
 }
 
 // batch writes the delta into a batch, in an order the kernel accepts.
-func (d *delta) batch(table string, b *nfnl.Batch) {
+func (d *delta) batch(table string, b *nfnl.Batch) error {
 	for _, set := range slices.Sorted(maps.Keys(d.delElems)) {
-		b.DelElements(nfnl.Inet, table, set, elements(d.delElems[set]))
+		b.DelElements(nfnl.Inet, table, set.name(), elements(d.delElems[set]))
 	}
 	for _, c := range d.flush {
 		b.FlushChain(nfnl.Inet, table, c)
@@ -187,31 +175,47 @@ func (d *delta) batch(table string, b *nfnl.Batch) {
 		b.DelChain(nfnl.Inet, table, c)
 	}
 	for _, s := range d.delSets {
-		b.DelSet(nfnl.Inet, table, s)
+		b.DelSet(nfnl.Inet, table, s.name())
 	}
 	for _, s := range d.addSets {
-		b.AddSet(backendsDef(table, shardFamily(s), s).set)
+		b.AddSet(backendsDef(table, s).set)
 	}
 	for _, c := range d.create {
 		b.AddChain(nfnl.Chain{Family: nfnl.Inet, Table: table, Name: c.name, Hook: c.hook})
 	}
-	for _, c := range d.write {
-		for _, r := range c.rules {
-			b.AddRule(nfnl.Rule{Family: nfnl.Inet, Table: table, Chain: c.name, Exprs: r.exprs})
-		}
+	if err := writeRules(table, d.write, b); err != nil {
+		return err
 	}
 	for _, set := range slices.Sorted(maps.Keys(d.addElems)) {
-		b.AddElements(nfnl.Inet, table, set, insertOrder(d.addElems[set]))
+		b.AddElements(nfnl.Inet, table, set.name(), insertOrder(d.addElems[set]))
 	}
+	return nil
 }
 
-// insertOrder returns the elements in the order the kernel accepts them in
-// an interval set: from the highest key down, an interval's start before
-// the end of the interval below it at the same key. nft sends them so.
+// writeRules adds the chains' rules to the batch.
+func writeRules(table string, chains []chainPlan, b *nfnl.Batch) error {
+	for _, c := range chains {
+		for _, r := range c.rules {
+			raw, err := r.encode()
+			if err != nil {
+				return fmt.Errorf("chain %s: %w", c.name, err)
+			}
+			b.AddRule(nfnl.Rule{Family: nfnl.Inet, Table: table, Chain: c.name, Raw: raw})
+		}
+	}
+	return nil
+}
+
+// insertOrder returns the elements in an order the kernel accepts in an
+// interval set that already holds other intervals below and above: by key
+// from the lowest up, and at one key the end of the interval below before
+// the start of the interval above. The kernel checks each element against
+// its nearest neighbours already present, so an interval's start must come
+// before its end.
 func insertOrder(es []elem) []nfnl.Element {
 	s := slices.Clone(es)
 	slices.SortStableFunc(s, func(a, b elem) int {
-		return cmp.Or(bytes.Compare(b.Key, a.Key), cmp.Compare(a.Flags, b.Flags))
+		return cmp.Or(bytes.Compare(a.key, b.key), cmp.Compare(b.flags, a.flags))
 	})
 	return elements(s)
 }
@@ -219,15 +223,7 @@ func insertOrder(es []elem) []nfnl.Element {
 func elements(es []elem) []nfnl.Element {
 	out := make([]nfnl.Element, len(es))
 	for i := range es {
-		out[i] = es[i].Element
+		out[i] = es[i].element()
 	}
 	return out
-}
-
-// shardFamily tells a backends map's family from its name.
-func shardFamily(name string) servicelb.Family {
-	if strings.HasPrefix(name, "backends6") {
-		return servicelb.IPv6
-	}
-	return servicelb.IPv4
 }

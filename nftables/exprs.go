@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -21,6 +22,21 @@ import (
 type rule struct {
 	text  string
 	exprs []expr.Any
+	// raw is the rule's encoding, made once (encode) and reused by every
+	// batch that writes the rule.
+	raw []nfnl.RawExpr
+}
+
+// encode encodes the rule's expressions, once.
+func (r *rule) encode() ([]nfnl.RawExpr, error) {
+	if r.raw == nil {
+		raw, err := nfnl.EncodeExprs(nfnl.Inet, r.exprs)
+		if err != nil {
+			return nil, fmt.Errorf("rule %q: %w", r.text, err)
+		}
+		r.raw = raw
+	}
+	return r.raw, nil
 }
 
 // term is part of a rule: some text and the expressions behind it.
@@ -29,8 +45,8 @@ type term struct {
 	exprs []expr.Any
 }
 
-func mk(terms ...term) rule {
-	var r rule
+func mk(terms ...term) *rule {
+	r := &rule{}
 	var words []string
 	for _, t := range terms {
 		if t.text != "" {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // replaceBatch builds the batch that makes the table hold exactly c,
@@ -22,8 +23,7 @@ func (p *Proxier) replaceBatch(ctx context.Context, c *content) (*nfnl.Batch, er
 	switch {
 	case errors.Is(err, nfnl.ErrNotExist):
 		b.AddTable(nfnl.Table{Family: nfnl.Inet, Name: p.opts.Table})
-		c.create(p.opts.Table, b)
-		return b, nil
+		return b, c.create(p.opts.Table, b)
 	case err != nil:
 		return nil, err
 	}
@@ -62,12 +62,11 @@ func (p *Proxier) replaceBatch(ctx context.Context, c *content) (*nfnl.Batch, er
 			b.DelChain(nfnl.Inet, t, ch.Name)
 		}
 	}
-	c.create(t, b)
-	return b, nil
+	return b, c.create(t, b)
 }
 
 func isAffinitySet(name string) bool {
-	return name == setName(setAffinity, 4) || name == setName(setAffinity, 6)
+	return name == fixedSet(kindAffinity, servicelb.IPv4).name() || name == fixedSet(kindAffinity, servicelb.IPv6).name()
 }
 
 func sameHook(got, want *nfnl.Hook) bool {
@@ -159,14 +158,14 @@ func (p *Proxier) verifySets(ctx context.Context, c *content) (string, error) {
 		if s, ok := got[d.set.Name]; !ok || !sameSet(s, d.set) {
 			return fmt.Sprintf("set %s is missing or defined differently", d.set.Name), nil
 		}
-		if isAffinitySet(d.set.Name) {
+		if d.id.kind() == kindAffinity {
 			continue
 		}
 		els, err := p.conn.Elements(ctx, nfnl.Inet, t, d.set.Name)
 		if err != nil {
 			return "", err
 		}
-		if why := sameElems(els, c.elems[d.set.Name]); why != "" {
+		if why := sameElems(els, c.elems[d.id]); why != "" {
 			return fmt.Sprintf("set %s: %s", d.set.Name, why), nil
 		}
 	}
@@ -182,7 +181,7 @@ func sameElems(got []nfnl.Element, want []elem) string {
 		byID[want[i].id()] = &want[i]
 	}
 	for _, g := range got {
-		e := elem{Element: g}
+		e := elemOf(g)
 		w, ok := byID[e.id()]
 		if !ok || !w.same(&e) {
 			return fmt.Sprintf("unexpected element %x", g.Key)

@@ -17,12 +17,12 @@ type model struct {
 	// hairpin counts the ports that select each endpoint address.
 	hairpin map[netip.Addr]int
 	// shards counts the load-balancing chains reading each backends map.
-	shards map[string]int
+	shards map[setID]int
 	slots  *slotTable
 }
 
 func newModel() *model {
-	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, hairpin: map[netip.Addr]int{}, shards: map[string]int{}, slots: newSlotTable()}
+	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, hairpin: map[netip.Addr]int{}, shards: map[setID]int{}, slots: newSlotTable()}
 }
 
 // build plans a whole State from scratch.
@@ -31,7 +31,9 @@ func (p *planner) build(st *servicelb.State) (*model, error) {
 	node := st.Node()
 	m.node = p.node(&node)
 	txn := m.slots.begin()
-	for _, sp := range st.Ports() {
+	ports := st.Ports()
+	m.ports = make(map[servicelb.ServicePortKey]*portPlan, len(ports))
+	for _, sp := range ports {
 		pp, err := p.port(sp, &node, txn)
 		if err != nil {
 			return nil, err
@@ -57,7 +59,7 @@ type step struct {
 	changed [][2]*portPlan // old, new
 	slots   *slotTxn
 	hairpin map[netip.Addr]int // new counts of the addresses that moved
-	shards  map[string]int     // new counts of the maps that moved
+	shards  map[setID]int      // new counts of the maps that moved
 }
 
 // plan computes the step from m (the model of from) to to. When the node
@@ -65,7 +67,7 @@ type step struct {
 // reports.
 func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*step, error) {
 	node := to.Node()
-	s := &step{slots: m.slots.begin(), hairpin: map[netip.Addr]int{}, shards: map[string]int{}}
+	s := &step{slots: m.slots.begin(), hairpin: map[netip.Addr]int{}, shards: map[setID]int{}}
 	var targets []*servicelb.ServicePort
 	if ch.NodeChanged {
 		np := p.node(&node)

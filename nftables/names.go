@@ -83,7 +83,7 @@ const (
 	// each time it adds an element with data, and each time it binds a
 	// new rule: spreading slots over a constant number of maps keeps those
 	// walks short at any scale.
-	shards = 64
+	shards = 256
 )
 
 // slotKey names a load-balancing chain.
@@ -97,8 +97,18 @@ type slotKey struct {
 // long history) gives each chain the same slot when no two collide.
 func (k slotKey) home() uint32 {
 	h := fnv.New32a()
-	fmt.Fprintf(h, "%s|%s|%d|%t", k.port.Service, k.port.Port, k.port.Family, k.local)
+	h.Write([]byte(k.port.Service))
+	h.Write([]byte{'|'})
+	h.Write([]byte(k.port.Port))
+	h.Write([]byte{'|', byte(k.port.Family), boolByte(k.local)})
 	return h.Sum32() % maxSlots
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (k slotKey) chain() string {
@@ -106,10 +116,6 @@ func (k slotKey) chain() string {
 		return chainLocal(k.port)
 	}
 	return chainCluster(k.port)
-}
-
-func backendsSet(f servicelb.Family, slot uint32) string {
-	return fmt.Sprintf("backends%s-%02d", fam(f), slot%shards)
 }
 
 // endpointID identifies an endpoint in an affinity key.

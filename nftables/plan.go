@@ -20,77 +20,95 @@ import (
 type chainPlan struct {
 	name  string
 	hook  *nfnl.Hook
-	rules []rule
+	rules []*rule
 }
 
 // nodePlan is the part of the table that depends on the node only.
 type nodePlan struct {
 	chains []chainPlan
-	elems  map[string][]elem
+	elems  map[setID][]elem
 }
 
 // portPlan is one service port's fragment of the table.
 type portPlan struct {
 	key    servicelb.ServicePortKey
 	chains []chainPlan
-	// elems maps set names to the port's elements in them. The hairpin
-	// set is kept apart: several ports may share an endpoint address.
-	elems   map[string][]elem
+	// elems holds the port's elements by set. The hairpin set is kept
+	// apart: several ports may share an endpoint address.
+	elems   map[setID][]elem
 	hairpin []netip.Addr
 	slots   []slotKey
 	// shards are the backends maps the port's rules read.
-	shards []string
+	shards []setID
 }
 
-// planner builds plans for one table.
+// planner builds plans for one table. The rules every port shares are made
+// (and encoded) once.
 type planner struct {
 	table        string
 	affinitySize uint32
+	drop         *rule
+	jumpMark     *rule
+	fibMark      *rule
+	masqOutside  [2]*rule // per family: traffic from outside the cluster CIDRs
 }
 
-func baseChain(name string, hook uint32, prio int32, rules ...rule) chainPlan {
+func newPlanner(table string, affinitySize uint32) *planner {
+	p := &planner{
+		table:        table,
+		affinitySize: affinitySize,
+		drop:         mk(drop()),
+		jumpMark:     mk(jump(chainMarkMasq)),
+		fibMark:      mk(fibLocalSource(), jump(chainMarkMasq)),
+	}
+	for _, f := range families {
+		p.masqOutside[famIndex(f)] = mk(inSet(f, true, true, fixedSet(kindClusterCIDRs, f).name()), jump(chainMarkMasq))
+	}
+	return p
+}
+
+func baseChain(name string, hook uint32, prio int32, rules ...*rule) chainPlan {
 	accept := nfnl.VerdictAccept
 	return chainPlan{name: name, hook: &nfnl.Hook{Num: hook, Priority: prio, Type: "nat", Policy: &accept}, rules: rules}
 }
 
-var families = []servicelb.Family{servicelb.IPv4, servicelb.IPv6}
+var families = [2]servicelb.Family{servicelb.IPv4, servicelb.IPv6}
 
 // node plans the node-wide chains and elements.
 func (p *planner) node(n *servicelb.NodeConfig) nodePlan {
 	m := n.MasqueradeMark()
-	masq := []rule{}
+	var masq, svc []*rule
 	for _, f := range families {
-		masq = append(masq, mk(ctDNAT(), hairpinIn(f, setName(setHairpin, f)), masquerade()))
+		masq = append(masq, mk(ctDNAT(), hairpinIn(f, fixedSet(kindHairpin, f).name()), masquerade()))
 	}
 	masq = append(masq, mk(markClear(m), returnVerdict()), mk(markSetXor(m)), mk(masquerade()))
-	var svc []rule
 	for _, f := range families {
-		svc = append(svc, mk(entryIn(f, setName(setFirewall, f)), entrySourceNotIn(f, setName(setFirewallPass, f)), drop()))
+		svc = append(svc, mk(entryIn(f, fixedSet(kindFirewall, f).name()), entrySourceNotIn(f, fixedSet(kindFirewallPass, f).name()), drop()))
 	}
 	for _, f := range families {
-		ne := setName(setNoEndpoints, f)
+		ne := fixedSet(kindNoEndpoints, f).name()
 		svc = append(svc, mk(l4proto(servicelb.TCP), entryIn(f, ne), reject(f, true)), mk(entryIn(f, ne), reject(f, false)))
 	}
 	for _, f := range families {
-		svc = append(svc, mk(entryVmap(f, setName(setServices, f))))
+		svc = append(svc, mk(entryVmap(f, fixedSet(kindServices, f).name())))
 	}
 	for _, f := range families {
-		svc = append(svc, mk(inSet(f, false, false, setName(setServiceCIDRs, f)), drop()))
+		svc = append(svc, mk(inSet(f, false, false, fixedSet(kindServiceCIDRs, f).name()), drop()))
 	}
 	np := nodePlan{
 		chains: []chainPlan{
 			baseChain(chainNatPrerouting, nfnl.HookPrerouting, -100, mk(jump(chainServices))),
 			baseChain(chainNatOutput, nfnl.HookOutput, -100, mk(jump(chainServices))),
 			baseChain(chainNatPostrouting, nfnl.HookPostrouting, 100, mk(jump(chainMasquerading))),
-			{name: chainMarkMasq, rules: []rule{mk(markSetOr(m))}},
+			{name: chainMarkMasq, rules: []*rule{mk(markSetOr(m))}},
 			{name: chainMasquerading, rules: masq},
 			{name: chainServices, rules: svc},
 		},
-		elems: map[string][]elem{},
+		elems: map[setID][]elem{},
 	}
 	for _, f := range families {
-		np.elems[setName(setClusterCIDRs, f)] = cidrElems(prefixesOf(n.ClusterCIDRs, f))
-		np.elems[setName(setServiceCIDRs, f)] = cidrElems(prefixesOf(n.ServiceCIDRs, f))
+		np.elems[fixedSet(kindClusterCIDRs, f)] = cidrElems(prefixesOf(n.ClusterCIDRs, f))
+		np.elems[fixedSet(kindServiceCIDRs, f)] = cidrElems(prefixesOf(n.ServiceCIDRs, f))
 	}
 	return np
 }
@@ -139,7 +157,7 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 	if sp.Scheduler != servicelb.SchedulerDefault && sp.Scheduler != servicelb.SchedulerRandom {
 		return nil, fmt.Errorf("nftables: service %q: scheduler %q: %w: only random (weighted) spreading", k.Service, sp.Scheduler, ErrUnsupported)
 	}
-	pp := &portPlan{key: k, elems: map[string][]elem{}}
+	pp := &portPlan{key: k, elems: make(map[setID][]elem, 2)}
 	useLocal := (sp.ClusterIP.IsValid() && sp.InternalLocal) || sp.ExternalLocal
 	useCluster := (sp.ClusterIP.IsValid() && !sp.InternalLocal) || sp.External()
 	if sp.ClusterIP.IsValid() {
@@ -148,35 +166,53 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 	if sp.External() {
 		pp.chains = append(pp.chains, chainPlan{name: chainExternal(k), rules: p.externalRules(sp, n)})
 	}
-	for _, lb := range []struct {
-		use      bool
-		local    bool
-		backends []servicelb.Backend
-	}{{useCluster, false, sp.Cluster}, {useLocal, true, sp.Local}} {
-		if !lb.use {
-			continue
+	if useCluster {
+		if err := p.lb(pp, sp, slotKey{port: k}, sp.Cluster, slots); err != nil {
+			return nil, err
 		}
-		if err := p.lb(pp, sp, slotKey{port: k, local: lb.local}, lb.backends, slots); err != nil {
+	}
+	if useLocal {
+		if err := p.lb(pp, sp, slotKey{port: k, local: true}, sp.Local, slots); err != nil {
 			return nil, err
 		}
 	}
 	p.entries(pp, sp, n)
-	for _, b := range sp.Backends() {
-		pp.hairpin = append(pp.hairpin, b.Addr)
-	}
-	slices.SortFunc(pp.hairpin, netip.Addr.Compare)
-	pp.hairpin = slices.Compact(pp.hairpin)
+	pp.hairpin = hairpinAddrs(sp, n)
 	return pp, nil
 }
 
-func (p *planner) internalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []rule {
-	var rs []rule
-	f := sp.Family
+// hairpinAddrs returns the endpoint addresses whose packets to the service
+// may come back to them through this node: the local endpoints, and those
+// whose node is not known. An endpoint on another node reaches its
+// services through the proxier of its own node.
+func hairpinAddrs(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []netip.Addr {
+	var remote map[netip.Addr]bool
+	for i := range sp.Service.Endpoints {
+		e := &sp.Service.Endpoints[i]
+		if e.NodeName != "" && e.NodeName != n.NodeName {
+			if remote == nil {
+				remote = map[netip.Addr]bool{}
+			}
+			remote[e.Addr] = true
+		}
+	}
+	var out []netip.Addr
+	for _, b := range sp.Backends() {
+		if !remote[b.Addr] {
+			out = append(out, b.Addr)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+func (p *planner) internalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []*rule {
+	rs := make([]*rule, 0, 2)
 	switch {
 	case n.MasqueradeAll:
-		rs = append(rs, mk(jump(chainMarkMasq)))
-	case len(prefixesOf(n.ClusterCIDRs, f)) > 0:
-		rs = append(rs, mk(inSet(f, true, true, setName(setClusterCIDRs, f)), jump(chainMarkMasq)))
+		rs = append(rs, p.jumpMark)
+	case hasFamily(n.ClusterCIDRs, sp.Family):
+		rs = append(rs, p.masqOutside[famIndex(sp.Family)])
 	}
 	lb := chainCluster(sp.Key)
 	if sp.InternalLocal {
@@ -185,24 +221,26 @@ func (p *planner) internalRules(sp *servicelb.ServicePort, n *servicelb.NodeConf
 	return append(rs, mk(goTo(lb)))
 }
 
+func hasFamily(ps []netip.Prefix, f servicelb.Family) bool {
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return servicelb.FamilyOf(p.Addr()) == f })
+}
+
 // externalRules send node port, external IP and load-balancer traffic to
 // its endpoints. Under the Local policy the client's address is kept, but
 // traffic from pods and from the node itself takes the cluster-wide
 // endpoints, as kube-proxy does.
-func (p *planner) externalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []rule {
+func (p *planner) externalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []*rule {
 	k := sp.Key
+	toCluster := mk(goTo(chainCluster(k)))
 	if !sp.ExternalLocal {
-		return []rule{mk(jump(chainMarkMasq)), mk(goTo(chainCluster(k)))}
+		return []*rule{p.jumpMark, toCluster}
 	}
-	var rs []rule
+	var rs []*rule
 	f := sp.Family
-	if len(prefixesOf(n.ClusterCIDRs, f)) > 0 {
-		rs = append(rs, mk(inSet(f, true, false, setName(setClusterCIDRs, f)), goTo(chainCluster(k))))
+	if hasFamily(n.ClusterCIDRs, f) {
+		rs = append(rs, mk(inSet(f, true, false, fixedSet(kindClusterCIDRs, f).name()), goTo(chainCluster(k))))
 	}
-	return append(rs,
-		mk(fibLocalSource(), jump(chainMarkMasq)),
-		mk(fibLocalSource(), goTo(chainCluster(k))),
-		mk(goTo(chainLocal(k))))
+	return append(rs, p.fibMark, mk(fibLocalSource(), goTo(chainCluster(k))), mk(goTo(chainLocal(k))))
 }
 
 // lb plans a load-balancing chain over bs. Without affinity its one rule
@@ -217,11 +255,11 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 	f, proto := sp.Family, sp.Port.Protocol
 	ch := chainPlan{name: key.chain()}
 	if sp.Affinity > 0 {
-		ch.rules = affinityRules(f, proto, setName(setAffinity, f), slot, bs, sp.Affinity)
+		ch.rules = affinityRules(f, proto, fixedSet(kindAffinity, f).name(), slot, bs, sp.Affinity)
 	} else {
-		set := backendsSet(f, slot)
+		set := shardSet(f, slot)
 		pp.shards = append(pp.shards, set)
-		ch.rules = []rule{mk(l4proto(proto), dnatMap(f, slot*bucketStride, set))}
+		ch.rules = []*rule{mk(l4proto(proto), dnatMap(f, slot*bucketStride, set.name()))}
 		if len(bs) > 0 {
 			counts := bucketCounts(bs)
 			if counts == nil {
@@ -230,13 +268,17 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 			pp.elems[set] = append(pp.elems[set], backendElems(slot, bs, counts)...)
 		}
 	}
-	ch.rules = append(ch.rules, mk(drop()))
+	ch.rules = append(ch.rules, p.drop)
 	pp.chains = append(pp.chains, ch)
 	return nil
 }
 
-func affinityRules(f servicelb.Family, proto servicelb.Protocol, set string, slot uint32, bs []servicelb.Backend, to time.Duration) []rule {
-	var rs []rule
+// affinityRules pick an endpoint for a client pinned to none (at random,
+// in proportion to the weights: each rule takes its endpoint with
+// probability weight / remaining weight) and keep a pinned client on its
+// endpoint, refreshing the pin with every new connection.
+func affinityRules(f servicelb.Family, proto servicelb.Protocol, set string, slot uint32, bs []servicelb.Backend, to time.Duration) []*rule {
+	rs := make([]*rule, 0, 2*len(bs))
 	for _, b := range bs {
 		ep := endpointID(b.AddrPort())
 		rs = append(rs, mk(affinityHit(f, set, slot, ep), affinityUpdate(f, set, slot, ep, to), l4proto(proto), dnatTo(f, b.AddrPort())))
@@ -247,11 +289,11 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set string, slo
 	}
 	for i, b := range bs {
 		ep := endpointID(b.AddrPort())
-		pick := mk(affinityUpdate(f, set, slot, ep, to), l4proto(proto), dnatTo(f, b.AddrPort()))
+		terms := []term{affinityUpdate(f, set, slot, ep, to), l4proto(proto), dnatTo(f, b.AddrPort())}
 		if i < len(bs)-1 {
-			pick = mk(randomBelow(remaining, uint32(b.Weight)), affinityUpdate(f, set, slot, ep, to), l4proto(proto), dnatTo(f, b.AddrPort()))
+			terms = append([]term{randomBelow(remaining, uint32(b.Weight))}, terms...)
 		}
-		rs = append(rs, pick)
+		rs = append(rs, mk(terms...))
 		remaining -= uint32(b.Weight)
 	}
 	return rs
@@ -261,32 +303,44 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set string, slo
 // sets.
 func (p *planner) entries(pp *portPlan, sp *servicelb.ServicePort, n *servicelb.NodeConfig) {
 	f, k, proto, port := sp.Family, sp.Key, sp.Port.Protocol, sp.Port.Port
-	var ents, rejects []elem
+	n0 := len(sp.ExternalIPs) + len(sp.LoadBalancerIPs) + len(sp.NodeIPs) + 1
+	ents, rejects := make([]elem, 0, n0), []elem(nil)
+	noBackends := !sp.HasBackends()
 	add := func(a netip.Addr, port uint16, chain string) {
-		ents = append(ents, vmapElem(a, proto, port, chain))
-		rejects = append(rejects, entryElem(a, proto, port))
+		key := entryBytes(a, proto, port)
+		ents = append(ents, elem{key: key, chain: chain})
+		if noBackends {
+			rejects = append(rejects, elem{key: key})
+		}
 	}
 	if sp.ClusterIP.IsValid() {
 		add(sp.ClusterIP, port, chainInternal(k))
 	}
-	for _, a := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
-		add(a, port, chainExternal(k))
+	if sp.External() {
+		ext := chainExternal(k)
+		for _, a := range sp.ExternalIPs {
+			add(a, port, ext)
+		}
+		for _, a := range sp.LoadBalancerIPs {
+			add(a, port, ext)
+		}
+		for _, a := range sp.NodeIPs {
+			add(a, sp.Port.NodePort, ext)
+		}
 	}
-	for _, a := range sp.NodeIPs {
-		add(a, sp.Port.NodePort, chainExternal(k))
-	}
-	pp.elems[setName(setServices, f)] = ents
-	if !sp.HasBackends() {
-		pp.elems[setName(setNoEndpoints, f)] = rejects
+	pp.elems[fixedSet(kindServices, f)] = ents
+	if noBackends {
+		pp.elems[fixedSet(kindNoEndpoints, f)] = rejects
 	}
 	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 {
 		return
 	}
 	allowed := disjoint(slices.Concat(sp.SourceRanges, hostPrefixes(n.IPs(f))))
+	fw, pass := fixedSet(kindFirewall, f), fixedSet(kindFirewallPass, f)
 	for _, a := range sp.LoadBalancerIPs {
-		pp.elems[setName(setFirewall, f)] = append(pp.elems[setName(setFirewall, f)], entryElem(a, proto, port))
+		pp.elems[fw] = append(pp.elems[fw], elem{key: entryBytes(a, proto, port)})
 		for _, src := range allowed {
-			pp.elems[setName(setFirewallPass, f)] = append(pp.elems[setName(setFirewallPass, f)], firewallElem(a, proto, port, src))
+			pp.elems[pass] = append(pp.elems[pass], firewallElem(a, proto, port, src))
 		}
 	}
 }

@@ -59,7 +59,7 @@ type Options struct {
 type Proxier struct {
 	opts Options
 	log  *slog.Logger
-	plan planner
+	plan *planner
 	conn *nfnl.Conn
 
 	mu      sync.Mutex
@@ -100,7 +100,7 @@ func New(o Options) (*Proxier, error) {
 	return &Proxier{
 		opts: o,
 		log:  log.With("table", o.Table),
-		plan: planner{table: o.Table, affinitySize: o.AffinitySize},
+		plan: newPlanner(o.Table, o.AffinitySize),
 		conn: conn,
 	}, nil
 }

@@ -2,12 +2,11 @@ package nftables
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
+	"strconv"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -15,25 +14,98 @@ import (
 
 // The table's named sets and maps: a fixed list per family, plus the
 // backends maps (shards of them per family). Their number does not grow
-// with the number of services.
+// with the number of services. A setID numbers them.
+type setID uint16
+
+// The kinds of fixed sets.
 const (
-	setServices     = "services"       // entry -> goto svc/ext chain
-	setNoEndpoints  = "no-endpoints"   // entries of ports without endpoints
-	setFirewall     = "firewall"       // load-balancer entries with source ranges
-	setFirewallPass = "firewall-allow" // entry . allowed source range
-	setHairpin      = "hairpin"        // endpoint . endpoint
-	setClusterCIDRs = "cluster-cidrs"  // NodeConfig.ClusterCIDRs
-	setServiceCIDRs = "service-cidrs"  // NodeConfig.ServiceCIDRs
-	setAffinity     = "affinity"       // client . slot . endpoint, dynamic
+	kindServices     = iota // entry -> goto svc/ext chain
+	kindNoEndpoints         // entries of ports without endpoints
+	kindFirewall            // load-balancer entries with source ranges
+	kindFirewallPass        // entry . allowed source range
+	kindHairpin             // endpoint . endpoint
+	kindClusterCIDRs        // NodeConfig.ClusterCIDRs
+	kindServiceCIDRs        // NodeConfig.ServiceCIDRs
+	kindAffinity            // client . slot . endpoint, dynamic
+	numKinds
+	kindBackends = numKinds // bucket -> endpoint, one map per shard
 )
+
+func kindName(k int) string {
+	switch k {
+	case kindServices:
+		return "services"
+	case kindNoEndpoints:
+		return "no-endpoints"
+	case kindFirewall:
+		return "firewall"
+	case kindFirewallPass:
+		return "firewall-allow"
+	case kindHairpin:
+		return "hairpin"
+	case kindClusterCIDRs:
+		return "cluster-cidrs"
+	case kindServiceCIDRs:
+		return "service-cidrs"
+	case kindAffinity:
+		return "affinity"
+	}
+	return "backends"
+}
+
+const firstShard = numKinds * 2
+
+func fixedSet(kind int, f servicelb.Family) setID { return setID(kind*2 + famIndex(f)) }
+
+func shardSet(f servicelb.Family, slot uint32) setID {
+	return setID(firstShard + famIndex(f)*shards + int(slot%shards))
+}
+
+func (s setID) family() servicelb.Family {
+	i := int(s) % 2
+	if s >= firstShard {
+		i = (int(s) - firstShard) / shards
+	}
+	if i == 1 {
+		return servicelb.IPv6
+	}
+	return servicelb.IPv4
+}
+
+func (s setID) kind() int {
+	if s >= firstShard {
+		return kindBackends
+	}
+	return int(s) / 2
+}
+
+func (s setID) name() string {
+	n := kindName(s.kind()) + fam(s.family())
+	if s >= firstShard {
+		i := (int(s) - firstShard) % shards
+		if i < 10 {
+			n += "-0"
+		} else {
+			n += "-"
+		}
+		n += strconv.Itoa(i)
+	}
+	return n
+}
+
+// interval reports whether the set holds intervals as separate start and
+// end elements (the kernel's rbtree sets).
+func (s setID) interval() bool {
+	k := s.kind()
+	return k == kindBackends || k == kindClusterCIDRs || k == kindServiceCIDRs
+}
 
 // setDef is a set's definition, for the kernel and for nft text.
 type setDef struct {
+	id   setID
 	set  nfnl.Set
 	decl string // the "type ...; flags ..." lines of its nft declaration
 }
-
-func setName(base string, f servicelb.Family) string { return base + fam(f) }
 
 // udata builds nft's set user data: type-length-value records (one byte
 // each for type and length, values in host byte order) through which nft
@@ -42,8 +114,9 @@ func setName(base string, f servicelb.Family) string { return base + fam(f) }
 // exactly as it would list its own.
 type udata []byte
 
-// Record types (libnftnl's NFTNL_UDATA_SET_*) and nft's expression type
-// numbers used in "typeof" records.
+// Record types (libnftnl's NFTNL_UDATA_SET_*) and nft's numbers for
+// expression types, protocol descriptions and header fields, as nft writes
+// them in "typeof" records.
 const (
 	udKeyByteOrder  = 0
 	udDataByteOrder = 1
@@ -111,46 +184,54 @@ func fixedSets(table string, f servicelb.Family, affinitySize uint32) []setDef {
 	at, an := addrType(f)
 	al := uint32(addrLen(f))
 	entry := nfnl.ConcatType(at, nfnl.TypeInetProto, nfnl.TypeInetService)
-	entryDecl := fmt.Sprintf("type %s . inet_proto . inet_service", an)
+	entryDecl := "type " + an + " . inet_proto . inet_service"
 	concatStub := udata{}.u32(udKeyByteOrder, 0).nest(udKeyTypeof, udata{}.u32(0, udExprConcat).nest(1, nil))
-	def := func(base string, s nfnl.Set, decl string) setDef {
-		s.Family, s.Table, s.Name = nfnl.Inet, table, setName(base, f)
-		return setDef{set: s, decl: decl}
-	}
-	return []setDef{
-		def(setServices, nfnl.Set{Flags: nfnl.SetMap, KeyType: entry, KeyLen: al + 8, DataType: nfnl.TypeVerdict,
+	cidr := nfnl.Set{Flags: nfnl.SetInterval, KeyType: at, KeyLen: al, UserData: udata{}.u32(udKeyByteOrder, byteOrderBig)}
+	defs := []struct {
+		kind int
+		set  nfnl.Set
+		decl string
+	}{
+		{kindServices, nfnl.Set{Flags: nfnl.SetMap, KeyType: entry, KeyLen: al + 8, DataType: nfnl.TypeVerdict,
 			UserData: udata{}.u32(udKeyByteOrder, 0).u32(udDataByteOrder, 0).nest(udKeyTypeof, udata{}.u32(0, udExprConcat).nest(1, nil)).u32(udDataInterval, 0)},
-			entryDecl+" : verdict"),
-		def(setNoEndpoints, nfnl.Set{KeyType: entry, KeyLen: al + 8, UserData: concatStub}, entryDecl),
-		def(setFirewall, nfnl.Set{KeyType: entry, KeyLen: al + 8, UserData: concatStub}, entryDecl),
-		def(setFirewallPass, nfnl.Set{Flags: nfnl.SetInterval | nfnl.SetConcat, KeyType: nfnl.ConcatType(at, nfnl.TypeInetProto, nfnl.TypeInetService, at),
+			entryDecl + " : verdict"},
+		{kindNoEndpoints, nfnl.Set{KeyType: entry, KeyLen: al + 8, UserData: concatStub}, entryDecl},
+		{kindFirewall, nfnl.Set{KeyType: entry, KeyLen: al + 8, UserData: concatStub}, entryDecl},
+		{kindFirewallPass, nfnl.Set{Flags: nfnl.SetInterval | nfnl.SetConcat, KeyType: nfnl.ConcatType(at, nfnl.TypeInetProto, nfnl.TypeInetService, at),
 			KeyLen: 2*al + 8, Fields: []uint32{al, 1, 2, al}, UserData: concatStub},
-			fmt.Sprintf("type %s . inet_proto . inet_service . %s\n\t\tflags interval", an, an)),
-		def(setHairpin, nfnl.Set{KeyType: nfnl.ConcatType(at, at), KeyLen: 2 * al, UserData: concatStub}, fmt.Sprintf("type %s . %s", an, an)),
-		def(setClusterCIDRs, nfnl.Set{Flags: nfnl.SetInterval, KeyType: at, KeyLen: al, UserData: udata{}.u32(udKeyByteOrder, byteOrderBig)},
-			fmt.Sprintf("type %s\n\t\tflags interval", an)),
-		def(setServiceCIDRs, nfnl.Set{Flags: nfnl.SetInterval, KeyType: at, KeyLen: al, UserData: udata{}.u32(udKeyByteOrder, byteOrderBig)},
-			fmt.Sprintf("type %s\n\t\tflags interval", an)),
-		def(setAffinity, nfnl.Set{Flags: nfnl.SetTimeout | nfnl.SetEval, KeyType: nfnl.ConcatType(at, nfnl.TypeInteger, nfnl.TypeInteger),
+			entryDecl + " . " + an + "\n\t\tflags interval"},
+		{kindHairpin, nfnl.Set{KeyType: nfnl.ConcatType(at, at), KeyLen: 2 * al, UserData: concatStub}, "type " + an + " . " + an},
+		{kindClusterCIDRs, cidr, "type " + an + "\n\t\tflags interval"},
+		{kindServiceCIDRs, cidr, "type " + an + "\n\t\tflags interval"},
+		{kindAffinity, nfnl.Set{Flags: nfnl.SetTimeout | nfnl.SetEval, KeyType: nfnl.ConcatType(at, nfnl.TypeInteger, nfnl.TypeInteger),
 			KeyLen: al + 8, Size: affinitySize,
 			UserData: udata{}.u32(udKeyByteOrder, 0).nest(udKeyTypeof, udConcat(udAddr(f, true), udNumgen(), udNumgen()))},
-			fmt.Sprintf("typeof %s . numgen random mod 1 . numgen random mod 1\n\t\tsize %d\n\t\tflags dynamic,timeout", addrWord(f, true), affinitySize)),
+			fmt.Sprintf("typeof %s . numgen random mod 1 . numgen random mod 1\n\t\tsize %d\n\t\tflags dynamic,timeout", addrWord(f, true), affinitySize)},
 	}
+	out := make([]setDef, len(defs))
+	for i, d := range defs {
+		id := fixedSet(d.kind, f)
+		d.set.Family, d.set.Table, d.set.Name = nfnl.Inet, table, id.name()
+		out[i] = setDef{id: id, set: d.set, decl: d.decl}
+	}
+	return out
 }
 
 // backendsDef is the definition of one backends map: bucket number to
 // endpoint address and port.
-func backendsDef(table string, f servicelb.Family, name string) setDef {
+func backendsDef(table string, id setID) setDef {
+	f := id.family()
 	at, _ := addrType(f)
 	ud := udata{}.u32(udKeyByteOrder, byteOrderHost).u32(udDataByteOrder, 0).
 		nest(udKeyTypeof, udNumgen()).
 		nest(udDataTypeof, udConcat(udAddr(f, false), udPayload(protoDescTH, fieldTHDport))).
 		u32(udDataInterval, 0)
 	return setDef{
-		set: nfnl.Set{Family: nfnl.Inet, Table: table, Name: name, Flags: nfnl.SetInterval | nfnl.SetMap,
+		id: id,
+		set: nfnl.Set{Family: nfnl.Inet, Table: table, Name: id.name(), Flags: nfnl.SetInterval | nfnl.SetMap,
 			KeyType: nfnl.TypeInteger, KeyLen: 4, DataType: nfnl.ConcatType(at, nfnl.TypeInetService),
 			DataLen: uint32(addrLen(f)) + 4, UserData: ud},
-		decl: fmt.Sprintf("typeof numgen random mod 1 : %s . th dport\n\t\tflags interval", addrWord(f, false)),
+		decl: "typeof numgen random mod 1 : " + addrWord(f, false) + " . th dport\n\t\tflags interval",
 	}
 }
 
@@ -162,56 +243,58 @@ func sameSet(got, want nfnl.Set) bool {
 		got.Timeout == want.Timeout
 }
 
-// elem is a set element with its nft text.
+// elem is a set element. Its nft text is derived from its bytes when the
+// table is rendered.
 type elem struct {
-	nfnl.Element
-	text string
+	key, keyEnd, data []byte
+	chain             string // the goto target of a verdict map element
+	flags             uint32
 }
 
 // id identifies the element in its set: the kernel finds elements by key
 // (and, in interval sets, by whether they open or close an interval).
 func (e *elem) id() string {
-	return fmt.Sprintf("%x/%x/%d", e.Key, e.KeyEnd, e.Flags)
+	return string(e.key) + "\x00" + string(e.keyEnd) + string(rune('0'+e.flags))
 }
 
 // same reports whether two elements with the same id hold the same value.
-func (e *elem) same(o *elem) bool {
-	if (e.Verdict == nil) != (o.Verdict == nil) {
-		return false
+func (e *elem) same(o *elem) bool { return e.chain == o.chain && bytes.Equal(e.data, o.data) }
+
+func (e *elem) element() nfnl.Element {
+	el := nfnl.Element{Key: e.key, KeyEnd: e.keyEnd, Data: e.data, Flags: e.flags}
+	if e.chain != "" {
+		el.Verdict = &nfnl.Verdict{Code: nfnl.VerdictGoto, Chain: e.chain}
 	}
-	if e.Verdict != nil && *e.Verdict != *o.Verdict {
-		return false
-	}
-	return bytes.Equal(e.Data, o.Data)
+	return el
 }
 
-func sortElems(es []elem) {
-	slices.SortFunc(es, func(a, b elem) int {
-		return cmp.Or(bytes.Compare(a.Key, b.Key), cmp.Compare(a.Flags, b.Flags), bytes.Compare(a.KeyEnd, b.KeyEnd))
-	})
+func elemOf(el nfnl.Element) elem {
+	e := elem{key: el.Key, keyEnd: el.KeyEnd, data: el.Data, flags: el.Flags}
+	if el.Verdict != nil {
+		e.chain = el.Verdict.Chain
+		if el.Verdict.Code != nfnl.VerdictGoto {
+			e.chain = "!" + el.Verdict.String()
+		}
+	}
+	return e
 }
 
 // entryBytes is the key of "ip daddr . meta l4proto . th dport": the
 // address, then the protocol and the port each padded to four bytes.
 func entryBytes(a netip.Addr, p servicelb.Protocol, port uint16) []byte {
-	b := a.AsSlice()
+	b := appendAddr(make([]byte, 0, a.BitLen()/8+8), a)
 	b = append(b, p.Number(), 0, 0, 0)
 	return append(binary.BigEndian.AppendUint16(b, port), 0, 0)
 }
 
-func entryText(a netip.Addr, p servicelb.Protocol, port uint16) string {
-	return fmt.Sprintf("%s . %s . %d", a, p.Lower(), port)
-}
-
-func entryElem(a netip.Addr, p servicelb.Protocol, port uint16) elem {
-	return elem{Element: nfnl.Element{Key: entryBytes(a, p, port)}, text: entryText(a, p, port)}
-}
-
-func vmapElem(a netip.Addr, p servicelb.Protocol, port uint16, chain string) elem {
-	e := entryElem(a, p, port)
-	e.Verdict = &nfnl.Verdict{Code: nfnl.VerdictGoto, Chain: chain}
-	e.text += " : goto " + chain
-	return e
+// appendAddr appends an address's bytes.
+func appendAddr(b []byte, a netip.Addr) []byte {
+	if a.Is4() {
+		a4 := a.As4()
+		return append(b, a4[:]...)
+	}
+	a16 := a.As16()
+	return append(b, a16[:]...)
 }
 
 // lastAddr returns the last address of a prefix.
@@ -224,21 +307,14 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return a
 }
 
-func prefixText(p netip.Prefix) string {
-	if p.IsSingleIP() {
-		return p.Addr().String()
-	}
-	return p.String()
-}
-
 // prefixElems returns the elements of an interval set holding p: the
 // interval's start, and its end (the first address after it) unless the
 // interval runs to the end of the address space.
 func prefixElems(p netip.Prefix) []elem {
 	p = p.Masked()
-	out := []elem{{Element: nfnl.Element{Key: p.Addr().AsSlice()}, text: prefixText(p)}}
+	out := []elem{{key: p.Addr().AsSlice()}}
 	if next := lastAddr(p).Next(); next.IsValid() {
-		out = append(out, elem{Element: nfnl.Element{Key: next.AsSlice(), Flags: nfnl.ElemIntervalEnd}})
+		out = append(out, elem{key: next.AsSlice(), flags: nfnl.ElemIntervalEnd})
 	}
 	return out
 }
@@ -247,51 +323,30 @@ func prefixElems(p netip.Prefix) []elem {
 func firewallElem(a netip.Addr, p servicelb.Protocol, port uint16, src netip.Prefix) elem {
 	key := append(entryBytes(a, p, port), src.Masked().Addr().AsSlice()...)
 	end := append(entryBytes(a, p, port), lastAddr(src).AsSlice()...)
-	return elem{Element: nfnl.Element{Key: key, KeyEnd: end}, text: entryText(a, p, port) + " . " + prefixText(src)}
+	return elem{key: key, keyEnd: end}
 }
 
 func hairpinElem(a netip.Addr) elem {
-	return elem{Element: nfnl.Element{Key: append(a.AsSlice(), a.AsSlice()...)}, text: fmt.Sprintf("%s . %s", a, a)}
+	return elem{key: appendAddr(appendAddr(make([]byte, 0, a.BitLen()/4), a), a)}
 }
 
 // backendElems returns the intervals of one slot: bucket ranges sized by
 // weight, each mapped to its endpoint. Each interval is a start element
 // with the endpoint and an end element at the first bucket after it (which
 // the kernel keeps apart from the next interval's start at the same key).
+// They come in ascending order, as the kernel accepts them.
 func backendElems(slot uint32, bs []servicelb.Backend, counts []uint32) []elem {
 	base := slot * bucketStride
 	out := make([]elem, 0, 2*len(bs))
 	lo := uint32(0)
 	for i, b := range bs {
 		hi := lo + counts[i] - 1
-		data := append(b.Addr.AsSlice(), 0, 0, 0, 0)
-		binary.BigEndian.PutUint16(data[len(data)-4:], b.Port)
+		data := appendAddr(make([]byte, 0, b.Addr.BitLen()/8+4), b.Addr)
+		data = append(binary.BigEndian.AppendUint16(data, b.Port), 0, 0)
 		out = append(out,
-			elem{
-				Element: nfnl.Element{Key: bigU32(base + lo), Data: data},
-				text:    fmt.Sprintf("%d-%d : %s . %d", base+lo, base+hi, b.Addr, b.Port),
-			},
-			elem{Element: nfnl.Element{Key: bigU32(base + hi + 1), Flags: nfnl.ElemIntervalEnd}})
+			elem{key: bigU32(base + lo), data: data},
+			elem{key: bigU32(base + hi + 1), flags: nfnl.ElemIntervalEnd})
 		lo = hi + 1
 	}
 	return out
-}
-
-// setText renders a set declaration with its elements.
-func setText(d setDef, es []elem, b *strings.Builder) {
-	kind := "set"
-	if d.set.Flags&nfnl.SetMap != 0 {
-		kind = "map"
-	}
-	fmt.Fprintf(b, "\t%s %s {\n\t\t%s\n", kind, d.set.Name, d.decl)
-	var texts []string
-	for i := range es {
-		if es[i].text != "" {
-			texts = append(texts, es[i].text)
-		}
-	}
-	if len(texts) > 0 {
-		fmt.Fprintf(b, "\t\telements = { %s }\n", strings.Join(texts, ",\n\t\t\t     "))
-	}
-	b.WriteString("\t}\n")
 }

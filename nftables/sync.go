@@ -32,7 +32,9 @@ func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 		return fmt.Errorf("nftables: sync: %w", err)
 	}
 	b := &nfnl.Batch{}
-	s.delta(p.model).batch(p.opts.Table, b)
+	if err := s.delta(p.model).batch(p.opts.Table, b); err != nil {
+		return fmt.Errorf("nftables: sync: %w", err)
+	}
 	if err := p.commit(ctx, b, gen.ID); err != nil {
 		return err
 	}
