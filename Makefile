@@ -47,12 +47,14 @@ test-vm: deps
 	$(GO) run ./internal/vmtest/cmd/vmrun $(VMTEST_ARGS)
 
 # The examples' tests run the agents against a real kube-apiserver with
-# etcd and a real Consul agent, built once into the user cache; then the
+# etcd and a real Consul agent, built once into the user cache; the demo's
+# and the file agent's packet tests run again in the VM (IPVS); then the
 # demo runs as a smoke test.
 test-examples: deps
 	@examples/hack/deps.sh
 	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) run ./examples/internal/testservers/cmd/buildservers
 	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
+	VMTEST_PKGS='./examples/demo ./examples/internal/filesource' VMTEST_FLAGS= $(GO) run ./internal/vmtest/cmd/vmrun -q
 	$(GO) run ./examples/demo
 
 bench: deps
@@ -64,3 +66,15 @@ bench: deps
 .PHONY: bench-iptables
 bench-iptables: deps
 	$(GO) test -tags privileged -run '^$$' -bench . -benchmem -timeout 60m ./iptables
+
+# The IPVS backend's benchmarks, in the VM (this host's kernel has no IPVS):
+# a cold sync of 10k services x 10 endpoints against ipvsadm -R of the same
+# virtual servers, the IPVS netlink part alone, a restart's sync and a
+# one-endpoint change, reported as ratios of one run
+# (IPVS_BENCH_SERVICES=n for another size). `make bench` runs them too.
+IPVS_BENCH_SERVICES ?= 10000
+.PHONY: bench-ipvs
+bench-ipvs: deps
+	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES)' \
+		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 60m
+bench: bench-ipvs

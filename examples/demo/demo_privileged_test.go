@@ -1,4 +1,4 @@
-//go:build privileged
+//go:build privileged || vm
 
 package main
 
@@ -39,7 +39,7 @@ func rows(out string) []map[string][2]int {
 // the traffic shifted, everything torn down.
 func TestDemo(t *testing.T) {
 	testutil.RequireRoot(t)
-	for _, backend := range []string{"nftables", "iptables"} {
+	for _, backend := range append([]string{"nftables", "iptables"}, vmBackends...) {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -73,7 +73,7 @@ func TestDemo(t *testing.T) {
 					t.Errorf("output lacks %q", want)
 				}
 			}
-			left, _ := filepath.Glob(fmt.Sprintf("/var/run/netns/%s%d-*", sandbox.Prefix, os.Getpid()))
+			left, _ := filepath.Glob(fmt.Sprintf("/run/netns/%s%d-*", sandbox.Prefix, os.Getpid()))
 			if len(left) > 0 {
 				t.Errorf("namespaces left behind: %v", left)
 			}

@@ -131,7 +131,7 @@ func demo(ctx context.Context, cfg agent.Config, o options, out io.Writer, log *
 		return fmt.Errorf("%w\nrun it as root, e.g. sudo go run ./examples/demo (or --dry-run to only print the rules)", err)
 	}
 	fmt.Fprintf(out, "Building a sandbox: namespaces for a node, a client and 3 backends ...\n")
-	sb, err := sandbox.New(sandbox.Options{Backends: 3, Logger: log})
+	sb, err := sandbox.New(sandbox.Options{Backends: 3, Logger: log, RequestTimeout: 2 * time.Second})
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,7 @@ func (a *Agent) openNS() error {
 	}
 	path := a.cfg.NetNS
 	if !strings.Contains(path, "/") {
-		path = filepath.Join("/var/run/netns", path)
+		path = filepath.Join("/run/netns", path)
 	}
 	ns, err := netns.GetFromPath(path)
 	if err != nil {

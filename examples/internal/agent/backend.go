@@ -16,6 +16,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -167,9 +168,9 @@ func probeIPVS(ns netns.NsHandle) error {
 	var h *netlink.Handle
 	var err error
 	if ns.IsOpen() {
-		h, err = netlink.NewHandleAt(ns)
+		h, err = netlink.NewHandleAt(ns, unix.NETLINK_GENERIC)
 	} else {
-		h, err = netlink.NewHandle()
+		h, err = netlink.NewHandle(unix.NETLINK_GENERIC)
 	}
 	if err != nil {
 		if errors.Is(err, syscall.EPERM) {

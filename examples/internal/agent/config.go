@@ -29,7 +29,7 @@ type Config struct {
 	Once bool
 	// Cleanup removes the backend's rules on exit.
 	Cleanup bool
-	// NetNS is the network namespace to program: a name in /var/run/netns
+	// NetNS is the network namespace to program: a name in /run/netns
 	// or a path; empty means the agent's own.
 	NetNS string
 	// MetricsAddr, when set, serves /metrics and /healthz there.
@@ -58,7 +58,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")
 	fs.BoolVar(&c.Once, "once", false, "exit after the first successful sync")
 	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove the installed rules on exit (by default they stay, so that a restart drops no traffic)")
-	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /var/run/netns or a path (default: the agent's own)")
+	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /run/netns or a path (default: the agent's own)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address, e.g. 127.0.0.1:10249 (default: off)")
 	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", time.Minute, "/healthz fails when a change has waited this long to be applied")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")

@@ -199,7 +199,7 @@ func (w *World) expectPackets(ctx context.Context, tg Target, want []int) error 
 	// (2/3)^30 for three backends).
 	n := 10 * len(want) * len(want)
 	if n == 0 {
-		// Failing requests take sandbox.RequestTimeout each: two tell.
+		// Failing requests take the request timeout each: two tell.
 		n = 2
 	}
 	_, err := w.Sandbox.Eventually(ctx, tg.URL, n, func(c sandbox.Counts) bool {

@@ -1,4 +1,4 @@
-//go:build privileged
+//go:build privileged || vm
 
 package filesource
 
@@ -19,7 +19,7 @@ func TestFileFake(t *testing.T) {
 }
 
 func TestFilePackets(t *testing.T) {
-	for _, backend := range []string{"nftables", "iptables"} {
+	for _, backend := range append([]string{"nftables", "iptables"}, vmBackends...) {
 		t.Run(backend, func(t *testing.T) {
 			fileScenario(t, func(src *Source) *e2e.World { return e2e.StartPackets(t, backend, src) })
 		})

@@ -114,18 +114,19 @@ func get(ctx context.Context, c *http.Client, url string) (string, error) {
 // counted under the key "error".
 type Counts map[string]int
 
-// RequestTimeout bounds each request Distribute sends. Every server is a
-// hop away, so an answer takes well under a millisecond; a request that
-// gets none is counted as an error after this long. TCP treats an ICMP
-// unreachable (an address nothing routes) as a soft error and waits out
-// the timeout, so it is short.
-const RequestTimeout = 200 * time.Millisecond
+// DefaultRequestTimeout bounds each request Distribute sends, unless
+// Options.RequestTimeout says otherwise. Every server is a hop away, so an
+// answer takes well under a millisecond; a request that gets none is
+// counted as an error after this long. TCP treats an ICMP unreachable (an
+// address nothing routes) as a soft error and waits out the timeout, so it
+// is short.
+const DefaultRequestTimeout = 200 * time.Millisecond
 
 // Distribute sends n requests from the client host, one connection each,
 // and counts who answered. Failures are counted, not returned. When ctx
 // ends it returns the counts so far with ctx's error.
 func (sb *Sandbox) Distribute(ctx context.Context, url string, n int) (Counts, error) {
-	c := sb.Client.HTTPClient(RequestTimeout)
+	c := sb.Client.HTTPClient(sb.timeout)
 	out := Counts{}
 	for range n {
 		name, err := get(ctx, c, url)
@@ -149,7 +150,7 @@ func (sb *Sandbox) Eventually(ctx context.Context, url string, n int, check func
 		c, err := sb.Distribute(ctx, url, n)
 		if len(c) > 0 {
 			// A batch cut short by ctx still counts: requests that fail
-			// take RequestTimeout each.
+			// take the request timeout each.
 			last = c
 			if check(c) {
 				return c, nil

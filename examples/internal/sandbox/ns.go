@@ -13,9 +13,9 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// netnsDir is where named network namespaces are bind-mounted, as iproute2
-// does, so that `ip netns exec NAME ...` reaches them.
-const netnsDir = "/var/run/netns"
+// netnsDir is where named network namespaces are bind-mounted (as by
+// vishvananda/netns and iproute2), so that `ip netns exec NAME` reaches them.
+const netnsDir = "/run/netns"
 
 // Prefix starts the name of every namespace a sandbox creates. The next
 // field is the creating process's pid, which Reap uses to find leftovers.

@@ -17,7 +17,7 @@
 // are created inside the node namespace with their peer moved straight
 // into the other namespace, and every address, route and sysctl is set
 // through a handle opened in the namespace it belongs to. Namespaces are
-// named "kpxsb-<pid>-<random>-<role>" and bind-mounted in /var/run/netns,
+// named "kpxsb-<pid>-<random>-<role>" and bind-mounted in /run/netns,
 // so `ip netns exec` reaches them while the sandbox lives; Close deletes
 // them and Reap deletes those of processes that are gone.
 //
@@ -26,6 +26,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -35,9 +36,11 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Options configure a sandbox.
@@ -46,13 +49,17 @@ type Options struct {
 	Backends int
 	// Logger receives progress at Debug; nil discards.
 	Logger *slog.Logger
+	// RequestTimeout bounds each request of Distribute and Eventually;
+	// default DefaultRequestTimeout. Slow machines (an emulated VM) want
+	// more.
+	RequestTimeout time.Duration
 }
 
 // Host is one namespace of the sandbox.
 type Host struct {
 	// Name is the host's role: "node", "client" or "backend-<i>".
 	Name string
-	// NSName is the namespace's name in /var/run/netns.
+	// NSName is the namespace's name in /run/netns.
 	NSName string
 	// NS is a handle to the namespace, valid until Close.
 	NS netns.NsHandle
@@ -70,8 +77,9 @@ type Sandbox struct {
 	Client   *Host
 	Backends []*Host
 
-	log    *slog.Logger
-	closed bool
+	log     *slog.Logger
+	timeout time.Duration
+	closed  bool
 }
 
 // ErrNotRoot is returned when the process lacks the privileges to create
@@ -107,7 +115,7 @@ func New(o Options) (*Sandbox, error) {
 	if o.Backends < 1 || o.Backends > 200 {
 		return nil, fmt.Errorf("sandbox: %d backends, want 1 to 200", o.Backends)
 	}
-	sb := &Sandbox{log: o.Logger}
+	sb := &Sandbox{log: o.Logger, timeout: cmp.Or(o.RequestTimeout, DefaultRequestTimeout)}
 	if sb.log == nil {
 		sb.log = slog.New(slog.DiscardHandler)
 	}
@@ -155,7 +163,7 @@ func newHost(base, role string, addr netip.Addr) (*Host, error) {
 
 // wire connects the hosts and configures addresses, routes and forwarding.
 func (sb *Sandbox) wire() error {
-	node, err := netlink.NewHandleAt(sb.Node.NS)
+	node, err := netlink.NewHandleAt(sb.Node.NS, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("sandbox: netlink in %s: %w", sb.Node.NSName, err)
 	}
@@ -192,7 +200,7 @@ func (sb *Sandbox) connect(node *netlink.Handle, name string, host *Host, nodeAd
 	if err := addAddr(node, name, nodeAddr); err != nil {
 		return err
 	}
-	h, err := netlink.NewHandleAt(host.NS)
+	h, err := netlink.NewHandleAt(host.NS, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("sandbox: netlink in %s: %w", host.NSName, err)
 	}
