@@ -126,3 +126,21 @@ func TestFrameNumbersMessages(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeByteorder(t *testing.T) {
+	want := &expr.Byteorder{SourceRegister: 9, DestRegister: 9, Op: expr.ByteorderHton, Len: 1, Size: 2}
+	raw, err := EncodeExprs(Inet, []expr.Any{want})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeExpr(Inet, raw[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got.(*expr.Byteorder) != *want {
+		t.Errorf("decoded %+v, want %+v", got, want)
+	}
+	if !SameExprs(Inet, raw, []expr.Any{want}) {
+		t.Error("SameExprs does not match an encoded byteorder with itself")
+	}
+}

@@ -65,6 +65,10 @@ func newExpr(name string) expr.Any {
 // github.com/google/nftables/expr type. Immediate expressions that hold a
 // verdict become *expr.Verdict, as the library writes them.
 func DecodeExpr(fam Family, x RawExpr) (expr.Any, error) {
+	if x.Name == "byteorder" {
+		// The library marshals byteorder but cannot read it back.
+		return decodeByteorder(x.Data)
+	}
 	e := newExpr(x.Name)
 	if e == nil {
 		return nil, fmt.Errorf("nfnl: expression %q: unknown", x.Name)
@@ -76,6 +80,38 @@ func DecodeExpr(fam Family, x RawExpr) (expr.Any, error) {
 		v := &expr.Verdict{}
 		if err := expr.Unmarshal(byte(fam), x.Data, v); err == nil {
 			return v, nil
+		}
+	}
+	return e, nil
+}
+
+// Byteorder attributes (NFTA_BYTEORDER_*).
+const (
+	attrByteorderSreg = 1
+	attrByteorderDreg = 2
+	attrByteorderOp   = 3
+	attrByteorderLen  = 4
+	attrByteorderSize = 5
+)
+
+func decodeByteorder(data []byte) (expr.Any, error) {
+	as, err := attributes(data)
+	if err != nil {
+		return nil, fmt.Errorf("nfnl: expression \"byteorder\": %w", err)
+	}
+	e := &expr.Byteorder{}
+	for _, a := range as {
+		switch a.typ {
+		case attrByteorderSreg:
+			e.SourceRegister = a.u32()
+		case attrByteorderDreg:
+			e.DestRegister = a.u32()
+		case attrByteorderOp:
+			e.Op = expr.ByteorderOp(a.u32())
+		case attrByteorderLen:
+			e.Len = a.u32()
+		case attrByteorderSize:
+			e.Size = a.u32()
 		}
 	}
 	return e, nil
