@@ -169,6 +169,34 @@ func (c *Conn) rules(ctx context.Context, fam Family, table, chain string, decod
 	return out, nil
 }
 
+// EachRule calls each for every rule of a table, or of one chain when chain
+// is not empty, in order, as the dump delivers it. It copies nothing: the
+// rule, its Raw expressions and their data are valid only during the call.
+// It saves RulesRaw's copies when a caller looks at each rule once, as when
+// comparing a large table with what it should hold.
+func (c *Conn) EachRule(ctx context.Context, fam Family, table, chain string, each func(r *Rule) error) error {
+	attrs := func(e *encoder) {
+		e.str(attrRuleTable, table)
+		if chain != "" {
+			e.str(attrRuleChain, chain)
+		}
+	}
+	var r Rule
+	err := c.request(ctx, msgGetRule, fam, true, attrs, func(d []byte) error {
+		if err := parseRuleInto(&r, d, false); err != nil {
+			return err
+		}
+		if r.Table != table || (chain != "" && r.Chain != chain) {
+			return nil
+		}
+		return each(&r)
+	})
+	if err != nil {
+		return fmt.Errorf("nfnl: list rules of %s %s %s: %w", fam, table, chain, err)
+	}
+	return nil
+}
+
 // Sets returns the named sets and maps of a table (anonymous sets too).
 func (c *Conn) Sets(ctx context.Context, fam Family, table string) ([]Set, error) {
 	var out []Set
@@ -288,8 +316,17 @@ func parseRule(d []byte) (Rule, error) {
 
 // parseRawRule parses a rule without decoding its expressions.
 func parseRawRule(d []byte) (Rule, error) {
+	var r Rule
+	err := parseRuleInto(&r, d, true)
+	return r, err
+}
+
+// parseRuleInto parses a rule into r, reusing r.Raw; without keep, byte
+// slices point into d.
+func parseRuleInto(r *Rule, d []byte, keep bool) error {
 	fam, as, err := payload(d)
-	r := Rule{Family: fam}
+	raw := r.Raw[:0]
+	*r = Rule{Family: fam}
 	for _, a := range as {
 		switch a.typ {
 		case attrRuleTable:
@@ -301,18 +338,21 @@ func parseRawRule(d []byte) (Rule, error) {
 		case attrRulePosition:
 			r.Position = a.u64()
 		case attrRuleUData:
-			r.UserData = clone(a.data)
+			r.UserData = a.data
+			if keep {
+				r.UserData = clone(a.data)
+			}
 		case attrRuleCompat:
 			r.Compat = parseCompat(a.data)
 		case attrRuleExprs:
-			raw, perr := parseExprs(a.data)
-			if perr != nil {
-				return r, perr
+			var perr error
+			if raw, perr = appendExprs(raw, a.data, keep); perr != nil {
+				return perr
 			}
 			r.Raw = raw
 		}
 	}
-	return r, err
+	return err
 }
 
 func parseCompat(d []byte) *Compat {
@@ -329,12 +369,13 @@ func parseCompat(d []byte) *Compat {
 	return c
 }
 
-func parseExprs(d []byte) ([]RawExpr, error) {
+// appendExprs appends the expressions of an NFTA_RULE_EXPRESSIONS
+// attribute to out; without keep, their data point into d.
+func appendExprs(out []RawExpr, d []byte, keep bool) ([]RawExpr, error) {
 	list, err := attributes(d)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]RawExpr, 0, len(list))
 	for _, l := range list {
 		as, err := attributes(l.data)
 		if err != nil {
@@ -346,7 +387,10 @@ func parseExprs(d []byte) ([]RawExpr, error) {
 			case attrExprName:
 				x.Name = a.str()
 			case attrExprData:
-				x.Data = clone(a.data)
+				x.Data = a.data
+				if keep {
+					x.Data = clone(a.data)
+				}
 			}
 		}
 		out = append(out, x)

@@ -75,6 +75,29 @@ func TestRuleIDsRawAndEcho(t *testing.T) {
 	if len(again) != 4 || !sameRaw(again[3].Raw, rules[0].Raw) {
 		t.Errorf("rule written raw: %+v, want %+v", again[len(again)-1].Raw, rules[0].Raw)
 	}
+
+	// EachRule sees the same rules, without copies.
+	var seen []nfnl.Rule
+	err = c.EachRule(ctx(t), fam, table, chain, func(r *nfnl.Rule) error {
+		cp := *r
+		cp.Raw = nil
+		for _, x := range r.Raw {
+			cp.Raw = append(cp.Raw, nfnl.RawExpr{Name: x.Name, Data: bytes.Clone(x.Data)})
+		}
+		seen = append(seen, cp)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != len(again) {
+		t.Fatalf("EachRule saw %d rules, RulesRaw %d", len(seen), len(again))
+	}
+	for i := range seen {
+		if seen[i].Handle != again[i].Handle || seen[i].Chain != chain || !sameRaw(seen[i].Raw, again[i].Raw) {
+			t.Errorf("EachRule rule %d: %+v, want %+v", i, seen[i], again[i])
+		}
+	}
 }
 
 func sameRaw(a, b []nfnl.RawExpr) bool {
