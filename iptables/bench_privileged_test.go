@@ -151,3 +151,34 @@ func BenchmarkOneServiceChange(b *testing.B) {
 	b.ReportMetric(float64(n), "services")
 	peakRSS(b)
 }
+
+// BenchmarkRestartSync is a restarted agent's first sync, or a full check:
+// a new Proxier reads n services of 10 endpoints back from the kernel and
+// finds nothing to change.
+func BenchmarkRestartSync(b *testing.B) {
+	netnstest.Require(b, "nf_tables", "nft_compat", "nat")
+	n := benchSize()
+	st := bigState(b, n)
+	ctx := context.Background()
+	h := netnstest.NewHost(b, "benchrestart")
+	opts := Options{Families: []servicelb.Family{servicelb.IPv4}}
+	if err := newProxier(b, h, opts).Sync(ctx, st); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		px := newProxier(b, h, opts)
+		cc := &countingConn{Conn: px.conn}
+		px.conn, px.ap = cc, newApplier(px, cc)
+		if err := px.Sync(ctx, st); err != nil {
+			b.Fatal(err)
+		}
+		if cc.batches != 0 {
+			b.Fatalf("restart sent %d batches", cc.batches)
+		}
+		px.Close()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(n), "services")
+	peakRSS(b)
+}

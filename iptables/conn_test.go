@@ -25,11 +25,11 @@ func (c *countingConn) Commit(ctx context.Context, b *nfnl.Batch) (nfnl.Generati
 	return c.Conn.Commit(ctx, b)
 }
 
-func (c *countingConn) RulesRaw(ctx context.Context, fam nfnl.Family, table, chain string) ([]nfnl.Rule, error) {
+func (c *countingConn) EachRule(ctx context.Context, fam nfnl.Family, table, chain string, each func(*nfnl.Rule) error) error {
 	c.mu.Lock()
 	c.dumps++
 	c.mu.Unlock()
-	return c.Conn.RulesRaw(ctx, fam, table, chain)
+	return c.Conn.EachRule(ctx, fam, table, chain, each)
 }
 
 // newApplier rebuilds px's applier on conn.

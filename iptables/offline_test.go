@@ -28,6 +28,6 @@ func (offlineConn) Chains(context.Context, nfnl.Family, string) ([]nfnl.Chain, e
 	return nil, errOffline
 }
 
-func (offlineConn) RulesRaw(context.Context, nfnl.Family, string, string) ([]nfnl.Rule, error) {
-	return nil, errOffline
+func (offlineConn) EachRule(context.Context, nfnl.Family, string, string, func(*nfnl.Rule) error) error {
+	return errOffline
 }

@@ -123,9 +123,10 @@ func (b *builder) dropKeyed(t Table, st *tableState, chain string, k *txKeyed) {
 // gets 0, so that it never compares equal and its error surfaces when it
 // is written.
 func sigsOf(f Family, rules []Rule) []uint64 {
+	var s signer
 	out := make([]uint64, len(rules))
 	for i := range rules {
-		out[i], _ = Signature(f, &rules[i])
+		out[i], _ = s.sig(f, &rules[i])
 	}
 	return out
 }

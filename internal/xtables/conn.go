@@ -17,9 +17,9 @@ type Conn interface {
 	Tables(ctx context.Context, fam nfnl.Family) ([]nfnl.Table, error)
 	// Chains lists the chains of a table.
 	Chains(ctx context.Context, fam nfnl.Family, table string) ([]nfnl.Chain, error)
-	// RulesRaw lists the rules of a table (or of one chain), expressions
-	// undecoded.
-	RulesRaw(ctx context.Context, fam nfnl.Family, table, chain string) ([]nfnl.Rule, error)
+	// EachRule calls each for the rules of a table (or of one chain), in
+	// order, expressions undecoded, valid only during the call.
+	EachRule(ctx context.Context, fam nfnl.Family, table, chain string, each func(*nfnl.Rule) error) error
 }
 
 var _ Conn = (*nfnl.Conn)(nil)

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"slices"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
@@ -19,20 +17,6 @@ var errMalformed = errors.New("malformed netlink data")
 type attribute struct {
 	typ  uint16
 	data []byte
-}
-
-// parseAttrs splits b into attributes.
-func parseAttrs(b []byte) ([]attribute, error) {
-	var out []attribute
-	for len(b) > 0 {
-		a, rest, err := nextAttr(b)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-		b = rest
-	}
-	return out, nil
 }
 
 // nextAttr returns the first attribute of b and what follows it.
@@ -67,11 +51,18 @@ type dumpedRule struct {
 	jumpsTo string
 }
 
+// signer computes signatures, reusing its buffers.
+type signer struct {
+	w     exprWriter
+	raw   []nfnl.RawExpr
+	canon []byte
+}
+
 // fromDump converts a dumped rule.
-func fromDump(r *nfnl.Rule) (dumpedRule, error) {
+func (s *signer) fromDump(r *nfnl.Rule) (dumpedRule, error) {
 	d := dumpedRule{chain: r.Chain, handle: r.Handle}
 	var err error
-	d.sig, d.jumpsTo, err = rawSig(r.Raw)
+	d.sig, d.jumpsTo, err = s.rawSig(r.Raw)
 	if len(r.UserData) > 0 {
 		// iptables-nft writes no user data: not a rule of ours.
 		d.sig ^= 0x9e3779b97f4a7c15
@@ -84,97 +75,132 @@ func fromDump(r *nfnl.Rule) (dumpedRule, error) {
 // left out, and xt info blobs are compared without trailing zeros (the
 // kernel dumps some of them shorter).
 func Signature(f Family, r *Rule) (uint64, error) {
-	raw, err := EncodeExprs(f, r)
+	var s signer
+	return s.sig(f, r)
+}
+
+// sig is Signature with s's buffers.
+func (s *signer) sig(f Family, r *Rule) (uint64, error) {
+	s.w.b = s.w.b[:0]
+	if err := encodeRule(&s.w, f, r); err != nil {
+		return 0, err
+	}
+	raw, err := splitExprs(s.raw[:0], s.w.b)
 	if err != nil {
 		return 0, err
 	}
-	sig, _, err := rawSig(raw)
+	s.raw = raw
+	sig, _, err := s.rawSig(raw)
 	return sig, err
 }
 
 // rawSig returns the canonical hash of a rule's expressions, and the
 // chain its verdict jumps or goes to, if any.
 func rawSig(raw []nfnl.RawExpr) (uint64, string, error) {
-	h := fnv.New64a()
-	var canon []byte
+	var s signer
+	return s.rawSig(raw)
+}
+
+func (s *signer) rawSig(raw []nfnl.RawExpr) (uint64, string, error) {
+	h := fnvOffset
 	var jump string
 	var err error
 	for _, x := range raw {
-		canon, jump, err = appendCanonExpr(canon[:0], x.Name, x.Data, jump)
+		s.canon, jump, err = appendCanonExpr(s.canon[:0], x.Name, x.Data, jump)
 		if err != nil {
 			return 0, "", fmt.Errorf("expression %s: %w", x.Name, err)
 		}
-		h.Write(canon)
+		for _, c := range s.canon {
+			h = (h ^ uint64(c)) * fnvPrime
+		}
 	}
-	return h.Sum64(), jump, nil
+	return h, jump, nil
 }
 
+// FNV-1a, 64 bits.
+const (
+	fnvOffset uint64 = 14695981039346656037
+	fnvPrime  uint64 = 1099511628211
+)
+
 // appendCanonExpr appends a canonical form of one expression: its name,
-// then its attributes sorted by type, nested ones canonical too.
+// then its attributes sorted by type, nested ones canonical too. It
+// allocates nothing but b's growth (and the jump target's name).
 func appendCanonExpr(b []byte, name string, data []byte, jump string) ([]byte, string, error) {
 	b = append(b, name...)
 	b = append(b, 0)
 	if name == "counter" {
 		return b, jump, nil
 	}
-	attrs, err := parseAttrs(data)
-	if err != nil {
-		return nil, "", err
+	var arr [16]attribute
+	attrs := arr[:0]
+	for len(data) > 0 {
+		a, rest, err := nextAttr(data)
+		if err != nil {
+			return nil, "", err
+		}
+		if len(attrs) == len(arr) {
+			return nil, "", errMalformed
+		}
+		attrs = append(attrs, a)
+		data = rest
 	}
-	slices.SortStableFunc(attrs, func(x, y attribute) int { return int(x.typ) - int(y.typ) })
+	for i := 1; i < len(attrs); i++ { // insertion sort: a handful, mostly sorted
+		for j := i; j > 0 && attrs[j].typ < attrs[j-1].typ; j-- {
+			attrs[j], attrs[j-1] = attrs[j-1], attrs[j]
+		}
+	}
 	for _, a := range attrs {
-		v := a.data
+		if name == "bitwise" && a.typ == 6 && attrU32(a) == 0 {
+			continue // NFTA_BITWISE_OP: the kernel reports the default
+		}
+		b = binary.LittleEndian.AppendUint16(b, a.typ)
+		lenAt := len(b)
+		b = append(b, 0, 0, 0, 0)
 		switch {
 		case (name == "match" || name == "target") && a.typ == attrXtInfo:
-			v = bytes.TrimRight(v, "\x00")
-		case name == "bitwise" && a.typ == 6 && attrU32(a) == 0:
-			continue // NFTA_BITWISE_OP: the kernel reports the default
+			b = append(b, bytes.TrimRight(a.data, "\x00")...)
 		case name == "immediate" && a.typ == attrImmData,
 			name == "cmp" && a.typ == attrCmpData,
 			name == "bitwise" && (a.typ == attrBitwiseMask || a.typ == attrBitwiseXor):
-			var chain string
-			v, chain, err = canonData(a.data)
-			if err != nil {
+			var err error
+			if b, jump, err = appendCanonData(b, a.data, jump); err != nil {
 				return nil, "", err
 			}
-			if chain != "" {
-				jump = chain
-			}
+		default:
+			b = append(b, a.data...)
 		}
-		b = binary.LittleEndian.AppendUint16(b, a.typ)
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
-		b = append(b, v...)
+		binary.LittleEndian.PutUint32(b[lenAt:], uint32(len(b)-lenAt-4))
 	}
 	return b, jump, nil
 }
 
-// canonData canonicalises an NFTA_DATA nest (a value or a verdict) and
-// returns the chain of a jump or goto verdict.
-func canonData(b []byte) ([]byte, string, error) {
-	attrs, err := parseAttrs(b)
-	if err != nil {
-		return nil, "", err
-	}
-	var out []byte
-	var chain string
-	for _, a := range attrs {
-		v := a.data
-		if a.typ == attrDataVerdict {
-			va, err := parseAttrs(a.data)
+// appendCanonData appends a canonical NFTA_DATA nest (a value or a
+// verdict), and returns the chain of a jump or goto verdict, else jump.
+func appendCanonData(b, data []byte, jump string) ([]byte, string, error) {
+	for len(data) > 0 {
+		a, rest, err := nextAttr(data)
+		if err != nil {
+			return nil, "", err
+		}
+		data = rest
+		b = binary.LittleEndian.AppendUint16(b, a.typ)
+		if a.typ != attrDataVerdict {
+			b = append(b, a.data...)
+			continue
+		}
+		for v := a.data; len(v) > 0; {
+			x, rest, err := nextAttr(v)
 			if err != nil {
 				return nil, "", err
 			}
-			v = nil
-			for _, x := range va {
-				if x.typ == attrVerdictChan {
-					chain = attrString(x)
-				}
-				v = binary.LittleEndian.AppendUint16(v, x.typ)
-				v = append(v, bytes.TrimRight(x.data, "\x00")...)
+			v = rest
+			if x.typ == attrVerdictChan {
+				jump = attrString(x)
 			}
+			b = binary.LittleEndian.AppendUint16(b, x.typ)
+			b = append(b, bytes.TrimRight(x.data, "\x00")...)
 		}
-		out = binary.LittleEndian.AppendUint16(out, a.typ)
-		out = append(out, v...)
 	}
-	return out, chain, nil
+	return b, jump, nil
 }

@@ -35,17 +35,38 @@ func (a *Applier) tableUse(ctx context.Context, t Table) (bool, uint32, error) {
 
 // dumpRules lists the rules of table t, or of one chain of it.
 func (a *Applier) dumpRules(ctx context.Context, t Table, chain string) ([]dumpedRule, error) {
-	rules, err := a.conn.RulesRaw(ctx, nfnl.Family(t.Family), string(t.Name), chain)
+	var out []dumpedRule
+	var s signer
+	err := a.conn.EachRule(ctx, nfnl.Family(t.Family), string(t.Name), chain, func(r *nfnl.Rule) error {
+		d, err := s.fromDump(r)
+		out = append(out, d)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list rules of %s %s: %w", t, chain, err)
 	}
-	out := make([]dumpedRule, 0, len(rules))
-	for i := range rules {
-		r, err := fromDump(&rules[i])
+	return out, nil
+}
+
+// perChainDump is the number of chains above which a table's rules are
+// read chain by chain: the kernel resumes a dump of a whole table by
+// walking it from the start again for every message it fills, so the
+// cost of one dump grows with the square of the table's size, while each
+// chain's dump costs about the same small amount.
+const perChainDump = 2000
+
+// dumpTable lists the rules of every chain of table t.
+func (a *Applier) dumpTable(ctx context.Context, t Table, chains []nfnl.Chain) ([]dumpedRule, error) {
+	if len(chains) <= perChainDump {
+		return a.dumpRules(ctx, t, "")
+	}
+	var out []dumpedRule
+	for _, c := range chains {
+		rules, err := a.dumpRules(ctx, t, c.Name)
 		if err != nil {
-			return nil, fmt.Errorf("list rules of %s: %w", t, err)
+			return nil, err
 		}
-		out = append(out, r)
+		out = append(out, rules...)
 	}
 	return out, nil
 }
@@ -71,7 +92,7 @@ func (a *Applier) load(ctx context.Context, t Table) (*kernelTable, error) {
 			k.st.chains[c.Name] = true
 		}
 	}
-	rules, err := a.dumpRules(ctx, t, "")
+	rules, err := a.dumpTable(ctx, t, chains)
 	if err != nil {
 		return nil, err
 	}

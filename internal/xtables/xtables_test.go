@@ -150,8 +150,8 @@ func (r *recorder) Tables(context.Context, nfnl.Family) ([]nfnl.Table, error) { 
 func (r *recorder) Chains(context.Context, nfnl.Family, string) ([]nfnl.Chain, error) {
 	return nil, nil
 }
-func (r *recorder) RulesRaw(context.Context, nfnl.Family, string, string) ([]nfnl.Rule, error) {
-	return nil, nil
+func (r *recorder) EachRule(context.Context, nfnl.Family, string, string, func(*nfnl.Rule) error) error {
+	return nil
 }
 
 // TestCommitOrder checks the order of a batch's messages: rules deleted,
