@@ -2,7 +2,6 @@ package testservers
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
 	"time"
@@ -26,9 +25,9 @@ func StartConsul(ctx context.Context) (c *ConsulAgent, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "kproxy-consul-")
+	dir, err := tempDir("consul")
 	if err != nil {
-		return nil, fmt.Errorf("start consul: %w", err)
+		return nil, err
 	}
 	c = &ConsulAgent{dir: dir}
 	defer func() {

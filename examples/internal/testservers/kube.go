@@ -41,9 +41,9 @@ func StartKube(ctx context.Context) (k *Kube, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "kproxy-kube-")
+	dir, err := tempDir("kube")
 	if err != nil {
-		return nil, fmt.Errorf("start kube: %w", err)
+		return nil, err
 	}
 	k = &Kube{dir: dir, ServiceCIDR: "10.96.0.0/16"}
 	defer func() {

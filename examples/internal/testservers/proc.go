@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"runtime"
 	"sync"
 	"syscall"
@@ -164,4 +166,28 @@ func waitHTTP(ctx context.Context, p *proc, url, token string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// tempDir makes a directory for a server's files, named with this
+// process's pid, after removing those that processes no longer running
+// left behind.
+func tempDir(kind string) (string, error) {
+	prefix := "kproxy-" + kind + "-"
+	old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, d := range old {
+		rest := strings.TrimPrefix(filepath.Base(d), prefix)
+		pidText, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
+	d, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
+	if err != nil {
+		return "", fmt.Errorf("start %s: %w", kind, err)
+	}
+	return d, nil
 }

@@ -5,8 +5,10 @@ package testservers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -52,5 +54,28 @@ func TestConsulStartStop(t *testing.T) {
 	if conn, err := net.DialTimeout("tcp", c.Addr, time.Second); err == nil {
 		conn.Close()
 		t.Error("consul still listening after Stop")
+	}
+}
+
+// A dead process's directory is removed; a live one's stays.
+func TestTempDirReaps(t *testing.T) {
+	dead := filepath.Join(os.TempDir(), fmt.Sprintf("kproxy-test-%d-x", 1<<22+12345))
+	live := filepath.Join(os.TempDir(), fmt.Sprintf("kproxy-test-%d-x", os.Getpid()))
+	for _, d := range []string{dead, live} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { os.RemoveAll(dead); os.RemoveAll(live) })
+	d, err := tempDir("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(d)
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("%s not reaped", dead)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("%s of a live process removed", live)
 	}
 }
