@@ -361,7 +361,7 @@ func dnatTo(f servicelb.Family, to netip.AddrPort) term {
 	return term{text: text, exprs: []expr.Any{
 		&expr.Immediate{Register: 1, Data: to.Addr().AsSlice()},
 		&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, to.Port())},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true},
 	}}
 }
 
@@ -374,7 +374,7 @@ func dnatMap(f servicelb.Family, offset uint32, set string) term {
 		&expr.Numgen{Register: reg1, Modulus: buckets, Type: unix.NFT_NG_RANDOM, Offset: offset},
 		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: reg1},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: regs[0], RegProtoMin: regs[1], Specified: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: regs[0], RegAddrMax: regs[0], RegProtoMin: regs[1], RegProtoMax: regs[1], Specified: true},
 	}}
 }
 

@@ -155,8 +155,12 @@ func (p *Proxier) verifySets(ctx context.Context, c *content) (string, error) {
 		return fmt.Sprintf("%d sets, want %d", len(got), len(c.sets)), nil
 	}
 	for _, d := range c.sets {
-		if s, ok := got[d.set.Name]; !ok || !sameSet(s, d.set) {
-			return fmt.Sprintf("set %s is missing or defined differently", d.set.Name), nil
+		s, ok := got[d.set.Name]
+		if !ok {
+			return fmt.Sprintf("set %s is missing", d.set.Name), nil
+		}
+		if !sameSet(s, d.set) {
+			return fmt.Sprintf("set %s is defined differently: %+v, want %+v", d.set.Name, s, d.set), nil
 		}
 		if d.id.kind() == kindAffinity {
 			continue

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -24,15 +25,15 @@ const DefaultTable = "kproxy"
 const DefaultAffinitySize = 1 << 18
 
 // FlowCleaner deletes conntrack flows left stale by a sync: a UDP or SCTP
-// client's flow to an endpoint that is gone. The conntrack package's
-// cleaner satisfies it.
+// client's flow to an endpoint that is gone. *conntrack.Client satisfies
+// it.
 type FlowCleaner interface {
-	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) error
+	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) (int, error)
 }
 
 // Options configure a Proxier. The zero value is usable: the table
-// "kproxy" in the caller's network namespace, no logging, no conntrack
-// cleanup.
+// "kproxy" in the caller's network namespace, stale flows deleted, no
+// logging.
 type Options struct {
 	// Table is the name of the inet table the Proxier owns; default
 	// DefaultTable. Two Proxiers with different tables coexist in one
@@ -44,9 +45,12 @@ type Options struct {
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger
-	// Conntrack, when set, deletes stale UDP and SCTP flows after each
-	// successful sync (servicelb.Changes.StaleFlows). Deletions that fail
-	// are retried on the next Sync.
+	// NoConntrackCleanup turns off the deletion of stale UDP and SCTP
+	// flows (servicelb.Changes.StaleFlows) after each successful sync.
+	// Deletions that fail are retried on the next Sync.
+	NoConntrackCleanup bool
+	// Conntrack deletes the stale flows; nil means a conntrack.Client of
+	// its own in NetNS, opened by New.
 	Conntrack FlowCleaner
 	// AffinitySize bounds the number of affinity pins per address family;
 	// zero means DefaultAffinitySize.
@@ -61,6 +65,8 @@ type Proxier struct {
 	log  *slog.Logger
 	plan *planner
 	conn *nfnl.Conn
+	// ownCT is the conntrack client New opened, closed by Close.
+	ownCT *conntrack.Client
 
 	mu      sync.Mutex
 	applied *servicelb.State // the state the table holds, nil before the first sync
@@ -97,11 +103,21 @@ func New(o Options) (*Proxier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
+	var ct *conntrack.Client
+	if !o.NoConntrackCleanup && o.Conntrack == nil {
+		ct, err = conntrack.New(conntrack.Options{NetNS: o.NetNS, Logger: log})
+		if err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		o.Conntrack = ct
+	}
 	return &Proxier{
-		opts: o,
-		log:  log.With("table", o.Table),
-		plan: newPlanner(o.Table, o.AffinitySize),
-		conn: conn,
+		ownCT: ct,
+		opts:  o,
+		log:   log.With("table", o.Table),
+		plan:  newPlanner(o.Table, o.AffinitySize),
+		conn:  conn,
 	}, nil
 }
 
@@ -111,7 +127,11 @@ func (p *Proxier) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	return p.conn.Close()
+	err := p.conn.Close()
+	if p.ownCT != nil {
+		err = errors.Join(err, p.ownCT.Close())
+	}
+	return err
 }
 
 // Render returns the table st would produce, as nft text that `nft -f`

@@ -237,6 +237,9 @@ func backendsDef(table string, id setID) setDef {
 
 // sameSet reports whether a dumped set has the definition kproxy writes.
 func sameSet(got, want nfnl.Set) bool {
+	if want.DataType == nfnl.TypeVerdict {
+		want.DataLen = got.DataLen // the kernel's size of a verdict
+	}
 	return got.Name == want.Name && got.Flags == want.Flags && got.KeyType == want.KeyType &&
 		got.KeyLen == want.KeyLen && got.DataType == want.DataType && got.DataLen == want.DataLen &&
 		got.Size == want.Size && slices.Equal(got.Fields, want.Fields) && bytes.Equal(got.UserData, want.UserData) &&

@@ -115,14 +115,15 @@ func (p *Proxier) cleanFlows(ctx context.Context) error {
 	if len(p.stale) == 0 {
 		return nil
 	}
-	if p.opts.Conntrack == nil {
+	if p.opts.NoConntrackCleanup {
 		p.stale = nil
 		return nil
 	}
-	if err := p.opts.Conntrack.DeleteStale(ctx, p.stale); err != nil {
-		return fmt.Errorf("nftables: delete %d stale conntrack flows (retried on the next sync): %w", len(p.stale), err)
+	n, err := p.opts.Conntrack.DeleteStale(ctx, p.stale)
+	if err != nil {
+		return fmt.Errorf("nftables: delete stale conntrack flows (retried on the next sync): %w", err)
 	}
-	p.log.Debug("deleted stale flows", "flows", len(p.stale))
+	p.log.Debug("deleted stale flows", "filters", len(p.stale), "flows", n)
 	p.stale = nil
 	return nil
 }

@@ -1,0 +1,196 @@
+//go:build privileged || vm
+
+package nftables_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newProxier returns a Proxier for h's namespace, closed at the end of the
+// test.
+func newProxier(t testing.TB, h *netnstest.Host, o nftables.Options) *nftables.Proxier {
+	t.Helper()
+	o.NetNS = h.NS
+	p, err := nftables.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func mustState(t testing.TB, node servicelb.NodeConfig, svcs ...servicelb.Service) *servicelb.State {
+	t.Helper()
+	st, err := servicelb.NewState(node, svcs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func mustSync(t testing.TB, p *nftables.Proxier, st *servicelb.State) {
+	t.Helper()
+	if err := p.Sync(testCtx(t), st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// generation reads the ruleset generation of h's namespace.
+func generation(t testing.TB, h *netnstest.Host) uint32 {
+	t.Helper()
+	c, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g, err := c.Generation(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.ID
+}
+
+// canonical lists a table with `nft -j` and returns it in a form that two
+// tables with the same content share whatever their history: handles
+// dropped, sets and chains by name, set elements sorted, rules in order
+// per chain.
+func canonical(t testing.TB, h *netnstest.Host, table string) string {
+	t.Helper()
+	out := h.Exec(t, "nft", "-j", "list", "table", "inet", table)
+	var doc struct {
+		Nftables []map[string]map[string]any `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("nft -j output: %v\n%s", err, out)
+	}
+	sets, chains, rules := map[string]any{}, map[string]any{}, map[string][]any{}
+	for _, obj := range doc.Nftables {
+		for kind, v := range obj {
+			delete(v, "handle")
+			switch kind {
+			case "set", "map":
+				if els, ok := v["elem"].([]any); ok {
+					slices.SortFunc(els, func(a, b any) int { return compareJSON(t, a, b) })
+				}
+				sets[kind+" "+v["name"].(string)] = v
+			case "chain":
+				chains[v["name"].(string)] = v
+			case "rule":
+				c := v["chain"].(string)
+				rules[c] = append(rules[c], v["expr"])
+			}
+		}
+	}
+	b, err := json.MarshalIndent(map[string]any{"sets": sets, "chains": chains, "rules": rules}, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func compareJSON(t testing.TB, a, b any) int {
+	x, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Compare(x, y)
+}
+
+// Addresses of the services the tests define.
+var (
+	clusterIP4 = netip.MustParseAddr("10.96.0.10")
+	clusterIP6 = netip.MustParseAddr("fd00:96::10")
+	lbIP4      = netip.MustParseAddr("203.0.113.10")
+	externalIP = netip.MustParseAddr("203.0.113.20")
+)
+
+// richState exercises every feature of the table: both families, TCP, UDP
+// and SCTP, node ports, external and load-balancer addresses with source
+// ranges, Local policies, affinity, weights, a port without endpoints.
+func richState(t testing.TB) *servicelb.State {
+	node := servicelb.NodeConfig{
+		NodeName:     "node",
+		NodeIPs:      []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
+		ClusterCIDRs: netnstest.ClusterCIDRs(),
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")},
+	}
+	ep := func(i int, v6 bool, nodeName string) servicelb.Endpoint {
+		a := netnstest.BackendIPv4(i)
+		if v6 {
+			a = netnstest.BackendIPv6(i)
+		}
+		return servicelb.Endpoint{Addr: a, Ready: true, NodeName: nodeName}
+	}
+	return mustState(t, node,
+		servicelb.Service{
+			Name: "default/web", ClusterIPs: []netip.Addr{clusterIP4, clusterIP6},
+			ExternalIPs: []netip.Addr{externalIP}, LoadBalancerIPs: []netip.Addr{lbIP4},
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/28")},
+			Ports: []servicelb.Port{
+				{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080, TargetPort: 8080},
+				{Name: "dns", Protocol: servicelb.UDP, Port: 53, NodePort: 30053, TargetPort: 8080},
+				{Name: "sig", Protocol: servicelb.SCTP, Port: 38412, TargetPort: 8080},
+			},
+			ExternalTrafficPolicy: servicelb.PolicyLocal,
+			Endpoints:             []servicelb.Endpoint{ep(0, false, "node"), ep(1, false, "other"), ep(0, true, "node"), ep(2, true, "")},
+		},
+		servicelb.Service{
+			Name: "default/sticky", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
+			Ports:    []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+			Affinity: servicelb.SessionAffinity{ClientIP: true, Timeout: 90 * time.Second},
+			Endpoints: []servicelb.Endpoint{
+				{Addr: netnstest.BackendIPv4(0), Ready: true, Weight: servicelb.Weight(2)},
+				{Addr: netnstest.BackendIPv4(1), Ready: true},
+			},
+		},
+		servicelb.Service{
+			Name: "kube-system/empty", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.12")},
+			Ports: []servicelb.Port{{Name: "p", Protocol: servicelb.UDP, Port: 99}},
+		},
+		servicelb.Service{
+			Name: "default/local", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.13")},
+			InternalTrafficPolicy: servicelb.PolicyLocal,
+			Ports:                 []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+			Endpoints: []servicelb.Endpoint{
+				{Addr: netnstest.BackendIPv4(0), Ready: true, NodeName: "node", Weight: servicelb.Weight(3)},
+				{Addr: netnstest.BackendIPv4(1), Ready: true, NodeName: "node"},
+				{Addr: netnstest.BackendIPv4(2), Ready: true, NodeName: "other"},
+			},
+		},
+	)
+}
+
+// testLogger writes a proxier's log to the test's log.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
+}

@@ -1,0 +1,198 @@
+//go:build privileged
+
+package nftables_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestSyncMatchesRender writes a state through netlink in one namespace and
+// loads its Render text with the real `nft -f` in another: both list the
+// same table, with `nft list` and `nft -j list`.
+func TestSyncMatchesRender(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	st := richState(t)
+	a, b := netnstest.NewHost(t, "sync"), netnstest.NewHost(t, "nft")
+	p := newProxier(t, a, nftables.Options{})
+	mustSync(t, p, st)
+	text, err := p.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ExecInput(t, text, "nft", "-f", "-")
+	if diff := cmp.Diff(canonical(t, b, nftables.DefaultTable), canonical(t, a, nftables.DefaultTable)); diff != "" {
+		t.Errorf("table written through netlink differs from nft -f of Render (-nft +netlink):\n%s", diff)
+	}
+	listed := a.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
+	for _, want := range []string{
+		"meta l4proto sctp dnat ip to numgen random mod 4095 offset",
+		"ip6 daddr . meta l4proto . th dport vmap @services6",
+		"10.96.0.12 . udp . 99",
+		"fib saddr type local goto cluster4-default/web/http",
+		"typeof ip saddr . numgen random mod 1 . numgen random mod 1",
+	} {
+		if !strings.Contains(listed, want) {
+			t.Errorf("nft list table lacks %q:\n%s", want, listed)
+		}
+	}
+}
+
+// TestUnchangedStateSendsNothing: a second Sync of the same state commits
+// nothing, so the ruleset generation stays put.
+func TestUnchangedStateSendsNothing(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "idle")
+	p := newProxier(t, h, nftables.Options{})
+	st := richState(t)
+	mustSync(t, p, st)
+	g := generation(t, h)
+	mustSync(t, p, st)
+	mustSync(t, p, st)
+	if got := generation(t, h); got != g {
+		t.Errorf("generation moved from %d to %d on syncs of an unchanged state", g, got)
+	}
+}
+
+// TestForeignChangesRepaired: someone else flushes the table, deletes a
+// chain's rule, adds a rule or deletes the table; the next Sync restores
+// it. A commit elsewhere in the namespace leaves the table alone.
+func TestForeignChangesRepaired(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "repair")
+	p := newProxier(t, h, nftables.Options{Logger: testLogger(t)})
+	st := richState(t)
+	mustSync(t, p, st)
+	want := canonical(t, h, nftables.DefaultTable)
+	ruleset := h.Exec(t, "nft", "list", "ruleset")
+	for _, tc := range []struct {
+		name string
+		cmd  []string
+	}{
+		{"flush table", []string{"flush", "table", "inet", "kproxy"}},
+		{"delete table", []string{"delete", "table", "inet", "kproxy"}},
+		{"flush set", []string{"flush", "map", "inet", "kproxy", "services4"}},
+		{"foreign rule", []string{"add", "rule", "inet", "kproxy", "services", "counter"}},
+		{"flush chain", []string{"flush", "chain", "inet", "kproxy", "svc4-default/web/http"}},
+		{"foreign chain", []string{"add", "chain", "inet", "kproxy", "intruder"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.Exec(t, "nft", tc.cmd...)
+			if h.Exec(t, "nft", "list", "ruleset") == ruleset {
+				t.Fatal("the change did not change the table")
+			}
+			mustSync(t, p, st)
+			if diff := cmp.Diff(want, canonical(t, h, nftables.DefaultTable)); diff != "" {
+				t.Errorf("table not restored (-want +got):\n%s", diff)
+			}
+		})
+	}
+	t.Run("commit elsewhere", func(t *testing.T) {
+		h.Exec(t, "nft", "add", "table", "ip", "someone-else")
+		g := generation(t, h)
+		mustSync(t, p, st)
+		if got := generation(t, h); got != g {
+			t.Errorf("a foreign commit outside the table made the proxier commit (generation %d -> %d)", g, got)
+		}
+	})
+}
+
+// TestInvalidInputLeavesTable: a state the backend refuses fails before
+// anything is sent, whether it comes as a change or as a first sync.
+func TestInvalidInputLeavesTable(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "invalid")
+	p := newProxier(t, h, nftables.Options{})
+	st := richState(t)
+	mustSync(t, p, st)
+	before := h.Exec(t, "nft", "list", "ruleset")
+	g := generation(t, h)
+
+	ed := st.Edit()
+	rr := servicelb.Service{Name: "default/rr", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.50")},
+		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}, Scheduler: servicelb.SchedulerRoundRobin}
+	if err := ed.Upsert(rr); err != nil {
+		t.Fatal(err)
+	}
+	many := servicelb.Service{Name: "default/many", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.51")},
+		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}
+	for i := range 4096 {
+		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)}), Ready: true})
+	}
+	ed2 := st.Edit()
+	if err := ed2.Upsert(many); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		st   *servicelb.State
+		want error
+	}{
+		{"round robin", ed.State(), nftables.ErrUnsupported},
+		{"4096 endpoints", ed2.State(), nftables.ErrCapacity},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := p.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) {
+				t.Fatalf("Sync error = %v, want %v", err, tc.want)
+			}
+			fresh := newProxier(t, h, nftables.Options{})
+			if err := fresh.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) {
+				t.Fatalf("first Sync error = %v, want %v", err, tc.want)
+			}
+			if after := h.Exec(t, "nft", "list", "ruleset"); after != before {
+				t.Errorf("ruleset changed:\n--- before\n%s\n--- after\n%s", before, after)
+			}
+			if got := generation(t, h); got != g {
+				t.Errorf("generation moved from %d to %d", g, got)
+			}
+		})
+	}
+	// The proxier still works afterwards.
+	mustSync(t, p, st)
+}
+
+// TestCleanupDeletesOnlyTheTable: Cleanup removes the proxier's table and
+// leaves a foreign table and another proxier's table alone; a second
+// Cleanup is a no-op and a later Sync writes the table again.
+func TestCleanupDeletesOnlyTheTable(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "cleanup")
+	h.Exec(t, "nft", "add", "table", "ip", "foreign")
+	h.Exec(t, "nft", "add", "chain", "ip", "foreign", "c", "{ type filter hook input priority 0 ; }")
+	p := newProxier(t, h, nftables.Options{})
+	other := newProxier(t, h, nftables.Options{Table: "other"})
+	st := richState(t)
+	mustSync(t, p, st)
+	mustSync(t, other, st)
+	if err := p.Cleanup(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	tables := h.Exec(t, "nft", "list", "tables")
+	if strings.Contains(tables, "inet kproxy") || !strings.Contains(tables, "ip foreign") || !strings.Contains(tables, "inet other") {
+		t.Errorf("tables after Cleanup:\n%s", tables)
+	}
+	if err := p.Cleanup(testCtx(t)); err != nil {
+		t.Errorf("second Cleanup: %v", err)
+	}
+	mustSync(t, p, st)
+	if diff := cmp.Diff(canonical(t, h, "other"), strings.ReplaceAll(canonical(t, h, "kproxy"), `"kproxy"`, `"other"`)); diff != "" {
+		t.Errorf("tables of the two proxiers differ:\n%s", diff)
+	}
+}
+
+// TestNewRejectsBadTableName: names nft could not parse back are refused.
+func TestNewRejectsBadTableName(t *testing.T) {
+	for _, name := range []string{"1abc", "a b", "a;b", strings.Repeat("x", 300)} {
+		if _, err := nftables.New(nftables.Options{Table: name, NoConntrackCleanup: true}); !errors.Is(err, nftables.ErrInvalidOptions) {
+			t.Errorf("New(Table: %q) error = %v, want ErrInvalidOptions", name, err)
+		}
+	}
+}
