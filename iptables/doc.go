@@ -14,7 +14,9 @@
 //   - nat PREROUTING and OUTPUT jump to P-SERVICES, which matches each
 //     service port's cluster IP, external IPs and load-balancer IPs and
 //     jumps to its chains; its last rules send traffic to the node's
-//     addresses to P-NODEPORTS, which matches node ports.
+//     addresses that serve node ports (NodeConfig.NodePortIPs: the node
+//     IPs NodePortAddresses selects) to P-NODEPORTS, which matches node
+//     ports.
 //   - Per service port, named by a 16 character hash of the port as
 //     kube-proxy hashes it: P-SVC-* spreads new flows over the endpoints
 //     (statistic random rules with each endpoint's share of the weight

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 
@@ -61,8 +62,8 @@ func TestOptions(t *testing.T) {
 		{Families: []servicelb.Family{7}},
 	} {
 		o.conn = offlineConn{}
-		if _, err := New(o); err == nil {
-			t.Errorf("New(%+v) succeeded", o)
+		if _, err := New(o); !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("New(%+v): %v, want ErrInvalidOptions", o, err)
 		}
 	}
 }
