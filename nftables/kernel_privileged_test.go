@@ -1,4 +1,4 @@
-//go:build privileged
+//go:build privileged || vm
 
 package nftables_test
 
