@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"context"
+	"maps"
 	"slices"
 )
 
@@ -29,12 +30,14 @@ func (p *Proxier) drain(ctx context.Context) error {
 		byVS[rk.vs] = append(byVS[rk.vs], rk)
 	}
 	now := p.now()
-	for _, k := range sortedKeys(p.kern) {
+	keys := slices.Collect(maps.Keys(byVS))
+	slices.SortFunc(keys, compareKeys)
+	for _, k := range keys {
 		rks := byVS[k]
-		if len(rks) == 0 {
+		vs := p.kern[k]
+		if vs == nil {
 			continue
 		}
-		vs := p.kern[k]
 		info, err := p.k.reals(ctx, vs)
 		if err != nil {
 			return err

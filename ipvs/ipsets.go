@@ -76,15 +76,39 @@ func (s *sets) load(ctx context.Context) error {
 }
 
 // recorded reports whether a virtual server is listed in the sets that
-// record the proxier's external virtual servers.
+// record the proxier's virtual servers by address, protocol and port.
 func (s *sets) recorded(k vsKey) bool {
 	f := servicelb.FamilyOf(k.addr)
-	for _, base := range []string{setExternal, setExternalLocal} {
+	for _, base := range []string{setClusterIP, setExternal, setExternalLocal} {
 		if s.have[setEntry{set: base, family: f, addr: k.addr, proto: k.proto, port: k.port}] {
 			return true
 		}
 	}
 	return false
+}
+
+// intact reports whether every helper set exists with the entries it
+// should have, as far as their counts tell: one header dump.
+func (s *sets) intact(ctx context.Context) (bool, error) {
+	want := map[string]uint32{}
+	for e := range s.have {
+		want[setID(e.set, e.family)]++
+	}
+	infos, err := s.c.List(ctx)
+	if err != nil {
+		return false, fmt.Errorf("helper sets: %w", err)
+	}
+	found := 0
+	for _, info := range infos {
+		if _, ours := s.index[info.Name]; !ours {
+			continue
+		}
+		found++
+		if info.Index != s.index[info.Name] || info.Entries != want[info.Name] {
+			return false, nil
+		}
+	}
+	return found == len(s.index), nil
 }
 
 // add adds the entries the kernel does not hold.

@@ -270,3 +270,36 @@ func TestRandomTransitions(t *testing.T) {
 		t.Fatalf("after the walk the kernel differs from Render (-render +walked):\n%s", diff)
 	}
 }
+
+// TestRepairsForeignDamage removes parts of the proxier's kernel state
+// behind its back (a virtual server, a real server's weight, an address, a
+// set's entries, a jump) and checks that the next Sync of the same state
+// restores all of it.
+func TestRepairsForeignDamage(t *testing.T) {
+	e := newEnv(t, 2, Options{})
+	e.serve("tcp", 8080, 0, 1)
+	multi := multiService()
+	multi.Endpoints = endpoints(0, 1)
+	st := e.state(multi, localService(servicelb.PolicyLocal, servicelb.PolicyCluster, true))
+	e.sync(st)
+	want := renderText(t, st, e.p.opts)
+	for _, damage := range [][]string{
+		{"ipvsadm", "-D", "-t", "10.96.0.10:80"},
+		{"ip", "addr", "del", "10.96.0.50/32", "dev", DefaultInterface},
+		{"ipset", "flush", DefaultSetPrefix + "loop-back-4"},
+		{"ipvsadm", "-E", "-t", "[fd00:96::50]:80", "-s", "wlc"},
+		{"iptables-nft", "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "kproxy-ipvs service portals", "-j", "KPROXY-IPVS-SERVICES"},
+	} {
+		e.tp.Node.Exec(t, damage[0], damage[1:]...)
+		if got := kernelText(t, e.tp.Node, e.p.opts); gocmp.Equal(want, got) {
+			t.Fatalf("%v changed nothing", damage)
+		}
+		e.sync(st)
+		if diff := gocmp.Diff(want, kernelText(t, e.tp.Node, e.p.opts)); diff != "" {
+			t.Fatalf("after %v and a Sync, the kernel differs from Render (-render +kernel):\n%s", damage, diff)
+		}
+	}
+	if counts := e.tp.Client.Count(t, "tcp", ap(a("10.96.0.10"), 80), 4); len(counts) != 2 {
+		t.Errorf("answers %v after the repairs, want both backends", counts)
+	}
+}

@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -221,6 +222,50 @@ func TestSetNamesFit(t *testing.T) {
 			if n := setName(o.SetPrefix, s.base, f); len(n) > maxSetNameLen || !strings.HasPrefix(n, o.SetPrefix) {
 				t.Errorf("set name %q", n)
 			}
+		}
+	}
+}
+
+// TestRulesIndependentOfServices checks that the helper rules are the same
+// for one service as for a hundred: only the sets grow.
+func TestRulesIndependentOfServices(t *testing.T) {
+	rules := func(n int) string {
+		var svcs []servicelb.Service
+		for i := range n {
+			svcs = append(svcs, servicelb.Service{
+				Name:            fmt.Sprintf("ns/svc-%d", i),
+				ClusterIPs:      []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 1, byte(i)})},
+				LoadBalancerIPs: []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(i)})},
+				SourceRanges:    []netip.Prefix{pfx("192.0.2.0/24")},
+				Ports:           []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: uint16(30000 + i)}},
+				Endpoints:       []servicelb.Endpoint{ep(fmt.Sprintf("10.244.%d.2", i), "node-a")},
+			})
+		}
+		text, err := Render(mustState(t, testNode(), svcs...), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rules, _ := strings.Cut(text, SectionRules4)
+		return rules
+	}
+	one, many := rules(1), rules(100)
+	if one != many {
+		t.Errorf("rules differ between 1 and 100 services:\n%s", cmp.Diff(one, many))
+	}
+	if n := strings.Count(one, "\n-A "); n != 48 {
+		t.Errorf("%d rules, want 48 (24 per family)", n)
+	}
+}
+
+// TestOwnsChain checks that the proxier owns exactly its helper chains.
+func TestOwnsChain(t *testing.T) {
+	owns := ownsChain(DefaultChainPrefix)
+	for chain, want := range map[string]bool{
+		"KPROXY-IPVS-SERVICES": true, "KPROXY-IPVS-SOURCE-RANGES": true, "KPROXY-IPVS-X": false,
+		"KPROXY-SERVICES": false, "INPUT": false, "KPROXY-IPVS-SVC-ABCDEFGHIJKLMNOP": false,
+	} {
+		if got := owns("nat", chain); got != want {
+			t.Errorf("owns(%q) = %v, want %v", chain, got, want)
 		}
 	}
 }

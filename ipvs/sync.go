@@ -57,7 +57,7 @@ func (p *Proxier) writes() int { return p.k.writes + p.sets.writes + p.ruleWrite
 
 func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 	if p.applied != nil {
-		if err := p.check(ctx); err != nil {
+		if err := p.check(ctx, p.applied == st); err != nil {
 			return err
 		}
 	}
@@ -247,16 +247,26 @@ func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes)
 	return d, news, counts, nil
 }
 
-// check is the cheap test that nobody removed what the proxier owns: the
-// dummy link (if it is gone or replaced, the next sync reads the kernel
-// again) and the helper rules (restored at once).
-func (p *Proxier) check(ctx context.Context) error {
-	ok, err := p.linkIntact(ctx)
+// check tests that nobody removed or changed what the proxier owns. Every
+// sync looks up the dummy link and reads the rules' generation; a sync of
+// the state already applied (the periodic resync) also reads the link's
+// addresses, the virtual servers and the sets' headers, which costs reads
+// in proportion to the services but sends nothing. When something is gone
+// or changed, the sync reads the kernel again and repairs it; changed rules
+// are restored at once. Real servers and set entries are checked by count.
+func (p *Proxier) check(ctx context.Context, thorough bool) error {
+	ok, err := p.linkIntact(ctx, thorough)
+	if thorough && err == nil && ok {
+		ok, err = p.serversIntact(ctx)
+	}
+	if thorough && err == nil && ok {
+		ok, err = p.sets.intact(ctx)
+	}
 	if err != nil {
 		return err
 	}
 	if !ok {
-		p.log.Info("ipvs: dummy link gone or replaced; reading the kernel again", "interface", p.opts.Interface)
+		p.log.Info("ipvs: kernel state changed by someone else; reading it again", "interface", p.opts.Interface)
 		p.forget()
 		return nil
 	}
@@ -282,13 +292,45 @@ func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig
 	return nil
 }
 
-// linkIntact reports whether the dummy link is still the one last seen.
-func (p *Proxier) linkIntact(ctx context.Context) (bool, error) {
-	l, err := p.k.dummy(ctx)
+// serversIntact reports whether every virtual server of the proxier is
+// still there, with its settings.
+func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
+	servers, err := p.k.services(ctx)
 	if err != nil {
 		return false, err
 	}
-	return l != nil && p.link != nil && l.Attrs().Index == p.link.Attrs().Index, nil
+	n := 0
+	for _, vs := range servers {
+		if have := p.kern[vs.key()]; have != nil {
+			if !sameService(have, vs) {
+				return false, nil
+			}
+			n++
+		}
+	}
+	return n == len(p.kern), nil
+}
+
+// linkIntact reports whether the dummy link is still the one last seen,
+// and with addrs, whether it has the addresses last put on it.
+func (p *Proxier) linkIntact(ctx context.Context, addrs bool) (bool, error) {
+	l, err := p.k.dummy(ctx)
+	if err != nil || l == nil || p.link == nil || l.Attrs().Index != p.link.Attrs().Index {
+		return false, err
+	}
+	if !addrs {
+		return true, nil
+	}
+	prefixes, err := p.k.addresses(ctx, l)
+	if err != nil || len(prefixes) != len(p.present) {
+		return false, err
+	}
+	for _, pf := range prefixes {
+		if !pf.IsSingleIP() || !p.present[pf.Addr()] {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // readKernel learns the proxier's state from the kernel: the helper sets
@@ -373,8 +415,10 @@ func (p *Proxier) dropStaleDrains() {
 
 func sortedKeys(m map[vsKey]*VirtualServer) []vsKey {
 	keys := slices.Collect(maps.Keys(m))
-	slices.SortFunc(keys, func(a, b vsKey) int {
-		return cmp.Or(a.addr.Compare(b.addr), cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
-	})
+	slices.SortFunc(keys, compareKeys)
 	return keys
+}
+
+func compareKeys(a, b vsKey) int {
+	return cmp.Or(a.addr.Compare(b.addr), cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
 }
