@@ -1,5 +1,11 @@
 package nftables
 
+import (
+	"testing"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
 // SharedShards returns how many backends maps the proxier's last applied
 // state reads from more than one load-balancing chain.
 func SharedShards(p *Proxier) int {
@@ -15,3 +21,6 @@ func SharedShards(p *Proxier) int {
 	}
 	return n
 }
+
+// GoldenCases are the states whose renderings testdata holds.
+func GoldenCases() map[string]func(t *testing.T) *servicelb.State { return goldenCases() }

@@ -5,6 +5,8 @@ package nftables_test
 import (
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -194,5 +196,25 @@ func TestNewRejectsBadTableName(t *testing.T) {
 		if _, err := nftables.New(nftables.Options{Table: name, NoConntrackCleanup: true}); !errors.Is(err, nftables.ErrInvalidOptions) {
 			t.Errorf("New(Table: %q) error = %v, want ErrInvalidOptions", name, err)
 		}
+	}
+}
+
+// TestGoldenFilesLoad: every golden rendering loads with the real
+// `nft -f`, into the same table Sync writes for its state.
+func TestGoldenFilesLoad(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	for name, mk := range nftables.GoldenCases() {
+		t.Run(name, func(t *testing.T) {
+			text, err := os.ReadFile(filepath.Join("testdata", name+".nft"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, b := netnstest.NewHost(t, "sync"), netnstest.NewHost(t, "nft")
+			mustSync(t, newProxier(t, a, nftables.Options{}), mk(t))
+			b.ExecInput(t, string(text), "nft", "-f", "-")
+			if diff := cmp.Diff(canonical(t, b, nftables.DefaultTable), canonical(t, a, nftables.DefaultTable)); diff != "" {
+				t.Errorf("(-nft -f +Sync):\n%s", diff)
+			}
+		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"syscall"
@@ -86,6 +85,31 @@ var (
 // target namespace and sends nothing: the first Sync creates or adopts the
 // table.
 func New(o Options) (*Proxier, error) {
+	p, err := newProxier(o)
+	if err != nil {
+		return nil, err
+	}
+	o = p.opts
+	conn, err := nfnl.Open(nfnl.Options{NetNS: int(o.NetNS)})
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	var ct *conntrack.Client
+	if !o.NoConntrackCleanup && o.Conntrack == nil {
+		ct, err = conntrack.New(conntrack.Options{NetNS: o.NetNS, Logger: o.Logger})
+		if err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		o.Conntrack = ct
+	}
+	p.conn, p.ownCT, p.opts = conn, ct, o
+	return p, nil
+}
+
+// newProxier checks the options and applies their defaults; the Proxier it
+// returns renders but has no socket yet.
+func newProxier(o Options) (*Proxier, error) {
 	if o.Table == "" {
 		o.Table = DefaultTable
 	}
@@ -97,28 +121,9 @@ func New(o Options) (*Proxier, error) {
 	}
 	log := o.Logger
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		log = slog.New(slog.DiscardHandler)
 	}
-	conn, err := nfnl.Open(nfnl.Options{NetNS: int(o.NetNS)})
-	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
-	}
-	var ct *conntrack.Client
-	if !o.NoConntrackCleanup && o.Conntrack == nil {
-		ct, err = conntrack.New(conntrack.Options{NetNS: o.NetNS, Logger: log})
-		if err != nil {
-			_ = conn.Close()
-			return nil, fmt.Errorf("nftables: %w", err)
-		}
-		o.Conntrack = ct
-	}
-	return &Proxier{
-		ownCT: ct,
-		opts:  o,
-		log:   log.With("table", o.Table),
-		plan:  newPlanner(o.Table, o.AffinitySize),
-		conn:  conn,
-	}, nil
+	return &Proxier{opts: o, log: log.With("table", o.Table), plan: newPlanner(o.Table, o.AffinitySize)}, nil
 }
 
 // Close releases the netlink socket. It leaves the table in place (see

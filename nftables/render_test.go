@@ -1,0 +1,342 @@
+package nftables
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+func renderer(t *testing.T, o Options) *Proxier {
+	t.Helper()
+	p, err := newProxier(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func state(t *testing.T, node servicelb.NodeConfig, svcs ...servicelb.Service) *servicelb.State {
+	t.Helper()
+	st, err := servicelb.NewState(node, svcs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func addrs(ss ...string) []netip.Addr {
+	out := make([]netip.Addr, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddr(s)
+	}
+	return out
+}
+
+func prefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+func eps(node string, ss ...string) []servicelb.Endpoint {
+	out := make([]servicelb.Endpoint, len(ss))
+	for i, s := range ss {
+		out[i] = servicelb.Endpoint{Addr: netip.MustParseAddr(s), Ready: true, NodeName: node}
+	}
+	return out
+}
+
+var testNode = servicelb.NodeConfig{
+	NodeName:     "node-a",
+	NodeIPs:      addrs("192.0.2.1", "2001:db8::1"),
+	ClusterCIDRs: prefixes("10.244.0.0/16", "fd00:244::/48"),
+}
+
+// goldenCases are the states whose renderings testdata holds.
+func goldenCases() map[string]func(t *testing.T) *servicelb.State {
+	return map[string]func(t *testing.T) *servicelb.State{
+		"basic": func(t *testing.T) *servicelb.State {
+			return state(t, testNode, servicelb.Service{
+				Name: "default/web", ClusterIPs: addrs("10.96.0.10"),
+				Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+				Endpoints: eps("", "10.244.1.2", "10.244.2.2", "10.244.3.2"),
+			})
+		},
+		"dualstack-nodeport": func(t *testing.T) *servicelb.State {
+			return state(t, testNode, servicelb.Service{
+				Name: "default/dns", ClusterIPs: addrs("10.96.0.53", "fd00:96::53"), ExternalIPs: addrs("198.51.100.53"),
+				Ports: []servicelb.Port{
+					{Name: "dns", Protocol: servicelb.UDP, Port: 53, NodePort: 30053},
+					{Name: "dns-tcp", Protocol: servicelb.TCP, Port: 53, NodePort: 30053},
+				},
+				Endpoints: eps("node-a", "10.244.1.5", "fd00:244:0:1::5"),
+			})
+		},
+		"local-policies": func(t *testing.T) *servicelb.State {
+			return state(t, testNode, servicelb.Service{
+				Name: "shop/cart", ClusterIPs: addrs("10.96.1.1"), LoadBalancerIPs: addrs("203.0.113.7"),
+				ExternalTrafficPolicy: servicelb.PolicyLocal, InternalTrafficPolicy: servicelb.PolicyLocal,
+				Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 443, NodePort: 31443}},
+				Endpoints: append(eps("node-a", "10.244.1.7"), eps("node-b", "10.244.2.7")...),
+			})
+		},
+		"affinity-weights": func(t *testing.T) *servicelb.State {
+			e := eps("", "10.244.1.8", "10.244.2.8", "10.244.3.8")
+			e[0].Weight, e[2].Weight = servicelb.Weight(5), servicelb.Weight(2)
+			return state(t, testNode, servicelb.Service{
+				Name: "shop/session", ClusterIPs: addrs("10.96.1.2"),
+				Affinity:  servicelb.SessionAffinity{ClientIP: true, Timeout: 10 * time.Minute},
+				Ports:     []servicelb.Port{{Protocol: servicelb.SCTP, Port: 9000}},
+				Endpoints: e,
+			}, servicelb.Service{
+				Name: "shop/weighted", ClusterIPs: addrs("10.96.1.3"),
+				Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
+				Endpoints: e,
+			})
+		},
+		"firewall": func(t *testing.T) *servicelb.State {
+			n := testNode
+			n.ServiceCIDRs, n.MasqueradeAll, n.MasqueradeBit = prefixes("10.96.0.0/16", "fd00:96::/112"), true, 3
+			return state(t, n, servicelb.Service{
+				Name: "edge/api", ClusterIPs: addrs("10.96.2.1", "fd00:96::2:1"), LoadBalancerIPs: addrs("203.0.113.9", "2001:db8:9::9"),
+				SourceRanges: prefixes("198.51.100.0/24", "198.51.100.128/25", "2001:db8:77::/48"),
+				Ports:        []servicelb.Port{{Protocol: servicelb.TCP, Port: 443}},
+				Endpoints:    eps("", "10.244.9.9", "fd00:244:0:9::9"),
+			}, servicelb.Service{
+				Name: "edge/none", ClusterIPs: addrs("10.96.2.2"),
+				Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 123}},
+			})
+		},
+	}
+}
+
+// TestRenderGolden compares Render with the files in testdata; run with
+// -update to rewrite them. The privileged tests check that `nft -f` loads
+// such text into the table Sync writes.
+func TestRenderGolden(t *testing.T) {
+	for name, mk := range goldenCases() {
+		t.Run(name, func(t *testing.T) {
+			got, err := renderer(t, Options{}).Render(mk(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", name+".nft")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(string(want), got); diff != "" {
+				t.Errorf("Render differs from %s (-want +got):\n%s", path, diff)
+			}
+		})
+	}
+}
+
+func TestRenderRefuses(t *testing.T) {
+	rr := servicelb.Service{Name: "a/rr", ClusterIPs: addrs("10.96.0.1"), Scheduler: servicelb.SchedulerMaglev,
+		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}
+	if _, err := renderer(t, Options{}).Render(state(t, testNode, rr)); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("maglev scheduler: %v, want ErrUnsupported", err)
+	}
+	rr.Scheduler = servicelb.SchedulerRandom
+	if _, err := renderer(t, Options{}).Render(state(t, testNode, rr)); err != nil {
+		t.Errorf("random scheduler: %v", err)
+	}
+	many := rr
+	for i := range buckets + 1 {
+		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Ready: true})
+	}
+	if _, err := renderer(t, Options{}).Render(state(t, testNode, many)); !errors.Is(err, ErrCapacity) {
+		t.Errorf("%d endpoints: %v, want ErrCapacity", buckets+1, err)
+	}
+	many.Endpoints = many.Endpoints[:buckets]
+	if _, err := renderer(t, Options{}).Render(state(t, testNode, many)); err != nil {
+		t.Errorf("%d endpoints: %v", buckets, err)
+	}
+	if _, err := newProxier(Options{Table: "no spaces"}); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("bad table name: %v, want ErrInvalidOptions", err)
+	}
+}
+
+// batchFor plans the change from a to b on the model of a and returns the
+// batch a sync would send.
+func batchFor(t *testing.T, a, b *servicelb.State) *nfnl.Batch {
+	t.Helper()
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	m, err := p.build(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := servicelb.Diff(a, b)
+	s, err := p.plan(m, &ch, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch nfnl.Batch
+	if err := s.delta(m).batch("kproxy", &batch); err != nil {
+		t.Fatal(err)
+	}
+	return &batch
+}
+
+func ops(b *nfnl.Batch) []string {
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		if l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestChangesWriteOnlyWhatDiffers: an endpoint change rewrites map
+// elements only, never a rule; a new service adds its chains, rules and
+// elements; a removed one takes them away; no change sends nothing.
+func TestChangesWriteOnlyWhatDiffers(t *testing.T) {
+	var svcs []servicelb.Service
+	for i := range 20 {
+		svcs = append(svcs, servicelb.Service{
+			Name: fmt.Sprintf("ns/svc%d", i), ClusterIPs: addrs(fmt.Sprintf("10.96.0.%d", i+1)),
+			Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
+			Endpoints: eps("", fmt.Sprintf("10.244.%d.2", i), fmt.Sprintf("10.244.%d.3", i)),
+		})
+	}
+	a := state(t, testNode, svcs...)
+	change := func(f func(*servicelb.Builder)) *servicelb.State {
+		b := a.Edit()
+		f(b)
+		return b.State()
+	}
+	if got := ops(batchFor(t, a, a)); len(got) != 0 {
+		t.Errorf("no change: %v", got)
+	}
+	moved := change(func(b *servicelb.Builder) {
+		s := svcs[7]
+		s.Endpoints = eps("", "10.244.7.2", "10.244.7.9")
+		b.Upsert(s)
+	})
+	for _, op := range ops(batchFor(t, a, moved)) {
+		if !strings.Contains(op, " elements ") {
+			t.Errorf("endpoint change sends %q: only elements may change", op)
+		}
+	}
+	added := change(func(b *servicelb.Builder) {
+		b.Upsert(servicelb.Service{Name: "ns/new", ClusterIPs: addrs("10.96.1.1"),
+			Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: eps("", "10.244.99.2")})
+	})
+	want := []string{
+		"add chain inet kproxy svc4-ns/new/",
+		"add chain inet kproxy cluster4-ns/new/",
+		"add rule inet kproxy svc4-ns/new/",
+		"add rule inet kproxy cluster4-ns/new/",
+	}
+	got := strings.Join(ops(batchFor(t, a, added)), "\n")
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("adding a service: batch lacks %q:\n%s", w, got)
+		}
+	}
+	removed := change(func(b *servicelb.Builder) { b.Delete("ns/svc3") })
+	got = strings.Join(ops(batchFor(t, a, removed)), "\n")
+	for _, w := range []string{"delete elements inet kproxy services4", "flush chain inet kproxy svc4-ns/svc3/", "delete chain inet kproxy cluster4-ns/svc3/"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("removing a service: batch lacks %q:\n%s", w, got)
+		}
+	}
+	if strings.Contains(got, "svc4") && strings.Count(got, "chain") != 4 {
+		t.Errorf("removing one service touches other chains:\n%s", got)
+	}
+}
+
+func TestSlotTable(t *testing.T) {
+	tb := newSlotTable()
+	k := func(name string) slotKey {
+		return slotKey{port: servicelb.ServicePortKey{Service: name, Family: servicelb.IPv4}}
+	}
+	x := tb.begin()
+	a, err := x.get(k("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != k("a").home() {
+		t.Errorf("slot %d, want the home slot %d", a, k("a").home())
+	}
+	// A key whose home is taken probes onward.
+	clash := slotKey{port: servicelb.ServicePortKey{Service: "a", Family: servicelb.IPv6}}
+	if s, _ := x.get(clash); s != clash.home() {
+		t.Errorf("another family does not share slots: %d", s)
+	}
+	x.taken[0][k("b").home()] = true
+	if s, _ := x.get(k("b")); s != (k("b").home()+1)%maxSlots {
+		t.Errorf("taken home: slot %d, want the next one", s)
+	}
+	// Nothing reaches the table before commit.
+	if len(tb.byKey) != 0 {
+		t.Fatal("uncommitted assignments leaked into the table")
+	}
+	x.commit()
+	if len(tb.byKey) != 3 {
+		t.Fatalf("committed %d slots, want 3", len(tb.byKey))
+	}
+	y := tb.begin()
+	if s, _ := y.get(k("a")); s != a {
+		t.Errorf("existing key moved from %d to %d", a, s)
+	}
+	y.release(k("a"))
+	y.commit()
+	if _, ok := tb.byKey[k("a")]; ok {
+		t.Error("released key still holds its slot")
+	}
+	if _, ok := tb.bySlot[0][a]; ok {
+		t.Error("released slot still taken")
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{chainInternal(servicelb.ServicePortKey{Service: "a/b", Port: "", Family: servicelb.IPv4}), "svc4-a/b/"},
+		{chainInternal(servicelb.ServicePortKey{Service: "a", Port: "b", Family: servicelb.IPv4}), "svc4-a/b"},
+		{chainLocal(servicelb.ServicePortKey{Service: "x", Port: "p", Family: servicelb.IPv6}), "local6-x/p"},
+		{shardSet(servicelb.IPv6, 7+shards).name(), "backends6-07"},
+		{fixedSet(kindFirewallPass, servicelb.IPv4).name(), "firewall-allow4"},
+		{nftDuration(3 * time.Hour), "3h"},
+		{nftDuration(90*time.Second + 5*time.Millisecond), "1m30s5ms"},
+		{rangeText(netip.MustParseAddr("10.0.0.0"), netip.MustParseAddr("10.0.255.255")), "10.0.0.0/16"},
+		{rangeText(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.1")), "10.0.0.1"},
+		{rangeText(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.5")), "10.0.0.1-10.0.0.5"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+	for _, name := range []string{"kproxy", "a.b", "_x", "k8s/proxy-1"} {
+		if !validTableName(name) {
+			t.Errorf("%q refused", name)
+		}
+	}
+	for _, name := range []string{"", "1a", "a b", "-x", "a:b"} {
+		if validTableName(name) {
+			t.Errorf("%q accepted", name)
+		}
+	}
+}
