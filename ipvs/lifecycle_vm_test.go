@@ -406,3 +406,31 @@ func cmpOr(s, def string) string {
 	}
 	return s
 }
+
+// TestChangeCostsItsSize checks that a sync sends only the change: nothing
+// for the same state, and for one endpoint replaced among a hundred
+// services, one real server added and one deleted, and the hairpin entries
+// of both endpoints.
+func TestChangeCostsItsSize(t *testing.T) {
+	e := newEnv(t, 1, Options{})
+	svcs := make([]servicelb.Service, 100)
+	for i := range svcs {
+		svcs[i] = benchService(i, 0)
+	}
+	st := e.state(svcs...)
+	e.sync(st)
+	before := e.writes()
+	e.sync(st)
+	e.sync(e.state(svcs...)) // equal, but another State
+	if n := e.writes() - before; n != 0 {
+		t.Errorf("syncs of an unchanged state sent %d changes, want 0", n)
+	}
+	svcs[42].Endpoints[3].Addr = a("100.127.255.1")
+	next := e.state(svcs...)
+	before = e.writes()
+	e.sync(next)
+	if n := e.writes() - before; n != 4 {
+		t.Errorf("one endpoint replaced: %d changes, want 4", n)
+	}
+	e.checkIPVS(next)
+}
