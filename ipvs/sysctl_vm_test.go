@@ -28,7 +28,7 @@ func TestSysctls(t *testing.T) {
 		want := map[string]string{
 			"net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1",
 			"net/ipv4/vs/expire_quiescent_template": "1",
-			"net/ipv4/conf/all/arp_ignore": "0", "net/ipv4/conf/all/arp_announce": "0",
+			"net/ipv4/conf/all/arp_ignore":          "0", "net/ipv4/conf/all/arp_announce": "0",
 		}
 		if strict {
 			want["net/ipv4/conf/all/arp_ignore"], want["net/ipv4/conf/all/arp_announce"] = "1", "2"
