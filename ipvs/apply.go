@@ -20,11 +20,6 @@ import (
 // removed UDP and SCTP real servers leave.
 func (p *Proxier) apply(ctx context.Context, d *delta) error {
 	keys := sortedKeys(d.servers)
-	if !d.full {
-		if err := p.checkNew(ctx, d, keys); err != nil {
-			return err
-		}
-	}
 	if err := p.addAddresses(ctx, d, keys); err != nil {
 		return err
 	}
@@ -64,11 +59,14 @@ func (p *Proxier) apply(ctx context.Context, d *delta) error {
 }
 
 // checkNew refuses, before any change, to create a virtual server that
-// exists already: not being the proxier's, it is someone else's. (A full
-// sync knows them all from reading the kernel.)
-func (p *Proxier) checkNew(ctx context.Context, d *delta, keys []vsKey) error {
+// exists already: not being the proxier's, it is someone else's. (A sync
+// that has just read the kernel knows them all.)
+func (p *Proxier) checkNew(ctx context.Context, d *delta) error {
+	if d.read {
+		return nil
+	}
 	var errs []error
-	for _, k := range keys {
+	for _, k := range sortedKeys(d.servers) {
 		if want := d.servers[k]; want != nil && p.kern[k] == nil {
 			exists, err := p.k.exists(ctx, want)
 			if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -227,6 +228,10 @@ func snapshot(t *testing.T, h *netnstest.Host, o Options) string {
 		b.WriteString("no dummy link\n")
 	}
 	b.WriteString("--\n")
+	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
+		b.WriteString(xtables.StripSave(h.Exec(t, tool)))
+	}
+	b.WriteString("--\n")
 	lines := strings.Split(h.Exec(t, "ipset", "save"), "\n")
 	var keep []string
 	for _, l := range lines {
@@ -299,12 +304,28 @@ func TestOwnership(t *testing.T) {
 	}
 	foreign := e.tp.Node.Exec(t, "ipvsadm", "-Sn")
 	st := e.state(longService(0))
-	e.sync(st)
 	clash := longService(0)
 	clash.Ports[0].NodePort = 30081
+	before := snapshot(t, e.tp.Node, e.p.opts)
+	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
+		t.Fatalf("first Sync needing a foreign virtual server: %v, want ErrConflict", err)
+	}
+	if after := snapshot(t, e.tp.Node, e.p.opts); after != before {
+		t.Fatalf("a refused first Sync changed the kernel:\n%s", cmp.Diff(before, after))
+	}
+	e.sync(st)
+	before = snapshot(t, e.tp.Node, e.p.opts)
 	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
 		t.Fatalf("Sync needing a foreign virtual server: %v, want ErrConflict", err)
 	}
+	e.node.MasqueradeAll = true // a node change: a sync of every port
+	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
+		t.Fatalf("Sync of a new node needing a foreign virtual server: %v, want ErrConflict", err)
+	}
+	if after := snapshot(t, e.tp.Node, e.p.opts); after != before {
+		t.Fatalf("refused Syncs changed the kernel:\n%s", cmp.Diff(before, after))
+	}
+	e.node.MasqueradeAll = false
 	e.sync(st)
 
 	o2 := Options{NetNS: e.tp.Node.NS, Interface: "kproxy-ipvs1", SetPrefix: "kp2-", ChainPrefix: "KP2-"}

@@ -179,94 +179,122 @@ func randomService(r *rand.Rand, i int) servicelb.Service {
 	return s
 }
 
+// walk is a random walk of states through one proxier.
+type walk struct {
+	t   *testing.T
+	r   *rand.Rand
+	h   *netnstest.Host
+	o   Options
+	p   *Proxier
+	cur *servicelb.State
+
+	applied, refused, restarts int
+}
+
+// next returns a random successor of the current state: a service added,
+// changed or removed, or the node changed.
+func (w *walk) next() (*servicelb.State, bool) {
+	b := w.cur.Edit()
+	switch x := w.r.IntN(20); {
+	case x < 12:
+		if err := b.Upsert(randomService(w.r, w.r.IntN(8))); err != nil {
+			return nil, false
+		}
+	case x < 18:
+		b.Delete(fmt.Sprintf("ns/svc-%d", w.r.IntN(8)))
+	default:
+		node := w.cur.Node()
+		node.MasqueradeAll = !node.MasqueradeAll
+		if err := b.SetNode(node); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	return b.State(), true
+}
+
+// step syncs one random successor, sometimes after a restart, and checks
+// that a refused state left the kernel as it was.
+func (w *walk) step(i int) {
+	t := w.t
+	next, ok := w.next()
+	if !ok {
+		return
+	}
+	before := ""
+	if _, err := Render(next, w.o); err != nil || i%25 == 0 {
+		before = snapshot(t, w.h, w.o)
+	}
+	if w.r.IntN(20) == 0 {
+		// A restart: a new Proxier adopts what the old one left.
+		w.p.Close()
+		w.p = w.newProxier()
+		w.restarts++
+	}
+	if err := w.p.Sync(t.Context(), next); err != nil {
+		if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrConflict) {
+			t.Fatalf("step %d: Sync: %v", i, err)
+		}
+		w.refused++
+		if before == "" {
+			return
+		}
+		if after := snapshot(t, w.h, w.o); after != before {
+			t.Fatalf("step %d: a refused Sync changed the kernel:\n%s", i, gocmp.Diff(before, after))
+		}
+		return
+	}
+	w.applied++
+	w.cur = next
+	if i%50 == 49 {
+		if diff := gocmp.Diff(renderText(t, w.cur, w.o), kernelText(t, w.h, w.o)); diff != "" {
+			t.Fatalf("step %d: kernel differs from Render (-render +kernel):\n%s", i, diff)
+		}
+	}
+}
+
+func (w *walk) newProxier() *Proxier {
+	p, err := New(w.o)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return p
+}
+
 // TestRandomTransitions walks 300 random state transitions (services added,
 // changed and removed, the node changed, some states refused, now and then
-// a restart of the proxier) and checks
-// that the kernel then equals a fresh apply of the final state, and that
-// every refused state left the kernel as it was.
+// a restart of the proxier) and checks that the kernel then equals a fresh
+// apply of the final state, and that every refused state left the kernel
+// as it was.
 func TestRandomTransitions(t *testing.T) {
 	netnstest.Require(t, vmFeatures...)
 	seed := uint64(rand.Int64())
 	t.Logf("seed %d", seed)
-	r := rand.New(rand.NewPCG(seed, 1))
-	h := netnstest.NewHost(t, "walk")
-	o := Options{NetNS: h.NS}
-	p, err := New(o)
-	if err != nil {
-		t.Fatal(err)
+	w := &walk{t: t, r: rand.New(rand.NewPCG(seed, 1)), h: netnstest.NewHost(t, "walk")}
+	w.o = Options{NetNS: w.h.NS}
+	w.p = w.newProxier()
+	defer func() { w.p.Close() }()
+	w.o = w.p.opts
+	w.cur = mustState(t, servicelb.NodeConfig{NodeName: "node",
+		NodeIPs:      []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
+		ClusterCIDRs: netnstest.ClusterCIDRs()})
+	for i := range 300 {
+		w.step(i)
 	}
-	defer func() { p.Close() }()
-	o = p.opts
-	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
-		ClusterCIDRs: netnstest.ClusterCIDRs()}
-	cur := mustState(t, node)
-	refused, applied, restarts := 0, 0, 0
-	for step := range 300 {
-		b := cur.Edit()
-		switch x := r.IntN(20); {
-		case x < 12:
-			if err := b.Upsert(randomService(r, r.IntN(8))); err != nil {
-				continue
-			}
-		case x < 18:
-			b.Delete(fmt.Sprintf("ns/svc-%d", r.IntN(8)))
-		default:
-			node.MasqueradeAll = !node.MasqueradeAll
-			if err := b.SetNode(node); err != nil {
-				t.Fatal(err)
-			}
-		}
-		next := b.State()
-		before := ""
-		if _, err := Render(next, o); err != nil || step%25 == 0 {
-			before = snapshot(t, h, o)
-		}
-		if r.IntN(20) == 0 {
-			// A restart: a new Proxier adopts what the old one left.
-			p.Close()
-			if p, err = New(o); err != nil {
-				t.Fatal(err)
-			}
-			restarts++
-		}
-		if err := p.Sync(t.Context(), next); err != nil {
-			if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrConflict) {
-				t.Fatalf("step %d: Sync: %v", step, err)
-			}
-			refused++
-			if before != "" {
-				if after := snapshot(t, h, o); after != before {
-					t.Fatalf("step %d: a refused Sync changed the kernel:\n%s", step, gocmp.Diff(before, after))
-				}
-			}
-			node = cur.Node()
-			continue
-		}
-		applied++
-		cur = next
-		if step%50 == 49 {
-			want, got := renderText(t, cur, o), kernelText(t, h, o)
-			if diff := gocmp.Diff(want, got); diff != "" {
-				t.Fatalf("step %d: kernel differs from Render (-render +kernel):\n%s", step, diff)
-			}
-		}
-	}
-	t.Logf("%d states applied, %d refused, %d restarts; %d services at the end", applied, refused, restarts, cur.Len())
+	t.Logf("%d states applied, %d refused, %d restarts; %d services at the end", w.applied, w.refused, w.restarts, w.cur.Len())
 	fresh := netnstest.NewHost(t, "fresh")
-	fo := Options{NetNS: fresh.NS}
-	p2, err := New(fo)
+	p2, err := New(Options{NetNS: fresh.NS})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p2.Close()
-	fo = p2.opts
-	if err := p2.Sync(t.Context(), cur); err != nil {
+	if err := p2.Sync(t.Context(), w.cur); err != nil {
 		t.Fatal(err)
 	}
-	if diff := gocmp.Diff(kernelText(t, fresh, fo), kernelText(t, h, o)); diff != "" {
+	walked := kernelText(t, w.h, w.o)
+	if diff := gocmp.Diff(kernelText(t, fresh, p2.opts), walked); diff != "" {
 		t.Fatalf("after the walk the kernel differs from a fresh apply (-fresh +walked):\n%s", diff)
 	}
-	if diff := gocmp.Diff(renderText(t, cur, o), kernelText(t, h, o)); diff != "" {
+	if diff := gocmp.Diff(renderText(t, w.cur, w.o), walked); diff != "" {
 		t.Fatalf("after the walk the kernel differs from Render (-render +walked):\n%s", diff)
 	}
 }

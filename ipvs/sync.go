@@ -20,6 +20,9 @@ type delta struct {
 	// full removes every present address no virtual server uses, and
 	// stray ones.
 	full bool
+	// read is set when the kernel's virtual servers were just read, so
+	// that every foreign one is known.
+	read bool
 }
 
 // Sync makes the kernel match st. The first Sync (and the first after a
@@ -73,16 +76,15 @@ func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 }
 
 // syncFull plans st in full and converges on it, reading the kernel first
-// unless its state is known.
+// unless its state is known. Nothing changes until the plan has passed
+// every check.
 func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 	plan, err := planState(st)
 	if err != nil {
 		return err
 	}
-	if p.applied == nil {
-		if err := p.ensureSysctls(); err != nil {
-			return err
-		}
+	read := p.applied == nil
+	if read {
 		foreign, err := p.readKernel(ctx)
 		if err != nil {
 			return err
@@ -91,12 +93,27 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 			return err
 		}
 	}
-	node := st.Node()
-	if err := p.reconcileRules(ctx, &node); err != nil {
+	d, want := p.fullDelta(plan, read)
+	if err := p.checkNew(ctx, d); err != nil {
+		return err
+	}
+	if err := p.prepare(ctx, read, st.Node()); err != nil {
 		p.forget()
 		return err
 	}
-	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true}
+	p.nodeIP = plan.nodeIPs
+	if err := p.apply(ctx, d); err != nil {
+		p.forget()
+		return err
+	}
+	p.applied, p.plan, p.want = st, plan, want
+	return nil
+}
+
+// fullDelta returns the delta from what the kernel holds to plan, and the
+// plan's set entries.
+func (p *Proxier) fullDelta(plan *statePlan, read bool) (*delta, map[setEntry]int) {
+	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read}
 	for k := range p.kern {
 		d.servers[k] = nil
 	}
@@ -110,13 +127,27 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 			d.del = append(d.del, e)
 		}
 	}
-	p.nodeIP = plan.nodeIPs
-	if err := p.apply(ctx, d); err != nil {
-		p.forget()
-		return err
+	return d, want
+}
+
+// prepare makes sure of what every virtual server needs: after a read, the
+// sysctls, the helper sets and the dummy link; always, the helper rules of
+// the node.
+func (p *Proxier) prepare(ctx context.Context, read bool, node servicelb.NodeConfig) error {
+	if read {
+		if err := p.ensureSysctls(); err != nil {
+			return err
+		}
+		if err := p.sets.ensure(ctx); err != nil {
+			return err
+		}
+		l, err := p.k.ensureDummy(ctx)
+		if err != nil {
+			return err
+		}
+		p.link = l
 	}
-	p.applied, p.plan, p.want = st, plan, want
-	return nil
+	return p.reconcileRules(ctx, &node)
 }
 
 // checkForeign refuses a plan that needs a virtual server someone else
@@ -141,6 +172,9 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 	node := st.Node()
 	d, news, counts, err := p.planChanges(&node, ch)
 	if err != nil {
+		return err
+	}
+	if err := p.checkNew(ctx, d); err != nil {
 		return err
 	}
 	if err := p.apply(ctx, d); err != nil {
@@ -333,25 +367,24 @@ func (p *Proxier) linkIntact(ctx context.Context, addrs bool) (bool, error) {
 	return true, nil
 }
 
-// readKernel learns the proxier's state from the kernel: the helper sets
-// (created if missing), the dummy link (created if missing) and its
-// addresses, and the proxier's virtual servers with their real servers:
-// those on the link's addresses and those its sets record. It returns the
-// other virtual servers' keys.
+// readKernel learns the proxier's state from the kernel, changing nothing:
+// the helper sets' entries, the dummy link and its addresses, and the
+// proxier's virtual servers with their real servers (those on the link's
+// addresses and those its sets record). It returns the other virtual
+// servers' keys.
 func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
-	if err := p.sets.ensure(ctx); err != nil {
-		return nil, err
-	}
 	if err := p.sets.load(ctx); err != nil {
 		return nil, err
 	}
-	l, err := p.k.ensureDummy(ctx)
+	l, err := p.k.dummy(ctx)
 	if err != nil {
 		return nil, err
 	}
-	prefixes, err := p.k.addresses(ctx, l)
-	if err != nil {
-		return nil, err
+	var prefixes []netip.Prefix
+	if l != nil {
+		if prefixes, err = p.k.addresses(ctx, l); err != nil {
+			return nil, err
+		}
 	}
 	p.link, p.stray = l, nil
 	p.kern, p.present, p.use = map[vsKey]*VirtualServer{}, map[netip.Addr]bool{}, map[netip.Addr]int{}

@@ -5,6 +5,7 @@ package ipvs
 import (
 	"errors"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -79,4 +80,25 @@ func TestStrictARP(t *testing.T) {
 			t.Errorf("without StrictARP: %v", err)
 		}
 	}
+}
+
+// TestCleanupOfNothing checks that Cleanup in a namespace where the proxier
+// never ran succeeds and changes nothing, and that a Sync after Cleanup
+// builds everything again.
+func TestCleanupOfNothing(t *testing.T) {
+	e := newEnv(t, 1, Options{})
+	before := kernelText(t, e.tp.Node, e.p.opts)
+	if err := e.p.Cleanup(t.Context()); err != nil {
+		t.Fatalf("Cleanup of nothing: %v", err)
+	}
+	if after := kernelText(t, e.tp.Node, e.p.opts); !reflect.DeepEqual(before, after) {
+		t.Errorf("Cleanup of nothing changed the kernel: %v -> %v", before, after)
+	}
+	st := e.state(longService(0))
+	e.sync(st)
+	if err := e.p.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e.sync(st)
+	e.checkIPVS(st)
 }
