@@ -52,25 +52,27 @@
 //   - drops packets to NodeConfig.ServiceCIDRs that matched no service port.
 //
 // svc chains mark traffic from outside the cluster CIDRs (or all traffic,
-// with MasqueradeAll) for masquerade and go to the load-balancing chain of
-// the internal traffic policy: cluster4-... over the cluster-wide endpoints,
-// local4-... over this node's. ext chains mark for masquerade under the
-// Cluster policy; under Local they keep the client's address and use the
-// local endpoints, except for traffic from pods and from the node itself,
-// which takes the cluster-wide endpoints (masqueraded when from the node).
-// A load-balancing chain ends with drop: a policy that leaves its traffic
-// no endpoint drops it, since another node may serve it. "masquerading"
+// with MasqueradeAll) for masquerade and balance it over the endpoints of
+// the internal traffic policy: the cluster-wide ones or this node's. ext
+// chains mark for masquerade under the Cluster policy; under Local they
+// keep the client's address and use the local endpoints, except for
+// traffic from pods and from the node itself, which takes the cluster-wide
+// endpoints (masqueraded when from the node). Each chain ends with drop: a
+// policy that leaves its traffic no endpoint drops it, since another node
+// may serve it. "masquerading"
 // masquerades marked packets, and hairpin packets (an endpoint reaching
-// itself through its service: set hairpin4/6 of endpoint addresses that
-// may hairpin here, the local ones and those of unknown node).
+// itself through its service: set hairpin4/6 holds the addresses of the
+// local endpoints, which reach their services through this node, or of all
+// endpoints when NodeConfig has no node name).
 //
 // # Load balancing without per-service sets
 //
 // The number of named sets is constant: the kernel finds a named set by
 // walking a list, and binds every rule that reads a map to it, walking
-// those bindings on each element it adds. A load-balancing chain owns a
-// slot of 4096 keys in one of 256 interval maps per family (backends4-NN,
-// chosen by slot), and its rule reads
+// those bindings on each element it adds. Each set of endpoints a port
+// balances over (cluster-wide, local) owns a slot of 4096 keys in one of
+// 256 interval maps per family (backends4-NN, chosen by slot), and the
+// rule that balances reads
 //
 //	meta l4proto tcp dnat ip to numgen random mod 4095 offset <slot*4096> map @backends4-NN
 //
@@ -82,8 +84,8 @@
 // (ErrCapacity). Slots are derived from a hash of the service port's name,
 // so a restarted Proxier reuses the same ones.
 //
-// A port with ClientIP affinity is balanced by rules instead: for each
-// endpoint one rule that finds the client pinned to it in the dynamic set
+// A port with ClientIP affinity is balanced by a chain of its own instead
+// (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule that finds the client pinned to it in the dynamic set
 // affinity4/6 (key: client address, slot, endpoint), refreshes the pin and
 // translates; then one rule per endpoint that picks it with probability
 // weight / remaining weight (exact weights) and pins the client, with the

@@ -39,7 +39,7 @@ func TestSyncMatchesRender(t *testing.T) {
 		"meta l4proto sctp dnat ip to numgen random mod 4095 offset",
 		"ip6 daddr . meta l4proto . th dport vmap @services6",
 		"10.96.0.12 . udp . 99",
-		"fib saddr type local goto cluster4-default/web/http",
+		"fib saddr type local meta l4proto tcp dnat ip to numgen random mod 4095 offset",
 		"typeof ip saddr . numgen random mod 1 . numgen random mod 1",
 	} {
 		if !strings.Contains(listed, want) {

@@ -160,45 +160,46 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 	pp := &portPlan{key: k, elems: make(map[setID][]elem, 2)}
 	useLocal := (sp.ClusterIP.IsValid() && sp.InternalLocal) || sp.ExternalLocal
 	useCluster := (sp.ClusterIP.IsValid() && !sp.InternalLocal) || sp.External()
-	if sp.ClusterIP.IsValid() {
-		pp.chains = append(pp.chains, chainPlan{name: chainInternal(k), rules: p.internalRules(sp, n)})
-	}
-	if sp.External() {
-		pp.chains = append(pp.chains, chainPlan{name: chainExternal(k), rules: p.externalRules(sp, n)})
-	}
+	var cluster, local balancer
+	var err error
 	if useCluster {
-		if err := p.lb(pp, sp, slotKey{port: k}, sp.Cluster, slots); err != nil {
+		if cluster, err = p.lb(pp, sp, slotKey{port: k}, sp.Cluster, slots); err != nil {
 			return nil, err
 		}
 	}
 	if useLocal {
-		if err := p.lb(pp, sp, slotKey{port: k, local: true}, sp.Local, slots); err != nil {
+		if local, err = p.lb(pp, sp, slotKey{port: k, local: true}, sp.Local, slots); err != nil {
 			return nil, err
 		}
 	}
+	var chains []chainPlan
+	if sp.ClusterIP.IsValid() {
+		internal := cluster
+		if sp.InternalLocal {
+			internal = local
+		}
+		chains = append(chains, chainPlan{name: chainInternal(k), rules: p.internalRules(sp, n, internal)})
+	}
+	if sp.External() {
+		chains = append(chains, chainPlan{name: chainExternal(k), rules: p.externalRules(sp, n, cluster, local)})
+	}
+	pp.chains = append(chains, pp.chains...)
 	p.entries(pp, sp, n)
 	pp.hairpin = hairpinAddrs(sp, n)
 	return pp, nil
 }
 
 // hairpinAddrs returns the endpoint addresses whose packets to the service
-// may come back to them through this node: the local endpoints, and those
-// whose node is not known. An endpoint on another node reaches its
-// services through the proxier of its own node.
+// may come back to them through this node: the local endpoints, as
+// servicelb tells them (an endpoint on another node reaches its services
+// through the proxier of its own node), or all of them when the node has no
+// name and so no endpoint is known to be local. The plan of a port depends
+// on the ServicePort and the node only, which is what servicelb.Diff
+// compares.
 func hairpinAddrs(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []netip.Addr {
-	var remote map[netip.Addr]bool
-	for i := range sp.Service.Endpoints {
-		e := &sp.Service.Endpoints[i]
-		if e.NodeName != "" && e.NodeName != n.NodeName {
-			if remote == nil {
-				remote = map[netip.Addr]bool{}
-			}
-			remote[e.Addr] = true
-		}
-	}
 	var out []netip.Addr
 	for _, b := range sp.Backends() {
-		if !remote[b.Addr] {
+		if b.Local || n.NodeName == "" {
 			out = append(out, b.Addr)
 		}
 	}
@@ -206,19 +207,15 @@ func hairpinAddrs(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []netip.Ad
 	return slices.Compact(out)
 }
 
-func (p *planner) internalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []*rule {
-	rs := make([]*rule, 0, 2)
+func (p *planner) internalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig, lb balancer) []*rule {
+	rs := make([]*rule, 0, 3)
 	switch {
 	case n.MasqueradeAll:
 		rs = append(rs, p.jumpMark)
 	case hasFamily(n.ClusterCIDRs, sp.Family):
 		rs = append(rs, p.masqOutside[famIndex(sp.Family)])
 	}
-	lb := chainCluster(sp.Key)
-	if sp.InternalLocal {
-		lb = chainLocal(sp.Key)
-	}
-	return append(rs, mk(goTo(lb)))
+	return append(rs, lb.rule(), p.drop)
 }
 
 func hasFamily(ps []netip.Prefix, f servicelb.Family) bool {
@@ -229,48 +226,60 @@ func hasFamily(ps []netip.Prefix, f servicelb.Family) bool {
 // its endpoints. Under the Local policy the client's address is kept, but
 // traffic from pods and from the node itself takes the cluster-wide
 // endpoints, as kube-proxy does.
-func (p *planner) externalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []*rule {
-	k := sp.Key
-	toCluster := mk(goTo(chainCluster(k)))
+func (p *planner) externalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig, cluster, local balancer) []*rule {
 	if !sp.ExternalLocal {
-		return []*rule{p.jumpMark, toCluster}
+		return []*rule{p.jumpMark, cluster.rule(), p.drop}
 	}
 	var rs []*rule
 	f := sp.Family
 	if hasFamily(n.ClusterCIDRs, f) {
-		rs = append(rs, mk(inSet(f, true, false, fixedSet(kindClusterCIDRs, f).name()), goTo(chainCluster(k))))
+		rs = append(rs, cluster.rule(inSet(f, true, false, fixedSet(kindClusterCIDRs, f).name())))
 	}
-	return append(rs, p.fibMark, mk(fibLocalSource(), goTo(chainCluster(k))), mk(goTo(chainLocal(k))))
+	return append(rs, p.fibMark, cluster.rule(fibLocalSource()), local.rule(), p.drop)
 }
 
-// lb plans a load-balancing chain over bs. Without affinity its one rule
-// reads the slot's ranges in a backends map; with affinity it holds a rule
-// per endpoint, since a pinned client must find its own endpoint.
-func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []servicelb.Backend, slots *slotTxn) error {
+// balancer spreads a port's traffic over one set of endpoints: with a rule
+// that translates at once (dnat terms), or through the chain that holds an
+// affinity port's rules.
+type balancer struct {
+	chain string
+	dnat  []term
+}
+
+// rule matches the terms, then balances.
+func (b balancer) rule(match ...term) *rule {
+	if b.chain != "" {
+		return mk(append(match, goTo(b.chain))...)
+	}
+	return mk(append(match, b.dnat...)...)
+}
+
+// lb plans the load balancing over bs. Without affinity it is one rule
+// term that reads the slot's ranges in a backends map, written into the
+// chains that use it; with affinity it is a chain of its own with a rule per
+// endpoint, since a pinned client must find its own endpoint.
+func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []servicelb.Backend, slots *slotTxn) (balancer, error) {
 	slot, err := slots.get(key)
 	if err != nil {
-		return err
+		return balancer{}, err
 	}
 	pp.slots = append(pp.slots, key)
 	f, proto := sp.Family, sp.Port.Protocol
-	ch := chainPlan{name: key.chain()}
 	if sp.Affinity > 0 {
-		ch.rules = affinityRules(f, proto, fixedSet(kindAffinity, f).name(), slot, bs, sp.Affinity)
-	} else {
-		set := shardSet(f, slot)
-		pp.shards = append(pp.shards, set)
-		ch.rules = []*rule{mk(l4proto(proto), dnatMap(f, slot*bucketStride, set.name()))}
-		if len(bs) > 0 {
-			counts := bucketCounts(bs)
-			if counts == nil {
-				return fmt.Errorf("nftables: %s: %d endpoints: %w: at most %d endpoints per service port", sp.Key, len(bs), ErrCapacity, buckets)
-			}
-			pp.elems[set] = append(pp.elems[set], backendElems(slot, bs, counts)...)
-		}
+		ch := chainPlan{name: key.chain(), rules: affinityRules(f, proto, fixedSet(kindAffinity, f).name(), slot, bs, sp.Affinity)}
+		pp.chains = append(pp.chains, chainPlan{name: ch.name, rules: append(ch.rules, p.drop)})
+		return balancer{chain: ch.name}, nil
 	}
-	ch.rules = append(ch.rules, p.drop)
-	pp.chains = append(pp.chains, ch)
-	return nil
+	set := shardSet(f, slot)
+	pp.shards = append(pp.shards, set)
+	if len(bs) > 0 {
+		counts := bucketCounts(bs)
+		if counts == nil {
+			return balancer{}, fmt.Errorf("nftables: %s: %d endpoints: %w: at most %d endpoints per service port", sp.Key, len(bs), ErrCapacity, buckets)
+		}
+		pp.elems[set] = append(pp.elems[set], backendElems(slot, bs, counts)...)
+	}
+	return balancer{dnat: []term{l4proto(proto), dnatMap(f, slot*bucketStride, set.name())}}, nil
 }
 
 // affinityRules pick an endpoint for a client pinned to none (at random,
