@@ -78,3 +78,12 @@ bench-ipvs: deps
 	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES)' \
 		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 60m
 bench: bench-ipvs
+
+# The nftables backend's benchmarks: a cold sync of 10k services x 10
+# endpoints and, in the same iterations, `nft -f` of its Render text (their
+# ratio is nft/sync); a one-endpoint change with 1k and with 10k services in
+# place (large/small is their ratio); a service added and removed at 10k;
+# peak RSS. `make bench` runs them too.
+.PHONY: bench-nftables
+bench-nftables: deps
+	$(GO) test -tags privileged -run '^$$' -bench . -benchtime 5x -timeout 30m ./nftables
