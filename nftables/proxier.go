@@ -157,7 +157,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if p.closed {
 		return ErrClosed
 	}
-	p.applied, p.model, p.genOK = nil, nil, false
+	p.applied, p.model, p.genOK, p.stale = nil, nil, false, nil
 	if _, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table); errors.Is(err, nfnl.ErrNotExist) {
 		return nil
 	} else if err != nil {
