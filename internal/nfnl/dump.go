@@ -452,6 +452,46 @@ func parseDesc(d []byte, s *Set) {
 	}
 }
 
+// EachElement calls each for every element of a set, as the dump delivers
+// them. It copies nothing: the element and its byte slices are valid only
+// during the call. It saves Elements' copies when a caller looks at each
+// element once, as when comparing a large set with what it should hold.
+func (c *Conn) EachElement(ctx context.Context, fam Family, table, set string, each func(el *Element) error) error {
+	attrs := func(e *encoder) {
+		e.str(attrElemListTable, table)
+		e.str(attrElemListSet, set)
+	}
+	var el Element
+	err := c.request(ctx, msgGetSetElem, fam, true, attrs, func(d []byte) error {
+		_, as, err := payload(d)
+		if err != nil {
+			return err
+		}
+		for _, a := range as {
+			if a.typ != attrElemListElems {
+				continue
+			}
+			list, err := attributes(a.data)
+			if err != nil {
+				return err
+			}
+			for _, l := range list {
+				if err := parseElementInto(&el, l.data, false); err != nil {
+					return err
+				}
+				if err := each(&el); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("nfnl: list elements of %s %s %s: %w", fam, table, set, err)
+	}
+	return nil
+}
+
 func parseElements(d []byte) ([]Element, error) {
 	_, as, err := payload(d)
 	if err != nil {
@@ -478,19 +518,33 @@ func parseElements(d []byte) ([]Element, error) {
 }
 
 func parseElement(d []byte) (Element, error) {
-	as, err := attributes(d)
 	var el Element
+	err := parseElementInto(&el, d, true)
+	return el, err
+}
+
+// parseElementInto parses an element into el; without keep, byte slices
+// point into d.
+func parseElementInto(el *Element, d []byte, keep bool) error {
+	as, err := attributes(d)
+	*el = Element{}
+	cp := func(b []byte) []byte {
+		if keep {
+			return clone(b)
+		}
+		return b
+	}
 	for _, a := range as {
 		switch a.typ {
 		case attrElemKey:
-			el.Key = clone(a.value())
+			el.Key = cp(a.value())
 		case attrElemKeyEnd:
-			el.KeyEnd = clone(a.value())
+			el.KeyEnd = cp(a.value())
 		case attrElemData:
 			if v := a.verdictOf(); v != nil {
 				el.Verdict = v
 			} else {
-				el.Data = clone(a.value())
+				el.Data = cp(a.value())
 			}
 		case attrElemFlags:
 			el.Flags = a.u32()
@@ -499,10 +553,10 @@ func parseElement(d []byte) (Element, error) {
 		case attrElemExpire:
 			el.Expires = time.Duration(a.u64()) * time.Millisecond
 		case attrElemUData:
-			el.UserData = clone(a.data)
+			el.UserData = cp(a.data)
 		}
 	}
-	return el, err
+	return err
 }
 
 func clone(b []byte) []byte {

@@ -3,9 +3,11 @@
 package nfnl_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -191,6 +193,16 @@ func TestDumpsReadBack(t *testing.T) {
 		if el.Verdict == nil {
 			t.Errorf("element %v has no verdict", el.Key)
 		}
+	}
+	n := 0
+	if err := c.EachElement(ctx, nfnl.Inet, tbl, "dispatch", func(el *nfnl.Element) error {
+		if el.Verdict == nil || !slices.ContainsFunc(els, func(e nfnl.Element) bool { return bytes.Equal(e.Key, el.Key) }) {
+			t.Errorf("EachElement gave %+v", el)
+		}
+		n++
+		return nil
+	}); err != nil || n != len(els) {
+		t.Errorf("EachElement: %d elements, %v", n, err)
 	}
 	if _, err := c.Elements(ctx, nfnl.Inet, tbl, "missing"); !errors.Is(err, nfnl.ErrNotExist) {
 		t.Errorf("Elements(missing) error = %v, want ErrNotExist", err)
