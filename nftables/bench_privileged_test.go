@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -219,6 +220,49 @@ func BenchmarkServiceChange(b *testing.B) {
 		if i%2 == 1 {
 			st = a
 		}
+		if err := p.Sync(ctx, st); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCheckAfterForeignCommit: with 10k services in place, someone
+// else commits (to another table) before each Sync of the unchanged state,
+// so each Sync reads its table back and compares it with its plan.
+func BenchmarkCheckAfterForeignCommit(b *testing.B) {
+	netnstest.Require(b, "nf_tables", "nat")
+	h := netnstest.NewHost(b, "bench")
+	st, err := servicelb.NewState(benchNode(), benchServices(10000, 10)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := nftables.New(nftables.Options{NetNS: h.NS, NoConntrackCleanup: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	if err := p.Sync(ctx, st); err != nil {
+		b.Fatal(err)
+	}
+	other, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer other.Close()
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		var foreign nfnl.Batch
+		if i%2 == 0 {
+			foreign.AddTable(nfnl.Table{Family: nfnl.IPv4, Name: "someone-else"})
+		} else {
+			foreign.DelTable(nfnl.IPv4, "someone-else")
+		}
+		if _, err := other.Commit(ctx, &foreign); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 		if err := p.Sync(ctx, st); err != nil {
 			b.Fatal(err)
 		}

@@ -25,6 +25,9 @@ type rule struct {
 	// raw is the rule's encoding, made once (encode) and reused by every
 	// batch that writes the rule.
 	raw []nfnl.RawExpr
+	// kernel is the rule as the kernel dumped it, once it read back as
+	// planned: later checks compare bytes (matches).
+	kernel []nfnl.RawExpr
 }
 
 // encode encodes the rule's expressions, once.

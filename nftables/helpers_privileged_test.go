@@ -170,6 +170,11 @@ func richState(t testing.TB) *servicelb.State {
 			Ports: []servicelb.Port{{Name: "p", Protocol: servicelb.UDP, Port: 99}},
 		},
 		servicelb.Service{
+			Name: "odd.name_1-x/y//z", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.14")},
+			Ports:     []servicelb.Port{{Name: "a.b_c-9", Protocol: servicelb.UDP, Port: 9}},
+			Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(2), Ready: true}},
+		},
+		servicelb.Service{
 			Name: "default/local", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.13")},
 			InternalTrafficPolicy: servicelb.PolicyLocal,
 			Ports:                 []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},

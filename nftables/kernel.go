@@ -1,9 +1,12 @@
 package nftables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"slices"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -107,36 +110,72 @@ func (p *Proxier) verifyChains(ctx context.Context, c *content) (string, error) 
 	if len(chains) != len(c.chains) {
 		return fmt.Sprintf("%d chains, want %d", len(chains), len(c.chains)), nil
 	}
-	hooks := map[string]*nfnl.Hook{}
-	for _, ch := range chains {
-		hooks[ch.Name] = ch.Hook
+	want := make(map[string]*chainPlan, len(c.chains))
+	for i := range c.chains {
+		want[c.chains[i].name] = &c.chains[i]
 	}
-	for _, ch := range c.chains {
-		h, ok := hooks[ch.name]
-		if !ok || !sameHook(h, ch.hook) {
-			return fmt.Sprintf("chain %s is missing or hooked differently", ch.name), nil
+	for _, ch := range chains {
+		w, ok := want[ch.Name]
+		if !ok || !sameHook(ch.Hook, w.hook) {
+			return fmt.Sprintf("chain %s is not kproxy's or hooked differently", ch.Name), nil
 		}
 	}
-	rules, err := p.conn.Rules(ctx, nfnl.Inet, t, "")
+	return p.verifyRules(ctx, want)
+}
+
+// verifyRules reads the table's rules in one dump and compares each with
+// the plan. A rule that read back as planned once keeps its kernel
+// encoding, so that later checks compare bytes.
+func (p *Proxier) verifyRules(ctx context.Context, want map[string]*chainPlan) (string, error) {
+	seen := make(map[string]int, len(want))
+	var why string
+	err := p.conn.EachRule(ctx, nfnl.Inet, p.opts.Table, "", func(r *nfnl.Rule) error {
+		ch := want[r.Chain]
+		i := seen[r.Chain]
+		seen[r.Chain] = i + 1
+		if ch == nil || i >= len(ch.rules) {
+			why = fmt.Sprintf("chain %s has more rules than planned", r.Chain)
+			return errStop
+		}
+		if !ch.rules[i].matches(r.Raw) {
+			why = fmt.Sprintf("chain %s rule %d differs from %q", r.Chain, i, ch.rules[i].text)
+			return errStop
+		}
+		return nil
+	})
+	if why != "" {
+		return why, nil
+	}
 	if err != nil {
 		return "", err
 	}
-	byChain := map[string][]nfnl.Rule{}
-	for _, r := range rules {
-		byChain[r.Chain] = append(byChain[r.Chain], r)
-	}
-	for _, ch := range c.chains {
-		got := byChain[ch.name]
-		if len(got) != len(ch.rules) {
-			return fmt.Sprintf("chain %s has %d rules, want %d", ch.name, len(got), len(ch.rules)), nil
-		}
-		for i, r := range ch.rules {
-			if !nfnl.SameExprs(nfnl.Inet, got[i].Raw, r.exprs) {
-				return fmt.Sprintf("chain %s rule %d differs from %q", ch.name, i, r.text), nil
-			}
+	for name, ch := range want {
+		if seen[name] != len(ch.rules) {
+			return fmt.Sprintf("chain %s has %d rules, want %d", name, seen[name], len(ch.rules)), nil
 		}
 	}
 	return "", nil
+}
+
+// errStop ends a dump early.
+var errStop = errors.New("stop")
+
+// matches reports whether a dumped rule is this rule.
+func (r *rule) matches(raw []nfnl.RawExpr) bool {
+	if r.kernel != nil {
+		return slices.EqualFunc(raw, r.kernel, func(a, b nfnl.RawExpr) bool {
+			return a.Name == b.Name && bytes.Equal(a.Data, b.Data)
+		})
+	}
+	if !nfnl.SameExprs(nfnl.Inet, raw, r.exprs) {
+		return false
+	}
+	k := make([]nfnl.RawExpr, len(raw))
+	for i, x := range raw {
+		k[i] = nfnl.RawExpr{Name: x.Name, Data: bytes.Clone(x.Data)}
+	}
+	r.kernel = k
+	return true
 }
 
 func (p *Proxier) verifySets(ctx context.Context, c *content) (string, error) {
@@ -165,31 +204,36 @@ func (p *Proxier) verifySets(ctx context.Context, c *content) (string, error) {
 		if d.id.kind() == kindAffinity {
 			continue
 		}
-		els, err := p.conn.Elements(ctx, nfnl.Inet, t, d.set.Name)
+		n, sum, err := p.elemDigest(ctx, d.set.Name)
 		if err != nil {
 			return "", err
 		}
-		if why := sameElems(els, c.elems[d.id]); why != "" {
-			return fmt.Sprintf("set %s: %s", d.set.Name, why), nil
+		wn, wsum := digest(p.seed, c.elems[d.id])
+		if n != wn || sum != wsum {
+			return fmt.Sprintf("set %s: %d elements, want %d, or other elements", d.set.Name, n, wn), nil
 		}
 	}
 	return "", nil
 }
 
-func sameElems(got []nfnl.Element, want []elem) string {
-	if len(got) != len(want) {
-		return fmt.Sprintf("%d elements, want %d", len(got), len(want))
+// elemDigest reads a set's elements and returns their number and the sum
+// of their hashes: a digest that does not depend on the dump's order.
+func (p *Proxier) elemDigest(ctx context.Context, set string) (int, uint64, error) {
+	var n int
+	var sum uint64
+	err := p.conn.EachElement(ctx, nfnl.Inet, p.opts.Table, set, func(el *nfnl.Element) error {
+		e := elemOf(*el)
+		n++
+		sum += e.hash(p.seed)
+		return nil
+	})
+	return n, sum, err
+}
+
+func digest(seed maphash.Seed, es []elem) (int, uint64) {
+	var sum uint64
+	for i := range es {
+		sum += es[i].hash(seed)
 	}
-	byID := make(map[string]*elem, len(want))
-	for i := range want {
-		byID[want[i].id()] = &want[i]
-	}
-	for _, g := range got {
-		e := elemOf(g)
-		w, ok := byID[e.id()]
-		if !ok || !w.same(&e) {
-			return fmt.Sprintf("unexpected element %x", g.Key)
-		}
-	}
-	return ""
+	return len(es), sum
 }

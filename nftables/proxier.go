@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"sync"
 	"syscall"
@@ -74,6 +75,7 @@ type Proxier struct {
 	genOK   bool   // whether gen is known to follow kproxy's own commit
 	stale   []servicelb.StaleFlow
 	closed  bool
+	seed    maphash.Seed // for digests of set elements
 }
 
 var (
@@ -123,7 +125,7 @@ func newProxier(o Options) (*Proxier, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxier{opts: o, log: log.With("table", o.Table), plan: newPlanner(o.Table, o.AffinitySize)}, nil
+	return &Proxier{opts: o, log: log.With("table", o.Table), plan: newPlanner(o.Table, o.AffinitySize), seed: maphash.MakeSeed()}, nil
 }
 
 // Close releases the netlink socket. It leaves the table in place (see

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -262,6 +263,19 @@ func (e *elem) id() string {
 
 // same reports whether two elements with the same id hold the same value.
 func (e *elem) same(o *elem) bool { return e.chain == o.chain && bytes.Equal(e.data, o.data) }
+
+// hash hashes everything that identifies the element and its value.
+func (e *elem) hash(seed maphash.Seed) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	h.Write(e.key)
+	h.WriteByte(0)
+	h.Write(e.keyEnd)
+	h.WriteByte(byte(e.flags))
+	h.Write(e.data)
+	h.WriteString(e.chain)
+	return h.Sum64()
+}
 
 func (e *elem) element() nfnl.Element {
 	el := nfnl.Element{Key: e.key, KeyEnd: e.keyEnd, Data: e.data, Flags: e.flags}
