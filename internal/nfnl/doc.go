@@ -54,9 +54,12 @@
 // Conn.Table, Tables, Chains, Rules, Sets and Elements dump one table's
 // objects. Rules come back with their expressions raw (Rule.Raw) and,
 // where the expression library knows them all, decoded (Rule.Exprs);
-// RulesRaw skips the decoding, for large tables.
-// SameExprs compares a dumped rule with expressions one would write,
-// independent of attribute order. A dump that raced with a commit fails
+// RulesRaw skips the decoding, for large tables, and EachRule and
+// EachElement stream a dump without copying it, for comparing a large table
+// with what it should hold. SameExprs compares a dumped rule with
+// expressions one would write, independent of attribute order (the library
+// cannot read byteorder expressions back; DecodeExpr can), and EncodeExprs
+// encodes a rule once for writing it raw into many batches. A dump that raced with a commit fails
 // with ErrDumpInterrupted; a missing table or set gives ErrNotExist.
 //
 // # Namespaces and privileges
