@@ -32,8 +32,10 @@ func (c *Changes) Len() int { return len(c.Added) + len(c.Removed) + len(c.Chang
 
 // Diff returns what changed from one State to the next. A nil from means an
 // empty state on an unknown node. Services the two States share are skipped
-// by identity, so the cost grows with the number of services only by a map
-// walk; service ports are compared in full only for services that changed.
+// by identity, and States taken one after another from one Builder (as a
+// Runner takes them) are compared by the services changed between them
+// alone, so Diff costs what changed, not what is there; only service ports
+// of services that changed are compared in full.
 func Diff(from, to *State) Changes {
 	var c Changes
 	if from == nil {
@@ -42,21 +44,28 @@ func Diff(from, to *State) Changes {
 	} else if !reflect.DeepEqual(from.node, to.node) {
 		c.NodeChanged = true
 	}
-	for name, ne := range to.services {
-		oe := from.services[name]
-		if oe == ne {
-			continue
-		}
-		var old []*ServicePort
-		if oe != nil {
-			old = oe.ports
-		}
-		diffPorts(&c, old, ne.ports)
-	}
-	for name, oe := range from.services {
-		if _, ok := to.services[name]; !ok {
+	service := func(oe, ne *entry) {
+		switch {
+		case oe == ne:
+		case ne == nil:
 			c.Removed = append(c.Removed, oe.ports...)
+		case oe == nil:
+			diffPorts(&c, nil, ne.ports)
+		default:
+			diffPorts(&c, oe.ports, ne.ports)
 		}
+	}
+	if from.svcs.sameBase(&to.svcs) {
+		for _, name := range from.svcs.changedNames(&to.svcs) {
+			service(from.svcs.get(name), to.svcs.get(name))
+		}
+	} else {
+		to.svcs.each(func(name string, ne *entry) { service(from.svcs.get(name), ne) })
+		from.svcs.each(func(name string, oe *entry) {
+			if to.svcs.get(name) == nil {
+				service(oe, nil)
+			}
+		})
 	}
 	byKey := func(a, b *ServicePort) int { return a.Key.Compare(b.Key) }
 	slices.SortFunc(c.Added, byKey)

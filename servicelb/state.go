@@ -15,8 +15,8 @@ import (
 // immutable and safe for concurrent use; States made from one another share
 // every service that did not change, so Diff finds changes by identity.
 type State struct {
-	node     NodeConfig
-	services map[string]*entry
+	node NodeConfig
+	svcs serviceMap
 }
 
 type entry struct {
@@ -48,12 +48,12 @@ func NewState(node NodeConfig, services ...Service) (*State, error) {
 func (s *State) Node() NodeConfig { return s.node }
 
 // Len returns the number of services.
-func (s *State) Len() int { return len(s.services) }
+func (s *State) Len() int { return s.svcs.n }
 
 // Service returns the named service. The result is read only.
 func (s *State) Service(name string) (*Service, bool) {
-	e, ok := s.services[name]
-	if !ok {
+	e := s.svcs.get(name)
+	if e == nil {
 		return nil, false
 	}
 	return e.svc, true
@@ -61,10 +61,8 @@ func (s *State) Service(name string) (*Service, bool) {
 
 // Services returns every service, ordered by name. The results are read only.
 func (s *State) Services() []*Service {
-	out := make([]*Service, 0, len(s.services))
-	for _, e := range s.services {
-		out = append(out, e.svc)
-	}
+	out := make([]*Service, 0, s.svcs.n)
+	s.svcs.each(func(_ string, e *entry) { out = append(out, e.svc) })
 	slices.SortFunc(out, func(a, b *Service) int { return cmp.Compare(a.Name, b.Name) })
 	return out
 }
@@ -72,16 +70,14 @@ func (s *State) Services() []*Service {
 // Ports returns every service port, ordered by key.
 func (s *State) Ports() []*ServicePort {
 	var out []*ServicePort
-	for _, e := range s.services {
-		out = append(out, e.ports...)
-	}
+	s.svcs.each(func(_ string, e *entry) { out = append(out, e.ports...) })
 	slices.SortFunc(out, func(a, b *ServicePort) int { return a.Key.Compare(b.Key) })
 	return out
 }
 
 // ServicePorts returns the ports of the named service.
 func (s *State) ServicePorts(name string) []*ServicePort {
-	if e, ok := s.services[name]; ok {
+	if e := s.svcs.get(name); e != nil {
 		return slices.Clone(e.ports)
 	}
 	return nil
@@ -89,7 +85,7 @@ func (s *State) ServicePorts(name string) []*ServicePort {
 
 // Port returns the service port with key k, or nil.
 func (s *State) Port(k ServicePortKey) *ServicePort {
-	if e, ok := s.services[k.Service]; ok {
+	if e := s.svcs.get(k.Service); e != nil {
 		for _, p := range e.ports {
 			if p.Key == k {
 				return p
@@ -100,8 +96,11 @@ func (s *State) Port(k ServicePortKey) *ServicePort {
 }
 
 // Edit returns a Builder that starts from s. s itself does not change.
+// Edit costs a walk of every service (to index their addresses); a Builder
+// kept across changes, as a Runner keeps one, does not.
 func (s *State) Edit() *Builder {
-	b := &Builder{node: s.node, services: s.services, shared: true}
+	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs}}
+	b.w.share()
 	b.index()
 	return b
 }
@@ -109,10 +108,8 @@ func (s *State) Edit() *Builder {
 // Builder assembles a State one service at a time, validating each change
 // against the services already in it. It is not safe for concurrent use.
 type Builder struct {
-	node     NodeConfig
-	services map[string]*entry
-	// shared is set while services is also held by a State.
-	shared bool
+	node NodeConfig
+	w    mapWriter
 	// vips and nodePorts map each virtual address and node port in use to
 	// the service using it.
 	vips      map[vipKey]string
@@ -137,14 +134,14 @@ func NewBuilder(node NodeConfig) (*Builder, error) {
 		return nil, err
 	}
 	node = cloneNode(node)
-	b := &Builder{node: node, services: map[string]*entry{}}
+	b := &Builder{node: node, w: newMapWriter()}
 	b.index()
 	return b, nil
 }
 
 func (b *Builder) index() {
 	b.vips, b.nodePorts = map[vipKey]string{}, map[portKey]string{}
-	for name, e := range b.services {
+	b.w.each(func(name string, e *entry) {
 		vips, nps := keysOf(e.svc)
 		for _, k := range vips {
 			b.vips[k] = name
@@ -152,7 +149,7 @@ func (b *Builder) index() {
 		for _, k := range nps {
 			b.nodePorts[k] = name
 		}
-	}
+	})
 }
 
 // keysOf returns the virtual address and node port keys a service uses.
@@ -174,10 +171,10 @@ func keysOf(s *Service) ([]vipKey, []portKey) {
 }
 
 // Len returns the number of services.
-func (b *Builder) Len() int { return len(b.services) }
+func (b *Builder) Len() int { return b.w.n }
 
 // Has reports whether the named service is present.
-func (b *Builder) Has(name string) bool { _, ok := b.services[name]; return ok }
+func (b *Builder) Has(name string) bool { return b.w.get(name) != nil }
 
 // Upsert validates s and adds it, or replaces the service of the same name.
 // On error nothing changes. Upserting a service equal to the present one
@@ -193,19 +190,19 @@ func (b *Builder) upsert(s Service) (bool, error) {
 		return false, err
 	}
 	n := normalize(s)
-	old, ok := b.services[n.Name]
+	old := b.w.get(n.Name)
+	ok := old != nil
 	if ok && reflect.DeepEqual(old.svc, n) {
 		return false, nil
 	}
 	if err := b.conflicts(n); err != nil {
 		return false, err
 	}
-	b.write()
+	b.snapshot = nil
 	if ok {
 		b.unindex(old.svc)
 	}
-	e := &entry{svc: n, ports: compilePorts(&b.node, n)}
-	b.services[n.Name] = e
+	b.w.set(n.Name, &entry{svc: n, ports: compilePorts(&b.node, n)})
 	vips, nps := keysOf(n)
 	for _, k := range vips {
 		b.vips[k] = n.Name
@@ -250,24 +247,15 @@ func (b *Builder) unindex(s *Service) {
 	}
 }
 
-// write prepares the services map for a change.
-func (b *Builder) write() {
-	if b.shared {
-		b.services = maps.Clone(b.services)
-		b.shared = false
-	}
-	b.snapshot = nil
-}
-
 // Delete removes the named service and reports whether it was present.
 func (b *Builder) Delete(name string) bool {
-	e, ok := b.services[name]
-	if !ok {
+	e := b.w.get(name)
+	if e == nil {
 		return false
 	}
-	b.write()
+	b.snapshot = nil
 	b.unindex(e.svc)
-	delete(b.services, name)
+	b.w.set(name, nil)
 	return true
 }
 
@@ -279,29 +267,30 @@ func (b *Builder) SetNode(node NodeConfig) error {
 	}
 	node = cloneNode(node)
 	var errs []error
-	for _, e := range b.services {
+	b.w.each(func(_ string, e *entry) {
 		if err := Validate(&node, e.svc); err != nil {
 			errs = append(errs, err)
 		}
-	}
+	})
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	b.node = node
-	next := make(map[string]*entry, len(b.services))
-	for name, e := range b.services {
-		next[name] = &entry{svc: e.svc, ports: compilePorts(&b.node, e.svc)}
-	}
-	b.services, b.shared, b.snapshot = next, false, nil
+	next := newMapWriter()
+	b.w.each(func(name string, e *entry) {
+		next.set(name, &entry{svc: e.svc, ports: compilePorts(&b.node, e.svc)})
+	})
+	b.w, b.snapshot = next, nil
 	return nil
 }
 
 // State returns the current state. It costs nothing while the Builder is
-// unchanged; the first change after it copies the service index once.
+// unchanged, and the changes after it cost about the square root of the
+// number of services each, not a copy of them all.
 func (b *Builder) State() *State {
 	if b.snapshot == nil {
-		b.snapshot = &State{node: b.node, services: b.services}
-		b.shared = true
+		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap}
+		b.w.share()
 	}
 	return b.snapshot
 }

@@ -1,0 +1,190 @@
+package servicelb
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+)
+
+// refDiff computes the changes between two States from their full port
+// lists, independently of how Diff finds them.
+func refDiff(from, to *State) (added, removed, changed []string) {
+	old := map[ServicePortKey]*ServicePort{}
+	for _, p := range from.Ports() {
+		old[p.Key] = p
+	}
+	for _, p := range to.Ports() {
+		o, ok := old[p.Key]
+		switch {
+		case !ok:
+			added = append(added, p.Key.String())
+		case !samePort(o, p):
+			changed = append(changed, p.Key.String())
+		}
+		delete(old, p.Key)
+	}
+	for k := range old {
+		removed = append(removed, k.String())
+	}
+	slices.Sort(removed)
+	return append([]string{}, added...), append([]string{}, removed...), append([]string{}, changed...)
+}
+
+// TestBuilderSnapshotsAgainstReference applies random upserts and deletes,
+// taking States at random points, and checks every State's contents and
+// the Diff between consecutive States (which share a base most of the
+// time, and cross a compaction now and then) against a full comparison;
+// then Diff between States far apart.
+func TestBuilderSnapshotsAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	b, err := NewBuilder(NodeConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Service{}
+	svcFor := func(i, gen int) Service {
+		return simple(fmt.Sprintf("s%03d", i), fmt.Sprintf("10.96.%d.%d", i/200, i%200+1), fmt.Sprintf("10.0.%d.%d", gen%200, i%200+1))
+	}
+	for i := range 300 {
+		want[svcFor(i, 0).Name] = svcFor(i, 0)
+		if err := b.Upsert(svcFor(i, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	states := []*State{b.State()}
+	shared := 0
+	for step := range 3000 {
+		i := rng.IntN(400)
+		name := fmt.Sprintf("s%03d", i)
+		if rng.IntN(4) == 0 {
+			if b.Delete(name) != (want[name].Name != "") {
+				t.Fatalf("step %d: Delete(%s) disagrees with the reference", step, name)
+			}
+			delete(want, name)
+		} else {
+			s := svcFor(i, step)
+			if err := b.Upsert(s); err != nil {
+				t.Fatal(err)
+			}
+			want[name] = s
+		}
+		if rng.IntN(3) > 0 {
+			continue
+		}
+		prev, cur := states[len(states)-1], b.State()
+		states = append(states, cur)
+		if prev.svcs.sameBase(&cur.svcs) {
+			shared++
+		}
+		checkContents(t, cur, want)
+		checkDiff(t, prev, cur)
+		checkDiff(t, cur, prev)
+	}
+	if n := len(states) - 1; shared < n*9/10 {
+		t.Errorf("%d of %d consecutive States shared a base; want at least 90%%", shared, n)
+	}
+	for range 50 {
+		x, y := states[rng.IntN(len(states))], states[rng.IntN(len(states))]
+		checkDiff(t, x, y)
+	}
+	// A Builder made by Edit shares the State's maps and must not write
+	// into them.
+	first := states[0]
+	before := first.Ports()
+	ed := first.Edit()
+	for i := range 200 {
+		ed.Delete(fmt.Sprintf("s%03d", i))
+	}
+	if err := ed.Upsert(svcFor(1, 99)); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(keys(before), keys(first.Ports())) || first.Len() != 300 {
+		t.Fatal("editing a State's Builder changed the State")
+	}
+	checkDiff(t, first, ed.State())
+}
+
+func checkContents(t *testing.T, st *State, want map[string]Service) {
+	t.Helper()
+	if st.Len() != len(want) {
+		t.Fatalf("state has %d services, want %d", st.Len(), len(want))
+	}
+	for _, s := range st.Services() {
+		w, ok := want[s.Name]
+		if !ok || !reflect.DeepEqual(s.Endpoints, w.Endpoints) {
+			t.Fatalf("state's %s differs from the reference", s.Name)
+		}
+	}
+}
+
+func checkDiff(t *testing.T, from, to *State) {
+	t.Helper()
+	c := Diff(from, to)
+	a, r, ch := refDiff(from, to)
+	if !slices.Equal(keys(c.Added), a) || !slices.Equal(keys(c.Removed), r) || !slices.Equal(changedKeys(c.Changed), ch) {
+		t.Fatalf("Diff: added %v removed %v changed %v; want %v %v %v",
+			keys(c.Added), keys(c.Removed), changedKeys(c.Changed), a, r, ch)
+	}
+}
+
+// TestDiffOfConsecutiveStatesReadsOnlyChanges: with many services, Diff of
+// two States one change apart looks at the changed service, not at all of
+// them; the overlay stays small.
+func TestDiffOfConsecutiveStatesReadsOnlyChanges(t *testing.T) {
+	b, _ := NewBuilder(NodeConfig{})
+	for i := range 5000 {
+		if err := b.Upsert(simple(fmt.Sprintf("s%04d", i), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), "10.0.0.1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prev := b.State()
+	for i := range 1000 {
+		if err := b.Upsert(simple(fmt.Sprintf("s%04d", i), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), "10.0.0.2")); err != nil {
+			t.Fatal(err)
+		}
+		cur := b.State()
+		if n := len(cur.svcs.over); n > overlayLimit(5000) {
+			t.Fatalf("overlay of %d entries, over its limit of %d", n, overlayLimit(5000))
+		}
+		if cur.svcs.sameBase(&prev.svcs) {
+			if names := prev.svcs.changedNames(&cur.svcs); len(names) > overlayLimit(5000) {
+				t.Fatalf("Diff of one change reads %d services", len(names))
+			}
+		}
+		if c := Diff(prev, cur); len(c.Changed) != 2 || len(c.Added)+len(c.Removed) != 0 {
+			t.Fatalf("change %d: %+v", i, c)
+		}
+		prev = cur
+	}
+}
+
+// BenchmarkChangeAndDiff is a Runner's work for one endpoint change: an
+// upsert into a Builder holding n services, a State, and its Diff from the
+// State before.
+func BenchmarkChangeAndDiff(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			bl, _ := NewBuilder(NodeConfig{})
+			for i := range n {
+				if err := bl.Upsert(simple(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1), "10.0.0.1")); err != nil {
+					b.Fatal(err)
+				}
+			}
+			prev := bl.State()
+			b.ResetTimer()
+			for i := range b.N {
+				j := i % n
+				if err := bl.Upsert(simple(fmt.Sprintf("s%05d", j), fmt.Sprintf("10.%d.%d.%d", 96+j/62500, j/250%250, j%250+1), fmt.Sprintf("10.0.%d.1", i/n%2+1))); err != nil {
+					b.Fatal(err)
+				}
+				cur := bl.State()
+				if c := Diff(prev, cur); c.Len() != 2 {
+					b.Fatalf("%d changes", c.Len())
+				}
+				prev = cur
+			}
+		})
+	}
+}
