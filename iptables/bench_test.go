@@ -27,7 +27,7 @@ func BenchmarkColdSync(b *testing.B) {
 	n := benchSize()
 	st := bigState(b, n)
 	ctx := context.Background()
-	opts := Options{Families: []servicelb.Family{servicelb.IPv4}}
+	opts := Options{Families: []servicelb.Family{servicelb.IPv4}, NoConntrackCleanup: true}
 	var ours, restore time.Duration
 	var text string
 	b.ResetTimer()
@@ -91,7 +91,7 @@ func BenchmarkOneServiceChange(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	px := newProxier(b, h, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	px := newProxier(b, h, Options{Families: []servicelb.Family{servicelb.IPv4}, NoConntrackCleanup: true})
 	if err := px.Sync(ctx, st); err != nil {
 		b.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func BenchmarkRestartSync(b *testing.B) {
 	st := bigState(b, n)
 	ctx := context.Background()
 	h := netnstest.NewHost(b, "benchrestart")
-	opts := Options{Families: []servicelb.Family{servicelb.IPv4}}
+	opts := Options{Families: []servicelb.Family{servicelb.IPv4}, NoConntrackCleanup: true}
 	if err := newProxier(b, h, opts).Sync(ctx, st); err != nil {
 		b.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func BenchmarkBuildCold(b *testing.B) {
 	st := bigState(b, benchSize())
 	b.ResetTimer()
 	for range b.N {
-		px, err := New(Options{Families: []servicelb.Family{servicelb.IPv4}, conn: emptyKernel{}})
+		px, err := New(Options{Families: []servicelb.Family{servicelb.IPv4}, NoConntrackCleanup: true, conn: emptyKernel{}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -58,7 +58,7 @@
 // previous rules in place. Before each sync a cheap check (the generation,
 // then the tables' chain counts and the jumps in builtin chains) tells
 // whether someone else removed chains or jumps; if so the Proxier reads
-// its chains back and repairs them. With Options.ClearStaleFlows, the
+// its chains back and repairs them. Unless Options.NoConntrackCleanup, the
 // conntrack flows a sync leaves stale (UDP and SCTP flows to endpoints
 // that went away, or to ports that had none) are deleted after it, through
 // the conntrack package.

@@ -42,12 +42,12 @@ type Options struct {
 	// PROXY-FIREWALL to drop; zero means DefaultDropBit. It must differ from
 	// the node's masquerade bit.
 	DropBit uint8
-	// ClearStaleFlows deletes, after each successful sync, the conntrack
-	// flows the sync left stale (UDP and SCTP flows to endpoints that went
-	// away, and to ports that had no endpoints), through a conntrack
-	// client that New opens in NetNS.
-	ClearStaleFlows bool
-	// Conntrack replaces that client (ClearStaleFlows is then implied).
+	// NoConntrackCleanup turns off the deletion, after each successful
+	// sync, of the conntrack flows the sync left stale (UDP and SCTP flows
+	// to endpoints that went away, and to ports that had no endpoints).
+	NoConntrackCleanup bool
+	// Conntrack deletes the stale flows; nil means a conntrack.Client of
+	// its own in NetNS, opened by New.
 	Conntrack FlowCleaner
 	// FullResyncInterval bounds the time between full checks: a Sync that
 	// comes this long after the last one reads all its chains back and

@@ -26,7 +26,7 @@ type Proxier struct {
 	ap      *xtables.Applier
 	applied *servicelb.State
 	log     *slog.Logger
-	ct      *conntrack.Client // opened by New for ClearStaleFlows
+	ct      *conntrack.Client // opened by New unless NoConntrackCleanup or Conntrack
 	// lastFull is when the last full reconcile succeeded.
 	lastFull time.Time
 }
@@ -50,7 +50,9 @@ func New(o Options) (*Proxier, error) {
 		}
 		px.conn = c
 	}
-	if o.ClearStaleFlows && o.Conntrack == nil {
+	if o.NoConntrackCleanup {
+		px.opts.Conntrack = nil
+	} else if o.Conntrack == nil {
 		ct, err := conntrack.New(conntrack.Options{NetNS: o.NetNS, Logger: o.Logger})
 		if err != nil {
 			px.Close()

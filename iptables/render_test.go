@@ -35,7 +35,7 @@ func golden(t *testing.T, name, got string) {
 
 func newOffline(t testing.TB, o Options) *Proxier {
 	t.Helper()
-	o.conn = offlineConn{}
+	o.conn, o.NoConntrackCleanup = offlineConn{}, true
 	px, err := New(o)
 	if err != nil {
 		t.Fatal(err)

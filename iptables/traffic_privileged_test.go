@@ -293,7 +293,7 @@ func TestTrafficLoadBalancerSourceRanges(t *testing.T) {
 // TestTrafficStaleUDPFlows: a UDP client that keeps its source port keeps
 // its conntrack flow, and with it the endpoint it reached. When that
 // endpoint leaves the service, the flow must be cleared so that the next
-// datagram reaches a current endpoint; without ClearStaleFlows it still
+// datagram reaches a current endpoint; with NoConntrackCleanup it still
 // goes to the old one.
 func TestTrafficStaleUDPFlows(t *testing.T) {
 	for _, clear := range []bool{true, false} {
@@ -301,8 +301,8 @@ func TestTrafficStaleUDPFlows(t *testing.T) {
 			forFamilies(t, func(t *testing.T, fam servicelb.Family) {
 				netnstest.Require(t, "conntrack")
 				e := newEnv(t, fam, "udp")
-				if clear {
-					e.px = newProxier(t, e.tp.Node, Options{ClearStaleFlows: true})
+				if !clear {
+					e.px = newProxier(t, e.tp.Node, Options{NoConntrackCleanup: true})
 				}
 				cip := e.pick("10.96.0.60", "fd00:96::60")
 				svc := func(i int) servicelb.Service {

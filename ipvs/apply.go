@@ -277,9 +277,9 @@ func appendAllFlows(out []servicelb.StaleFlow, vs *VirtualServer) []servicelb.St
 	return append(out, servicelb.StaleFlow{Protocol: vs.Protocol, Dst: vs.Addr, Port: vs.Port})
 }
 
-// cleanFlows hands stale flows to the FlowCleaner.
+// cleanFlows hands stale flows to the FlowCleaner, if there is one.
 func (p *Proxier) cleanFlows(ctx context.Context, stale []servicelb.StaleFlow) error {
-	if len(stale) == 0 {
+	if len(stale) == 0 || p.cleaner == nil {
 		return nil
 	}
 	n, err := p.cleaner.DeleteStale(ctx, stale)

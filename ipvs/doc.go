@@ -86,8 +86,9 @@
 // part way, the next one reads the kernel again and completes the change.
 //
 // Removing a UDP or SCTP real server deletes it at once, and the conntrack
-// flows it leaves stale are deleted (Options.FlowCleaner, by default a
-// conntrack.Client in the namespace). A removed TCP real server without
+// flows it leaves stale are deleted (Options.Conntrack, by default a
+// conntrack.Client in the namespace; Options.NoConntrackCleanup turns
+// this off). A removed TCP real server without
 // connections is deleted at once; one with connections is set to weight 0,
 // so that it takes no new connection while its open ones go on, and is
 // deleted once they have ended (IPVS counts a closed connection until it

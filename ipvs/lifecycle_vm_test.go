@@ -127,7 +127,7 @@ func (r *flowRecorder) DeleteStale(_ context.Context, flows []servicelb.StaleFlo
 // that their flows are handed to the FlowCleaner.
 func TestUDPRemovedAtOnce(t *testing.T) {
 	rec := &flowRecorder{}
-	e := newEnv(t, 2, Options{FlowCleaner: rec})
+	e := newEnv(t, 2, Options{Conntrack: rec})
 	e.serve("udp", 5353, 0, 1)
 	e.sync(e.state(longService(0, 1)))
 	dst := ap(a("10.96.0.40"), 53)
@@ -147,6 +147,20 @@ func TestUDPRemovedAtOnce(t *testing.T) {
 	}
 	if counts := e.tp.Client.Count(t, "udp", dst, 4); counts["backend-1"] != 4 {
 		t.Fatalf("answers %v: want backend-1 only", counts)
+	}
+}
+
+// TestNoConntrackCleanup checks that NoConntrackCleanup leaves the flows
+// of removed UDP real servers alone, whatever Conntrack is.
+func TestNoConntrackCleanup(t *testing.T) {
+	rec := &flowRecorder{}
+	e := newEnv(t, 2, Options{Conntrack: rec, NoConntrackCleanup: true})
+	e.sync(e.state(longService(0, 1)))
+	st := e.state(longService(1))
+	e.sync(st)
+	e.checkIPVS(st)
+	if len(rec.flows) != 0 {
+		t.Errorf("stale flows handed over: %v", rec.flows)
 	}
 }
 

@@ -56,10 +56,12 @@ type Options struct {
 	// expire_quiescent_template=1, and the StrictARP ones): Sync then only
 	// checks them and fails with ErrSysctl when one differs.
 	LeaveSysctls bool
-	// FlowCleaner deletes the conntrack flows that removing UDP and SCTP
-	// real servers leaves stale. Nil means a conntrack.Client of the
-	// proxier's own in its namespace.
-	FlowCleaner FlowCleaner
+	// NoConntrackCleanup turns off the deletion of the conntrack flows
+	// that removing UDP and SCTP real servers leaves stale.
+	NoConntrackCleanup bool
+	// Conntrack deletes those flows; nil means a conntrack.Client of the
+	// proxier's own in its namespace, opened by New.
+	Conntrack FlowCleaner
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger

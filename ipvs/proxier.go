@@ -58,8 +58,8 @@ type Proxier struct {
 	// each entry.
 	sets *sets
 	want map[setEntry]int
-	// cleaner deletes stale flows: Options.FlowCleaner, or conntrack, a
-	// client the proxier opened itself.
+	// cleaner deletes stale flows: Options.Conntrack, or conntrack, a
+	// client the proxier opened itself; nil with NoConntrackCleanup.
 	cleaner   FlowCleaner
 	conntrack *conntrack.Client
 	// rules keeps the helper rules through rconn.
@@ -106,8 +106,10 @@ func New(o Options) (*Proxier, error) {
 		return nil, fmt.Errorf("helper rules: %w", err)
 	}
 	p.rules = xtables.NewApplier(xtables.ApplierOptions{Conn: p.rconn, Owns: ownsChain(o.ChainPrefix), Logger: o.Logger})
-	p.cleaner = o.FlowCleaner
-	if p.cleaner == nil {
+	p.cleaner = o.Conntrack
+	if o.NoConntrackCleanup {
+		p.cleaner = nil
+	} else if p.cleaner == nil {
 		ct, err := conntrack.New(conntrack.Options{NetNS: ns, Logger: o.Logger})
 		if err != nil {
 			p.closeAll()

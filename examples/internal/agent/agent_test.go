@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netns"
 
-	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
 )
@@ -212,12 +211,4 @@ type failing struct{}
 func (failing) Name() string { return "broken" }
 func (failing) Run(context.Context, *servicelb.Source, Reporter) error {
 	return errors.New("it broke")
-}
-
-// The nftables backend gets a conntrack cleaner, whichever signature its
-// interface has.
-func TestCleanerFor(t *testing.T) {
-	if cleanerFor(&conntrack.Client{}) == nil {
-		t.Fatal("no flow cleaner for nftables")
-	}
 }
