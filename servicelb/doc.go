@@ -20,6 +20,14 @@
 // backend rewrites only those; States built from one another share every
 // unchanged service, so the comparison skips them by identity.
 //
+// Costs follow the change, not the size. The States one Builder hands out
+// one after another share a map of their services and differ by a small
+// overlay of the services changed since (folded into a new map once it
+// outgrows about twice the square root of their number), so a change costs
+// no copy of the whole map and Diff of two such States reads only their
+// overlays: a one-service change and its Diff take about the same time
+// with 10,000 services in place as with 1,000.
+//
 // Build a State with [NewState] (all or nothing) or incrementally with a
 // [Builder] (each change validated on its own). Feed a [Proxier] by hand,
 // or let a [Runner] do it.
