@@ -49,8 +49,9 @@
 // the operation and family.
 //
 // The parser reads the ports of every protocol that has them, SCTP
-// included (the conntrack parsers of common Go netlink libraries read TCP
-// and UDP ports only, so they cannot match SCTP flows by port).
+// included. The conntrack API of github.com/vishvananda/netlink reads TCP
+// and UDP ports only, so it cannot match SCTP flows by port; that is why
+// this package speaks ctnetlink itself, over github.com/mdlayher/netlink.
 //
 // # What it owns
 //
