@@ -86,9 +86,9 @@
 // so a restarted Proxier reuses the same ones.
 //
 // A port with ClientIP affinity is balanced by a chain of its own instead
-// (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule that finds the client pinned to it in the dynamic set
-// affinity4/6 (key: client address, slot, endpoint), refreshes the pin and
-// translates; then one rule per endpoint that picks it with probability
+// (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule that
+// finds the client pinned to it in the dynamic set affinity4/6 (key: client
+// address, slot, endpoint), refreshes the pin and translates; then one rule per endpoint that picks it with probability
 // weight / remaining weight (exact weights) and pins the client, with the
 // service's timeout. A change of such a service's endpoints rewrites its
 // chain, which makes the kernel re-validate the table on commit: a cost that
