@@ -82,7 +82,10 @@ bench: bench-ipvs
 # The nftables backend's benchmarks: a cold sync of 10k services x 10
 # endpoints and, in the same iterations, `nft -f` of its Render text (their
 # ratio is nft/sync); a one-endpoint change with 1k and with 10k services in
-# place (large/small is their ratio); a service added and removed at 10k;
+# place (large/small is their ratio; large/small-above-floor the ratio of
+# their costs above the kernel's floor for an element commit in each
+# namespace, which itself grows with the rules loaded); a service added and
+# removed at 10k;
 # peak RSS. `make bench` runs them too.
 .PHONY: bench-nftables
 bench-nftables: deps

@@ -80,7 +80,10 @@
 // where each endpoint holds a range of buckets sized by its weight. So an
 // endpoint change is a change of map elements only: no rule changes, and
 // the kernel skips the validation of the whole table that any rule change
-// costs. Weights are honoured to 1/4095 of a port's traffic; a port takes
+// costs. (The kernel's cost of committing set elements still grows with
+// the rules loaded in the namespace, in any table: about 20 µs with a
+// thousand services and 100 µs with ten thousand on the benchmarks'
+// machine. What the Proxier adds to it does not grow.) Weights are honoured to 1/4095 of a port's traffic; a port takes
 // at most 4095 endpoints, and a family at most 2^20 load-balancing chains
 // (ErrCapacity). Slots are derived from a hash of the service port's name,
 // so a restarted Proxier reuses the same ones.
