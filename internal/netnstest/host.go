@@ -115,8 +115,12 @@ type sysctl struct {
 }
 
 // hostSysctls are the defaults of every namespace: no IPv6 duplicate
-// address detection (addresses work at once), no reverse path filter, and
-// no ICMP rate limits, so that every rejected ask sees its ICMP error.
+// address detection (addresses work at once), no reverse path filter, no
+// ICMP rate limits, so that every rejected ask sees its ICMP error, and
+// SCTP retransmission timers short enough (where SCTP is loaded) that an
+// ask recovers from a lost packet within DefaultTimeout: SCTP's own
+// initial timeout of 3 s would turn any loss into a failed ask, and
+// emulated machines do lose a packet in a few thousand associations.
 func hostSysctls() []sysctl {
 	return []sysctl{
 		{"net.ipv6.conf.all.accept_dad", "0", false},
@@ -127,6 +131,10 @@ func hostSysctls() []sysctl {
 		{"net.ipv6.icmp.ratelimit", "0", false},
 		{"net.ipv4.icmp_msgs_per_sec", "1000000", true},
 		{"net.ipv4.icmp_msgs_burst", "1000000", true},
+		// rto_min first: rto_initial must not be below it.
+		{"net.sctp.rto_min", "50", true},
+		{"net.sctp.rto_initial", "200", true},
+		{"net.sctp.rto_max", "400", true},
 	}
 }
 

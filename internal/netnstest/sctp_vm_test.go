@@ -5,6 +5,8 @@ package netnstest_test
 import (
 	"errors"
 	"net/netip"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
@@ -43,6 +45,34 @@ func TestSCTPEcho(t *testing.T) {
 		netnstest.FromAddr(from.Addr()), netnstest.FromPort(40009))
 	if err != nil || r.Client != netip.AddrPortFrom(from.Addr(), 40009) {
 		t.Errorf("sctp from %s:40009: %+v, %v", from.Addr(), r, err)
+	}
+}
+
+// TestSCTPRecoversFromLoss: the node, which routes between the client
+// and the backend, drops every other SCTP packet carrying data to the
+// server, so every ask loses its request once; the hosts' short SCTP
+// retransmission timers still complete each ask within DefaultTimeout.
+func TestSCTPRecoversFromLoss(t *testing.T) {
+	netnstest.Require(t, "sctp", "nf_tables")
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	b := tp.Backends[0]
+	b.Serve(t, "sctp", 9000)
+	tp.Node.Exec(t, "nft", "add table inet loss; "+
+		"add chain inet loss forward { type filter hook forward priority 0; }; "+
+		"add rule inet loss forward sctp dport 9000 sctp chunk data exists numgen inc mod 2 == 0 counter drop")
+	const n = 10
+	for _, a := range []netip.Addr{b.IPv4, b.IPv6} {
+		if got := tp.Client.Count(t, "sctp", netip.AddrPortFrom(a, 9000), n); got[b.Name] != n {
+			t.Errorf("sctp %s: counts %v", a, got)
+		}
+	}
+	out := tp.Node.Exec(t, "nft", "list chain inet loss forward")
+	dropped := 0
+	if m := regexp.MustCompile(`counter packets (\d+)`).FindStringSubmatch(out); m != nil {
+		dropped, _ = strconv.Atoi(m[1])
+	}
+	if dropped < 2*n-1 {
+		t.Errorf("the node dropped fewer than one packet per ask:\n%s", out)
 	}
 }
 
