@@ -43,6 +43,15 @@ type table interface {
 	close() error
 }
 
+// FlowCleaner deletes the conntrack flows that stale-flow filters select,
+// and returns how many it deleted. *Client implements it; the proxiers take
+// one in their options.
+type FlowCleaner interface {
+	DeleteStale(ctx context.Context, filters []servicelb.StaleFlow) (int, error)
+}
+
+var _ FlowCleaner = (*Client)(nil)
+
 // Client lists and deletes conntrack flows of one network namespace
 // through netlink. It is safe for concurrent use; calls are serialised.
 type Client struct {
@@ -160,12 +169,13 @@ func (c *Client) List(ctx context.Context, f servicelb.Family) ([]Flow, error) {
 }
 
 // DeleteStale deletes the flows that any of the stale-flow filters
-// matches (see Flow.Matches), and returns how many it deleted. It reads
+// selects (see Flow.Matches), and returns how many it deleted. It reads
 // each family's table once per call, however many filters there are, and
-// matches each flow against all filters in constant time. A filter with a
-// destination or an endpoint applies to that address's family; one with
-// neither (all flows to a node port) to both. Invalid filters are reported
-// as a *StaleFlowError before anything is deleted.
+// matches each flow against all filters in constant time. Given a State's
+// StaleFlows, it reconciles the whole table with the state, as
+// kube-proxy's CleanStaleEntries does; given a Diff's, only the frontends
+// that changed. Invalid filters are reported as a *StaleFlowError before
+// anything is deleted.
 func (c *Client) DeleteStale(ctx context.Context, stale []servicelb.StaleFlow) (int, error) {
 	idx, err := buildIndex(stale)
 	if err != nil {
@@ -192,7 +202,7 @@ func (c *Client) DeleteStale(ctx context.Context, stale []servicelb.StaleFlow) (
 		}
 	}
 	if total > 0 {
-		c.log.Info("deleted stale conntrack flows", "flows", total, "filters", len(stale))
+		c.log.Debug("deleted stale conntrack flows", "flows", total, "filters", len(stale))
 	}
 	return total, errors.Join(errs...)
 }

@@ -139,7 +139,7 @@ func TestDeleteStaleInNamespace(t *testing.T) {
 		t.Fatalf("conntrack -L shows %d flows to %s via %s before deletion, want 1", n, vip, ep0)
 	}
 
-	n, err := c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep0}})
+	n, err := c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{ep1}}})
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteStale VIP endpoint: %d, %v; want 1", n, err)
 	}
@@ -156,11 +156,13 @@ func TestDeleteStaleInNamespace(t *testing.T) {
 		}
 	}
 
-	// The node port form: any destination, one endpoint.
-	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{
-		{Protocol: servicelb.UDP, Port: 30053, Endpoint: ep1},
-		{Protocol: servicelb.UDP, Port: 30053, Endpoint: ep0}, // nothing to delete
-	})
+	// A node port on a node address; a filter that keeps the endpoint
+	// deletes nothing.
+	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: nodeIP, Port: 30053, Serving: []netip.Addr{ep1}}})
+	if err != nil || n != 0 {
+		t.Fatalf("DeleteStale node port, endpoint serving: %d, %v; want 0", n, err)
+	}
+	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: nodeIP, Port: 30053, Serving: []netip.Addr{ep0}}})
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteStale node port: %d, %v; want 1", n, err)
 	}
@@ -171,7 +173,7 @@ func TestDeleteStaleInNamespace(t *testing.T) {
 	}
 
 	// IPv6.
-	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip6, Port: 53, Endpoint: ep0v6}})
+	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip6, Port: 53}})
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteStale IPv6: %d, %v; want 1", n, err)
 	}

@@ -78,12 +78,11 @@ func TestDeleteStaleDumpsOncePerFamily(t *testing.T) {
 	c := newClient(ft, nil)
 	var stale []servicelb.StaleFlow
 	for i := range 500 {
-		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53,
-			Endpoint: netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)})})
+		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Port: 53})
 	}
 	stale = append(stale,
-		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep1},
-		servicelb.StaleFlow{Protocol: servicelb.UDP, Port: 30053, Endpoint: ep1})
+		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{ep2}},
+		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: node, Port: 30053, Serving: []netip.Addr{ep2}})
 	n, err := c.DeleteStale(context.Background(), stale)
 	if err != nil || n != 2 {
 		t.Fatalf("deleted %d, %v; want 2", n, err)
@@ -94,11 +93,10 @@ func TestDeleteStaleDumpsOncePerFamily(t *testing.T) {
 	if len(ft.flows[unix.AF_INET]) != 2 || len(ft.flows[unix.AF_INET6]) != 1 {
 		t.Errorf("left %d IPv4 and %d IPv6 flows, want 2 and 1", len(ft.flows[unix.AF_INET]), len(ft.flows[unix.AF_INET6]))
 	}
-	// A filter without destination or endpoint reads both families, once
-	// each, and deletes the UDP flows to the port in both.
-	n, err = c.DeleteStale(context.Background(), []servicelb.StaleFlow{{Protocol: servicelb.UDP, Port: 53}})
+	// Filters of both families read both tables, once each.
+	n, err = c.DeleteStale(context.Background(), []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53}, {Protocol: servicelb.UDP, Dst: vip6, Port: 53}})
 	if err != nil || n != 2 || ft.dumps[unix.AF_INET] != 2 || ft.dumps[unix.AF_INET6] != 1 {
-		t.Errorf("port-only filter: deleted %d, %v, dumps %v", n, err, ft.dumps)
+		t.Errorf("both families: deleted %d, %v, dumps %v", n, err, ft.dumps)
 	}
 }
 
@@ -108,7 +106,7 @@ func TestDeleteStaleNothingToDo(t *testing.T) {
 	if n, err := c.DeleteStale(context.Background(), nil); n != 0 || err != nil || len(ft.dumps) != 0 {
 		t.Errorf("empty: %d, %v, dumps %v", n, err, ft.dumps)
 	}
-	bad := []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep1}, {Protocol: servicelb.UDP}}
+	bad := []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53}, {Protocol: servicelb.UDP}}
 	if n, err := c.DeleteStale(context.Background(), bad); n != 0 || !errors.Is(err, ErrInvalidStaleFlow) || len(ft.dumps) != 0 {
 		t.Errorf("invalid: %d, %v, dumps %v; want nothing read or deleted", n, err, ft.dumps)
 	}

@@ -10,17 +10,18 @@
 // client that keeps sending keeps its entry alive, and with it the
 // translation to a backend that may be gone, or (for a service that had no
 // backends) the rejection. servicelb.Changes.StaleFlows lists what to
-// delete after a sync; DeleteStale deletes it.
+// delete after a sync, servicelb.State.StaleFlows what to delete to bring
+// a whole table in line with a state (after a restart); DeleteStale
+// deletes it.
 //
 // # Model
 //
 // A Flow is one entry: Orig is the direction the client sent (Orig.Dst is
 // the service address before translation), Reply the answers' direction
-// (Reply.Src is the backend after DNAT). A servicelb.StaleFlow matches the
-// flows of a protocol to an original destination port, to the original
-// destination address unless it is zero (the node port form: any of the
-// node's addresses), from the endpoint as reply source unless that is zero
-// (every flow, whatever backend it reached); see Flow.Matches.
+// (Reply.Src is the backend after DNAT). A servicelb.StaleFlow selects the
+// flows of a protocol to one frontend (an original destination address and
+// port) whose reply source is not one of the endpoints serving it; see
+// Flow.Matches.
 //
 // # Lifecycle
 //
@@ -35,10 +36,10 @@
 // its context: the deadline bounds the socket's reads and writes, and
 // cancellation interrupts a call under way.
 //
-// DeleteStale reads each family's table once per call (a filter names its
-// family through its destination or endpoint; one with neither applies to
-// both), matches each flow against all filters with a few map lookups (an
-// index by protocol and port, then destination, then endpoint), and deletes
+// DeleteStale reads each family's table once per call (a filter's family is
+// its destination's), matches each flow against all filters with two map
+// lookups and a search of the serving endpoints (an index by protocol and
+// port, then destination), and deletes
 // each match by its original tuple, zone and conntrack ID, so a new flow
 // that reuses the tuple is left alone. A flow that vanished meanwhile
 // counts as deleted. When the kernel marks a dump as interrupted by

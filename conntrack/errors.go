@@ -43,8 +43,8 @@ type StaleFlowError struct {
 }
 
 func (e *StaleFlowError) Error() string {
-	return fmt.Sprintf("conntrack: stale flow %d (%s %s port %d endpoint %s): %v",
-		e.Index, e.Flow.Protocol, e.Flow.Dst, e.Flow.Port, e.Flow.Endpoint, e.Err)
+	return fmt.Sprintf("conntrack: stale flow %d (%s %s port %d): %v",
+		e.Index, e.Flow.Protocol, e.Flow.Dst, e.Flow.Port, e.Err)
 }
 
 func (e *StaleFlowError) Unwrap() error { return e.Err }

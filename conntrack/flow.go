@@ -55,11 +55,10 @@ func protoName(p uint8) string {
 	return fmt.Sprintf("proto(%d)", p)
 }
 
-// Matches reports whether the flow is one that s describes: same protocol
-// and original destination port, original destination s.Dst unless that
-// is zero, and reply source (the endpoint) s.Endpoint unless that is zero.
+// Matches reports whether the flow is one that s selects as stale: same
+// protocol, original destination address and port, and a reply source
+// (the endpoint) that s does not keep.
 func (f Flow) Matches(s servicelb.StaleFlow) bool {
 	return f.Protocol == s.Protocol.Number() && f.Orig.Dst.Port() == s.Port &&
-		(!s.Dst.IsValid() || f.Orig.Dst.Addr() == s.Dst.Unmap()) &&
-		(!s.Endpoint.IsValid() || f.Reply.Src.Addr() == s.Endpoint.Unmap())
+		f.Orig.Dst.Addr() == s.Dst.Unmap() && !s.Keeps(f.Reply.Src.Addr())
 }

@@ -3,6 +3,7 @@ package conntrack
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -14,97 +15,77 @@ type portKey struct {
 	port  uint16
 }
 
-// dstMatch holds, for one destination (or any destination), the
-// endpoints whose flows are stale, or any endpoint.
-type dstMatch struct {
-	anyEndpoint bool
-	endpoints   map[netip.Addr]struct{}
-}
-
 // index holds the stale-flow filters of one family so that a flow is
-// matched with at most two map lookups per level, whatever the number of
-// filters: by protocol and port, then by destination (the flow's or the
-// zero address for "any"), then by endpoint.
-type index map[portKey]map[netip.Addr]*dstMatch
+// matched with two map lookups and a search of the frontend's serving
+// endpoints, whatever the number of filters: by protocol and port, then by
+// destination. Filters of one frontend are merged: a flow stays when any
+// of them keeps it.
+type index map[portKey]map[netip.Addr]*servicelb.StaleFlow
 
 func (ix index) add(s servicelb.StaleFlow) {
 	k := portKey{s.Protocol.Number(), s.Port}
 	dsts := ix[k]
 	if dsts == nil {
-		dsts = map[netip.Addr]*dstMatch{}
+		dsts = map[netip.Addr]*servicelb.StaleFlow{}
 		ix[k] = dsts
 	}
-	d := dsts[s.Dst.Unmap()]
-	if d == nil {
-		d = &dstMatch{endpoints: map[netip.Addr]struct{}{}}
-		dsts[s.Dst.Unmap()] = d
+	dst := s.Dst.Unmap()
+	serving := make([]netip.Addr, 0, len(s.Serving))
+	for _, a := range s.Serving {
+		serving = append(serving, a.Unmap())
 	}
-	if s.Endpoint.IsValid() {
-		d.endpoints[s.Endpoint.Unmap()] = struct{}{}
-	} else {
-		d.anyEndpoint = true
+	if d := dsts[dst]; d != nil {
+		serving = append(serving, d.Serving...)
 	}
+	slices.SortFunc(serving, netip.Addr.Compare)
+	s.Dst, s.Serving = dst, slices.Compact(serving)
+	dsts[dst] = &s
 }
 
-// matches reports whether any filter matches a flow given by its protocol,
+// matches reports whether a filter selects a flow given by its protocol,
 // original destination and reply source.
 func (ix index) matches(proto uint8, dst netip.AddrPort, replySrc netip.Addr) bool {
-	dsts := ix[portKey{proto, dst.Port()}]
-	if dsts == nil {
-		return false
-	}
-	for _, d := range []*dstMatch{dsts[dst.Addr()], dsts[netip.Addr{}]} {
-		if d == nil {
-			continue
-		}
-		if d.anyEndpoint {
-			return true
-		}
-		if _, ok := d.endpoints[replySrc]; ok {
-			return true
-		}
-	}
-	return false
+	d := ix[portKey{proto, dst.Port()}][dst.Addr()]
+	return d != nil && !d.Keeps(replySrc)
 }
 
-// buildIndex validates stale-flow filters and indexes them by family. A
-// filter whose destination and endpoint are both zero applies to both
-// families. Nothing is indexed if any filter is invalid.
+// buildIndex validates stale-flow filters and indexes them by family.
+// Nothing is indexed if any filter is invalid.
 func buildIndex(stale []servicelb.StaleFlow) (map[servicelb.Family]index, error) {
 	out := map[servicelb.Family]index{}
 	for i, s := range stale {
-		fams, err := families(s)
+		f, err := family(s)
 		if err != nil {
 			return nil, &StaleFlowError{Index: i, Flow: s, Err: err}
 		}
-		for _, f := range fams {
-			if out[f] == nil {
-				out[f] = index{}
-			}
-			out[f].add(s)
+		if out[f] == nil {
+			out[f] = index{}
 		}
+		out[f].add(s)
 	}
 	return out, nil
 }
 
-// families validates a filter and returns the families it applies to.
-func families(s servicelb.StaleFlow) ([]servicelb.Family, error) {
+// family validates a filter and returns its family.
+func family(s servicelb.StaleFlow) (servicelb.Family, error) {
+	dst := s.Dst.Unmap()
 	switch {
 	case s.Protocol.Number() == 0:
-		return nil, fmt.Errorf("%w: unknown protocol %q", ErrInvalidStaleFlow, s.Protocol)
+		return 0, fmt.Errorf("%w: unknown protocol %q", ErrInvalidStaleFlow, s.Protocol)
 	case s.Port == 0:
-		return nil, fmt.Errorf("%w: port 0", ErrInvalidStaleFlow)
-	case s.Dst.Zone() != "" || s.Endpoint.Zone() != "":
-		return nil, fmt.Errorf("%w: zoned address", ErrInvalidStaleFlow)
+		return 0, fmt.Errorf("%w: port 0", ErrInvalidStaleFlow)
+	case !dst.IsValid():
+		return 0, fmt.Errorf("%w: no destination", ErrInvalidStaleFlow)
+	case s.Dst.Zone() != "":
+		return 0, fmt.Errorf("%w: zoned address", ErrInvalidStaleFlow)
 	}
-	dst, ep := s.Dst.Unmap(), s.Endpoint.Unmap()
-	switch {
-	case dst.IsValid() && ep.IsValid() && dst.Is4() != ep.Is4():
-		return nil, fmt.Errorf("%w: destination %s and endpoint %s differ in family", ErrInvalidStaleFlow, dst, ep)
-	case dst.IsValid():
-		return []servicelb.Family{servicelb.FamilyOf(dst)}, nil
-	case ep.IsValid():
-		return []servicelb.Family{servicelb.FamilyOf(ep)}, nil
+	for _, a := range s.Serving {
+		if a = a.Unmap(); !a.IsValid() || a.Is4() != dst.Is4() || a.Zone() != "" {
+			return 0, fmt.Errorf("%w: serving endpoint %s does not fit destination %s", ErrInvalidStaleFlow, a, dst)
+		}
 	}
-	return []servicelb.Family{servicelb.IPv4, servicelb.IPv6}, nil
+	if !slices.IsSortedFunc(s.Serving, netip.Addr.Compare) {
+		return 0, fmt.Errorf("%w: serving endpoints not sorted", ErrInvalidStaleFlow)
+	}
+	return servicelb.FamilyOf(dst), nil
 }

@@ -2,8 +2,10 @@ package conntrack
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,14 +37,18 @@ func mkFlow(proto uint8, client, dst netip.AddrPort, endpoint netip.AddrPort) Fl
 
 func (ix index) matchFlow(f Flow) bool { return ix.matches(f.Protocol, f.Orig.Dst, f.Reply.Src.Addr()) }
 
+func keep(as ...netip.Addr) []netip.Addr { return as }
+
 func TestIndexMatches(t *testing.T) {
 	stale := []servicelb.StaleFlow{
-		{Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep1},
-		{Protocol: servicelb.UDP, Port: 30053, Endpoint: ep2}, // node port, one endpoint
-		{Protocol: servicelb.SCTP, Dst: vip, Port: 9000},      // every flow to the VIP port
-		{Protocol: servicelb.UDP, Port: 30099},                // node port, both families
-		{Protocol: servicelb.UDP, Dst: vip6, Port: 53, Endpoint: ep61},
+		{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ep2)},
+		{Protocol: servicelb.UDP, Dst: node, Port: 30053, Serving: keep(ep1)},
+		{Protocol: servicelb.SCTP, Dst: vip, Port: 9000}, // every flow to the VIP port
+		{Protocol: servicelb.UDP, Dst: vip6, Port: 53},
 		{Protocol: servicelb.UDP, Dst: netip.AddrFrom16(vip.As16()), Port: 54}, // IPv4-mapped: unmapped
+		// Two filters of one frontend: a flow either keeps stays.
+		{Protocol: servicelb.UDP, Dst: node, Port: 30099, Serving: keep(ep1)},
+		{Protocol: servicelb.UDP, Dst: node, Port: 30099, Serving: keep(ep2)},
 	}
 	idx, err := buildIndex(stale)
 	if err != nil {
@@ -54,53 +60,57 @@ func TestIndexMatches(t *testing.T) {
 		f    Flow
 		want bool
 	}{
-		{"vip to removed endpoint", mkFlow(udpNo, cli, ap(vip, 53), ap(ep1, 5353)), true},
-		{"vip to kept endpoint", mkFlow(udpNo, cli, ap(vip, 53), ap(ep2, 5353)), false},
-		{"tcp to vip and removed endpoint", mkFlow(unix.IPPROTO_TCP, cli, ap(vip, 53), ap(ep1, 5353)), false},
+		{"vip to an endpoint that no longer serves", mkFlow(udpNo, cli, ap(vip, 53), ap(ep1, 5353)), true},
+		{"vip to a serving endpoint", mkFlow(udpNo, cli, ap(vip, 53), ap(ep2, 5353)), false},
+		{"untranslated flow to the vip", mkFlow(udpNo, cli, ap(vip, 53), ap(vip, 53)), true},
+		{"tcp", mkFlow(unix.IPPROTO_TCP, cli, ap(vip, 53), ap(ep1, 5353)), false},
 		{"other port", mkFlow(udpNo, cli, ap(vip, 5353), ap(ep1, 5353)), false},
-		{"node port to removed endpoint", mkFlow(udpNo, cli, ap(node, 30053), ap(ep2, 53)), true},
-		{"node port on any address", mkFlow(udpNo, cli, ap(ep1, 30053), ap(ep2, 53)), true},
-		{"node port to kept endpoint", mkFlow(udpNo, cli, ap(node, 30053), ap(ep1, 53)), false},
-		{"sctp any endpoint", mkFlow(unix.IPPROTO_SCTP, cli, ap(vip, 9000), ap(ep2, 9000)), true},
-		{"sctp untranslated", mkFlow(unix.IPPROTO_SCTP, cli, ap(vip, 9000), ap(vip, 9000)), true},
+		{"node port to an endpoint that no longer serves", mkFlow(udpNo, cli, ap(node, 30053), ap(ep2, 53)), true},
+		{"node port on another address", mkFlow(udpNo, cli, ap(ep1, 30053), ap(ep2, 53)), false},
+		{"node port to a serving endpoint", mkFlow(udpNo, cli, ap(node, 30053), ap(ep1, 53)), false},
+		{"sctp, nothing serves", mkFlow(unix.IPPROTO_SCTP, cli, ap(vip, 9000), ap(ep2, 9000)), true},
 		{"sctp other vip", mkFlow(unix.IPPROTO_SCTP, cli, ap(node, 9000), ap(ep2, 9000)), false},
-		{"node port any endpoint", mkFlow(udpNo, cli, ap(node, 30099), ap(ep2, 1)), true},
-		{"ipv6 removed endpoint", mkFlow(udpNo, cli6, ap(vip6, 53), ap(ep61, 53)), true},
-		{"ipv6 node port any endpoint", mkFlow(udpNo, cli6, ap(netip.MustParseAddr("fd00:c::1"), 30099), ap(ep61, 1)), true},
+		{"ipv6, nothing serves", mkFlow(udpNo, cli6, ap(vip6, 53), ap(ep61, 53)), true},
 		{"mapped filter", mkFlow(udpNo, cli, ap(vip, 54), ap(ep1, 1)), true},
+		{"merged filters keep the first's", mkFlow(udpNo, cli, ap(node, 30099), ap(ep1, 1)), false},
+		{"merged filters keep the second's", mkFlow(udpNo, cli, ap(node, 30099), ap(ep2, 1)), false},
+		{"merged filters", mkFlow(udpNo, cli, ap(node, 30099), ap(vip, 1)), true},
 	}
 	for _, c := range cases {
 		if got := idx[c.f.Family] != nil && idx[c.f.Family].matchFlow(c.f); got != c.want {
 			t.Errorf("%s: match %v, want %v", c.name, got, c.want)
 		}
-		naive := false
-		for _, s := range stale {
-			naive = naive || c.f.Matches(s)
-		}
-		if naive != c.want {
-			t.Errorf("%s: Flow.Matches %v, want %v", c.name, naive, c.want)
-		}
 	}
-	if len(idx[servicelb.IPv6]) != 2 || len(idx[servicelb.IPv4]) != 5 {
+	if len(idx[servicelb.IPv6]) != 1 || len(idx[servicelb.IPv4]) != 5 {
 		t.Errorf("families: v4 %d keys, v6 %d keys", len(idx[servicelb.IPv4]), len(idx[servicelb.IPv6]))
 	}
 }
 
 // TestIndexAgreesWithNaiveMatching compares the index with Flow.Matches
 // over random flows and filters drawn from small pools, so that many
-// match.
+// match. The filters name distinct frontends, where Flow.Matches of each
+// filter alone is the meaning of the set.
 func TestIndexAgreesWithNaiveMatching(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	addrs := []netip.Addr{vip, node, ep1, ep2, vip6, ep61, {}}
+	v4 := []netip.Addr{vip, node, ep1, ep2}
 	protos := []servicelb.Protocol{servicelb.UDP, servicelb.SCTP, servicelb.TCP}
-	pick := func() netip.Addr { return addrs[rng.IntN(len(addrs))] }
+	pick := func() netip.Addr { return v4[rng.IntN(len(v4))] }
 	for round := range 200 {
 		var stale []servicelb.StaleFlow
+		seen := map[string]bool{}
 		for range rng.IntN(8) + 1 {
-			s := servicelb.StaleFlow{Protocol: protos[rng.IntN(3)], Port: uint16(rng.IntN(3) + 1), Dst: pick(), Endpoint: pick()}
-			if s.Dst.IsValid() && s.Endpoint.IsValid() && s.Dst.Is4() != s.Endpoint.Is4() {
+			s := servicelb.StaleFlow{Protocol: protos[rng.IntN(2)], Port: uint16(rng.IntN(3) + 1), Dst: pick()}
+			for _, a := range v4 {
+				if rng.IntN(2) == 0 {
+					s.Serving = append(s.Serving, a)
+				}
+			}
+			slices.SortFunc(s.Serving, netip.Addr.Compare)
+			k := fmt.Sprint(s.Protocol, s.Dst, s.Port)
+			if seen[k] {
 				continue
 			}
+			seen[k] = true
 			stale = append(stale, s)
 		}
 		idx, err := buildIndex(stale)
@@ -108,15 +118,7 @@ func TestIndexAgreesWithNaiveMatching(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 200 {
-			dst, ep := pick(), pick()
-			if !dst.IsValid() || !ep.IsValid() || dst.Is4() != ep.Is4() {
-				continue
-			}
-			src := cli
-			if dst.Is6() {
-				src = cli6
-			}
-			f := mkFlow(protos[rng.IntN(3)].Number(), src, netip.AddrPortFrom(dst, uint16(rng.IntN(3)+1)), netip.AddrPortFrom(ep, 7))
+			f := mkFlow(protos[rng.IntN(3)].Number(), cli, netip.AddrPortFrom(pick(), uint16(rng.IntN(3)+1)), netip.AddrPortFrom(pick(), 7))
 			naive := false
 			for _, s := range stale {
 				naive = naive || f.Matches(s)
@@ -133,7 +135,9 @@ func TestBuildIndexRejectsInvalidFilters(t *testing.T) {
 	for name, s := range map[string]servicelb.StaleFlow{
 		"unknown protocol": {Protocol: "ICMP", Dst: vip, Port: 53},
 		"port 0":           {Protocol: servicelb.UDP, Dst: vip},
-		"mixed families":   {Protocol: servicelb.UDP, Dst: vip, Port: 53, Endpoint: ep61},
+		"no destination":   {Protocol: servicelb.UDP, Port: 53},
+		"mixed families":   {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ep61)},
+		"unsorted":         {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ep2, ep1)},
 		"zoned":            {Protocol: servicelb.UDP, Dst: netip.MustParseAddr("fe80::1%eth0"), Port: 53},
 	} {
 		_, err := buildIndex([]servicelb.StaleFlow{good, s})
@@ -145,12 +149,13 @@ func TestBuildIndexRejectsInvalidFilters(t *testing.T) {
 }
 
 // BenchmarkMatch compares the index with checking every filter, for a
-// table of 20k flows and 2k filters (a service losing many endpoints).
+// table of 20k flows and 2k filters (a whole table reconciled with 2k
+// frontends).
 func BenchmarkMatch(b *testing.B) {
 	var stale []servicelb.StaleFlow
 	for i := range 2000 {
-		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53,
-			Endpoint: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)})})
+		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 53,
+			Serving: keep(netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)}))})
 	}
 	var flows []Flow
 	for i := range 20000 {

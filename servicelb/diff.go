@@ -1,6 +1,7 @@
 package servicelb
 
 import (
+	"cmp"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -91,84 +92,118 @@ func diffPorts(c *Changes, old, cur []*ServicePort) {
 	}
 }
 
-// samePort reports whether two service ports program the same kernel state:
-// everything but the Service they point to, which changes with any of its
-// other ports.
-func samePort(a, b *ServicePort) bool {
-	x, y := *a, *b
-	x.Service, y.Service = nil, nil
-	return reflect.DeepEqual(x, y)
-}
+// samePort reports whether two service ports program the same kernel
+// state: a ServicePort holds all a backend reads, so every field counts.
+func samePort(a, b *ServicePort) bool { return reflect.DeepEqual(a, b) }
 
-// StaleFlow describes conntrack flows that must be deleted after a change,
-// because they would otherwise keep sending a UDP or SCTP client's packets
-// to a backend that is gone, or past a service that now has backends.
+// StaleFlow selects the UDP or SCTP conntrack flows to one frontend that
+// must be deleted: those whose endpoint (the flow's reply source) does not
+// serve the frontend. Such a flow would keep sending a client's datagrams
+// to an endpoint that is gone, or past a service that gained endpoints
+// after the flow began. Flows to endpoints that still serve are kept, even
+// when the policies, topology or weights no longer select them, so that a
+// UDP session behaves as a TCP connection does (kube-proxy's
+// CleanStaleEntries).
 type StaleFlow struct {
 	Protocol Protocol
-	// Dst and Port match the flow's original destination. A zero Dst
-	// matches any destination: flows to a node port.
+	// Dst and Port are the frontend: the flow's original destination.
 	Dst  netip.Addr
 	Port uint16
-	// Endpoint, when valid, matches the flow's reply source: the backend
-	// the flow was translated to. Zero matches every flow to Dst and Port.
-	Endpoint netip.Addr
+	// Serving lists, sorted, the endpoints whose flows to the frontend
+	// stay; empty means every flow to it is stale.
+	Serving []netip.Addr
 }
 
-// StaleFlows returns the conntrack flows the changes leave stale: for UDP
-// and SCTP ports, flows to backends that are no longer selected, and all
-// flows to a port that had no backends and now has some.
-func (c *Changes) StaleFlows() []StaleFlow {
-	var out []StaleFlow
-	for _, o := range c.Removed {
-		out = appendStale(out, o, o.Backends(), false)
+// Keeps reports whether a flow to the frontend whose reply comes from
+// endpoint stays.
+func (f *StaleFlow) Keeps(endpoint netip.Addr) bool {
+	_, found := slices.BinarySearchFunc(f.Serving, endpoint, netip.Addr.Compare)
+	return found
+}
+
+// flowKey is a UDP or SCTP frontend.
+type flowKey struct {
+	proto Protocol
+	addr  netip.Addr
+	port  uint16
+}
+
+// flowFrontends adds the UDP and SCTP frontends of sp, with the endpoints
+// serving them, to m.
+func flowFrontends(m map[flowKey][]netip.Addr, sp *ServicePort) {
+	if sp.Port.Protocol == TCP {
+		return
 	}
-	for _, a := range c.Added {
-		out = appendStale(out, a, nil, a.HasBackends())
+	for _, f := range sp.Frontends() {
+		k := flowKey{sp.Port.Protocol, f.Addr, f.Port}
+		m[k] = mergeAddrs(m[k], sp.Serving)
+	}
+}
+
+func mergeAddrs(a, b []netip.Addr) []netip.Addr {
+	if len(a) == 0 {
+		return b
+	}
+	out := slices.Concat(a, b)
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// StaleFlows returns the conntrack filters the changes call for: one per
+// UDP or SCTP frontend where an endpoint stopped serving (or the frontend
+// went away), or where endpoints serve a frontend that none served before.
+func (c *Changes) StaleFlows() []StaleFlow {
+	before, after := map[flowKey][]netip.Addr{}, map[flowKey][]netip.Addr{}
+	for _, sp := range c.Removed {
+		flowFrontends(before, sp)
+	}
+	for _, sp := range c.Added {
+		flowFrontends(after, sp)
 	}
 	for _, ch := range c.Changed {
-		keep := map[netip.Addr]bool{}
-		for _, b := range ch.New.Backends() {
-			keep[b.Addr] = true
-		}
-		var gone []Backend
-		for _, b := range ch.Old.Backends() {
-			if !keep[b.Addr] {
-				gone = append(gone, b)
-			}
-		}
-		// Flows are matched by the old port's addresses, which a change may
-		// have removed along with the backends.
-		out = appendStale(out, ch.Old, gone, false)
-		out = appendStale(out, ch.New, nil, !ch.Old.HasBackends() && ch.New.HasBackends())
+		flowFrontends(before, ch.Old)
+		flowFrontends(after, ch.New)
 	}
+	var out []StaleFlow
+	add := func(k flowKey) {
+		out = append(out, StaleFlow{Protocol: k.proto, Dst: k.addr, Port: k.port, Serving: after[k]})
+	}
+	for k, old := range before {
+		now := after[k]
+		if slices.ContainsFunc(old, func(a netip.Addr) bool { _, ok := slices.BinarySearchFunc(now, a, netip.Addr.Compare); return !ok }) ||
+			(len(old) == 0 && len(now) > 0) {
+			add(k)
+		}
+	}
+	for k, now := range after {
+		if _, ok := before[k]; !ok && len(now) > 0 {
+			add(k)
+		}
+	}
+	sortStale(out)
 	return out
 }
 
-func appendStale(out []StaleFlow, sp *ServicePort, gone []Backend, all bool) []StaleFlow {
-	if sp.Port.Protocol == TCP || (len(gone) == 0 && !all) {
-		return out
-	}
-	var dsts []netip.Addr
-	if sp.ClusterIP.IsValid() {
-		dsts = append(dsts, sp.ClusterIP)
-	}
-	dsts = append(append(dsts, sp.ExternalIPs...), sp.LoadBalancerIPs...)
-	var eps []netip.Addr
-	if all {
-		eps = []netip.Addr{{}}
-	}
-	for _, b := range gone {
-		eps = append(eps, b.Addr)
-	}
-	slices.SortFunc(eps, netip.Addr.Compare)
-	eps = slices.Compact(eps)
-	for _, ep := range eps {
-		for _, d := range dsts {
-			out = append(out, StaleFlow{Protocol: sp.Port.Protocol, Dst: d, Port: sp.Port.Port, Endpoint: ep})
+// StaleFlows returns a filter for every UDP and SCTP frontend of the
+// state with the endpoints serving it: all a conntrack table needs to be
+// reconciled with the state, as after a restart.
+func (s *State) StaleFlows() []StaleFlow {
+	m := map[flowKey][]netip.Addr{}
+	s.svcs.each(func(_ string, e *entry) {
+		for _, sp := range e.ports {
+			flowFrontends(m, sp)
 		}
-		if sp.Port.NodePort != 0 {
-			out = append(out, StaleFlow{Protocol: sp.Port.Protocol, Port: sp.Port.NodePort, Endpoint: ep})
-		}
+	})
+	out := make([]StaleFlow, 0, len(m))
+	for k, serving := range m {
+		out = append(out, StaleFlow{Protocol: k.proto, Dst: k.addr, Port: k.port, Serving: serving})
 	}
+	sortStale(out)
 	return out
+}
+
+func sortStale(fs []StaleFlow) {
+	slices.SortFunc(fs, func(a, b StaleFlow) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Dst.Compare(b.Dst), cmp.Compare(a.Port, b.Port))
+	})
 }

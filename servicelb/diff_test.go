@@ -3,6 +3,7 @@ package servicelb
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -120,17 +121,16 @@ func TestDiffNodeChange(t *testing.T) {
 }
 
 func TestStaleFlows(t *testing.T) {
-	node := NodeConfig{}
-	svc := func(eps ...string) Service {
-		s := Service{
+	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1")}}
+	svc := func(eps ...Endpoint) Service {
+		return Service{
 			Name: "ns/dns", ClusterIPs: []netip.Addr{a("10.96.0.10")}, ExternalIPs: []netip.Addr{a("192.0.2.10")},
-			Ports: []Port{{Name: "udp", Protocol: UDP, Port: 53, NodePort: 30053}, {Name: "tcp", Protocol: TCP, Port: 53}},
+			Ports:     []Port{{Name: "udp", Protocol: UDP, Port: 53, NodePort: 30053}, {Name: "tcp", Protocol: TCP, Port: 53}},
+			Endpoints: eps,
 		}
-		for _, e := range eps {
-			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a(e), Ready: true})
-		}
-		return s
 	}
+	ready := func(addr string) Endpoint { return Endpoint{Addr: a(addr), Ready: true} }
+	terminating := func(addr string) Endpoint { return Endpoint{Addr: a(addr), Serving: true, Terminating: true} }
 	state := func(s ...Service) *State {
 		st, err := NewState(node, s...)
 		if err != nil {
@@ -142,30 +142,34 @@ func TestStaleFlows(t *testing.T) {
 		c := Diff(from, to)
 		out := []string{}
 		for _, f := range c.StaleFlows() {
-			out = append(out, fmt.Sprintf("%s %v:%d ep=%v", f.Protocol, f.Dst, f.Port, f.Endpoint))
+			out = append(out, fmt.Sprintf("%s %v:%d keep=%v", f.Protocol, f.Dst, f.Port, f.Serving))
 		}
 		return out
 	}
-	empty, one, two := state(svc()), state(svc("10.0.0.1")), state(svc("10.0.0.1", "10.0.0.2"))
+	all := func(keep string) []string {
+		return []string{
+			"UDP 10.96.0.10:53 keep=" + keep, "UDP 192.0.2.1:30053 keep=" + keep, "UDP 192.0.2.10:53 keep=" + keep,
+		}
+	}
+	empty, one, two := state(svc()), state(svc(ready("10.0.0.1"))), state(svc(ready("10.0.0.1"), ready("10.0.0.2")))
 	for _, tt := range []struct {
 		name     string
 		from, to *State
 		want     []string
 	}{
-		{"endpoint removed", two, one, []string{
-			"UDP 10.96.0.10:53 ep=10.0.0.2", "UDP 192.0.2.10:53 ep=10.0.0.2", "UDP invalid IP:30053 ep=10.0.0.2",
-		}},
+		{"endpoint removed", two, one, all("[10.0.0.1]")},
 		{"endpoint added", one, two, []string{}},
-		{"first endpoint", empty, one, []string{
-			"UDP 10.96.0.10:53 ep=invalid IP", "UDP 192.0.2.10:53 ep=invalid IP", "UDP invalid IP:30053 ep=invalid IP",
-		}},
-		{"service removed", one, state(), []string{
-			"UDP 10.96.0.10:53 ep=10.0.0.1", "UDP 192.0.2.10:53 ep=10.0.0.1", "UDP invalid IP:30053 ep=10.0.0.1",
-		}},
-		{"new service with endpoints", state(), one, []string{
-			"UDP 10.96.0.10:53 ep=invalid IP", "UDP 192.0.2.10:53 ep=invalid IP", "UDP invalid IP:30053 ep=invalid IP",
-		}},
+		{"first endpoint", empty, one, all("[10.0.0.1]")},
+		{"service removed", one, state(), all("[]")},
+		{"new service with endpoints", state(), one, all("[10.0.0.1]")},
 		{"new service without endpoints", state(), empty, []string{}},
+		// F5: a serving, terminating endpoint is deselected once another
+		// is ready; its flows stay.
+		{"terminating endpoint deselected but serving", state(svc(terminating("10.0.0.1"))),
+			state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), []string{}},
+		{"endpoint drained by weight 0", one, state(svc(Endpoint{Addr: a("10.0.0.1"), Ready: true, Weight: Weight(0)})), []string{}},
+		{"endpoint stops serving", state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), two,
+			all("[10.0.0.1 10.0.0.2]")[:0]},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if diff := cmp.Diff(tt.want, flows(tt.from, tt.to)); diff != "" {
@@ -173,6 +177,78 @@ func TestStaleFlows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStaleFlowsOfState: a state lists every UDP and SCTP frontend with
+// its serving endpoints, to reconcile a whole conntrack table.
+func TestStaleFlowsOfState(t *testing.T) {
+	st, err := NewState(NodeConfig{}, Service{
+		Name: "ns/x", ClusterIPs: []netip.Addr{a("10.96.0.1")},
+		Ports:     []Port{{Name: "u", Protocol: UDP, Port: 53}, {Name: "s", Protocol: SCTP, Port: 99}, {Name: "t", Protocol: TCP, Port: 80}},
+		Endpoints: []Endpoint{{Addr: a("10.0.0.2"), Ready: true}, {Addr: a("10.0.0.1"), Serving: true, Terminating: true}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []StaleFlow{
+		{Protocol: SCTP, Dst: a("10.96.0.1"), Port: 99, Serving: []netip.Addr{a("10.0.0.1"), a("10.0.0.2")}},
+		{Protocol: UDP, Dst: a("10.96.0.1"), Port: 53, Serving: []netip.Addr{a("10.0.0.1"), a("10.0.0.2")}},
+	}
+	if diff := cmp.Diff(want, st.StaleFlows(), cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if !want[0].Keeps(a("10.0.0.2")) || want[0].Keeps(a("10.0.0.3")) {
+		t.Error("Keeps")
+	}
+}
+
+// TestDiffSeesEveryField: a change of any input a backend reads shows in
+// Diff, including those a backend once read past the compiled port.
+func TestDiffSeesEveryField(t *testing.T) {
+	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1"), a("2001:db8::1")}}
+	base := Service{
+		Name: "ns/lb", ClusterIPs: []netip.Addr{a("10.96.0.1")}, LoadBalancerIPs: []netip.Addr{a("203.0.113.1")},
+		Ports:                 []Port{{Name: "p", Protocol: TCP, Port: 80, NodePort: 30080}},
+		ExternalTrafficPolicy: PolicyLocal, HealthCheckNodePort: 30100,
+		Endpoints: []Endpoint{{Addr: a("10.0.0.1"), Ready: true}},
+	}
+	for _, tt := range []struct {
+		name string
+		edit func(*Service)
+	}{
+		{"health check node port", func(s *Service) { s.HealthCheckNodePort = 30101 }},
+		{"source ranges of the port's family", func(s *Service) { s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")} }},
+		{"scheduler", func(s *Service) { s.Scheduler = SchedulerRoundRobin }},
+		{"affinity", func(s *Service) { s.Affinity = SessionAffinity{ClientIP: true} }},
+		{"serving endpoint", func(s *Service) {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Serving: true, Terminating: true})
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.Endpoints = slices.Clone(base.Endpoints)
+			tt.edit(&s)
+			from, to := mustNewState(t, node, base), mustNewState(t, node, s)
+			if c := Diff(from, to); c.Empty() {
+				t.Error("Diff is empty")
+			}
+		})
+	}
+	// Source ranges of the other family change no port.
+	s := base
+	s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("2001:db8:5::/48")}
+	if c := Diff(mustNewState(t, node, base), mustNewState(t, node, s)); !c.Empty() {
+		t.Errorf("IPv6 ranges changed an IPv4-only service: %+v", c)
+	}
+}
+
+func mustNewState(t *testing.T, node NodeConfig, svcs ...Service) *State {
+	t.Helper()
+	st, err := NewState(node, svcs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 func TestStateOwnsItsData(t *testing.T) {

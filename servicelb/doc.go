@@ -14,19 +14,13 @@
 //
 // A [State] is a validated, immutable snapshot of a node and its services.
 // Each service is compiled into one [ServicePort] per port and address
-// family, which carries everything a backend programs: the addresses, the
-// policies and the endpoints selected for it. [Diff] compares two States
-// and reports which service ports were added, removed or changed, so that a
-// backend rewrites only those; States built from one another share every
-// unchanged service, so the comparison skips them by identity.
-//
-// Costs follow the change, not the size. The States one Builder hands out
-// one after another share a map of their services and differ by a small
-// overlay of the services changed since (folded into a new map once it
-// outgrows about twice the square root of their number), so a change costs
-// no copy of the whole map and Diff of two such States reads only their
-// overlays: a one-service change and its Diff take about the same time
-// with 10,000 services in place as with 1,000.
+// family: the complete decision for that port, which is everything a
+// backend programs and all it may read. Backends render ServicePorts; they
+// decide nothing about what a service means, so every backend gives the
+// same packets the same fate, and [Diff], which compares every field of a
+// ServicePort, reports every change a backend must apply. States built
+// from one another share every unchanged service, so a change and its Diff
+// cost what changed, not what is there.
 //
 // Build a State with [NewState] (all or nothing) or incrementally with a
 // [Builder] (each change validated on its own). Feed a [Proxier] by hand,
@@ -43,20 +37,34 @@
 // kernel's limits); an invalid, unspecified, loopback, multicast, zoned or
 // IPv4-mapped address, or an address listed twice; two cluster IPs of one
 // family; no ports, port 0, a node port outside the node port range, two
-// ports with one name, or one port number and protocol twice; a protocol
-// other than TCP, UDP and SCTP; a traffic policy other than Cluster and
-// Local; an affinity timeout outside 1s to 24h; an unknown scheduler hint.
-// Across services, the same address, port and protocol may belong to only
-// one service, and so may a node port and protocol.
+// ports with one name, one port number and protocol twice, or a health
+// check node port that is one of its own TCP node ports; a protocol other
+// than TCP, UDP and SCTP; a traffic policy other than Cluster and Local;
+// an affinity timeout that is not a whole number of seconds from 1s to
+// 24h; an unknown scheduler hint.
+//
+// Each backend declares its [Capabilities]: the scheduler hints it
+// honours, the protocols it carries, the endpoints one port may have, the
+// features it implements. A Runner refuses a service that does not fit
+// (ErrUnsupported, ErrCapacity) at its source, before the kernel, and
+// keeps applying everything else; a backend checks each port it plans
+// with [Capabilities.CheckPort], so the error is the same on every
+// backend.
+//
+// Two services may ask for one frontend (the same address, protocol and
+// port, or the same node port). They are both served; the frontend goes
+// to one by rule, a virtual address before a node port on that address and
+// then the service whose name sorts first, and [State.Conflicts] reports
+// the clash. The other service keeps all its other frontends.
 //
 // # Endpoint selection
 //
-// Selection is decided here, once, for every backend. For each service
-// port and address family:
+// For each service port and address family:
 //
-//   - An endpoint can serve the port if its address is of that family and
-//     its weight is not zero. Its port is the one it names for the port's
-//     name in [Endpoint.Ports], else the port's TargetPort, else the port
+//   - An endpoint can serve the port if its address is of that family, its
+//     weight is not zero, and it serves the port: its port is the one it
+//     names for the port's name in [Endpoint.Ports], else (unless
+//     [Endpoint.OnlyNamedPorts]) the port's TargetPort, else the port
 //     itself. The same address and port listed twice counts once.
 //   - Ready endpoints are preferred. Only when no candidate is ready do
 //     endpoints that are still serving while terminating take traffic, so
@@ -64,35 +72,77 @@
 //     old instances can still answer. Endpoints neither ready nor serving
 //     never take traffic.
 //   - The cluster set ([ServicePort.Cluster]) is chosen among all
-//     candidates. Topology hints narrow it only when every ready candidate
-//     carries hints: then the ready ones hinted for this node are used if
-//     there are any, else those hinted for this node's zone, else hints
-//     are ignored. One endpoint without hints turns hints off for the
-//     whole port, because a partial set of hints cannot be trusted to
-//     spread load fairly.
+//     candidates. Topology hints narrow its ready candidates as
+//     kube-proxy's topologyModeFromHints does: to those hinted for this
+//     node when every ready candidate has a node hint and one names this
+//     node; else to those hinted for this node's zone when every ready
+//     candidate has a zone hint and one names the zone; else not at all.
+//     Hints of the two kinds are judged apart, so a set of mixed hints
+//     (during a change of trafficDistribution) does not crowd a node's
+//     traffic onto one endpoint.
 //   - The local set ([ServicePort.Local]) is chosen, by the same ready
 //     first rule, among the candidates whose node is this node. Hints do
 //     not apply to it.
-//   - Traffic to the cluster IP uses the local set when the internal
-//     traffic policy is Local, else the cluster set. Traffic to node
-//     ports, external IPs and load-balancer IPs uses the local set when
-//     the external traffic policy is Local, else the cluster set. The
-//     external policy means nothing for a port with no node port and no
-//     external or load-balancer address.
-//   - A port whose traffic has no backend at all is rejected: the client
-//     gets a TCP reset or an ICMP port unreachable at once. When one kind
-//     of traffic has backends and the other has none (a Local policy and
-//     no local endpoint), the traffic left without backends is dropped,
-//     since another node may serve it.
 //   - Weight 0 drains an endpoint: it takes no new flows, while flows it
 //     already has continue. A weight spreads new flows in proportion among
 //     the selected endpoints where the backend's scheduler allows it.
 //
-// External Local traffic keeps the client's source address; external
-// Cluster traffic is masqueraded so that replies come back through this
-// node. Traffic to a cluster IP from outside the cluster CIDRs is
-// masqueraded too, and so is an endpoint reaching itself through its own
-// service (hairpin).
+// # What happens to a new flow
+//
+// A backend tells three origins of traffic apart ([Origin]): a pod (a
+// source in the cluster CIDRs of the flow's family, NodeConfig's
+// local-traffic detection), else the node itself (a local source
+// address), else a client outside. For each kind of frontend and each
+// origin, the ServicePort holds a [Verdict]: forward to the cluster set or
+// the local set, masqueraded or not, or reject, or drop. They follow
+// kube-proxy's iptables mode:
+//
+//   - A port no endpoint serves anywhere rejects every flow at once with an
+//     ICMP (ICMPv6) port unreachable, which a TCP client sees as a refused
+//     connection.
+//   - Traffic to the cluster IP takes the set of the internal traffic
+//     policy, from every origin, and is dropped when that set is empty
+//     (another node may serve it). It is masqueraded from outside and from
+//     the node when the node has cluster CIDRs of the family; from every
+//     origin with MasqueradeAll; otherwise never.
+//   - Traffic to node ports, external IPs and load-balancer IPs under the
+//     external Cluster policy takes the cluster set and is masqueraded,
+//     so that replies come back through this node.
+//   - Under the external Local policy, traffic from outside takes the local
+//     set with the client's address kept, and is dropped on a node without
+//     a local endpoint. Traffic from a pod takes the cluster set
+//     unmasqueraded, and from the node the cluster set masqueraded, as if it
+//     had gone out to a load balancer and come back: a node or pod reaches
+//     an externally visible service wherever its endpoints are. Without
+//     cluster CIDRs a pod cannot be told apart and counts as outside.
+//   - A flow forwarded from an endpoint to itself (hairpin) is masqueraded,
+//     so the endpoint's reply comes back through the node.
+//   - Load-balancer source ranges ([ServicePort.SourceRanges]) drop the
+//     flows to load-balancer IPs from other sources. The node is admitted
+//     only through the ranges, and when a node address lies in them the
+//     load-balancer IPs are admitted as sources too (the node reaching a
+//     load-balancer IP it holds). Ranges of one family never close the
+//     other family.
+//   - A flow to a cluster IP on a port no service has is rejected, and with
+//     NodeConfig.ServiceCIDRs one to an address of the service CIDRs that
+//     is no cluster IP is dropped (kube-proxy's cluster-ips-check).
+//     Traffic to external and load-balancer IPs on other ports is not the
+//     proxier's; a backend that must hold those addresses on the node
+//     rejects it.
+//   - ClientIP affinity pins a client to the endpoint it first reached;
+//     the pin lasts while the client opens new flows less than the timeout
+//     apart.
+//
+// # Stale flows
+//
+// A UDP or SCTP flow keeps its translation as long as its client keeps
+// sending. After a change, a flow to a frontend is stale when its endpoint
+// no longer serves the port: [StaleFlow] keeps the flows of every serving
+// endpoint, whatever the policies, topology, weights or the terminating
+// fallback select, so that a UDP session lasts as a TCP connection does.
+// [Changes.StaleFlows] lists the frontends a change touched; a State's
+// [State.StaleFlows] lists them all, to reconcile a whole conntrack table
+// with the state after a restart.
 //
 // # The Runner
 //

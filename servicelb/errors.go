@@ -30,22 +30,24 @@ var (
 	// ErrDuplicatePortName: two ports of one service with the same name.
 	ErrDuplicatePortName = errors.New("duplicate port name")
 	// ErrDuplicatePort: two ports of one service with the same port and
-	// protocol, or the same node port and protocol.
+	// protocol, or the same node port and protocol, or a health check
+	// node port that is also one of its TCP node ports.
 	ErrDuplicatePort = errors.New("duplicate port")
 	// ErrUnknownProtocol: a protocol other than TCP, UDP and SCTP.
 	ErrUnknownProtocol = errors.New("unknown protocol")
 	// ErrInvalidPolicy: a traffic policy other than Cluster and Local.
 	ErrInvalidPolicy = errors.New("invalid traffic policy")
-	// ErrAffinityTimeout: an affinity timeout outside 1s .. 24h, or one
-	// without ClientIP affinity.
+	// ErrAffinityTimeout: an affinity timeout outside 1s .. 24h, not a
+	// whole number of seconds, or one without ClientIP affinity.
 	ErrAffinityTimeout = errors.New("affinity timeout out of range")
-	// ErrUnknownScheduler: a scheduler hint not in Schedulers.
+	// ErrUnknownScheduler: a scheduler hint not in Schedulers().
 	ErrUnknownScheduler = errors.New("unknown scheduler")
-	// ErrVIPConflict: the same virtual address, port and protocol in two
-	// services.
-	ErrVIPConflict = errors.New("address and port already used by another service")
-	// ErrNodePortConflict: the same node port and protocol in two services.
-	ErrNodePortConflict = errors.New("node port already used by another service")
+	// ErrUnsupported: something the backend cannot express (see
+	// Capabilities), such as a scheduler hint it does not honour.
+	ErrUnsupported = errors.New("not supported by the backend")
+	// ErrCapacity: more than the backend can hold, such as more endpoints
+	// for one service port than its layout has room for.
+	ErrCapacity = errors.New("capacity of the backend exceeded")
 	// ErrInvalidNode: a NodeConfig field that is not valid.
 	ErrInvalidNode = errors.New("invalid node config")
 )

@@ -113,11 +113,13 @@ const (
 	SchedulerRandom Scheduler = "random"
 )
 
-// Schedulers lists every scheduler hint that validation accepts.
-var Schedulers = []Scheduler{
-	SchedulerDefault, SchedulerRandom, SchedulerRoundRobin, SchedulerWeightedRR,
-	SchedulerLeastConn, SchedulerWeightedLeastConn, SchedulerSourceHash,
-	SchedulerDestinationHash, SchedulerShortestDelay, SchedulerNeverQueue, SchedulerMaglev,
+// Schedulers returns every scheduler hint that validation accepts.
+func Schedulers() []Scheduler {
+	return []Scheduler{
+		SchedulerDefault, SchedulerRandom, SchedulerRoundRobin, SchedulerWeightedRR,
+		SchedulerLeastConn, SchedulerWeightedLeastConn, SchedulerSourceHash,
+		SchedulerDestinationHash, SchedulerShortestDelay, SchedulerNeverQueue, SchedulerMaglev,
+	}
 }
 
 // Port is one port of a service.
@@ -142,8 +144,11 @@ type Port struct {
 type SessionAffinity struct {
 	// ClientIP turns affinity by client source address on.
 	ClientIP bool `json:"clientIP,omitempty"`
-	// Timeout is how long a client stays pinned after its last packet,
-	// from 1s to 24h; zero means DefaultAffinityTimeout.
+	// Timeout is how long a pin lasts: a client stays on its endpoint
+	// while it opens new flows less than Timeout apart (each new flow
+	// renews the pin; IPVS also keeps the pin while the client's flows
+	// live). A whole number of seconds from 1s to 24h; zero means
+	// DefaultAffinityTimeout.
 	Timeout time.Duration `json:"timeout,omitempty"`
 }
 
@@ -188,8 +193,13 @@ type Endpoint struct {
 	// per family.
 	Addr netip.Addr `json:"addr"`
 	// Ports maps service port names to the backend's port for them. A
-	// service port not named here uses its TargetPort.
+	// service port not named here uses its TargetPort, unless
+	// OnlyNamedPorts.
 	Ports map[string]uint16 `json:"ports,omitempty"`
+	// OnlyNamedPorts makes Ports the whole list of the service ports the
+	// endpoint serves, as the ports of a Kubernetes EndpointSlice are:
+	// the endpoint takes no traffic for a port Ports does not name.
+	OnlyNamedPorts bool `json:"onlyNamedPorts,omitempty"`
 	// Ready means the backend accepts new traffic.
 	Ready bool `json:"ready"`
 	// Serving means the backend still answers, even while terminating.
@@ -281,7 +291,8 @@ type NodeConfig struct {
 	// (and traffic to cluster IPs is masqueraded only with MasqueradeAll).
 	ClusterCIDRs []netip.Prefix `json:"clusterCIDRs,omitempty"`
 	// ServiceCIDRs hold every cluster IP. When set, traffic to an address
-	// in them that matches no service port is dropped.
+	// in them that is no service's cluster IP is dropped. (Traffic to a
+	// cluster IP on a port no service has is rejected either way.)
 	ServiceCIDRs []netip.Prefix `json:"serviceCIDRs,omitempty"`
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool `json:"masqueradeAll,omitempty"`

@@ -16,6 +16,10 @@ type Proxier interface {
 	Sync(ctx context.Context, st *State) error
 	// Cleanup removes everything the proxier owns from the kernel.
 	Cleanup(ctx context.Context) error
+	// Capabilities says what the proxier can express. A Runner refuses
+	// services that do not fit, and Sync refuses service ports that do
+	// not, before sending anything.
+	Capabilities() Capabilities
 }
 
 // Renderer is implemented by proxiers that can show the kernel state they

@@ -146,6 +146,9 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := b.Require(p.Capabilities()); err != nil {
+		return nil, err
+	}
 	if o.MinSyncInterval < 0 || o.MaxSyncInterval < 0 || o.RetryInterval < 0 {
 		return nil, fmt.Errorf("servicelb: negative sync interval")
 	}
@@ -409,8 +412,8 @@ func (s *Source) upsert(svc *Service) error {
 	if err != nil {
 		return err
 	}
-	if changed {
-		r.changed(svc.Name)
+	for _, name := range changed {
+		r.changed(name)
 	}
 	r.owner[svc.Name], s.owned[svc.Name] = s, true
 	return nil
@@ -439,8 +442,11 @@ func (s *Source) delete(name string) error {
 	if o, ok := r.owner[name]; ok && o != s {
 		return &ValidationError{Service: name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
 	}
-	if r.b.Delete(name) {
+	if others, ok := r.b.delete(name); ok {
 		r.changed(name)
+		for _, o := range others {
+			r.changed(o)
+		}
 	}
 	delete(r.owner, name)
 	delete(s.owned, name)

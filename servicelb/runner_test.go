@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
@@ -329,4 +331,34 @@ func TestRunnerOptions(t *testing.T) {
 	if _, err := servicelb.NewRunner(p, servicelb.RunnerOptions{Node: servicelb.NodeConfig{MasqueradeBit: 99}}); !errors.Is(err, servicelb.ErrInvalidNode) {
 		t.Errorf("invalid node: %v", err)
 	}
+}
+
+// TestRunnerRefusesWhatTheBackendCannotExpress: a service the backend
+// cannot serve (a scheduler hint it does not honour, more endpoints than it
+// holds) is refused at its source with ErrUnsupported or ErrCapacity and
+// left out; every other change still reaches the proxier (F1c).
+func TestRunnerRefusesWhatTheBackendCannotExpress(t *testing.T) {
+	p := &fake.Proxier{Caps: servicelb.Capabilities{Backend: "narrow", Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}, MaxEndpoints: 2}}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{})
+	require.NoError(t, err)
+	src := r.Source("s")
+	hinted := svc("hinted", 1)
+	hinted.Scheduler = servicelb.SchedulerRoundRobin
+	big := svc("big", 2)
+	for i := range 3 {
+		big.Endpoints = append(big.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, 0, byte(i)}), Ready: true})
+	}
+	err = src.Upsert(hinted, big, svc("good", 3))
+	require.ErrorIs(t, err, servicelb.ErrUnsupported)
+	require.ErrorIs(t, err, servicelb.ErrCapacity)
+	var ve *servicelb.ValidationError
+	require.ErrorAs(t, err, &ve)
+	assert.Equal(t, "hinted", ve.Service)
+	assert.Equal(t, "scheduler", ve.Field)
+	assert.Contains(t, err.Error(), `the narrow backend honours "" (its default), "random"`)
+	names := []string{}
+	for _, s := range r.State().Services() {
+		names = append(names, s.Name)
+	}
+	assert.Equal(t, []string{"good"}, names)
 }

@@ -2,10 +2,8 @@ package servicelb
 
 import (
 	"cmp"
-	"fmt"
 	"net/netip"
 	"slices"
-	"time"
 )
 
 // Backend is an endpoint selected for a service port: where new flows may go.
@@ -29,99 +27,6 @@ func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b
 // String formats the backend as "addr:port".
 func (b Backend) String() string { return b.AddrPort().String() }
 
-// ServicePortKey names one port of one service in one address family.
-type ServicePortKey struct {
-	Service string
-	Port    string
-	Family  Family
-}
-
-// String formats the key as "service:port/family", such as
-// "default/web:http/ipv4".
-func (k ServicePortKey) String() string {
-	return fmt.Sprintf("%s:%s/%s", k.Service, k.Port, k.Family)
-}
-
-// Compare orders keys by service, port and family.
-func (k ServicePortKey) Compare(o ServicePortKey) int {
-	return cmp.Or(cmp.Compare(k.Service, o.Service), cmp.Compare(k.Port, o.Port), cmp.Compare(k.Family, o.Family))
-}
-
-// ServicePort is what a backend programs: one port of one service in one
-// address family, with its addresses and the endpoints selected for it. It
-// is immutable: States share it until the service changes.
-type ServicePort struct {
-	Key ServicePortKey
-	// Service is the validated service it belongs to. Read only.
-	Service *Service
-	Port    Port
-	Family  Family
-	// ClusterIP is the service's cluster IP of this family, if any.
-	ClusterIP netip.Addr
-	// ExternalIPs, LoadBalancerIPs and SourceRanges are the service's, of
-	// this family.
-	ExternalIPs     []netip.Addr
-	LoadBalancerIPs []netip.Addr
-	SourceRanges    []netip.Prefix
-	// NodeIPs are the node addresses of this family that serve NodePort;
-	// empty when the port has no node port.
-	NodeIPs []netip.Addr
-	// InternalLocal and ExternalLocal are the traffic policies. External
-	// Local is false for a service with no external address or node port.
-	InternalLocal bool
-	ExternalLocal bool
-	// Affinity is the ClientIP affinity timeout; zero means no affinity.
-	Affinity  time.Duration
-	Scheduler Scheduler
-	// Cluster holds the backends for traffic under the Cluster policy, and
-	// Local those for traffic under the Local policy, ordered by address
-	// and port. See the package documentation for how they are chosen.
-	Cluster []Backend
-	Local   []Backend
-}
-
-// External reports whether the port is reachable from outside the cluster:
-// through a node port, an external IP or a load-balancer IP.
-func (sp *ServicePort) External() bool {
-	return sp.Port.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
-}
-
-// InternalBackends returns the backends for traffic to the cluster IP.
-func (sp *ServicePort) InternalBackends() []Backend {
-	if sp.InternalLocal {
-		return sp.Local
-	}
-	return sp.Cluster
-}
-
-// ExternalBackends returns the backends for traffic to node ports, external
-// IPs and load-balancer IPs.
-func (sp *ServicePort) ExternalBackends() []Backend {
-	if sp.ExternalLocal {
-		return sp.Local
-	}
-	return sp.Cluster
-}
-
-// HasBackends reports whether any traffic to the port can be served. A port
-// without backends rejects its traffic (ICMP port unreachable or TCP reset);
-// one with backends drops the traffic whose policy leaves it none.
-func (sp *ServicePort) HasBackends() bool {
-	return len(sp.InternalBackends()) > 0 || (sp.External() && len(sp.ExternalBackends()) > 0)
-}
-
-// Backends returns every backend either policy selects, without duplicates,
-// ordered by address and port.
-func (sp *ServicePort) Backends() []Backend {
-	out := slices.Clone(sp.InternalBackends())
-	if sp.External() && sp.ExternalLocal != sp.InternalLocal {
-		out = append(out, sp.ExternalBackends()...)
-		slices.SortFunc(out, compareBackends)
-		out = slices.CompactFunc(out, func(a, b Backend) bool { return a.AddrPort() == b.AddrPort() })
-	}
-	return out
-}
-
 func compareBackends(a, b Backend) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 }
@@ -140,12 +45,9 @@ func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 	index := map[netip.AddrPort]int{}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if FamilyOf(e.Addr) != f || e.EffectiveWeight() == 0 {
+		port, ok := endpointPort(e, p)
+		if !ok || FamilyOf(e.Addr) != f || e.EffectiveWeight() == 0 {
 			continue
-		}
-		port, ok := e.Ports[p.Name]
-		if !ok {
-			port = cmp.Or(p.TargetPort, p.Port)
 		}
 		c := candidate{
 			Backend: Backend{Addr: e.Addr, Port: port, Weight: e.EffectiveWeight(), Local: node.Local(e), Ready: e.Ready},
@@ -163,6 +65,32 @@ func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 	}
 	slices.SortFunc(out, func(a, b candidate) int { return compareBackends(a.Backend, b.Backend) })
 	return out
+}
+
+// endpointPort returns the endpoint's port for service port p, and false
+// when the endpoint does not serve p.
+func endpointPort(e *Endpoint, p Port) (uint16, bool) {
+	if port, ok := e.Ports[p.Name]; ok {
+		return port, true
+	}
+	if e.OnlyNamedPorts {
+		return 0, false
+	}
+	return cmp.Or(p.TargetPort, p.Port), true
+}
+
+// serving returns the addresses of the endpoints of family f that serve
+// port p (ready, or serving), whatever their weight, sorted.
+func serving(s *Service, p Port, f Family) []netip.Addr {
+	var out []netip.Addr
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if _, ok := endpointPort(e, p); ok && FamilyOf(e.Addr) == f && (e.Ready || e.Serving) {
+			out = append(out, e.Addr)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // pick returns the ready candidates that keep says yes to or, when there
@@ -186,66 +114,132 @@ func pick(cs []candidate, keep func(*candidate) bool) []Backend {
 	return fallback
 }
 
-// selectCluster applies topology hints to the cluster-wide choice: only when
-// every ready candidate carries hints, and only when some of them name this
-// node (then those) or else this node's zone (then those).
+// selectCluster applies topology hints to the cluster-wide choice, as
+// kube-proxy's topologyModeFromHints and CategorizeEndpoints do: node
+// hints when every ready candidate has one and some name this node, else
+// zone hints when every ready candidate has one and some name this node's
+// zone, else none. Hints narrow the ready candidates only; the terminating
+// fallback ignores them.
 func selectCluster(node *NodeConfig, cs []candidate) []Backend {
 	all := func(*candidate) bool { return true }
-	hinted, anyReady := true, false
-	for i := range cs {
-		if cs[i].Ready {
-			anyReady = true
-			hinted = hinted && !cs[i].ep.Hints.Empty()
-		}
-	}
-	if !anyReady || !hinted {
+	byNode := func(c *candidate) bool { return slices.Contains(c.ep.Hints.ForNodes, node.NodeName) }
+	byZone := func(c *candidate) bool { return slices.Contains(c.ep.Hints.ForZones, node.Zone) }
+	var keep func(*candidate) bool
+	switch {
+	case node.NodeName != "" && hintMode(cs, func(e *Endpoint) []string { return e.Hints.ForNodes }, byNode):
+		keep = byNode
+	case node.Zone != "" && hintMode(cs, func(e *Endpoint) []string { return e.Hints.ForZones }, byZone):
+		keep = byZone
+	default:
 		return pick(cs, all)
 	}
-	byNode := func(c *candidate) bool {
-		return node.NodeName != "" && slices.Contains(c.ep.Hints.ForNodes, node.NodeName)
-	}
-	byZone := func(c *candidate) bool { return node.Zone != "" && slices.Contains(c.ep.Hints.ForZones, node.Zone) }
-	for _, keep := range []func(*candidate) bool{byNode, byZone} {
-		if b := pick(cs, func(c *candidate) bool { return c.Ready && keep(c) }); len(b) > 0 {
-			return b
-		}
+	if b := pick(cs, func(c *candidate) bool { return c.Ready && keep(c) }); len(b) > 0 {
+		return b
 	}
 	return pick(cs, all)
 }
 
-// compilePorts builds the service ports of a validated, normalized service.
-func compilePorts(node *NodeConfig, s *Service) []*ServicePort {
+// hintMode reports whether every ready candidate carries hints of one kind
+// and some of them are for this node (mine).
+func hintMode(cs []candidate, hints func(*Endpoint) []string, mine func(*candidate) bool) bool {
+	anyMine := false
+	for i := range cs {
+		c := &cs[i]
+		if !c.Ready {
+			continue
+		}
+		if len(hints(c.ep)) == 0 {
+			return false
+		}
+		anyMine = anyMine || mine(c)
+	}
+	return anyMine
+}
+
+// compilePorts builds the service ports of a validated, normalized
+// service. Frontends that another service holds (see claims) are left
+// out.
+func compilePorts(node *NodeConfig, s *Service, c *claims) []*ServicePort {
 	var out []*ServicePort
 	for _, f := range serviceFamilies(node, s) {
 		for _, p := range s.Ports {
-			cs := candidates(node, s, p, f)
-			sp := &ServicePort{
-				Key:             ServicePortKey{Service: s.Name, Port: p.Name, Family: f},
-				Service:         s,
-				Port:            p,
-				Family:          f,
-				ExternalIPs:     addrsOf(s.ExternalIPs, f),
-				LoadBalancerIPs: addrsOf(s.LoadBalancerIPs, f),
-				SourceRanges:    prefixesOf(s.SourceRanges, f),
-				InternalLocal:   s.InternalTrafficPolicy == PolicyLocal,
-				Scheduler:       s.Scheduler,
-				Cluster:         selectCluster(node, cs),
-				Local:           pick(cs, func(c *candidate) bool { return c.Local }),
-			}
-			if ips := addrsOf(s.ClusterIPs, f); len(ips) > 0 {
-				sp.ClusterIP = ips[0]
-			}
-			if p.NodePort != 0 {
-				sp.NodeIPs = node.NodePortIPs(f)
-			}
-			sp.ExternalLocal = s.ExternalTrafficPolicy == PolicyLocal && sp.External()
-			if s.Affinity.ClientIP {
-				sp.Affinity = cmp.Or(s.Affinity.Timeout, DefaultAffinityTimeout)
-			}
-			out = append(out, sp)
+			out = append(out, compilePort(node, s, c, p, f))
 		}
 	}
 	return out
+}
+
+func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *ServicePort {
+	cs := candidates(node, s, p, f)
+	held := func(as []netip.Addr) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range addrsOf(as, f) {
+			if c.vipOwner(frontKey{a, p.Protocol, p.Port}) == s.Name {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	sp := &ServicePort{
+		Key:             ServicePortKey{Service: s.Name, Port: p.Name, Family: f},
+		Port:            p,
+		Family:          f,
+		ExternalIPs:     held(s.ExternalIPs),
+		LoadBalancerIPs: held(s.LoadBalancerIPs),
+		Scheduler:       s.Scheduler,
+		Cluster:         selectCluster(node, cs),
+		Local:           pick(cs, func(c *candidate) bool { return c.Local }),
+		Serving:         serving(s, p, f),
+	}
+	if ips := held(s.ClusterIPs); len(ips) > 0 {
+		sp.ClusterIP = ips[0]
+	}
+	if p.NodePort != 0 && c.nodePortOwner(portKey{p.Protocol, p.NodePort}) == s.Name {
+		for _, a := range node.NodePortIPs(f) {
+			if !c.vipClaimed(frontKey{a, p.Protocol, p.NodePort}) {
+				sp.NodeIPs = append(sp.NodeIPs, a)
+			}
+		}
+	}
+	if hc := s.HealthCheckNodePort; hc != 0 && c.healthOwner(hc) == s.Name {
+		sp.HealthCheckNodePort = hc
+	}
+	if s.Affinity.ClientIP {
+		sp.Affinity = s.Affinity.Timeout
+	}
+	if len(sp.LoadBalancerIPs) > 0 {
+		sp.SourceRanges = allowedSources(node, s, sp)
+	}
+	sp.decide(node, s)
+	for _, b := range sp.Backends() {
+		sp.Hairpin = append(sp.Hairpin, b.Addr)
+	}
+	sp.Hairpin = slices.Compact(sp.Hairpin)
+	return sp
+}
+
+// allowedSources returns the sources allowed to reach a port's
+// load-balancer IPs, as kube-proxy's firewall chain admits them: the
+// service's ranges of the port's family and, when a node address lies in
+// them, the load-balancer IPs as sources too. No ranges of the family, or
+// a range that holds every address, allow every source: nil.
+func allowedSources(node *NodeConfig, s *Service, sp *ServicePort) []netip.Prefix {
+	ranges := prefixesOf(s.SourceRanges, sp.Family)
+	if len(ranges) == 0 || slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
+		return nil
+	}
+	out := slices.Clone(ranges)
+	if slices.ContainsFunc(node.IPs(sp.Family), func(a netip.Addr) bool { return prefixesContain(ranges, a) }) {
+		for _, a := range sp.LoadBalancerIPs {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	slices.SortFunc(out, comparePrefixes)
+	return slices.Compact(out)
+}
+
+func comparePrefixes(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // serviceFamilies returns the families a service is served in: those of its

@@ -59,75 +59,77 @@ func compile(t *testing.T, node NodeConfig, s Service) *ServicePort {
 func TestSelection(t *testing.T) {
 	node := NodeConfig{NodeName: "n1", Zone: "z1"}
 	tests := []struct {
-		name      string
-		eps       []Endpoint
-		itp, etp  TrafficPolicy
-		cluster   []string
-		local     []string
-		internal  []string
-		external  []string
-		hasBackEn bool
+		name     string
+		eps      []Endpoint
+		itp, etp TrafficPolicy
+		cluster  []string
+		local    []string
+		internal []string
+		external []string
+		// verdict is the action for outside traffic to the cluster IP
+		// and to the node port: "cluster", "local", "drop", "reject".
+		verdict [2]string
 	}{
 		{
 			name:    "ready only",
 			eps:     []Endpoint{ep("10.0.0.3", "n2", "rs"), ep("10.0.0.1", "n1", "rs"), ep("10.0.0.2", "n2", "")},
 			cluster: []string{"10.0.0.1", "10.0.0.3"}, local: []string{"10.0.0.1"},
-			internal: []string{"10.0.0.1", "10.0.0.3"}, external: []string{"10.0.0.1", "10.0.0.3"}, hasBackEn: true,
+			internal: []string{"10.0.0.1", "10.0.0.3"}, external: []string{"10.0.0.1", "10.0.0.3"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name:    "terminating fallback when none ready",
 			eps:     []Endpoint{ep("10.0.0.1", "n2", "st"), ep("10.0.0.2", "n2", "t"), ep("10.0.0.3", "n2", "s")},
 			cluster: []string{"10.0.0.1"}, local: []string{},
-			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, hasBackEn: true,
+			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name:    "terminating ignored while one is ready",
 			eps:     []Endpoint{ep("10.0.0.1", "n2", "st"), ep("10.0.0.2", "n2", "rs")},
 			cluster: []string{"10.0.0.2"}, local: []string{},
-			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.2"}, hasBackEn: true,
+			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.2"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name:    "local fallback is per set",
 			eps:     []Endpoint{ep("10.0.0.1", "n1", "st"), ep("10.0.0.2", "n2", "rs")},
 			etp:     PolicyLocal,
 			cluster: []string{"10.0.0.2"}, local: []string{"10.0.0.1"},
-			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.1"}, hasBackEn: true,
+			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "local"},
 		},
 		{
 			name:    "external Local without local endpoints drops, internal still served",
 			eps:     []Endpoint{ep("10.0.0.2", "n2", "rs")},
 			etp:     PolicyLocal,
 			cluster: []string{"10.0.0.2"}, local: []string{},
-			internal: []string{"10.0.0.2"}, external: []string{}, hasBackEn: true,
+			internal: []string{"10.0.0.2"}, external: []string{}, verdict: [2]string{"cluster", "drop"},
 		},
 		{
 			name:    "internal Local without local endpoints",
 			eps:     []Endpoint{ep("10.0.0.2", "n2", "rs")},
 			itp:     PolicyLocal,
 			cluster: []string{"10.0.0.2"}, local: []string{},
-			internal: []string{}, external: []string{"10.0.0.2"}, hasBackEn: true,
+			internal: []string{}, external: []string{"10.0.0.2"}, verdict: [2]string{"drop", "cluster"},
 		},
 		{
-			name: "both Local without local endpoints rejects",
+			name: "both Local without local endpoints drops, since other nodes serve",
 			eps:  []Endpoint{ep("10.0.0.2", "n2", "rs")},
 			itp:  PolicyLocal, etp: PolicyLocal,
 			cluster: []string{"10.0.0.2"}, local: []string{},
-			internal: []string{}, external: []string{}, hasBackEn: false,
+			internal: []string{}, external: []string{}, verdict: [2]string{"drop", "drop"},
 		},
 		{
 			name:    "no endpoints rejects",
-			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, hasBackEn: false,
+			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, verdict: [2]string{"reject", "reject"},
 		},
 		{
 			name:    "weight zero drains",
 			eps:     []Endpoint{weighted(ep("10.0.0.1", "n1", "rs"), 0), weighted(ep("10.0.0.2", "n2", "rs"), 3)},
 			cluster: []string{"10.0.0.2"}, local: []string{},
-			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.2"}, hasBackEn: true,
+			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.2"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name:    "all drained rejects",
 			eps:     []Endpoint{weighted(ep("10.0.0.1", "n1", "rs"), 0)},
-			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, hasBackEn: false,
+			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, verdict: [2]string{"reject", "reject"},
 		},
 		{
 			name: "zone hints used when every ready endpoint has them",
@@ -137,7 +139,7 @@ func TestSelection(t *testing.T) {
 				ep("10.0.0.3", "n3", ""), // not ready: its missing hints do not count
 			},
 			cluster: []string{"10.0.0.1"}, local: []string{},
-			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, hasBackEn: true,
+			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name: "hints ignored when one ready endpoint lacks them",
@@ -146,7 +148,7 @@ func TestSelection(t *testing.T) {
 				ep("10.0.0.2", "n3", "rs"),
 			},
 			cluster: []string{"10.0.0.1", "10.0.0.2"}, local: []string{},
-			internal: []string{"10.0.0.1", "10.0.0.2"}, external: []string{"10.0.0.1", "10.0.0.2"}, hasBackEn: true,
+			internal: []string{"10.0.0.1", "10.0.0.2"}, external: []string{"10.0.0.1", "10.0.0.2"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name: "hints ignored when none names this zone",
@@ -155,7 +157,7 @@ func TestSelection(t *testing.T) {
 				hinted(ep("10.0.0.2", "n3", "rs"), []string{"z3"}, nil),
 			},
 			cluster: []string{"10.0.0.1", "10.0.0.2"}, local: []string{},
-			internal: []string{"10.0.0.1", "10.0.0.2"}, external: []string{"10.0.0.1", "10.0.0.2"}, hasBackEn: true,
+			internal: []string{"10.0.0.1", "10.0.0.2"}, external: []string{"10.0.0.1", "10.0.0.2"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name: "node hints win over zone hints",
@@ -164,7 +166,7 @@ func TestSelection(t *testing.T) {
 				hinted(ep("10.0.0.2", "n1", "rs"), []string{"z1"}, []string{"n1"}),
 			},
 			cluster: []string{"10.0.0.2"}, local: []string{"10.0.0.2"},
-			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.2"}, hasBackEn: true,
+			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.2"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name: "hints do not narrow the local set",
@@ -174,19 +176,19 @@ func TestSelection(t *testing.T) {
 			},
 			etp:     PolicyLocal,
 			cluster: []string{"10.0.0.2"}, local: []string{"10.0.0.1"},
-			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.1"}, hasBackEn: true,
+			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "local"},
 		},
 		{
 			name:    "duplicates count once, ready wins",
 			eps:     []Endpoint{ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n2", "rs")},
 			cluster: []string{"10.0.0.1"}, local: []string{},
-			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, hasBackEn: true,
+			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "cluster"},
 		},
 		{
 			name:    "other family ignored",
 			eps:     []Endpoint{ep("fd00::1", "n1", "rs"), ep("10.0.0.1", "n2", "rs")},
 			cluster: []string{"10.0.0.1"}, local: []string{},
-			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, hasBackEn: true,
+			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "cluster"},
 		},
 	}
 	for _, tt := range tests {
@@ -203,15 +205,16 @@ func TestSelection(t *testing.T) {
 			}{
 				{"cluster", tt.cluster, addrs(sp.Cluster)},
 				{"local", tt.local, addrs(sp.Local)},
-				{"internal", tt.internal, addrs(sp.InternalBackends())},
-				{"external", tt.external, addrs(sp.ExternalBackends())},
+				{"internal", tt.internal, addrs(sp.Targets(sp.Internal[FromOutside]))},
+				{"external", tt.external, addrs(sp.Targets(sp.External[FromOutside]))},
 			} {
 				if diff := cmp.Diff(c.want, c.got); diff != "" {
 					t.Errorf("%s backends (-want +got):\n%s", c.what, diff)
 				}
 			}
-			if sp.HasBackends() != tt.hasBackEn {
-				t.Errorf("HasBackends = %v, want %v", sp.HasBackends(), tt.hasBackEn)
+			got := [2]string{sp.Internal[FromOutside].Action.String(), sp.External[FromOutside].Action.String()}
+			if got != tt.verdict {
+				t.Errorf("verdicts from outside (cluster IP, node port) = %v, want %v", got, tt.verdict)
 			}
 		})
 	}
@@ -338,7 +341,7 @@ func TestExternalLocalNeedsExternalAccess(t *testing.T) {
 	s := Service{Name: "ns/x", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: TCP, Port: 80}},
 		ExternalTrafficPolicy: PolicyLocal, Endpoints: []Endpoint{ep("10.0.0.1", "elsewhere", "rs")}}
 	sp := compile(t, NodeConfig{NodeName: "n1"}, s)
-	if sp.ExternalLocal || !sp.HasBackends() {
-		t.Errorf("a cluster-IP-only port: ExternalLocal=%v HasBackends=%v, want false, true", sp.ExternalLocal, sp.HasBackends())
+	if sp.ExternallyAccessible() || sp.Internal[FromOutside].Action != ToCluster {
+		t.Errorf("a cluster-IP-only port: accessible=%v internal=%v, want false, cluster", sp.ExternallyAccessible(), sp.Internal)
 	}
 }

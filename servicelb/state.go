@@ -3,9 +3,7 @@ package servicelb
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"maps"
-	"net/netip"
 	"reflect"
 	"slices"
 )
@@ -15,8 +13,9 @@ import (
 // immutable and safe for concurrent use; States made from one another share
 // every service that did not change, so Diff finds changes by identity.
 type State struct {
-	node NodeConfig
-	svcs serviceMap
+	node      NodeConfig
+	svcs      serviceMap
+	conflicts []Conflict
 }
 
 type entry struct {
@@ -95,8 +94,12 @@ func (s *State) Port(k ServicePortKey) *ServicePort {
 	return nil
 }
 
+// Conflicts returns the frontends that more than one service asks for,
+// with the service that holds each, ordered by frontend. See Conflict.
+func (s *State) Conflicts() []Conflict { return slices.Clone(s.conflicts) }
+
 // Edit returns a Builder that starts from s. s itself does not change.
-// Edit costs a walk of every service (to index their addresses); a Builder
+// Edit costs a walk of every service (to index their frontends); a Builder
 // kept across changes, as a Runner keeps one, does not.
 func (s *State) Edit() *Builder {
 	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs}}
@@ -105,27 +108,18 @@ func (s *State) Edit() *Builder {
 	return b
 }
 
-// Builder assembles a State one service at a time, validating each change
-// against the services already in it. It is not safe for concurrent use.
+// Builder assembles a State one service at a time, validating each change.
+// It is not safe for concurrent use.
 type Builder struct {
 	node NodeConfig
 	w    mapWriter
-	// vips and nodePorts map each virtual address and node port in use to
-	// the service using it.
-	vips      map[vipKey]string
-	nodePorts map[portKey]string
-	snapshot  *State
-}
-
-type vipKey struct {
-	addr  netip.Addr
-	proto Protocol
-	port  uint16
-}
-
-type portKey struct {
-	proto Protocol
-	port  uint16
+	// caps, when set, are the capabilities every service must fit.
+	caps *Capabilities
+	// claims index the frontends every service asks for; clashes are the
+	// frontends more than one asks for.
+	claims   *claims
+	clashes  conflictSet
+	snapshot *State
 }
 
 // NewBuilder returns an empty Builder for node.
@@ -140,34 +134,51 @@ func NewBuilder(node NodeConfig) (*Builder, error) {
 }
 
 func (b *Builder) index() {
-	b.vips, b.nodePorts = map[vipKey]string{}, map[portKey]string{}
-	b.w.each(func(name string, e *entry) {
-		vips, nps := keysOf(e.svc)
-		for _, k := range vips {
-			b.vips[k] = name
-		}
-		for _, k := range nps {
-			b.nodePorts[k] = name
-		}
-	})
+	b.claims, b.clashes = newClaims(), conflictSet{}
+	b.w.each(func(_ string, e *entry) { b.claims.add(e.svc) })
+	b.allClashes()
 }
 
-// keysOf returns the virtual address and node port keys a service uses.
-func keysOf(s *Service) ([]vipKey, []portKey) {
-	var vips []vipKey
+// allClashes recomputes every clash.
+func (b *Builder) allClashes() {
+	b.clashes = conflictSet{}
+	var vips []frontKey
 	var nps []portKey
-	for _, p := range s.Ports {
-		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
-			vips = append(vips, vipKey{a, p.Protocol, p.Port})
-		}
-		if p.NodePort != 0 {
-			nps = append(nps, portKey{p.Protocol, p.NodePort})
-		}
+	for k := range b.claims.vips {
+		vips = append(vips, k)
 	}
-	if s.HealthCheckNodePort != 0 {
-		nps = append(nps, portKey{TCP, s.HealthCheckNodePort})
+	for k := range b.claims.nodePorts {
+		nps = append(nps, k)
 	}
-	return vips, nps
+	b.clashes.update(b.claims, &b.node, vips, nps)
+}
+
+// Require makes every service of the Builder, present and future, fit the
+// capabilities c (Capabilities.CheckService and CheckPort). It fails,
+// changing nothing, when a present service does not fit.
+func (b *Builder) Require(c Capabilities) error {
+	var errs []error
+	b.w.each(func(_ string, e *entry) {
+		if err := checkFits(&c, e); err != nil {
+			errs = append(errs, err)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	b.caps = &c
+	return nil
+}
+
+func checkFits(c *Capabilities, e *entry) error {
+	if err := c.CheckService(e.svc); err != nil {
+		return err
+	}
+	var errs []error
+	for _, sp := range e.ports {
+		errs = append(errs, c.CheckPort(sp))
+	}
+	return errors.Join(errs...)
 }
 
 // Len returns the number of services.
@@ -178,85 +189,91 @@ func (b *Builder) Has(name string) bool { return b.w.get(name) != nil }
 
 // Upsert validates s and adds it, or replaces the service of the same name.
 // On error nothing changes. Upserting a service equal to the present one
-// changes nothing, so Diff does not report it.
+// changes nothing, so Diff does not report it. A frontend s shares with
+// another service goes to one of them (see Conflict): the other service
+// may change too.
 func (b *Builder) Upsert(s Service) error {
 	_, err := b.upsert(s)
 	return err
 }
 
-// upsert is Upsert, also reporting whether anything changed.
-func (b *Builder) upsert(s Service) (bool, error) {
+// upsert is Upsert, also returning the names of the services that changed.
+func (b *Builder) upsert(s Service) ([]string, error) {
 	if err := Validate(&b.node, &s); err != nil {
-		return false, err
+		return nil, err
 	}
 	n := normalize(s)
 	old := b.w.get(n.Name)
-	ok := old != nil
-	if ok && reflect.DeepEqual(old.svc, n) {
-		return false, nil
+	if old != nil && reflect.DeepEqual(old.svc, n) {
+		return nil, nil
 	}
-	if err := b.conflicts(n); err != nil {
-		return false, err
+	if b.caps != nil {
+		if err := b.caps.CheckService(n); err != nil {
+			return nil, err
+		}
+	}
+	var oldSvc *Service
+	if old != nil {
+		oldSvc = old.svc
+		b.claims.remove(oldSvc)
+	}
+	b.claims.add(n)
+	e := &entry{svc: n, ports: compilePorts(&b.node, n, b.claims)}
+	if b.caps != nil {
+		if err := checkFits(b.caps, e); err != nil {
+			b.claims.remove(n)
+			if oldSvc != nil {
+				b.claims.add(oldSvc)
+			}
+			return nil, err
+		}
 	}
 	b.snapshot = nil
-	if ok {
-		b.unindex(old.svc)
-	}
-	b.w.set(n.Name, &entry{svc: n, ports: compilePorts(&b.node, n)})
-	vips, nps := keysOf(n)
-	for _, k := range vips {
-		b.vips[k] = n.Name
-	}
-	for _, k := range nps {
-		b.nodePorts[k] = n.Name
-	}
-	return true, nil
+	b.w.set(n.Name, e)
+	return append([]string{n.Name}, b.settle(n, oldSvc)...), nil
 }
 
-func (b *Builder) conflicts(s *Service) error {
-	var errs []error
-	clash := func(field, value string, kind error, other string) {
-		if other != "" && other != s.Name {
-			errs = append(errs, invalidf(s.Name, field, value, kind, "used by %q", other))
+// settle recompiles the services whose share of the frontends changed with
+// s (from old), and the clashes there, and returns the services that
+// changed.
+func (b *Builder) settle(s, old *Service) []string {
+	var changed []string
+	ref := s
+	if ref == nil {
+		ref = old
+	}
+	for _, name := range b.claims.affected(&b.node, ref, old) {
+		e := b.w.get(name)
+		if e == nil {
+			continue
+		}
+		ports := compilePorts(&b.node, e.svc, b.claims)
+		if !reflect.DeepEqual(ports, e.ports) {
+			b.w.set(name, &entry{svc: e.svc, ports: ports})
+			changed = append(changed, name)
 		}
 	}
-	for i, p := range s.Ports {
-		f := fmt.Sprintf("ports[%d]", i)
-		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
-			v := fmt.Sprintf("%s/%s", netip.AddrPortFrom(a, p.Port), p.Protocol)
-			clash(f, v, ErrVIPConflict, b.vips[vipKey{a, p.Protocol, p.Port}])
-		}
-		if p.NodePort != 0 {
-			v := fmt.Sprintf("%d/%s", p.NodePort, p.Protocol)
-			clash(f+".nodePort", v, ErrNodePortConflict, b.nodePorts[portKey{p.Protocol, p.NodePort}])
-		}
-	}
-	if hc := s.HealthCheckNodePort; hc != 0 {
-		clash("healthCheckNodePort", fmt.Sprint(hc), ErrNodePortConflict, b.nodePorts[portKey{TCP, hc}])
-	}
-	return errors.Join(errs...)
-}
-
-func (b *Builder) unindex(s *Service) {
-	vips, nps := keysOf(s)
-	for _, k := range vips {
-		delete(b.vips, k)
-	}
-	for _, k := range nps {
-		delete(b.nodePorts, k)
-	}
+	vips, nps := b.claims.touched(&b.node, ref, old)
+	b.clashes.update(b.claims, &b.node, vips, nps)
+	return changed
 }
 
 // Delete removes the named service and reports whether it was present.
 func (b *Builder) Delete(name string) bool {
+	_, ok := b.delete(name)
+	return ok
+}
+
+// delete is Delete, also returning the other services that changed.
+func (b *Builder) delete(name string) ([]string, bool) {
 	e := b.w.get(name)
 	if e == nil {
-		return false
+		return nil, false
 	}
 	b.snapshot = nil
-	b.unindex(e.svc)
+	b.claims.remove(e.svc)
 	b.w.set(name, nil)
-	return true
+	return b.settle(nil, e.svc), true
 }
 
 // SetNode changes the node and recompiles every service for it. If the
@@ -278,9 +295,10 @@ func (b *Builder) SetNode(node NodeConfig) error {
 	b.node = node
 	next := newMapWriter()
 	b.w.each(func(name string, e *entry) {
-		next.set(name, &entry{svc: e.svc, ports: compilePorts(&b.node, e.svc)})
+		next.set(name, &entry{svc: e.svc, ports: compilePorts(&b.node, e.svc, b.claims)})
 	})
 	b.w, b.snapshot = next, nil
+	b.allClashes()
 	return nil
 }
 
@@ -289,7 +307,7 @@ func (b *Builder) SetNode(node NodeConfig) error {
 // number of services each, not a copy of them all.
 func (b *Builder) State() *State {
 	if b.snapshot == nil {
-		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap}
+		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap, conflicts: b.clashes.sorted()}
 		b.w.share()
 	}
 	return b.snapshot

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Validate checks a service on its own against the node it will run on:
@@ -197,6 +198,8 @@ func (v *validator) ports() {
 	}
 	if hc := s.HealthCheckNodePort; hc != 0 && !r.Contains(hc) {
 		v.addf("healthCheckNodePort", hc, ErrNodePortRange, "range %s", r)
+	} else if j, ok := nodePorts[pp{TCP, hc}]; hc != 0 && ok {
+		v.addf("healthCheckNodePort", hc, ErrDuplicatePort, "also ports[%d].nodePort", j)
 	}
 }
 
@@ -215,9 +218,11 @@ func (v *validator) policies() {
 			v.addf("affinity.timeout", t, ErrAffinityTimeout, "set without ClientIP affinity")
 		} else if t < MinAffinityTimeout || t > MaxAffinityTimeout {
 			v.addf("affinity.timeout", t, ErrAffinityTimeout, "want %s to %s", MinAffinityTimeout, MaxAffinityTimeout)
+		} else if t%time.Second != 0 {
+			v.addf("affinity.timeout", t, ErrAffinityTimeout, "want a whole number of seconds")
 		}
 	}
-	if !slices.Contains(Schedulers, s.Scheduler) {
+	if !slices.Contains(Schedulers(), s.Scheduler) {
 		v.add("scheduler", fmt.Sprintf("%q", s.Scheduler), ErrUnknownScheduler)
 	}
 }

@@ -2,6 +2,8 @@ package servicelb
 
 import (
 	"errors"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"net/netip"
 	"strings"
 	"testing"
@@ -153,66 +155,100 @@ func TestValidateNode(t *testing.T) {
 	}
 }
 
+// TestConflicts: a frontend two services ask for goes to one of them by
+// rule, whatever the order they arrive in, and the clash is reported; the
+// other keeps everything else, its cluster IP included (F9, F1a).
 func TestConflicts(t *testing.T) {
-	other := func(edit func(*Service)) Service {
-		s := Service{Name: "default/other", ClusterIPs: []netip.Addr{a("10.96.0.20")}, Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}}}
+	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1"), a("192.0.2.2")}}
+	other := func(name string, edit func(*Service)) Service {
+		s := Service{Name: name, ClusterIPs: []netip.Addr{a("10.96.0.20")}, Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}},
+			Endpoints: []Endpoint{{Addr: a("10.244.2.2"), Ready: true}}}
 		edit(&s)
 		return s
 	}
+	web := ServicePortKey{"default/web", "http", IPv4}
 	tests := []struct {
-		name  string
-		svc   Service
-		kind  error
-		field string
+		name     string
+		svc      Service
+		frontend string
+		winner   string
+		check    func(t *testing.T, st *State)
 	}{
-		{"same cluster IP and port", other(func(s *Service) { s.ClusterIPs[0] = a("10.96.0.10") }), ErrVIPConflict, "ports[0]"},
-		{"external IP equals cluster IP", other(func(s *Service) { s.ExternalIPs = []netip.Addr{a("10.96.0.10")} }), ErrVIPConflict, "ports[0]"},
-		{"same node port", other(func(s *Service) { s.Ports[0].NodePort = 30080 }), ErrNodePortConflict, "ports[0].nodePort"},
-		{"node port equals health check port", other(func(s *Service) { s.HealthCheckNodePort = 30080 }), ErrNodePortConflict, "healthCheckNodePort"},
+		{"same cluster IP and port: the first name wins",
+			other("default/alpha", func(s *Service) { s.ClusterIPs[0] = a("10.96.0.10") }),
+			"10.96.0.10:80/TCP", "default/alpha", func(t *testing.T, st *State) {
+				assert.False(t, st.Port(web).ClusterIP.IsValid(), "loser keeps the cluster IP")
+				assert.Equal(t, []netip.Addr{a("192.0.2.1"), a("192.0.2.2")}, st.Port(web).NodeIPs, "loser keeps its node port")
+			}},
+		{"shared external IP: both programmed, the first name holds it",
+			other("default/zulu", func(s *Service) { s.ExternalIPs = []netip.Addr{a("10.96.0.10")} }),
+			"10.96.0.10:80/TCP", "default/web", func(t *testing.T, st *State) {
+				z := st.Port(ServicePortKey{"default/zulu", "http", IPv4})
+				assert.Empty(t, z.ExternalIPs)
+				assert.Equal(t, a("10.96.0.20"), z.ClusterIP, "the loser keeps its cluster IP")
+			}},
+		{"same node port", other("default/other", func(s *Service) { s.Ports[0].NodePort = 30080 }),
+			"node port 30080/TCP", "default/other", func(t *testing.T, st *State) {
+				assert.Empty(t, st.Port(web).NodeIPs)
+				assert.Equal(t, a("10.96.0.10"), st.Port(web).ClusterIP)
+			}},
+		{"an external IP on a node address beats another service's node port there",
+			other("default/zzz", func(s *Service) { s.ExternalIPs = []netip.Addr{a("192.0.2.1")}; s.Ports[0].Port = 30080 }),
+			"192.0.2.1:30080/TCP", "default/zzz", func(t *testing.T, st *State) {
+				assert.Equal(t, []netip.Addr{a("192.0.2.2")}, st.Port(web).NodeIPs)
+				assert.Equal(t, []netip.Addr{a("192.0.2.1")}, st.Port(ServicePortKey{"default/zzz", "http", IPv4}).ExternalIPs)
+			}},
+		{"a node port beats a health check node port", other("default/aaa", func(s *Service) { s.HealthCheckNodePort = 30080 }),
+			"node port 30080/TCP", "default/web", func(t *testing.T, st *State) {
+				assert.Zero(t, st.Port(ServicePortKey{"default/aaa", "http", IPv4}).HealthCheckNodePort)
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := NewBuilder(NodeConfig{})
-			if err != nil {
-				t.Fatal(err)
+			var states []*State
+			for _, order := range [][]Service{{baseService(), tt.svc}, {tt.svc, baseService()}} {
+				st, err := NewState(node, order...)
+				require.NoError(t, err)
+				states = append(states, st)
 			}
-			if err := b.Upsert(baseService()); err != nil {
-				t.Fatal(err)
+			for _, st := range states {
+				require.Len(t, st.Conflicts(), 1)
+				c := st.Conflicts()[0]
+				assert.Equal(t, tt.frontend, c.Frontend)
+				assert.Equal(t, tt.winner, c.Winner)
+				assert.Equal(t, 2, st.Len())
+				tt.check(t, st)
 			}
-			before := b.State()
-			err = b.Upsert(tt.svc)
-			checkValidation(t, err, tt.kind, tt.svc.Name, tt.field, "default/web")
-			if b.State() != before || b.Has(tt.svc.Name) {
-				t.Error("a rejected upsert changed the builder")
-			}
-			if _, err := NewState(NodeConfig{}, baseService(), tt.svc); !errors.Is(err, tt.kind) {
-				t.Errorf("NewState: %v, want %v", err, tt.kind)
-			}
+			assert.Equal(t, states[0].Ports(), states[1].Ports(), "the order of arrival decided the winner")
 		})
 	}
 }
 
-func TestConflictFreedByDeleteAndUpdate(t *testing.T) {
-	b, _ := NewBuilder(NodeConfig{})
-	if err := b.Upsert(baseService()); err != nil {
-		t.Fatal(err)
-	}
-	moved := baseService()
+// TestConflictSettlesIncrementally: when the winner goes, or gives the
+// frontend up, the loser gets it back in the same change, and Diff reports
+// the loser as changed.
+func TestConflictSettlesIncrementally(t *testing.T) {
+	b, err := NewBuilder(NodeConfig{})
+	require.NoError(t, err)
+	require.NoError(t, b.Upsert(baseService()))
+	taker := baseService()
+	taker.Name = "default/aaa"
+	require.NoError(t, b.Upsert(taker))
+	s0 := b.State()
+	web := ServicePortKey{"default/web", "http", IPv4}
+	require.False(t, s0.Port(web).ClusterIP.IsValid())
+	require.Len(t, s0.Conflicts(), 5) // both cluster IPs on both ports, and the node port
+	moved := taker
 	moved.ClusterIPs = []netip.Addr{a("10.96.0.11")}
 	moved.Ports[0].NodePort = 30081
-	if err := b.Upsert(moved); err != nil {
-		t.Fatalf("updating a service onto new addresses: %v", err)
-	}
-	taker := baseService()
-	taker.Name = "default/taker"
-	if err := b.Upsert(taker); err != nil {
-		t.Fatalf("taking addresses the first service gave up: %v", err)
-	}
-	if err := b.Upsert(moved); err != nil {
-		t.Fatalf("re-upserting an unchanged service: %v", err)
-	}
-	b.Delete("default/taker")
-	if err := b.Upsert(func() Service { s := moved; s.Name = "default/third"; return s }()); !errors.Is(err, ErrVIPConflict) {
-		t.Fatalf("conflict with a live service not found: %v", err)
-	}
+	require.NoError(t, b.Upsert(moved))
+	s1 := b.State()
+	assert.Equal(t, a("10.96.0.10"), s1.Port(web).ClusterIP)
+	assert.Empty(t, s1.Conflicts())
+	assert.Contains(t, changedKeys(Diff(s0, s1).Changed), web.String())
+	require.NoError(t, b.Upsert(taker))
+	b.Delete("default/aaa")
+	s2 := b.State()
+	assert.Equal(t, a("10.96.0.10"), s2.Port(web).ClusterIP)
+	assert.Empty(t, s2.Conflicts())
 }

@@ -23,8 +23,13 @@ type Record struct {
 }
 
 // Proxier is a servicelb.Proxier that touches no kernel: it records every
-// Sync and can be told to fail. The zero value is ready to use.
+// Sync and can be told to fail. The zero value is ready to use, and
+// declares every capability (AllCapabilities).
 type Proxier struct {
+	// Caps, when its Backend is set, are the capabilities the proxier
+	// declares instead of AllCapabilities.
+	Caps servicelb.Capabilities
+
 	mu       sync.Mutex
 	records  []Record
 	applied  *servicelb.State
@@ -51,6 +56,20 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.records = append(p.records, rec)
 	p.notify()
 	return rec.Err
+}
+
+// AllCapabilities are the capabilities of a Proxier without Caps: every
+// scheduler hint, protocol and feature, and no bound on endpoints.
+func AllCapabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{Backend: "fake", Schedulers: servicelb.Schedulers(), Features: servicelb.AllFeatures}
+}
+
+// Capabilities returns Caps, or AllCapabilities.
+func (p *Proxier) Capabilities() servicelb.Capabilities {
+	if p.Caps.Backend != "" {
+		return p.Caps
+	}
+	return AllCapabilities()
 }
 
 // Cleanup forgets the applied state.
@@ -136,7 +155,7 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 		b.WriteString(" ->")
 		bs := sp.Backends()
 		if len(bs) == 0 {
-			b.WriteString(" (reject)")
+			fmt.Fprintf(&b, " (%s)", sp.Internal[servicelb.FromOutside].Action)
 		}
 		for _, be := range bs {
 			fmt.Fprintf(&b, " %s", be)

@@ -1,0 +1,167 @@
+package servicelb
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Capabilities say what a backend can express. A Proxier declares its own;
+// a Runner validates every service against them as it arrives, and a
+// backend checks every service port it plans with CheckPort, so that a
+// service a backend cannot serve is refused before the kernel, with the
+// same error whatever the backend: a *ValidationError wrapping
+// ErrUnsupported or ErrCapacity.
+type Capabilities struct {
+	// Backend names the backend in errors, such as "nftables".
+	Backend string
+	// Schedulers lists the scheduler hints the backend honours besides
+	// SchedulerDefault, which every backend accepts.
+	Schedulers []Scheduler
+	// Protocols lists the protocols the backend carries; nil means TCP,
+	// UDP and SCTP.
+	Protocols []Protocol
+	// MaxEndpoints bounds the endpoints of one service port's Cluster or
+	// Local set; zero means no bound.
+	MaxEndpoints int
+	// Features are the parts of the semantics the backend implements.
+	Features Features
+}
+
+// Features is a set of semantic features a backend implements.
+type Features uint32
+
+// The features. A service that needs a security-relevant feature its
+// backend lacks (source ranges) is refused; the others describe which
+// scenarios of the conformance kit apply.
+const (
+	// FeatureSourceRanges: load-balancer source ranges are enforced.
+	FeatureSourceRanges Features = 1 << iota
+	// FeatureAffinity: ClientIP session affinity.
+	FeatureAffinity
+	// FeatureWeights: endpoint weights spread new flows in proportion.
+	FeatureWeights
+	// FeaturePreserveSource: forwarded flows that are not masqueraded
+	// reach the endpoint with the client's own address.
+	FeaturePreserveSource
+	// FeatureExternal: traffic that arrives from other hosts (node ports,
+	// external and load-balancer IPs) is served.
+	FeatureExternal
+	// FeatureServiceCIDRs: traffic to an unallocated address of
+	// NodeConfig.ServiceCIDRs is dropped, and to an undefined port of a
+	// cluster IP rejected.
+	FeatureServiceCIDRs
+
+	// AllFeatures is every feature.
+	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
+		FeatureExternal | FeatureServiceCIDRs
+)
+
+// Has reports whether every feature of f is in fs.
+func (fs Features) Has(f Features) bool { return fs&f == f }
+
+var featureNames = []struct {
+	f    Features
+	name string
+}{
+	{FeatureSourceRanges, "source-ranges"}, {FeatureAffinity, "affinity"}, {FeatureWeights, "weights"},
+	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
+}
+
+// String lists the features by name, such as "affinity,weights".
+func (fs Features) String() string {
+	var names []string
+	for _, n := range featureNames {
+		if fs.Has(n.f) {
+			names = append(names, n.name)
+		}
+	}
+	return strings.Join(names, ",")
+}
+
+// AcceptsScheduler reports whether the backend honours hint s.
+func (c *Capabilities) AcceptsScheduler(s Scheduler) bool {
+	return s == SchedulerDefault || slices.Contains(c.Schedulers, s)
+}
+
+// AcceptsProtocol reports whether the backend carries protocol p.
+func (c *Capabilities) AcceptsProtocol(p Protocol) bool {
+	return c.Protocols == nil || slices.Contains(c.Protocols, p)
+}
+
+func (c *Capabilities) backend() string {
+	if c.Backend == "" {
+		return "the backend"
+	}
+	return "the " + c.Backend + " backend"
+}
+
+// CheckService reports what in a valid service the backend cannot
+// express: nil, or one *ValidationError per mistake, joined, each
+// wrapping ErrUnsupported.
+func (c *Capabilities) CheckService(s *Service) error {
+	var errs []error
+	if !c.AcceptsScheduler(s.Scheduler) {
+		errs = append(errs, invalidf(s.Name, "scheduler", fmt.Sprintf("%q", s.Scheduler), ErrUnsupported,
+			"%s honours %s", c.backend(), c.schedulerList()))
+	}
+	for i, p := range s.Ports {
+		if !c.AcceptsProtocol(p.Protocol) {
+			errs = append(errs, invalidf(s.Name, fmt.Sprintf("ports[%d].protocol", i), p.Protocol, ErrUnsupported,
+				"%s carries %v", c.backend(), c.Protocols))
+		}
+	}
+	if len(s.SourceRanges) > 0 && !c.Features.Has(FeatureSourceRanges) {
+		errs = append(errs, invalidf(s.Name, "sourceRanges", nil, ErrUnsupported, "%s cannot enforce source ranges", c.backend()))
+	}
+	if s.Affinity.ClientIP && !c.Features.Has(FeatureAffinity) {
+		errs = append(errs, invalidf(s.Name, "affinity", nil, ErrUnsupported, "%s has no session affinity", c.backend()))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Capabilities) schedulerList() string {
+	names := []string{`"" (its default)`}
+	for _, s := range c.Schedulers {
+		names = append(names, fmt.Sprintf("%q", s))
+	}
+	return strings.Join(names, ", ")
+}
+
+// CheckPort reports what in a service port the backend cannot express: the
+// service-level refusals of CheckService, and sets of endpoints larger
+// than MaxEndpoints (ErrCapacity).
+func (c *Capabilities) CheckPort(sp *ServicePort) error {
+	var errs []error
+	svc := sp.Key.Service
+	if !c.AcceptsScheduler(sp.Scheduler) {
+		errs = append(errs, invalidf(svc, "scheduler", fmt.Sprintf("%q", sp.Scheduler), ErrUnsupported,
+			"%s honours %s", c.backend(), c.schedulerList()))
+	}
+	if !c.AcceptsProtocol(sp.Port.Protocol) {
+		errs = append(errs, invalidf(svc, portField(sp)+".protocol", sp.Port.Protocol, ErrUnsupported,
+			"%s carries %v", c.backend(), c.Protocols))
+	}
+	if len(sp.SourceRanges) > 0 && !c.Features.Has(FeatureSourceRanges) {
+		errs = append(errs, invalidf(svc, "sourceRanges", nil, ErrUnsupported, "%s cannot enforce source ranges", c.backend()))
+	}
+	if sp.Affinity > 0 && !c.Features.Has(FeatureAffinity) {
+		errs = append(errs, invalidf(svc, "affinity", nil, ErrUnsupported, "%s has no session affinity", c.backend()))
+	}
+	if m := c.MaxEndpoints; m > 0 {
+		for _, set := range []struct {
+			name string
+			bs   []Backend
+		}{{"cluster", sp.Cluster}, {"local", sp.Local}} {
+			if len(set.bs) > m {
+				errs = append(errs, invalidf(svc, "endpoints", len(set.bs), ErrCapacity,
+					"%s serves at most %d endpoints per service port, %s has %d in its %s set", c.backend(), m, sp.Key, len(set.bs), set.name))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// portField names a service port in a ValidationError: "ports[name]".
+func portField(sp *ServicePort) string { return fmt.Sprintf("ports[%q]", sp.Port.Name) }

@@ -1,0 +1,228 @@
+package servicelb
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestVerdicts walks kube-proxy's decision table: for each shape of
+// service and node, the verdict of every origin for the cluster IP and for
+// the external frontends.
+func TestVerdicts(t *testing.T) {
+	cidrs := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}
+	local := ep("10.0.0.1", "n1", "rs")
+	remote := ep("10.0.1.1", "n2", "rs")
+	for _, tt := range []struct {
+		name               string
+		eps                []Endpoint
+		itp, etp           TrafficPolicy
+		node               NodeConfig
+		internal, external string
+	}{
+		{
+			name: "cluster policies", eps: []Endpoint{local, remote},
+			node:     NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=cluster+masq pod=cluster node=cluster+masq",
+			external: "outside=cluster+masq pod=cluster+masq node=cluster+masq",
+		},
+		{
+			name: "no local-traffic detection: nothing masqueraded for the cluster IP", eps: []Endpoint{remote},
+			internal: "outside=cluster pod=cluster node=cluster",
+			external: "outside=cluster+masq pod=cluster+masq node=cluster+masq",
+		},
+		{
+			name: "masquerade all", eps: []Endpoint{remote}, node: NodeConfig{ClusterCIDRs: cidrs, MasqueradeAll: true},
+			internal: "outside=cluster+masq pod=cluster+masq node=cluster+masq",
+			external: "outside=cluster+masq pod=cluster+masq node=cluster+masq",
+		},
+		{
+			name: "external Local with a local endpoint: pods and the node short-circuit", eps: []Endpoint{local, remote},
+			etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=cluster+masq pod=cluster node=cluster+masq",
+			external: "outside=local pod=cluster node=cluster+masq",
+		},
+		{
+			name: "external Local without a local endpoint drops outside traffic only (F3)", eps: []Endpoint{remote},
+			etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=cluster+masq pod=cluster node=cluster+masq",
+			external: "outside=drop pod=cluster node=cluster+masq",
+		},
+		{
+			name: "external Local without detection: pods count as outside", eps: []Endpoint{remote},
+			etp:      PolicyLocal,
+			internal: "outside=cluster pod=cluster node=cluster",
+			external: "outside=drop pod=drop node=cluster+masq",
+		},
+		{
+			name: "internal Local without a local endpoint drops (F3)", eps: []Endpoint{remote},
+			itp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=drop pod=drop node=drop",
+			external: "outside=cluster+masq pod=cluster+masq node=cluster+masq",
+		},
+		{
+			name: "both Local, only remote endpoints: dropped from outside, short-circuited for pods and the node (F3)",
+			eps:  []Endpoint{remote}, itp: PolicyLocal, etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=drop pod=drop node=drop",
+			external: "outside=drop pod=cluster node=cluster+masq",
+		},
+		{
+			name: "both Local with a local endpoint", eps: []Endpoint{local, remote},
+			itp: PolicyLocal, etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=local+masq pod=local node=local+masq",
+			external: "outside=local pod=cluster node=cluster+masq",
+		},
+		{
+			name: "no endpoint anywhere rejects everything", itp: PolicyLocal, etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
+			internal: "outside=reject pod=reject node=reject",
+			external: "outside=reject pod=reject node=reject",
+		},
+		{
+			name: "only a not-ready endpoint: rejected", eps: []Endpoint{ep("10.0.1.1", "n2", "")},
+			internal: "outside=reject pod=reject node=reject",
+			external: "outside=reject pod=reject node=reject",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			node := tt.node
+			node.NodeName = "n1"
+			node.NodeIPs = []netip.Addr{a("192.0.2.1")}
+			s := Service{
+				Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")},
+				Ports:                 []Port{{Name: "p", Protocol: TCP, Port: 80, NodePort: 30000}},
+				InternalTrafficPolicy: tt.itp, ExternalTrafficPolicy: tt.etp, Endpoints: tt.eps,
+			}
+			sp := compile(t, node, s)
+			assert.Equal(t, tt.internal, sp.Internal.String(), "internal verdicts")
+			assert.Equal(t, tt.external, sp.External.String(), "external verdicts")
+			assert.Equal(t, sp.Internal, sp.Verdicts(ClusterIPFrontend))
+			assert.Equal(t, sp.External, sp.Verdicts(NodePortFrontend))
+		})
+	}
+}
+
+// TestTopologyModes: node and zone hints are judged separately, as
+// kube-proxy's topologyModeFromHints does (F4).
+func TestTopologyModes(t *testing.T) {
+	node := NodeConfig{NodeName: "n1", Zone: "a"}
+	e1, e2, e3 := ep("10.0.0.1", "n1", "rs"), ep("10.0.0.2", "n2", "rs"), ep("10.0.0.3", "n3", "rs")
+	for _, tt := range []struct {
+		name string
+		eps  []Endpoint
+		want []string
+	}{
+		{"zone mode when a ready endpoint lacks a node hint",
+			[]Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, nil), hinted(e3, []string{"a"}, nil)},
+			[]string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}},
+		{"zone mode picks this zone, not the node-hinted endpoint of another zone",
+			[]Endpoint{hinted(e1, []string{"b"}, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
+			[]string{"10.0.0.2"}},
+		{"no topology with node hints on some and zone hints on others",
+			[]Endpoint{hinted(e1, nil, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
+			[]string{"10.0.0.1", "10.0.0.2"}},
+		{"node mode when every ready endpoint has a node hint",
+			[]Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, []string{"n2"})},
+			[]string{"10.0.0.1"}},
+		{"node hints for other nodes only: zone mode",
+			[]Endpoint{hinted(e1, []string{"b"}, []string{"n2"}), hinted(e2, []string{"a"}, []string{"n3"})},
+			[]string{"10.0.0.2"}},
+		{"not-ready endpoints' hints do not count",
+			[]Endpoint{hinted(e1, []string{"a"}, nil), hinted(e2, []string{"b"}, nil), ep("10.0.0.3", "n3", "")},
+			[]string{"10.0.0.1"}},
+		{"terminating fallback ignores hints",
+			[]Endpoint{hinted(ep("10.0.0.1", "n1", "st"), []string{"b"}, nil), hinted(ep("10.0.0.2", "n2", "st"), []string{"a"}, nil)},
+			[]string{"10.0.0.1", "10.0.0.2"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := Service{Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: TCP, Port: 80}}, Endpoints: tt.eps}
+			assert.Equal(t, tt.want, addrs(compile(t, node, s).Cluster))
+		})
+	}
+}
+
+// TestOnlyNamedPorts: an endpoint that names its ports serves only those
+// (F6: an EndpointSlice's endpoints serve the slice's ports).
+func TestOnlyNamedPorts(t *testing.T) {
+	s := Service{
+		Name: "ns/w", ClusterIPs: []netip.Addr{a("10.96.0.1")},
+		Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}, {Name: "metrics", Protocol: TCP, Port: 9090}},
+		Endpoints: []Endpoint{
+			{Addr: a("10.0.0.1"), Ready: true, Ports: map[string]uint16{"metrics": 9100}, OnlyNamedPorts: true},
+			{Addr: a("10.0.0.2"), Ready: true, Ports: map[string]uint16{"http": 8080, "metrics": 9100}, OnlyNamedPorts: true},
+		},
+	}
+	st, err := NewState(NodeConfig{}, s)
+	require.NoError(t, err)
+	http := st.Port(ServicePortKey{"ns/w", "http", IPv4})
+	metrics := st.Port(ServicePortKey{"ns/w", "metrics", IPv4})
+	assert.Equal(t, []Backend{{Addr: a("10.0.0.2"), Port: 8080, Weight: 1, Ready: true}}, http.Cluster)
+	assert.Equal(t, []netip.Addr{a("10.0.0.2")}, http.Serving)
+	assert.Equal(t, []string{"10.0.0.1", "10.0.0.2"}, addrs(metrics.Cluster))
+}
+
+// TestSourceRanges: kube-proxy's firewall: the ranges of the port's family;
+// the node only through the ranges, and the load-balancer IPs as sources
+// only when a node address is in them; ranges of the other family, or an
+// all-addresses range, leave the port open (F8).
+func TestSourceRanges(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1"), a("2001:db8::1")}}
+	svc := func(ranges ...string) Service {
+		s := Service{
+			Name: "ns/lb", ClusterIPs: []netip.Addr{a("10.96.0.1"), a("fd00::1")},
+			LoadBalancerIPs: []netip.Addr{a("203.0.113.10"), a("2001:db8:9::10")},
+			Ports:           []Port{{Protocol: TCP, Port: 80}}, Endpoints: []Endpoint{ep("10.0.0.1", "", "rs")},
+		}
+		for _, r := range ranges {
+			s.SourceRanges = append(s.SourceRanges, pfx(r))
+		}
+		return s
+	}
+	for _, tt := range []struct {
+		name   string
+		ranges []string
+		v4, v6 []netip.Prefix
+	}{
+		{"none", nil, nil, nil},
+		{"node outside the ranges", []string{"198.51.100.0/24"}, []netip.Prefix{pfx("198.51.100.0/24")}, nil},
+		{"node inside: the VIP too", []string{"192.0.2.0/24"}, []netip.Prefix{pfx("192.0.2.0/24"), pfx("203.0.113.10/32")}, nil},
+		{"every address", []string{"0.0.0.0/0", "2001:db8::/32"}, nil, []netip.Prefix{pfx("2001:db8::/32"), pfx("2001:db8:9::10/128")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st, err := NewState(node, svc(tt.ranges...))
+			require.NoError(t, err)
+			assert.Equal(t, tt.v4, st.Port(ServicePortKey{"ns/lb", "", IPv4}).SourceRanges, "IPv4")
+			assert.Equal(t, tt.v6, st.Port(ServicePortKey{"ns/lb", "", IPv6}).SourceRanges, "IPv6")
+		})
+	}
+}
+
+// TestHairpinAndServing: every endpoint a verdict may forward to is a
+// hairpin address (F12); every serving endpoint counts for stale flows,
+// whatever is selected (F5).
+func TestHairpinAndServing(t *testing.T) {
+	s := Service{
+		Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: UDP, Port: 53}},
+		Endpoints: []Endpoint{
+			ep("10.0.0.3", "n2", "rs"), ep("10.0.0.1", "n1", "rs"), weighted(ep("10.0.0.2", "n2", "rs"), 0),
+			ep("10.0.0.4", "n2", "st"), ep("10.0.0.5", "n2", ""),
+		},
+	}
+	sp := compile(t, NodeConfig{NodeName: "n1"}, s)
+	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.3")}, sp.Hairpin)
+	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.2"), a("10.0.0.3"), a("10.0.0.4")}, sp.Serving)
+}
+
+// TestFrontends lists a port's frontends with their kinds.
+func TestFrontends(t *testing.T) {
+	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1")}}
+	s := Service{Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, ExternalIPs: []netip.Addr{a("198.51.100.7")},
+		LoadBalancerIPs: []netip.Addr{a("203.0.113.9")}, Ports: []Port{{Protocol: TCP, Port: 80, NodePort: 30080}}}
+	var got []string
+	for _, f := range compile(t, node, s).Frontends() {
+		got = append(got, f.String())
+	}
+	assert.Equal(t, []string{"cluster IP 10.96.0.1:80", "external IP 198.51.100.7:80", "load-balancer IP 203.0.113.9:80", "node port 192.0.2.1:30080"}, got)
+}

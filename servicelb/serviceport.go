@@ -1,0 +1,185 @@
+package servicelb
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// ServicePortKey names one port of one service in one address family.
+type ServicePortKey struct {
+	Service string
+	Port    string
+	Family  Family
+}
+
+// String formats the key as "service:port/family", such as
+// "default/web:http/ipv4".
+func (k ServicePortKey) String() string {
+	return fmt.Sprintf("%s:%s/%s", k.Service, k.Port, k.Family)
+}
+
+// Compare orders keys by service, port and family.
+func (k ServicePortKey) Compare(o ServicePortKey) int {
+	return cmp.Or(cmp.Compare(k.Service, o.Service), cmp.Compare(k.Port, o.Port), cmp.Compare(k.Family, o.Family))
+}
+
+// ServicePort is the complete decision for one port of one service in one
+// address family: everything a backend programs, and all a backend may
+// read. Backends render it; they decide nothing about a service's meaning
+// themselves, and Diff compares every field, so an incremental sync
+// applies exactly what a fresh one would. It is immutable: States share it
+// until the service changes.
+type ServicePort struct {
+	Key  ServicePortKey
+	Port Port
+	// Family is the address family of every address below.
+	Family Family
+
+	// The frontends: where the port is reached. ClusterIP is invalid when
+	// the service has none of this family, or when another service holds
+	// the address and port (see State.Conflicts). NodeIPs are the node
+	// addresses that serve Port.NodePort; empty without a node port.
+	ClusterIP       netip.Addr
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	NodeIPs         []netip.Addr
+
+	// Cluster holds the endpoints for traffic under the Cluster policy,
+	// and Local those for traffic under the Local policy, ordered by
+	// address and port. See the package documentation for how they are
+	// chosen.
+	Cluster []Backend
+	Local   []Backend
+
+	// Internal is the verdict, by origin, for traffic to the cluster IP;
+	// External for traffic to node ports, external IPs and load-balancer
+	// IPs. See Verdict and the package documentation.
+	Internal Verdicts
+	External Verdicts
+
+	// SourceRanges, when not empty, are the only sources whose traffic to
+	// the load-balancer IPs is forwarded; traffic of other sources is
+	// dropped. They are the service's ranges of this family, plus the
+	// load-balancer IPs themselves when a node address lies in the
+	// ranges (a node reaching a load-balancer IP it holds uses that
+	// address as source). Empty means every source is allowed, as for a
+	// service whose ranges are all of the other family.
+	SourceRanges []netip.Prefix
+	// Affinity is the ClientIP affinity timeout, a whole number of
+	// seconds; zero means no affinity.
+	Affinity time.Duration
+	// Scheduler is the service's hint, one the backend's Capabilities
+	// accept.
+	Scheduler Scheduler
+	// HealthCheckNodePort is the service's health check node port, 0 for
+	// none. Backends that filter node traffic accept TCP on it.
+	HealthCheckNodePort uint16
+	// Hairpin lists the addresses of the endpoints a verdict may forward
+	// to, sorted: a flow from one of them that is forwarded to itself is
+	// masqueraded, so that the endpoint's reply comes back through the
+	// node.
+	Hairpin []netip.Addr
+	// Serving lists the addresses of every endpoint of this family that
+	// serves the port (ready, or serving while terminating), whatever the
+	// policies, topology or weights select, sorted. A UDP or SCTP flow to
+	// a frontend of the port whose endpoint is not among them is stale
+	// (see StaleFlow).
+	Serving []netip.Addr
+}
+
+// ExternallyAccessible reports whether the port is reachable from outside the cluster:
+// through a node port, an external IP or a load-balancer IP.
+func (sp *ServicePort) ExternallyAccessible() bool {
+	return sp.Port.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+}
+
+// Verdicts returns the verdicts for frontends of kind k.
+func (sp *ServicePort) Verdicts(k FrontendKind) Verdicts {
+	if k == ClusterIPFrontend {
+		return sp.Internal
+	}
+	return sp.External
+}
+
+// Targets returns the endpoints a verdict forwards to: Cluster, Local, or
+// none.
+func (sp *ServicePort) Targets(v Verdict) []Backend {
+	switch v.Action {
+	case ToCluster:
+		return sp.Cluster
+	case ToLocal:
+		return sp.Local
+	}
+	return nil
+}
+
+// Uses reports whether some verdict of the port forwards to the Cluster
+// set (a == ToCluster) or to the Local set (a == ToLocal).
+func (sp *ServicePort) Uses(a Action) bool {
+	for o := range numOrigins {
+		if sp.ClusterIP.IsValid() && sp.Internal[o].Action == a {
+			return true
+		}
+		if sp.ExternallyAccessible() && sp.External[o].Action == a {
+			return true
+		}
+	}
+	return false
+}
+
+// Backends returns every endpoint a verdict of the port forwards to,
+// without duplicates, ordered by address and port.
+func (sp *ServicePort) Backends() []Backend {
+	var out []Backend
+	if sp.Uses(ToCluster) {
+		out = append(out, sp.Cluster...)
+	}
+	if sp.Uses(ToLocal) {
+		out = append(out, sp.Local...)
+		slices.SortFunc(out, compareBackends)
+		out = slices.CompactFunc(out, func(a, b Backend) bool { return a.AddrPort() == b.AddrPort() })
+	}
+	return out
+}
+
+// Frontend is one address and port where a service port is reached.
+type Frontend struct {
+	Kind FrontendKind
+	Addr netip.Addr
+	Port uint16
+}
+
+// AddrPort returns the frontend's address and port.
+func (f Frontend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(f.Addr, f.Port) }
+
+// String formats the frontend as "kind addr:port".
+func (f Frontend) String() string { return f.Kind.String() + " " + f.AddrPort().String() }
+
+// Frontends returns every frontend of the port: its cluster IP, external
+// IPs and load-balancer IPs with the port, and its node addresses with the
+// node port.
+func (sp *ServicePort) Frontends() []Frontend {
+	out := make([]Frontend, 0, 1+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs))
+	if sp.ClusterIP.IsValid() {
+		out = append(out, Frontend{ClusterIPFrontend, sp.ClusterIP, sp.Port.Port})
+	}
+	for _, a := range sp.ExternalIPs {
+		out = append(out, Frontend{ExternalIPFrontend, a, sp.Port.Port})
+	}
+	for _, a := range sp.LoadBalancerIPs {
+		out = append(out, Frontend{LoadBalancerFrontend, a, sp.Port.Port})
+	}
+	for _, a := range sp.NodeIPs {
+		out = append(out, Frontend{NodePortFrontend, a, sp.Port.NodePort})
+	}
+	return out
+}
+
+// String sums the port up on one line, for logs and test failures.
+func (sp *ServicePort) String() string {
+	return fmt.Sprintf("%s %s internal[%s] external[%s] cluster=%v local=%v", sp.Key, sp.Port.Protocol,
+		sp.Internal, sp.External, sp.Cluster, sp.Local)
+}
