@@ -55,6 +55,10 @@ type AskError struct {
 	// arguments, a malformed reply, a cancelled context).
 	Kind error
 	Err  error
+	// ICMP is the ICMP error about the ask that reached the asking host,
+	// when the ask was made with WatchICMP; nil when none came (a TCP
+	// reset or an SCTP abort refused it, or the ask timed out).
+	ICMP *ICMPError
 }
 
 func (e *AskError) Error() string {
@@ -79,6 +83,7 @@ type askConfig struct {
 	from          netip.Addr
 	fromPort      uint16
 	countFailures bool
+	watchICMP     bool
 }
 
 // Timeout bounds each ask (connection and exchange); the default is
@@ -91,6 +96,11 @@ func FromAddr(a netip.Addr) AskOption { return func(c *askConfig) { c.from = a }
 
 // FromPort sets the source port of the asks (with SO_REUSEADDR).
 func FromPort(p uint16) AskOption { return func(c *askConfig) { c.fromPort = p } }
+
+// WatchICMP makes a failed ask report the ICMP error about it that reached
+// the asking host (AskError.ICMP), so that a test tells an ICMP port
+// unreachable from a TCP reset: both refuse a connection alike.
+func WatchICMP() AskOption { return func(c *askConfig) { c.watchICMP = true } }
 
 // CountFailures makes Count count failed asks under KeyRefused,
 // KeyTimeout and KeyError instead of failing the test.
@@ -141,6 +151,13 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
+	var w *icmpWatch
+	if cfg.watchICMP {
+		if w, err = h.watchICMP(dst.Addr().Is6()); err != nil {
+			return fail(nil, err)
+		}
+		defer w.close()
+	}
 	var text string
 	switch proto {
 	case "udp":
@@ -154,7 +171,11 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fail(nil, errors.Join(ctx.Err(), err))
 		}
-		return fail(classify(err), err)
+		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err}
+		if w != nil {
+			e.ICMP = w.find(dst)
+		}
+		return Reply{}, e
 	}
 	r, err := parseReply(text)
 	if err != nil {

@@ -276,6 +276,30 @@ func (h *Host) AddAddress(t testing.TB, p netip.Prefix) {
 	}
 }
 
+// AddRoute adds a route on the host to dst through the gateway via, which
+// must be on one of the host's links; an invalid dst means the default
+// route of via's family. Use it to give the node a default route through
+// the client, so that the node's own flows to addresses it does not hold
+// (external and load-balancer IPs) leave it as a router's would.
+func (h *Host) AddRoute(t testing.TB, dst netip.Prefix, via netip.Addr) {
+	t.Helper()
+	err := h.Do(func() error {
+		r := &netlink.Route{Gw: net.IP(via.AsSlice())}
+		switch {
+		case dst.IsValid():
+			r.Dst = ipNet(dst)
+		case via.Is6():
+			r.Dst = ipNet(netip.PrefixFrom(netip.IPv6Unspecified(), 0))
+		default:
+			r.Dst = ipNet(netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+		}
+		return netlink.RouteAdd(r)
+	})
+	if err != nil {
+		t.Fatalf("netnstest: %s: route %s via %s: %v", h.Name, dst, via, err)
+	}
+}
+
 // onLink reports whether a lies in one of the host's link subnets.
 func (h *Host) onLink(a netip.Addr) bool {
 	return netip.PrefixFrom(h.IPv4, prefixLen4).Masked().Contains(a) ||

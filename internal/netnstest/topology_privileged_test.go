@@ -141,6 +141,41 @@ func TestRefusedAndTimeout(t *testing.T) {
 	}
 }
 
+// TestWatchICMP tells an ICMP port unreachable from a TCP reset, which a
+// TCP client sees alike, and reports the ICMP error of a UDP refusal.
+func TestWatchICMP(t *testing.T) {
+	netnstest.Require(t, "nf_tables")
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	b := tp.Backends[0]
+	tp.Node.ExecInput(t, `table inet kpt_test {
+	chain forward {
+		type filter hook forward priority 0;
+		tcp dport 8081 reject with tcp reset
+		meta l4proto { tcp, udp } th dport 8082 reject
+	}
+}`, "nft", "-f", "-")
+	for _, a := range []netip.Addr{b.IPv4, b.IPv6} {
+		for _, c := range []struct {
+			proto string
+			port  uint16
+			icmp  bool
+		}{{"tcp", 8081, false}, {"tcp", 8082, true}, {"udp", 8082, true}} {
+			dst := netip.AddrPortFrom(a, c.port)
+			_, err := tp.Client.Ask(t.Context(), c.proto, dst, netnstest.WatchICMP())
+			var ae *netnstest.AskError
+			if !errors.As(err, &ae) || !errors.Is(err, netnstest.ErrRefused) {
+				t.Fatalf("%s %s: %v, want a refusal", c.proto, dst, err)
+			}
+			switch {
+			case c.icmp && (ae.ICMP == nil || !ae.ICMP.PortUnreachable()):
+				t.Errorf("%s %s: ICMP %v, want a port unreachable", c.proto, dst, ae.ICMP)
+			case !c.icmp && ae.ICMP != nil:
+				t.Errorf("%s %s: ICMP %v, want none (a reset)", c.proto, dst, ae.ICMP)
+			}
+		}
+	}
+}
+
 // TestCount counts asks per backend and counts failures on request.
 func TestCount(t *testing.T) {
 	netnstest.Require(t)

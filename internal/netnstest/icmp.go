@@ -1,0 +1,112 @@
+package netnstest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ICMPError is an ICMP (or ICMPv6) error message about an ask.
+type ICMPError struct {
+	V6         bool
+	Type, Code uint8
+}
+
+// PortUnreachable reports whether the error is a destination (port)
+// unreachable, port unreachable: ICMP type 3 code 3, ICMPv6 type 1 code 4.
+func (e *ICMPError) PortUnreachable() bool {
+	if e.V6 {
+		return e.Type == 1 && e.Code == 4
+	}
+	return e.Type == 3 && e.Code == 3
+}
+
+func (e *ICMPError) String() string {
+	if e.V6 {
+		return fmt.Sprintf("icmpv6 type %d code %d", e.Type, e.Code)
+	}
+	return fmt.Sprintf("icmp type %d code %d", e.Type, e.Code)
+}
+
+// icmpWatch is a raw socket that sees every ICMP message reaching a host,
+// opened before an ask so that the error about it is queued there.
+type icmpWatch struct {
+	f  *os.File
+	v6 bool
+}
+
+// icmpWait bounds the wait for an ICMP error already sent: the ask has
+// failed by the time the socket is read, so the message is there or close.
+const icmpWait = 50 * time.Millisecond
+
+func (h *Host) watchICMP(v6 bool) (*icmpWatch, error) {
+	fam, proto := unix.AF_INET, unix.IPPROTO_ICMP
+	if v6 {
+		fam, proto = unix.AF_INET6, unix.IPPROTO_ICMPV6
+	}
+	var fd int
+	err := h.Do(func() (err error) {
+		fd, err = unix.Socket(fam, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, proto)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("icmp watch socket: %w", err)
+	}
+	return &icmpWatch{f: os.NewFile(uintptr(fd), "icmp"), v6: v6}, nil
+}
+
+func (w *icmpWatch) close() { w.f.Close() }
+
+// find returns the first queued ICMP error about a packet to dst, or nil.
+func (w *icmpWatch) find(dst netip.AddrPort) *ICMPError {
+	if err := w.f.SetReadDeadline(time.Now().Add(icmpWait)); err != nil {
+		return nil
+	}
+	buf := make([]byte, 1500)
+	for {
+		n, err := w.f.Read(buf)
+		if err != nil {
+			return nil
+		}
+		if e, about := parseICMP(buf[:n], w.v6); e != nil && about == dst {
+			return e
+		}
+	}
+}
+
+// parseICMP parses an ICMP error as a raw socket delivers it (IPv4 with its
+// IP header, ICMPv6 without), and returns it with the destination of the
+// packet it is about; nil for other messages.
+func parseICMP(b []byte, v6 bool) (*ICMPError, netip.AddrPort) {
+	if !v6 {
+		if len(b) < 20 {
+			return nil, netip.AddrPort{}
+		}
+		b = b[int(b[0]&0x0f)*4:]
+	}
+	if len(b) < 8 {
+		return nil, netip.AddrPort{}
+	}
+	e := &ICMPError{V6: v6, Type: b[0], Code: b[1]}
+	inner := b[8:]
+	var dst netip.Addr
+	var l4 []byte
+	switch {
+	case !v6 && e.Type == 3 && len(inner) >= 20:
+		dst = netip.AddrFrom4([4]byte(inner[16:20]))
+		l4 = inner[int(inner[0]&0x0f)*4:]
+	case v6 && e.Type == 1 && len(inner) >= 40:
+		dst = netip.AddrFrom16([16]byte(inner[24:40]))
+		l4 = inner[40:]
+	default:
+		return nil, netip.AddrPort{}
+	}
+	if len(l4) < 4 {
+		return nil, netip.AddrPort{}
+	}
+	return e, netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:4]))
+}

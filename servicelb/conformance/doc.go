@@ -1,0 +1,68 @@
+// Package conformance proves a servicelb.Proxier with real packets: one
+// table of scenarios (Scenarios), each a shape of Service and what new
+// flows from each origin must then do, run against any backend by Run in a
+// throwaway topology of network namespaces.
+//
+// The semantics are servicelb's (see its package documentation): every
+// backend must give the same packets the same fate. Each scenario names the
+// kube-proxy code whose behaviour it checks; a few check what kproxy adds
+// (weights, capabilities, frontend clashes).
+//
+// # The topology
+//
+// Run builds the internal/netnstest topology: a client outside the
+// cluster CIDRs (198.51.100.2, fd00:c::2), the node under test
+// (198.51.100.1, fd00:c::1, forwarding, with a default route through the
+// client so that its own flows to addresses it does not hold leave as a
+// router's do), Endpoints endpoint hosts (10.244.1.2 to 10.244.3.2 and
+// their IPv6 twins, all in the cluster CIDRs) and one more host in the
+// cluster CIDRs that plays a pod of the node. Every host serves TCP and
+// UDP (and SCTP, when asked) echo on TargetPort and AltTargetPort, and
+// names itself in its answer together with the client address it saw, so
+// a check learns which endpoint answered and whether the source was
+// masqueraded (the node's address on the endpoint's link) or kept.
+//
+// Each scenario has its own cluster, external and load-balancer IPs and
+// node ports (see Env), and syncs its own State over the previous one, so
+// that scenarios run one after the other on one proxier, exercising its
+// incremental syncs, and no flow of one meets the state of another. A
+// check asks from the outside client (Outside, OutsideAt), the pod (Pod),
+// the node (Node) or an endpoint (Endpoint, for hairpin), to a frontend
+// (ClusterIP, NodePort, ExternalIP, LoadBalancerIP, Unallocated), over
+// each family and protocol, and expects Reach (with Masqueraded,
+// Preserved, Spread, Sticky or Shares), Refused (an ICMP port unreachable,
+// for TCP too) or Dropped.
+//
+// # Running it on a backend
+//
+// A backend's test calls Run with a constructor for its proxier in the
+// node's namespace:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, conformance.Backend{
+//			Name: "mine",
+//			New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
+//				p, err := mine.New(mine.Options{NetNS: ns})
+//				if err != nil {
+//					t.Fatal(err)
+//				}
+//				return p
+//			},
+//		}, conformance.Options{})
+//	}
+//
+// It needs root and a kernel with network namespaces, veth and whatever
+// the backend itself needs; it creates namespaces named "kpt-<pid>-..."
+// and removes them, and never touches the caller's namespace. The
+// backend's Capabilities decide which scenarios apply: a scenario that
+// needs a feature the backend does not declare (servicelb.Features), or a
+// scheduler hint it does not honour, is logged as not applicable instead
+// of run. Options.Protocols adds SCTP where the kernel has it;
+// Options.Run selects scenarios by name; the timeouts grow under
+// emulation.
+//
+// A failed check names the scenario, the family, protocol, origin and
+// frontend, and what happened instead (the endpoint that answered, the
+// client address it saw, a reset instead of an ICMP error, an answer
+// instead of silence).
+package conformance

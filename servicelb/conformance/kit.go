@@ -1,0 +1,379 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Backend is a dataplane under test.
+type Backend struct {
+	// Name names the backend in the test log.
+	Name string
+	// New returns a proxier that programs the network namespace ns: the
+	// node's. The kit calls it once at the start and again for the
+	// scenarios that restart the proxier, after closing the previous one
+	// (io.Closer) without Cleanup. It fails the test itself on error.
+	New func(t testing.TB, ns netns.NsHandle) servicelb.Proxier
+}
+
+// Options tune a run.
+type Options struct {
+	// Protocols are the protocols each check runs with when it names
+	// none; default TCP and UDP. SCTP needs a kernel with SCTP.
+	Protocols []servicelb.Protocol
+	// Run, when set, is a regular expression: only the scenarios whose
+	// names match run.
+	Run string
+	// DropTimeout is how long an ask that must be dropped waits for an
+	// answer; default 400ms. AskTimeout bounds the others; default 2s.
+	// Raise both under emulation.
+	DropTimeout, AskTimeout time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if len(o.Protocols) == 0 {
+		o.Protocols = []servicelb.Protocol{servicelb.TCP, servicelb.UDP}
+	}
+	if o.DropTimeout == 0 {
+		o.DropTimeout = 400 * time.Millisecond
+	}
+	if o.AskTimeout == 0 {
+		o.AskTimeout = 2 * time.Second
+	}
+	return o
+}
+
+// Topology of a run: backends 0 to Endpoints-1 serve the scenarios'
+// services, and one more backend host, in the cluster CIDRs, is the pod
+// that asks as FromPod.
+const (
+	// Endpoints is the number of endpoint hosts a scenario may use.
+	Endpoints = 3
+	podHost   = Endpoints
+	// TargetPort is the port the endpoint hosts serve, and AltTargetPort a
+	// second one.
+	TargetPort    = 8080
+	AltTargetPort = 8081
+)
+
+// Run drives the backend through every scenario that applies to it (see
+// Scenarios), each as a subtest, in one throwaway topology: it needs root
+// and the kernel features the backend needs. A scenario that needs a
+// feature or scheduler the backend does not declare is logged as not
+// applicable and not run.
+func Run(t *testing.T, b Backend, o Options) {
+	o = o.withDefaults()
+	var only *regexp.Regexp
+	if o.Run != "" {
+		only = regexp.MustCompile(o.Run)
+	}
+	l := newLab(t, b, o)
+	caps := l.p.Capabilities()
+	for i, sc := range Scenarios() {
+		if only != nil && !only.MatchString(sc.Name) {
+			continue
+		}
+		if why := sc.inapplicable(&caps); why != "" {
+			t.Logf("%s: not applicable to %s: %s", sc.Name, b.Name, why)
+			continue
+		}
+		t.Run(sc.Name, func(t *testing.T) { l.run(t, i+1, &sc) })
+	}
+	require.NoError(t, l.p.Cleanup(context.Background()), "Cleanup")
+}
+
+// lab is the topology and the proxier under test.
+type lab struct {
+	b  Backend
+	o  Options
+	tp *netnstest.Topology
+	p  servicelb.Proxier
+	// added are the client's extra addresses so far.
+	added map[netip.Addr]bool
+}
+
+func newLab(t *testing.T, b Backend, o Options) *lab {
+	t.Helper()
+	features := []string{"veth"}
+	if slices.Contains(o.Protocols, servicelb.SCTP) {
+		features = append(features, "sctp")
+	}
+	netnstest.Require(t, features...)
+	tp := netnstest.New(t, netnstest.Options{Backends: Endpoints + 1})
+	for _, h := range tp.Backends {
+		for _, p := range o.Protocols {
+			h.Serve(t, p.Lower(), TargetPort)
+			h.Serve(t, p.Lower(), AltTargetPort)
+		}
+	}
+	// The node's own flows to addresses it does not hold leave it as a
+	// router's do: through the client's link.
+	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv4)
+	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv6)
+	l := &lab{b: b, o: o, tp: tp, added: map[netip.Addr]bool{}}
+	l.p = b.New(t, tp.Node.NS)
+	t.Cleanup(func() { l.close() })
+	return l
+}
+
+func (l *lab) close() {
+	if c, ok := l.p.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// baseNode is the node every scenario starts from.
+func baseNode() servicelb.NodeConfig {
+	return servicelb.NodeConfig{
+		NodeName:     NodeName,
+		NodeIPs:      []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
+		ClusterCIDRs: netnstest.ClusterCIDRs(),
+	}
+}
+
+// run runs the stages of one scenario; idx makes its addresses its own.
+func (l *lab) run(t *testing.T, idx int, sc *Scenario) {
+	e := &Env{idx: idx, lab: l}
+	for i, st := range sc.Stages {
+		e.node = baseNode()
+		if st.Node != nil {
+			st.Node(&e.node, e)
+		}
+		if st.Before != nil {
+			st.Before(t, e)
+		}
+		if st.Restart {
+			l.close()
+			l.p = l.b.New(t, l.tp.Node.NS)
+		}
+		state, err := servicelb.NewState(e.node, st.Services(e)...)
+		require.NoError(t, err, "stage %d: the scenario's state", i)
+		l.sync(t, i, &st, state)
+		for _, c := range st.Expect {
+			l.check(t, e, c)
+		}
+	}
+}
+
+// sync applies a stage's state, or checks that the proxier and the
+// capability check refuse it as the stage says; the stage's checks then
+// show that the previous state is still in place.
+func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := l.p.Sync(ctx, state)
+	if st.Refused == nil {
+		require.NoError(t, err, "stage %d: Sync", i)
+		return
+	}
+	require.ErrorIs(t, err, st.Refused, "stage %d: Sync", i)
+	var ve *servicelb.ValidationError
+	require.ErrorAs(t, err, &ve, "stage %d: Sync error names no service and field", i)
+	b := state.Edit()
+	require.ErrorIs(t, b.Require(l.p.Capabilities()), st.Refused, "stage %d: the capabilities accept what Sync refuses", i)
+}
+
+// check runs one check for each family and protocol it applies to.
+func (l *lab) check(t *testing.T, e *Env, c Check) {
+	t.Helper()
+	fams := c.Families
+	if fams == nil {
+		fams = []servicelb.Family{servicelb.IPv4, servicelb.IPv6}
+	}
+	protos := l.o.Protocols
+	if c.Proto != "" {
+		if !slices.Contains(protos, c.Proto) {
+			return
+		}
+		protos = []servicelb.Protocol{c.Proto}
+	}
+	for _, f := range fams {
+		for _, p := range protos {
+			l.checkOne(t, e, c, f, p)
+		}
+	}
+}
+
+// asker is the host and source address a check asks from.
+type asker struct {
+	h    *netnstest.Host
+	from netip.Addr // zero: the host's own
+}
+
+func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
+	t.Helper()
+	switch fr.kind {
+	case fromOutside:
+		if fr.n == 0 {
+			return asker{h: l.tp.Client}
+		}
+		a := outsideAddr(f, fr.n)
+		if !l.added[a] {
+			l.tp.Client.AddAddress(t, netip.PrefixFrom(a, map[servicelb.Family]int{servicelb.IPv4: 24, servicelb.IPv6: 64}[f]))
+			l.added[a] = true
+		}
+		return asker{h: l.tp.Client, from: a}
+	case fromPod:
+		return asker{h: l.tp.Backends[podHost]}
+	case fromNode:
+		return asker{h: l.tp.Node}
+	}
+	return asker{h: l.tp.Backends[fr.n]}
+}
+
+// outsideAddr is the n-th extra address of the client, on its link.
+func outsideAddr(f servicelb.Family, n int) netip.Addr {
+	if f == servicelb.IPv4 {
+		return netip.AddrFrom4([4]byte{198, 51, 100, byte(100 + n)})
+	}
+	b := netnstest.ClientIPv6().As16()
+	b[15] = byte(100 + n)
+	return netip.AddrFrom16(b)
+}
+
+func (l *lab) checkOne(t *testing.T, e *Env, c Check, f servicelb.Family, p servicelb.Protocol) {
+	t.Helper()
+	if c.Custom != nil {
+		c.Custom(t, e, f, p)
+		return
+	}
+	a := l.asker(t, c.From, f)
+	dst := e.resolve(c.To, f, p)
+	what := fmt.Sprintf("%s %s from %s to %s %s", f, p.Lower(), c.From, c.To, dst)
+	w := c.Want
+	switch w.kind {
+	case reach:
+		l.expectReach(t, a, p, dst, c, what)
+	case refused:
+		err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
+		var ae *netnstest.AskError
+		if !errors.Is(err, netnstest.ErrRefused) || !errors.As(err, &ae) {
+			t.Errorf("%s: %v, want refused with an ICMP port unreachable", what, errText(err))
+		} else if ae.ICMP == nil || !ae.ICMP.PortUnreachable() {
+			t.Errorf("%s: refused by %v, want an ICMP port unreachable", what, refusalText(ae))
+		}
+	case dropped:
+		if err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout); !errors.Is(err, netnstest.ErrTimeout) {
+			t.Errorf("%s: %v, want dropped (no answer)", what, errText(err))
+		}
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "answered"
+	}
+	return err.Error()
+}
+
+func refusalText(ae *netnstest.AskError) string {
+	if ae.ICMP == nil {
+		return "a reset (no ICMP error)"
+	}
+	return ae.ICMP.String()
+}
+
+func (l *lab) askOpts(a asker, session uint16, timeout time.Duration, extra ...netnstest.AskOption) []netnstest.AskOption {
+	opts := append([]netnstest.AskOption{netnstest.Timeout(timeout)}, extra...)
+	if a.from.IsValid() {
+		opts = append(opts, netnstest.FromAddr(a.from))
+	}
+	if session != 0 {
+		opts = append(opts, netnstest.FromPort(session))
+	}
+	return opts
+}
+
+func (l *lab) ask1(a asker, p servicelb.Protocol, dst netip.AddrPort, session uint16, timeout time.Duration, extra ...netnstest.AskOption) error {
+	_, err := a.h.Ask(context.Background(), p.Lower(), dst, l.askOpts(a, session, timeout, extra...)...)
+	return err
+}
+
+// expectReach asks as often as the outcome needs and checks who answered
+// and with which source address.
+func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip.AddrPort, c Check, what string) {
+	t.Helper()
+	w := c.Want
+	n := w.asks()
+	counts := map[int]int{}
+	for range n {
+		r, err := a.h.Ask(context.Background(), p.Lower(), dst, l.askOpts(a, c.Session, l.o.AskTimeout)...)
+		if err != nil {
+			t.Errorf("%s: %v, want an answer from endpoint %v (answers so far: %v)", what, err, w.backends, counts)
+			return
+		}
+		i := hostIndex(r.Host)
+		if !slices.Contains(w.backends, i) {
+			t.Errorf("%s: answered by %s, want one of endpoints %v", what, r.Host, w.backends)
+			return
+		}
+		counts[i]++
+		if msg := l.sourceMismatch(a, w.source, i, r.Client.Addr()); msg != "" {
+			t.Errorf("%s: answered by %s seeing the client as %s: %s", what, r.Host, r.Client.Addr(), msg)
+			return
+		}
+	}
+	w.judge(t, what, counts, n)
+}
+
+func hostIndex(name string) int {
+	var i int
+	if _, err := fmt.Sscanf(name, "backend-%d", &i); err != nil {
+		return -1
+	}
+	return i
+}
+
+// sourceMismatch says what is wrong with the client address an endpoint
+// saw, or "".
+func (l *lab) sourceMismatch(a asker, want sourceRule, endpoint int, seen netip.Addr) string {
+	gw := l.tp.Backends[endpoint].Gateway4
+	if seen.Is6() {
+		gw = l.tp.Backends[endpoint].Gateway6
+	}
+	switch {
+	case want == masqueraded && seen != gw:
+		return fmt.Sprintf("want masqueraded to the node's %s", gw)
+	case want == preserved && seen == gw:
+		return "want the client's own address, not the node's"
+	case want == preserved && a.h != l.tp.Node:
+		own := a.from
+		if !own.IsValid() {
+			own = a.h.IPv4
+			if seen.Is6() {
+				own = a.h.IPv6
+			}
+		}
+		if seen != own {
+			return fmt.Sprintf("want the client's own %s", own)
+		}
+	}
+	return ""
+}
+
+// scenarioName returns a name usable in service names.
+func scenarioName(idx int) string { return fmt.Sprintf("s%d", idx) }
+
+// hostList formats endpoint indexes as "backend-0,backend-2".
+func hostList(is []int) string {
+	var names []string
+	for _, i := range is {
+		names = append(names, fmt.Sprintf("backend-%d", i))
+	}
+	return strings.Join(names, ",")
+}

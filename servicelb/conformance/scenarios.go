@@ -1,0 +1,486 @@
+package conformance
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Scenarios returns the scenario table, in the order Run runs it. Each
+// scenario's position gives it its own addresses: new scenarios go at the
+// end of their group's list below without renumbering the others' meaning.
+func Scenarios() []Scenario {
+	return slices.Concat(clusterIPScenarios(), internalPolicyScenarios(), nodePortScenarios(),
+		externalIPScenarios(), loadBalancerScenarios(), sourceRangeScenarios(), affinityScenarios(),
+		hairpinScenarios(), topologyScenarios(), staleFlowScenarios(), conflictScenarios(), schedulerScenarios())
+}
+
+// c builds a check.
+func c(from From, to Target, want Outcome) Check { return Check{From: from, To: to, Want: want} }
+
+// every builds the same check from each origin.
+func every(to Target, want Outcome) []Check {
+	return []Check{c(Outside, to, want), c(Pod, to, want), c(Node, to, want)}
+}
+
+// one is a scenario of one stage.
+func one(name, follows string, services func(*Env) []servicelb.Service, checks ...Check) Scenario {
+	return Scenario{Name: name, Follows: follows, Stages: []Stage{{Services: services, Expect: checks}}}
+}
+
+func oneNode(name, follows string, node func(*servicelb.NodeConfig, *Env), services func(*Env) []servicelb.Service, checks ...Check) Scenario {
+	return Scenario{Name: name, Follows: follows, Stages: []Stage{{Node: node, Services: services, Expect: checks}}}
+}
+
+func needs(f servicelb.Features, sc Scenario) Scenario { sc.Needs |= f; return sc }
+
+func eps(f func() []servicelb.Endpoint) func() []servicelb.Endpoint { return f }
+
+const (
+	followSVC        = "iptables (*Proxier).syncProxyRules: KUBE-SVC chain, statistic random spread, masquerade of traffic from outside the cluster CIDRs (localDetector.IfNotLocal)"
+	followReject     = "iptables (*Proxier).syncProxyRules: REJECT (icmp-port-unreachable) when !hasAnyEndpoints, DROP when the policy leaves none"
+	followCategorize = "proxy.CategorizeEndpoints: ready endpoints, else serving terminating ones, per set"
+	followEXT        = "iptables (*Proxier).syncProxyRules: KUBE-EXT chain, pod and LOCAL short-circuit to the cluster policy chain under externalTrafficPolicy Local"
+	followFW         = "iptables (*Proxier).syncProxyRules: KUBE-FW chain, loadBalancerSourceRanges with allowFromNode; proxy.newBaseServiceInfo filters the ranges by family"
+	followAffinity   = "iptables (*Proxier).syncProxyRules: -m recent --rcheck --seconds --reap in KUBE-SVC, --set in KUBE-SEP"
+	followHairpin    = "iptables (*Proxier).syncProxyRules: KUBE-SEP chain, -s endpoint -j KUBE-MARK-MASQ"
+	followTopology   = "proxy.CategorizeEndpoints and topologyModeFromHints"
+	followStale      = "conntrack.CleanStaleEntries"
+	followClusterIPs = "nftables (*Proxier).setupNFTables: cluster-ips-check, reject to undefined ports of cluster IPs, drop to unallocated service CIDR addresses"
+)
+
+func clusterIPScenarios() []Scenario {
+	all := func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }
+	return []Scenario{
+		one("cluster-ip/spread-and-masquerade", followSVC, One(all),
+			c(Outside, ClusterIP, Reach(0, 1, 2).Spread().Masqueraded()),
+			c(Pod, ClusterIP, Reach(0, 1, 2).Spread().Preserved()),
+			c(Node, ClusterIP, Reach(0, 1, 2).Spread().Masqueraded())),
+		one("cluster-ip/even-shares", followSVC, One(all),
+			Check{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1, 2).Shares(map[int]float64{0: 1, 1: 1, 2: 1})}),
+		needs(servicelb.FeatureWeights, one("cluster-ip/weights", "kproxy's own: endpoint weights (kube-proxy spreads evenly)",
+			One(func() []servicelb.Endpoint {
+				return Join(Weighted(1, RemoteEps(0)), Weighted(2, RemoteEps(1)), Weighted(3, RemoteEps(2)))
+			}),
+			Check{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1, 2).Shares(map[int]float64{0: 1, 1: 2, 2: 3})})),
+		one("cluster-ip/weight-zero-drains", "kproxy's own: weight 0 takes no new flows", One(func() []servicelb.Endpoint {
+			return Join(Weighted(0, RemoteEps(0)), RemoteEps(1, 2))
+		}), c(Outside, ClusterIP, Reach(1, 2).Spread())),
+		one("cluster-ip/all-drained-rejects", followReject, One(func() []servicelb.Endpoint { return Weighted(0, RemoteEps(0, 1)) }),
+			every(ClusterIP, Refused())...),
+		one("cluster-ip/no-endpoints-rejects", followReject, One(func() []servicelb.Endpoint { return nil }),
+			every(ClusterIP, Refused())...),
+		one("cluster-ip/not-serving-rejects", followReject, One(func() []servicelb.Endpoint { return NotServing(RemoteEps(0, 1)) }),
+			c(Outside, ClusterIP, Refused())),
+		one("cluster-ip/terminating-fallback", followCategorize, One(func() []servicelb.Endpoint {
+			return Join(Terminating(RemoteEps(0)), NotServing(RemoteEps(1)))
+		}), every(ClusterIP, Reach(0))...),
+		one("cluster-ip/terminating-ignored-while-one-is-ready", followCategorize, One(func() []servicelb.Endpoint {
+			return Join(Terminating(RemoteEps(0)), RemoteEps(1))
+		}), c(Outside, ClusterIP, Reach(1))),
+		oneNode("cluster-ip/no-cluster-cidrs-no-masquerade", "iptables (*Proxier).syncProxyRules: no masquerade rule without a local-traffic detector",
+			func(n *servicelb.NodeConfig, _ *Env) { n.ClusterCIDRs = nil }, One(all),
+			c(Outside, ClusterIP, Reach(0, 1, 2).Preserved()),
+			c(Node, ClusterIP, Reach(0, 1, 2).Preserved())),
+		oneNode("cluster-ip/masquerade-all", "iptables (*Proxier).syncProxyRules: masqueradeAll marks all traffic to cluster IPs",
+			func(n *servicelb.NodeConfig, _ *Env) { n.MasqueradeAll = true }, One(all),
+			c(Pod, ClusterIP, Reach(0, 1, 2).Masqueraded()),
+			c(Outside, ClusterIP, Reach(0, 1, 2).Masqueraded())),
+		one("cluster-ip/target-ports", "proxy endpoint ports from the EndpointSlice's named ports", func(e *Env) []servicelb.Service {
+			s := e.Service(0, Join(RemoteEps(0), RemoteEps(1)))
+			for i := range s.Ports {
+				s.Ports[i].TargetPort = 9 // nothing listens there
+			}
+			for i := range s.Endpoints {
+				port := uint16(TargetPort)
+				if i >= 2 {
+					port = AltTargetPort
+				}
+				s.Endpoints[i].Ports = map[string]uint16{}
+				for _, p := range s.Ports {
+					s.Endpoints[i].Ports[p.Name] = port
+				}
+			}
+			return []servicelb.Service{s}
+		}, c(Outside, ClusterIP, Reach(0, 1).Spread())),
+		one("cluster-ip/only-named-ports", "proxy: an EndpointSlice's endpoints serve only the slice's ports", func(e *Env) []servicelb.Service {
+			s := e.Service(0, Join(RemoteEps(0), RemoteEps(1)))
+			for i := range s.Endpoints[:2] {
+				s.Endpoints[i].Ports = map[string]uint16{"tcp": TargetPort}
+				s.Endpoints[i].OnlyNamedPorts = true
+			}
+			return []servicelb.Service{s}
+		},
+			Check{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1).Spread()},
+			Check{From: Outside, To: ClusterIP, Proto: servicelb.UDP, Want: Reach(1)}),
+		one("cluster-ip/duplicate-endpoints", followCategorize, One(func() []servicelb.Endpoint {
+			return Join(NotServing(RemoteEps(0)), RemoteEps(0), RemoteEps(1))
+		}), c(Outside, ClusterIP, Reach(0, 1).Spread())),
+		needs(servicelb.FeatureServiceCIDRs, one("cluster-ip/undefined-port-rejected", followClusterIPs, One(all),
+			c(Outside, ClusterIP.OnPort(81), Refused()), c(Node, ClusterIP.OnPort(81), Refused()),
+			c(Outside, ClusterIP, Reach(0, 1, 2)))),
+		needs(servicelb.FeatureServiceCIDRs, oneNode("cluster-ip/unallocated-service-address-dropped", followClusterIPs,
+			func(n *servicelb.NodeConfig, e *Env) { n.ServiceCIDRs = e.ServiceCIDRs() }, One(all),
+			c(Outside, Unallocated, Dropped()), c(Pod, Unallocated, Dropped()),
+			c(Outside, ClusterIP.OnPort(81), Refused()), c(Outside, ClusterIP, Reach(0, 1, 2)))),
+		{Name: "cluster-ip/endpoint-changes", Follows: "proxy change tracking and partial syncs", Stages: []Stage{
+			{Services: One(eps(func() []servicelb.Endpoint { return RemoteEps(0) })), Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+			{Services: One(eps(func() []servicelb.Endpoint { return RemoteEps(1, 2) })), Expect: []Check{c(Outside, ClusterIP, Reach(1, 2).Spread())}},
+			{Services: One(eps(func() []servicelb.Endpoint { return nil })), Expect: []Check{c(Outside, ClusterIP, Refused())}},
+			{Services: One(eps(func() []servicelb.Endpoint { return RemoteEps(0) })), Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+			{Services: func(*Env) []servicelb.Service { return nil }},
+		}},
+		one("cluster-ip/ipv6-only", "proxy: single-stack services", One(all, OnlyFamily(servicelb.IPv6)),
+			Check{From: Outside, To: ClusterIP, Families: []servicelb.Family{servicelb.IPv6}, Want: Reach(0, 1, 2).Masqueraded()}),
+	}
+}
+
+func internalPolicyScenarios() []Scenario {
+	return []Scenario{
+		one("internal-local/local-endpoint", "proxy.CategorizeEndpoints: internalTrafficPolicy Local uses the local endpoints, from every origin",
+			One(func() []servicelb.Endpoint { return Join(Local(0), RemoteEps(1, 2)) }, InternalLocal()),
+			every(ClusterIP, Reach(0))...),
+		one("internal-local/no-local-endpoint-drops", followReject+" (\"has no local endpoints\")",
+			One(func() []servicelb.Endpoint { return RemoteEps(1, 2) }, InternalLocal()),
+			every(ClusterIP, Dropped())...),
+		one("internal-local/terminating-local-fallback", followCategorize,
+			One(func() []servicelb.Endpoint { return Join(Terminating(Local(0)), RemoteEps(1)) }, InternalLocal()),
+			c(Outside, ClusterIP, Reach(0)), c(Pod, ClusterIP, Reach(0))),
+	}
+}
+
+func nodePortScenarios() []Scenario {
+	return []Scenario{
+		one("node-port/cluster-policy", "iptables (*Proxier).syncProxyRules: KUBE-NODEPORTS, KUBE-EXT masquerades under externalTrafficPolicy Cluster",
+			One(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, WithNodePort()),
+			c(Outside, NodePort, Reach(0, 1, 2).Spread().Masqueraded()),
+			c(Pod, NodePort, Reach(0, 1, 2).Masqueraded()),
+			c(Node, NodePort, Reach(0, 1, 2).Masqueraded())),
+		one("node-port/no-endpoints-rejects", followReject, One(func() []servicelb.Endpoint { return nil }, WithNodePort()),
+			every(NodePort, Refused())...),
+		one("node-port/local-policy-local-endpoint", followEXT,
+			One(func() []servicelb.Endpoint { return Join(Local(0), RemoteEps(1, 2)) }, WithNodePort(), ExternalLocal()),
+			c(Outside, NodePort, Reach(0).Preserved()),
+			c(Pod, NodePort, Reach(0, 1, 2).Spread().Preserved()),
+			c(Node, NodePort, Reach(0, 1, 2).Spread().Masqueraded())),
+		one("node-port/local-policy-no-local-endpoint", followEXT+"; "+followReject,
+			One(func() []servicelb.Endpoint { return RemoteEps(1, 2) }, WithNodePort(), ExternalLocal()),
+			c(Outside, NodePort, Dropped()),
+			c(Pod, NodePort, Reach(1, 2).Spread().Preserved()),
+			c(Node, NodePort, Reach(1, 2).Masqueraded())),
+		oneNode("node-port/local-policy-without-cluster-cidrs", followEXT+" (only with a local-traffic detector)",
+			func(n *servicelb.NodeConfig, _ *Env) { n.ClusterCIDRs = nil },
+			One(func() []servicelb.Endpoint { return RemoteEps(1, 2) }, WithNodePort(), ExternalLocal()),
+			c(Outside, NodePort, Dropped()), c(Pod, NodePort, Dropped()), c(Node, NodePort, Reach(1, 2).Masqueraded())),
+		one("node-port/both-policies-local-remote-endpoints-only", followEXT+"; proxy (*BaseServicePortInfo).UsesClusterEndpoints",
+			One(func() []servicelb.Endpoint { return RemoteEps(1, 2) }, WithNodePort(), ExternalLocal(), InternalLocal()),
+			c(Outside, ClusterIP, Dropped()), c(Pod, ClusterIP, Dropped()), c(Node, ClusterIP, Dropped()),
+			c(Outside, NodePort, Dropped()),
+			c(Pod, NodePort, Reach(1, 2).Preserved()),
+			c(Node, NodePort, Reach(1, 2).Masqueraded())),
+		one("node-port/local-policy-terminating-fallback", followCategorize,
+			One(func() []servicelb.Endpoint { return Join(Terminating(Local(0)), RemoteEps(1)) }, WithNodePort(), ExternalLocal()),
+			c(Outside, NodePort, Reach(0).Preserved())),
+		oneNode("node-port/masquerade-all-keeps-local-source", "iptables (*Proxier).syncProxyRules: masqueradeAll applies to cluster IPs only",
+			func(n *servicelb.NodeConfig, _ *Env) { n.MasqueradeAll = true },
+			One(func() []servicelb.Endpoint { return Local(0) }, WithNodePort(), ExternalLocal()),
+			c(Outside, NodePort, Reach(0).Preserved())),
+		one("node-port/hairpin", followHairpin, One(func() []servicelb.Endpoint { return RemoteEps(1) }, WithNodePort()),
+			c(Endpoint(1), NodePort, Reach(1).Masqueraded())),
+	}
+}
+
+func externalIPScenarios() []Scenario {
+	return []Scenario{
+		one("external-ip/cluster-policy", "iptables (*Proxier).syncProxyRules: external IPs through KUBE-EXT",
+			One(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, WithExternalIP()),
+			c(Outside, ExternalIP, Reach(0, 1, 2).Spread().Masqueraded()),
+			c(Pod, ExternalIP, Reach(0, 1, 2).Masqueraded()),
+			c(Node, ExternalIP, Reach(0, 1, 2).Masqueraded())),
+		one("external-ip/local-policy", followEXT,
+			One(func() []servicelb.Endpoint { return Join(Local(0), RemoteEps(1)) }, WithExternalIP(), ExternalLocal()),
+			c(Outside, ExternalIP, Reach(0).Preserved()),
+			c(Pod, ExternalIP, Reach(0, 1).Spread().Preserved()),
+			c(Node, ExternalIP, Reach(0, 1).Masqueraded())),
+		one("external-ip/local-policy-no-local-endpoint", followEXT,
+			One(func() []servicelb.Endpoint { return RemoteEps(1) }, WithExternalIP(), ExternalLocal()),
+			c(Outside, ExternalIP, Dropped()), c(Pod, ExternalIP, Reach(1).Preserved()), c(Node, ExternalIP, Reach(1).Masqueraded())),
+		one("external-ip/no-endpoints-rejects", followReject, One(func() []servicelb.Endpoint { return nil }, WithExternalIP()),
+			every(ExternalIP, Refused())...),
+	}
+}
+
+func loadBalancerScenarios() []Scenario {
+	return []Scenario{
+		one("load-balancer/cluster-policy", "iptables (*Proxier).syncProxyRules: load-balancer IPs through KUBE-EXT",
+			One(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, WithLoadBalancerIP()),
+			c(Outside, LoadBalancerIP, Reach(0, 1, 2).Spread().Masqueraded()),
+			c(Pod, LoadBalancerIP, Reach(0, 1, 2).Masqueraded()),
+			c(Node, LoadBalancerIP, Reach(0, 1, 2).Masqueraded())),
+		one("load-balancer/local-policy", followEXT,
+			One(func() []servicelb.Endpoint { return Join(Local(0), RemoteEps(1)) }, WithLoadBalancerIP(), ExternalLocal()),
+			c(Outside, LoadBalancerIP, Reach(0).Preserved()),
+			c(Pod, LoadBalancerIP, Reach(0, 1).Spread().Preserved()),
+			c(Node, LoadBalancerIP, Reach(0, 1).Masqueraded())),
+		one("load-balancer/local-policy-no-local-endpoint", followEXT,
+			One(func() []servicelb.Endpoint { return RemoteEps(2) }, WithLoadBalancerIP(), ExternalLocal()),
+			c(Outside, LoadBalancerIP, Dropped()), c(Pod, LoadBalancerIP, Reach(2)), c(Node, LoadBalancerIP, Reach(2).Masqueraded())),
+		one("load-balancer/no-endpoints-rejects", followReject, One(func() []servicelb.Endpoint { return nil }, WithLoadBalancerIP()),
+			every(LoadBalancerIP, Refused())...),
+		one("load-balancer/all-frontends", "iptables (*Proxier).syncProxyRules: one service port's frontends share its endpoints",
+			One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, External()),
+			c(Outside, ClusterIP, Reach(0, 1)), c(Outside, NodePort, Reach(0, 1)),
+			c(Outside, ExternalIP, Reach(0, 1)), c(Outside, LoadBalancerIP, Reach(0, 1))),
+	}
+}
+
+// holdLoadBalancerIP puts service 0's load-balancer IPs on the node, as a
+// VIP-style load balancer's controller does.
+func holdLoadBalancerIP(t *testing.T, e *Env) {
+	for _, f := range Families() {
+		a := e.LoadBalancerIP(f, 0)
+		e.NodeHost().AddAddress(t, netip.PrefixFrom(a, a.BitLen()))
+	}
+}
+
+func sourceRangeScenarios() []Scenario {
+	lb := func(ranges ...string) func(*Env) []servicelb.Service {
+		return One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, WithLoadBalancerIP(), WithNodePort(), WithSourceRanges(ranges...))
+	}
+	client := []string{"198.51.100.2/32", "fd00:c::2/128"}
+	withNode := []string{"198.51.100.0/24", "fd00:c::/64"}
+	sc := []Scenario{
+		one("source-ranges/client-in-and-out", followFW, lb(client...),
+			c(Outside, LoadBalancerIP, Reach(0, 1)), c(OutsideAt(1), LoadBalancerIP, Dropped()),
+			c(Pod, LoadBalancerIP, Dropped())),
+		one("source-ranges/node-not-admitted", followFW, lb(client...),
+			c(Node, LoadBalancerIP, Dropped())),
+		{Name: "source-ranges/node-holding-the-vip-admitted-through-its-address", Follows: followFW, Stages: []Stage{{
+			Before: holdLoadBalancerIP, Services: lb(withNode...),
+			Expect: []Check{c(Node, LoadBalancerIP, Reach(0, 1)), c(OutsideAt(1), LoadBalancerIP, Reach(0, 1)), c(Pod, LoadBalancerIP, Dropped())},
+		}}},
+		{Name: "source-ranges/node-holding-the-vip-not-admitted", Follows: followFW, Stages: []Stage{{
+			Before: holdLoadBalancerIP, Services: lb(client...),
+			Expect: []Check{c(Node, LoadBalancerIP, Dropped()), c(Outside, LoadBalancerIP, Reach(0, 1))},
+		}}},
+		one("source-ranges/other-family-open", followFW, lb("198.51.100.2/32"),
+			Check{From: OutsideAt(1), To: LoadBalancerIP, Families: []servicelb.Family{servicelb.IPv4}, Want: Dropped()},
+			Check{From: OutsideAt(1), To: LoadBalancerIP, Families: []servicelb.Family{servicelb.IPv6}, Want: Reach(0, 1)}),
+		one("source-ranges/not-on-node-ports", followFW+" (the firewall chain is for load-balancer IPs only)", lb(client...),
+			c(OutsideAt(1), NodePort, Reach(0, 1)), c(OutsideAt(1), ClusterIP, Reach(0, 1))),
+		one("source-ranges/no-endpoints-rejects", followReject+" (no firewall chain without endpoints)",
+			One(func() []servicelb.Endpoint { return nil }, WithLoadBalancerIP(), WithSourceRanges(client...)),
+			c(Outside, LoadBalancerIP, Refused()), c(OutsideAt(1), LoadBalancerIP, Refused())),
+		one("source-ranges/every-address", followFW, lb("0.0.0.0/0", "::/0"),
+			c(OutsideAt(1), LoadBalancerIP, Reach(0, 1)), c(Node, LoadBalancerIP, Reach(0, 1))),
+	}
+	for i := range sc {
+		sc[i].Needs |= servicelb.FeatureSourceRanges
+	}
+	return sc
+}
+
+func affinityScenarios() []Scenario {
+	sticky := func(d time.Duration) func(*Env) []servicelb.Service {
+		return One(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, WithAffinity(d), WithNodePort())
+	}
+	sc := []Scenario{
+		one("affinity/sticks", followAffinity, sticky(time.Minute),
+			c(Outside, ClusterIP, Reach(0, 1, 2).Sticky()), c(Pod, ClusterIP, Reach(0, 1, 2).Sticky()),
+			c(Outside, NodePort, Reach(0, 1, 2).Sticky())),
+		one("affinity/per-client", followAffinity, sticky(time.Minute),
+			Check{Families: []servicelb.Family{servicelb.IPv4}, Proto: servicelb.TCP, Custom: pinsPerClient}),
+		one("affinity/lasts-while-renewed-then-expires", followAffinity+" (a pin lasts while new flows come less than the timeout apart)",
+			sticky(2*time.Second), Check{Families: []servicelb.Family{servicelb.IPv4}, Proto: servicelb.TCP, Custom: pinRenewsAndExpires}),
+	}
+	for i := range sc {
+		sc[i].Needs |= servicelb.FeatureAffinity
+	}
+	return sc
+}
+
+// pinsPerClient: each of six clients sticks to one endpoint, and they do
+// not all stick to the same one (probability 3^-5 for a correct backend).
+func pinsPerClient(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
+	seen := map[string]bool{}
+	for n := 1; n <= 6; n++ {
+		first := ""
+		for range 4 {
+			r, err := e.Ask(t, OutsideAt(n), ClusterIP, f, p)
+			if err != nil {
+				t.Fatalf("client %d: %v", n, err)
+			}
+			if first == "" {
+				first = r.Host
+			} else if r.Host != first {
+				t.Errorf("client %d: reached %s then %s, want one endpoint", n, first, r.Host)
+			}
+		}
+		seen[first] = true
+	}
+	if len(seen) < 2 {
+		t.Errorf("six clients all pinned to %v", seen)
+	}
+}
+
+// pinRenewsAndExpires: with a 2s timeout, flows 1s apart keep one endpoint
+// for 5s; after 2.5s of silence each time the pin is gone, so that ten
+// such draws from three endpoints are not all one (probability 3^-9 for a
+// correct backend).
+func pinRenewsAndExpires(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
+	ask := func() string {
+		r, err := e.Ask(t, Outside, ClusterIP, f, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Host
+	}
+	first := ask()
+	for range 5 {
+		time.Sleep(time.Second)
+		if h := ask(); h != first {
+			t.Fatalf("renewed every second, the pin moved from %s to %s", first, h)
+		}
+	}
+	seen := map[string]bool{}
+	for range 10 {
+		time.Sleep(2500 * time.Millisecond)
+		seen[ask()] = true
+	}
+	if len(seen) < 2 {
+		t.Errorf("after each timeout the client still reached only %v", seen)
+	}
+}
+
+func hairpinScenarios() []Scenario {
+	return []Scenario{
+		one("hairpin/remote-endpoint", followHairpin, One(func() []servicelb.Endpoint { return RemoteEps(1) }),
+			c(Endpoint(1), ClusterIP, Reach(1).Masqueraded())),
+		one("hairpin/local-endpoint", followHairpin, One(func() []servicelb.Endpoint { return Local(2) }),
+			c(Endpoint(2), ClusterIP, Reach(2).Masqueraded())),
+		one("hairpin/other-endpoints-keep-the-source", followHairpin, One(func() []servicelb.Endpoint { return RemoteEps(1) }),
+			c(Endpoint(0), ClusterIP, Reach(1).Preserved())),
+	}
+}
+
+func topologyScenarios() []Scenario {
+	zone := func(n *servicelb.NodeConfig, _ *Env) { n.Zone = "zone-a" }
+	hinted := func(f func() []servicelb.Endpoint, opts ...Opt) func(*Env) []servicelb.Service { return One(f, opts...) }
+	z := func(zs ...string) []string { return zs }
+	return []Scenario{
+		oneNode("topology/zone-hints", followTopology, zone, hinted(func() []servicelb.Endpoint {
+			return Join(Hinted(z("zone-a"), nil, RemoteEps(0)), Hinted(z("zone-b"), nil, RemoteEps(1, 2)))
+		}), every(ClusterIP, Reach(0))...),
+		oneNode("topology/node-hints", followTopology+" (PreferSameNode)", zone, hinted(func() []servicelb.Endpoint {
+			return Join(Hinted(z("zone-a"), z(NodeName), Local(0)), Hinted(z("zone-a"), z(Remote), RemoteEps(1, 2)))
+		}), c(Outside, ClusterIP, Reach(0))),
+		oneNode("topology/mixed-hints-use-zones", followTopology+" (node hints only when every ready endpoint has one)", zone,
+			hinted(func() []servicelb.Endpoint {
+				return Join(Hinted(z("zone-a"), z(NodeName), Local(0)), Hinted(z("zone-a"), nil, RemoteEps(1, 2)))
+			}), c(Outside, ClusterIP, Reach(0, 1, 2).Spread())),
+		oneNode("topology/no-hint-for-this-zone", followTopology, zone, hinted(func() []servicelb.Endpoint {
+			return Join(Hinted(z("zone-b"), nil, RemoteEps(0)), Hinted(z("zone-c"), nil, RemoteEps(1, 2)))
+		}), c(Outside, ClusterIP, Reach(0, 1, 2).Spread())),
+		oneNode("topology/hints-leave-the-local-set-alone", followTopology, zone, hinted(func() []servicelb.Endpoint {
+			return Join(Hinted(z("zone-b"), nil, Local(0)), Hinted(z("zone-a"), nil, RemoteEps(1)))
+		}, WithNodePort(), ExternalLocal()), c(Outside, NodePort, Reach(0)), c(Outside, ClusterIP, Reach(1))),
+	}
+}
+
+// session is the source port of the UDP sessions of the stale-flow
+// scenarios.
+const session = 40123
+
+func udpSession(want Outcome) Check {
+	return Check{From: Outside, To: ClusterIP, Proto: servicelb.UDP, Session: session, Want: want}
+}
+
+func staleFlowScenarios() []Scenario {
+	stage := func(f func() []servicelb.Endpoint, checks ...Check) Stage { return Stage{Services: One(f), Expect: checks} }
+	return []Scenario{
+		{Name: "stale-flows/endpoint-removed", Follows: followStale, Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
+			stage(func() []servicelb.Endpoint { return RemoteEps(1) }, udpSession(Reach(1))),
+		}},
+		{Name: "stale-flows/serving-terminating-endpoint-keeps-its-flows", Follows: followStale + " (serving endpoints keep their flows whatever is selected)", Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return Terminating(RemoteEps(0)) }, udpSession(Reach(0))),
+			stage(func() []servicelb.Endpoint { return Join(Terminating(RemoteEps(0)), RemoteEps(1)) },
+				udpSession(Reach(0)), Check{From: Outside, To: ClusterIP, Proto: servicelb.UDP, Want: Reach(1)}),
+		}},
+		{Name: "stale-flows/drained-endpoint-keeps-its-flows", Follows: followStale, Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
+			stage(func() []servicelb.Endpoint { return Join(Weighted(0, RemoteEps(0)), RemoteEps(1)) },
+				udpSession(Reach(0)), Check{From: Outside, To: ClusterIP, Proto: servicelb.UDP, Want: Reach(1)}),
+		}},
+		{Name: "stale-flows/deselected-by-policy-keeps-its-flows", Follows: followStale, Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return Join(RemoteEps(0)) }, udpSession(Reach(0))),
+			{Services: One(func() []servicelb.Endpoint { return Join(RemoteEps(0), Local(1)) }, InternalLocal()),
+				Expect: []Check{udpSession(Reach(0)), {From: Outside, To: ClusterIP, Proto: servicelb.UDP, Want: Reach(1)}}},
+		}},
+		{Name: "stale-flows/restart-reconciles-the-table", Follows: followStale + " (the first sync reconciles the whole table)", Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
+			{Restart: true, Services: One(func() []servicelb.Endpoint { return RemoteEps(1) }), Expect: []Check{udpSession(Reach(1))}},
+		}},
+	}
+}
+
+func conflictScenarios() []Scenario {
+	shared := func(e *Env) []netip.Addr {
+		return []netip.Addr{e.ExternalIP(servicelb.IPv4, 0), e.ExternalIP(servicelb.IPv6, 0)}
+	}
+	nodeIPs := func(e *Env) []netip.Addr { return []netip.Addr{e.NodeIP(servicelb.IPv4), e.NodeIP(servicelb.IPv6)} }
+	return []Scenario{
+		one("conflict/shared-external-ip", "kproxy's own: one frontend, two services: the first name holds it, the other keeps the rest",
+			func(e *Env) []servicelb.Service {
+				return []servicelb.Service{
+					e.Service(1, RemoteEps(1), ExternalIPAt(shared), Named("b")),
+					e.Service(0, RemoteEps(0), WithExternalIP(), Named("a")),
+				}
+			},
+			c(Outside, ExternalIP, Reach(0)), c(Outside, ClusterIP, Reach(0)), c(Outside, ClusterIP.Of(1), Reach(1))),
+		one("conflict/external-ip-on-another-services-node-port", "iptables (*Proxier).syncProxyRules: service IPs are matched before KUBE-NODEPORTS",
+			func(e *Env) []servicelb.Service {
+				return []servicelb.Service{
+					e.Service(0, RemoteEps(0), WithNodePort(), Named("a")),
+					e.Service(1, RemoteEps(1), ExternalIPAt(nodeIPs), PortOf(func(e *Env) uint16 { return e.NodePortOf(0) }), Named("b")),
+				}
+			},
+			c(Outside, NodePort, Reach(1)), c(Pod, NodePort, Reach(1)), c(Outside, ClusterIP, Reach(0))),
+	}
+}
+
+func schedulerScenarios() []Scenario {
+	return []Scenario{
+		{Name: "capabilities/unsupported-scheduler-refused", Follows: "kproxy's own: a hint the backend cannot honour is refused before the kernel", Refuses: true,
+			Stages: []Stage{
+				{Services: One(func() []servicelb.Endpoint { return RemoteEps(0) }), Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+				{Services: func(e *Env) []servicelb.Service {
+					return []servicelb.Service{e.Service(0, RemoteEps(1)), e.Service(1, RemoteEps(1), WithScheduler(e.UnsupportedScheduler()))}
+				}, Refused: servicelb.ErrUnsupported, Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+			}},
+		{Name: "capabilities/endpoint-capacity-refused", Follows: "kproxy's own: more endpoints than the backend holds are refused before the kernel",
+			Bounded: true, Stages: []Stage{
+				{Services: One(func() []servicelb.Endpoint { return RemoteEps(0) }), Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+				{Services: func(e *Env) []servicelb.Service {
+					return []servicelb.Service{e.Service(0, RemoteEps(1)), e.Service(1, manyEndpoints(e.lab.p.Capabilities().MaxEndpoints+1))}
+				}, Refused: servicelb.ErrCapacity, Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+			}},
+		{Name: "scheduler/maglev-spreads-one-clients-connections", Follows: "ipvs (*Proxier).syncService: the mh scheduler hashes the source port (FlagSourceHash)",
+			Scheduler: servicelb.SchedulerMaglev, Stages: []Stage{{
+				Services: One(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, WithScheduler(servicelb.SchedulerMaglev)),
+				Expect:   []Check{{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1, 2).Spread()}},
+			}}},
+	}
+}
+
+// manyEndpoints returns n ready endpoints on addresses no host holds.
+func manyEndpoints(n int) []servicelb.Endpoint {
+	out := make([]servicelb.Endpoint, n)
+	for i := range out {
+		out[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)}), Ready: true, Serving: true}
+	}
+	return out
+}

@@ -1,0 +1,393 @@
+package conformance
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Scenario is one behaviour of a Service, checked with real packets: one or
+// more stages, each a state to sync and what packets must then do.
+type Scenario struct {
+	// Name names the subtest.
+	Name string
+	// Follows names the kube-proxy code whose behaviour the scenario
+	// checks (or says that it is kproxy's own).
+	Follows string
+	// Needs are the features the backend must declare for the scenario to
+	// apply; Scheduler, when set, a scheduler hint it must honour.
+	Needs     servicelb.Features
+	Scheduler servicelb.Scheduler
+	// Refuses, when set, makes the scenario apply only to backends that
+	// do NOT honour some scheduler hint: see Env.UnsupportedScheduler.
+	Refuses bool
+	// Bounded, when set, makes the scenario apply only to backends with a
+	// bound on the endpoints of a service port.
+	Bounded bool
+	Stages  []Stage
+}
+
+// inapplicable says why the scenario does not apply to a backend, or "".
+func (sc *Scenario) inapplicable(c *servicelb.Capabilities) string {
+	switch {
+	case !c.Features.Has(sc.Needs):
+		return fmt.Sprintf("needs %s, the backend has %s", sc.Needs, c.Features)
+	case sc.Scheduler != "" && !c.AcceptsScheduler(sc.Scheduler):
+		return fmt.Sprintf("needs scheduler %q", sc.Scheduler)
+	case sc.Refuses && unsupportedScheduler(c) == "":
+		return "the backend honours every scheduler hint"
+	case sc.Bounded && c.MaxEndpoints == 0:
+		return "the backend has no bound on endpoints"
+	}
+	return ""
+}
+
+// unsupportedScheduler returns a scheduler hint c does not honour, or "".
+func unsupportedScheduler(c *servicelb.Capabilities) servicelb.Scheduler {
+	for _, s := range servicelb.Schedulers() {
+		if !c.AcceptsScheduler(s) {
+			return s
+		}
+	}
+	return ""
+}
+
+// Stage is one state of a scenario and its checks.
+type Stage struct {
+	// Node edits the node config; the base is NodeName "node", the node's
+	// addresses as NodeIPs and the cluster CIDRs of the topology.
+	Node func(n *servicelb.NodeConfig, e *Env)
+	// Services returns the services to sync.
+	Services func(e *Env) []servicelb.Service
+	// Before runs before the sync (to add an address to the node, or to
+	// wait).
+	Before func(t *testing.T, e *Env)
+	// Restart replaces the proxier with a new one (Backend.New) before
+	// the sync, leaving the kernel state as it is, as an agent restart does.
+	Restart bool
+	// Refused, when set, is the error kind the sync must fail with; the
+	// state before it must stay in place.
+	Refused error
+	// Expect are the checks, run after the sync.
+	Expect []Check
+}
+
+// Check is one expectation: new flows from an origin to a frontend, for
+// each of the families and protocols it applies to.
+type Check struct {
+	From From
+	To   Target
+	// Families default to both; Proto to each of Options.Protocols.
+	Families []servicelb.Family
+	Proto    servicelb.Protocol
+	// Session, when set, is the source port of every ask: the asks of
+	// all checks with one Session share a UDP or SCTP flow's tuple, as one
+	// client session's datagrams do.
+	Session uint16
+	Want    Outcome
+	// Custom, when set, replaces From, To and Want: it checks what the
+	// table cannot say.
+	Custom func(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol)
+}
+
+// From is the origin of a check's flows.
+type From struct {
+	kind fromKind
+	n    int
+}
+
+type fromKind uint8
+
+const (
+	fromOutside fromKind = iota
+	fromPod
+	fromNode
+	fromEndpoint
+)
+
+// The origins: Outside is the client outside the cluster CIDRs
+// (198.51.100.2, fd00:c::2), Pod a workload host of this node inside them
+// that is not an endpoint, Node the node itself.
+var (
+	Outside = From{kind: fromOutside}
+	Pod     = From{kind: fromPod}
+	Node    = From{kind: fromNode}
+)
+
+// OutsideAt is the outside client using its n-th extra address
+// (198.51.100.(100+n), fd00:c::(100+n)), n from 1.
+func OutsideAt(n int) From { return From{kind: fromOutside, n: n} }
+
+// Endpoint is endpoint host i itself asking (hairpin).
+func Endpoint(i int) From { return From{kind: fromEndpoint, n: i} }
+
+func (f From) String() string {
+	switch f.kind {
+	case fromOutside:
+		if f.n > 0 {
+			return fmt.Sprintf("outside#%d", f.n)
+		}
+		return "outside"
+	case fromPod:
+		return "pod"
+	case fromNode:
+		return "node"
+	}
+	return fmt.Sprintf("endpoint %d", f.n)
+}
+
+// Target is a frontend of a scenario's service.
+type Target struct {
+	kind targetKind
+	svc  int
+	port uint16 // when not zero, this port instead of the service's
+}
+
+type targetKind uint8
+
+const (
+	toClusterIP targetKind = iota
+	toNodePort
+	toExternalIP
+	toLoadBalancerIP
+	toUnallocated
+)
+
+// The frontends of service 0; Of picks another service.
+var (
+	ClusterIP      = Target{kind: toClusterIP}
+	NodePort       = Target{kind: toNodePort}
+	ExternalIP     = Target{kind: toExternalIP}
+	LoadBalancerIP = Target{kind: toLoadBalancerIP}
+	// Unallocated is an address of the service CIDRs (see Env.ServiceCIDRs)
+	// that is no service's cluster IP.
+	Unallocated = Target{kind: toUnallocated}
+)
+
+// Of returns the same frontend of service i of the scenario.
+func (t Target) Of(i int) Target { t.svc = i; return t }
+
+// OnPort returns the frontend's address with another port.
+func (t Target) OnPort(p uint16) Target { t.port = p; return t }
+
+func (t Target) String() string {
+	name := [...]string{"cluster IP", "node port", "external IP", "load-balancer IP", "unallocated service IP"}[t.kind]
+	if t.svc > 0 {
+		name += fmt.Sprintf(" of service %d", t.svc)
+	}
+	if t.port != 0 {
+		name += fmt.Sprintf(" port %d", t.port)
+	}
+	return name
+}
+
+// Outcome is what a check's flows must do.
+type Outcome struct {
+	kind     outcomeKind
+	backends []int
+	source   sourceRule
+	spread   bool
+	sticky   bool
+	shares   map[int]float64
+}
+
+type outcomeKind uint8
+
+const (
+	reach outcomeKind = iota
+	refused
+	dropped
+)
+
+type sourceRule uint8
+
+const (
+	anySource sourceRule = iota
+	preserved
+	masqueraded
+)
+
+// Reach says every flow reaches one of the endpoint hosts given.
+func Reach(endpoints ...int) Outcome { return Outcome{kind: reach, backends: endpoints} }
+
+// Refused says every flow is refused at once with an ICMP (ICMPv6) port
+// unreachable, TCP included.
+func Refused() Outcome { return Outcome{kind: refused} }
+
+// Dropped says every flow goes unanswered.
+func Dropped() Outcome { return Outcome{kind: dropped} }
+
+// Masqueraded adds that the endpoint sees the node's address on its link
+// as the client.
+func (o Outcome) Masqueraded() Outcome { o.source = masqueraded; return o }
+
+// Preserved adds that the endpoint sees the client's own address.
+func (o Outcome) Preserved() Outcome { o.source = preserved; return o }
+
+// Spread adds that every endpoint given answers some of 40 flows.
+func (o Outcome) Spread() Outcome { o.spread = true; return o }
+
+// Sticky adds that one endpoint answers all of 12 flows.
+func (o Outcome) Sticky() Outcome { o.sticky = true; return o }
+
+// Shares adds that 300 flows spread over the endpoints in proportion to
+// the shares, within bounds a correct random spread leaves with
+// probability below 1e-6.
+func (o Outcome) Shares(shares map[int]float64) Outcome { o.shares = shares; return o }
+
+func (o Outcome) asks() int {
+	switch {
+	case o.shares != nil:
+		return 300
+	case o.spread:
+		return 40
+	case o.sticky:
+		return 12
+	}
+	return 6
+}
+
+// judge checks the spread of the answers.
+func (o Outcome) judge(t *testing.T, what string, counts map[int]int, n int) {
+	t.Helper()
+	switch {
+	case o.sticky && len(counts) != 1:
+		t.Errorf("%s: answered by %v, want one endpoint throughout", what, counts)
+	case o.spread && len(counts) != len(o.backends):
+		t.Errorf("%s: answered by %v of %d flows, want each of %s", what, counts, n, hostList(o.backends))
+	case o.shares != nil:
+		byName, shares := map[string]int{}, map[string]float64{}
+		for i, c := range counts {
+			byName[fmt.Sprintf("backend-%d", i)] = c
+		}
+		for i, s := range o.shares {
+			shares[fmt.Sprintf("backend-%d", i)] = s
+		}
+		if err := netnstest.WithinBounds(byName, netnstest.WeightedShares(shares), n); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+}
+
+// Env gives a scenario's stages their addresses and the lab's hosts. Each
+// scenario has addresses and node ports of its own, so that no flow of one
+// scenario meets the state of another.
+type Env struct {
+	idx  int
+	lab  *lab
+	node servicelb.NodeConfig
+}
+
+// NodeName is the node's name: endpoints with it are local.
+const NodeName = "node"
+
+// Remote is the name of another node, for endpoints that are not local.
+const Remote = "elsewhere"
+
+// Node returns the node config of the current stage.
+func (e *Env) Node() servicelb.NodeConfig { return e.node }
+
+// Host returns the host of endpoint i, for stages that act on it.
+func (e *Env) Host(i int) *netnstest.Host { return e.lab.tp.Backends[i] }
+
+// NodeHost returns the node's host.
+func (e *Env) NodeHost() *netnstest.Host { return e.lab.tp.Node }
+
+// Families returns the families the scenarios serve.
+func Families() []servicelb.Family { return []servicelb.Family{servicelb.IPv4, servicelb.IPv6} }
+
+func (e *Env) addr(f servicelb.Family, v4 [2]byte, v6 uint16, i int) netip.Addr {
+	if f == servicelb.IPv4 {
+		return netip.AddrFrom4([4]byte{v4[0], v4[1], byte(e.idx), byte(10 + i)})
+	}
+	var b [16]byte
+	b[0], b[1], b[2], b[3] = 0xfd, 0x00, byte(v6>>8), byte(v6)
+	b[13], b[14], b[15] = byte(e.idx>>8), byte(e.idx), byte(10+i)
+	return netip.AddrFrom16(b)
+}
+
+// ClusterIP returns service i's cluster IP of family f: 10.96.<scenario>.(10+i)
+// or fd00:96::<scenario>:(10+i)-like.
+func (e *Env) ClusterIP(f servicelb.Family, i int) netip.Addr {
+	return e.addr(f, [2]byte{10, 96}, 0x96, i)
+}
+
+// ExternalIP returns service i's external IP of family f.
+func (e *Env) ExternalIP(f servicelb.Family, i int) netip.Addr {
+	return e.addr(f, [2]byte{172, 16}, 0xe, i)
+}
+
+// LoadBalancerIP returns service i's load-balancer IP of family f.
+func (e *Env) LoadBalancerIP(f servicelb.Family, i int) netip.Addr {
+	return e.addr(f, [2]byte{172, 17}, 0xb, i)
+}
+
+// ServiceCIDRs returns the service CIDRs of the scenario: its cluster IPs
+// and the address Unallocated names.
+func (e *Env) ServiceCIDRs() []netip.Prefix {
+	return []netip.Prefix{
+		netip.PrefixFrom(e.ClusterIP(servicelb.IPv4, 0), 24).Masked(),
+		netip.PrefixFrom(e.ClusterIP(servicelb.IPv6, 0), 120).Masked(),
+	}
+}
+
+// NodePortOf returns service i's node port: the same for every protocol.
+func (e *Env) NodePortOf(i int) uint16 { return uint16(30000 + e.idx*8 + i) }
+
+// ServicePort is the port of every service of the scenarios.
+const ServicePort = 80
+
+// NodeIP returns the node's address of family f.
+func (e *Env) NodeIP(f servicelb.Family) netip.Addr {
+	if f == servicelb.IPv4 {
+		return netnstest.NodeIPv4()
+	}
+	return netnstest.NodeIPv6()
+}
+
+// Protocols returns the protocols of the run.
+func (e *Env) Protocols() []servicelb.Protocol { return e.lab.o.Protocols }
+
+// UnsupportedScheduler returns a scheduler hint the backend does not
+// honour.
+func (e *Env) UnsupportedScheduler() servicelb.Scheduler {
+	c := e.lab.p.Capabilities()
+	return unsupportedScheduler(&c)
+}
+
+// resolve returns a target's address and port.
+func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.AddrPort {
+	port := uint16(ServicePort)
+	var a netip.Addr
+	switch t.kind {
+	case toClusterIP:
+		a = e.ClusterIP(f, t.svc)
+	case toNodePort:
+		a, port = e.NodeIP(f), e.NodePortOf(t.svc)
+	case toExternalIP:
+		a = e.ExternalIP(f, t.svc)
+	case toLoadBalancerIP:
+		a = e.LoadBalancerIP(f, t.svc)
+	case toUnallocated:
+		a = e.ClusterIP(f, 200)
+	}
+	if t.port != 0 {
+		port = t.port
+	}
+	return netip.AddrPortFrom(a, port)
+}
+
+// Ask makes one ask from an origin to a target, for custom checks.
+func (e *Env) Ask(t *testing.T, from From, to Target, f servicelb.Family, p servicelb.Protocol) (netnstest.Reply, error) {
+	a := e.lab.asker(t, from, f)
+	return a.h.Ask(t.Context(), p.Lower(), e.resolve(to, f, p), e.lab.askOpts(a, 0, e.lab.o.AskTimeout)...)
+}
+
+// Sleep waits d: for stages that let a timeout pass.
+func Sleep(d time.Duration) func(*testing.T, *Env) {
+	return func(*testing.T, *Env) { time.Sleep(d) }
+}
