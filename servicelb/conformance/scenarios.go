@@ -368,7 +368,9 @@ func hairpinScenarios() []Scenario {
 
 func topologyScenarios() []Scenario {
 	zone := func(n *servicelb.NodeConfig, _ *Env) { n.Zone = "zone-a" }
-	hinted := func(f func() []servicelb.Endpoint, opts ...Opt) func(*Env) []servicelb.Service { return One(f, opts...) }
+	hinted := func(f func() []servicelb.Endpoint, opts ...Opt) func(*Env) []servicelb.Service {
+		return One(f, opts...)
+	}
 	z := func(zs ...string) []string { return zs }
 	return []Scenario{
 		oneNode("topology/zone-hints", followTopology, zone, hinted(func() []servicelb.Endpoint {
@@ -399,7 +401,9 @@ func udpSession(want Outcome) Check {
 }
 
 func staleFlowScenarios() []Scenario {
-	stage := func(f func() []servicelb.Endpoint, checks ...Check) Stage { return Stage{Services: One(f), Expect: checks} }
+	stage := func(f func() []servicelb.Endpoint, checks ...Check) Stage {
+		return Stage{Services: One(f), Expect: checks}
+	}
 	return []Scenario{
 		{Name: "stale-flows/endpoint-removed", Follows: followStale, Stages: []Stage{
 			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
