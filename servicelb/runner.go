@@ -114,8 +114,9 @@ var ErrSourceConflict = errors.New("service belongs to another source")
 // Runner feeds a Proxier from named sources of services: it validates every
 // change as it arrives, coalesces changes, and syncs no more often than
 // MinSyncInterval, at least every MaxSyncInterval, retrying failures with
-// backoff. It never syncs before every registered source has reported its
-// initial contents, so that a restart never applies a partial state.
+// backoff. It never syncs before a source is registered and every
+// registered source has reported its initial contents, so that a restart
+// never applies a partial (or empty) state over a working node.
 type Runner struct {
 	p     Proxier
 	opts  RunnerOptions
@@ -138,6 +139,8 @@ type Runner struct {
 	appliedAt time.Time
 	lastErr   error
 	succeeded bool
+	// firstSync is closed by the first successful sync.
+	firstSync chan struct{}
 }
 
 // NewRunner returns a Runner that applies changes to p.
@@ -166,7 +169,7 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 	}
 	r := &Runner{
 		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
-		wake:    make(chan struct{}, 1),
+		wake:    make(chan struct{}, 1), firstSync: make(chan struct{}),
 		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]bool{},
 	}
 	if r.clock == nil {
@@ -205,6 +208,21 @@ func (r *Runner) Applied() *State {
 	return r.applied
 }
 
+// WaitSynced waits until the Runner's first successful sync, which comes
+// once every source has delivered its initial contents, and returns nil;
+// or until ctx ends, and returns its error.
+func (r *Runner) WaitSynced(ctx context.Context) error {
+	select {
+	case <-r.firstSync:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Synced returns a channel closed by the Runner's first successful sync.
+func (r *Runner) Synced() <-chan struct{} { return r.firstSync }
+
 // Health reports queued versus applied changes.
 func (r *Runner) Health() Health {
 	r.mu.Lock()
@@ -218,7 +236,13 @@ func (r *Runner) Health() Health {
 	}
 }
 
+// allSynced reports whether at least one source is registered and every
+// registered source has delivered its initial contents: before that, a
+// sync would apply a state nobody delivered.
 func (r *Runner) allSynced() bool {
+	if len(r.sources) == 0 {
+		return false
+	}
 	for _, s := range r.sources {
 		if !s.synced {
 			return false
@@ -337,6 +361,9 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	r.inflight = 0
 	r.lastErr = err
 	if err == nil {
+		if !r.succeeded {
+			close(r.firstSync)
+		}
 		r.applied, r.appliedAt, r.succeeded = st, res.End(), true
 		l.failures = 0
 	} else {

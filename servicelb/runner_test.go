@@ -362,3 +362,52 @@ func TestRunnerRefusesWhatTheBackendCannotExpress(t *testing.T) {
 	}
 	assert.Equal(t, []string{"good"}, names)
 }
+
+// TestRunnerWaitsForAFirstSource: a Runner started before any source is
+// registered does not sync the empty state it holds: it waits for a source
+// to register and deliver.
+func TestRunnerWaitsForAFirstSource(t *testing.T) {
+	h, _ := newHarness(t)
+	require.Equal(t, time.Duration(-1), h.idle(), "with no source, the runner must wait for one")
+	h.clk.Advance(time.Hour)
+	assert.Zero(t, h.syncs(), "synced before any source was registered")
+	src := h.r.Source("late")
+	require.NoError(t, src.Upsert(svc("a", 1)))
+	require.Equal(t, time.Duration(-1), h.idle(), "a source that has not delivered holds the first sync back")
+	src.Synced()
+	h.idle()
+	require.Equal(t, 1, h.syncs())
+	assert.Equal(t, []string{"a"}, h.names(0))
+}
+
+// TestWaitSynced returns after the first successful sync, and at once
+// afterwards; before it, it returns with the context.
+func TestWaitSynced(t *testing.T) {
+	h, src := newHarness(t, "s")
+	h.idle()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, h.r.WaitSynced(ctx), context.DeadlineExceeded)
+	h.p.FailNext(errors.New("boom"))
+	src[0].Synced()
+	h.idle()
+	select {
+	case <-h.r.Synced():
+		t.Fatal("a failed sync counted as the first sync")
+	default:
+	}
+	h.clk.Advance(retry)
+	h.idle()
+	require.NoError(t, h.r.WaitSynced(context.Background()))
+	require.NoError(t, h.r.WaitSynced(context.Background()))
+}
+
+// TestZeroStateIsNoState: only States a Builder made pass Check.
+func TestZeroStateIsNoState(t *testing.T) {
+	var nilState *servicelb.State
+	require.ErrorIs(t, nilState.Check(), servicelb.ErrNoState)
+	require.ErrorIs(t, (&servicelb.State{}).Check(), servicelb.ErrNoState)
+	st, err := servicelb.NewState(servicelb.NodeConfig{})
+	require.NoError(t, err)
+	require.NoError(t, st.Check(), "an empty state made by NewState")
+}

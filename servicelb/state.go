@@ -16,6 +16,23 @@ type State struct {
 	node      NodeConfig
 	svcs      serviceMap
 	conflicts []Conflict
+	// built is set on every State a Builder makes: the zero State{} is
+	// no state at all.
+	built bool
+}
+
+// ErrNoState: a nil State, or the zero State{} that no Builder made. A
+// Proxier refuses it rather than apply it as the empty state, which would
+// remove every service from a working node.
+var ErrNoState = errors.New("no state: make one with NewState or a Builder")
+
+// Check returns ErrNoState unless s is a State made by NewState or a
+// Builder (an empty one included).
+func (s *State) Check() error {
+	if s == nil || !s.built {
+		return ErrNoState
+	}
+	return nil
 }
 
 type entry struct {
@@ -307,7 +324,7 @@ func (b *Builder) SetNode(node NodeConfig) error {
 // number of services each, not a copy of them all.
 func (b *Builder) State() *State {
 	if b.snapshot == nil {
-		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap, conflicts: b.clashes.sorted()}
+		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap, conflicts: b.clashes.sorted(), built: true}
 		b.w.share()
 	}
 	return b.snapshot
