@@ -2,8 +2,8 @@ package nfnl
 
 import (
 	"net/netip"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/google/nftables/expr"
 )
