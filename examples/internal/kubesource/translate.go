@@ -2,9 +2,11 @@
 // informers on Services and EndpointSlices, translated to servicelb
 // services with kube-proxy's rules. Headless and ExternalName services are
 // skipped; the service.kubernetes.io/service-proxy-name label picks which
-// services this proxy handles; endpoint conditions (ready, serving,
-// terminating), node names, zones and topology hints are kept as they are,
-// for servicelb's endpoint selection.
+// services this proxy handles; load-balancer ingress addresses in Proxy
+// mode are not captured; an endpoint serves exactly the ports its slice
+// lists; endpoint conditions (ready, serving, terminating), node names,
+// zones and topology hints are kept as they are, for servicelb's endpoint
+// selection.
 package kubesource
 
 import (
@@ -57,7 +59,9 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (servic
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		var lb []string
 		for _, in := range svc.Status.LoadBalancer.Ingress {
-			if in.IP != "" {
+			// An ingress in Proxy mode is a load balancer that proxies
+			// to the nodes: its address is not captured on the node.
+			if in.IP != "" && (in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP) {
 				lb = append(lb, in.IP)
 			}
 		}
@@ -122,7 +126,8 @@ func parsePrefixes(in []string, errs *[]error) []netip.Prefix {
 }
 
 // endpoints translates the endpoints of the slices: the first address of
-// each, with the slice's ports by name. FQDN slices are ignored.
+// each, serving exactly the slice's ports, by name. FQDN slices are
+// ignored.
 func endpoints(slices []*discoveryv1.EndpointSlice, errs *[]error) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for _, sl := range slices {
@@ -151,14 +156,12 @@ func endpoints(slices []*discoveryv1.EndpointSlice, errs *[]error) []servicelb.E
 }
 
 func endpoint(a netip.Addr, e discoveryv1.Endpoint, ports map[string]uint16) servicelb.Endpoint {
-	// Unknown conditions: ready unless said otherwise; serving as ready.
+	// Unknown conditions count as true, terminating as false, as
+	// kube-proxy reads them.
 	ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-	serving := ready
-	if e.Conditions.Serving != nil {
-		serving = *e.Conditions.Serving
-	}
+	serving := e.Conditions.Serving == nil || *e.Conditions.Serving
 	ep := servicelb.Endpoint{
-		Addr: a, Ports: ports, Ready: ready, Serving: serving,
+		Addr: a, Ports: ports, OnlyNamedPorts: true, Ready: ready, Serving: serving,
 		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 		NodeName:    deref(e.NodeName), Zone: deref(e.Zone),
 	}

@@ -76,10 +76,11 @@ func TestTranslate(t *testing.T) {
 			Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 			Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 			Endpoints: []servicelb.Endpoint{
-				{Addr: netip.MustParseAddr("10.1.0.1"), Ports: httpPorts, Ready: true, Serving: true, NodeName: "n1", Zone: "z1"},
-				{Addr: netip.MustParseAddr("10.1.0.2"), Ports: httpPorts, Serving: true, Terminating: true},
-				{Addr: netip.MustParseAddr("10.1.0.3"), Ports: httpPorts},
-				{Addr: netip.MustParseAddr("10.1.0.4"), Ports: httpPorts, Ready: true, Serving: true,
+				{Addr: netip.MustParseAddr("10.1.0.1"), Ports: httpPorts, OnlyNamedPorts: true, Ready: true, Serving: true, NodeName: "n1", Zone: "z1"},
+				{Addr: netip.MustParseAddr("10.1.0.2"), Ports: httpPorts, OnlyNamedPorts: true, Serving: true, Terminating: true},
+				// Serving unknown counts as serving, as kube-proxy reads it.
+				{Addr: netip.MustParseAddr("10.1.0.3"), Ports: httpPorts, OnlyNamedPorts: true, Serving: true},
+				{Addr: netip.MustParseAddr("10.1.0.4"), Ports: httpPorts, OnlyNamedPorts: true, Ready: true, Serving: true,
 					Hints: servicelb.Hints{ForZones: []string{"z1"}, ForNodes: []string{"n1"}}},
 			},
 		},
@@ -96,11 +97,12 @@ func TestTranslate(t *testing.T) {
 			s.Spec.HealthCheckNodePort = 30500
 			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 			s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr(int32(60))}}
-			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.5"}, {Hostname: "lb.example"}}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.5"}, {Hostname: "lb.example"},
+				{IP: "203.0.113.6", IPMode: ptr(corev1.LoadBalancerIPModeProxy)}, {IP: "203.0.113.7", IPMode: ptr(corev1.LoadBalancerIPModeVIP)}}
 			s.Annotations = map[string]string{AnnotationScheduler: "rr"}
 		}),
 		want: servicelb.Service{
-			Name: "ns/web", ClusterIPs: addrs("10.96.0.10"), ExternalIPs: addrs("192.0.2.1"), LoadBalancerIPs: addrs("203.0.113.5"),
+			Name: "ns/web", ClusterIPs: addrs("10.96.0.10"), ExternalIPs: addrs("192.0.2.1"), LoadBalancerIPs: addrs("203.0.113.5", "203.0.113.7"),
 			Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
 			InternalTrafficPolicy: servicelb.PolicyLocal, ExternalTrafficPolicy: servicelb.PolicyLocal,
 			SourceRanges:        []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
@@ -122,6 +124,44 @@ func TestTranslate(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestSlicePortsOnly: an endpoint serves a service port only when its
+// slice lists that port, as kube-proxy takes endpoints per slice port: a
+// pod without the named container port gets no traffic for it, and its
+// other ports do not fall back to the service's port.
+func TestSlicePortsOnly(t *testing.T) {
+	s := svc(func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{
+			{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromString("web")},
+			{Name: "metrics", Protocol: corev1.ProtocolTCP, Port: 9090, TargetPort: intstr.FromString("metrics")},
+		}
+	})
+	metricsOnly := slice("m", discoveryv1.AddressTypeIPv4, discoveryv1.Endpoint{Addresses: []string{"10.1.0.1"}})
+	metricsOnly.Ports = []discoveryv1.EndpointPort{{Name: ptr("metrics"), Port: ptr(int32(9100)), Protocol: ptr(corev1.ProtocolTCP)}}
+	both := slice("b", discoveryv1.AddressTypeIPv4, discoveryv1.Endpoint{Addresses: []string{"10.1.0.2"}})
+	both.Ports = []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}, {Name: ptr("metrics"), Port: ptr(int32(9100))}}
+	got, err := Translate(s, []*discoveryv1.EndpointSlice{metricsOnly, both})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := servicelb.NewState(servicelb.NodeConfig{}, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends := func(port string) []string {
+		var out []string
+		for _, b := range st.Port(servicelb.ServicePortKey{Service: "ns/web", Port: port, Family: servicelb.IPv4}).Cluster {
+			out = append(out, b.String())
+		}
+		return out
+	}
+	if diff := cmp.Diff([]string{"10.1.0.2:8080"}, backends("http")); diff != "" {
+		t.Errorf("http (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"10.1.0.1:9100", "10.1.0.2:9100"}, backends("metrics")); diff != "" {
+		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
 }
 
