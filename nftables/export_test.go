@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -78,27 +79,27 @@ func nodeDrift(a, b *nodePlan) string {
 }
 
 func chainsText(cs []chainPlan) string {
-	var s string
+	var b strings.Builder
 	for _, c := range cs {
-		s += c.name + "{"
+		b.WriteString(c.name + "{")
 		for _, r := range c.rules {
-			s += r.text + ";"
+			b.WriteString(r.text + ";")
 		}
-		s += "}"
+		b.WriteString("}")
 	}
-	return s
+	return b.String()
 }
 
 func elemsText(m map[setID][]elem) string {
-	var s string
+	var b strings.Builder
 	for _, set := range slices.Sorted(maps.Keys(m)) {
 		es := m[set]
-		s += set.name() + ":"
+		b.WriteString(set.name() + ":")
 		for i := range es {
-			s += es[i].id() + string(es[i].data) + es[i].chain + ","
+			b.WriteString(es[i].id() + string(es[i].data) + es[i].chain + ",")
 		}
 	}
-	return s
+	return b.String()
 }
 
 func portDrift(a, b *portPlan) string {
@@ -113,3 +114,19 @@ func portDrift(a, b *portPlan) string {
 	}
 	return ""
 }
+
+// RandomWorld makes the random states of the kernel's random test (see
+// randomWorld).
+type RandomWorld struct{ w *randomWorld }
+
+// NewRandomWorld returns a world of pool services, random from seed.
+func NewRandomWorld(seed uint64, pool int) RandomWorld {
+	return RandomWorld{newRandomWorld(seed, pool)}
+}
+
+// Builder returns a builder on a random node with half the pool's
+// services.
+func (rw RandomWorld) Builder() (*servicelb.Builder, error) { return rw.w.builder() }
+
+// Step changes b at random and returns the kind of change.
+func (rw RandomWorld) Step(b *servicelb.Builder) (string, error) { return rw.w.step(b) }
