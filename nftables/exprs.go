@@ -179,7 +179,7 @@ func entryKey(f servicelb.Family, saddr, hton bool) ([]expr.Any, string) {
 }
 
 // entryIn matches packets whose destination address, protocol and port are
-// in set: "ip daddr . meta l4proto . th dport @no-endpoints4".
+// in set: "ip daddr . meta l4proto . th dport @firewall4".
 func entryIn(f servicelb.Family, set string) term {
 	t := nfproto(f)
 	es, text := entryKey(f, false, false)

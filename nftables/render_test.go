@@ -319,6 +319,15 @@ func TestSlotTable(t *testing.T) {
 	if _, ok := tb.bySlot[0][a]; ok {
 		t.Error("released slot still taken")
 	}
+	// A family whose slots are all taken refuses another port.
+	for s := range uint32(maxSlots) {
+		tb.bySlot[0][s] = k("x")
+	}
+	_, err = tb.begin().get(k("full"))
+	var ve *servicelb.ValidationError
+	if !errors.Is(err, servicelb.ErrCapacity) || !errors.As(err, &ve) || ve.Service != "full" {
+		t.Errorf("all slots taken: %v, want a *servicelb.ValidationError of service full wrapping ErrCapacity", err)
+	}
 }
 
 func TestNames(t *testing.T) {
