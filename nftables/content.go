@@ -2,11 +2,9 @@ package nftables
 
 import (
 	"maps"
-	"net/netip"
 	"slices"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
-	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // content is a whole table, in the order it is declared and created: sets
@@ -46,12 +44,8 @@ func (p *planner) content(m *model) *content {
 		add(pp.elems)
 		c.chains = append(c.chains, pp.chains...)
 	}
-	for _, f := range families {
-		c.elems[fixedSet(kindHairpin, f)] = make([]elem, 0, len(m.hairpin))
-	}
-	for _, a := range slices.SortedFunc(maps.Keys(m.hairpin), netip.Addr.Compare) {
-		set := fixedSet(kindHairpin, servicelb.FamilyOf(a))
-		c.elems[set] = append(c.elems[set], hairpinElem(a))
+	for _, r := range slices.SortedFunc(maps.Keys(m.refs), compareRefs) {
+		c.elems[r.set] = append(c.elems[r.set], r.elem())
 	}
 	return c
 }

@@ -5,11 +5,9 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
-	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // delta is the difference between two plans, in the order a batch must
@@ -141,14 +139,13 @@ func (s *step) delta(m *model) *delta {
 	for _, c := range s.changed {
 		d.port(c[0], c[1])
 	}
-	for _, a := range slices.SortedFunc(maps.Keys(s.hairpin), netip.Addr.Compare) {
-		was, now := m.hairpin[a], s.hairpin[a]
-		set := fixedSet(kindHairpin, servicelb.FamilyOf(a))
+	for _, r := range slices.SortedFunc(maps.Keys(s.refs), compareRefs) {
+		was, now := m.refs[r], s.refs[r]
 		switch {
 		case was == 0 && now > 0:
-			d.addElems[set] = append(d.addElems[set], hairpinElem(a))
+			d.addElems[r.set] = append(d.addElems[r.set], r.elem())
 		case was > 0 && now == 0:
-			d.delElems[set] = append(d.delElems[set], hairpinElem(a))
+			d.delElems[r.set] = append(d.delElems[r.set], r.elem())
 		}
 	}
 	for _, x := range slices.Sorted(maps.Keys(s.shards)) {

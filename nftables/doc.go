@@ -2,6 +2,12 @@
 // through netlink: one table of family inet (default name "kproxy"), which
 // it owns entirely and outside of which it changes nothing.
 //
+// What a packet to a service meets (which endpoints, masquerade or not,
+// reject or drop, for each origin of traffic) is decided by package
+// servicelb and written down in its documentation; each
+// servicelb.ServicePort carries that decision as verdicts by origin. This
+// package only renders them as nf_tables objects, as described below.
+//
 // # Lifecycle
 //
 //	p, err := nftables.New(nftables.Options{NetNS: ns, Logger: log})
@@ -25,14 +31,18 @@
 // next sync retries the whole difference. An unchanged State sends nothing.
 // Before each sync the Proxier reads the ruleset generation (one small
 // round trip); if anyone else committed since its own last commit, it
-// reads its table back and compares it with what it wrote (about 0.3 s for
-// ten thousand services), and rewrites the table (in one transaction) if
-// someone flushed, deleted or changed it.
-// After a successful sync it deletes the UDP and SCTP conntrack flows that
-// the change left stale (servicelb.Changes.StaleFlows) through package
-// conntrack, unless Options.NoConntrackCleanup; deletions that fail are
-// retried on the next Sync. The first sync of a Proxier deletes none: it
-// cannot tell a stale flow from one the previous process set up.
+// reads its table back, compares it with what it wrote, and rewrites the
+// table (in one transaction) if someone flushed, deleted or changed it.
+//
+// After a successful sync it deletes the stale UDP and SCTP conntrack
+// flows (servicelb.StaleFlow) through the Options.Conntrack cleaner,
+// unless Options.NoConntrackCleanup: those of the frontends the change
+// touched (servicelb.Changes.StaleFlows) after an incremental sync, those
+// of every frontend of the state (servicelb.State.StaleFlows) after the
+// first sync and after any rewrite, when the flows in conntrack may be
+// anyone's. A deletion that fails stays pending and is retried on the
+// next Sync, kept up to date with the endpoints that serve its frontend
+// by then.
 //
 // # The table
 //
@@ -40,63 +50,65 @@
 // output (priority -100) jump to "services", postrouting (100) to
 // "masquerading". The "services" chain:
 //
-//   - drops packets to a load-balancer address from outside its source
-//     ranges (sets firewall4/6 and firewall-allow4/6; the node's addresses
-//     are always allowed);
-//   - rejects packets to service ports without any endpoint (set
-//     no-endpoints4/6): TCP with a reset, the rest with ICMP port
-//     unreachable;
+//   - drops packets to a load-balancer address from sources outside the
+//     port's source ranges (sets firewall4/6 and firewall-allow4/6), for
+//     the ports whose external verdicts forward;
 //   - dispatches on destination address, protocol and port through the
-//     verdict maps services4/6 to the service port's chain: svc4-<ns/name>/
-//     <port> for its cluster IP, ext4-... for its node ports (on
-//     NodeConfig's node addresses), external IPs and load-balancer IPs;
-//   - drops packets to NodeConfig.ServiceCIDRs that matched no service port.
+//     verdict maps services4/6 to the service port's entry chain:
+//     svc4-<ns/name>/<port> for its cluster IP, ext4-... for its node
+//     ports, external IPs and load-balancer IPs;
+//   - rejects what remains for a cluster IP (set cluster-ips4/6, every
+//     cluster IP of the state: a port no service has) and drops what
+//     remains for NodeConfig.ServiceCIDRs (set service-cidrs4/6).
 //
-// svc chains mark traffic from outside the cluster CIDRs (or all traffic,
-// with MasqueradeAll) for masquerade and balance it over the endpoints of
-// the internal traffic policy: the cluster-wide ones or this node's. ext
-// chains mark for masquerade under the Cluster policy; under Local they
-// keep the client's address and use the local endpoints, except for
-// traffic from pods and from the node itself, which takes the cluster-wide
-// endpoints (masqueraded when from the node). Each chain ends with drop: a
-// policy that leaves its traffic no endpoint drops it, since another node
-// may serve it. "masquerading"
-// masquerades marked packets, and hairpin packets (an endpoint reaching
-// itself through its service: set hairpin4/6 holds the addresses of the
-// local endpoints, which reach their services through this node, or of all
-// endpoints when NodeConfig has no node name).
+// An entry chain renders the verdicts of its kind of frontend
+// (ServicePort.Internal or External). It tells origins apart as servicelb
+// does: a pod by a source in the cluster CIDRs of the family (set
+// cluster-cidrs4/6), else the node by "fib saddr type local", else
+// outside. First, the traffic of the origins whose verdict masquerades is
+// marked (jump mark-for-masquerade): all of it with one rule when every
+// origin masquerades, "ip saddr != @cluster-cidrs4" for outside and the
+// node, and so on. Then each origin goes to its action: the origins whose
+// action differs from outside's are matched first (pods, then the node;
+// pods also when the node is matched and their actions differ, since a
+// pod's source may be a local address), and outside's action is the
+// fall-through. An action is
+// the load-balancing rule of the cluster or local set, "drop", or
+// "reject": an ICMP (ICMPv6) port unreachable, for TCP too. A chain that
+// forwards ends with drop, so that a flow never leaves untranslated.
+//
+// "masquerading" masquerades marked packets, and hairpin packets: a
+// translated flow from an endpoint to itself (set hairpin4/6 holds the
+// addresses of ServicePort.Hairpin, every endpoint a verdict may forward
+// to).
 //
 // # Load balancing without per-service sets
 //
 // The number of named sets is constant: the kernel finds a named set by
 // walking a list, and binds every rule that reads a map to it, walking
 // those bindings on each element it adds. Each set of endpoints a port
-// balances over (cluster-wide, local) owns a slot of 4096 keys in one of
-// 256 interval maps per family (backends4-NN, chosen by slot), and the
-// rule that balances reads
+// forwards to (cluster, local) owns a slot of 4096 keys in one of 256
+// interval maps per family (backends4-NN, chosen by slot), and the rule
+// that balances reads
 //
 //	meta l4proto tcp dnat ip to numgen random mod 4095 offset <slot*4096> map @backends4-NN
 //
-// where each endpoint holds a range of buckets sized by its weight. So an
-// endpoint change is a change of map elements only: no rule changes, and
-// the kernel skips the validation of the whole table that any rule change
-// costs. (The kernel's cost of committing set elements still grows with
-// the rules loaded in the namespace, in any table: about 20 µs with a
-// thousand services and 100 µs with ten thousand on the benchmarks'
-// machine. What the Proxier adds to it does not grow.) Weights are honoured to 1/4095 of a port's traffic; a port takes
-// at most 4095 endpoints, and a family at most 2^20 load-balancing chains
-// (ErrCapacity). Slots are derived from a hash of the service port's name,
-// so a restarted Proxier reuses the same ones.
+// where each endpoint holds a range of buckets sized by its weight. So a
+// change of endpoints that leaves the verdicts alone is a change of map
+// elements only: no rule changes, and the kernel skips the validation of
+// the whole table that any rule change costs. A change of verdicts (a
+// port that gains its first endpoint, or loses its last local one)
+// rewrites the port's entry chains. Weights are honoured to 1/4095 of a
+// port's traffic. Slots are derived from a hash of the service port's
+// name, so a restarted Proxier reuses the same ones.
 //
 // A port with ClientIP affinity is balanced by a chain of its own instead
-// (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule that
-// finds the client pinned to it in the dynamic set affinity4/6 (key: client
-// address, slot, endpoint), refreshes the pin and translates; then one rule per endpoint that picks it with probability
-// weight / remaining weight (exact weights) and pins the client, with the
-// service's timeout. A change of such a service's endpoints rewrites its
-// chain, which makes the kernel re-validate the table on commit: a cost that
-// grows with the table, as for any service added or removed (about 8 ms at
-// ten thousand services on the machine the benchmarks ran on).
+// (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule
+// that finds the client pinned to it in the dynamic set affinity4/6 (key:
+// client address, slot, endpoint), refreshes the pin and translates; then
+// one rule per endpoint that picks it with probability weight / remaining
+// weight (exact weights) and pins the client, with the service's timeout.
+// A change of such a port's endpoints rewrites its chain.
 //
 // Everything the Proxier writes lists back with `nft list table` and
 // `nft -j list table`, and the text Render gives loads with `nft -f` into
@@ -104,11 +116,14 @@
 //
 // # What it refuses
 //
-// Sync fails before sending anything, with a typed error, for: a scheduler
-// hint other than "" and "random" (ErrUnsupported), more than 4095
-// endpoints for one service port or more than 2^20 load-balanced ports of a
-// family (ErrCapacity). New refuses a table name nft could not parse
-// (ErrInvalidOptions).
+// Capabilities: every protocol and feature, the scheduler hints "" and
+// "random" (both weighted random), at most 4095 endpoints in the cluster
+// or local set of a service port. Sync and Render check every port they
+// plan with servicelb.Capabilities.CheckPort and fail before sending
+// anything with its error (a *servicelb.ValidationError wrapping
+// servicelb.ErrUnsupported or servicelb.ErrCapacity); more than 2^20
+// load-balanced sets of one family fail the same way with ErrCapacity.
+// New refuses a table name nft could not parse (ErrInvalidOptions).
 //
 // # What it owns, what Cleanup removes
 //

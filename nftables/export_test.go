@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -30,7 +31,7 @@ func GoldenCases() map[string]func(t *testing.T) *servicelb.State { return golde
 
 // ModelDrift compares the proxier's model with a fresh plan of st and
 // describes the first difference: a port planned from an older state, or
-// hairpin counts that drifted.
+// counts of shared elements or maps that drifted.
 func ModelDrift(p *Proxier, st *servicelb.State) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -38,27 +39,67 @@ func ModelDrift(p *Proxier, st *servicelb.State) string {
 	if err != nil {
 		return err.Error()
 	}
-	if len(fresh.ports) != len(p.model.ports) {
-		return fmt.Sprintf("%d ports, fresh %d", len(p.model.ports), len(fresh.ports))
+	return modelDrift(p.model, fresh)
+}
+
+// modelDrift describes the first difference between a model kept up to
+// date step by step and a fresh one: "" when they plan the same table.
+func modelDrift(m, fresh *model) string {
+	if len(fresh.ports) != len(m.ports) {
+		return fmt.Sprintf("%d ports, fresh %d", len(m.ports), len(fresh.ports))
 	}
 	for k, fp := range fresh.ports {
-		if d := portDrift(p.model.ports[k], fp); d != "" {
+		if d := portDrift(m.ports[k], fp); d != "" {
 			return fmt.Sprintf("port %v: %s", k, d)
 		}
 	}
-	for _, m := range []*model{fresh, p.model} {
-		for a := range m.hairpin {
-			if p.model.hairpin[a] != fresh.hairpin[a] {
-				return fmt.Sprintf("hairpin %s: %d, fresh %d", a, p.model.hairpin[a], fresh.hairpin[a])
+	for _, x := range []*model{fresh, m} {
+		for r := range x.refs {
+			if m.refs[r] != fresh.refs[r] {
+				return fmt.Sprintf("%s element %s: %d ports, fresh %d", r.set.name(), r.addr, m.refs[r], fresh.refs[r])
 			}
 		}
-		for s := range m.shards {
-			if p.model.shards[s] != fresh.shards[s] {
-				return fmt.Sprintf("shard %s: %d, fresh %d", s.name(), p.model.shards[s], fresh.shards[s])
+		for s := range x.shards {
+			if m.shards[s] != fresh.shards[s] {
+				return fmt.Sprintf("shard %s: %d, fresh %d", s.name(), m.shards[s], fresh.shards[s])
 			}
 		}
 	}
+	if d := nodeDrift(&m.node, &fresh.node); d != "" {
+		return d
+	}
 	return ""
+}
+
+func nodeDrift(a, b *nodePlan) string {
+	if x, y := chainsText(a.chains)+elemsText(a.elems), chainsText(b.chains)+elemsText(b.elems); x != y {
+		return fmt.Sprintf("node: model %q, fresh %q", x, y)
+	}
+	return ""
+}
+
+func chainsText(cs []chainPlan) string {
+	var b strings.Builder
+	for _, c := range cs {
+		b.WriteString(c.name + "{")
+		for _, r := range c.rules {
+			b.WriteString(r.text + ";")
+		}
+		b.WriteString("}")
+	}
+	return b.String()
+}
+
+func elemsText(m map[setID][]elem) string {
+	var b strings.Builder
+	for _, set := range slices.Sorted(maps.Keys(m)) {
+		es := m[set]
+		b.WriteString(set.name() + ":")
+		for i := range es {
+			b.WriteString(es[i].id() + string(es[i].data) + es[i].chain + ",")
+		}
+	}
+	return b.String()
 }
 
 func portDrift(a, b *portPlan) string {
@@ -66,25 +107,26 @@ func portDrift(a, b *portPlan) string {
 		return "missing from the model"
 	}
 	text := func(pp *portPlan) string {
-		var s string
-		for _, c := range pp.chains {
-			s += c.name + "{"
-			for _, r := range c.rules {
-				s += r.text + ";"
-			}
-			s += "}"
-		}
-		for _, set := range slices.Sorted(maps.Keys(pp.elems)) {
-			es := pp.elems[set]
-			s += set.name() + ":"
-			for i := range es {
-				s += es[i].id() + string(es[i].data) + es[i].chain + ","
-			}
-		}
-		return s + fmt.Sprint(pp.hairpin, pp.slots, pp.shards)
+		return chainsText(pp.chains) + elemsText(pp.elems) + fmt.Sprint(pp.refs, pp.slots, pp.shards)
 	}
 	if x, y := text(a), text(b); x != y {
 		return fmt.Sprintf("model %q, fresh %q", x, y)
 	}
 	return ""
 }
+
+// RandomWorld makes the random states of the kernel's random test (see
+// randomWorld).
+type RandomWorld struct{ w *randomWorld }
+
+// NewRandomWorld returns a world of pool services, random from seed.
+func NewRandomWorld(seed uint64, pool int) RandomWorld {
+	return RandomWorld{newRandomWorld(seed, pool)}
+}
+
+// Builder returns a builder on a random node with half the pool's
+// services.
+func (rw RandomWorld) Builder() (*servicelb.Builder, error) { return rw.w.builder() }
+
+// Step changes b at random and returns the kind of change.
+func (rw RandomWorld) Step(b *servicelb.Builder) (string, error) { return rw.w.step(b) }

@@ -179,7 +179,7 @@ func entryKey(f servicelb.Family, saddr, hton bool) ([]expr.Any, string) {
 }
 
 // entryIn matches packets whose destination address, protocol and port are
-// in set: "ip daddr . meta l4proto . th dport @no-endpoints4".
+// in set: "ip daddr . meta l4proto . th dport @firewall4".
 func entryIn(f servicelb.Family, set string) term {
 	t := nfproto(f)
 	es, text := entryKey(f, false, false)
@@ -234,12 +234,16 @@ func timeoutText(d time.Duration) string {
 	return nftDuration(d)
 }
 
-// fibLocalSource matches packets from one of the node's own addresses:
-// "fib saddr type local".
-func fibLocalSource() term {
-	return term{text: "fib saddr type local", exprs: []expr.Any{
+// fibLocal matches packets from one of the node's own addresses, "fib
+// saddr type local", or, negated, from any other address.
+func fibLocal(local bool) term {
+	text, op := "fib saddr type local", expr.CmpOpEq
+	if !local {
+		text, op = "fib saddr type != local", expr.CmpOpNeq
+	}
+	return term{text: text, exprs: []expr.Any{
 		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
+		&expr.Cmp{Op: op, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
 	}}
 }
 
@@ -292,17 +296,19 @@ func masquerade() term {
 	return term{text: "masquerade fully-random", exprs: []expr.Any{&expr.Masq{FullyRandom: true}}}
 }
 
-// reject answers TCP with a reset and everything else with an ICMP port
-// unreachable of the packet's family.
-func reject(f servicelb.Family, tcp bool) term {
-	if tcp {
-		return term{text: "reject with tcp reset", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}}
+// reject answers with an ICMP (ICMPv6) port unreachable, TCP included, as
+// nft encodes "reject": in a rule that has matched the network family
+// (family is that family), with the ICMP type of the family; in any other
+// (family is 0), with the family-neutral ICMPX code, which the kernel
+// turns into the packet's own.
+func reject(family servicelb.Family) term {
+	switch family {
+	case servicelb.IPv4:
+		return term{text: "reject with icmp port-unreachable", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3}}}
+	case servicelb.IPv6:
+		return term{text: "reject with icmpv6 port-unreachable", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 4}}}
 	}
-	code := uint8(3) // ICMP_PORT_UNREACH
-	if f == servicelb.IPv6 {
-		code = 4 // ICMPV6_PORT_UNREACH
-	}
-	return term{text: "reject", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code}}}
+	return term{text: "reject", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}}}
 }
 
 // numgenConst is "numgen random mod 1 offset v": a constant inside a

@@ -138,8 +138,8 @@ func TestInvalidInputLeavesTable(t *testing.T) {
 		st   *servicelb.State
 		want error
 	}{
-		{"round robin", ed.State(), nftables.ErrUnsupported},
-		{"4096 endpoints", ed2.State(), nftables.ErrCapacity},
+		{"round robin", ed.State(), servicelb.ErrUnsupported},
+		{"4096 endpoints", ed2.State(), servicelb.ErrCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := p.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) {

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"maps"
-	"net/netip"
 	"slices"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -14,15 +13,15 @@ import (
 type model struct {
 	node  nodePlan
 	ports map[servicelb.ServicePortKey]*portPlan
-	// hairpin counts the ports that select each endpoint address.
-	hairpin map[netip.Addr]int
+	// refs counts the ports that need each shared element.
+	refs map[ref]int
 	// shards counts the load-balancing chains reading each backends map.
 	shards map[setID]int
 	slots  *slotTable
 }
 
 func newModel() *model {
-	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, hairpin: map[netip.Addr]int{}, shards: map[setID]int{}, slots: newSlotTable()}
+	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: map[ref]int{}, shards: map[setID]int{}, slots: newSlotTable()}
 }
 
 // build plans a whole State from scratch.
@@ -39,8 +38,8 @@ func (p *planner) build(st *servicelb.State) (*model, error) {
 			return nil, err
 		}
 		m.ports[sp.Key] = pp
-		for _, a := range pp.hairpin {
-			m.hairpin[a]++
+		for _, r := range pp.refs {
+			m.refs[r]++
 		}
 		for _, s := range pp.shards {
 			m.shards[s]++
@@ -58,8 +57,8 @@ type step struct {
 	added   []*portPlan
 	changed [][2]*portPlan // old, new
 	slots   *slotTxn
-	hairpin map[netip.Addr]int // new counts of the addresses that moved
-	shards  map[setID]int      // new counts of the maps that moved
+	refs    map[ref]int   // new counts of the shared elements that moved
+	shards  map[setID]int // new counts of the maps that moved
 }
 
 // plan computes the step from m (the model of from) to to. When the node
@@ -67,7 +66,7 @@ type step struct {
 // reports.
 func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*step, error) {
 	node := to.Node()
-	s := &step{slots: m.slots.begin(), hairpin: map[netip.Addr]int{}, shards: map[setID]int{}}
+	s := &step{slots: m.slots.begin(), refs: map[ref]int{}, shards: map[setID]int{}}
 	var targets []*servicelb.ServicePort
 	if ch.NodeChanged {
 		np := p.node(&node)
@@ -112,14 +111,15 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 	return s, nil
 }
 
-// count works out the new hairpin and shard counts of what the step moves.
+// count works out the new counts of the shared elements and shards that
+// the step moves.
 func (s *step) count(m *model) {
 	move := func(pp *portPlan, d int) {
-		for _, a := range pp.hairpin {
-			if _, ok := s.hairpin[a]; !ok {
-				s.hairpin[a] = m.hairpin[a]
+		for _, r := range pp.refs {
+			if _, ok := s.refs[r]; !ok {
+				s.refs[r] = m.refs[r]
 			}
-			s.hairpin[a] += d
+			s.refs[r] += d
 		}
 		for _, x := range pp.shards {
 			if _, ok := s.shards[x]; !ok {
@@ -154,11 +154,11 @@ func (s *step) apply(m *model) {
 	for _, c := range s.changed {
 		m.ports[c[1].key] = c[1]
 	}
-	for a, n := range s.hairpin {
+	for r, n := range s.refs {
 		if n > 0 {
-			m.hairpin[a] = n
+			m.refs[r] = n
 		} else {
-			delete(m.hairpin, a)
+			delete(m.refs, r)
 		}
 	}
 	for x, n := range s.shards {

@@ -176,7 +176,7 @@ func (x *slotTxn) get(k slotKey) (uint32, error) {
 		}
 		s = (s + 1) % maxSlots
 	}
-	return 0, fmt.Errorf("%w: all %d load-balancing slots of %s are in use", ErrCapacity, maxSlots, k.port.Family)
+	return 0, capacityError(k.port, fmt.Sprintf("ports[%q]", k.port.Port), fmt.Sprintf("all %d load-balancing slots of %s are in use", maxSlots, k.port.Family))
 }
 
 func (x *slotTxn) releasedSlot(fi int, s uint32) bool {

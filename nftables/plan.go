@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -33,36 +34,65 @@ type nodePlan struct {
 type portPlan struct {
 	key    servicelb.ServicePortKey
 	chains []chainPlan
-	// elems holds the port's elements by set. The hairpin set is kept
-	// apart: several ports may share an endpoint address.
-	elems   map[setID][]elem
-	hairpin []netip.Addr
-	slots   []slotKey
+	// elems holds the port's elements by set. Elements that several ports
+	// may need (refs) are kept apart and counted by the model.
+	elems map[setID][]elem
+	refs  []ref
+	slots []slotKey
 	// shards are the backends maps the port's rules read.
 	shards []setID
 }
+
+// ref is an element that several service ports may need: a cluster IP
+// (several ports share one) or a hairpin pair (several services share an
+// endpoint). The table holds it while any port needs it.
+type ref struct {
+	set  setID
+	addr netip.Addr
+}
+
+func (r ref) elem() elem {
+	if r.set.kind() == kindHairpin {
+		return hairpinElem(r.addr)
+	}
+	return elem{key: r.addr.AsSlice()}
+}
+
+func compareRefs(a, b ref) int { return cmp.Or(cmp.Compare(a.set, b.set), a.addr.Compare(b.addr)) }
 
 // planner builds plans for one table. The rules every port shares are made
 // (and encoded) once.
 type planner struct {
 	table        string
 	affinitySize uint32
+	caps         servicelb.Capabilities
 	drop         *rule
-	jumpMark     *rule
-	fibMark      *rule
-	masqOutside  [2]*rule // per family: traffic from outside the cluster CIDRs
+	// marks holds, by family, by whether the family has cluster CIDRs
+	// and by the set of origins (a bit per origin), the rules that mark
+	// those origins' traffic for masquerade.
+	marks [2][2][1 << origins][]*rule
+	// ends holds, by family and origin, the rules that drop (0) and
+	// reject (1) that origin's traffic.
+	ends [2][origins][2]*rule
 }
 
+// origins is the number of servicelb.Origins.
+const origins = len(servicelb.Verdicts{})
+
 func newPlanner(table string, affinitySize uint32) *planner {
-	p := &planner{
-		table:        table,
-		affinitySize: affinitySize,
-		drop:         mk(drop()),
-		jumpMark:     mk(jump(chainMarkMasq)),
-		fibMark:      mk(fibLocalSource(), jump(chainMarkMasq)),
-	}
+	p := &planner{table: table, affinitySize: affinitySize, caps: capabilities(), drop: mk(drop())}
 	for _, f := range families {
-		p.masqOutside[famIndex(f)] = mk(inSet(f, true, true, fixedSet(kindClusterCIDRs, f).name()), jump(chainMarkMasq))
+		fi := famIndex(f)
+		for pods := range 2 {
+			for mask := range 1 << origins {
+				p.marks[fi][pods][mask] = markRules(f, mask, pods == 1)
+			}
+		}
+		for _, o := range servicelb.Origins() {
+			match := originTerms(f, o)
+			p.ends[fi][o][0] = mk(append(match, drop())...)
+			p.ends[fi][o][1] = mk(append(match, reject(contextFamily(f, o)))...)
+		}
 	}
 	return p
 }
@@ -77,24 +107,11 @@ var families = [2]servicelb.Family{servicelb.IPv4, servicelb.IPv6}
 // node plans the node-wide chains and elements.
 func (p *planner) node(n *servicelb.NodeConfig) nodePlan {
 	m := n.MasqueradeMark()
-	var masq, svc []*rule
+	var masq []*rule
 	for _, f := range families {
 		masq = append(masq, mk(ctDNAT(), hairpinIn(f, fixedSet(kindHairpin, f).name()), masquerade()))
 	}
 	masq = append(masq, mk(markClear(m), returnVerdict()), mk(markSetXor(m)), mk(masquerade()))
-	for _, f := range families {
-		svc = append(svc, mk(entryIn(f, fixedSet(kindFirewall, f).name()), entrySourceNotIn(f, fixedSet(kindFirewallPass, f).name()), drop()))
-	}
-	for _, f := range families {
-		ne := fixedSet(kindNoEndpoints, f).name()
-		svc = append(svc, mk(l4proto(servicelb.TCP), entryIn(f, ne), reject(f, true)), mk(entryIn(f, ne), reject(f, false)))
-	}
-	for _, f := range families {
-		svc = append(svc, mk(entryVmap(f, fixedSet(kindServices, f).name())))
-	}
-	for _, f := range families {
-		svc = append(svc, mk(inSet(f, false, false, fixedSet(kindServiceCIDRs, f).name()), drop()))
-	}
 	np := nodePlan{
 		chains: []chainPlan{
 			baseChain(chainNatPrerouting, nfnl.HookPrerouting, -100, mk(jump(chainServices))),
@@ -102,7 +119,7 @@ func (p *planner) node(n *servicelb.NodeConfig) nodePlan {
 			baseChain(chainNatPostrouting, nfnl.HookPostrouting, 100, mk(jump(chainMasquerading))),
 			{name: chainMarkMasq, rules: []*rule{mk(markSetOr(m))}},
 			{name: chainMasquerading, rules: masq},
-			{name: chainServices, rules: svc},
+			{name: chainServices, rules: servicesRules()},
 		},
 		elems: map[setID][]elem{},
 	}
@@ -111,6 +128,27 @@ func (p *planner) node(n *servicelb.NodeConfig) nodePlan {
 		np.elems[fixedSet(kindServiceCIDRs, f)] = cidrElems(prefixesOf(n.ServiceCIDRs, f))
 	}
 	return np
+}
+
+// servicesRules dispatch new flows: a load-balancer IP drops the sources
+// outside its ranges; every frontend goes to its port's chain; what
+// remains is rejected when it is for a cluster IP (a port no service
+// has), and dropped when it is for another address of the service CIDRs.
+func servicesRules() []*rule {
+	var svc []*rule
+	for _, f := range families {
+		svc = append(svc, mk(entryIn(f, fixedSet(kindFirewall, f).name()), entrySourceNotIn(f, fixedSet(kindFirewallPass, f).name()), drop()))
+	}
+	for _, f := range families {
+		svc = append(svc, mk(entryVmap(f, fixedSet(kindServices, f).name())))
+	}
+	for _, f := range families {
+		svc = append(svc, mk(inSet(f, false, false, fixedSet(kindClusterIPs, f).name()), reject(f)))
+	}
+	for _, f := range families {
+		svc = append(svc, mk(inSet(f, false, false, fixedSet(kindServiceCIDRs, f).name()), drop()))
+	}
+	return svc
 }
 
 func prefixesOf(ps []netip.Prefix, f servicelb.Family) []netip.Prefix {
@@ -153,89 +191,55 @@ func cidrElems(ps []netip.Prefix) []elem {
 // port plans one service port. slots assigns the port's load-balancing
 // slots; the caller commits or drops the assignment with the sync.
 func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots *slotTxn) (*portPlan, error) {
+	if err := p.caps.CheckPort(sp); err != nil {
+		return nil, err
+	}
 	k := sp.Key
-	if sp.Scheduler != servicelb.SchedulerDefault && sp.Scheduler != servicelb.SchedulerRandom {
-		return nil, fmt.Errorf("nftables: service %q: scheduler %q: %w: only random (weighted) spreading", k.Service, sp.Scheduler, ErrUnsupported)
-	}
 	pp := &portPlan{key: k, elems: make(map[setID][]elem, 2)}
-	useLocal := (sp.ClusterIP.IsValid() && sp.InternalLocal) || sp.ExternalLocal
-	useCluster := (sp.ClusterIP.IsValid() && !sp.InternalLocal) || sp.External()
-	var cluster, local balancer
-	var err error
-	if useCluster {
-		if cluster, err = p.lb(pp, sp, slotKey{port: k}, sp.Cluster, slots); err != nil {
-			return nil, err
-		}
-	}
-	if useLocal {
-		if local, err = p.lb(pp, sp, slotKey{port: k, local: true}, sp.Local, slots); err != nil {
-			return nil, err
-		}
-	}
-	var chains []chainPlan
+	pods := hasFamily(n.ClusterCIDRs, sp.Family)
+	var kinds []entryChain
 	if sp.ClusterIP.IsValid() {
-		internal := cluster
-		if sp.InternalLocal {
-			internal = local
-		}
-		chains = append(chains, chainPlan{name: chainInternal(k), rules: p.internalRules(sp, n, internal)})
+		kinds = append(kinds, entryChain{chainInternal(k), sp.Internal})
 	}
-	if sp.External() {
-		chains = append(chains, chainPlan{name: chainExternal(k), rules: p.externalRules(sp, n, cluster, local)})
+	if sp.ExternallyAccessible() {
+		kinds = append(kinds, entryChain{chainExternal(k), sp.External})
+	}
+	lbs, err := p.balancers(pp, sp, kinds, pods, slots)
+	if err != nil {
+		return nil, err
+	}
+	chains := make([]chainPlan, 0, len(kinds)+len(pp.chains))
+	for _, c := range kinds {
+		chains = append(chains, chainPlan{name: c.name, rules: p.entryRules(sp.Family, c.verdicts, pods, lbs)})
 	}
 	pp.chains = append(chains, pp.chains...)
-	p.entries(pp, sp, n)
-	pp.hairpin = hairpinAddrs(sp, n)
+	entries(pp, sp)
+	pp.refs = refsOf(sp)
 	return pp, nil
 }
 
-// hairpinAddrs returns the endpoint addresses whose packets to the service
-// may come back to them through this node: the local endpoints, as
-// servicelb tells them (an endpoint on another node reaches its services
-// through the proxier of its own node), or all of them when the node has no
-// name and so no endpoint is known to be local. The plan of a port depends
-// on the ServicePort and the node only, which is what servicelb.Diff
-// compares.
-func hairpinAddrs(sp *servicelb.ServicePort, n *servicelb.NodeConfig) []netip.Addr {
-	var out []netip.Addr
-	for _, b := range sp.Backends() {
-		if b.Local || n.NodeName == "" {
-			out = append(out, b.Addr)
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
+// entryChain is the chain of one kind of frontend (the cluster IP, or
+// the external ones) and the verdicts it renders.
+type entryChain struct {
+	name     string
+	verdicts servicelb.Verdicts
 }
 
-func (p *planner) internalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig, lb balancer) []*rule {
-	rs := make([]*rule, 0, 3)
-	switch {
-	case n.MasqueradeAll:
-		rs = append(rs, p.jumpMark)
-	case hasFamily(n.ClusterCIDRs, sp.Family):
-		rs = append(rs, p.masqOutside[famIndex(sp.Family)])
+// refsOf returns the shared elements a port needs: its cluster IP, and
+// the hairpin pairs of the endpoints its verdicts may forward to.
+func refsOf(sp *servicelb.ServicePort) []ref {
+	out := make([]ref, 0, 1+len(sp.Hairpin))
+	if sp.ClusterIP.IsValid() {
+		out = append(out, ref{fixedSet(kindClusterIPs, sp.Family), sp.ClusterIP})
 	}
-	return append(rs, lb.rule(), p.drop)
+	for _, a := range sp.Hairpin {
+		out = append(out, ref{fixedSet(kindHairpin, servicelb.FamilyOf(a)), a})
+	}
+	return out
 }
 
 func hasFamily(ps []netip.Prefix, f servicelb.Family) bool {
 	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return servicelb.FamilyOf(p.Addr()) == f })
-}
-
-// externalRules send node port, external IP and load-balancer traffic to
-// its endpoints. Under the Local policy the client's address is kept, but
-// traffic from pods and from the node itself takes the cluster-wide
-// endpoints, as kube-proxy does.
-func (p *planner) externalRules(sp *servicelb.ServicePort, n *servicelb.NodeConfig, cluster, local balancer) []*rule {
-	if !sp.ExternalLocal {
-		return []*rule{p.jumpMark, cluster.rule(), p.drop}
-	}
-	var rs []*rule
-	f := sp.Family
-	if hasFamily(n.ClusterCIDRs, f) {
-		rs = append(rs, cluster.rule(inSet(f, true, false, fixedSet(kindClusterCIDRs, f).name())))
-	}
-	return append(rs, p.fibMark, cluster.rule(fibLocalSource()), local.rule(), p.drop)
 }
 
 // balancer spreads a port's traffic over one set of endpoints: with a rule
@@ -252,6 +256,30 @@ func (b balancer) rule(match ...term) *rule {
 		return mk(append(match, goTo(b.chain))...)
 	}
 	return mk(append(match, b.dnat...)...)
+}
+
+// balancers plans the load balancing over the endpoint sets that the
+// chains' verdicts forward to: the cluster set, then the local set. Both
+// chains of a port share them.
+func (p *planner) balancers(pp *portPlan, sp *servicelb.ServicePort, kinds []entryChain, pods bool, slots *slotTxn) (map[servicelb.Action]balancer, error) {
+	used := map[servicelb.Action]bool{}
+	for _, c := range kinds {
+		for _, o := range routes(c.verdicts, pods) {
+			used[c.verdicts[o].Action] = true
+		}
+	}
+	lbs := make(map[servicelb.Action]balancer, 2)
+	for _, a := range []servicelb.Action{servicelb.ToCluster, servicelb.ToLocal} {
+		if !used[a] {
+			continue
+		}
+		b, err := p.lb(pp, sp, slotKey{port: sp.Key, local: a == servicelb.ToLocal}, sp.Targets(servicelb.Verdict{Action: a}), slots)
+		if err != nil {
+			return nil, err
+		}
+		lbs[a] = b
+	}
+	return lbs, nil
 }
 
 // lb plans the load balancing over bs. Without affinity it is one rule
@@ -275,11 +303,18 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 	if len(bs) > 0 {
 		counts := bucketCounts(bs)
 		if counts == nil {
-			return balancer{}, fmt.Errorf("nftables: %s: %d endpoints: %w: at most %d endpoints per service port", sp.Key, len(bs), ErrCapacity, buckets)
+			// Capabilities.CheckPort refuses such a port first.
+			return balancer{}, capacityError(sp.Key, "endpoints", fmt.Sprintf("%d endpoints in one set, at most %d", len(bs), buckets))
 		}
 		pp.elems[set] = append(pp.elems[set], backendElems(slot, bs, counts)...)
 	}
 	return balancer{dnat: []term{l4proto(proto), dnatMap(f, slot*bucketStride, set.name())}}, nil
+}
+
+// capacityError refuses a service port the table has no room for.
+func capacityError(k servicelb.ServicePortKey, field, why string) error {
+	return &servicelb.ValidationError{Service: k.Service, Field: field,
+		Err: fmt.Errorf("%w: the nftables backend: %s: %s", servicelb.ErrCapacity, k, why)}
 }
 
 // affinityRules pick an endpoint for a client pinned to none (at random,
@@ -308,24 +343,18 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set string, slo
 	return rs
 }
 
-// entries plans the port's elements in the dispatch, reject and firewall
-// sets.
-func (p *planner) entries(pp *portPlan, sp *servicelb.ServicePort, n *servicelb.NodeConfig) {
+// entries plans the port's elements in the dispatch map and the
+// firewall sets.
+func entries(pp *portPlan, sp *servicelb.ServicePort) {
 	f, k, proto, port := sp.Family, sp.Key, sp.Port.Protocol, sp.Port.Port
-	n0 := len(sp.ExternalIPs) + len(sp.LoadBalancerIPs) + len(sp.NodeIPs) + 1
-	ents, rejects := make([]elem, 0, n0), []elem(nil)
-	noBackends := !sp.HasBackends()
+	ents := make([]elem, 0, len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs)+1)
 	add := func(a netip.Addr, port uint16, chain string) {
-		key := entryBytes(a, proto, port)
-		ents = append(ents, elem{key: key, chain: chain})
-		if noBackends {
-			rejects = append(rejects, elem{key: key})
-		}
+		ents = append(ents, elem{key: entryBytes(a, proto, port), chain: chain})
 	}
 	if sp.ClusterIP.IsValid() {
 		add(sp.ClusterIP, port, chainInternal(k))
 	}
-	if sp.External() {
+	if sp.ExternallyAccessible() {
 		ext := chainExternal(k)
 		for _, a := range sp.ExternalIPs {
 			add(a, port, ext)
@@ -338,13 +367,18 @@ func (p *planner) entries(pp *portPlan, sp *servicelb.ServicePort, n *servicelb.
 		}
 	}
 	pp.elems[fixedSet(kindServices, f)] = ents
-	if noBackends {
-		pp.elems[fixedSet(kindNoEndpoints, f)] = rejects
-	}
-	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 {
+	firewall(pp, sp)
+}
+
+// firewall plans the source ranges of the port's load-balancer IPs. They
+// matter only when a verdict forwards external traffic: a port that drops
+// or rejects it does so whatever the source.
+func firewall(pp *portPlan, sp *servicelb.ServicePort) {
+	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 || !forwards(sp.External) {
 		return
 	}
-	allowed := disjoint(slices.Concat(sp.SourceRanges, hostPrefixes(n.IPs(f))))
+	f, proto, port := sp.Family, sp.Port.Protocol, sp.Port.Port
+	allowed := disjoint(slices.Clone(sp.SourceRanges))
 	fw, pass := fixedSet(kindFirewall, f), fixedSet(kindFirewallPass, f)
 	for _, a := range sp.LoadBalancerIPs {
 		pp.elems[fw] = append(pp.elems[fw], elem{key: entryBytes(a, proto, port)})
@@ -354,10 +388,6 @@ func (p *planner) entries(pp *portPlan, sp *servicelb.ServicePort, n *servicelb.
 	}
 }
 
-func hostPrefixes(as []netip.Addr) []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(as))
-	for _, a := range as {
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
-	}
-	return out
+func forwards(vs servicelb.Verdicts) bool {
+	return slices.ContainsFunc(vs[:], func(v servicelb.Verdict) bool { return v.Action.Forwards() })
 }

@@ -24,13 +24,6 @@ const DefaultTable = "kproxy"
 // address family.
 const DefaultAffinitySize = 1 << 18
 
-// FlowCleaner deletes conntrack flows left stale by a sync: a UDP or SCTP
-// client's flow to an endpoint that is gone. *conntrack.Client satisfies
-// it.
-type FlowCleaner interface {
-	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) (int, error)
-}
-
 // Options configure a Proxier. The zero value is usable: the table
 // "kproxy" in the caller's network namespace, stale flows deleted, no
 // logging.
@@ -46,12 +39,11 @@ type Options struct {
 	// nil discards.
 	Logger *slog.Logger
 	// NoConntrackCleanup turns off the deletion of stale UDP and SCTP
-	// flows (servicelb.Changes.StaleFlows) after each successful sync.
-	// Deletions that fail are retried on the next Sync.
+	// flows (see servicelb.StaleFlow) after each successful sync.
 	NoConntrackCleanup bool
 	// Conntrack deletes the stale flows; nil means a conntrack.Client of
 	// its own in NetNS, opened by New.
-	Conntrack FlowCleaner
+	Conntrack conntrack.FlowCleaner
 	// AffinitySize bounds the number of affinity pins per address family;
 	// zero means DefaultAffinitySize.
 	AffinitySize uint32
@@ -71,9 +63,9 @@ type Proxier struct {
 	mu      sync.Mutex
 	applied *servicelb.State // the state the table holds, nil before the first sync
 	model   *model
-	gen     uint32 // the ruleset generation after kproxy's last commit
-	genOK   bool   // whether gen is known to follow kproxy's own commit
-	stale   []servicelb.StaleFlow
+	gen     uint32       // the ruleset generation after kproxy's last commit
+	genOK   bool         // whether gen is known to follow kproxy's own commit
+	stale   pendingFlows // stale flows not deleted yet
 	closed  bool
 	seed    maphash.Seed // for digests of set elements
 }
@@ -141,6 +133,20 @@ func (p *Proxier) Close() error {
 	return err
 }
 
+// Capabilities says what the table can express: every feature, the random
+// scheduler (weighted), every protocol, and at most 4095 endpoints per set
+// of a service port (the buckets of a load-balancing slot).
+func (p *Proxier) Capabilities() servicelb.Capabilities { return capabilities() }
+
+func capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{
+		Backend:      "nftables",
+		Schedulers:   []servicelb.Scheduler{servicelb.SchedulerRandom},
+		MaxEndpoints: buckets,
+		Features:     servicelb.AllFeatures,
+	}
+}
+
 // Render returns the table st would produce, as nft text that `nft -f`
 // loads. It needs no privileges and does not touch the kernel.
 func (p *Proxier) Render(st *servicelb.State) (string, error) {
@@ -159,7 +165,8 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if p.closed {
 		return ErrClosed
 	}
-	p.applied, p.model, p.genOK, p.stale = nil, nil, false, nil
+	p.applied, p.model, p.genOK = nil, nil, false
+	p.stale.clear()
 	if _, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table); errors.Is(err, nfnl.ErrNotExist) {
 		return nil
 	} else if err != nil {

@@ -81,8 +81,10 @@ func elemTexts(id setID, es []elem) []string {
 		switch id.kind() {
 		case kindServices:
 			out = append(out, entryText(e.key, al)+" : goto "+e.chain)
-		case kindNoEndpoints, kindFirewall:
+		case kindFirewall:
 			out = append(out, entryText(e.key, al))
+		case kindClusterIPs:
+			out = append(out, addrAt(e.key).String())
 		case kindFirewallPass:
 			out = append(out, entryText(e.key, al)+" . "+rangeText(addrAt(e.key[al+8:]), addrAt(e.keyEnd[al+8:])))
 		case kindHairpin:

@@ -114,7 +114,7 @@ func goldenCases() map[string]func(t *testing.T) *servicelb.State {
 			n.ServiceCIDRs, n.MasqueradeAll, n.MasqueradeBit = prefixes("10.96.0.0/16", "fd00:96::/112"), true, 3
 			return state(t, n, servicelb.Service{
 				Name: "edge/api", ClusterIPs: addrs("10.96.2.1", "fd00:96::2:1"), LoadBalancerIPs: addrs("203.0.113.9", "2001:db8:9::9"),
-				SourceRanges: prefixes("198.51.100.0/24", "198.51.100.128/25", "2001:db8:77::/48"),
+				SourceRanges: prefixes("198.51.100.0/24", "198.51.100.128/25", "2001:db8::/48"),
 				Ports:        []servicelb.Port{{Protocol: servicelb.TCP, Port: 443}},
 				Endpoints:    eps("", "10.244.9.9", "fd00:244:0:9::9"),
 			}, servicelb.Service{
@@ -152,12 +152,24 @@ func TestRenderGolden(t *testing.T) {
 	}
 }
 
+// TestRenderRefuses: what the table cannot express is refused with the
+// error Capabilities.CheckPort gives, the same on every backend.
 func TestRenderRefuses(t *testing.T) {
 	rr := servicelb.Service{Name: "a/rr", ClusterIPs: addrs("10.96.0.1"), Scheduler: servicelb.SchedulerMaglev,
 		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}
-	if _, err := renderer(t, Options{}).Render(state(t, testNode, rr)); !errors.Is(err, ErrUnsupported) {
-		t.Errorf("maglev scheduler: %v, want ErrUnsupported", err)
+	refused := func(st *servicelb.State, kind error) {
+		t.Helper()
+		_, err := renderer(t, Options{}).Render(st)
+		var ve *servicelb.ValidationError
+		if !errors.Is(err, kind) || !errors.As(err, &ve) || ve.Service != "a/rr" {
+			t.Fatalf("Render error = %v, want a *servicelb.ValidationError of a/rr wrapping %v", err, kind)
+		}
+		caps := capabilities()
+		if want := caps.CheckPort(st.Ports()[0]); err.Error() != want.Error() {
+			t.Errorf("Render error = %q, want CheckPort's %q", err, want)
+		}
 	}
+	refused(state(t, testNode, rr), servicelb.ErrUnsupported)
 	rr.Scheduler = servicelb.SchedulerRandom
 	if _, err := renderer(t, Options{}).Render(state(t, testNode, rr)); err != nil {
 		t.Errorf("random scheduler: %v", err)
@@ -166,9 +178,7 @@ func TestRenderRefuses(t *testing.T) {
 	for i := range buckets + 1 {
 		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Ready: true})
 	}
-	if _, err := renderer(t, Options{}).Render(state(t, testNode, many)); !errors.Is(err, ErrCapacity) {
-		t.Errorf("%d endpoints: %v, want ErrCapacity", buckets+1, err)
-	}
+	refused(state(t, testNode, many), servicelb.ErrCapacity)
 	many.Endpoints = many.Endpoints[:buckets]
 	if _, err := renderer(t, Options{}).Render(state(t, testNode, many)); err != nil {
 		t.Errorf("%d endpoints: %v", buckets, err)
@@ -308,6 +318,15 @@ func TestSlotTable(t *testing.T) {
 	}
 	if _, ok := tb.bySlot[0][a]; ok {
 		t.Error("released slot still taken")
+	}
+	// A family whose slots are all taken refuses another port.
+	for s := range uint32(maxSlots) {
+		tb.bySlot[0][s] = k("x")
+	}
+	_, err = tb.begin().get(k("full"))
+	var ve *servicelb.ValidationError
+	if !errors.Is(err, servicelb.ErrCapacity) || !errors.As(err, &ve) || ve.Service != "full" {
+		t.Errorf("all slots taken: %v, want a *servicelb.ValidationError of service full wrapping ErrCapacity", err)
 	}
 }
 

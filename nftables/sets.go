@@ -21,7 +21,7 @@ type setID uint16
 // The kinds of fixed sets.
 const (
 	kindServices     = iota // entry -> goto svc/ext chain
-	kindNoEndpoints         // entries of ports without endpoints
+	kindClusterIPs          // every cluster IP of the state
 	kindFirewall            // load-balancer entries with source ranges
 	kindFirewallPass        // entry . allowed source range
 	kindHairpin             // endpoint . endpoint
@@ -36,8 +36,8 @@ func kindName(k int) string {
 	switch k {
 	case kindServices:
 		return "services"
-	case kindNoEndpoints:
-		return "no-endpoints"
+	case kindClusterIPs:
+		return "cluster-ips"
 	case kindFirewall:
 		return "firewall"
 	case kindFirewallPass:
@@ -196,7 +196,7 @@ func fixedSets(table string, f servicelb.Family, affinitySize uint32) []setDef {
 		{kindServices, nfnl.Set{Flags: nfnl.SetMap, KeyType: entry, KeyLen: al + 8, DataType: nfnl.TypeVerdict,
 			UserData: udata{}.u32(udKeyByteOrder, 0).u32(udDataByteOrder, 0).nest(udKeyTypeof, udata{}.u32(0, udExprConcat).nest(1, nil)).u32(udDataInterval, 0)},
 			entryDecl + " : verdict"},
-		{kindNoEndpoints, nfnl.Set{KeyType: entry, KeyLen: al + 8, UserData: concatStub}, entryDecl},
+		{kindClusterIPs, nfnl.Set{KeyType: at, KeyLen: al, UserData: udata{}.u32(udKeyByteOrder, byteOrderBig)}, "type " + an},
 		{kindFirewall, nfnl.Set{KeyType: entry, KeyLen: al + 8, UserData: concatStub}, entryDecl},
 		{kindFirewallPass, nfnl.Set{Flags: nfnl.SetInterval | nfnl.SetConcat, KeyType: nfnl.ConcatType(at, nfnl.TypeInetProto, nfnl.TypeInetService, at),
 			KeyLen: 2*al + 8, Fields: []uint32{al, 1, 2, al}, UserData: concatStub},

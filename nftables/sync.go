@@ -29,7 +29,7 @@ func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 	}
 	s, err := p.plan.plan(p.model, &changes, st)
 	if err != nil {
-		return fmt.Errorf("nftables: sync: %w", err)
+		return err
 	}
 	b := &nfnl.Batch{}
 	if err := s.delta(p.model).batch(p.opts.Table, b); err != nil {
@@ -39,7 +39,10 @@ func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 		return err
 	}
 	s.apply(p.model)
-	p.stale = append(p.stale, changes.StaleFlows()...)
+	if !p.opts.NoConntrackCleanup {
+		p.stale.refresh(&changes)
+		p.stale.add(changes.StaleFlows())
+	}
 	p.applied = st
 	p.log.Debug("applied changes", "added", len(changes.Added), "removed", len(changes.Removed),
 		"changed", len(changes.Changed), "node", changes.NodeChanged, "messages", b.Len())
@@ -68,11 +71,14 @@ func (p *Proxier) needRewrite(ctx context.Context, gen uint32) (bool, error) {
 	return false, nil
 }
 
-// rewrite replaces the table's content with st's in one transaction.
+// rewrite replaces the table's content with st's in one transaction. The
+// flows in conntrack may then be anyone's (an earlier process's, or from
+// before someone changed the table): every UDP and SCTP frontend of st is
+// reconciled with its serving endpoints.
 func (p *Proxier) rewrite(ctx context.Context, st *servicelb.State, gen uint32) error {
 	next, err := p.plan.build(st)
 	if err != nil {
-		return fmt.Errorf("nftables: sync: %w", err)
+		return err
 	}
 	b, err := p.replaceBatch(ctx, p.plan.content(next))
 	if err != nil {
@@ -81,12 +87,11 @@ func (p *Proxier) rewrite(ctx context.Context, st *servicelb.State, gen uint32) 
 	if err := p.commit(ctx, b, gen); err != nil {
 		return err
 	}
-	if p.applied != nil {
-		// A repair: flows stale since the state last applied still are.
-		ch := servicelb.Diff(p.applied, st)
-		p.stale = append(p.stale, ch.StaleFlows()...)
-	} else {
+	if p.applied == nil {
 		p.log.Info("table written", "services", st.Len(), "messages", b.Len(), "bytes", b.Size())
+	}
+	if !p.opts.NoConntrackCleanup {
+		p.stale.reset(st)
 	}
 	p.model, p.applied = next, st
 	return nil
@@ -110,20 +115,18 @@ func (p *Proxier) commit(ctx context.Context, b *nfnl.Batch, gen uint32) error {
 	return nil
 }
 
-// cleanFlows deletes the stale conntrack flows of the syncs so far.
+// cleanFlows deletes the stale conntrack flows of the syncs so far. The
+// filters stay pending until a deletion succeeds.
 func (p *Proxier) cleanFlows(ctx context.Context) error {
-	if len(p.stale) == 0 {
+	if p.stale.empty() {
 		return nil
 	}
-	if p.opts.NoConntrackCleanup {
-		p.stale = nil
-		return nil
-	}
-	n, err := p.opts.Conntrack.DeleteStale(ctx, p.stale)
+	fs := p.stale.list()
+	n, err := p.opts.Conntrack.DeleteStale(ctx, fs)
 	if err != nil {
 		return fmt.Errorf("nftables: delete stale conntrack flows (retried on the next sync): %w", err)
 	}
-	p.log.Debug("deleted stale flows", "filters", len(p.stale), "flows", n)
-	p.stale = nil
+	p.log.Debug("deleted stale flows", "filters", len(fs), "flows", n)
+	p.stale.clear()
 	return nil
 }

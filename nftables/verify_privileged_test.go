@@ -40,7 +40,7 @@ func TestWrittenTableVerifies(t *testing.T) {
 			ExternalTrafficPolicy: servicelb.PolicyLocal, InternalTrafficPolicy: servicelb.PolicyLocal,
 			Endpoints: []servicelb.Endpoint{ep("10.244.1.2", "node"), ep("10.244.2.2", "x"), ep("fd00:244:1::2", "node")}},
 		servicelb.Service{Name: "a/sticky", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.2"), netip.MustParseAddr("fd00:96::2")},
-			Affinity: servicelb.SessionAffinity{ClientIP: true, Timeout: 1500 * time.Millisecond},
+			Affinity: servicelb.SessionAffinity{ClientIP: true, Timeout: 90 * time.Second},
 			Ports:    []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}},
 			Endpoints: []servicelb.Endpoint{ep("10.244.1.3", ""), ep("10.244.2.3", ""), ep("10.244.3.3", ""),
 				ep("fd00:244:1::3", "")}},
