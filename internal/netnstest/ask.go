@@ -23,6 +23,12 @@ var (
 	ErrRefused = errors.New("refused")
 	// ErrTimeout: silence until the deadline, as when packets are dropped.
 	ErrTimeout = errors.New("timed out")
+	// ErrFiltered: the asking host's own netfilter output hooks dropped or
+	// rejected the ask as it left (the kernel fails the send with EPERM):
+	// what a drop or reject looks like to a datagram sent from the host
+	// that runs the rules. With WatchICMP, AskError.ICMP tells a reject,
+	// whose ICMP error comes back to the host, from a drop.
+	ErrFiltered = errors.New("filtered on the way out")
 )
 
 // DefaultTimeout bounds an ask without a Timeout option.
@@ -228,6 +234,8 @@ func classify(err error) error {
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, unix.ETIMEDOUT), errors.As(err, &ne) && ne.Timeout():
 		return ErrTimeout
+	case errors.Is(err, unix.EPERM):
+		return ErrFiltered
 	case errors.Is(err, unix.ECONNREFUSED), errors.Is(err, unix.ECONNRESET),
 		errors.Is(err, unix.EHOSTUNREACH), errors.Is(err, unix.ENETUNREACH),
 		errors.Is(err, unix.EACCES), errors.Is(err, unix.EPIPE):
