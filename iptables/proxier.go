@@ -80,12 +80,25 @@ func (px *Proxier) Close() error {
 	return errors.Join(errs...)
 }
 
+// Capabilities says what the Proxier expresses: random spreading in
+// proportion to the endpoints' weights (the default hint and "random"),
+// TCP, UDP and SCTP, any number of endpoints, and every feature.
+func (px *Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{
+		Backend:    "iptables",
+		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom},
+		Features:   servicelb.AllFeatures,
+	}
+}
+
 // Sync makes the kernel match st. The first Sync reads what the kernel
 // holds and writes only what differs, so that a restarted agent takes
 // over without disturbing traffic. Later ones send only the changes since
 // the last successful Sync, after checking cheaply that nobody removed
 // what the Proxier owns (and repairing it if someone did). Each sync is
-// one nf_tables transaction: a failed Sync changes nothing.
+// one nf_tables transaction: a failed Sync changes nothing. A service
+// port the Proxier's capabilities refuse fails the Sync with
+// servicelb's error (ErrUnsupported) before anything is sent.
 func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	if st == nil {
 		return errors.New("iptables: sync: nil state")
@@ -95,22 +108,39 @@ func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	prev := px.applied
 	var ch servicelb.Changes
 	if prev != nil {
+		// The other ports were checked when they were applied.
 		ch = servicelb.Diff(prev, st)
+		if err := px.checkChanges(&ch); err != nil {
+			return err
+		}
+	} else if err := px.checkPorts(st.Ports()...); err != nil {
+		return err
 	}
 	full, err := px.needFull(ctx, prev, &ch)
 	if err != nil {
 		return fmt.Errorf("iptables: sync: %w", err)
 	}
-	if full {
+	switch {
+	case full:
 		err = px.reconcile(ctx, st)
-	} else if !ch.Empty() {
-		err = px.commit(ctx, st, &ch)
+	case !ch.Empty():
+		full, err = px.commit(ctx, st, &ch)
 	}
 	if err != nil {
 		return fmt.Errorf("iptables: sync: %w", err)
 	}
 	px.applied = st
 	return px.clearStale(ctx, prev, &ch)
+}
+
+// checkChanges checks the ports that changes add or change.
+func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
+	for _, c := range ch.Changed {
+		if err := px.checkPorts(c.New); err != nil {
+			return err
+		}
+	}
+	return px.checkPorts(ch.Added...)
 }
 
 // clearStale deletes the conntrack flows a sync left stale. The first
@@ -166,19 +196,24 @@ func (px *Proxier) reconcile(ctx context.Context, st *servicelb.State) error {
 	return nil
 }
 
-func (px *Proxier) commit(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) error {
+// commit applies the changes in one batch. When someone else changed the
+// tables meanwhile it reconciles the whole state instead, and reports
+// that it did.
+func (px *Proxier) commit(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (full bool, err error) {
 	tx := xtables.NewTx()
-	px.changes(st, ch, tx)
+	if err := px.changes(st, ch, tx); err != nil {
+		return false, err
+	}
 	stats, err := px.ap.Commit(ctx, tx)
 	if errors.Is(err, xtables.ErrGenChanged) {
 		px.log.Info("tables changed by someone else during the sync; repairing")
-		return px.reconcile(ctx, st)
+		return true, px.reconcile(ctx, st)
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	px.log.Debug("committed", "ports", ch.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
-	return nil
+	return false, nil
 }
 
 // Cleanup removes every chain the Proxier owns and its rules in the
