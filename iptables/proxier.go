@@ -1,11 +1,15 @@
 package iptables
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +33,8 @@ type Proxier struct {
 	ct      *conntrack.Client // opened by New unless NoConntrackCleanup or Conntrack
 	// lastFull is when the last full reconcile succeeded.
 	lastFull time.Time
+	// stale holds the stale-flow filters still to delete, by frontend.
+	stale map[flowKey]servicelb.StaleFlow
 }
 
 var (
@@ -130,7 +136,8 @@ func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 		return fmt.Errorf("iptables: sync: %w", err)
 	}
 	px.applied = st
-	return px.clearStale(ctx, prev, &ch)
+	px.queueStale(st, &ch, full)
+	return px.clearStale(ctx)
 }
 
 // checkChanges checks the ports that changes add or change.
@@ -143,21 +150,53 @@ func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
 	return px.checkPorts(ch.Added...)
 }
 
-// clearStale deletes the conntrack flows a sync left stale. The first
-// sync clears nothing: it takes over rules that were already in place.
-func (px *Proxier) clearStale(ctx context.Context, prev *servicelb.State, ch *servicelb.Changes) error {
-	if prev == nil || px.opts.Conntrack == nil {
+// flowKey is the frontend a stale-flow filter is for.
+type flowKey struct {
+	proto servicelb.Protocol
+	dst   netip.Addr
+	port  uint16
+}
+
+// queueStale adds the stale-flow filters of a successful sync to those
+// still to delete: one for each frontend the changes touched and, after a
+// full reconcile (the first sync, a repair), one for every UDP and SCTP
+// frontend of the state, which reconciles the whole conntrack table with
+// it. A filter replaces an older one for the same frontend, whose
+// serving endpoints may have changed since.
+func (px *Proxier) queueStale(st *servicelb.State, ch *servicelb.Changes, full bool) {
+	if px.opts.Conntrack == nil {
+		return
+	}
+	if px.stale == nil {
+		px.stale = map[flowKey]servicelb.StaleFlow{}
+	}
+	add := func(flows []servicelb.StaleFlow) {
+		for _, f := range flows {
+			px.stale[flowKey{f.Protocol, f.Dst, f.Port}] = f
+		}
+	}
+	add(ch.StaleFlows())
+	if full {
+		add(st.StaleFlows())
+	}
+}
+
+// clearStale deletes the conntrack flows the queued filters select. The
+// filters stay queued until a deletion succeeds, so that a failure is
+// retried by the next Sync.
+func (px *Proxier) clearStale(ctx context.Context) error {
+	if len(px.stale) == 0 {
 		return nil
 	}
-	flows := ch.StaleFlows()
-	if len(flows) == 0 {
-		return nil
-	}
+	flows := slices.SortedFunc(maps.Values(px.stale), func(a, b servicelb.StaleFlow) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Dst.Compare(b.Dst), cmp.Compare(a.Port, b.Port))
+	})
 	n, err := px.opts.Conntrack.DeleteStale(ctx, flows)
 	if err != nil {
-		return fmt.Errorf("iptables: sync applied; clearing %d stale flow filters: %w", len(flows), err)
+		return fmt.Errorf("iptables: sync applied; deleting the stale flows of %d frontends, retried on the next sync: %w", len(flows), err)
 	}
-	px.log.Debug("cleared stale flows", "filters", len(flows), "deleted", n)
+	clear(px.stale)
+	px.log.Debug("deleted stale flows", "frontends", len(flows), "flows", n)
 	return nil
 }
 
@@ -228,6 +267,7 @@ func (px *Proxier) Cleanup(ctx context.Context) error {
 		tables = append(tables, filter, nat)
 	}
 	px.applied = nil
+	clear(px.stale)
 	if err := px.ap.Cleanup(ctx, tables); err != nil {
 		return fmt.Errorf("iptables: cleanup: %w", err)
 	}
