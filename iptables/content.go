@@ -56,16 +56,21 @@ func (px *Proxier) checkNode(node *servicelb.NodeConfig) error {
 // content returns everything the Proxier wants in its tables for st.
 func (px *Proxier) content(st *servicelb.State) (map[xtables.Table]*xtables.TableContent, error) {
 	node := st.Node()
-	if err := px.checkNode(&node); err != nil {
+	return px.portsContent(&node, st.Ports())
+}
+
+// portsContent returns everything the Proxier wants in its tables for
+// service ports on a node.
+func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.ServicePort) (map[xtables.Table]*xtables.TableContent, error) {
+	if err := px.checkNode(node); err != nil {
 		return nil, err
 	}
-	ports := st.Ports()
 	if err := px.checkPorts(ports...); err != nil {
 		return nil, err
 	}
 	out := map[xtables.Table]*xtables.TableContent{}
 	for _, f := range px.opts.Families {
-		pl := newPlanner(px.n, f, &node, px.opts.dropMark())
+		pl := newPlanner(px.n, f, node, px.opts.dropMark())
 		natT, filterT := familyTables(f)
 		out[natT], out[filterT] = pl.nodeContent()
 		byService := map[string][]*servicelb.ServicePort{}

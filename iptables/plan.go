@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -191,19 +192,23 @@ func forNode(r xtables.Rule) xtables.Rule {
 
 // byOrigin returns the rules that give each origin's flows its target
 // (rule(t) builds the rule for target t): rules for pods and for the node
-// where distinct says so, then one for the rest. The rest take no rule
-// when their target is nil or RETURN.
+// where their target differs from the one they would reach otherwise,
+// then one for the rest, the outside target. The rest take no rule when
+// their target is RETURN; a nil target of pods or the node means that
+// their flows never come here (any target does).
 func (p *planner) byOrigin(ts [3]xtables.Target, rule func(xtables.Target) xtables.Rule) []xtables.Rule {
-	podRules, nodeRules := distinct(ts, len(p.cidrs) > 0)
+	rest, pods, local := ts[servicelb.FromOutside], ts[servicelb.FromPod], ts[servicelb.FromNode]
+	nodeRules := local != nil && local != rest
+	podRules := len(p.cidrs) > 0 && pods != nil && (pods != rest || (nodeRules && pods != local))
 	var out []xtables.Rule
 	if podRules {
-		out = append(out, p.forPods(rule(ts[servicelb.FromPod]))...)
+		out = append(out, p.forPods(rule(pods))...)
 	}
 	if nodeRules {
-		out = append(out, forNode(rule(ts[servicelb.FromNode])))
+		out = append(out, forNode(rule(local)))
 	}
-	if t := ts[servicelb.FromOutside]; t != nil && t != xtables.Target(xtables.Return) {
-		out = append(out, rule(t))
+	if rest != nil && rest != xtables.Target(xtables.Return) {
+		out = append(out, rule(rest))
 	}
 	return out
 }
@@ -225,27 +230,22 @@ func (p *planner) natTargets(sp *servicelb.ServicePort, vs servicelb.Verdicts) [
 // filterTargets returns what the filter table does with each origin's
 // flows to a frontend whose verdicts are vs: REJECT or DROP. A forwarded
 // flow reaches the filter table translated, no longer addressed to the
-// frontend, so the target of a forwarding origin does not matter: it takes
-// the target of the rest, so that as few rules as possible tell origins
-// apart. All nil when every origin is forwarded.
+// frontend, so a forwarding origin gets no target (nil), except that the
+// rest (outside) take the target of the node or else of pods, so that
+// one rule without origin matches serves them. All nil when every origin
+// is forwarded.
 func filterTargets(vs servicelb.Verdicts) [3]xtables.Target {
 	var ts [3]xtables.Target
-	var rest xtables.Target
-	for _, o := range []servicelb.Origin{servicelb.FromOutside, servicelb.FromNode, servicelb.FromPod} {
-		switch vs[o].Action {
+	for o, v := range vs {
+		switch v.Action {
 		case servicelb.Reject:
 			ts[o] = xtables.Reject{}
 		case servicelb.Drop:
 			ts[o] = xtables.Drop
 		}
-		if rest == nil {
-			rest = ts[o]
-		}
 	}
-	for o := range ts {
-		if ts[o] == nil {
-			ts[o] = rest
-		}
+	if ts[servicelb.FromOutside] == nil {
+		ts[servicelb.FromOutside] = cmp.Or(ts[servicelb.FromNode], ts[servicelb.FromPod])
 	}
 	return ts
 }

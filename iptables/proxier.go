@@ -301,6 +301,11 @@ func (px *Proxier) RenderFamily(st *servicelb.State, f servicelb.Family) (string
 	if err != nil {
 		return "", err
 	}
+	return renderFamily(want, f)
+}
+
+// renderFamily returns one family's tables as iptables-save prints them.
+func renderFamily(want map[xtables.Table]*xtables.TableContent, f servicelb.Family) (string, error) {
 	nat, filter := familyTables(f)
 	if want[nat] == nil {
 		return "", fmt.Errorf("iptables: render: family %s is not programmed", f)

@@ -3,6 +3,7 @@
 package iptables
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -384,5 +386,64 @@ func TestTrafficStaleUDPFlows(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestTrafficShapes sends packets through the rules of ports whose
+// verdicts servicelb does not give today (see TestRenderShapes): each
+// origin gets its own verdict. A fourth backend holds the cluster IPs and
+// answers on their ports, so that a flow the rules do not stop or
+// translate is answered by it.
+func TestTrafficShapes(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat", "veth")
+	tp := netnstest.New(t, netnstest.Options{Backends: 4})
+	for _, b := range tp.Backends {
+		b.Serve(t, "tcp", tcpPort)
+	}
+	holder := tp.Backends[3]
+	for _, a := range addrs("10.96.5.1", "10.96.5.2") {
+		holder.AddAddress(t, netip.PrefixFrom(a, 32))
+	}
+	holder.Serve(t, "tcp", 80)
+	holder.Serve(t, "tcp", 81)
+	px := newProxier(t, tp.Node, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	node := shapesNode()
+	want, err := px.portsContent(&node, shapesPorts())
+	require.NoError(t, err)
+	_, err = px.ap.Reconcile(context.Background(), want)
+	require.NoError(t, err)
+	e := &env{t: t, tp: tp, px: px, node: node, fam: servicelb.IPv4}
+	pod := tp.Backends[2]
+
+	// odd/mixed: outside forwarded, pods dropped, the node refused. The
+	// node's flows leave from an address of its own outside the cluster
+	// CIDRs (on a backend link it has one inside them: its flows would be
+	// a pod's).
+	fromNode := netnstest.FromAddr(tp.Node.IPv4)
+	r := e.mustAsk(tp.Client, "tcp", netip.MustParseAddr("10.96.5.1"), 80)
+	assert.Contains(t, []string{"backend-0", "backend-1"}, r.Host, "outside to odd/mixed")
+	e.wantErr(pod, "tcp", netip.MustParseAddr("10.96.5.1"), 80, netnstest.ErrTimeout)
+	if _, err := e.ask(tp.Node, "tcp", netip.MustParseAddr("10.96.5.1"), 80, fromNode); !errors.Is(err, netnstest.ErrRefused) {
+		t.Errorf("node to odd/mixed: %v, want refused", err)
+	}
+
+	// odd/masq: outside to the cluster set with its address, pods to the
+	// local set with theirs, the node masqueraded.
+	for range 10 {
+		r = e.mustAsk(pod, "tcp", netip.MustParseAddr("10.96.5.2"), 81)
+		require.Equal(t, "backend-0", r.Host, "pod to odd/masq: the local set")
+		require.Equal(t, pod.IPv4, r.Client.Addr(), "pod to odd/masq: source kept")
+	}
+	r = e.mustAsk(tp.Client, "tcp", netip.MustParseAddr("10.96.5.2"), 81)
+	assert.Equal(t, tp.Client.IPv4, r.Client.Addr(), "outside to odd/masq: source kept")
+	r = e.mustAsk(tp.Node, "tcp", netip.MustParseAddr("10.96.5.2"), 81, fromNode)
+	i := int(r.Host[len(r.Host)-1] - '0')
+	assert.Equal(t, tp.Backends[i].Gateway4, r.Client.Addr(), "node to odd/masq: masqueraded")
+	// The node's address on a backend link lies in the cluster CIDRs: its
+	// flows are a pod's, the mark the node's rule set is cleared.
+	for range 10 {
+		r = e.mustAsk(tp.Node, "tcp", netip.MustParseAddr("10.96.5.2"), 81, netnstest.FromAddr(holder.Gateway4))
+		require.Equal(t, "backend-0", r.Host, "node from a cluster CIDR address to odd/masq: the local set")
+		require.Equal(t, holder.Gateway4, r.Client.Addr(), "node from a cluster CIDR address to odd/masq: source kept")
 	}
 }
