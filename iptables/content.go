@@ -20,42 +20,68 @@ func (p *planner) dispatchTable(d dispatch) (xtables.Table, string) {
 	return xtables.Table{Family: p.fam, Name: c.table}, p.n.fixed(c.chain)
 }
 
+// tableWriter records changes to the Proxier's tables: an *xtables.Tx,
+// which an Applier commits in one batch.
+type tableWriter interface {
+	SetChain(t xtables.Table, name string, rules []xtables.Rule)
+	DeleteChain(t xtables.Table, name string)
+	SetKeyed(t xtables.Table, chain, key string, rules []xtables.Rule)
+}
+
+var _ tableWriter = (*xtables.Tx)(nil)
+
+// checkPorts reports the first service port of the Proxier's families
+// that its capabilities refuse, with servicelb's error unchanged.
+func (px *Proxier) checkPorts(ports ...*servicelb.ServicePort) error {
+	caps := px.Capabilities()
+	for _, sp := range ports {
+		if !slices.Contains(px.opts.Families, sp.Family) {
+			continue
+		}
+		if err := caps.CheckPort(sp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkNode refuses a node whose masquerade mark is the drop mark.
+func (px *Proxier) checkNode(node *servicelb.NodeConfig) error {
+	if node.MasqueradeMark() == px.opts.dropMark() {
+		return fmt.Errorf("%w: the node's masquerade mark %#x is the drop mark", ErrInvalidOptions, px.opts.dropMark())
+	}
+	return nil
+}
+
 // content returns everything the Proxier wants in its tables for st.
 func (px *Proxier) content(st *servicelb.State) (map[xtables.Table]*xtables.TableContent, error) {
 	node := st.Node()
-	if node.MasqueradeMark() == px.opts.dropMark() {
-		return nil, fmt.Errorf("%w: the node's masquerade mark %#x is the drop mark", ErrInvalidOptions, px.opts.dropMark())
+	return px.portsContent(&node, st.Ports())
+}
+
+// portsContent returns everything the Proxier wants in its tables for
+// service ports on a node.
+func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.ServicePort) (map[xtables.Table]*xtables.TableContent, error) {
+	if err := px.checkNode(node); err != nil {
+		return nil, err
+	}
+	if err := px.checkPorts(ports...); err != nil {
+		return nil, err
 	}
 	out := map[xtables.Table]*xtables.TableContent{}
 	for _, f := range px.opts.Families {
-		pl := newPlanner(px.n, f, &node, px.opts.dropMark())
+		pl := newPlanner(px.n, f, node, px.opts.dropMark())
 		natT, filterT := familyTables(f)
-		nat := &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{}}
-		filter := &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{}}
-		out[natT], out[filterT] = nat, filter
-		nr := pl.nodeRules()
-		nat.Jumps, filter.Jumps = nr.jumps[xtables.NAT], nr.jumps[xtables.Filter]
-		for _, c := range nr.chains[xtables.NAT] {
-			nat.Chains[c.Name] = c.Rules
-		}
-		for _, c := range nr.chains[xtables.Filter] {
-			filter.Chains[c.Name] = c.Rules
-		}
-		for d := range numDispatch {
-			t, chain := pl.dispatchTable(d)
-			keys := map[string][]xtables.Rule{}
-			out[t].Keyed[chain] = keys
-			if len(nr.tails[d]) > 0 {
-				keys[tailKey] = nr.tails[d]
-			}
-		}
-		for _, sp := range st.Ports() {
+		out[natT], out[filterT] = pl.nodeContent()
+		byService := map[string][]*servicelb.ServicePort{}
+		for _, sp := range ports {
 			if sp.Family != f {
 				continue
 			}
+			byService[sp.Key.Service] = append(byService[sp.Key.Service], sp)
 			r := pl.port(sp)
 			for _, c := range r.chains {
-				nat.Chains[c.Name] = c.Rules
+				out[natT].Chains[c.Name] = c.Rules
 			}
 			for d := range numDispatch {
 				if len(r.dispatch[d]) > 0 {
@@ -64,39 +90,93 @@ func (px *Proxier) content(st *servicelb.State) (map[xtables.Table]*xtables.Tabl
 				}
 			}
 		}
+		_, services := pl.dispatchTable(filterServices)
+		for svc, sps := range byService {
+			if rules := pl.clusterIPRules(svc, sps); len(rules) > 0 {
+				out[filterT].Keyed[services][clusterIPKey(svc)] = rules
+			}
+		}
 	}
 	return out, nil
 }
 
-// changes records in tx what the changes of c do to the Proxier's tables.
-// The node is the same before and after (a node change goes through a
-// full reconcile).
-func (px *Proxier) changes(st *servicelb.State, c *servicelb.Changes, tx *xtables.Tx) {
+// nodeContent returns the nat and filter content of the node's own rules,
+// with every dispatch chain present.
+func (p *planner) nodeContent() (nat, filter *xtables.TableContent) {
+	nat = &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{}}
+	filter = &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{}}
+	byName := map[xtables.TableName]*xtables.TableContent{xtables.NAT: nat, xtables.Filter: filter}
+	nr := p.nodeRules()
+	for name, tc := range byName {
+		tc.Jumps = nr.jumps[name]
+		for _, c := range nr.chains[name] {
+			tc.Chains[c.Name] = c.Rules
+		}
+	}
+	for d := range numDispatch {
+		t, chain := p.dispatchTable(d)
+		keys := map[string][]xtables.Rule{}
+		byName[t.Name].Keyed[chain] = keys
+		if len(nr.tails[d]) > 0 {
+			keys[tailKey] = nr.tails[d]
+		}
+	}
+	return nat, filter
+}
+
+// changes records in w what the changes of c do to the Proxier's tables,
+// or fails, recording nothing, when a new or changed port does not fit
+// the Proxier's capabilities. The node is the same before and after (a
+// node change goes through a full reconcile).
+func (px *Proxier) changes(st *servicelb.State, c *servicelb.Changes, w tableWriter) error {
+	for _, ch := range c.Changed {
+		if err := px.checkPorts(ch.New); err != nil {
+			return err
+		}
+	}
+	if err := px.checkPorts(c.Added...); err != nil {
+		return err
+	}
 	node := st.Node()
 	for _, f := range px.opts.Families {
 		pl := newPlanner(px.n, f, &node, px.opts.dropMark())
-		for _, sp := range c.Removed {
+		var services []string
+		change := func(old, cur *servicelb.ServicePort) {
+			sp := either(cur, old)
 			if sp.Family == f {
-				pl.change(tx, sp, nil)
+				pl.change(w, old, cur)
+				services = append(services, sp.Key.Service)
 			}
+		}
+		for _, sp := range c.Removed {
+			change(sp, nil)
 		}
 		for _, sp := range c.Added {
-			if sp.Family == f {
-				pl.change(tx, nil, sp)
-			}
+			change(nil, sp)
 		}
 		for _, ch := range c.Changed {
-			if ch.New.Family == f {
-				pl.change(tx, ch.Old, ch.New)
-			}
+			change(ch.Old, ch.New)
+		}
+		slices.Sort(services)
+		t, chain := pl.dispatchTable(filterServices)
+		for _, svc := range slices.Compact(services) {
+			w.SetKeyed(t, chain, clusterIPKey(svc), pl.clusterIPRules(svc, st.ServicePorts(svc)))
 		}
 	}
+	return nil
+}
+
+func either(a, b *servicelb.ServicePort) *servicelb.ServicePort {
+	if a != nil {
+		return a
+	}
+	return b
 }
 
 // change records a service port going from old to cur (either may be
 // nil): its chains that changed are rewritten, those it no longer uses
 // deleted, and its keys in the dispatch chains replaced.
-func (p *planner) change(tx *xtables.Tx, old, cur *servicelb.ServicePort) {
+func (p *planner) change(w tableWriter, old, cur *servicelb.ServicePort) {
 	natT := xtables.Table{Family: p.fam, Name: xtables.NAT}
 	var was, now portRules
 	key := ""
@@ -108,13 +188,13 @@ func (p *planner) change(tx *xtables.Tx, old, cur *servicelb.ServicePort) {
 	}
 	for _, c := range was.chains {
 		if !slices.ContainsFunc(now.chains, func(n xtables.Chain) bool { return n.Name == c.Name }) {
-			tx.DeleteChain(natT, c.Name)
+			w.DeleteChain(natT, c.Name)
 		}
 	}
 	for _, c := range now.chains {
 		i := slices.IndexFunc(was.chains, func(o xtables.Chain) bool { return o.Name == c.Name })
 		if i < 0 || !reflect.DeepEqual(was.chains[i].Rules, c.Rules) {
-			tx.SetChain(natT, c.Name, c.Rules)
+			w.SetChain(natT, c.Name, c.Rules)
 		}
 	}
 	for d := range numDispatch {
@@ -122,6 +202,6 @@ func (p *planner) change(tx *xtables.Tx, old, cur *servicelb.ServicePort) {
 			continue
 		}
 		t, chain := p.dispatchTable(d)
-		tx.SetKeyed(t, chain, key, now.dispatch[d])
+		w.SetKeyed(t, chain, key, now.dispatch[d])
 	}
 }

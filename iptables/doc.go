@@ -1,44 +1,78 @@
-// Package iptables is a servicelb.Proxier that installs kube-proxy's
-// iptables-mode rules, written directly through nf_tables netlink in
-// exactly the encoding iptables-nft uses: iptables-nft-save, iptables -S,
-// -C and -D show and handle them as ordinary iptables rules. No iptables
-// binary runs.
+// Package iptables is a servicelb.Proxier that renders each service
+// port's decision (a servicelb.ServicePort: verdicts by origin, endpoint
+// sets, source ranges, affinity, hairpin) as kube-proxy's iptables-mode
+// rules, written directly through nf_tables netlink in exactly the
+// encoding iptables-nft uses: iptables-nft-save, iptables -S, -C and -D
+// show and handle them as ordinary iptables rules. No iptables binary
+// runs. What a service and its verdicts mean is servicelb's (see its
+// package documentation); this package says how they become rules.
 //
-// # The rules
+// # The chains
 //
 // Each address family gets kube-proxy's layout in its ip (or ip6) nat and
 // filter tables, every chain name starting with the chain prefix P
 // (Options.ChainPrefix, "KPROXY-" by default; with "KUBE-" the names are
-// kube-proxy's):
+// kube-proxy's). Per service port, named by a 16 character hash of the
+// port as kube-proxy hashes it:
 //
-//   - nat PREROUTING and OUTPUT jump to P-SERVICES, which matches each
-//     service port's cluster IP, external IPs and load-balancer IPs and
-//     jumps to its chains; its last rules send traffic to the node's
-//     addresses that serve node ports (NodeConfig.NodePortIPs: the node
-//     IPs NodePortAddresses selects) to P-NODEPORTS, which matches node
-//     ports.
-//   - Per service port, named by a 16 character hash of the port as
-//     kube-proxy hashes it: P-SVC-* spreads new flows over the endpoints
-//     (statistic random rules with each endpoint's share of the weight
-//     left, printed as kube-proxy prints them), checking ClientIP affinity
-//     first with -m recent; P-SVL-* does the same over local endpoints for
-//     the Local traffic policies; P-EXT-* handles external traffic
-//     (masquerade under Cluster; under Local, pods and the node itself
-//     take the Cluster path and others keep their address); P-FW-* admits
-//     load-balancer traffic from the source ranges and the node's own
-//     addresses and marks the rest with P-MARK-DROP; P-SEP-* masquerades
-//     hairpin traffic, records affinity and DNATs to one endpoint.
-//   - P-MARK-MASQ sets the masquerade mark (NodeConfig.MasqueradeBit,
-//     0x4000 by default) and P-POSTROUTING, from nat POSTROUTING,
-//     masquerades marked traffic with --random-fully.
-//   - In the filter table, P-SERVICES rejects traffic to cluster IPs of
-//     ports without endpoints, drops it when the Local internal policy
-//     leaves none, and drops traffic to the service CIDRs that matched no
-//     port; P-EXTERNAL-SERVICES does the same for external IPs,
-//     load-balancer IPs and node ports; P-NODEPORTS accepts health check
-//     node ports; P-PROXY-FIREWALL drops what P-MARK-DROP marked
-//     (Options.DropBit, 0x8000 by default); P-FORWARD accepts forwarded
-//     service traffic.
+//   - P-SVC-* spreads new flows over the cluster set, P-SVL-* over the
+//     local set: statistic random rules with each endpoint's share of the
+//     weight left, printed as kube-proxy prints them, after ClientIP
+//     affinity checks (-m recent). P-SEP-* marks a flow from an endpoint
+//     of ServicePort.Hairpin to itself for masquerade, records affinity
+//     and DNATs to one endpoint.
+//   - P-EXT-* takes the flows to the port's external IPs, load-balancer
+//     IPs and node ports. P-FW-*, before it for load-balancer IPs with
+//     ServicePort.SourceRanges, sends the flows from those prefixes on and
+//     marks the others with P-MARK-DROP.
+//
+// The shared chains: nat PREROUTING and OUTPUT jump to P-SERVICES, which
+// matches each port's cluster IP, external IPs and load-balancer IPs,
+// and ends with a jump to P-NODEPORTS for each node address that serves
+// node ports (NodeConfig.NodePortIPs). In the filter table P-SERVICES
+// (from FORWARD and OUTPUT) holds the rejects and drops of cluster IPs,
+// P-EXTERNAL-SERVICES (from INPUT and FORWARD) those of the other
+// frontends, P-NODEPORTS accepts health check node ports
+// (ServicePort.HealthCheckNodePort), P-PROXY-FIREWALL drops what
+// P-MARK-DROP marked (Options.DropBit) and P-FORWARD accepts forwarded
+// service traffic. P-MARK-MASQ sets the masquerade mark
+// (NodeConfig.MasqueradeBit) and P-POSTROUTING, from nat POSTROUTING,
+// masquerades marked flows with --random-fully.
+//
+// # Verdicts
+//
+// Rules tell origins apart by source address: a pod by the cluster CIDRs
+// of the family (-s CIDR, one rule each), the node by -m addrtype
+// --src-type LOCAL, and the rest (outside) by neither, in that order.
+// Where every origin of a kind of frontend has one verdict, one rule
+// serves them all; otherwise rules for pods, then for the node, come
+// first where their verdict differs from the one they would reach, and
+// the outside's verdict comes last. A verdict renders as:
+//
+//   - ToCluster, ToLocal: a jump to P-SVC-* or P-SVL-*. For the cluster
+//     IP the jumps are in nat P-SERVICES, and the masquerade rules, which
+//     match the cluster IP and port, at the top of the chains jumped to:
+//     one rule when every origin is masqueraded, kube-proxy's "! -s CIDR"
+//     when every origin but pods is (P-OFFCLUSTER-MASQ with several
+//     cluster CIDRs), none when no origin is, and otherwise rules that
+//     set and clear the mark origin by origin. For the other frontends
+//     nat P-SERVICES and P-NODEPORTS jump to P-EXT-* (or P-FW-*), which
+//     holds the rules by origin, each masqueraded flow marked before its
+//     jump: kube-proxy's EXT chains for its verdicts.
+//   - Reject: -j REJECT (ICMP or ICMPv6 port unreachable) in the filter
+//     table. The nat table leaves the flow untranslated: no rule, or a
+//     RETURN ahead of the rules for origins that are forwarded.
+//   - Drop: the same with -j DROP.
+//
+// The filter table sees a flow after nat's DNAT: a forwarded flow is no
+// longer addressed to its frontend, so the filter rules of a frontend
+// need no match for the origins it forwards. Therefore, in filter
+// P-SERVICES after the ports' rules, one rule per service and cluster IP
+// rejects what is left of its flows (ports no service has), and the last
+// rules drop the rest of NodeConfig.ServiceCIDRs. Node port rules match
+// the node port alone when it is served on every node port address (the
+// filter rules on every local address, -m addrtype --dst-type LOCAL, as
+// kube-proxy's), else each node address that serves it.
 //
 // [Proxier.Render] prints the rules for a State as iptables-save prints
 // them.
@@ -55,13 +89,19 @@
 // by rule handle, in key order; an unchanged State sends nothing. Every
 // sync is one nf_tables transaction, built for the ruleset generation it
 // read: it applies whole or not at all, and a failed sync leaves the
-// previous rules in place. Before each sync a cheap check (the generation,
-// then the tables' chain counts and the jumps in builtin chains) tells
-// whether someone else removed chains or jumps; if so the Proxier reads
-// its chains back and repairs them. Unless Options.NoConntrackCleanup, the
-// conntrack flows a sync leaves stale (UDP and SCTP flows to endpoints
-// that went away, or to ports that had none) are deleted after it, through
-// the conntrack package.
+// previous rules in place. A service port that [Proxier.Capabilities]
+// refuse (a scheduler hint other than random) fails the Sync with
+// servicelb's error before anything is sent. Before each sync a cheap
+// check (the generation, then the tables' chain counts and the jumps in
+// builtin chains) tells whether someone else removed chains or jumps; if
+// so the Proxier reads its chains back and repairs them.
+//
+// Unless Options.NoConntrackCleanup, each successful Sync deletes the
+// conntrack flows that servicelb calls stale: after the first sync and
+// every repair, for every UDP and SCTP frontend of the state
+// (State.StaleFlows), else for the frontends the sync changed
+// (Changes.StaleFlows). Filters whose deletion failed stay queued and the
+// next Sync retries them.
 //
 // The rules of the shared chains are placed by rule handle: the Proxier
 // learns the handles of the rules it inserts from the kernel's echo of two

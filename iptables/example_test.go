@@ -46,6 +46,7 @@ func ExampleProxier_RenderFamily() {
 		}
 	}
 	// Output:
+	// -A KUBE-SERVICES -d 10.96.0.10/32 -m comment --comment "default/web cluster IP: undefined port" -j REJECT --reject-with icmp-port-unreachable
 	// -A KUBE-SEP-4EX2N4PG4ASNZOBF -s 10.244.2.2/32 -m comment --comment "default/web:http" -j KUBE-MARK-MASQ
 	// -A KUBE-SEP-4EX2N4PG4ASNZOBF -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 10.244.2.2:8080
 	// -A KUBE-SEP-UIQK3OSOSTRHRPBX -s 10.244.1.2/32 -m comment --comment "default/web:http" -j KUBE-MARK-MASQ

@@ -43,7 +43,7 @@ func (p *planner) nodeRules() nodeRules {
 		{Name: n.fixed(chainMarkMasq), Rules: []xtables.Rule{{Target: xtables.OrMark(p.masq)}}},
 		{Name: n.fixed(chainMarkDrop), Rules: []xtables.Rule{{Target: xtables.OrMark(p.drop)}}},
 	}
-	if len(p.cidrs) > 1 && !p.node.MasqueradeAll {
+	if len(p.cidrs) > 1 {
 		var rules []xtables.Rule
 		for _, c := range p.cidrs {
 			rules = append(rules, xtables.Rule{Src: c, Target: xtables.Return})
@@ -62,15 +62,15 @@ func (p *planner) nodeRules() nodeRules {
 			{Matches: []xtables.Match{xtables.Comment("drop traffic to load balancer IPs refused by their source ranges"), xtables.Mark{Value: p.drop, Mask: p.drop}}, Target: xtables.Drop},
 		}},
 	}
-	for _, a := range p.node.NodePortIPs(p.sfam()) {
+	for _, a := range p.nodePortIPs {
 		nr.tails[natServices] = append(nr.tails[natServices], xtables.Rule{Dst: host(a),
 			Matches: []xtables.Match{xtables.Comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")},
 			Target:  xtables.Jump(n.fixed(chainNodePorts))})
 	}
 	for _, c := range p.node.ServiceCIDRs {
-		if xfam(servicelb.FamilyOf(c.Addr())) == p.fam {
+		if servicelb.FamilyOf(c.Addr()) == p.family {
 			nr.tails[filterServices] = append(nr.tails[filterServices], xtables.Rule{Dst: c,
-				Matches: []xtables.Match{xtables.Comment("drop traffic to unallocated cluster IPs and undefined ports")},
+				Matches: []xtables.Match{xtables.Comment("drop traffic to unallocated cluster IPs")},
 				Target:  xtables.Drop})
 		}
 	}
@@ -100,11 +100,4 @@ func (p *planner) nodeRules() nodeRules {
 		},
 	}
 	return nr
-}
-
-func (p *planner) sfam() servicelb.Family {
-	if p.fam == xtables.IPv6 {
-		return servicelb.IPv6
-	}
-	return servicelb.IPv4
 }

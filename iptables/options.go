@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -42,13 +42,12 @@ type Options struct {
 	// PROXY-FIREWALL to drop; zero means DefaultDropBit. It must differ from
 	// the node's masquerade bit.
 	DropBit uint8
-	// NoConntrackCleanup turns off the deletion, after each successful
-	// sync, of the conntrack flows the sync left stale (UDP and SCTP flows
-	// to endpoints that went away, and to ports that had no endpoints).
+	// NoConntrackCleanup turns off the deletion of the conntrack flows a
+	// sync leaves stale (see servicelb.StaleFlow).
 	NoConntrackCleanup bool
 	// Conntrack deletes the stale flows; nil means a conntrack.Client of
 	// its own in NetNS, opened by New.
-	Conntrack FlowCleaner
+	Conntrack conntrack.FlowCleaner
 	// FullResyncInterval bounds the time between full checks: a Sync that
 	// comes this long after the last one reads all its chains back and
 	// repairs any difference, which the cheap check before each Sync cannot
@@ -60,11 +59,6 @@ type Options struct {
 	Logger *slog.Logger
 	// conn replaces the netlink connection, for tests.
 	conn xtables.Conn
-}
-
-// FlowCleaner deletes conntrack flows: a *conntrack.Client.
-type FlowCleaner interface {
-	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) (int, error)
 }
 
 func (o *Options) normalize() error {

@@ -110,3 +110,37 @@ func TestCoexistence(t *testing.T) {
 		t.Errorf("after both cleanups (-before +after):\n%s", cmp.Diff(lines(before), lines(got)))
 	}
 }
+
+// TestOracleShapes writes the rules of ports whose verdicts servicelb
+// does not give today (see TestRenderShapes) and checks them as
+// TestOracle does: iptables-nft-save shows Render's text, and
+// iptables-nft-restore of that text writes the same expressions.
+func TestOracleShapes(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptshape")
+	px := newProxier(t, h, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	node := shapesNode()
+	want, err := px.portsContent(&node, shapesPorts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := px.ap.Reconcile(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	text, err := renderFamily(want, servicelb.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(text, saved(t, h, servicelb.IPv4)); diff != "" {
+		t.Errorf("iptables-nft-save differs from Render (-render +saved):\n%s", diff)
+	}
+	fresh := netnstest.NewHost(t, "iptshaper")
+	fresh.ExecInput(t, text, restoreCmd(servicelb.IPv4))
+	if diff := cmp.Diff(text, saved(t, fresh, servicelb.IPv4)); diff != "" {
+		t.Errorf("iptables-nft-save of the restored text differs (-render +saved):\n%s", diff)
+	}
+	if diff := cmp.Diff(nftRules(t, fresh), nftRules(t, h)); diff != "" {
+		t.Errorf("nft expressions differ (-iptables-nft-restore +ours):\n%s", diff)
+	}
+}

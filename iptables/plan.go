@@ -1,9 +1,12 @@
 package iptables
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -39,6 +42,11 @@ var dispatchChains = [numDispatch]struct {
 // end of a dispatch chain (kube-proxy's "this must be the last rule").
 const tailKey = "\xff"
 
+// clusterIPKey keys the rules that reject flows to a service's cluster
+// IPs on ports it does not have. Service port keys are printable ASCII,
+// so these sort after every port's rules and before the tail.
+func clusterIPKey(service string) string { return "\xfe" + service }
+
 // portRules are the rules one service port owns: its nat chains, written
 // whole, and its rules in the dispatch chains.
 type portRules struct {
@@ -49,22 +57,26 @@ type portRules struct {
 // planner builds rules for one address family of one node.
 type planner struct {
 	n      names
+	family servicelb.Family
 	fam    xtables.Family
 	node   *servicelb.NodeConfig
 	masq   uint32
 	drop   uint32
-	cidrs  []netip.Prefix
-	single bool // exactly one cluster CIDR: masquerade with "! -s CIDR"
+	// cidrs are the node's cluster CIDRs of the family: a source in one
+	// of them is a pod.
+	cidrs []netip.Prefix
+	// nodePortIPs are the node addresses that serve node ports.
+	nodePortIPs []netip.Addr
 }
 
 func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, dropMark uint32) *planner {
-	p := &planner{n: n, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark}
+	p := &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark,
+		nodePortIPs: node.NodePortIPs(f)}
 	for _, c := range node.ClusterCIDRs {
 		if c.Addr().Is4() == (f == servicelb.IPv4) {
 			p.cidrs = append(p.cidrs, c)
 		}
 	}
-	p.single = len(p.cidrs) == 1
 	return p
 }
 
@@ -77,57 +89,192 @@ func xfam(f servicelb.Family) xtables.Family {
 
 func host(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
-// portState sums up which chains a service port uses, kube-proxy's way.
-type portState struct {
-	sp                      *servicelb.ServicePort
-	name                    string // "namespace/service:port"
-	proto                   uint8
-	hasEndpoints            bool
-	hasInternal, hasExtern  bool
-	usesCluster, usesLocal  bool
-	usesExt, usesFW         bool
-	internalChain, extChain string
-	extPolicyChain          string
+// portPlan is what the rules of one service port are built from.
+type portPlan struct {
+	sp    *servicelb.ServicePort
+	name  string // kube-proxy's name of the port, "namespace/service:port"
+	proto uint8
+	// internal and external are the port's verdicts as the rules render
+	// them (see planner.verdicts).
+	internal, external servicelb.Verdicts
+	// ext: the port has external frontends and an external verdict
+	// forwards, so it has an EXT chain; fw: its load-balancer IPs have
+	// source ranges, so they go through an FW chain first.
+	ext, fw bool
 }
 
-func (p *planner) state(sp *servicelb.ServicePort) *portState {
-	s := &portState{sp: sp, name: portName(sp), proto: sp.Port.Protocol.Number()}
-	s.hasEndpoints = sp.HasBackends()
-	s.hasInternal = len(sp.InternalBackends()) > 0
-	s.hasExtern = len(sp.ExternalBackends()) > 0
-	s.usesExt = s.hasEndpoints && sp.External()
-	s.usesFW = s.usesExt && len(sp.LoadBalancerIPs) > 0 && len(sp.SourceRanges) > 0
-	s.usesCluster = len(sp.Cluster) > 0 && (!sp.InternalLocal || s.usesExt)
-	s.usesLocal = len(sp.Local) > 0 && (sp.InternalLocal || (s.usesExt && sp.ExternalLocal))
-	s.internalChain = p.n.svc(sp)
-	if sp.InternalLocal {
-		s.internalChain = p.n.svl(sp)
-	}
-	s.extPolicyChain = p.n.svc(sp)
-	if sp.ExternalLocal {
-		s.extPolicyChain = p.n.svl(sp)
-	}
-	s.extChain = p.n.ext(sp)
+func (p *planner) plan(sp *servicelb.ServicePort) *portPlan {
+	s := &portPlan{sp: sp, name: portName(sp), proto: sp.Port.Protocol.Number()}
+	s.internal = p.verdicts(sp, sp.Internal)
+	s.external = p.verdicts(sp, sp.External)
+	frontends := len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs) > 0
+	s.ext = frontends && slices.ContainsFunc(s.external[:], func(v servicelb.Verdict) bool { return v.Action.Forwards() })
+	s.fw = s.ext && len(sp.LoadBalancerIPs) > 0 && len(sp.SourceRanges) > 0
 	return s
+}
+
+// verdicts returns the verdicts as the rules tell origins apart: a pod is
+// told apart only by the cluster CIDRs of the family (without them its
+// flows are the outside's), and a forward to no endpoint drops.
+func (p *planner) verdicts(sp *servicelb.ServicePort, vs servicelb.Verdicts) servicelb.Verdicts {
+	for o, v := range vs {
+		if v.Action.Forwards() && len(sp.Targets(v)) == 0 {
+			vs[o] = servicelb.Verdict{Action: servicelb.Drop}
+		}
+	}
+	if len(p.cidrs) == 0 {
+		vs[servicelb.FromPod] = vs[servicelb.FromOutside]
+	}
+	return vs
+}
+
+// internalUses reports whether a verdict for the cluster IP has action a.
+func (s *portPlan) internalUses(a servicelb.Action) bool {
+	return s.sp.ClusterIP.IsValid() && slices.ContainsFunc(s.internal[:], func(v servicelb.Verdict) bool { return v.Action == a })
+}
+
+// uses reports whether a verdict the rules render has action a.
+func (s *portPlan) uses(a servicelb.Action) bool {
+	return s.internalUses(a) || (s.ext && slices.ContainsFunc(s.external[:], func(v servicelb.Verdict) bool { return v.Action == a }))
+}
+
+// policyChain returns the chain that spreads flows over the endpoints of
+// a forwarding action: SVC for the cluster set, SVL for the local one.
+func (p *planner) policyChain(sp *servicelb.ServicePort, a servicelb.Action) string {
+	if a == servicelb.ToLocal {
+		return p.n.svl(sp)
+	}
+	return p.n.svc(sp)
+}
+
+// distinct reports which origins need rules of their own ahead of the
+// rule for the rest (flows from outside), given what each origin gets:
+// the node when it gets something else than outside, pods (with cluster
+// CIDRs) when they get something else than what they would reach
+// otherwise. Pods are tested first, since a pod address may be local.
+func distinct[K comparable](ks [3]K, pods bool) (podRules, nodeRules bool) {
+	nodeRules = ks[servicelb.FromNode] != ks[servicelb.FromOutside]
+	podRules = pods && (ks[servicelb.FromPod] != ks[servicelb.FromOutside] || (nodeRules && ks[servicelb.FromPod] != ks[servicelb.FromNode]))
+	return podRules, nodeRules
+}
+
+// forPods returns r once per cluster CIDR, matching its sources.
+func (p *planner) forPods(r xtables.Rule) []xtables.Rule {
+	out := make([]xtables.Rule, 0, len(p.cidrs))
+	for _, c := range p.cidrs {
+		r.Src = c
+		out = append(out, r)
+	}
+	return out
+}
+
+// forNode returns r matching only locally sent flows: source addresses
+// of the node's own, after its comment.
+func forNode(r xtables.Rule) xtables.Rule {
+	ms := slices.Clone(r.Matches)
+	for i, m := range ms {
+		if at, ok := m.(xtables.AddrType); ok {
+			at.Src = xtables.AddrTypeLocal
+			ms[i] = at
+			r.Matches = ms
+			return r
+		}
+	}
+	at := 0
+	if len(ms) > 0 {
+		if _, ok := ms[0].(xtables.Comment); ok {
+			at = 1
+		}
+	}
+	r.Matches = slices.Insert(ms, at, xtables.Match(xtables.AddrType{Src: xtables.AddrTypeLocal}))
+	return r
+}
+
+// byOrigin returns the rules that give each origin's flows its target
+// (rule(t) builds the rule for target t): rules for pods and for the node
+// where their target differs from the one they would reach otherwise,
+// then one for the rest, the outside target. The rest take no rule when
+// their target is RETURN; a nil target of pods or the node means that
+// their flows never come here (any target does).
+func (p *planner) byOrigin(ts [3]xtables.Target, rule func(xtables.Target) xtables.Rule) []xtables.Rule {
+	rest, pods, local := ts[servicelb.FromOutside], ts[servicelb.FromPod], ts[servicelb.FromNode]
+	nodeRules := local != nil && local != rest
+	podRules := len(p.cidrs) > 0 && pods != nil && (pods != rest || (nodeRules && pods != local))
+	var out []xtables.Rule
+	if podRules {
+		out = append(out, p.forPods(rule(pods))...)
+	}
+	if nodeRules {
+		out = append(out, forNode(rule(local)))
+	}
+	if rest != nil && rest != xtables.Target(xtables.Return) {
+		out = append(out, rule(rest))
+	}
+	return out
+}
+
+// natTargets returns where the nat table sends each origin's flows to a
+// frontend whose verdicts are vs: the policy chain of a forward, else
+// nowhere (RETURN, so that the flow reaches the filter table untranslated).
+func (p *planner) natTargets(sp *servicelb.ServicePort, vs servicelb.Verdicts) [3]xtables.Target {
+	var ts [3]xtables.Target
+	for o, v := range vs {
+		ts[o] = xtables.Return
+		if v.Action.Forwards() {
+			ts[o] = xtables.Jump(p.policyChain(sp, v.Action))
+		}
+	}
+	return ts
+}
+
+// filterTargets returns what the filter table does with each origin's
+// flows to a frontend whose verdicts are vs: REJECT or DROP. A forwarded
+// flow reaches the filter table translated, no longer addressed to the
+// frontend, so a forwarding origin gets no target (nil), except that the
+// rest (outside) take the target of the node or else of pods, so that
+// one rule without origin matches serves them. All nil when every origin
+// is forwarded.
+func filterTargets(vs servicelb.Verdicts) [3]xtables.Target {
+	var ts [3]xtables.Target
+	for o, v := range vs {
+		switch v.Action {
+		case servicelb.Reject:
+			ts[o] = xtables.Reject{}
+		case servicelb.Drop:
+			ts[o] = xtables.Drop
+		}
+	}
+	if ts[servicelb.FromOutside] == nil {
+		ts[servicelb.FromOutside] = cmp.Or(ts[servicelb.FromNode], ts[servicelb.FromPod])
+	}
+	return ts
+}
+
+// filterComment is kube-proxy's comment of a filter rule for a port.
+func filterComment(s *portPlan, t xtables.Target) xtables.Comment {
+	if t == xtables.Target(xtables.Drop) {
+		return xtables.Comment(s.name + " has no local endpoints")
+	}
+	return xtables.Comment(s.name + " has no endpoints")
 }
 
 // port returns every rule service port sp owns.
 func (p *planner) port(sp *servicelb.ServicePort) portRules {
-	s := p.state(sp)
+	s := p.plan(sp)
 	var r portRules
-	p.capture(&r, s)
-	if s.usesExt {
-		r.chains = append(r.chains, xtables.Chain{Name: s.extChain, Rules: p.extRules(s)})
+	p.clusterIP(&r, s)
+	p.external(&r, s)
+	if s.ext {
+		r.chains = append(r.chains, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
 	}
-	if s.usesFW {
+	if s.fw {
 		r.chains = append(r.chains, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
 	}
 	seps := map[string]servicelb.Backend{}
-	if s.usesCluster {
-		r.chains = append(r.chains, xtables.Chain{Name: p.n.svc(sp), Rules: p.policyRules(s, p.n.svc(sp), sp.Cluster, seps)})
-	}
-	if s.usesLocal {
-		r.chains = append(r.chains, xtables.Chain{Name: p.n.svl(sp), Rules: p.policyRules(s, p.n.svl(sp), sp.Local, seps)})
+	for _, a := range []servicelb.Action{servicelb.ToCluster, servicelb.ToLocal} {
+		if s.uses(a) {
+			r.chains = append(r.chains, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
+		}
 	}
 	for name, b := range seps {
 		r.chains = append(r.chains, xtables.Chain{Name: name, Rules: p.sepRules(s, name, b)})
@@ -135,130 +282,171 @@ func (p *planner) port(sp *servicelb.ServicePort) portRules {
 	return r
 }
 
-// capture writes the rules that steer a port's traffic from the dispatch
-// chains: to its chains when it has endpoints, else to REJECT or DROP.
-func (p *planner) capture(r *portRules, s *portState) {
+// clusterIP writes the rules for the port's cluster IP: in nat
+// SERVICES to the policy chain of each origin's verdict, in filter
+// SERVICES the rejects and drops.
+func (p *planner) clusterIP(r *portRules, s *portPlan) {
+	cip := s.sp.ClusterIP
+	if !cip.IsValid() {
+		return
+	}
+	r.dispatch[natServices] = p.byOrigin(p.natTargets(s.sp, s.internal), func(t xtables.Target) xtables.Rule {
+		return p.vipRule(s, cip, xtables.Comment(s.name+" cluster IP"), t)
+	})
+	r.dispatch[filterServices] = p.byOrigin(filterTargets(s.internal), func(t xtables.Target) xtables.Rule {
+		return p.vipRule(s, cip, filterComment(s, t), t)
+	})
+}
+
+// external writes the rules for the port's external IPs, load-balancer
+// IPs and node ports: in nat to the EXT chain (through the FW chain for
+// load-balancer IPs with source ranges) when it has one, in filter the
+// rejects and drops; and the health check node port's accept.
+func (p *planner) external(r *portRules, s *portPlan) {
 	sp := s.sp
-	filterTarget := func() (xtables.Target, string) {
-		if !s.hasEndpoints {
-			return xtables.Reject{}, s.name + " has no endpoints"
-		}
-		return xtables.Drop, s.name + " has no local endpoints"
-	}
-	if sp.ClusterIP.IsValid() {
-		if s.hasInternal {
-			r.dispatch[natServices] = append(r.dispatch[natServices], p.vipRule(s, sp.ClusterIP, s.name+" cluster IP", xtables.Jump(s.internalChain)))
-		} else {
-			t, c := filterTarget()
-			r.dispatch[filterServices] = append(r.dispatch[filterServices], p.vipRule(s, sp.ClusterIP, c, t))
-		}
-	}
-	lbChain := s.extChain
-	if s.usesFW {
+	filter := filterTargets(s.external)
+	lbChain := p.n.ext(sp)
+	if s.fw {
 		lbChain = p.n.fw(sp)
 	}
 	for _, vips := range []struct {
 		addrs   []netip.Addr
 		comment string
 		chain   string
-	}{{sp.ExternalIPs, " external IP", s.extChain}, {sp.LoadBalancerIPs, " loadbalancer IP", lbChain}} {
+	}{{sp.ExternalIPs, " external IP", p.n.ext(sp)}, {sp.LoadBalancerIPs, " loadbalancer IP", lbChain}} {
 		for _, a := range vips.addrs {
-			if s.hasEndpoints {
-				r.dispatch[natServices] = append(r.dispatch[natServices], p.vipRule(s, a, s.name+vips.comment, xtables.Jump(vips.chain)))
+			if s.ext {
+				r.dispatch[natServices] = append(r.dispatch[natServices], p.vipRule(s, a, xtables.Comment(s.name+vips.comment), xtables.Jump(vips.chain)))
 			}
-			if !s.hasExtern {
-				t, c := filterTarget()
-				r.dispatch[filterExternal] = append(r.dispatch[filterExternal], p.vipRule(s, a, c, t))
-			}
+			r.dispatch[filterExternal] = append(r.dispatch[filterExternal], p.byOrigin(filter, func(t xtables.Target) xtables.Rule {
+				return p.vipRule(s, a, filterComment(s, t), t)
+			})...)
 		}
 	}
-	if np := sp.Port.NodePort; np != 0 {
-		if s.hasEndpoints {
-			r.dispatch[natNodePorts] = append(r.dispatch[natNodePorts], xtables.Rule{Proto: s.proto,
-				Matches: []xtables.Match{xtables.Comment(s.name), xtables.Port{Proto: s.proto, DPort: np}},
-				Target:  xtables.Jump(s.extChain)})
-		}
-		if !s.hasExtern {
-			t, c := filterTarget()
-			r.dispatch[filterExternal] = append(r.dispatch[filterExternal], xtables.Rule{Proto: s.proto,
-				Matches: []xtables.Match{xtables.Comment(c), xtables.AddrType{Dst: xtables.AddrTypeLocal}, xtables.Port{Proto: s.proto, DPort: np}},
-				Target:  t})
-		}
-	}
-	if hc := sp.Service.HealthCheckNodePort; hc != 0 {
+	p.nodePorts(r, s, filter)
+	if hc := sp.HealthCheckNodePort; hc != 0 {
 		r.dispatch[filterNodePorts] = append(r.dispatch[filterNodePorts], xtables.Rule{Proto: xtables.ProtoTCP,
 			Matches: []xtables.Match{xtables.Comment(s.name + " health check node port"), xtables.Port{Proto: xtables.ProtoTCP, DPort: hc}},
 			Target:  xtables.Accept})
 	}
 }
 
+// nodePorts writes the rules for the port's node port. Served on every
+// node port address, they match the port alone, as kube-proxy's (the
+// nat rules are reached only for those addresses, the filter rules match
+// every local address); served on some of them (another service holds
+// the port on the others), they match each address.
+func (p *planner) nodePorts(r *portRules, s *portPlan, filter [3]xtables.Target) {
+	sp := s.sp
+	if len(sp.NodeIPs) == 0 {
+		return
+	}
+	np := sp.Port.NodePort
+	dsts := []netip.Prefix{{}}
+	if !slices.Equal(sp.NodeIPs, p.nodePortIPs) {
+		dsts = dsts[:0]
+		for _, a := range sp.NodeIPs {
+			dsts = append(dsts, host(a))
+		}
+	}
+	for _, dst := range dsts {
+		if s.ext {
+			r.dispatch[natNodePorts] = append(r.dispatch[natNodePorts], xtables.Rule{Dst: dst, Proto: s.proto,
+				Matches: []xtables.Match{xtables.Comment(s.name), xtables.Port{Proto: s.proto, DPort: np}},
+				Target:  xtables.Jump(p.n.ext(sp))})
+		}
+		r.dispatch[filterExternal] = append(r.dispatch[filterExternal], p.byOrigin(filter, func(t xtables.Target) xtables.Rule {
+			ms := []xtables.Match{filterComment(s, t), xtables.AddrType{Dst: xtables.AddrTypeLocal}, xtables.Port{Proto: s.proto, DPort: np}}
+			if dst.IsValid() {
+				ms = slices.Delete(ms, 1, 2)
+			}
+			return xtables.Rule{Dst: dst, Proto: s.proto, Matches: ms, Target: t}
+		})...)
+	}
+}
+
 // vipRule matches the port's traffic to one of its virtual addresses.
-func (p *planner) vipRule(s *portState, a netip.Addr, comment string, t xtables.Target) xtables.Rule {
+func (p *planner) vipRule(s *portPlan, a netip.Addr, comment xtables.Comment, t xtables.Target) xtables.Rule {
 	return xtables.Rule{Dst: host(a), Proto: s.proto,
-		Matches: []xtables.Match{xtables.Comment(comment), xtables.Port{Proto: s.proto, DPort: s.sp.Port.Port}},
+		Matches: []xtables.Match{comment, xtables.Port{Proto: s.proto, DPort: s.sp.Port.Port}},
 		Target:  t}
 }
 
-// extRules fill the EXT chain: external traffic is masqueraded under the
-// Cluster policy; under Local, traffic from pods and from the node itself
-// takes the Cluster path (as if it went out to a load balancer and came
-// back), and the rest keeps its source address.
-func (p *planner) extRules(s *portState) []xtables.Rule {
-	sp := s.sp
-	var out []xtables.Rule
+// extRules fill the EXT chain, where external traffic takes its verdict:
+// the pods' and the node's flows first where their verdict differs, each
+// marked for masquerade when their verdict says so and sent to its policy
+// chain (or back, untranslated, when it is not forwarded), then the rest.
+// Under the external Cluster policy this is kube-proxy's masquerade and
+// jump to SVC; under Local, its pod and LOCAL short-circuits to SVC and
+// the jump to SVL.
+func (p *planner) extRules(s *portPlan) []xtables.Rule {
+	vs := s.external
 	markMasq := xtables.Jump(p.n.fixed(chainMarkMasq))
-	if !sp.ExternalLocal {
-		out = append(out, xtables.Rule{Matches: []xtables.Match{xtables.Comment("masquerade traffic for " + s.name + " external destinations")}, Target: markMasq})
-	} else {
-		if s.usesCluster {
-			for _, c := range p.cidrs {
-				out = append(out, xtables.Rule{Src: c, Matches: []xtables.Match{xtables.Comment("pod traffic for " + s.name + " external destinations")}, Target: xtables.Jump(p.n.svc(sp))})
-			}
+	dest := func(v servicelb.Verdict) xtables.Target {
+		if v.Action.Forwards() {
+			return xtables.Jump(p.policyChain(s.sp, v.Action))
 		}
-		local := xtables.AddrType{Src: xtables.AddrTypeLocal}
-		out = append(out, xtables.Rule{Matches: []xtables.Match{xtables.Comment("masquerade LOCAL traffic for " + s.name + " external destinations"), local}, Target: markMasq})
-		if s.usesCluster {
-			out = append(out, xtables.Rule{Matches: []xtables.Match{xtables.Comment("route LOCAL traffic for " + s.name + " external destinations"), local}, Target: xtables.Jump(p.n.svc(sp))})
+		return xtables.Return
+	}
+	comment := func(format string) xtables.Comment { return xtables.Comment(fmt.Sprintf(format, s.name)) }
+	var out []xtables.Rule
+	podRules, nodeRules := distinct(vs, len(p.cidrs) > 0)
+	if podRules {
+		for _, c := range p.cidrs {
+			if vs[servicelb.FromPod].Masquerade {
+				out = append(out, xtables.Rule{Src: c, Matches: []xtables.Match{comment("masquerade pod traffic for %s external destinations")}, Target: markMasq})
+			}
+			out = append(out, xtables.Rule{Src: c, Matches: []xtables.Match{comment("pod traffic for %s external destinations")}, Target: dest(vs[servicelb.FromPod])})
 		}
 	}
-	if s.hasExtern {
-		out = append(out, xtables.Rule{Target: xtables.Jump(s.extPolicyChain)})
+	if nodeRules {
+		if vs[servicelb.FromNode].Masquerade {
+			out = append(out, forNode(xtables.Rule{Matches: []xtables.Match{comment("masquerade LOCAL traffic for %s external destinations")}, Target: markMasq}))
+		}
+		out = append(out, forNode(xtables.Rule{Matches: []xtables.Match{comment("route LOCAL traffic for %s external destinations")}, Target: dest(vs[servicelb.FromNode])}))
+	}
+	if vs[servicelb.FromOutside].Masquerade {
+		out = append(out, xtables.Rule{Matches: []xtables.Match{comment("masquerade traffic for %s external destinations")}, Target: markMasq})
+	}
+	if vs[servicelb.FromOutside].Action.Forwards() {
+		out = append(out, xtables.Rule{Target: dest(vs[servicelb.FromOutside])})
 	}
 	return out
 }
 
-// fwRules fill the FW chain: the source ranges and the node's own
-// addresses go on to the EXT chain; other traffic is marked for
-// PROXY-FIREWALL to drop.
-func (p *planner) fwRules(s *portState) []xtables.Rule {
+// fwRules fill the FW chain: flows from the source ranges go on to the
+// EXT chain; others are marked for PROXY-FIREWALL to drop. When an origin
+// is rejected, the allowed sources go to the EXT chain without return,
+// so that its flows, which the EXT chain sends back, reach the filter
+// table's reject unmarked.
+func (p *planner) fwRules(s *portPlan) []xtables.Rule {
 	sp := s.sp
 	comment := xtables.Comment(s.name + " loadbalancer IP")
-	ext := xtables.Jump(s.extChain)
+	var ext xtables.Target = xtables.Jump(p.n.ext(sp))
+	if slices.ContainsFunc(s.external[:], func(v servicelb.Verdict) bool { return v.Action == servicelb.Reject }) {
+		ext = xtables.Goto(p.n.ext(sp))
+	}
 	var out []xtables.Rule
 	for _, r := range sp.SourceRanges {
 		out = append(out, xtables.Rule{Src: r, Matches: []xtables.Match{comment}, Target: ext})
-	}
-	for _, a := range p.node.IPs(sp.Family) {
-		out = append(out, xtables.Rule{Src: host(a), Matches: []xtables.Match{comment}, Target: ext})
-	}
-	for _, a := range sp.LoadBalancerIPs {
-		out = append(out, xtables.Rule{Src: host(a), Matches: []xtables.Match{comment}, Target: ext})
 	}
 	return append(out, xtables.Rule{
 		Matches: []xtables.Match{xtables.Comment("other traffic to " + s.name + " will be dropped by " + p.n.fixed(chainProxyFirewall))},
 		Target:  xtables.Jump(p.n.fixed(chainMarkDrop))})
 }
 
-// policyRules fill an SVC or SVL chain: the masquerade rule for traffic
-// to the cluster IP from outside the cluster, affinity checks, then one
-// rule per backend, each taken with its share of the weight that remains.
-// The SEP chains the rules jump to are added to seps.
-func (p *planner) policyRules(s *portState, chain string, backends []servicelb.Backend, seps map[string]servicelb.Backend) []xtables.Rule {
+// policyRules fill the SVC (a == ToCluster) or SVL (ToLocal) chain: when
+// traffic to the cluster IP comes here, its masquerade rules first, then
+// affinity checks, then one rule per endpoint, each taken with its share
+// of the weight that remains. The SEP chains the rules jump to are added
+// to seps.
+func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]servicelb.Backend) []xtables.Rule {
 	sp := s.sp
 	var out []xtables.Rule
-	if chain == s.internalChain && sp.ClusterIP.IsValid() {
+	if s.internalUses(a) {
 		out = append(out, p.masqRules(s)...)
 	}
+	backends := sp.Targets(servicelb.Verdict{Action: a})
 	type ep struct {
 		b       servicelb.Backend
 		sep     string
@@ -289,8 +477,9 @@ func (p *planner) policyRules(s *portState, chain string, backends []servicelb.B
 	return out
 }
 
+// affinitySeconds returns the affinity timeout, a whole number of seconds.
 func affinitySeconds(sp *servicelb.ServicePort) uint32 {
-	return uint32(max(1, sp.Affinity.Milliseconds()/1000))
+	return uint32(sp.Affinity / time.Second)
 }
 
 // probability returns the statistic match that takes weight w of the
@@ -301,34 +490,105 @@ func probability(w, total int) xtables.Statistic {
 	return xtables.Probability(f)
 }
 
-// masqRules mark traffic to the cluster IP for masquerade when it comes
-// from outside the cluster CIDRs, or always with MasqueradeAll.
-func (p *planner) masqRules(s *portState) []xtables.Rule {
-	r := p.vipRule(s, s.sp.ClusterIP, s.name+" cluster IP", xtables.Jump(p.n.fixed(chainMarkMasq)))
-	switch {
-	case p.node.MasqueradeAll:
-	case p.single:
-		r.Src, r.NotSrc = p.cidrs[0], true
-	case len(p.cidrs) > 1:
-		r.Target = xtables.Jump(p.n.fixed(chainOffClusterMasq))
-	default:
-		return nil
-	}
-	return []xtables.Rule{r}
-}
-
 // sepRules fill a SEP chain: masquerade hairpin traffic (an endpoint
 // reaching itself through its service), remember the client for
 // affinity, and DNAT to the endpoint.
-func (p *planner) sepRules(s *portState, chain string, b servicelb.Backend) []xtables.Rule {
+func (p *planner) sepRules(s *portPlan, chain string, b servicelb.Backend) []xtables.Rule {
 	comment := xtables.Comment(s.name)
 	dnat := xtables.Rule{Proto: s.proto, Matches: []xtables.Match{comment}, Target: xtables.DNAT{To: b.AddrPort()}}
 	if s.sp.Affinity > 0 {
 		dnat.Matches = append(dnat.Matches, xtables.Recent{Name: chain, Mode: xtables.RecentSet})
 	}
 	dnat.Matches = append(dnat.Matches, xtables.Port{Proto: s.proto})
-	return []xtables.Rule{
-		{Src: host(b.Addr), Matches: []xtables.Match{comment}, Target: xtables.Jump(p.n.fixed(chainMarkMasq))},
-		dnat,
+	var out []xtables.Rule
+	if _, hairpin := slices.BinarySearchFunc(s.sp.Hairpin, b.Addr, netip.Addr.Compare); hairpin {
+		out = append(out, xtables.Rule{Src: host(b.Addr), Matches: []xtables.Match{comment}, Target: xtables.Jump(p.n.fixed(chainMarkMasq))})
 	}
+	return append(out, dnat)
+}
+
+// clusterIPRules returns the rules that reject the flows to the cluster
+// IPs of one service's ports (of the planner's family) that reach the
+// filter table still addressed to them: flows on ports the service does
+// not have, since the nat table translated every flow a port forwards
+// and the ports' own rules, before these, took the rest.
+func (p *planner) clusterIPRules(service string, ports []*servicelb.ServicePort) []xtables.Rule {
+	var ips []netip.Addr
+	for _, sp := range ports {
+		if sp.Family == p.family && sp.ClusterIP.IsValid() && !slices.Contains(ips, sp.ClusterIP) {
+			ips = append(ips, sp.ClusterIP)
+		}
+	}
+	slices.SortFunc(ips, netip.Addr.Compare)
+	out := make([]xtables.Rule, 0, len(ips))
+	for _, a := range ips {
+		out = append(out, xtables.Rule{Dst: host(a),
+			Matches: []xtables.Match{xtables.Comment(service + " cluster IP: undefined port")},
+			Target:  xtables.Reject{}})
+	}
+	return out
+}
+
+// masqRules mark traffic to the cluster IP for masquerade by origin, as
+// the internal verdicts say (the masquerade of an origin whose flows are
+// not forwarded does not matter). kube-proxy's shapes: every origin
+// (MasqueradeAll), one rule; every origin but pods (traffic from off the
+// cluster), one rule with "! -s CIDR", or through OFFCLUSTER-MASQ with
+// several cluster CIDRs; none, no rule. Any other choice is marked in
+// order, for outside, then the node, then pods, each rule setting or
+// clearing the mark, so that the last rule that matches decides.
+func (p *planner) masqRules(s *portPlan) []xtables.Rule {
+	var want, care [3]bool
+	all, none, offCluster := true, true, len(p.cidrs) > 0
+	for o, v := range s.internal {
+		want[o], care[o] = v.Masquerade, v.Action.Forwards()
+		if care[o] {
+			all, none = all && want[o], none && !want[o]
+			offCluster = offCluster && want[o] == (servicelb.Origin(o) != servicelb.FromPod)
+		}
+	}
+	r := p.vipRule(s, s.sp.ClusterIP, xtables.Comment(s.name+" cluster IP"), xtables.Jump(p.n.fixed(chainMarkMasq)))
+	switch {
+	case none:
+		return nil
+	case all:
+		return []xtables.Rule{r}
+	case offCluster && len(p.cidrs) == 1:
+		r.Src, r.NotSrc = p.cidrs[0], true
+		return []xtables.Rule{r}
+	case offCluster:
+		r.Target = xtables.Jump(p.n.fixed(chainOffClusterMasq))
+		return []xtables.Rule{r}
+	}
+	// An origin that is not forwarded takes the choice of the first
+	// forwarded one, so that it needs no rule of its own.
+	for _, o := range []servicelb.Origin{servicelb.FromOutside, servicelb.FromNode, servicelb.FromPod} {
+		if care[o] {
+			for i := range want {
+				if !care[i] {
+					want[i] = want[o]
+				}
+			}
+			break
+		}
+	}
+	mark := func(masq bool) xtables.Rule {
+		m := r
+		if !masq {
+			m.Target = xtables.SetMark{Mask: p.masq}
+		}
+		return m
+	}
+	var out []xtables.Rule
+	if want[servicelb.FromOutside] {
+		out = append(out, r)
+	}
+	podRules, nodeRules := distinct(want, len(p.cidrs) > 0)
+	if nodeRules {
+		out = append(out, forNode(mark(want[servicelb.FromNode])))
+	}
+	if podRules {
+		out = append(out, p.forPods(mark(want[servicelb.FromPod]))...)
+	}
+	return out
 }

@@ -1,11 +1,15 @@
 package iptables
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +33,8 @@ type Proxier struct {
 	ct      *conntrack.Client // opened by New unless NoConntrackCleanup or Conntrack
 	// lastFull is when the last full reconcile succeeded.
 	lastFull time.Time
+	// stale holds the stale-flow filters still to delete, by frontend.
+	stale map[flowKey]servicelb.StaleFlow
 }
 
 var (
@@ -80,12 +86,25 @@ func (px *Proxier) Close() error {
 	return errors.Join(errs...)
 }
 
+// Capabilities says what the Proxier expresses: random spreading in
+// proportion to the endpoints' weights (the default hint and "random"),
+// TCP, UDP and SCTP, any number of endpoints, and every feature.
+func (px *Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{
+		Backend:    "iptables",
+		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom},
+		Features:   servicelb.AllFeatures,
+	}
+}
+
 // Sync makes the kernel match st. The first Sync reads what the kernel
 // holds and writes only what differs, so that a restarted agent takes
 // over without disturbing traffic. Later ones send only the changes since
 // the last successful Sync, after checking cheaply that nobody removed
 // what the Proxier owns (and repairing it if someone did). Each sync is
-// one nf_tables transaction: a failed Sync changes nothing.
+// one nf_tables transaction: a failed Sync changes nothing. A service
+// port the Proxier's capabilities refuse fails the Sync with
+// servicelb's error (ErrUnsupported) before anything is sent.
 func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	if st == nil {
 		return errors.New("iptables: sync: nil state")
@@ -95,39 +114,89 @@ func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	prev := px.applied
 	var ch servicelb.Changes
 	if prev != nil {
+		// The other ports were checked when they were applied.
 		ch = servicelb.Diff(prev, st)
+		if err := px.checkChanges(&ch); err != nil {
+			return err
+		}
+	} else if err := px.checkPorts(st.Ports()...); err != nil {
+		return err
 	}
 	full, err := px.needFull(ctx, prev, &ch)
 	if err != nil {
 		return fmt.Errorf("iptables: sync: %w", err)
 	}
-	if full {
+	switch {
+	case full:
 		err = px.reconcile(ctx, st)
-	} else if !ch.Empty() {
-		err = px.commit(ctx, st, &ch)
+	case !ch.Empty():
+		full, err = px.commit(ctx, st, &ch)
 	}
 	if err != nil {
 		return fmt.Errorf("iptables: sync: %w", err)
 	}
 	px.applied = st
-	return px.clearStale(ctx, prev, &ch)
+	px.queueStale(st, &ch, full)
+	return px.clearStale(ctx)
 }
 
-// clearStale deletes the conntrack flows a sync left stale. The first
-// sync clears nothing: it takes over rules that were already in place.
-func (px *Proxier) clearStale(ctx context.Context, prev *servicelb.State, ch *servicelb.Changes) error {
-	if prev == nil || px.opts.Conntrack == nil {
+// checkChanges checks the ports that changes add or change.
+func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
+	for _, c := range ch.Changed {
+		if err := px.checkPorts(c.New); err != nil {
+			return err
+		}
+	}
+	return px.checkPorts(ch.Added...)
+}
+
+// flowKey is the frontend a stale-flow filter is for.
+type flowKey struct {
+	proto servicelb.Protocol
+	dst   netip.Addr
+	port  uint16
+}
+
+// queueStale adds the stale-flow filters of a successful sync to those
+// still to delete: one for each frontend the changes touched and, after a
+// full reconcile (the first sync, a repair), one for every UDP and SCTP
+// frontend of the state, which reconciles the whole conntrack table with
+// it. A filter replaces an older one for the same frontend, whose
+// serving endpoints may have changed since.
+func (px *Proxier) queueStale(st *servicelb.State, ch *servicelb.Changes, full bool) {
+	if px.opts.Conntrack == nil {
+		return
+	}
+	if px.stale == nil {
+		px.stale = map[flowKey]servicelb.StaleFlow{}
+	}
+	add := func(flows []servicelb.StaleFlow) {
+		for _, f := range flows {
+			px.stale[flowKey{f.Protocol, f.Dst, f.Port}] = f
+		}
+	}
+	add(ch.StaleFlows())
+	if full {
+		add(st.StaleFlows())
+	}
+}
+
+// clearStale deletes the conntrack flows the queued filters select. The
+// filters stay queued until a deletion succeeds, so that a failure is
+// retried by the next Sync.
+func (px *Proxier) clearStale(ctx context.Context) error {
+	if len(px.stale) == 0 {
 		return nil
 	}
-	flows := ch.StaleFlows()
-	if len(flows) == 0 {
-		return nil
-	}
+	flows := slices.SortedFunc(maps.Values(px.stale), func(a, b servicelb.StaleFlow) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Dst.Compare(b.Dst), cmp.Compare(a.Port, b.Port))
+	})
 	n, err := px.opts.Conntrack.DeleteStale(ctx, flows)
 	if err != nil {
-		return fmt.Errorf("iptables: sync applied; clearing %d stale flow filters: %w", len(flows), err)
+		return fmt.Errorf("iptables: sync applied; deleting the stale flows of %d frontends, retried on the next sync: %w", len(flows), err)
 	}
-	px.log.Debug("cleared stale flows", "filters", len(flows), "deleted", n)
+	clear(px.stale)
+	px.log.Debug("deleted stale flows", "frontends", len(flows), "flows", n)
 	return nil
 }
 
@@ -166,19 +235,24 @@ func (px *Proxier) reconcile(ctx context.Context, st *servicelb.State) error {
 	return nil
 }
 
-func (px *Proxier) commit(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) error {
+// commit applies the changes in one batch. When someone else changed the
+// tables meanwhile it reconciles the whole state instead, and reports
+// that it did.
+func (px *Proxier) commit(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (full bool, err error) {
 	tx := xtables.NewTx()
-	px.changes(st, ch, tx)
+	if err := px.changes(st, ch, tx); err != nil {
+		return false, err
+	}
 	stats, err := px.ap.Commit(ctx, tx)
 	if errors.Is(err, xtables.ErrGenChanged) {
 		px.log.Info("tables changed by someone else during the sync; repairing")
-		return px.reconcile(ctx, st)
+		return true, px.reconcile(ctx, st)
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	px.log.Debug("committed", "ports", ch.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
-	return nil
+	return false, nil
 }
 
 // Cleanup removes every chain the Proxier owns and its rules in the
@@ -193,6 +267,7 @@ func (px *Proxier) Cleanup(ctx context.Context) error {
 		tables = append(tables, filter, nat)
 	}
 	px.applied = nil
+	clear(px.stale)
 	if err := px.ap.Cleanup(ctx, tables); err != nil {
 		return fmt.Errorf("iptables: cleanup: %w", err)
 	}
@@ -226,6 +301,11 @@ func (px *Proxier) RenderFamily(st *servicelb.State, f servicelb.Family) (string
 	if err != nil {
 		return "", err
 	}
+	return renderFamily(want, f)
+}
+
+// renderFamily returns one family's tables as iptables-save prints them.
+func renderFamily(want map[xtables.Table]*xtables.TableContent, f servicelb.Family) (string, error) {
 	nat, filter := familyTables(f)
 	if want[nat] == nil {
 		return "", fmt.Errorf("iptables: render: family %s is not programmed", f)

@@ -3,11 +3,15 @@
 package iptables
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -210,18 +214,55 @@ func TestTrafficNodePortAndPolicies(t *testing.T) {
 	})
 }
 
+// TestTrafficLocalPoliciesRemoteOnly: a service whose traffic policies
+// are both Local, on a node without a local endpoint. Its node port drops
+// clients outside the cluster, while pods and the node reach the
+// cluster's endpoints through it (as if they went out to a load balancer
+// and came back): pods with their address kept, the node masqueraded.
+// Its cluster IP drops every origin (another node may serve it) and
+// refuses none.
+func TestTrafficLocalPoliciesRemoteOnly(t *testing.T) {
+	forFamilies(t, func(t *testing.T, fam servicelb.Family) {
+		e := newEnv(t, fam)
+		cip := e.pick("10.96.0.35", "fd00:96::35")
+		// Backend 2 holds the cluster IP and refuses port 80, so that only
+		// a drop times out.
+		e.tp.Backends[2].AddAddress(t, netip.PrefixFrom(cip, cip.BitLen()))
+		e.sync(servicelb.Service{Name: "t/both-local", ClusterIPs: []netip.Addr{cip},
+			InternalTrafficPolicy: servicelb.PolicyLocal, ExternalTrafficPolicy: servicelb.PolicyLocal,
+			Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpPort, NodePort: 30085}},
+			Endpoints: []servicelb.Endpoint{e.endpoint(1, false)}})
+		e.wantErr(e.tp.Client, "tcp", e.nodeIP(), 30085, netnstest.ErrTimeout)
+		pod := e.tp.Backends[0]
+		r := e.mustAsk(pod, "tcp", e.nodeIP(), 30085)
+		assert.Equal(t, "backend-1", r.Host, "pod to the node port")
+		assert.Equal(t, e.addr(pod), r.Client.Addr(), "pod to the node port: source kept")
+		r = e.mustAsk(e.tp.Node, "tcp", e.nodeIP(), 30085)
+		assert.Equal(t, "backend-1", r.Host, "node to the node port")
+		assert.Equal(t, e.gateway(e.tp.Backends[1]), r.Client.Addr(), "node to the node port: masqueraded")
+		for _, from := range []*netnstest.Host{e.tp.Client, pod, e.tp.Node} {
+			e.wantErr(from, "tcp", cip, 80, netnstest.ErrTimeout)
+		}
+	})
+}
+
 // TestTrafficRejectAndDrop: ports without endpoints reject (the client
-// sees a refusal at once) on their cluster IP, external IP and node port;
-// with service CIDRs configured, traffic to cluster IPs on undefined
-// ports is dropped, where without them it is routed on.
+// sees a refusal at once) on their cluster IP, external IP and node port.
+// A cluster IP refuses the ports no service has, from every origin; with
+// service CIDRs configured, traffic to an address in them that is no
+// cluster IP is dropped, where without them it is routed on.
 func TestTrafficRejectAndDrop(t *testing.T) {
 	forFamilies(t, func(t *testing.T, fam servicelb.Family) {
 		e := newEnv(t, fam)
 		cip := e.pick("10.96.0.40", "fd00:96::40")
+		free := e.pick("10.96.0.49", "fd00:96::49")
 		ext := e.pick("192.0.2.140", "fd00:e::140")
-		// Backend 2 holds the cluster IP itself and answers on port 81, so
-		// that traffic the proxier does not stop reaches a server.
-		e.tp.Backends[2].AddAddress(t, netip.PrefixFrom(cip, cip.BitLen()))
+		// Backend 2 holds the cluster IP and a free address of the service
+		// CIDRs itself and answers on port 81, so that traffic the proxier
+		// does not stop reaches a server.
+		for _, a := range []netip.Addr{cip, free} {
+			e.tp.Backends[2].AddAddress(t, netip.PrefixFrom(a, a.BitLen()))
+		}
 		e.tp.Backends[2].Serve(t, "tcp", 81)
 		empty := servicelb.Service{Name: "t/empty", ClusterIPs: []netip.Addr{e.pick("10.96.0.41", "fd00:96::41")}, ExternalIPs: []netip.Addr{ext},
 			Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpPort, NodePort: 30090}}}
@@ -232,13 +273,19 @@ func TestTrafficRejectAndDrop(t *testing.T) {
 		e.wantErr(e.tp.Client, "tcp", e.pick("10.96.0.41", "fd00:96::41"), 80, netnstest.ErrRefused)
 		e.wantErr(e.tp.Client, "tcp", ext, 80, netnstest.ErrRefused)
 		e.wantErr(e.tp.Client, "tcp", e.nodeIP(), 30090, netnstest.ErrRefused)
-		// Without service CIDRs the undefined port is routed to backend 2.
-		if r := e.mustAsk(e.tp.Client, "tcp", cip, 81); r.Host != "backend-2" {
-			t.Fatalf("undefined port without service CIDRs: answered by %s", r.Host)
+		// An undefined port of a cluster IP is refused from outside, from
+		// a pod and from the node; the free address is routed on.
+		for _, from := range []*netnstest.Host{e.tp.Client, e.tp.Backends[1], e.tp.Node} {
+			e.wantErr(from, "tcp", cip, 81, netnstest.ErrRefused)
+		}
+		if r := e.mustAsk(e.tp.Client, "tcp", free, 81); r.Host != "backend-2" {
+			t.Fatalf("free address without service CIDRs: answered by %s", r.Host)
 		}
 		e.node.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 		e.sync(empty, svc)
-		e.wantErr(e.tp.Client, "tcp", cip, 81, netnstest.ErrTimeout)
+		e.wantErr(e.tp.Client, "tcp", free, 81, netnstest.ErrTimeout)
+		e.wantErr(e.tp.Backends[1], "tcp", free, 81, netnstest.ErrTimeout)
+		e.wantErr(e.tp.Client, "tcp", cip, 81, netnstest.ErrRefused)
 		if r := e.mustAsk(e.tp.Client, "tcp", cip, 80); r.Host != "backend-0" {
 			t.Errorf("defined port with service CIDRs: answered by %s", r.Host)
 		}
@@ -248,13 +295,17 @@ func TestTrafficRejectAndDrop(t *testing.T) {
 		if r := e.mustAsk(e.tp.Client, "tcp", e.nodeIP(), 30090); r.Host != "backend-1" {
 			t.Errorf("node port after endpoints appeared: answered by %s", r.Host)
 		}
+		// The service goes away: its cluster IP is free, and dropped.
+		e.sync(empty)
+		e.wantErr(e.tp.Client, "tcp", cip, 81, netnstest.ErrTimeout)
 	})
 }
 
 // TestTrafficLoadBalancerSourceRanges: a load-balancer IP with source
-// ranges admits clients in the ranges and the node itself, and drops the
-// others (the node holds the address, so without the drop the node would
-// refuse the connection itself).
+// ranges admits clients in the ranges, and drops the others (the node
+// holds the address, so without the drop the node would refuse the
+// connection itself). The node reaching the address it holds is admitted
+// when its address lies in the ranges, and dropped when not.
 func TestTrafficLoadBalancerSourceRanges(t *testing.T) {
 	forFamilies(t, func(t *testing.T, fam servicelb.Family) {
 		e := newEnv(t, fam)
@@ -277,8 +328,18 @@ func TestTrafficLoadBalancerSourceRanges(t *testing.T) {
 			t.Errorf("client outside the source ranges: %+v, %v; want a drop", r, err)
 		}
 		if _, err := e.ask(e.tp.Node, "tcp", lb, 443); err != nil {
-			t.Errorf("the node itself: %v", err)
+			t.Errorf("the node itself, its address in the ranges: %v", err)
 		}
+		// Ranges without the node's addresses: the node is dropped too.
+		narrow := []netip.Prefix{netip.MustParsePrefix("198.51.100.32/27"), netip.MustParsePrefix("fd00:c::40/122")}
+		e.sync(servicelb.Service{Name: "t/lb", ClusterIPs: []netip.Addr{e.pick("10.96.0.50", "fd00:96::50")},
+			LoadBalancerIPs: []netip.Addr{lb}, SourceRanges: narrow,
+			Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 443, TargetPort: tcpPort}},
+			Endpoints: []servicelb.Endpoint{e.endpoint(0, true), e.endpoint(1, false)}})
+		if _, err := e.ask(e.tp.Client, "tcp", lb, 443, netnstest.FromAddr(inside)); err != nil {
+			t.Errorf("client in the narrow source ranges: %v", err)
+		}
+		e.wantErr(e.tp.Node, "tcp", lb, 443, netnstest.ErrTimeout)
 		// Without source ranges everyone gets in.
 		e.sync(servicelb.Service{Name: "t/lb", ClusterIPs: []netip.Addr{e.pick("10.96.0.50", "fd00:96::50")},
 			LoadBalancerIPs: []netip.Addr{lb},
@@ -325,5 +386,64 @@ func TestTrafficStaleUDPFlows(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestTrafficShapes sends packets through the rules of ports whose
+// verdicts servicelb does not give today (see TestRenderShapes): each
+// origin gets its own verdict. A fourth backend holds the cluster IPs and
+// answers on their ports, so that a flow the rules do not stop or
+// translate is answered by it.
+func TestTrafficShapes(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat", "veth")
+	tp := netnstest.New(t, netnstest.Options{Backends: 4})
+	for _, b := range tp.Backends {
+		b.Serve(t, "tcp", tcpPort)
+	}
+	holder := tp.Backends[3]
+	for _, a := range addrs("10.96.5.1", "10.96.5.2") {
+		holder.AddAddress(t, netip.PrefixFrom(a, 32))
+	}
+	holder.Serve(t, "tcp", 80)
+	holder.Serve(t, "tcp", 81)
+	px := newProxier(t, tp.Node, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	node := shapesNode()
+	want, err := px.portsContent(&node, shapesPorts())
+	require.NoError(t, err)
+	_, err = px.ap.Reconcile(context.Background(), want)
+	require.NoError(t, err)
+	e := &env{t: t, tp: tp, px: px, node: node, fam: servicelb.IPv4}
+	pod := tp.Backends[2]
+
+	// odd/mixed: outside forwarded, pods dropped, the node refused. The
+	// node's flows leave from an address of its own outside the cluster
+	// CIDRs (on a backend link it has one inside them: its flows would be
+	// a pod's).
+	fromNode := netnstest.FromAddr(tp.Node.IPv4)
+	r := e.mustAsk(tp.Client, "tcp", netip.MustParseAddr("10.96.5.1"), 80)
+	assert.Contains(t, []string{"backend-0", "backend-1"}, r.Host, "outside to odd/mixed")
+	e.wantErr(pod, "tcp", netip.MustParseAddr("10.96.5.1"), 80, netnstest.ErrTimeout)
+	if _, err := e.ask(tp.Node, "tcp", netip.MustParseAddr("10.96.5.1"), 80, fromNode); !errors.Is(err, netnstest.ErrRefused) {
+		t.Errorf("node to odd/mixed: %v, want refused", err)
+	}
+
+	// odd/masq: outside to the cluster set with its address, pods to the
+	// local set with theirs, the node masqueraded.
+	for range 10 {
+		r = e.mustAsk(pod, "tcp", netip.MustParseAddr("10.96.5.2"), 81)
+		require.Equal(t, "backend-0", r.Host, "pod to odd/masq: the local set")
+		require.Equal(t, pod.IPv4, r.Client.Addr(), "pod to odd/masq: source kept")
+	}
+	r = e.mustAsk(tp.Client, "tcp", netip.MustParseAddr("10.96.5.2"), 81)
+	assert.Equal(t, tp.Client.IPv4, r.Client.Addr(), "outside to odd/masq: source kept")
+	r = e.mustAsk(tp.Node, "tcp", netip.MustParseAddr("10.96.5.2"), 81, fromNode)
+	i := int(r.Host[len(r.Host)-1] - '0')
+	assert.Equal(t, tp.Backends[i].Gateway4, r.Client.Addr(), "node to odd/masq: masqueraded")
+	// The node's address on a backend link lies in the cluster CIDRs: its
+	// flows are a pod's, the mark the node's rule set is cleared.
+	for range 10 {
+		r = e.mustAsk(tp.Node, "tcp", netip.MustParseAddr("10.96.5.2"), 81, netnstest.FromAddr(holder.Gateway4))
+		require.Equal(t, "backend-0", r.Host, "node from a cluster CIDR address to odd/masq: the local set")
+		require.Equal(t, holder.Gateway4, r.Client.Addr(), "node from a cluster CIDR address to odd/masq: source kept")
 	}
 }

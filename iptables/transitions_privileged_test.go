@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -43,6 +45,11 @@ func TestRandomTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Services the Proxier refuses are refused at the source, as a
+	// Runner does.
+	if err := b.Require(px.Capabilities()); err != nil {
+		t.Fatal(err)
+	}
 	for step := range 300 {
 		switch r := g.pick(100); {
 		case r < 3:
@@ -55,7 +62,7 @@ func TestRandomTransitions(t *testing.T) {
 			i := g.pick(12)
 			s := g.service(i)
 			s.Name = fmt.Sprintf("ns%d/svc%d", i%3, i)
-			if err := b.Upsert(s); err != nil {
+			if err := b.Upsert(s); err != nil && !errors.Is(err, servicelb.ErrUnsupported) {
 				t.Fatalf("step %d: %v", step, err)
 			}
 		}
@@ -169,6 +176,43 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 	checkRendered(t, h, px, next, "after the retry")
 }
 
+// TestSchedulerHintRefused: a scheduler hint the Proxier does not honour
+// fails Sync and Render with servicelb's ErrUnsupported, naming the
+// service and the field, before anything is written: on a first sync the
+// namespace keeps no table, on a later one the tables stay as they were.
+func TestSchedulerHintRefused(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "ipthint")
+	px := newProxier(t, h, Options{})
+	state := func(hint servicelb.Scheduler) *servicelb.State {
+		svcs := richServices()
+		svcs[0].Scheduler = hint
+		st, err := servicelb.NewState(richNode(), svcs...)
+		require.NoError(t, err)
+		return st
+	}
+	refused := func(err error) {
+		t.Helper()
+		require.ErrorIs(t, err, servicelb.ErrUnsupported)
+		var ve *servicelb.ValidationError
+		require.ErrorAs(t, err, &ve)
+		assert.Equal(t, "default/web", ve.Service)
+		assert.Equal(t, "scheduler", ve.Field)
+	}
+	empty := dumpAll(t, h)
+	refused(px.Sync(ctx, state(servicelb.SchedulerRoundRobin)))
+	assert.Equal(t, empty, dumpAll(t, h), "a refused first sync wrote")
+	_, err := px.Render(state(servicelb.SchedulerMaglev))
+	refused(err)
+
+	require.NoError(t, px.Sync(ctx, state(servicelb.SchedulerRandom)))
+	before := dumpAll(t, h)
+	refused(px.Sync(ctx, state(servicelb.SchedulerLeastConn)))
+	assert.Equal(t, before, dumpAll(t, h), "a refused sync wrote")
+	checkRendered(t, h, px, state(""), "after the refused sync")
+}
+
 // TestRepairsForeignDamage deletes the Proxier's jumps and chains behind
 // its back, as an operator's iptables commands would, and checks that the
 // next sync of the same state restores them.
@@ -245,15 +289,17 @@ func TestChangesTouchOnlyTheirChains(t *testing.T) {
 				return []string{px.n.svc(sp), px.n.sep(sp, sp.Cluster[0]), "KPROXY-SERVICES"}
 			},
 			// two chains created and filled (2 rules each), one rule
-			// inserted in KPROXY-SERVICES.
-			2 + 4 + 1},
+			// inserted in nat KPROXY-SERVICES and one in filter
+			// KPROXY-SERVICES (the cluster IP's other ports).
+			2 + 4 + 1 + 1},
 		{"service removed", func(b *servicelb.Builder) { b.Delete("new/svc") },
 			func(*servicelb.State) []string {
 				sp := st.Port(newKey)
 				return []string{px.n.svc(sp), px.n.sep(sp, sp.Cluster[0]), "KPROXY-SERVICES"}
 			},
-			// one rule deleted by handle, two chains flushed and deleted.
-			1 + 2 + 2},
+			// a rule deleted by handle in each KPROXY-SERVICES, two
+			// chains flushed and deleted.
+			2 + 2 + 2},
 	}
 	b := st.Edit()
 	for _, s := range steps {

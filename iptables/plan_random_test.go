@@ -1,0 +1,148 @@
+package iptables
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestRandomPlans walks random sequences of states and checks after each
+// step that the tables as the incremental path leaves them (a full
+// content on the first state and on node changes, as Sync reconciles
+// then, and each Diff's changes applied to it otherwise) equal the fresh
+// content of the state. A state with a port the Proxier's capabilities
+// refuse must fail both ways, recording nothing, and is taken back.
+func TestRandomPlans(t *testing.T) {
+	seed := rand.Uint64()
+	if s, err := strconv.ParseUint(os.Getenv("KPROXY_TEST_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d", seed)
+	cov := map[string]int{}
+	for run := range 4 {
+		t.Run(fmt.Sprint(run), func(t *testing.T) {
+			g := randomServices{rand.New(rand.NewPCG(seed, uint64(run)))}
+			randomPlans(t, g, 600, cov)
+			if t.Failed() {
+				t.Logf("reproduce with KPROXY_TEST_SEED=%d", seed)
+			}
+		})
+	}
+	t.Logf("coverage: %v", cov)
+	for _, shape := range []string{"reject", "drop", "pod short-circuit", "node in source ranges", "IPv6 source ranges",
+		"node port on some node addresses", "health check", "affinity", "weights", "refused"} {
+		require.Positive(t, cov[shape], "shape %q never generated", shape)
+	}
+}
+
+// randomPlans runs one sequence of steps, counting in cov the shapes of
+// the ports it plans.
+func randomPlans(t *testing.T, g randomServices, steps int, cov map[string]int) {
+	px := newOffline(t, Options{})
+	b, err := servicelb.NewBuilder(richNode())
+	require.NoError(t, err)
+	prev := b.State()
+	fresh, err := px.content(prev)
+	require.NoError(t, err)
+	model := tableModel(fresh)
+	services := map[string]servicelb.Service{}
+	for step := range steps {
+		undo := g.change(t, b, services, step)
+		st := b.State()
+		ch := servicelb.Diff(prev, st)
+		want, wantErr := px.content(st)
+		if ch.NodeChanged {
+			require.NoError(t, wantErr, "step %d: node change", step)
+			model = want
+		} else {
+			var rec txRecorder
+			err := px.changes(st, &ch, &rec)
+			if err != nil || wantErr != nil {
+				require.ErrorIs(t, err, servicelb.ErrUnsupported, "step %d: incremental", step)
+				require.ErrorIs(t, wantErr, servicelb.ErrUnsupported, "step %d: fresh", step)
+				require.Empty(t, rec, "step %d: a refused change recorded changes", step)
+				cov["refused"]++
+				undo()
+				continue
+			}
+			model = model.clone()
+			rec.apply(model)
+		}
+		if diff := cmp.Diff(tableModel(want).lines(), model.lines()); diff != "" {
+			t.Fatalf("step %d: incremental content differs from a fresh one (-fresh +incremental):\n%s", step, diff)
+		}
+		for _, c := range model.chains() {
+			require.True(t, px.n.owns(c), "step %d: chain %s not owned", step, c)
+		}
+		covered(cov, &ch, st)
+		prev = st
+	}
+}
+
+// change makes one random change to b: now and then a node change, else
+// a service deleted or upserted. It returns how to take an upsert back.
+func (g randomServices) change(t *testing.T, b *servicelb.Builder, services map[string]servicelb.Service, step int) func() {
+	switch r := g.pick(100); {
+	case r < 3:
+		require.NoError(t, b.SetNode(g.node()), "step %d", step)
+		return nil
+	case r < 25:
+		name := fmt.Sprintf("ns%d/svc%d", step%3, g.pick(12))
+		b.Delete(name)
+		delete(services, name)
+		return nil
+	}
+	i := g.pick(12)
+	s := g.service(i)
+	old, had := services[s.Name]
+	require.NoError(t, b.Upsert(s), "step %d", step)
+	services[s.Name] = s
+	return func() {
+		if had {
+			require.NoError(t, b.Upsert(old))
+			services[s.Name] = old
+		} else {
+			b.Delete(s.Name)
+			delete(services, s.Name)
+		}
+	}
+}
+
+// covered counts the shapes of the ports a change added or changed.
+func covered(cov map[string]int, ch *servicelb.Changes, st *servicelb.State) {
+	ports := slices.Clone(ch.Added)
+	for _, c := range ch.Changed {
+		ports = append(ports, c.New)
+	}
+	node := st.Node()
+	for _, sp := range ports {
+		vs := append(sp.Internal[:], sp.External[:]...)
+		for _, shape := range []struct {
+			name string
+			ok   bool
+		}{
+			{"reject", slices.ContainsFunc(vs, func(v servicelb.Verdict) bool { return v.Action == servicelb.Reject })},
+			{"drop", slices.ContainsFunc(vs, func(v servicelb.Verdict) bool { return v.Action == servicelb.Drop })},
+			{"pod short-circuit", sp.External[servicelb.FromPod] != sp.External[servicelb.FromOutside]},
+			{"node in source ranges", slices.ContainsFunc(sp.SourceRanges, netip.Prefix.IsSingleIP)},
+			{"IPv6 source ranges", len(sp.SourceRanges) > 0 && sp.Family == servicelb.IPv6},
+			{"node port on some node addresses", len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.NodePortIPs(sp.Family))},
+			{"health check", sp.HealthCheckNodePort != 0},
+			{"affinity", sp.Affinity > 0},
+			{"weights", slices.ContainsFunc(sp.Cluster, func(b servicelb.Backend) bool { return b.Weight != 1 })},
+		} {
+			if shape.ok {
+				cov[shape.name]++
+			}
+		}
+	}
+}
