@@ -31,7 +31,8 @@
 // and ends with a jump to P-NODEPORTS for each node address that serves
 // node ports (NodeConfig.NodePortIPs). In the filter table P-SERVICES
 // (from FORWARD and OUTPUT) holds the rejects and drops of cluster IPs,
-// P-EXTERNAL-SERVICES (from INPUT and FORWARD) those of the other
+// P-EXTERNAL-SERVICES (from INPUT, FORWARD and OUTPUT, so that the node's
+// own flows meet them too) those of the other
 // frontends, P-NODEPORTS accepts health check node ports
 // (ServicePort.HealthCheckNodePort), P-PROXY-FIREWALL drops what
 // P-MARK-DROP marked (Options.DropBit) and P-FORWARD accepts forwarded

@@ -94,9 +94,13 @@ func (p *planner) nodeRules() nodeRules {
 			jumpRule(portals, n.fixed(chainServices), true),
 			jumpRule(external, n.fixed(chainExternalServices), true),
 		},
+		// The node's own flows to external and load-balancer IPs are
+		// rejected or dropped as everyone's are (kube-proxy's iptables
+		// mode sends them on; its nftables mode does not).
 		"OUTPUT": {
 			jumpRule(lbFirewall, n.fixed(chainProxyFirewall), true),
 			jumpRule(portals, n.fixed(chainServices), true),
+			jumpRule(external, n.fixed(chainExternalServices), true),
 		},
 	}
 	return nr
