@@ -1,0 +1,27 @@
+//go:build vm
+
+package iptables_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/iptables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/conformance"
+)
+
+// TestConformanceSCTP runs the conformance kit over SCTP, which this
+// host's kernel lacks and the VM's has (TCP and UDP run on the host:
+// conformance_privileged_test.go).
+func TestConformanceSCTP(t *testing.T) {
+	conformance.Run(t, conformance.Backend{Name: "iptables", New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
+		p, err := iptables.New(iptables.Options{NetNS: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}}, conformance.Options{Protocols: []servicelb.Protocol{servicelb.SCTP}, DropTimeout: 2 * time.Second, AskTimeout: 5 * time.Second})
+}
