@@ -90,10 +90,15 @@ func sameHook(got, want *nfnl.Hook) bool {
 // match, else a description of the first difference found.
 func (p *Proxier) verify(ctx context.Context, c *content) (string, error) {
 	t := p.opts.Table
-	if _, err := p.conn.Table(ctx, nfnl.Inet, t); errors.Is(err, nfnl.ErrNotExist) {
+	tbl, err := p.conn.Table(ctx, nfnl.Inet, t)
+	switch {
+	case errors.Is(err, nfnl.ErrNotExist):
 		return "table is missing", nil
-	} else if err != nil {
+	case err != nil:
 		return "", err
+	case tbl.Flags != 0:
+		// A dormant table (or one someone else owns) forwards nothing.
+		return fmt.Sprintf("table flags %#x, want none", tbl.Flags), nil
 	}
 	if why, err := p.verifyChains(ctx, c); why != "" || err != nil {
 		return why, err

@@ -85,6 +85,8 @@ func TestForeignChangesRepaired(t *testing.T) {
 		{"foreign rule", []string{"add", "rule", "inet", "kproxy", "services", "counter"}},
 		{"flush chain", []string{"flush", "chain", "inet", "kproxy", "svc4-default/web/http"}},
 		{"foreign chain", []string{"add", "chain", "inet", "kproxy", "intruder"}},
+		{"dormant table", []string{"add", "table", "inet", "kproxy", "{ flags dormant; }"}},
+		{"base chain policy", []string{"add", "chain", "inet", "kproxy", "nat-output", "{ type nat hook output priority -100; policy drop; }"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h.Exec(t, "nft", tc.cmd...)
@@ -94,6 +96,9 @@ func TestForeignChangesRepaired(t *testing.T) {
 			mustSync(t, p, st)
 			if diff := cmp.Diff(want, canonical(t, h, nftables.DefaultTable)); diff != "" {
 				t.Errorf("table not restored (-want +got):\n%s", diff)
+			}
+			if got := h.Exec(t, "nft", "list", "table", "inet", "kproxy"); strings.Contains(got, "dormant") {
+				t.Errorf("table flags not restored:\n%s", got)
 			}
 		})
 	}
