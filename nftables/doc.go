@@ -104,11 +104,15 @@
 //
 // A port with ClientIP affinity is balanced by a chain of its own instead
 // (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule
-// that finds the client pinned to it in the dynamic set affinity4/6 (key:
-// client address, slot, endpoint), refreshes the pin and translates; then
-// one rule per endpoint that picks it with probability weight / remaining
-// weight (exact weights) and pins the client, with the service's timeout.
-// A change of such a port's endpoints rewrites its chain.
+// that sends a client pinned to it in the dynamic set affinity4/6 (key:
+// client address, slot, endpoint) to the endpoint's chain; then one rule
+// per endpoint that picks it with probability weight / remaining weight
+// (exact weights) and goes to its chain. The endpoint's chain
+// (cluster4-.../<i>) pins the client with the service's timeout, or
+// refreshes the pin, in one rule, and translates in the next: when the
+// set is full (Options.AffinitySize) the update fails and only the pin is
+// lost, never the connection. A change of such a port's endpoints rewrites
+// its chains.
 //
 // Everything the Proxier writes lists back with `nft list table` and
 // `nft -j list table`, and the text Render gives loads with `nft -f` into

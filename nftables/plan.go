@@ -294,9 +294,10 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 	pp.slots = append(pp.slots, key)
 	f, proto := sp.Family, sp.Port.Protocol
 	if sp.Affinity > 0 {
-		ch := chainPlan{name: key.chain(), rules: affinityRules(f, proto, fixedSet(kindAffinity, f).name(), slot, bs, sp.Affinity)}
-		pp.chains = append(pp.chains, chainPlan{name: ch.name, rules: append(ch.rules, p.drop)})
-		return balancer{chain: ch.name}, nil
+		rules, eps := affinityRules(f, proto, fixedSet(kindAffinity, f).name(), key.chain(), slot, bs, sp.Affinity)
+		pp.chains = append(pp.chains, chainPlan{name: key.chain(), rules: append(rules, p.drop)})
+		pp.chains = append(pp.chains, eps...)
+		return balancer{chain: key.chain()}, nil
 	}
 	set := shardSet(f, slot)
 	pp.shards = append(pp.shards, set)
@@ -317,30 +318,37 @@ func capacityError(k servicelb.ServicePortKey, field, why string) error {
 		Err: fmt.Errorf("%w: the nftables backend: %s: %s", servicelb.ErrCapacity, k, why)}
 }
 
-// affinityRules pick an endpoint for a client pinned to none (at random,
-// in proportion to the weights: each rule takes its endpoint with
-// probability weight / remaining weight) and keep a pinned client on its
-// endpoint, refreshing the pin with every new connection.
-func affinityRules(f servicelb.Family, proto servicelb.Protocol, set string, slot uint32, bs []servicelb.Backend, to time.Duration) []*rule {
+// affinityRules balance an affinity port: a client pinned to an endpoint
+// goes to that endpoint's chain; another picks an endpoint at random, in
+// proportion to the weights (each rule takes its endpoint with probability
+// weight / remaining weight), and goes to its chain. An endpoint's chain
+// pins the client (or refreshes the pin) in one rule and translates in the
+// next, so that a full affinity set loses the pin and never the
+// connection: an update that fails ends only its own rule.
+func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain string, slot uint32, bs []servicelb.Backend, to time.Duration) ([]*rule, []chainPlan) {
 	rs := make([]*rule, 0, 2*len(bs))
-	for _, b := range bs {
+	eps := make([]chainPlan, len(bs))
+	for i, b := range bs {
 		ep := endpointID(b.AddrPort())
-		rs = append(rs, mk(affinityHit(f, set, slot, ep), affinityUpdate(f, set, slot, ep, to), l4proto(proto), dnatTo(f, b.AddrPort())))
+		eps[i] = chainPlan{name: fmt.Sprintf("%s/%d", chain, i), rules: []*rule{
+			mk(affinityUpdate(f, set, slot, ep, to)),
+			mk(l4proto(proto), dnatTo(f, b.AddrPort())),
+		}}
+		rs = append(rs, mk(affinityHit(f, set, slot, ep), goTo(eps[i].name)))
 	}
 	var remaining uint32
 	for _, b := range bs {
 		remaining += uint32(b.Weight)
 	}
 	for i, b := range bs {
-		ep := endpointID(b.AddrPort())
-		terms := []term{affinityUpdate(f, set, slot, ep, to), l4proto(proto), dnatTo(f, b.AddrPort())}
+		terms := []term{goTo(eps[i].name)}
 		if i < len(bs)-1 {
 			terms = append([]term{randomBelow(remaining, uint32(b.Weight))}, terms...)
 		}
 		rs = append(rs, mk(terms...))
 		remaining -= uint32(b.Weight)
 	}
-	return rs
+	return rs, eps
 }
 
 // entries plans the port's elements in the dispatch map and the

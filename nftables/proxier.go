@@ -45,7 +45,8 @@ type Options struct {
 	// its own in NetNS, opened by New.
 	Conntrack conntrack.FlowCleaner
 	// AffinitySize bounds the number of affinity pins per address family;
-	// zero means DefaultAffinitySize.
+	// zero means DefaultAffinitySize. A client that comes while the set is
+	// full reaches an endpoint unpinned, until pins expire.
 	AffinitySize uint32
 }
 

@@ -185,6 +185,28 @@ func TestAffinity(t *testing.T) {
 	}
 }
 
+// TestAffinitySetFull: once the affinity set is full, new clients still
+// reach an endpoint; they only go unpinned. Pinned clients keep their pins.
+func TestAffinitySetFull(t *testing.T) {
+	l := newLab(t, 3, nftables.Options{AffinitySize: 2})
+	svc := webService(endpoints("", 0, 1, 2)...)
+	svc.Affinity = servicelb.SessionAffinity{ClientIP: true, Timeout: time.Minute}
+	l.sync(t, svc)
+	dst := netip.AddrPortFrom(clusterIP4, 80)
+	first := map[netip.Addr]string{}
+	for i := range 6 {
+		a := netip.AddrFrom4([4]byte{198, 51, 100, byte(40 + i)})
+		l.tp.Client.AddAddress(t, netip.PrefixFrom(a, 24))
+		first[a] = mustAsk(t, l.tp.Client, "tcp", dst, netnstest.FromAddr(a)).Host
+	}
+	for i := range 2 {
+		a := netip.AddrFrom4([4]byte{198, 51, 100, byte(40 + i)})
+		if h := mustAsk(t, l.tp.Client, "tcp", dst, netnstest.FromAddr(a)).Host; h != first[a] {
+			t.Errorf("pinned client %s moved from %s to %s", a, first[a], h)
+		}
+	}
+}
+
 // TestExternalTrafficPolicy: Local keeps the client's address and uses
 // local endpoints only, dropping traffic on a node without them (while
 // pods and the node itself still reach the cluster-wide endpoints);
