@@ -124,7 +124,8 @@ func (r *flowRecorder) DeleteStale(_ context.Context, flows []servicelb.StaleFlo
 }
 
 // TestUDPRemovedAtOnce checks that removed UDP real servers go at once, and
-// that their flows are handed to the FlowCleaner.
+// that the frontends they served are handed to the FlowCleaner with the
+// endpoints still serving (servicelb's stale flows of the change).
 func TestUDPRemovedAtOnce(t *testing.T) {
 	rec := &flowRecorder{}
 	e := newEnv(t, 2, Options{Conntrack: rec})
@@ -139,8 +140,8 @@ func TestUDPRemovedAtOnce(t *testing.T) {
 	e.sync(st)
 	e.checkIPVS(st)
 	want := []servicelb.StaleFlow{
-		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Endpoint: backendAddr(0, servicelb.IPv4)},
-		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Endpoint: backendAddr(0, servicelb.IPv6)},
+		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Serving: []netip.Addr{backendAddr(1, servicelb.IPv4)}},
+		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Serving: []netip.Addr{backendAddr(1, servicelb.IPv6)}},
 	}
 	if diff := cmp.Diff(want, rec.flows, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
 		t.Errorf("stale flows (-want +got):\n%s", diff)
@@ -261,22 +262,28 @@ func snapshot(t *testing.T, h *netnstest.Host, o Options) string {
 }
 
 // TestInvalidInputLeavesKernel checks that a State the proxier cannot apply
-// is refused before anything changes, on a fresh proxier and on one that
-// applied a state before, and that a valid change applies afterwards.
+// (a scheduler it does not have, more ports needing firewall marks than
+// its mask holds) is refused before anything changes, on a fresh proxier
+// and on one that applied a state before, and that a valid change applies
+// afterwards.
 func TestInvalidInputLeavesKernel(t *testing.T) {
-	e := newEnv(t, 2, Options{})
+	e := newEnv(t, 2, Options{FWMarkMask: 0x10000})
 	random := longService(0, 1)
 	random.Scheduler = servicelb.SchedulerRandom
-	ext := servicelb.Service{
-		Name: "default/ext", ExternalIPs: []netip.Addr{netnstest.NodeIPv4()},
-		Ports: []servicelb.Port{{Protocol: tcp, Port: 30700}},
-	}
+	// Each needs a mark per family for its node port under the Local
+	// policy; the mask holds one.
+	local := longService(0, 1)
+	local.ExternalTrafficPolicy = servicelb.PolicyLocal
+	local2 := local
+	local2.Name, local2.ClusterIPs = "default/long2", []netip.Addr{a("10.96.0.41")}
+	local2.Ports = slices.Clone(local.Ports)
+	local2.Ports[0].NodePort = 30701
 	bad := []struct {
 		st   *servicelb.State
 		kind error
 	}{
-		{e.state(random), ErrUnsupported},
-		{e.state(longService(0, 1), ext), ErrConflict},
+		{e.state(random), servicelb.ErrUnsupported},
+		{e.state(local, local2), servicelb.ErrCapacity},
 	}
 	empty := snapshot(t, e.tp.Node, e.p.opts)
 	for _, b := range bad {
@@ -355,7 +362,7 @@ func TestOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	render := func(st *servicelb.State) []*VirtualServer {
-		p, err := planState(st)
+		p, err := planState(st, &e.p.opts)
 		if err != nil {
 			t.Fatal(err)
 		}

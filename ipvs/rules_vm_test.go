@@ -158,8 +158,8 @@ func TestExternalTrafficPolicy(t *testing.T) {
 }
 
 // TestInternalTrafficPolicy checks that internal Local traffic reaches only
-// local endpoints and is dropped without them, while external traffic
-// (Cluster) still reaches every endpoint.
+// local endpoints and is dropped without them, from every origin, while
+// external traffic (Cluster) still reaches every endpoint.
 func TestInternalTrafficPolicy(t *testing.T) {
 	e := newEnv(t, 2, Options{})
 	e.serve("tcp", 8080, 0, 1)
@@ -172,6 +172,8 @@ func TestInternalTrafficPolicy(t *testing.T) {
 	e.sync(e.state(localService(servicelb.PolicyCluster, servicelb.PolicyLocal, false)))
 	for _, cip := range []netip.Addr{a("10.96.0.50"), a("fd00:96::50")} {
 		wantFailure(t, e.tp.Backends[1], "tcp", ap(cip, 80), netnstest.ErrTimeout)
+		wantFailure(t, e.tp.Client, "tcp", ap(cip, 80), netnstest.ErrTimeout)
+		wantFailure(t, e.tp.Node, "tcp", ap(cip, 80), netnstest.ErrTimeout)
 	}
 	if counts := e.tp.Client.Count(t, "tcp", ap(netnstest.NodeIPv4(), 30050), 4); len(counts) != 2 {
 		t.Errorf("node port: answers %v, want both backends", counts)
@@ -202,28 +204,58 @@ func TestHairpin(t *testing.T) {
 }
 
 // TestSourceRanges checks that a load-balancer IP with source ranges
-// answers the allowed client and the node, and drops everyone else.
+// answers the allowed sources and drops everyone else, the node and pods
+// included: the node only when its address lies in the ranges (its flows
+// to a load-balancer IP it holds come from that IP), each family by its
+// own ranges, and only on load-balancer IPs.
 func TestSourceRanges(t *testing.T) {
-	e := newEnv(t, 1, Options{})
+	e := newEnv(t, 2, Options{})
 	e.serve("tcp", 8080, 0)
 	svc := localService(servicelb.PolicyCluster, servicelb.PolicyCluster, true)
 	svc.Endpoints = endpoints(0)
-	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.2/32"), pfx("fd00:c::2/128")}
-	e.sync(e.state(svc))
 	other4, other6 := a("198.51.100.77"), a("fd00:c::77")
 	e.tp.Client.AddAddress(t, netip.PrefixFrom(other4, 24))
 	e.tp.Client.AddAddress(t, netip.PrefixFrom(other6, 64))
-	for _, lb := range []netip.Addr{a("203.0.113.150"), a("2001:db8::150")} {
-		askFrom(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.FromAddr(e.clientAddr(lb)))
-		askFrom(t, e.tp.Node, "tcp", ap(lb, 80))
-		other := other4
-		if lb.Is6() {
-			other = other6
+	other := func(lb netip.Addr) netip.Addr {
+		if lb.Is4() {
+			return other4
 		}
-		wantFailure(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.ErrTimeout, netnstest.FromAddr(other))
+		return other6
+	}
+	lbs := []netip.Addr{a("203.0.113.150"), a("2001:db8::150")}
+	pod := e.tp.Backends[1]
+
+	// The client's addresses only: the node and pods are not admitted.
+	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.2/32"), pfx("fd00:c::2/128")}
+	e.sync(e.state(svc))
+	for _, lb := range lbs {
+		askFrom(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.FromAddr(e.clientAddr(lb)))
+		wantFailure(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.ErrTimeout, netnstest.FromAddr(other(lb)))
+		wantFailure(t, e.tp.Node, "tcp", ap(lb, 80), netnstest.ErrTimeout)
+		wantFailure(t, pod, "tcp", ap(lb, 80), netnstest.ErrTimeout)
 		// The ranges limit only the load-balancer IP.
 		askFrom(t, e.tp.Client, "tcp", ap(a("10.96.0.50"), 80), netnstest.FromAddr(other4))
+		askFrom(t, e.tp.Node, "tcp", ap(e.tp.NodeIPs()[0], 30050))
 	}
+
+	// The node's subnet: the node is admitted, through the load-balancer
+	// IPs themselves as sources.
+	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.0/24"), pfx("fd00:c::/64")}
+	e.sync(e.state(svc))
+	for _, lb := range lbs {
+		askFrom(t, e.tp.Node, "tcp", ap(lb, 80))
+		askFrom(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.FromAddr(other(lb)))
+		wantFailure(t, pod, "tcp", ap(lb, 80), netnstest.ErrTimeout)
+	}
+
+	// Ranges of one family leave the other open, to everyone.
+	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.2/32")}
+	e.sync(e.state(svc))
+	wantFailure(t, e.tp.Client, "tcp", ap(lbs[0], 80), netnstest.ErrTimeout, netnstest.FromAddr(other4))
+	wantFailure(t, e.tp.Node, "tcp", ap(lbs[0], 80), netnstest.ErrTimeout)
+	askFrom(t, e.tp.Client, "tcp", ap(lbs[1], 80), netnstest.FromAddr(other6))
+	askFrom(t, e.tp.Node, "tcp", ap(lbs[1], 80))
+	askFrom(t, pod, "tcp", ap(lbs[1], 80))
 }
 
 // TestRejectUnservedPort checks that a virtual address rejects ports no

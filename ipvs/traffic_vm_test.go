@@ -207,3 +207,4 @@ func TestNoEndpointsRejected(t *testing.T) {
 		}
 	}
 }
+
