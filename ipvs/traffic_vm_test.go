@@ -208,3 +208,25 @@ func TestNoEndpointsRejected(t *testing.T) {
 	}
 }
 
+// TestMaglevSpreadsOneClient checks that mh hashes the client's port too
+// (IPVS's mh-port flag): the connections of one client address spread
+// over several endpoints instead of all going to one.
+func TestMaglevSpreadsOneClient(t *testing.T) {
+	e := newEnv(t, 3, Options{})
+	e.serve("tcp", 8080, 0, 1, 2)
+	e.serve("udp", 5353, 0, 1, 2)
+	svc := multiService()
+	svc.Ports = svc.Ports[:2]
+	svc.Scheduler = servicelb.SchedulerMaglev
+	st := e.state(svc)
+	e.sync(st)
+	e.checkIPVS(st)
+	for _, q := range []struct {
+		proto string
+		dst   netip.AddrPort
+	}{{"tcp", ap(a("10.96.0.10"), 80)}, {"udp", ap(a("fd00:96::10"), 53)}, {"tcp", ap(netnstest.NodeIPv4(), 30080)}} {
+		if counts := e.tp.Client.Count(t, q.proto, q.dst, 24); len(counts) < 2 {
+			t.Errorf("%s %s: one client's answers %v, want several backends", q.proto, q.dst, counts)
+		}
+	}
+}
