@@ -146,33 +146,41 @@ func (p *Proxier) update(ctx context.Context, have, want *VirtualServer) error {
 			gone = append(gone, r)
 		}
 	}
-	if err := p.removeReals(ctx, have, gone, want.Protocol); err != nil {
+	if err := p.removeReals(ctx, have, want, gone); err != nil {
 		return err
 	}
 	slices.SortFunc(have.Real, compareReal)
 	return nil
 }
 
-// removeReals removes real servers from vs (as the kernel holds it), a
-// virtual server of a port of protocol proto. UDP and SCTP ones go at once
-// (their flows are servicelb's stale flows). TCP ones without connections
-// go at once too; the others stay at weight 0, draining, until their
-// connections end or the graceful timeout passes.
-func (p *Proxier) removeReals(ctx context.Context, vs *VirtualServer, gone []RealServer, proto servicelb.Protocol) error {
-	if len(gone) == 0 {
+// removeReals removes real servers from vs (as the kernel holds it), as
+// want asks. A real server with connections drains: it stays at weight 0,
+// taking no new flow while its own go on, until they end or the graceful
+// timeout passes, when it is TCP, or UDP or SCTP with an endpoint that
+// still serves the port (servicelb keeps such flows: the endpoint is only
+// no longer chosen). The others go at once; the flows of a UDP or SCTP one
+// are then servicelb's stale flows.
+func (p *Proxier) removeReals(ctx context.Context, vs, want *VirtualServer, gone []RealServer) error {
+	drains := func(r RealServer) bool {
+		_, serving := slices.BinarySearchFunc(want.serving, r.Addr, netip.Addr.Compare)
+		return want.Protocol == servicelb.TCP || serving
+	}
+	if !slices.ContainsFunc(gone, drains) {
+		for _, r := range gone {
+			if err := p.deleteReal(ctx, vs, r); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
-	var info []realInfo
-	if proto == servicelb.TCP {
-		var err error
-		if info, err = p.k.reals(ctx, vs); err != nil {
-			return err
-		}
+	info, err := p.k.reals(ctx, vs)
+	if err != nil {
+		return err
 	}
 	for _, r := range gone {
 		rk := realKey{vs.key(), r.AddrPort()}
 		i := slices.IndexFunc(info, func(ri realInfo) bool { return ri.AddrPort() == r.AddrPort() })
-		if i >= 0 && info[i].active+info[i].inactive > 0 {
+		if drains(r) && i >= 0 && info[i].active+info[i].inactive > 0 {
 			if err := p.quiesce(ctx, vs, r, rk); err != nil {
 				return err
 			}

@@ -21,9 +21,9 @@
 // targets of the frontend's verdict for clients outside: the port's
 // cluster or local endpoints, or none when that verdict rejects or drops.
 // Real servers are reached by masquerading (IPVS NAT), with their weights.
-// The scheduler is the port's hint (rr when empty); mh also hashes the
-// client's port (the mh-port flag), so that one client's connections
-// spread. ClientIP affinity is IPVS persistence with the affinity's
+// The scheduler is the port's hint, wrr when empty (round robin in
+// proportion to the weights); mh also hashes the client's port (the
+// mh-port flag), so that one client's connections spread. ClientIP affinity is IPVS persistence with the affinity's
 // seconds. A virtual server without real servers makes IPVS refuse new
 // flows with an ICMP port unreachable: the reject verdict.
 //
@@ -117,14 +117,16 @@
 // servicelb.State.StaleFlows after one of a whole State: the first, one
 // after a failure or a node change), through Options.Conntrack, by default
 // a conntrack.Client in the namespace (Options.NoConntrackCleanup turns
-// this off); a deletion that fails is tried again by the next Sync. A
-// removed UDP or SCTP real server is deleted at once. A removed TCP real
-// server without connections is deleted at once; one with connections is
-// set to weight 0, so that it takes no new connection while its open ones
-// go on, and is deleted once they have ended (IPVS counts a closed
+// this off); a deletion that fails is tried again by the next Sync. IPVS
+// forwards a flow by its own connection table, so a removed real server
+// whose flows must go on drains: a TCP one, or a UDP or SCTP one whose
+// endpoint still serves the port (servicelb keeps such flows), is set to
+// weight 0 while it has connections, so that it takes no new flow while
+// its own go on, and is deleted once they have ended (IPVS counts a closed
 // connection until it leaves its TIME_WAIT or CLOSE state) or after
-// Options.GracefulTimeout. Each Sync checks, and so does Drain, which the
-// caller may run between syncs.
+// Options.GracefulTimeout. Other removed real servers are deleted at once.
+// Each Sync checks the draining ones, and so does Drain, which the caller
+// may run between syncs.
 //
 // Cleanup removes every virtual server the proxier owns, the dummy link
 // with its addresses, the helper rules and the helper sets. Close releases

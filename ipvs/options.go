@@ -15,7 +15,9 @@ const (
 	DefaultSetPrefix       = "kproxy-ipvs-"
 	DefaultChainPrefix     = "KPROXY-IPVS-"
 	DefaultGracefulTimeout = 15 * time.Minute
-	DefaultScheduler       = "rr"
+	// DefaultScheduler serves the empty scheduler hint: weighted round
+	// robin, which is round robin when the weights are equal.
+	DefaultScheduler = "wrr"
 	// DefaultFWMarkMask gives the proxier 4095 firewall marks per family,
 	// 0x10000 to 0xfff0000: clear of kube-proxy's masquerade (0x4000) and
 	// drop (0x8000) bits.
@@ -52,9 +54,10 @@ type Options struct {
 	// virtual addresses of its dummy link on its other links. Use it when
 	// another node or a load balancer announces the same addresses.
 	StrictARP bool
-	// GracefulTimeout bounds how long a removed TCP real server keeps
-	// serving its open connections (at weight 0) before it is deleted.
-	// Default DefaultGracefulTimeout.
+	// GracefulTimeout bounds how long a removed real server keeps serving
+	// its open connections (at weight 0) before it is deleted: a TCP one,
+	// or a UDP or SCTP one whose endpoint still serves. Default
+	// DefaultGracefulTimeout.
 	GracefulTimeout time.Duration
 	// LeaveSysctls stops the proxier from writing the IPVS sysctls it needs
 	// (net.ipv4.vs.conntrack=1, expire_nodest_conn=1,

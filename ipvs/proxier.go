@@ -61,7 +61,7 @@ type Proxier struct {
 	rules      *xtables.Applier
 	rconn      *nfnl.Conn
 	ruleWrites int
-	// draining are the removed TCP real servers left at weight 0 until
+	// draining are the removed real servers left at weight 0 until
 	// their connections end, with when they started draining.
 	draining map[realKey]time.Time
 }

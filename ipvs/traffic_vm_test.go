@@ -84,25 +84,27 @@ func TestRoundRobinOrder(t *testing.T) {
 	}
 }
 
-// TestWeights checks that wrr spreads connections in proportion to the
-// endpoint weights, exactly over whole cycles.
+// TestWeights checks that wrr, and the empty hint, spread connections in
+// proportion to the endpoint weights, exactly over whole cycles.
 func TestWeights(t *testing.T) {
 	e := newEnv(t, 3, Options{})
 	e.serve("tcp", 8080, 0, 1, 2)
-	svc := multiService()
-	svc.Ports = svc.Ports[:1]
-	svc.Scheduler = servicelb.SchedulerWeightedRR
-	for i := range svc.Endpoints {
-		b := i / 2 // two endpoints (families) per backend
-		svc.Endpoints[i].Weight = servicelb.Weight(uint16(b + 1))
-	}
-	st := e.state(svc)
-	e.sync(st)
-	e.checkIPVS(st)
-	counts := e.tp.Client.Count(t, "tcp", ap(a("10.96.0.10"), 80), 60)
-	for i, b := range e.tp.Backends {
-		if want := 10 * (i + 1); counts[b.Name] != want {
-			t.Fatalf("answers %v: want %d from %s (weight %d)", counts, want, b.Name, i+1)
+	for _, sched := range []servicelb.Scheduler{servicelb.SchedulerWeightedRR, servicelb.SchedulerDefault} {
+		svc := multiService()
+		svc.Ports = svc.Ports[:1]
+		svc.Scheduler = sched
+		for i := range svc.Endpoints {
+			b := i / 2 // two endpoints (families) per backend
+			svc.Endpoints[i].Weight = servicelb.Weight(uint16(b + 1))
+		}
+		st := e.state(svc)
+		e.sync(st)
+		e.checkIPVS(st)
+		counts := e.tp.Client.Count(t, "tcp", ap(a("10.96.0.10"), 80), 60)
+		for i, b := range e.tp.Backends {
+			if want := 10 * (i + 1); counts[b.Name] != want {
+				t.Fatalf("scheduler %q: answers %v: want %d from %s (weight %d)", sched, counts, want, b.Name, i+1)
+			}
 		}
 	}
 }
