@@ -60,10 +60,10 @@ func (n ruleNames) family() xtables.Family {
 }
 
 var (
-	dst     = xtables.SetDst
-	src     = xtables.SetSrc
-	comment = func(s string) xtables.Match { return xtables.Comment(s) }
-	local   = xtables.AddrType{Src: xtables.AddrTypeLocal}
+	dst      = xtables.SetDst
+	src      = xtables.SetSrc
+	comment  = func(s string) xtables.Match { return xtables.Comment(s) }
+	localSrc = xtables.AddrType{Src: xtables.AddrTypeLocal}
 )
 
 func rule(t xtables.Target, m ...xtables.Match) xtables.Rule {
@@ -105,8 +105,8 @@ func natRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent {
 		services = append(services, pod, xtables.Rule{Src: p, Target: xtables.Return})
 	}
 	services = append(services,
-		rule(masq, local, n.match(setMasqNode, dst, dst)),
-		rule(xtables.Return, local),
+		rule(masq, localSrc, n.match(setMasqNode, dst, dst)),
+		rule(xtables.Return, localSrc),
 		rule(masq, n.match(setMasqOutside, dst, dst)))
 	return &xtables.TableContent{
 		Jumps: map[string][]xtables.Rule{
@@ -172,6 +172,10 @@ func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent 
 		pre, out = append(pre, r), append(out, r)
 	}
 	out = append(out, rule(xtables.Drop, n.match(setLBFirewall, dst, dst), invert(n.match(setLBSource, dst, dst, src))))
+	// The node's flows with a source in the cluster CIDRs are a pod's.
+	// LOCAL goes to one origin's chain, whose end returns to OUTPUT (LOCAL
+	// was jumped to), so that no flow takes two origins' steers and every
+	// one meets the drop rule after them.
 	for _, p := range clusterCIDRs(node, n.f) {
 		pre = append(pre, xtables.Rule{Src: p, Target: jump(chainFromPod)})
 		classify = append(classify, xtables.Rule{Src: p, Target: xtables.Goto(n.chain(chainFromPod))})
