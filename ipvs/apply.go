@@ -12,13 +12,13 @@ import (
 )
 
 // apply makes the kernel match d, in an order that never leaves a virtual
-// address without its servers, nor a virtual server unrecorded: addresses
-// and set entries first, then new and changed virtual servers (real
-// servers added before others are removed), then removed virtual servers,
-// then addresses and set entries no longer used. It keeps p.kern, p.present
-// and p.use up to date as it goes, and cleans up the conntrack flows that
-// removed UDP and SCTP real servers leave.
-func (p *Proxier) apply(ctx context.Context, d *delta) error {
+// address without its servers, nor a virtual server unrecorded, nor a flow
+// steered to a missing one: addresses and set entries first, then new and
+// changed virtual servers (real servers added before others are removed),
+// then the rules, then removed virtual servers, then addresses and set
+// entries no longer used. It keeps p.kern, p.present and p.use up to date
+// as it goes.
+func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error {
 	keys := sortedKeys(d.servers)
 	if err := p.addAddresses(ctx, d, keys); err != nil {
 		return err
@@ -26,7 +26,6 @@ func (p *Proxier) apply(ctx context.Context, d *delta) error {
 	if err := p.sets.add(ctx, d.add); err != nil {
 		return err
 	}
-	var stale []servicelb.StaleFlow
 	for _, k := range keys {
 		want := d.servers[k]
 		if want == nil {
@@ -34,13 +33,16 @@ func (p *Proxier) apply(ctx context.Context, d *delta) error {
 		}
 		var err error
 		if have := p.kern[k]; have == nil {
-			err = p.create(ctx, want, &stale)
+			err = p.create(ctx, want)
 		} else {
-			err = p.update(ctx, have, want, &stale)
+			err = p.update(ctx, have, want)
 		}
 		if err != nil {
 			return err
 		}
+	}
+	if err := rules(); err != nil {
+		return err
 	}
 	gone, err := p.deleteServers(ctx, d, keys)
 	if err != nil {
@@ -52,10 +54,7 @@ func (p *Proxier) apply(ctx context.Context, d *delta) error {
 	if err := p.deleteAddresses(ctx, gone, d.full); err != nil {
 		return err
 	}
-	if err := p.sets.del(ctx, d.del); err != nil {
-		return err
-	}
-	return p.cleanFlows(ctx, stale)
+	return p.sets.del(ctx, d.del)
 }
 
 // checkNew refuses, before any change, to create a virtual server that
@@ -84,7 +83,7 @@ func (p *Proxier) checkNew(ctx context.Context, d *delta) error {
 // dummy link, node addresses aside.
 func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) error {
 	for _, k := range keys {
-		if d.servers[k] == nil || p.present[k.addr] || p.nodeIP[k.addr] {
+		if d.servers[k] == nil || k.fwmark != 0 || p.present[k.addr] || p.nodeIP[k.addr] {
 			continue
 		}
 		if err := p.k.addAddress(ctx, p.link, k.addr); err != nil {
@@ -96,37 +95,35 @@ func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) erro
 }
 
 // create adds a virtual server and its real servers.
-func (p *Proxier) create(ctx context.Context, want *VirtualServer, stale *[]servicelb.StaleFlow) error {
+func (p *Proxier) create(ctx context.Context, want *VirtualServer) error {
 	if err := p.k.newService(ctx, want); err != nil {
 		return err
 	}
 	got := want.clone()
 	got.Real = nil
 	p.kern[want.key()] = got
-	p.use[want.Addr]++
+	if want.FWMark == 0 {
+		p.use[want.Addr]++
+	}
 	for _, r := range want.Real {
 		if err := p.k.newReal(ctx, want, r); err != nil {
 			return err
 		}
 		got.Real = append(got.Real, r)
 	}
-	if len(want.Real) > 0 {
-		*stale = appendAllFlows(*stale, want)
-	}
 	return nil
 }
 
 // update changes a virtual server from what the kernel has to want: its
 // settings, then new and re-weighted real servers, then removed ones.
-func (p *Proxier) update(ctx context.Context, have, want *VirtualServer, stale *[]servicelb.StaleFlow) error {
+func (p *Proxier) update(ctx context.Context, have, want *VirtualServer) error {
 	k := want.key()
 	if !sameService(have, want) {
 		if err := p.k.updateService(ctx, want); err != nil {
 			return err
 		}
-		have.Scheduler, have.Persistence = want.Scheduler, want.Persistence
+		have.Scheduler, have.Persistence, have.HashPort = want.Scheduler, want.Persistence, want.HashPort
 	}
-	served := slices.ContainsFunc(have.Real, func(r RealServer) bool { return r.Weight > 0 })
 	for _, r := range want.Real {
 		i := have.realIndex(r.AddrPort())
 		switch {
@@ -149,35 +146,41 @@ func (p *Proxier) update(ctx context.Context, have, want *VirtualServer, stale *
 			gone = append(gone, r)
 		}
 	}
-	if err := p.removeReals(ctx, have, gone, stale); err != nil {
+	if err := p.removeReals(ctx, have, want, gone); err != nil {
 		return err
 	}
 	slices.SortFunc(have.Real, compareReal)
-	if !served && len(want.Real) > 0 {
-		*stale = appendAllFlows(*stale, want)
-	}
 	return nil
 }
 
-// removeReals removes real servers from vs (as the kernel holds it). UDP
-// and SCTP ones go at once, with their conntrack flows. TCP ones without
-// connections go at once too; the others stay at weight 0, draining, until
-// their connections end or the graceful timeout passes.
-func (p *Proxier) removeReals(ctx context.Context, vs *VirtualServer, gone []RealServer, stale *[]servicelb.StaleFlow) error {
-	if len(gone) == 0 {
+// removeReals removes real servers from vs (as the kernel holds it), as
+// want asks. A real server with connections drains: it stays at weight 0,
+// taking no new flow while its own go on, until they end or the graceful
+// timeout passes, when it is TCP, or UDP or SCTP with an endpoint that
+// still serves the port (servicelb keeps such flows: the endpoint is only
+// no longer chosen). The others go at once; the flows of a UDP or SCTP one
+// are then servicelb's stale flows.
+func (p *Proxier) removeReals(ctx context.Context, vs, want *VirtualServer, gone []RealServer) error {
+	drains := func(r RealServer) bool {
+		_, serving := slices.BinarySearchFunc(want.serving, r.Addr, netip.Addr.Compare)
+		return want.Protocol == servicelb.TCP || serving
+	}
+	if !slices.ContainsFunc(gone, drains) {
+		for _, r := range gone {
+			if err := p.deleteReal(ctx, vs, r); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
-	var info []realInfo
-	if vs.Protocol == servicelb.TCP {
-		var err error
-		if info, err = p.k.reals(ctx, vs); err != nil {
-			return err
-		}
+	info, err := p.k.reals(ctx, vs)
+	if err != nil {
+		return err
 	}
 	for _, r := range gone {
 		rk := realKey{vs.key(), r.AddrPort()}
 		i := slices.IndexFunc(info, func(ri realInfo) bool { return ri.AddrPort() == r.AddrPort() })
-		if i >= 0 && info[i].active+info[i].inactive > 0 {
+		if drains(r) && i >= 0 && info[i].active+info[i].inactive > 0 {
 			if err := p.quiesce(ctx, vs, r, rk); err != nil {
 				return err
 			}
@@ -185,9 +188,6 @@ func (p *Proxier) removeReals(ctx context.Context, vs *VirtualServer, gone []Rea
 		}
 		if err := p.deleteReal(ctx, vs, r); err != nil {
 			return err
-		}
-		if vs.Protocol != servicelb.TCP {
-			*stale = append(*stale, servicelb.StaleFlow{Protocol: vs.Protocol, Dst: vs.Addr, Port: vs.Port, Endpoint: r.Addr})
 		}
 	}
 	return nil
@@ -236,8 +236,10 @@ func (p *Proxier) deleteServers(ctx context.Context, d *delta, keys []vsKey) ([]
 			delete(p.draining, realKey{k, r.AddrPort()})
 		}
 		delete(p.kern, k)
-		p.use[k.addr]--
-		addrs = append(addrs, k.addr)
+		if k.fwmark == 0 {
+			p.use[k.addr]--
+			addrs = append(addrs, k.addr)
+		}
 	}
 	return addrs, nil
 }
@@ -265,27 +267,5 @@ func (p *Proxier) deleteAddresses(ctx context.Context, candidates []netip.Addr, 
 		}
 	}
 	p.stray = nil
-	return nil
-}
-
-// appendAllFlows marks every conntrack flow to a UDP or SCTP virtual
-// server stale: flows created while it had no real server.
-func appendAllFlows(out []servicelb.StaleFlow, vs *VirtualServer) []servicelb.StaleFlow {
-	if vs.Protocol == servicelb.TCP {
-		return out
-	}
-	return append(out, servicelb.StaleFlow{Protocol: vs.Protocol, Dst: vs.Addr, Port: vs.Port})
-}
-
-// cleanFlows hands stale flows to the FlowCleaner, if there is one.
-func (p *Proxier) cleanFlows(ctx context.Context, stale []servicelb.StaleFlow) error {
-	if len(stale) == 0 || p.cleaner == nil {
-		return nil
-	}
-	n, err := p.cleaner.DeleteStale(ctx, stale)
-	if err != nil {
-		return opErr("delete stale conntrack flows", "", err)
-	}
-	p.log.Debug("ipvs: stale conntrack flows deleted", "filters", len(stale), "flows", n)
 	return nil
 }

@@ -61,7 +61,8 @@ func BenchmarkIPVS(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	plan, err := planState(st)
+	o, _ := Options{}.withDefaults()
+	plan, err := planState(st, &o)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,68 +5,94 @@
 // package and its helper rules through nf_tables netlink in iptables-nft's
 // encoding. It runs no binary of its own (but see Privileges).
 //
-// # The model
+// What a service means (which endpoints take which flows from which
+// origin, masquerade, reject or drop, source ranges, affinity, stale
+// flows) is decided by servicelb and documented there: each
+// servicelb.ServicePort carries its verdicts, and this package renders
+// them. Capabilities says what it renders: every feature, the IPVS
+// schedulers, any protocol and number of endpoints; Sync refuses a port
+// beyond them with servicelb's own error.
 //
-// Every service port of a servicelb.State becomes IPVS virtual servers,
-// one per virtual address, protocol and port:
+// # Virtual servers
 //
-//   - its cluster IP and port, with the real servers the internal traffic
-//     policy selects;
-//   - each external IP and load-balancer IP with the port, and each node
-//     address that serves node ports (NodeConfig.NodePortAddresses) with the
-//     node port, with the real servers the external traffic policy selects.
+// Every frontend of a service port (its cluster IP, external IPs and
+// load-balancer IPs with the port, the node addresses serving node ports
+// with the node port) is an IPVS virtual server whose real servers are the
+// targets of the frontend's verdict for clients outside: the port's
+// cluster or local endpoints, or none when that verdict rejects or drops.
+// Real servers are reached by masquerading (IPVS NAT), with their weights.
+// The scheduler is the port's hint, wrr when empty (round robin in
+// proportion to the weights); mh also hashes the client's port (the
+// mh-port flag), so that one client's connections spread. ClientIP affinity is IPVS persistence with the affinity's
+// seconds. A virtual server without real servers makes IPVS refuse new
+// flows with an ICMP port unreachable: the reject verdict.
 //
-// Real servers are the selected endpoints, reached by masquerading (IPVS
-// NAT), with their weights. The scheduler is the service's hint (rr, wrr,
-// lc, wlc, sh, dh, sed, nq, mh; rr when empty); the "random" hint is
-// refused with ErrUnsupported. ClientIP affinity becomes IPVS persistence
-// with the affinity timeout in whole seconds: IPVS keeps a client's choice
-// for that long after the client's last new connection, and as long as
-// connections it chose live on.
+// The virtual addresses that are not node addresses sit on a dummy link,
+// Options.Interface (default kproxy-ipvs0), so that the kernel takes their
+// traffic in locally, where IPVS sees it. Node addresses stay where they
+// are.
 //
-// The virtual addresses that are not node addresses (cluster, external and
-// load-balancer IPs) sit on a dummy link, Options.Interface (default
-// kproxy-ipvs0), so that the kernel takes their traffic in locally, where
-// IPVS sees it. Node addresses stay where they are.
+// # Origins and firewall marks
 //
-// # Ownership
+// One virtual server has one set of real servers, but the verdict of a
+// frontend may differ by origin (the external Local policy forwards pods'
+// and the node's flows to every endpoint, outside clients' only to local
+// ones). For each origin whose verdict differs from the outside verdict of
+// a frontend, a rule marks that origin's flows to the frontend with the
+// port's firewall mark, and an IPVS firewall-mark virtual server of that
+// mark (per family) has the verdict's targets as real servers: IPVS looks
+// firewall-mark virtual servers up before address ones, by the whole
+// packet mark. Marks come from Options.FWMarkMask, one per port and
+// target set, chosen from a hash of the port's name, so that a restart
+// keeps them; a masqueraded origin's mark also carries the masquerade bit,
+// and so has a virtual server of its own. These rules live in two chains
+// of the mangle table keyed by port (FROM-POD, FROM-NODE): the only rules
+// whose number grows with the services, one per frontend and origin of
+// the ports whose verdicts differ by origin. An origin whose differing
+// verdict drops its flows gets a drop rule instead of a mark.
 //
-// The proxier's virtual servers are those on an address of its dummy link,
-// and those its helper sets record: every virtual server on a node address
-// or an external address is listed in the sets before it is created and
-// unlisted only after it is deleted. Every other virtual server is left
-// alone, including foreign ones on node addresses, and a State that needs
-// one is refused with ErrConflict. Two proxiers with different links, set
-// prefixes and chain prefixes share a namespace, as long as their services
-// do not share addresses and ports.
+// Origins are told apart as servicelb says: a source in the node's cluster
+// CIDRs is a pod; in the mangle table, other flows the node sends are the
+// node's; in the nat table, a local source address is the node.
 //
 // # Helper rules and sets
 //
-// IPVS only balances. The rest is done by a fixed set of rules in the
-// iptables nat and filter tables of both families (chains named
-// Options.ChainPrefix + SERVICES, CLUSTER-IP, MARK-MASQ, POSTROUTING, INPUT,
-// SOURCE-RANGES, FORWARD, entered from the builtin chains) that match
-// ipsets (named Options.SetPrefix + base + "-4" or "-6"):
+// The rest is done by a fixed set of rules in the nat, filter and mangle
+// tables of both families (chains named Options.ChainPrefix + a base name,
+// entered from the builtin chains), which match ipsets named
+// Options.SetPrefix + base + "-4" or "-6":
 //
-//   - traffic to a cluster IP from outside the cluster CIDRs (all of it
-//     with MasqueradeAll), and external traffic under the Cluster policy,
-//     is masqueraded; external traffic under the Local policy keeps the
-//     client's address;
-//   - an endpoint reaching itself through its service (hairpin) is
-//     masqueraded;
-//   - a load-balancer IP with source ranges drops the traffic of other
-//     sources (the node's own addresses are always allowed; a service whose
-//     ranges are all of the other family admits only the node);
-//   - new connections to a port of a virtual address that no service uses
-//     are rejected, even if the node itself listens there;
-//   - when a Local traffic policy leaves one kind of traffic without
-//     endpoints while the other kind has some, that traffic is dropped.
+//   - mangle PREROUTING and OUTPUT (before routing, NAT and IPVS): flows
+//     to an address of NodeConfig.ServiceCIDRs that is not local (no
+//     cluster IP) are dropped; the node's flows to a load-balancer
+//     frontend from sources outside its source ranges are dropped (IPVS
+//     takes the node's flows before the filter table sees them); the
+//     origins are marked as above; then flows to a frontend whose outside
+//     verdict drops (set drop) are dropped unless marked;
+//   - nat: flows are tagged with the node's masquerade mark by origin, as
+//     the frontend's verdicts say (sets masq for every origin, masq-pod,
+//     masq-node, masq-outside for one), and masqueraded on the way out,
+//     as are flows from an endpoint to itself (set loop-back);
+//   - filter INPUT: flows arriving at a load-balancer frontend from
+//     sources outside its source ranges (sets lb-fw, lb-source-range) are
+//     dropped; new flows to a port of a virtual address (set vip) that is
+//     not a frontend (set frontends) are rejected, even if the node itself
+//     listens there;
+//   - filter FORWARD accepts masqueraded and established flows.
 //
-// A service without any endpoint keeps its virtual servers with no real
-// server: IPVS itself refuses new connections with ICMP port unreachable,
-// which a TCP client sees as a refused connection. The number of rules is
-// the same whatever the services; only the sets grow with them. Render
-// shows it all as the tools print it.
+// Render shows it all as the tools print it.
+//
+// # Ownership
+//
+// The proxier's virtual servers are those on an address of its dummy
+// link, those its set frontends records (every virtual server on a node
+// address or an external address is listed there before it is created
+// and unlisted only after it is deleted), and the firewall-mark ones whose
+// mark has bits of Options.FWMarkMask. Every other virtual server is left
+// alone, including foreign ones on node addresses, and a State that needs
+// one is refused with ErrConflict. Two proxiers with different links, set
+// prefixes, chain prefixes and mark masks share a namespace, as long as
+// their services do not share addresses and ports.
 //
 // # Lifecycle
 //
@@ -74,27 +100,33 @@
 // kernel has IPVS; it changes nothing. The first Sync writes the sysctls
 // IPVS needs (net.ipv4.vs.conntrack=1, expire_nodest_conn=1 and
 // expire_quiescent_template=1, and arp_ignore=1, arp_announce=2 with
-// StrictARP; see LeaveSysctls), creates the helper sets, the helper rules
-// and the dummy link, reads the virtual servers already there (a previous
-// process's) and converges on the State without touching what is already
-// right, so that a restart drops no connection. Later syncs send only what
-// servicelb.Diff reports, after a cheap check that the dummy link and the
-// rules are still there. IPVS is not transactional: a sync adds addresses,
-// set entries, virtual servers and real servers before it removes any, so
-// that no virtual address is ever without its servers, and a State the
-// proxier cannot apply is refused before anything is sent. If a sync fails
-// part way, the next one reads the kernel again and completes the change.
+// StrictARP; see LeaveSysctls), creates the helper sets and the dummy link,
+// reads the virtual servers already there (a previous process's) and
+// converges on the State without touching what is already right, so that
+// a restart drops no connection. Later syncs send only what servicelb.Diff
+// reports, after a cheap check that the dummy link and the rules are still
+// there. IPVS is not transactional: a sync adds addresses, set entries,
+// virtual servers, real servers and rules before it removes any, so that
+// no virtual address is ever without its servers nor a flow marked for a
+// missing one, and a State the proxier cannot apply is refused before
+// anything is sent. If a sync fails part way, the next one reads the
+// kernel again and completes the change.
 //
-// Removing a UDP or SCTP real server deletes it at once, and the conntrack
-// flows it leaves stale are deleted (Options.Conntrack, by default a
-// conntrack.Client in the namespace; Options.NoConntrackCleanup turns
-// this off). A removed TCP real server without
-// connections is deleted at once; one with connections is set to weight 0,
-// so that it takes no new connection while its open ones go on, and is
-// deleted once they have ended (IPVS counts a closed connection until it
-// leaves its TIME_WAIT or CLOSE state) or after Options.GracefulTimeout.
-// Each Sync checks, and so does Drain, which the caller may run between
-// syncs.
+// After each sync the conntrack flows servicelb calls stale are deleted
+// (servicelb.Changes.StaleFlows after a sync of changes,
+// servicelb.State.StaleFlows after one of a whole State: the first, one
+// after a failure or a node change), through Options.Conntrack, by default
+// a conntrack.Client in the namespace (Options.NoConntrackCleanup turns
+// this off); a deletion that fails is tried again by the next Sync. IPVS
+// forwards a flow by its own connection table, so a removed real server
+// whose flows must go on drains: a TCP one, or a UDP or SCTP one whose
+// endpoint still serves the port (servicelb keeps such flows), is set to
+// weight 0 while it has connections, so that it takes no new flow while
+// its own go on, and is deleted once they have ended (IPVS counts a closed
+// connection until it leaves its TIME_WAIT or CLOSE state) or after
+// Options.GracefulTimeout. Other removed real servers are deleted at once.
+// Each Sync checks the draining ones, and so does Drain, which the caller
+// may run between syncs.
 //
 // Cleanup removes every virtual server the proxier owns, the dummy link
 // with its addresses, the helper rules and the helper sets. Close releases
@@ -106,14 +138,14 @@
 // namespace other than the caller's). The kernel needs the ip_vs module
 // and the scheduler modules (ip_vs_rr and so on) loaded, the dummy module,
 // ipset with the hash:ip, hash:ip,port, hash:ip,port,ip and hash:ip,port,net
-// types, nf_tables with nft_compat and the xt_set, xt_mark, xt_conntrack,
-// xt_comment, MASQUERADE and REJECT extensions, and conntrack. The package
-// loads no module; github.com/moby/ipvs, however, runs `modprobe -va ip_vs`
-// once per process on first use, and logs through logrus if that fails:
-// the one program this package causes to run, outside its control.
+// types, nf_tables with nft_compat and the xt_set, xt_mark (match and MARK
+// target), xt_addrtype, xt_conntrack, xt_comment, MASQUERADE and REJECT
+// extensions, and conntrack. The package loads no module;
+// github.com/moby/ipvs, however, runs `modprobe -va ip_vs` once per
+// process on first use, and logs through logrus if that fails: the one
+// program this package causes to run, outside its control.
 //
-// Replies of connections that keep the client's address (the Local
-// external policy) are routed back through the node, so the namespace must
-// forward (net.ipv4.ip_forward, net.ipv6.conf.all.forwarding); the
-// proxier leaves that setting alone.
+// Replies of flows that keep the client's address are routed back through
+// the node, so the namespace must forward (net.ipv4.ip_forward,
+// net.ipv6.conf.all.forwarding); the proxier leaves that setting alone.
 package ipvs

@@ -6,7 +6,7 @@ import (
 	"slices"
 )
 
-// Drain deletes the draining real servers (removed TCP real servers kept
+// Drain deletes the draining real servers (removed real servers kept
 // at weight 0) whose connections have ended or whose graceful timeout has
 // passed, and returns how many still drain. Sync does the same; call Drain
 // between syncs (every few seconds, say) to delete them sooner.

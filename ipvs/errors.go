@@ -4,25 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// Errors. Every error the package returns wraps one of these (or a
-// *servicelb.ValidationError, or a context error), so that callers test the
-// kind with errors.Is.
+// Errors. Every error the package returns wraps one of these, or is a
+// *servicelb.ValidationError (what the State asks that the proxier cannot
+// do, as servicelb.Capabilities.CheckPort reports it: ErrUnsupported,
+// ErrCapacity), or a context error, so that callers test the kind with
+// errors.Is.
 var (
 	// ErrInvalidOptions: an Options field is not valid.
 	ErrInvalidOptions = errors.New("invalid options")
-	// ErrUnsupported: the State asks for something IPVS cannot do, such as
-	// the "random" scheduler. It comes wrapped in a
-	// *servicelb.ValidationError naming the service and field.
-	ErrUnsupported = errors.New("not supported by the ipvs proxier")
-	// ErrConflict: two service ports of the State need the same IPVS
-	// virtual server (an external IP and port equal to a node address and
-	// node port), or a virtual server the State needs exists and belongs to
-	// someone else. Wrapped in a *servicelb.ValidationError when the State
-	// is at fault.
+	// ErrConflict: a virtual server the State needs exists and belongs to
+	// someone else (or, which servicelb rules out, two service ports need
+	// the same one).
 	ErrConflict = errors.New("virtual server conflict")
 	// ErrIPVSUnavailable: the kernel has no IPVS (hint: load the ip_vs
 	// module and the schedulers' ip_vs_* modules).
@@ -69,10 +63,4 @@ func opErr(op, object string, err error) error {
 		return nil
 	}
 	return &OpError{Op: op, Object: object, Err: err}
-}
-
-// unsupported returns a validation error for a field IPVS cannot express.
-func unsupported(svc, field, value, why string) error {
-	return &servicelb.ValidationError{Service: svc, Field: field, Value: value,
-		Err: fmt.Errorf("%w: %s", ErrUnsupported, why)}
 }

@@ -75,16 +75,10 @@ func (s *sets) load(ctx context.Context) error {
 	return nil
 }
 
-// recorded reports whether a virtual server is listed in the sets that
-// record the proxier's virtual servers by address, protocol and port.
+// recorded reports whether an address virtual server is listed in the
+// set that records the proxier's frontends.
 func (s *sets) recorded(k vsKey) bool {
-	f := servicelb.FamilyOf(k.addr)
-	for _, base := range []string{setClusterIP, setExternal, setExternalLocal} {
-		if s.have[setEntry{set: base, family: f, addr: k.addr, proto: k.proto, port: k.port}] {
-			return true
-		}
-	}
-	return false
+	return k.fwmark == 0 && s.have[setEntry{set: setFrontends, family: servicelb.FamilyOf(k.addr), addr: k.addr, proto: k.proto, port: k.port}]
 }
 
 // intact reports whether every helper set exists with the entries it

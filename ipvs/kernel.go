@@ -17,7 +17,8 @@ import (
 
 // IPVS constants the moby package does not export.
 const (
-	svcFlagPersistent = 0x1 // IP_VS_SVC_F_PERSISTENT
+	svcFlagPersistent = 0x1  // IP_VS_SVC_F_PERSISTENT
+	svcFlagHashPort   = 0x10 // IP_VS_SVC_F_SCHED2: sh-port, mh-port
 	netmask4          = 0xffffffff
 	netmask6          = 128
 )
@@ -154,8 +155,8 @@ type realInfo struct {
 	active, inactive int
 }
 
-// services lists every IPVS virtual server of a known protocol in the
-// namespace, without real servers; firewall-mark services are left out.
+// services lists every IPVS virtual server in the namespace, address ones
+// of a known protocol and firewall-mark ones, without real servers.
 func (k *kernel) services(ctx context.Context) ([]*VirtualServer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -243,39 +244,54 @@ func realName(vs *VirtualServer, r RealServer) string {
 }
 
 func toService(vs *VirtualServer) *ipvs.Service {
-	s := &ipvs.Service{
-		Address: net.IP(vs.Addr.AsSlice()), Protocol: uint16(vs.Protocol.Number()), Port: vs.Port,
-		SchedName: vs.Scheduler, AddressFamily: unix.AF_INET, Netmask: netmask4,
+	s := &ipvs.Service{FWMark: vs.FWMark, SchedName: vs.Scheduler, AddressFamily: unix.AF_INET, Netmask: netmask4}
+	if vs.FWMark == 0 {
+		s.Address, s.Protocol, s.Port = net.IP(vs.Addr.AsSlice()), uint16(vs.Protocol.Number()), vs.Port
 	}
-	if vs.Addr.Is6() {
+	if vs.family() == servicelb.IPv6 {
 		s.AddressFamily, s.Netmask = unix.AF_INET6, netmask6
 	}
 	if vs.Persistence > 0 {
 		s.Flags, s.Timeout = svcFlagPersistent, vs.Persistence
 	}
+	if vs.HashPort {
+		s.Flags |= svcFlagHashPort
+	}
 	return s
 }
 
 func fromService(s *ipvs.Service) (*VirtualServer, bool) {
-	a, ok := addrOf(s.Address)
-	if !ok || s.FWMark != 0 {
-		return nil, false
-	}
-	var p servicelb.Protocol
-	switch s.Protocol {
-	case unix.IPPROTO_TCP:
-		p = servicelb.TCP
-	case unix.IPPROTO_UDP:
-		p = servicelb.UDP
-	case unix.IPPROTO_SCTP:
-		p = servicelb.SCTP
-	default:
-		return nil, false
-	}
-	vs := &VirtualServer{Addr: a, Protocol: p, Port: s.Port, Scheduler: s.SchedName}
+	vs := &VirtualServer{Scheduler: s.SchedName, HashPort: s.Flags&svcFlagHashPort != 0}
 	if s.Flags&svcFlagPersistent != 0 {
 		vs.Persistence = s.Timeout
 	}
+	if s.FWMark != 0 {
+		switch s.AddressFamily {
+		case unix.AF_INET:
+			vs.Family = servicelb.IPv4
+		case unix.AF_INET6:
+			vs.Family = servicelb.IPv6
+		default:
+			return nil, false
+		}
+		vs.FWMark = s.FWMark
+		return vs, true
+	}
+	a, ok := addrOf(s.Address)
+	if !ok {
+		return nil, false
+	}
+	switch s.Protocol {
+	case unix.IPPROTO_TCP:
+		vs.Protocol = servicelb.TCP
+	case unix.IPPROTO_UDP:
+		vs.Protocol = servicelb.UDP
+	case unix.IPPROTO_SCTP:
+		vs.Protocol = servicelb.SCTP
+	default:
+		return nil, false
+	}
+	vs.Addr, vs.Port = a, s.Port
 	return vs, true
 }
 

@@ -5,6 +5,7 @@ package ipvs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -124,7 +125,8 @@ func (r *flowRecorder) DeleteStale(_ context.Context, flows []servicelb.StaleFlo
 }
 
 // TestUDPRemovedAtOnce checks that removed UDP real servers go at once, and
-// that their flows are handed to the FlowCleaner.
+// that the frontends they served are handed to the FlowCleaner with the
+// endpoints still serving (servicelb's stale flows of the change).
 func TestUDPRemovedAtOnce(t *testing.T) {
 	rec := &flowRecorder{}
 	e := newEnv(t, 2, Options{Conntrack: rec})
@@ -139,14 +141,78 @@ func TestUDPRemovedAtOnce(t *testing.T) {
 	e.sync(st)
 	e.checkIPVS(st)
 	want := []servicelb.StaleFlow{
-		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Endpoint: backendAddr(0, servicelb.IPv4)},
-		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Endpoint: backendAddr(0, servicelb.IPv6)},
+		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Serving: []netip.Addr{backendAddr(1, servicelb.IPv4)}},
+		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Serving: []netip.Addr{backendAddr(1, servicelb.IPv6)}},
 	}
 	if diff := cmp.Diff(want, rec.flows, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
 		t.Errorf("stale flows (-want +got):\n%s", diff)
 	}
 	if counts := e.tp.Client.Count(t, "udp", dst, 4); counts["backend-1"] != 4 {
 		t.Fatalf("answers %v: want backend-1 only", counts)
+	}
+}
+
+// TestUDPServingEndpointKeepsItsFlows checks that a UDP session keeps its
+// endpoint while the endpoint serves, though no longer chosen (terminating
+// while another is ready, drained, or left out by a Local policy): its real
+// server drains at weight 0 while new flows go elsewhere; once the endpoint
+// serves no more, the real server goes at once and the session moves.
+func TestUDPServingEndpointKeepsItsFlows(t *testing.T) {
+	netnstest.Require(t, "conntrack")
+	e := newEnv(t, 2, Options{})
+	e.serve("udp", 5353, 0, 1)
+	svc := func(eps ...servicelb.Endpoint) servicelb.Service {
+		s := longService()
+		s.Endpoints = eps
+		return s
+	}
+	dst, session := ap(a("10.96.0.40"), 53), netnstest.FromPort(40053)
+	ep0, ep1 := endpoints(0), endpoints(1)
+	terminating, drained, other := slices.Clone(ep0), slices.Clone(ep0), slices.Clone(ep0)
+	for i := range ep0 {
+		terminating[i].Ready, terminating[i].Terminating = false, true
+		drained[i].Weight = servicelb.Weight(0)
+		other[i].NodeName = "other"
+	}
+	local := svc(slices.Concat(other, ep1)...)
+	local.InternalTrafficPolicy = servicelb.PolicyLocal
+	// A session moved off a deleted real server may lose a datagram to
+	// IPVS expiring its connection.
+	sessionReaches := func(what, host string) {
+		t.Helper()
+		eventually(t, 5*time.Second, func() error {
+			r, err := e.tp.Client.Ask(t.Context(), "udp", dst, session)
+			if err == nil && r.Host != host {
+				err = fmt.Errorf("%s: session answered by %s, want %s", what, r.Host, host)
+			}
+			return err
+		})
+	}
+	for _, stage := range []struct {
+		name string
+		svc  servicelb.Service
+	}{
+		{"terminating", svc(slices.Concat(terminating, ep1)...)},
+		{"drained", svc(slices.Concat(drained, ep1)...)},
+		{"left out by the Local policy", local},
+	} {
+		e.sync(e.state(svc(ep0...)))
+		sessionReaches(stage.name, "backend-0")
+		e.sync(e.state(stage.svc))
+		if r := askFrom(t, e.tp.Client, "udp", dst, session); r.Host != "backend-0" {
+			t.Errorf("%s: session answered by %s, want backend-0 still", stage.name, r.Host)
+		}
+		if counts := e.tp.Client.Count(t, "udp", dst, 3); counts["backend-1"] != 3 {
+			t.Errorf("%s: new flows answered by %v, want backend-1", stage.name, counts)
+		}
+		drained := "-r " + netip.AddrPortFrom(backendAddr(0, servicelb.IPv4), 5353).String() + " -m -w 0"
+		if out := e.tp.Node.Exec(t, "ipvsadm", "-Sn"); !strings.Contains(out, drained) {
+			t.Errorf("%s: ipvsadm -Sn lacks %q:\n%s", stage.name, drained, out)
+		}
+		st := e.state(svc(ep1...))
+		e.sync(st)
+		sessionReaches(stage.name+", backend-0 serving no more", "backend-1")
+		e.checkIPVS(st)
 	}
 }
 
@@ -261,22 +327,28 @@ func snapshot(t *testing.T, h *netnstest.Host, o Options) string {
 }
 
 // TestInvalidInputLeavesKernel checks that a State the proxier cannot apply
-// is refused before anything changes, on a fresh proxier and on one that
-// applied a state before, and that a valid change applies afterwards.
+// (a scheduler it does not have, more ports needing firewall marks than
+// its mask holds) is refused before anything changes, on a fresh proxier
+// and on one that applied a state before, and that a valid change applies
+// afterwards.
 func TestInvalidInputLeavesKernel(t *testing.T) {
-	e := newEnv(t, 2, Options{})
+	e := newEnv(t, 2, Options{FWMarkMask: 0x10000})
 	random := longService(0, 1)
 	random.Scheduler = servicelb.SchedulerRandom
-	ext := servicelb.Service{
-		Name: "default/ext", ExternalIPs: []netip.Addr{netnstest.NodeIPv4()},
-		Ports: []servicelb.Port{{Protocol: tcp, Port: 30700}},
-	}
+	// Each needs a mark per family for its node port under the Local
+	// policy; the mask holds one.
+	local := longService(0, 1)
+	local.ExternalTrafficPolicy = servicelb.PolicyLocal
+	local2 := local
+	local2.Name, local2.ClusterIPs = "default/long2", []netip.Addr{a("10.96.0.41")}
+	local2.Ports = slices.Clone(local.Ports)
+	local2.Ports[0].NodePort = 30701
 	bad := []struct {
 		st   *servicelb.State
 		kind error
 	}{
-		{e.state(random), ErrUnsupported},
-		{e.state(longService(0, 1), ext), ErrConflict},
+		{e.state(random), servicelb.ErrUnsupported},
+		{e.state(local, local2), servicelb.ErrCapacity},
 	}
 	empty := snapshot(t, e.tp.Node, e.p.opts)
 	for _, b := range bad {
@@ -355,7 +427,7 @@ func TestOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	render := func(st *servicelb.State) []*VirtualServer {
-		p, err := planState(st)
+		p, err := planState(st, &e.p.opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/vishvananda/netns"
 )
 
@@ -14,7 +15,13 @@ const (
 	DefaultSetPrefix       = "kproxy-ipvs-"
 	DefaultChainPrefix     = "KPROXY-IPVS-"
 	DefaultGracefulTimeout = 15 * time.Minute
-	DefaultScheduler       = "rr"
+	// DefaultScheduler serves the empty scheduler hint: weighted round
+	// robin, which is round robin when the weights are equal.
+	DefaultScheduler = "wrr"
+	// DefaultFWMarkMask gives the proxier 4095 firewall marks per family,
+	// 0x10000 to 0xfff0000: clear of kube-proxy's masquerade (0x4000) and
+	// drop (0x8000) bits.
+	DefaultFWMarkMask = 0x0fff0000
 )
 
 // Name limits of the kernel objects the proxier names.
@@ -47,21 +54,36 @@ type Options struct {
 	// virtual addresses of its dummy link on its other links. Use it when
 	// another node or a load balancer announces the same addresses.
 	StrictARP bool
-	// GracefulTimeout bounds how long a removed TCP real server keeps
-	// serving its open connections (at weight 0) before it is deleted.
-	// Default DefaultGracefulTimeout.
+	// GracefulTimeout bounds how long a removed real server keeps serving
+	// its open connections (at weight 0) before it is deleted: a TCP one,
+	// or a UDP or SCTP one whose endpoint still serves. Default
+	// DefaultGracefulTimeout.
 	GracefulTimeout time.Duration
 	// LeaveSysctls stops the proxier from writing the IPVS sysctls it needs
 	// (net.ipv4.vs.conntrack=1, expire_nodest_conn=1,
 	// expire_quiescent_template=1, and the StrictARP ones): Sync then only
 	// checks them and fails with ErrSysctl when one differs.
 	LeaveSysctls bool
-	// NoConntrackCleanup turns off the deletion of the conntrack flows
-	// that removing UDP and SCTP real servers leaves stale.
+	// FWMarkMask holds the packet mark bits of the firewall marks the
+	// proxier gives the IPVS firewall-mark virtual servers that take the
+	// flows of pods and of the node to a port whose verdict for them
+	// differs from the one for outside clients (the external Local
+	// policy): every value of these bits but zero is a mark. IPVS looks
+	// these virtual servers up by the whole packet mark, so the proxier
+	// sets the whole mark of the flows it steers, and every firewall-mark
+	// virtual server with a mark of these bits is the proxier's. The
+	// bits must be used by nobody else in the namespace (no other
+	// program's marks, no ip rule, another proxier in the namespace
+	// another mask) and must not hold the node's masquerade mark. A
+	// port's mark is chosen from a hash of its name, so that a restarted
+	// proxier gives the same marks. Default DefaultFWMarkMask.
+	FWMarkMask uint32
+	// NoConntrackCleanup turns off the deletion of stale UDP and SCTP
+	// conntrack flows (servicelb.StaleFlow).
 	NoConntrackCleanup bool
 	// Conntrack deletes those flows; nil means a conntrack.Client of the
 	// proxier's own in its namespace, opened by New.
-	Conntrack FlowCleaner
+	Conntrack conntrack.FlowCleaner
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger
@@ -81,6 +103,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.GracefulTimeout == 0 {
 		o.GracefulTimeout = DefaultGracefulTimeout
+	}
+	if o.FWMarkMask == 0 {
+		o.FWMarkMask = DefaultFWMarkMask
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

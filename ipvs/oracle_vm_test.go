@@ -5,13 +5,11 @@ package ipvs
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
@@ -119,70 +117,11 @@ func TestKernelEqualsRender(t *testing.T) {
 	}
 }
 
-// randomService returns a random service i, sometimes one the proxier
-// must refuse (the random scheduler, or an external IP on another
-// service's node port).
-func randomService(r *rand.Rand, i int) servicelb.Service {
-	s := servicelb.Service{Name: fmt.Sprintf("ns/svc-%d", i)}
-	if r.IntN(5) != 0 {
-		s.ClusterIPs = append(s.ClusterIPs, netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}))
-	}
-	if r.IntN(3) == 0 {
-		s.ClusterIPs = append(s.ClusterIPs, netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x96, 15: byte(i + 1)}))
-	}
-	if r.IntN(4) == 0 {
-		s.ExternalIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(i + 1)})}
-	}
-	if r.IntN(20) == 0 {
-		s.ExternalIPs = append(s.ExternalIPs, netnstest.NodeIPv4())
-	}
-	if r.IntN(4) == 0 {
-		s.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 114, byte(i + 1)}), netip.AddrFrom16([16]byte{0x20, 1, 0xd, 0xb8, 15: byte(i + 1)})}
-		if r.IntN(2) == 0 {
-			s.SourceRanges = []netip.Prefix{pfx("198.51.100.0/24")}
-		}
-	}
-	protos := []servicelb.Protocol{tcp, udp, sctp}
-	for j := range 1 + r.IntN(2) {
-		p := servicelb.Port{Name: fmt.Sprintf("p%d", j), Protocol: protos[r.IntN(3)], Port: uint16(80 + j), TargetPort: uint16(8080 + r.IntN(2))}
-		if r.IntN(2) == 0 {
-			p.NodePort = uint16(30000 + 4*i + j)
-		}
-		if len(s.ExternalIPs) > 0 && s.ExternalIPs[len(s.ExternalIPs)-1] == netnstest.NodeIPv4() {
-			p.Port = uint16(30000 + 4*((i+1)%8)) // maybe another service's node port
-		}
-		s.Ports = append(s.Ports, p)
-	}
-	scheds := []servicelb.Scheduler{"", "rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh", "random"}
-	s.Scheduler = scheds[r.IntN(len(scheds)-1)]
-	if r.IntN(25) == 0 {
-		s.Scheduler = servicelb.SchedulerRandom
-	}
-	policies := []servicelb.TrafficPolicy{servicelb.PolicyCluster, servicelb.PolicyLocal}
-	s.ExternalTrafficPolicy, s.InternalTrafficPolicy = policies[r.IntN(2)], policies[r.IntN(4)/3]
-	if r.IntN(3) == 0 {
-		s.Affinity = servicelb.SessionAffinity{ClientIP: true, Timeout: time.Duration(r.IntN(5)+1) * 10 * time.Second}
-	}
-	for b := range 6 {
-		if r.IntN(2) == 0 {
-			continue
-		}
-		for _, f := range []servicelb.Family{servicelb.IPv4, servicelb.IPv6} {
-			ep := servicelb.Endpoint{Addr: backendAddr(b, f), Ready: r.IntN(5) != 0, Serving: true,
-				Terminating: r.IntN(5) == 0, NodeName: []string{"node", "other"}[r.IntN(2)]}
-			if r.IntN(3) == 0 {
-				ep.Weight = servicelb.Weight(uint16(r.IntN(4)))
-			}
-			s.Endpoints = append(s.Endpoints, ep)
-		}
-	}
-	return s
-}
-
 // walk is a random walk of states through one proxier.
 type walk struct {
 	t   *testing.T
-	r   *rand.Rand
+	g   *gen
+	b   *servicelb.Builder
 	h   *netnstest.Host
 	o   Options
 	p   *Proxier
@@ -191,25 +130,12 @@ type walk struct {
 	applied, refused, restarts int
 }
 
-// next returns a random successor of the current state: a service added,
-// changed or removed, or the node changed.
+// next returns the state after a random change: a service added, changed
+// or removed, or the node changed (see gen).
 func (w *walk) next() (*servicelb.State, bool) {
-	b := w.cur.Edit()
-	switch x := w.r.IntN(20); {
-	case x < 12:
-		if err := b.Upsert(randomService(w.r, w.r.IntN(8))); err != nil {
-			return nil, false
-		}
-	case x < 18:
-		b.Delete(fmt.Sprintf("ns/svc-%d", w.r.IntN(8)))
-	default:
-		node := w.cur.Node()
-		node.MasqueradeAll = !node.MasqueradeAll
-		if err := b.SetNode(node); err != nil {
-			w.t.Fatal(err)
-		}
-	}
-	return b.State(), true
+	w.g.change(w.b, 8)
+	st := w.b.State()
+	return st, st != w.cur
 }
 
 // step syncs one random successor, sometimes after a restart, and checks
@@ -224,14 +150,14 @@ func (w *walk) step(i int) {
 	if _, err := Render(next, w.o); err != nil || i%25 == 0 {
 		before = snapshot(t, w.h, w.o)
 	}
-	if w.r.IntN(20) == 0 {
+	if w.g.pick(20) == 0 {
 		// A restart: a new Proxier adopts what the old one left.
 		w.p.Close()
 		w.p = w.newProxier()
 		w.restarts++
 	}
 	if err := w.p.Sync(t.Context(), next); err != nil {
-		if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrConflict) {
+		if !errors.Is(err, servicelb.ErrUnsupported) && !errors.Is(err, servicelb.ErrCapacity) {
 			t.Fatalf("step %d: Sync: %v", i, err)
 		}
 		w.refused++
@@ -269,14 +195,17 @@ func TestRandomTransitions(t *testing.T) {
 	netnstest.Require(t, vmFeatures...)
 	seed := uint64(rand.Int64())
 	t.Logf("seed %d", seed)
-	w := &walk{t: t, r: rand.New(rand.NewPCG(seed, 1)), h: netnstest.NewHost(t, "walk")}
+	g := newGen(seed)
+	b, err := servicelb.NewBuilder(g.node())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &walk{t: t, g: g, b: b, h: netnstest.NewHost(t, "walk")}
 	w.o = Options{NetNS: w.h.NS}
 	w.p = w.newProxier()
 	defer func() { w.p.Close() }()
 	w.o = w.p.opts
-	w.cur = mustState(t, servicelb.NodeConfig{NodeName: "node",
-		NodeIPs:      []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
-		ClusterCIDRs: netnstest.ClusterCIDRs()})
+	w.cur = b.State()
 	for i := range 300 {
 		w.step(i)
 	}

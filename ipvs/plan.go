@@ -8,180 +8,208 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// portPlan is what one service port asks of the kernel: its virtual
-// servers and the set entries of its helper rules. Every virtual address
-// of the virtual servers sits on the dummy link.
-type portPlan struct {
-	key     servicelb.ServicePortKey
-	servers []*VirtualServer
-	entries []setEntry
-}
-
-// statePlan is what a whole State asks of the kernel.
-type statePlan struct {
-	ports   map[servicelb.ServicePortKey]*portPlan
-	servers map[vsKey]*VirtualServer
-	owner   map[vsKey]servicelb.ServicePortKey
-	// nodeIPs are the node's addresses: never put on the dummy link.
+// planEnv is what planning a port needs besides the port: the node's
+// addresses (never put on the dummy link), its masquerade mark, the marks
+// the proxier may give and the backend's capabilities.
+type planEnv struct {
 	nodeIPs map[netip.Addr]bool
+	masq    uint32
+	space   markSpace
+	caps    servicelb.Capabilities
 }
 
-// planState plans every service port of st. It fails, with every mistake
-// joined, when a port asks for something IPVS cannot do or two ports need
-// the same virtual server.
-func planState(st *servicelb.State) (*statePlan, error) {
-	node := st.Node()
-	p := &statePlan{
-		ports:   map[servicelb.ServicePortKey]*portPlan{},
-		servers: map[vsKey]*VirtualServer{},
-		owner:   map[vsKey]servicelb.ServicePortKey{},
-		nodeIPs: map[netip.Addr]bool{},
+func newPlanEnv(node *servicelb.NodeConfig, o *Options) (planEnv, error) {
+	env := planEnv{nodeIPs: map[netip.Addr]bool{}, masq: node.MasqueradeMark(),
+		space: markSpace{o.FWMarkMask}, caps: capabilities()}
+	if env.masq&o.FWMarkMask != 0 {
+		return env, fmt.Errorf("%w: FWMarkMask %#x holds the node's masquerade mark %#x", ErrInvalidOptions, o.FWMarkMask, env.masq)
 	}
 	for _, a := range node.NodeIPs {
-		p.nodeIPs[a] = true
+		env.nodeIPs[a] = true
 	}
-	var errs []error
-	for _, sp := range st.Ports() {
-		pp, err := planPort(&node, sp)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := p.add(sp, pp); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	return env, nil
+}
+
+// portPlan is what one service port asks of the kernel: an address
+// virtual server per frontend, set entries, and for the origins whose
+// verdict differs from the outside verdict of a frontend, steers: the
+// mark rules and firewall-mark virtual servers that take their flows
+// elsewhere.
+type portPlan struct {
+	sp      *servicelb.ServicePort
+	servers []*VirtualServer
+	entries []setEntry
+	steers  []steer
+	// units are the marks the steers need, sorted.
+	units []markUnit
+	// fwServers and rules are the steers made real with the marks (see
+	// realize): the firewall-mark virtual servers, and the rules of the
+	// FROM-POD and FROM-NODE chains.
+	fwServers []*VirtualServer
+	rules     [2][]xtables.Rule
+}
+
+// steer is the flows of one origin to one frontend that take another
+// verdict than the frontend's virtual server gives.
+type steer struct {
+	origin servicelb.Origin
+	front  servicelb.Frontend
+	v      servicelb.Verdict
+}
+
+// unit returns the mark a steer needs; a drop needs none.
+func (s steer) unit(k servicelb.ServicePortKey) (markUnit, bool) {
+	return markUnit{k, s.v.Action}, s.v.Action != servicelb.Drop
+}
+
+func (pp *portPlan) key() servicelb.ServicePortKey { return pp.sp.Key }
+
+// allServers returns the port's address and firewall-mark virtual servers.
+func (pp *portPlan) allServers() []*VirtualServer { return slices.Concat(pp.servers, pp.fwServers) }
+
+// planPort plans one service port from its verdicts. The marks of its
+// steers are added by realize.
+func planPort(env *planEnv, sp *servicelb.ServicePort) (*portPlan, error) {
+	if err := env.caps.CheckPort(sp); err != nil {
 		return nil, err
 	}
-	return p, nil
-}
-
-// add records a port's plan, refusing virtual servers another port owns.
-func (p *statePlan) add(sp *servicelb.ServicePort, pp *portPlan) error {
-	for _, vs := range pp.servers {
-		if other, ok := p.owner[vs.key()]; ok {
-			return conflict(sp, vs.key(), other)
-		}
-	}
-	p.ports[pp.key] = pp
-	for _, vs := range pp.servers {
-		p.servers[vs.key()] = vs
-		p.owner[vs.key()] = pp.key
-	}
-	return nil
-}
-
-// conflict reports a virtual server needed by sp and by another port.
-func conflict(sp *servicelb.ServicePort, k vsKey, other servicelb.ServicePortKey) error {
-	i := slices.IndexFunc(sp.Service.Ports, func(p servicelb.Port) bool { return p.Name == sp.Port.Name })
-	return &servicelb.ValidationError{
-		Service: sp.Key.Service, Field: fmt.Sprintf("ports[%d]", i), Value: k.String(),
-		Err: fmt.Errorf("%w: also needed by %s", ErrConflict, other),
-	}
-}
-
-// planPort plans one service port: a virtual server per cluster IP,
-// external IP, load-balancer IP and node address, and its set entries.
-func planPort(node *servicelb.NodeConfig, sp *servicelb.ServicePort) (*portPlan, error) {
-	sched, err := schedulerName(sp)
-	if err != nil {
-		return nil, err
-	}
-	b := portBuilder{
-		sp: sp, node: node, sched: sched, persist: persistence(sp.Affinity),
-		pp: &portPlan{key: sp.Key}, hasBackends: sp.HasBackends(),
-	}
-	internal, external := realServers(sp.InternalBackends()), realServers(sp.ExternalBackends())
-	if sp.ClusterIP.IsValid() {
-		b.server(sp.ClusterIP, sp.Port.Port, internal)
-		b.entry(setClusterIP, sp.ClusterIP, sp.Port.Port)
-		b.vip(sp.ClusterIP)
-	}
-	for _, a := range sp.ExternalIPs {
-		b.external(a, sp.Port.Port, external)
-		b.vip(a)
-	}
-	for _, a := range sp.LoadBalancerIPs {
-		b.external(a, sp.Port.Port, external)
-		b.vip(a)
-		b.sourceRanges(a)
-	}
-	for _, a := range sp.NodeIPs {
-		b.external(a, sp.Port.NodePort, external)
+	b := portBuilder{env: env, sp: sp, pp: &portPlan{sp: sp}, proto: sp.Port.Protocol}
+	for _, f := range sp.Frontends() {
+		b.frontend(f)
 	}
 	for _, be := range sp.Backends() {
 		b.pp.entries = append(b.pp.entries, setEntry{set: setLoopBack, family: sp.Family,
-			addr: be.Addr, proto: sp.Port.Protocol, port: be.Port, addr2: be.Addr})
+			addr: be.Addr, proto: b.proto, port: be.Port, addr2: be.Addr})
 	}
+	for _, s := range b.pp.steers {
+		if u, ok := s.unit(sp.Key); ok && !slices.Contains(b.pp.units, u) {
+			b.pp.units = append(b.pp.units, u)
+		}
+	}
+	slices.SortFunc(b.pp.units, compareUnits)
 	return b.pp, nil
 }
 
 // portBuilder accumulates a port's plan.
 type portBuilder struct {
-	sp          *servicelb.ServicePort
-	node        *servicelb.NodeConfig
-	sched       string
-	persist     uint32
-	hasBackends bool
-	pp          *portPlan
+	env   *planEnv
+	sp    *servicelb.ServicePort
+	proto servicelb.Protocol
+	pp    *portPlan
 }
 
-func (b *portBuilder) server(a netip.Addr, port uint16, real []RealServer) {
-	b.pp.servers = append(b.pp.servers, &VirtualServer{
-		Addr: a, Protocol: b.sp.Port.Protocol, Port: port,
-		Scheduler: b.sched, Persistence: b.persist, Real: slices.Clone(real),
-	})
-	if len(real) == 0 && b.hasBackends {
-		// The other kind of traffic has backends: this one is dropped,
-		// not rejected, since another node may serve it.
-		b.entry(setDrop, a, port)
+// frontend plans one frontend: its virtual server serves the outside
+// verdict, the fall-through of every origin whose flows no mark steers.
+func (b *portBuilder) frontend(f servicelb.Frontend) {
+	vs := b.sp.Verdicts(f.Kind)
+	out := vs.Of(servicelb.FromOutside)
+	b.pp.servers = append(b.pp.servers, newServer(b.sp, func(vs *VirtualServer) {
+		vs.Addr, vs.Protocol, vs.Port = f.Addr, b.proto, f.Port
+	}, b.sp.Targets(out)))
+	b.entry(setFrontends, f)
+	b.masquerade(f, vs)
+	if out.Action == servicelb.Drop {
+		b.entry(setDrop, f)
+	}
+	if f.Kind == servicelb.LoadBalancerFrontend {
+		b.sourceRanges(f, vs)
+	}
+	if f.Kind != servicelb.NodePortFrontend && !b.env.nodeIPs[f.Addr] {
+		b.pp.entries = append(b.pp.entries, setEntry{set: setVIP, family: b.sp.Family, addr: f.Addr})
+	}
+	for _, o := range []servicelb.Origin{servicelb.FromPod, servicelb.FromNode} {
+		if v := vs.Of(o); v.Action != out.Action {
+			b.pp.steers = append(b.pp.steers, steer{origin: o, front: f, v: v})
+		}
 	}
 }
 
-// external adds a virtual server for traffic from outside the cluster,
-// masqueraded unless the external policy is Local.
-func (b *portBuilder) external(a netip.Addr, port uint16, real []RealServer) {
-	b.server(a, port, real)
-	if b.sp.ExternalLocal {
-		b.entry(setExternalLocal, a, port)
-	} else {
-		b.entry(setExternal, a, port)
-	}
-}
-
-func (b *portBuilder) entry(set string, a netip.Addr, port uint16) {
-	b.pp.entries = append(b.pp.entries, setEntry{set: set, family: b.sp.Family, addr: a, proto: b.sp.Port.Protocol, port: port})
-}
-
-// vip lists a virtual address whose unserved ports are rejected, unless it
-// is a node address: the node's own services must stay reachable.
-func (b *portBuilder) vip(a netip.Addr) {
-	if slices.Contains(b.node.NodeIPs, a) {
+// masquerade lists a frontend in the masquerade sets of the origins whose
+// verdicts masquerade.
+func (b *portBuilder) masquerade(f servicelb.Frontend, vs servicelb.Verdicts) {
+	o, p, n := vs.Of(servicelb.FromOutside).Masquerade, vs.Of(servicelb.FromPod).Masquerade, vs.Of(servicelb.FromNode).Masquerade
+	if o && p && n {
+		b.entry(setMasq, f)
 		return
 	}
-	b.pp.entries = append(b.pp.entries, setEntry{set: setVIP, family: b.sp.Family, addr: a})
+	for _, m := range []struct {
+		on  bool
+		set string
+	}{{o, setMasqOutside}, {p, setMasqPod}, {n, setMasqNode}} {
+		if m.on {
+			b.entry(m.set, f)
+		}
+	}
 }
 
-// sourceRanges limits a load-balancer address to the service's source
-// ranges and the node's own addresses. A service with source ranges only
-// of the other family admits only the node here.
-func (b *portBuilder) sourceRanges(a netip.Addr) {
-	if len(b.sp.Service.SourceRanges) == 0 || slices.ContainsFunc(b.sp.SourceRanges, func(p netip.Prefix) bool { return p.Bits() == 0 }) {
+// sourceRanges limits a load-balancer frontend to the port's source
+// ranges, when a verdict forwards its flows (a frontend that rejects or
+// drops every flow does so whatever the source).
+func (b *portBuilder) sourceRanges(f servicelb.Frontend, vs servicelb.Verdicts) {
+	if len(b.sp.SourceRanges) == 0 || !slices.ContainsFunc(vs[:], func(v servicelb.Verdict) bool { return v.Action.Forwards() }) {
 		return
 	}
-	b.entry(setLBFirewall, a, b.sp.Port.Port)
-	allow := slices.Clone(b.sp.SourceRanges)
-	for _, n := range b.node.IPs(b.sp.Family) {
-		allow = append(allow, netip.PrefixFrom(n, n.BitLen()))
-	}
-	for _, p := range allow {
+	b.entry(setLBFirewall, f)
+	for _, p := range b.sp.SourceRanges {
 		b.pp.entries = append(b.pp.entries, setEntry{set: setLBSource, family: b.sp.Family,
-			addr: a, proto: b.sp.Port.Protocol, port: b.sp.Port.Port, net: p})
+			addr: f.Addr, proto: b.proto, port: f.Port, net: p})
 	}
+}
+
+func (b *portBuilder) entry(set string, f servicelb.Frontend) {
+	b.pp.entries = append(b.pp.entries, setEntry{set: set, family: b.sp.Family, addr: f.Addr, proto: b.proto, port: f.Port})
+}
+
+// newServer returns a virtual server with the port's scheduling and the
+// given real servers, named by name.
+func newServer(sp *servicelb.ServicePort, name func(*VirtualServer), targets []servicelb.Backend) *VirtualServer {
+	sched := string(sp.Scheduler)
+	if sp.Scheduler == servicelb.SchedulerDefault {
+		sched = DefaultScheduler
+	}
+	vs := &VirtualServer{Scheduler: sched, HashPort: sp.Scheduler == servicelb.SchedulerMaglev,
+		Persistence: uint32(sp.Affinity / time.Second), Real: realServers(targets), serving: sp.Serving}
+	name(vs)
+	return vs
+}
+
+// realize makes a port's steers real with the marks: a firewall-mark
+// virtual server per mark and masquerade (IPVS looks them up by the whole
+// packet mark, so the masquerade bit the node's flows carry makes another
+// one), and a rule per steer in the chain of its origin, marking its
+// flows or dropping them.
+func (pp *portPlan) realize(env *planEnv, marks map[markUnit]uint32) {
+	pp.fwServers, pp.rules = nil, [2][]xtables.Rule{}
+	byMark := map[uint32]*VirtualServer{}
+	for _, s := range pp.steers {
+		var target xtables.Target = xtables.Drop
+		if u, ok := s.unit(pp.sp.Key); ok {
+			m := marks[u]
+			if s.v.Masquerade {
+				m |= env.masq
+			}
+			if byMark[m] == nil {
+				byMark[m] = newServer(pp.sp, func(vs *VirtualServer) {
+					vs.FWMark, vs.Family, vs.Protocol = m, pp.sp.Family, pp.sp.Port.Protocol
+				}, pp.sp.Targets(s.v))
+				pp.fwServers = append(pp.fwServers, byMark[m])
+			}
+			target = xtables.SetMark{Value: m, Mask: 0xffffffff}
+		}
+		i := originChain(s.origin)
+		pp.rules[i] = append(pp.rules[i], steerRule(pp.sp, s.front, target))
+	}
+}
+
+// steerRule matches the flows to a frontend.
+func steerRule(sp *servicelb.ServicePort, f servicelb.Frontend, t xtables.Target) xtables.Rule {
+	proto := sp.Port.Protocol.Number()
+	return xtables.Rule{Dst: netip.PrefixFrom(f.Addr, f.Addr.BitLen()), Proto: proto,
+		Matches: []xtables.Match{xtables.Comment(sp.Key.String()), xtables.Port{Proto: proto, DPort: f.Port}}, Target: t}
 }
 
 // ipvsSchedulers are the scheduler hints IPVS implements, by name.
@@ -193,25 +221,10 @@ func ipvsSchedulers() []servicelb.Scheduler {
 	}
 }
 
-// schedulerName returns the IPVS scheduler for a port's hint.
-func schedulerName(sp *servicelb.ServicePort) (string, error) {
-	s := sp.Scheduler
-	if s == servicelb.SchedulerDefault {
-		return DefaultScheduler, nil
-	}
-	if slices.Contains(ipvsSchedulers(), s) {
-		return string(s), nil
-	}
-	return "", unsupported(sp.Key.Service, "scheduler", fmt.Sprintf("%q", s),
-		fmt.Sprintf("IPVS schedulers are %v", ipvsSchedulers()))
-}
-
-// persistence returns an affinity timeout in whole seconds, rounded up.
-func persistence(d time.Duration) uint32 {
-	if d <= 0 {
-		return 0
-	}
-	return uint32((d + time.Second - 1) / time.Second)
+// capabilities are what the proxier expresses: every feature, the IPVS
+// schedulers, every protocol, any number of endpoints.
+func capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{Backend: "ipvs", Schedulers: ipvsSchedulers(), Features: servicelb.AllFeatures}
 }
 
 func realServers(bs []servicelb.Backend) []RealServer {
@@ -223,25 +236,138 @@ func realServers(bs []servicelb.Backend) []RealServer {
 	return out
 }
 
+// statePlan is what a whole State asks of the kernel.
+type statePlan struct {
+	env     planEnv
+	ports   map[servicelb.ServicePortKey]*portPlan
+	servers map[vsKey]*VirtualServer
+	owner   map[vsKey]servicelb.ServicePortKey
+	// entries counts the ports that need each set entry.
+	entries map[setEntry]int
+	// units are the marks the ports need, with the port that needs each,
+	// and marks their values.
+	units map[markUnit]servicelb.ServicePortKey
+	marks map[markUnit]uint32
+}
+
+func newStatePlan(env planEnv) *statePlan {
+	return &statePlan{env: env, ports: map[servicelb.ServicePortKey]*portPlan{},
+		servers: map[vsKey]*VirtualServer{}, owner: map[vsKey]servicelb.ServicePortKey{},
+		entries: map[setEntry]int{}, units: map[markUnit]servicelb.ServicePortKey{}, marks: map[markUnit]uint32{}}
+}
+
+// planState plans every service port of st. It fails, with every mistake
+// joined, when a port asks for something the proxier cannot do.
+func planState(st *servicelb.State, o *Options) (*statePlan, error) {
+	node := st.Node()
+	env, err := newPlanEnv(&node, o)
+	if err != nil {
+		return nil, err
+	}
+	p := newStatePlan(env)
+	var pps []*portPlan
+	var errs []error
+	for _, sp := range st.Ports() {
+		pp, err := planPort(&p.env, sp)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		pps = append(pps, pp)
+		for _, u := range pp.units {
+			p.units[u] = pp.key()
+		}
+	}
+	if err := joinErrs(errs); err != nil {
+		return nil, err
+	}
+	if p.marks, err = env.space.allocate(slices.Collect(maps.Keys(p.units))); err != nil {
+		return nil, err
+	}
+	for _, pp := range pps {
+		pp.realize(&p.env, p.marks)
+		if err := p.checkFree(pp, nil); err != nil {
+			return nil, err
+		}
+		p.add(pp)
+	}
+	return p, nil
+}
+
+// checkFree refuses a port's plan that needs a virtual server another
+// port keeps (one not leaving). servicelb gives each frontend to one
+// port, so this only guards that promise.
+func (p *statePlan) checkFree(pp *portPlan, leaving map[servicelb.ServicePortKey]bool) error {
+	for _, vs := range pp.allServers() {
+		if o, ok := p.owner[vs.key()]; ok && o != pp.key() && !leaving[o] {
+			return conflict(vs.key(), pp.key(), o)
+		}
+	}
+	return nil
+}
+
+func conflict(k vsKey, a, b servicelb.ServicePortKey) error {
+	return fmt.Errorf("%w: %s needed by %s and %s", ErrConflict, k, a, b)
+}
+
+// add records a port's plan.
+func (p *statePlan) add(pp *portPlan) {
+	p.ports[pp.key()] = pp
+	for _, vs := range pp.allServers() {
+		p.servers[vs.key()] = vs
+		p.owner[vs.key()] = pp.key()
+	}
+	for _, e := range pp.entries {
+		p.entries[e]++
+	}
+}
+
+// remove forgets a port's plan.
+func (p *statePlan) remove(k servicelb.ServicePortKey) {
+	pp := p.ports[k]
+	if pp == nil {
+		return
+	}
+	for _, vs := range pp.allServers() {
+		if p.owner[vs.key()] == k {
+			delete(p.servers, vs.key())
+			delete(p.owner, vs.key())
+		}
+	}
+	for _, e := range pp.entries {
+		if p.entries[e]--; p.entries[e] <= 0 {
+			delete(p.entries, e)
+		}
+	}
+	delete(p.ports, k)
+}
+
 // addresses returns the addresses the plan puts on the dummy link: those
-// of its virtual servers that are not node addresses, sorted.
+// of its address virtual servers that are not node addresses, sorted.
 func (p *statePlan) addresses() []netip.Addr {
 	set := map[netip.Addr]bool{}
 	for k := range p.servers {
-		if !p.nodeIPs[k.addr] {
+		if k.fwmark == 0 && !p.env.nodeIPs[k.addr] {
 			set[k.addr] = true
 		}
 	}
 	return slices.SortedFunc(maps.Keys(set), netip.Addr.Compare)
 }
 
-// entries returns every set entry of the plan, deduplicated.
-func (p *statePlan) entries() map[setEntry]int {
-	out := map[setEntry]int{}
-	for _, pp := range p.ports {
-		for _, e := range pp.entries {
-			out[e]++
-		}
+// serving returns the endpoints serving the frontend of a UDP or SCTP
+// flow, as the plan's State has them: none when no port has it.
+func (p *statePlan) serving(f servicelb.StaleFlow) []netip.Addr {
+	k, ok := p.owner[vsKey{addr: f.Dst, proto: f.Protocol, port: f.Port}]
+	if !ok {
+		return nil
 	}
-	return out
+	return p.ports[k].sp.Serving
+}
+
+// joinErrs joins errors, returning a single one as it is.
+func joinErrs(errs []error) error {
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -26,13 +28,14 @@ var (
 )
 
 // testNode is the node of the unit tests: two addresses per family, one of
-// each serving node ports.
+// each serving node ports, cluster and service CIDRs of both.
 func testNode() servicelb.NodeConfig {
 	return servicelb.NodeConfig{
 		NodeName:          "node-a",
 		NodeIPs:           []netip.Addr{a("198.51.100.1"), a("192.0.2.1"), a("fd00:c::1")},
 		NodePortAddresses: []netip.Prefix{pfx("198.51.100.0/24"), pfx("fd00:c::/64")},
 		ClusterCIDRs:      []netip.Prefix{pfx("10.244.0.0/16"), pfx("fd00:244::/48")},
+		ServiceCIDRs:      []netip.Prefix{pfx("10.96.0.0/16"), pfx("fd00:96::/112")},
 	}
 }
 
@@ -104,6 +107,12 @@ func renderCases() map[string][]servicelb.Service {
 		}, {
 			Name: "default/empty", ClusterIPs: []netip.Addr{a("10.96.0.31")},
 			Ports: []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30081}},
+		}, {
+			Name: "default/maglev", ClusterIPs: []netip.Addr{a("10.96.0.32"), a("fd00:96::32")},
+			Ports:     []servicelb.Port{{Protocol: udp, Port: 53}},
+			Scheduler: servicelb.SchedulerMaglev,
+			Affinity:  servicelb.SessionAffinity{ClientIP: true, Timeout: 10 * time.Second},
+			Endpoints: []servicelb.Endpoint{ep("10.244.1.2", "node-a"), ep("fd00:244:1::2", "node-a")},
 		}},
 	}
 }
@@ -149,6 +158,10 @@ func TestRenderOrderMatchesIpvsadm(t *testing.T) {
 	}
 }
 
+// TestPlanRefuses checks what the proxier refuses before the kernel: a
+// port its capabilities do not cover (servicelb's error, unchanged), more
+// ports needing firewall marks than FWMarkMask holds, and a mask holding
+// the masquerade mark.
 func TestPlanRefuses(t *testing.T) {
 	node := testNode()
 	web := servicelb.Service{
@@ -157,36 +170,65 @@ func TestPlanRefuses(t *testing.T) {
 	}
 	random := web
 	random.Scheduler = servicelb.SchedulerRandom
-	// An external IP that is a node address, on a port another service
-	// uses as node port: both need virtual server 198.51.100.1:30080.
-	ext := servicelb.Service{
-		Name: "default/ext", ExternalIPs: []netip.Addr{a("198.51.100.1")},
-		Ports: []servicelb.Port{{Protocol: tcp, Port: 30080}},
-	}
-	np := servicelb.Service{
-		Name: "default/np", ClusterIPs: []netip.Addr{a("10.96.0.11")},
-		Ports: []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30080}},
+	local := func(name, lb string) servicelb.Service {
+		return servicelb.Service{Name: name, LoadBalancerIPs: []netip.Addr{a(lb)},
+			Ports: []servicelb.Port{{Protocol: tcp, Port: 80}}, ExternalTrafficPolicy: servicelb.PolicyLocal,
+			Endpoints: []servicelb.Endpoint{ep("10.244.2.2", "node-b")}}
 	}
 	for _, tc := range []struct {
 		name  string
 		svcs  []servicelb.Service
+		o     Options
 		kind  error
 		field string
 	}{
-		{"random scheduler", []servicelb.Service{random}, ErrUnsupported, "scheduler"},
-		{"external IP on a node port", []servicelb.Service{ext, np}, ErrConflict, "ports[0]"},
+		{"random scheduler", []servicelb.Service{random}, Options{}, servicelb.ErrUnsupported, "scheduler"},
+		{"marks run out", []servicelb.Service{local("default/a", "203.0.113.1"), local("default/b", "203.0.113.2")},
+			Options{FWMarkMask: 0x10000}, servicelb.ErrCapacity, "ports"},
+		{"mask holds the masquerade mark", []servicelb.Service{web}, Options{FWMarkMask: 0xc000}, ErrInvalidOptions, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Render(mustState(t, node, tc.svcs...), Options{})
-			if !errors.Is(err, tc.kind) {
-				t.Fatalf("Render: %v, want %v", err, tc.kind)
-			}
-			var ve *servicelb.ValidationError
-			if !errors.As(err, &ve) || ve.Field != tc.field {
-				t.Fatalf("Render: %v, want a ValidationError on %s", err, tc.field)
+			_, err := Render(mustState(t, node, tc.svcs...), tc.o)
+			require.ErrorIs(t, err, tc.kind)
+			if tc.field != "" {
+				var ve *servicelb.ValidationError
+				require.ErrorAs(t, err, &ve)
+				require.Equal(t, tc.field, ve.Field)
 			}
 		})
 	}
+}
+
+// TestFrontendClashServed checks that two services asking for one virtual
+// server (an external IP that is a node address, on a port another
+// service has as node port) are both served, the frontend going to the
+// external IP, as servicelb decides.
+func TestFrontendClashServed(t *testing.T) {
+	ext := servicelb.Service{
+		Name: "default/ext", ExternalIPs: []netip.Addr{a("198.51.100.1")},
+		Ports: []servicelb.Port{{Protocol: tcp, Port: 30080}}, Endpoints: []servicelb.Endpoint{ep("10.244.1.2", "node-a")},
+	}
+	np := servicelb.Service{
+		Name: "default/np", ClusterIPs: []netip.Addr{a("10.96.0.11")},
+		Ports: []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30080}}, Endpoints: []servicelb.Endpoint{ep("10.244.2.2", "node-b")},
+	}
+	o, _ := Options{}.withDefaults()
+	p, err := planState(mustState(t, testNode(), ext, np), &o)
+	require.NoError(t, err)
+	k := vsKey{addr: a("198.51.100.1"), proto: tcp, port: 30080}
+	require.Equal(t, "default/ext", p.owner[k].Service)
+	require.Equal(t, []RealServer{{Addr: a("10.244.1.2"), Port: 30080, Weight: 1}}, p.servers[k].Real)
+	require.Contains(t, p.servers, vsKey{addr: a("10.96.0.11"), proto: tcp, port: 80})
+}
+
+// TestCapabilities checks what the proxier declares.
+func TestCapabilities(t *testing.T) {
+	c := (&Proxier{}).Capabilities()
+	require.Equal(t, "ipvs", c.Backend)
+	require.Equal(t, []servicelb.Scheduler{"rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh"}, c.Schedulers)
+	require.Nil(t, c.Protocols)
+	require.Zero(t, c.MaxEndpoints)
+	require.Equal(t, servicelb.AllFeatures, c.Features)
 }
 
 func TestOptionsRefused(t *testing.T) {
@@ -204,14 +246,6 @@ func TestOptionsRefused(t *testing.T) {
 	o, err := Options{}.withDefaults()
 	if err != nil || o.Interface != DefaultInterface || o.GracefulTimeout != DefaultGracefulTimeout {
 		t.Errorf("defaults: %+v, %v", o, err)
-	}
-}
-
-func TestPersistenceRoundsUp(t *testing.T) {
-	for d, want := range map[time.Duration]uint32{0: 0, time.Second: 1, 1500 * time.Millisecond: 2, 3 * time.Hour: 10800} {
-		if got := persistence(d); got != want {
-			t.Errorf("persistence(%s) = %d, want %d", d, got, want)
-		}
 	}
 }
 
@@ -252,8 +286,43 @@ func TestRulesIndependentOfServices(t *testing.T) {
 	if one != many {
 		t.Errorf("rules differ between 1 and 100 services:\n%s", cmp.Diff(one, many))
 	}
-	if n := strings.Count(one, "\n-A "); n != 48 {
-		t.Errorf("%d rules, want 48 (24 per family)", n)
+	if n := strings.Count(one, "\n-A "); n != 68 {
+		t.Errorf("%d rules, want 68 (34 per family)", n)
+	}
+}
+
+// TestSteersOnlyWhereVerdictsDiffer checks that a port gets rules of its
+// own only where an origin's verdict differs from the outside verdict of
+// a frontend: under the external Local policy, one rule per external
+// frontend for pods and one for the node, and none under Cluster.
+func TestSteersOnlyWhereVerdictsDiffer(t *testing.T) {
+	svc := func(policy servicelb.TrafficPolicy) servicelb.Service {
+		return servicelb.Service{
+			Name: "default/lb", ClusterIPs: []netip.Addr{a("10.96.0.10")},
+			LoadBalancerIPs: []netip.Addr{a("203.0.113.10")}, ExternalIPs: []netip.Addr{a("203.0.113.7")},
+			Ports:                 []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30080}},
+			ExternalTrafficPolicy: policy,
+			Endpoints:             []servicelb.Endpoint{ep("10.244.1.2", "node-a"), ep("10.244.2.2", "node-b")},
+		}
+	}
+	o, _ := Options{}.withDefaults()
+	for policy, want := range map[servicelb.TrafficPolicy][2]int{
+		servicelb.PolicyCluster: {0, 0},
+		// The LB IP, the external IP and one node address serving node ports.
+		servicelb.PolicyLocal: {3, 3},
+	} {
+		p, err := planState(mustState(t, testNode(), svc(policy)), &o)
+		require.NoError(t, err)
+		steers := p.steerRules(servicelb.IPv4)
+		require.Equal(t, want, [2]int{len(steers[0]["default/lb:/ipv4"]), len(steers[1]["default/lb:/ipv4"])}, "policy %s", policy)
+		fw := 0
+		for k, vs := range p.servers {
+			if k.fwmark != 0 {
+				fw++
+				require.Len(t, vs.Real, 2, "firewall-mark virtual server %s takes the cluster set", k)
+			}
+		}
+		require.Equal(t, min(want[0], 2), fw, "policy %s: firewall-mark virtual servers (pods', node's)", policy)
 	}
 }
 

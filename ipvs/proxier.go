@@ -18,12 +18,6 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// FlowCleaner deletes conntrack flows and returns how many it deleted; the
-// conntrack package's Client implements it.
-type FlowCleaner interface {
-	DeleteStale(ctx context.Context, flows []servicelb.StaleFlow) (int, error)
-}
-
 // Proxier programs IPVS in one network namespace. It implements
 // servicelb.Proxier and servicelb.Renderer. Its methods may be called
 // concurrently: they are serialised.
@@ -39,7 +33,8 @@ type Proxier struct {
 	// applied is the last State synced in full; nil means the next Sync
 	// reads the kernel and converges from what it finds.
 	applied *servicelb.State
-	plan    *statePlan
+	// plan is applied's plan: what the kernel holds.
+	plan *statePlan
 	// link is the dummy link as last seen.
 	link netlink.Link
 	// kern holds the proxier's virtual servers as the kernel holds them,
@@ -54,19 +49,19 @@ type Proxier struct {
 	stray []netip.Prefix
 	// nodeIP are the node's addresses, which stay off the dummy link.
 	nodeIP map[netip.Addr]bool
-	// sets are the helper sets; want counts the service ports that need
-	// each entry.
+	// sets are the helper sets.
 	sets *sets
-	want map[setEntry]int
 	// cleaner deletes stale flows: Options.Conntrack, or conntrack, a
 	// client the proxier opened itself; nil with NoConntrackCleanup.
-	cleaner   FlowCleaner
+	cleaner   conntrack.FlowCleaner
 	conntrack *conntrack.Client
+	// stale are the frontends whose stale flows are still to delete.
+	stale map[staleKey]bool
 	// rules keeps the helper rules through rconn.
 	rules      *xtables.Applier
 	rconn      *nfnl.Conn
 	ruleWrites int
-	// draining are the removed TCP real servers left at weight 0 until
+	// draining are the removed real servers left at weight 0 until
 	// their connections end, with when they started draining.
 	draining map[realKey]time.Time
 }
@@ -94,7 +89,7 @@ func New(o Options) (*Proxier, error) {
 		ns.Close()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}}
+	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}, stale: map[staleKey]bool{}}
 	c, err := ipset.New(ipset.Options{NetNS: ns, Prefix: o.SetPrefix, Logger: o.Logger})
 	if err != nil {
 		p.closeAll()
@@ -171,6 +166,11 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	return Render(st, p.opts)
 }
 
+// Capabilities returns what the proxier expresses: every feature, the
+// IPVS schedulers (rr, wrr, lc, wlc, sh, dh, sed, nq, mh) and every
+// protocol.
+func (p *Proxier) Capabilities() servicelb.Capabilities { return capabilities() }
+
 var _ servicelb.Proxier = (*Proxier)(nil)
 var _ servicelb.Renderer = (*Proxier)(nil)
 
@@ -188,7 +188,8 @@ func (p *Proxier) forget() {
 }
 
 // Cleanup removes everything the proxier owns: its virtual servers (those
-// on the dummy link's addresses and those its sets record), the dummy link,
+// on the dummy link's addresses, those its sets record and the
+// firewall-mark ones of its marks), the dummy link,
 // and its helper sets and rules. It works without a previous Sync, so a new
 // Proxier can clean up after an old one.
 func (p *Proxier) Cleanup(ctx context.Context) error {
@@ -198,8 +199,9 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		return err
 	}
 	p.forget()
-	p.kern, p.present, p.use, p.want = nil, nil, nil, nil
+	p.kern, p.present, p.use = nil, nil, nil
 	clear(p.draining)
+	clear(p.stale)
 	if err := p.cleanupServers(ctx); err != nil {
 		return err
 	}
@@ -241,9 +243,19 @@ func (p *Proxier) cleanupServers(ctx context.Context) error {
 	}
 	var errs []error
 	for _, vs := range servers {
-		if ours[vs.Addr] || p.sets.recorded(vs.key()) {
+		if p.owns(vs, ours) {
 			errs = append(errs, p.k.delService(ctx, vs))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// owns reports whether a virtual server is the proxier's: an address one
+// on an address of its dummy link or recorded in its sets, a firewall-mark
+// one with a mark of Options.FWMarkMask.
+func (p *Proxier) owns(vs *VirtualServer, onLink map[netip.Addr]bool) bool {
+	if vs.FWMark != 0 {
+		return markSpace{p.opts.FWMarkMask}.owns(vs.FWMark)
+	}
+	return onLink[vs.Addr] || p.sets.recorded(vs.key())
 }

@@ -32,7 +32,7 @@ func Render(st *servicelb.State, o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p, err := planState(st)
+	p, err := planState(st, &o)
 	if err != nil {
 		return "", err
 	}
@@ -45,24 +45,24 @@ func Render(st *servicelb.State, o Options) (string, error) {
 		fmt.Fprintln(&b, netip.PrefixFrom(a, a.BitLen()))
 	}
 	fmt.Fprintln(&b, SectionSets)
-	b.WriteString(renderSets(&o, p.entries()))
+	b.WriteString(renderSets(&o, p.entries))
 	fmt.Fprintln(&b, SectionRules4)
-	b.WriteString(renderRules(ruleNames{o: &o, f: servicelb.IPv4}, &node))
+	b.WriteString(renderRules(ruleNames{o: &o, f: servicelb.IPv4}, &node, p))
 	fmt.Fprintln(&b, SectionRules6)
-	b.WriteString(renderRules(ruleNames{o: &o, f: servicelb.IPv6}, &node))
+	b.WriteString(renderRules(ruleNames{o: &o, f: servicelb.IPv6}, &node, p))
 	return b.String(), nil
 }
 
 // RenderVirtualServers formats virtual servers exactly as `ipvsadm -Sn`
-// prints them, in its order. ipvsadm compares addresses by the sign of
-// their 32-bit wrapped difference; the order is well defined (and equal to
-// ipvsadm's) when the addresses of each protocol and family span less than
-// half of the 32-bit space, as in any usual address plan.
+// prints them, in its order: address virtual servers by family, protocol,
+// address and port, then firewall-mark ones by mark and family. ipvsadm
+// compares addresses by the sign of their 32-bit wrapped difference; the
+// order is well defined (and equal to ipvsadm's) when the addresses of
+// each protocol and family span less than half of the 32-bit space, as in
+// any usual address plan.
 func RenderVirtualServers(servers []*VirtualServer) string {
 	vs := slices.Clone(servers)
-	slices.SortFunc(vs, func(a, b *VirtualServer) int {
-		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
-	})
+	slices.SortFunc(vs, func(a, b *VirtualServer) int { return compareKeys(a.key(), b.key()) })
 	slices.SortStableFunc(vs, compareIpvsadm)
 	var b strings.Builder
 	for _, v := range vs {
@@ -77,6 +77,9 @@ func writeVirtualServer(b *strings.Builder, vs *VirtualServer) {
 	if vs.Persistence > 0 {
 		fmt.Fprintf(b, " -p %d", vs.Persistence)
 	}
+	if vs.HashPort {
+		fmt.Fprintf(b, " -b %s-port", vs.Scheduler)
+	}
 	b.WriteString("\n")
 	real := slices.Clone(vs.Real)
 	slices.SortStableFunc(real, func(x, y RealServer) int {
@@ -87,23 +90,25 @@ func writeVirtualServer(b *strings.Builder, vs *VirtualServer) {
 	}
 }
 
-// compareIpvsadm orders virtual servers as ipvsadm does: by family,
-// protocol number, address and port.
+// compareIpvsadm orders virtual servers as ipvsadm does: by firewall mark
+// (as a signed difference, none first), family, protocol number (IPVS
+// gives firewall-mark ones TCP's), address and port.
 func compareIpvsadm(a, b *VirtualServer) int {
-	return cmp.Or(cmp.Compare(familyRank(a.Addr), familyRank(b.Addr)),
-		cmp.Compare(a.Protocol.Number(), b.Protocol.Number()),
+	ap, bp := a.Protocol.Number(), b.Protocol.Number()
+	if a.FWMark != 0 {
+		ap = servicelb.TCP.Number()
+	}
+	if b.FWMark != 0 {
+		bp = servicelb.TCP.Number()
+	}
+	return cmp.Or(cmp.Compare(int32(a.FWMark-b.FWMark), 0),
+		cmp.Compare(a.family(), b.family()), cmp.Compare(ap, bp),
 		compareWrapped(a.Addr, b.Addr), cmp.Compare(a.Port, b.Port))
 }
 
-func familyRank(a netip.Addr) int {
-	if a.Is4() {
-		return 4
-	}
-	return 6
-}
-
 // compareWrapped compares two addresses of one family 32 bits at a time,
-// by the sign of the wrapped difference, as ipvsadm's sort does.
+// by the sign of the wrapped difference, as ipvsadm's sort does; invalid
+// addresses (of firewall-mark virtual servers) are equal.
 func compareWrapped(a, b netip.Addr) int {
 	x, y := a.AsSlice(), b.AsSlice()
 	for i := 0; i+4 <= len(x) && i+4 <= len(y); i += 4 {
@@ -148,10 +153,10 @@ func ipsetFamily(f servicelb.Family) string {
 
 // renderRules formats one family's helper rules as iptables-nft-save
 // prints them in a namespace where they are the only rules.
-func renderRules(n ruleNames, node *servicelb.NodeConfig) string {
-	tables := planRules(n, node)
+func renderRules(n ruleNames, node *servicelb.NodeConfig, p *statePlan) string {
+	tables := planRules(n, node, p.steerRules(n.f))
 	var b []byte
-	for _, name := range []xtables.TableName{xtables.NAT, xtables.Filter} {
+	for _, name := range []xtables.TableName{xtables.NAT, xtables.Filter, xtables.Mangle} {
 		for t, c := range tables {
 			if t.Name == name {
 				b = xtables.AppendSaveTable(b, t.Family, c.Text(name))

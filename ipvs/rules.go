@@ -1,26 +1,36 @@
 package ipvs
 
 import (
+	"net/netip"
+
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // The helper chains, by base name, named <ChainPrefix><base>.
 const (
-	chainServices    = "SERVICES"      // nat, from PREROUTING and OUTPUT
-	chainClusterIP   = "CLUSTER-IP"    // nat: masquerade traffic to cluster IPs from outside
+	chainServices    = "SERVICES"      // nat, from PREROUTING and OUTPUT: masquerade by origin
 	chainMarkMasq    = "MARK-MASQ"     // nat: tag for masquerade
 	chainPostrouting = "POSTROUTING"   // nat, from POSTROUTING
 	chainInput       = "INPUT"         // filter, from INPUT
 	chainSourceRange = "SOURCE-RANGES" // filter: load-balancer source ranges
 	chainForward     = "FORWARD"       // filter, from FORWARD
+	chainPrerouting  = "PREROUTING"    // mangle, from PREROUTING: flows arriving
+	chainOutput      = "OUTPUT"        // mangle, from OUTPUT: the node's flows
+	chainLocal       = "LOCAL"         // mangle: origin of the node's flows
+	chainFromPod     = "FROM-POD"      // mangle, keyed by port: steers of pods' flows
+	chainFromNode    = "FROM-NODE"     // mangle, keyed by port: steers of the node's flows
 )
 
 func chainBases() []string {
-	return []string{chainServices, chainClusterIP, chainMarkMasq, chainPostrouting, chainInput, chainSourceRange, chainForward}
+	return []string{chainServices, chainMarkMasq, chainPostrouting, chainInput, chainSourceRange, chainForward,
+		chainPrerouting, chainOutput, chainLocal, chainFromPod, chainFromNode}
 }
 
 func maxChainSuffixLen() int { return len(chainSourceRange) }
+
+// steerChains are the keyed chains, by originChain index.
+var steerChains = [2]string{chainFromPod, chainFromNode}
 
 // ruleNames builds one family's set and chain names and set matches.
 type ruleNames struct {
@@ -42,36 +52,71 @@ func (n ruleNames) match(base string, dirs ...xtables.SetDir) xtables.Set {
 	return s
 }
 
+func (n ruleNames) family() xtables.Family {
+	if n.f == servicelb.IPv6 {
+		return xtables.IPv6
+	}
+	return xtables.IPv4
+}
+
 var (
-	dst     = xtables.SetDst
-	src     = xtables.SetSrc
-	comment = func(s string) xtables.Match { return xtables.Comment(s) }
+	dst      = xtables.SetDst
+	src      = xtables.SetSrc
+	comment  = func(s string) xtables.Match { return xtables.Comment(s) }
+	localSrc = xtables.AddrType{Src: xtables.AddrTypeLocal}
 )
 
-// planRules returns one family's helper rules by table. They depend on the
-// node only: the sets carry the services, so their number stays the same
-// however many services there are.
-func planRules(n ruleNames, node *servicelb.NodeConfig) map[xtables.Table]*xtables.TableContent {
-	mark := node.MasqueradeMark()
-	fam := xtables.IPv4
-	if n.f == servicelb.IPv6 {
-		fam = xtables.IPv6
+func rule(t xtables.Target, m ...xtables.Match) xtables.Rule {
+	return xtables.Rule{Matches: m, Target: t}
+}
+
+// planRules returns one family's helper rules by table: those of the
+// node, whose number does not depend on the services (the sets carry
+// them), and the steers of the ports in the keyed chains, keys to rules.
+func planRules(n ruleNames, node *servicelb.NodeConfig, steers [2]map[string][]xtables.Rule) map[xtables.Table]*xtables.TableContent {
+	fam := n.family()
+	mangle := mangleRules(n, node)
+	mangle.Keyed = map[string]map[string][]xtables.Rule{}
+	for i, c := range steerChains {
+		keys := steers[i]
+		if keys == nil {
+			keys = map[string][]xtables.Rule{}
+		}
+		mangle.Keyed[n.chain(c)] = keys
 	}
-	rule := func(t xtables.Target, m ...xtables.Match) xtables.Rule { return xtables.Rule{Matches: m, Target: t} }
+	return map[xtables.Table]*xtables.TableContent{
+		{Family: fam, Name: xtables.NAT}:    natRules(n, node),
+		{Family: fam, Name: xtables.Filter}: filterRules(n, node),
+		{Family: fam, Name: xtables.Mangle}: mangle,
+	}
+}
+
+// natRules masquerade by origin (pod: a source in the cluster CIDRs;
+// node: a local source; else outside), as the masquerade sets list the
+// frontends, and hairpin flows.
+func natRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent {
+	mark := node.MasqueradeMark()
 	jump := func(c string) xtables.Target { return xtables.Jump(n.chain(c)) }
-	nat := &xtables.TableContent{
+	masq := jump(chainMarkMasq)
+	services := []xtables.Rule{rule(masq, n.match(setMasq, dst, dst))}
+	for _, p := range clusterCIDRs(node, n.f) {
+		pod := rule(masq, n.match(setMasqPod, dst, dst))
+		pod.Src = p
+		services = append(services, pod, xtables.Rule{Src: p, Target: xtables.Return})
+	}
+	services = append(services,
+		rule(masq, localSrc, n.match(setMasqNode, dst, dst)),
+		rule(xtables.Return, localSrc),
+		rule(masq, n.match(setMasqOutside, dst, dst)))
+	return &xtables.TableContent{
 		Jumps: map[string][]xtables.Rule{
 			"PREROUTING":  {rule(jump(chainServices), comment("kproxy-ipvs service portals"))},
 			"OUTPUT":      {rule(jump(chainServices), comment("kproxy-ipvs service portals"))},
 			"POSTROUTING": {rule(jump(chainPostrouting), comment("kproxy-ipvs postrouting rules"))},
 		},
 		Chains: map[string][]xtables.Rule{
-			n.chain(chainServices): {
-				rule(jump(chainClusterIP), n.match(setClusterIP, dst, dst)),
-				rule(jump(chainMarkMasq), n.match(setExternal, dst, dst)),
-			},
-			n.chain(chainClusterIP): clusterIPRules(n, node),
-			n.chain(chainMarkMasq):  {rule(xtables.OrMark(mark))},
+			n.chain(chainServices): services,
+			n.chain(chainMarkMasq): {rule(xtables.OrMark(mark))},
 			n.chain(chainPostrouting): {
 				rule(xtables.Masquerade{}, n.match(setLoopBack, dst, dst, src)),
 				rule(xtables.Return, xtables.Mark{Value: mark, Mask: mark, Invert: true}),
@@ -80,18 +125,22 @@ func planRules(n ruleNames, node *servicelb.NodeConfig) map[xtables.Table]*xtabl
 			},
 		},
 	}
-	filter := &xtables.TableContent{
+}
+
+// filterRules let in the frontends' flows from allowed sources and reject
+// new flows to other ports of virtual addresses.
+func filterRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent {
+	jump := func(c string) xtables.Target { return xtables.Jump(n.chain(c)) }
+	mark := node.MasqueradeMark()
+	return &xtables.TableContent{
 		Jumps: map[string][]xtables.Rule{
 			"INPUT":   {rule(jump(chainInput), comment("kproxy-ipvs virtual address filter"))},
 			"FORWARD": {rule(jump(chainForward), comment("kproxy-ipvs forwarding rules"))},
 		},
 		Chains: map[string][]xtables.Rule{
 			n.chain(chainInput): {
-				rule(xtables.Drop, n.match(setDrop, dst, dst)),
 				rule(jump(chainSourceRange), n.match(setLBFirewall, dst, dst)),
-				rule(xtables.Return, n.match(setClusterIP, dst, dst)),
-				rule(xtables.Return, n.match(setExternal, dst, dst)),
-				rule(xtables.Return, n.match(setExternalLocal, dst, dst)),
+				rule(xtables.Return, n.match(setFrontends, dst, dst)),
 				rule(xtables.Reject{}, xtables.Conntrack{States: xtables.CtNew}, n.match(setVIP, dst)),
 			},
 			n.chain(chainSourceRange): {
@@ -104,30 +153,94 @@ func planRules(n ruleNames, node *servicelb.NodeConfig) map[xtables.Table]*xtabl
 			},
 		},
 	}
-	return map[xtables.Table]*xtables.TableContent{
-		{Family: fam, Name: xtables.NAT}:    nat,
-		{Family: fam, Name: xtables.Filter}: filter,
+}
+
+// mangleRules run before routing, IPVS and NAT: they drop flows to
+// unallocated service addresses, check the node's flows against source
+// ranges (IPVS takes them before the filter table sees them), steer the
+// flows of pods and of the node whose verdicts differ from the outside
+// verdict with the marks of the keyed chains, and drop what a drop
+// verdict leaves unmarked.
+func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent {
+	jump := func(c string) xtables.Target { return xtables.Jump(n.chain(c)) }
+	unmarked := xtables.Mark{Value: 0, Mask: n.o.FWMarkMask}
+	drop := rule(xtables.Drop, n.match(setDrop, dst, dst), unmarked)
+	var pre, out, classify []xtables.Rule
+	for _, p := range prefixesOf(node.ServiceCIDRs, n.f) {
+		r := rule(xtables.Drop, xtables.AddrType{Dst: xtables.AddrTypeLocal, NotDst: true}, xtables.Conntrack{States: xtables.CtNew})
+		r.Dst = p
+		pre, out = append(pre, r), append(out, r)
+	}
+	out = append(out, rule(xtables.Drop, n.match(setLBFirewall, dst, dst), invert(n.match(setLBSource, dst, dst, src))))
+	// The node's flows with a source in the cluster CIDRs are a pod's.
+	// LOCAL goes to one origin's chain, whose end returns to OUTPUT (LOCAL
+	// was jumped to), so that no flow takes two origins' steers and every
+	// one meets the drop rule after them.
+	for _, p := range clusterCIDRs(node, n.f) {
+		pre = append(pre, xtables.Rule{Src: p, Target: jump(chainFromPod)})
+		classify = append(classify, xtables.Rule{Src: p, Target: xtables.Goto(n.chain(chainFromPod))})
+	}
+	classify = append(classify, rule(xtables.Goto(n.chain(chainFromNode))))
+	return &xtables.TableContent{
+		Jumps: map[string][]xtables.Rule{
+			"PREROUTING": {rule(jump(chainPrerouting), comment("kproxy-ipvs arriving flows"))},
+			"OUTPUT":     {rule(jump(chainOutput), comment("kproxy-ipvs flows of the node"))},
+		},
+		Chains: map[string][]xtables.Rule{
+			n.chain(chainPrerouting): append(pre, drop),
+			n.chain(chainOutput):     append(out, rule(jump(chainLocal)), drop),
+			n.chain(chainLocal):      classify,
+		},
 	}
 }
 
-// clusterIPRules masquerade traffic to cluster IPs that comes from outside
-// the cluster CIDRs, or all of it with MasqueradeAll, or none when the
-// node knows no cluster CIDR of the family.
-func clusterIPRules(n ruleNames, node *servicelb.NodeConfig) []xtables.Rule {
-	masq := xtables.Rule{Target: xtables.Jump(n.chain(chainMarkMasq))}
-	if node.MasqueradeAll {
-		return []xtables.Rule{masq}
-	}
-	var out []xtables.Rule
-	for _, p := range node.ClusterCIDRs {
-		if servicelb.FamilyOf(p.Addr()) == n.f {
-			out = append(out, xtables.Rule{Src: p, Target: xtables.Return})
+func invert(s xtables.Set) xtables.Set {
+	s.Invert = true
+	return s
+}
+
+// clusterCIDRs returns the node's cluster CIDRs of family f.
+func clusterCIDRs(node *servicelb.NodeConfig, f servicelb.Family) []netip.Prefix {
+	return prefixesOf(node.ClusterCIDRs, f)
+}
+
+// prefixesOf returns the prefixes of family f.
+func prefixesOf(ps []netip.Prefix, f servicelb.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if servicelb.FamilyOf(p.Addr()) == f {
+			out = append(out, p)
 		}
 	}
-	if len(out) == 0 {
-		return nil
+	return out
+}
+
+// steerRules returns the rules of the plan's ports of family f in the
+// keyed chains, by chain and port.
+func (p *statePlan) steerRules(f servicelb.Family) [2]map[string][]xtables.Rule {
+	out := [2]map[string][]xtables.Rule{{}, {}}
+	for k, pp := range p.ports {
+		if k.Family != f {
+			continue
+		}
+		for i, rules := range pp.rules {
+			if len(rules) > 0 {
+				out[i][k.String()] = rules
+			}
+		}
 	}
-	return append(out, masq)
+	return out
+}
+
+// allRules returns both families' helper rules.
+func allRules(o *Options, node *servicelb.NodeConfig, index func(string) uint16, p *statePlan) map[xtables.Table]*xtables.TableContent {
+	out := map[xtables.Table]*xtables.TableContent{}
+	for _, f := range families() {
+		for t, c := range planRules(ruleNames{o: o, f: f, index: index}, node, p.steerRules(f)) {
+			out[t] = c
+		}
+	}
+	return out
 }
 
 // ownsChain reports whether a chain is one of the helper chains of prefix.
@@ -139,22 +252,13 @@ func ownsChain(prefix string) func(xtables.TableName, string) bool {
 	return func(_ xtables.TableName, chain string) bool { return own[chain] }
 }
 
-// allRules returns both families' helper rules.
-func allRules(o *Options, node *servicelb.NodeConfig, index func(string) uint16) map[xtables.Table]*xtables.TableContent {
-	out := map[xtables.Table]*xtables.TableContent{}
-	for _, f := range families() {
-		for t, c := range planRules(ruleNames{o: o, f: f, index: index}, node) {
-			out[t] = c
-		}
-	}
-	return out
-}
-
 // ruleTables are the tables the helper rules live in.
 func ruleTables() []xtables.Table {
 	var out []xtables.Table
 	for _, f := range []xtables.Family{xtables.IPv4, xtables.IPv6} {
-		out = append(out, xtables.Table{Family: f, Name: xtables.NAT}, xtables.Table{Family: f, Name: xtables.Filter})
+		for _, t := range []xtables.TableName{xtables.NAT, xtables.Filter, xtables.Mangle} {
+			out = append(out, xtables.Table{Family: f, Name: t})
+		}
 	}
 	return out
 }

@@ -158,8 +158,8 @@ func TestExternalTrafficPolicy(t *testing.T) {
 }
 
 // TestInternalTrafficPolicy checks that internal Local traffic reaches only
-// local endpoints and is dropped without them, while external traffic
-// (Cluster) still reaches every endpoint.
+// local endpoints and is dropped without them, from every origin, while
+// external traffic (Cluster) still reaches every endpoint.
 func TestInternalTrafficPolicy(t *testing.T) {
 	e := newEnv(t, 2, Options{})
 	e.serve("tcp", 8080, 0, 1)
@@ -172,6 +172,8 @@ func TestInternalTrafficPolicy(t *testing.T) {
 	e.sync(e.state(localService(servicelb.PolicyCluster, servicelb.PolicyLocal, false)))
 	for _, cip := range []netip.Addr{a("10.96.0.50"), a("fd00:96::50")} {
 		wantFailure(t, e.tp.Backends[1], "tcp", ap(cip, 80), netnstest.ErrTimeout)
+		wantFailure(t, e.tp.Client, "tcp", ap(cip, 80), netnstest.ErrTimeout)
+		wantFailure(t, e.tp.Node, "tcp", ap(cip, 80), netnstest.ErrTimeout)
 	}
 	if counts := e.tp.Client.Count(t, "tcp", ap(netnstest.NodeIPv4(), 30050), 4); len(counts) != 2 {
 		t.Errorf("node port: answers %v, want both backends", counts)
@@ -202,27 +204,147 @@ func TestHairpin(t *testing.T) {
 }
 
 // TestSourceRanges checks that a load-balancer IP with source ranges
-// answers the allowed client and the node, and drops everyone else.
+// answers the allowed sources and drops everyone else, the node and pods
+// included: the node only when its address lies in the ranges (its flows
+// to a load-balancer IP it holds come from that IP), each family by its
+// own ranges, and only on load-balancer IPs.
 func TestSourceRanges(t *testing.T) {
-	e := newEnv(t, 1, Options{})
+	e := newEnv(t, 2, Options{})
 	e.serve("tcp", 8080, 0)
 	svc := localService(servicelb.PolicyCluster, servicelb.PolicyCluster, true)
 	svc.Endpoints = endpoints(0)
-	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.2/32"), pfx("fd00:c::2/128")}
-	e.sync(e.state(svc))
 	other4, other6 := a("198.51.100.77"), a("fd00:c::77")
 	e.tp.Client.AddAddress(t, netip.PrefixFrom(other4, 24))
 	e.tp.Client.AddAddress(t, netip.PrefixFrom(other6, 64))
-	for _, lb := range []netip.Addr{a("203.0.113.150"), a("2001:db8::150")} {
-		askFrom(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.FromAddr(e.clientAddr(lb)))
-		askFrom(t, e.tp.Node, "tcp", ap(lb, 80))
-		other := other4
-		if lb.Is6() {
-			other = other6
+	other := func(lb netip.Addr) netip.Addr {
+		if lb.Is4() {
+			return other4
 		}
-		wantFailure(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.ErrTimeout, netnstest.FromAddr(other))
+		return other6
+	}
+	lbs := []netip.Addr{a("203.0.113.150"), a("2001:db8::150")}
+	pod := e.tp.Backends[1]
+
+	// The client's addresses only: the node and pods are not admitted.
+	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.2/32"), pfx("fd00:c::2/128")}
+	e.sync(e.state(svc))
+	for _, lb := range lbs {
+		askFrom(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.FromAddr(e.clientAddr(lb)))
+		wantFailure(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.ErrTimeout, netnstest.FromAddr(other(lb)))
+		wantFailure(t, e.tp.Node, "tcp", ap(lb, 80), netnstest.ErrTimeout)
+		wantFailure(t, pod, "tcp", ap(lb, 80), netnstest.ErrTimeout)
 		// The ranges limit only the load-balancer IP.
 		askFrom(t, e.tp.Client, "tcp", ap(a("10.96.0.50"), 80), netnstest.FromAddr(other4))
+		askFrom(t, e.tp.Node, "tcp", ap(e.tp.NodeIPs()[0], 30050))
+	}
+
+	// The node's subnet: the node is admitted, through the load-balancer
+	// IPs themselves as sources.
+	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.0/24"), pfx("fd00:c::/64")}
+	e.sync(e.state(svc))
+	for _, lb := range lbs {
+		askFrom(t, e.tp.Node, "tcp", ap(lb, 80))
+		askFrom(t, e.tp.Client, "tcp", ap(lb, 80), netnstest.FromAddr(other(lb)))
+		wantFailure(t, pod, "tcp", ap(lb, 80), netnstest.ErrTimeout)
+	}
+
+	// Ranges of one family leave the other open, to everyone.
+	svc.SourceRanges = []netip.Prefix{pfx("198.51.100.2/32")}
+	e.sync(e.state(svc))
+	wantFailure(t, e.tp.Client, "tcp", ap(lbs[0], 80), netnstest.ErrTimeout, netnstest.FromAddr(other4))
+	wantFailure(t, e.tp.Node, "tcp", ap(lbs[0], 80), netnstest.ErrTimeout)
+	askFrom(t, e.tp.Client, "tcp", ap(lbs[1], 80), netnstest.FromAddr(other6))
+	askFrom(t, e.tp.Node, "tcp", ap(lbs[1], 80))
+	askFrom(t, pod, "tcp", ap(lbs[1], 80))
+}
+
+// TestExternalLocalFromPodAndNode checks the external Local policy's
+// verdicts for pods and the node: on every external frontend, with and
+// without a local endpoint, a pod reaches every endpoint with its own
+// address and the node every endpoint masqueraded, while a client
+// outside reaches only the local endpoint, or nothing.
+func TestExternalLocalFromPodAndNode(t *testing.T) {
+	e := newEnv(t, 3, Options{})
+	e.serve("tcp", 8080, 0, 1)
+	e.serve("udp", 5353, 0, 1)
+	pod := e.tp.Backends[2]
+	svc := func(local bool) servicelb.Service {
+		s := localService(servicelb.PolicyLocal, servicelb.PolicyCluster, local)
+		s.Ports = append(s.Ports, servicelb.Port{Name: "dns", Protocol: udp, Port: 53, NodePort: 30053, TargetPort: 5353})
+		s.Ports[0].Name = "http"
+		return s
+	}
+	for _, local := range []bool{true, false} {
+		e.sync(e.state(svc(local)))
+		for _, dst := range e.externalDsts() {
+			if local {
+				if counts := e.tp.Client.Count(t, "tcp", dst, 4); counts["backend-0"] != 4 {
+					t.Errorf("outside to %s: answers %v, want backend-0 only", dst, counts)
+				}
+			} else {
+				wantFailure(t, e.tp.Client, "tcp", dst, netnstest.ErrTimeout)
+			}
+			for _, q := range []struct {
+				proto string
+				dst   netip.AddrPort
+			}{{"tcp", dst}, {"udp", ap(dst.Addr(), map[uint16]uint16{80: 53, 30050: 30053}[dst.Port()])}} {
+				e.wantSpread(pod, q.proto, q.dst, false)
+				e.wantSpread(e.tp.Node, q.proto, q.dst, true)
+			}
+		}
+	}
+}
+
+// wantSpread checks that asks from h to dst reach backends 0 and 1 evenly
+// (round robin), masqueraded or with h's own address.
+func (e *env) wantSpread(h *netnstest.Host, proto string, dst netip.AddrPort, masqueraded bool) {
+	e.t.Helper()
+	if counts := h.Count(e.t, proto, dst, 4); counts["backend-0"] != 2 || counts["backend-1"] != 2 {
+		e.t.Errorf("%s to %s %s: answers %v, want 2 from each of backend-0 and backend-1", h.Name, proto, dst, counts)
+		return
+	}
+	r := askFrom(e.t, h, proto, dst)
+	want := backendAddr(2, servicelb.FamilyOf(dst.Addr()))
+	if masqueraded {
+		want = e.gateway(e.backendIndex(r.Host), dst.Addr())
+	}
+	if r.Client.Addr() != want {
+		e.t.Errorf("%s to %s %s: seen from %s, want %s", h.Name, proto, dst, r.Client.Addr(), want)
+	}
+}
+
+// TestUnallocatedServiceAddressDropped checks that, with service CIDRs,
+// flows to an address in them that no service holds are dropped, not
+// routed on (here to a host that holds it), while the cluster IPs keep
+// rejecting their unserved ports and serving the others.
+func TestUnallocatedServiceAddressDropped(t *testing.T) {
+	e := newEnv(t, 2, Options{})
+	e.serve("tcp", 8080, 0)
+	e.serve("tcp", 80, 1)
+	svc := multiService()
+	svc.Ports = svc.Ports[:1]
+	svc.Endpoints = endpoints(0)
+	unallocated := []netip.AddrPort{ap(a("10.96.0.99"), 80), ap(a("fd00:96::99"), 80)}
+	for _, dst := range unallocated {
+		e.tp.Backends[1].AddAddress(t, netip.PrefixFrom(dst.Addr(), dst.Addr().BitLen()))
+	}
+	e.sync(e.state(svc))
+	for _, dst := range unallocated {
+		if r := askFrom(t, e.tp.Client, "tcp", dst); r.Host != "backend-1" {
+			t.Fatalf("without service CIDRs, %s answered by %s, want backend-1 (routed on)", dst, r.Host)
+		}
+	}
+	e.node.ServiceCIDRs = []netip.Prefix{pfx("10.96.0.0/16"), pfx("fd00:96::/112")}
+	e.sync(e.state(svc))
+	for _, dst := range unallocated {
+		wantFailure(t, e.tp.Client, "tcp", dst, netnstest.ErrTimeout)
+		wantFailure(t, e.tp.Backends[0], "tcp", dst, netnstest.ErrTimeout)
+	}
+	for _, cip := range []netip.Addr{a("10.96.0.10"), a("fd00:96::10")} {
+		wantFailure(t, e.tp.Client, "tcp", ap(cip, 81), netnstest.ErrRefused)
+		wantFailure(t, e.tp.Node, "tcp", ap(cip, 81), netnstest.ErrRefused)
+		askFrom(t, e.tp.Client, "tcp", ap(cip, 80))
+		askFrom(t, e.tp.Backends[1], "tcp", ap(cip, 80))
 	}
 }
 

@@ -9,22 +9,27 @@ import (
 )
 
 // The helper sets, by base name. Each exists once per family, named
-// <SetPrefix><base>-4 or -6.
+// <SetPrefix><base>-4 or -6. Entries of address,protocol:port are
+// frontends.
 const (
-	// setClusterIP holds cluster IP,protocol:port of every service port.
-	setClusterIP = "cluster-ip"
-	// setExternal holds address,protocol:port of external IPs,
-	// load-balancer IPs and node ports under the Cluster external policy:
-	// their traffic is masqueraded.
-	setExternal = "external"
-	// setExternalLocal holds the same under the Local external policy:
-	// their traffic keeps its source address.
-	setExternalLocal = "external-local"
-	// setLBFirewall holds load-balancer IP,protocol:port of services with
-	// source ranges.
+	// setFrontends holds every frontend: the address virtual servers the
+	// proxier owns (on node addresses too) and the traffic the virtual
+	// address filter lets in.
+	setFrontends = "frontends"
+	// setMasq holds the frontends whose flows are masqueraded from every
+	// origin; setMasqOutside, setMasqPod and setMasqNode those masqueraded
+	// from one origin only.
+	setMasq        = "masq"
+	setMasqOutside = "masq-outside"
+	setMasqPod     = "masq-pod"
+	setMasqNode    = "masq-node"
+	// setDrop holds the frontends whose flows from outside are dropped:
+	// every flow to them that no mark steers elsewhere is.
+	setDrop = "drop"
+	// setLBFirewall holds load-balancer frontends with source ranges.
 	setLBFirewall = "lb-fw"
 	// setLBSource holds load-balancer IP,protocol:port,source range
-	// allowed, the node's own addresses included.
+	// allowed.
 	setLBSource = "lb-source-range"
 	// setLoopBack holds endpoint,protocol:port,endpoint: an endpoint
 	// reaching itself through a service (hairpin), masqueraded.
@@ -32,10 +37,6 @@ const (
 	// setVIP holds the virtual addresses that are not node addresses:
 	// new connections to their unserved ports are rejected.
 	setVIP = "vip"
-	// setDrop holds address,protocol:port of virtual servers left without
-	// real servers by a Local traffic policy while the port has endpoints
-	// elsewhere: their traffic is dropped.
-	setDrop = "drop"
 )
 
 // setSpec describes one helper set.
@@ -46,14 +47,16 @@ type setSpec struct {
 // setSpecs lists the helper sets in rendering order.
 func setSpecs() []setSpec {
 	return []setSpec{
-		{setClusterIP, "hash:ip,port", "cluster IPs and ports"},
-		{setExternal, "hash:ip,port", "external addresses and ports, masqueraded"},
-		{setExternalLocal, "hash:ip,port", "external addresses and ports, Local policy"},
-		{setLBFirewall, "hash:ip,port", "load-balancer addresses and ports with source ranges"},
-		{setLBSource, "hash:ip,port,net", "allowed sources of load-balancer addresses and ports"},
+		{setFrontends, "hash:ip,port", "frontends"},
+		{setMasq, "hash:ip,port", "frontends masqueraded from every origin"},
+		{setMasqOutside, "hash:ip,port", "frontends masqueraded from outside"},
+		{setMasqPod, "hash:ip,port", "frontends masqueraded from pods"},
+		{setMasqNode, "hash:ip,port", "frontends masqueraded from the node"},
+		{setDrop, "hash:ip,port", "frontends dropped from outside"},
+		{setLBFirewall, "hash:ip,port", "load-balancer frontends with source ranges"},
+		{setLBSource, "hash:ip,port,net", "allowed sources of load-balancer frontends"},
 		{setLoopBack, "hash:ip,port,ip", "endpoints reaching themselves"},
 		{setVIP, "hash:ip", "virtual addresses"},
-		{setDrop, "hash:ip,port", "virtual servers dropped by a Local policy"},
 	}
 }
 

@@ -9,33 +9,24 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
-
-// delta is a change to the kernel: the virtual servers to make match their
-// plan (nil meaning delete) and the set entries to add and delete.
-type delta struct {
-	servers  map[vsKey]*VirtualServer
-	add, del []setEntry
-	// full removes every present address no virtual server uses, and
-	// stray ones.
-	full bool
-	// read is set when the kernel's virtual servers were just read, so
-	// that every foreign one is known.
-	read bool
-}
 
 // Sync makes the kernel match st. The first Sync (and the first after a
 // failure, or after someone removed the dummy link) reads the proxier's
 // virtual servers from the kernel and converges on st without touching what
 // is already right; later ones send only what servicelb.Diff reports.
-// A State the proxier cannot apply (ErrUnsupported, ErrConflict) is refused
-// before anything is sent. IPVS is not transactional: Sync adds addresses,
-// set entries, virtual servers and real servers before it removes any, so
-// that no virtual address is ever left without its servers; if it fails
-// part way, the next Sync reads the kernel and completes the change. Sync
-// also deletes draining real servers whose connections have ended (see
-// Drain).
+// A State the proxier cannot apply (servicelb.ErrUnsupported, ErrConflict)
+// is refused before anything is sent. IPVS is not transactional: Sync adds
+// addresses, set entries, virtual servers, real servers and rules before it
+// removes any, so that no virtual address is ever left without its
+// servers; if it fails part way, the next Sync reads the kernel and
+// completes the change. Sync also deletes draining real servers whose
+// connections have ended (see Drain), and the conntrack flows its changes
+// left stale: after a sync of changes those the changes call for, after a
+// sync of a whole State (the first, one after a failure or a node change)
+// every stale one; deletions that fail are tried again by the next Sync.
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -46,6 +37,9 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	err := p.sync(ctx, st)
 	if err == nil {
 		err = p.drain(ctx)
+	}
+	if err == nil {
+		err = p.cleanFlows(ctx)
 	}
 	n := p.writes() - writes
 	p.log.Debug("ipvs: sync", "services", st.Len(), "changes", n, "took", p.now().Sub(start), "err", err)
@@ -79,7 +73,7 @@ func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
 // unless its state is known. Nothing changes until the plan has passed
 // every check.
 func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
-	plan, err := planState(st)
+	plan, err := planState(st, &p.opts)
 	if err != nil {
 		return err
 	}
@@ -93,61 +87,61 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 			return err
 		}
 	}
-	d, want := p.fullDelta(plan, read)
+	d := p.fullDelta(plan, read)
 	if err := p.checkNew(ctx, d); err != nil {
 		return err
 	}
-	if err := p.prepare(ctx, read, st.Node()); err != nil {
+	if err := p.prepare(ctx, read); err != nil {
 		p.forget()
 		return err
 	}
-	p.nodeIP = plan.nodeIPs
-	if err := p.apply(ctx, d); err != nil {
+	p.nodeIP = plan.env.nodeIPs
+	node := st.Node()
+	if err := p.apply(ctx, d, func() error { return p.reconcileRules(ctx, &node, plan) }); err != nil {
 		p.forget()
 		return err
 	}
-	p.applied, p.plan, p.want = st, plan, want
+	p.applied, p.plan = st, plan
+	p.addStale(st.StaleFlows())
 	return nil
 }
 
-// fullDelta returns the delta from what the kernel holds to plan, and the
-// plan's set entries.
-func (p *Proxier) fullDelta(plan *statePlan, read bool) (*delta, map[setEntry]int) {
+// fullDelta returns the delta from what the kernel holds to plan.
+func (p *Proxier) fullDelta(plan *statePlan, read bool) *delta {
 	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read}
 	for k := range p.kern {
 		d.servers[k] = nil
 	}
 	maps.Copy(d.servers, plan.servers)
-	want := plan.entries()
-	for e := range want {
+	for e := range plan.entries {
 		d.add = append(d.add, e)
 	}
 	for e := range p.sets.have {
-		if want[e] == 0 {
+		if plan.entries[e] == 0 {
 			d.del = append(d.del, e)
 		}
 	}
-	return d, want
+	return d
 }
 
-// prepare makes sure of what every virtual server needs: after a read, the
-// sysctls, the helper sets and the dummy link; always, the helper rules of
-// the node.
-func (p *Proxier) prepare(ctx context.Context, read bool, node servicelb.NodeConfig) error {
-	if read {
-		if err := p.ensureSysctls(); err != nil {
-			return err
-		}
-		if err := p.sets.ensure(ctx); err != nil {
-			return err
-		}
-		l, err := p.k.ensureDummy(ctx)
-		if err != nil {
-			return err
-		}
-		p.link = l
+// prepare makes sure, after a read, of what every virtual server needs:
+// the sysctls, the helper sets and the dummy link.
+func (p *Proxier) prepare(ctx context.Context, read bool) error {
+	if !read {
+		return nil
 	}
-	return p.reconcileRules(ctx, &node)
+	if err := p.ensureSysctls(); err != nil {
+		return err
+	}
+	if err := p.sets.ensure(ctx); err != nil {
+		return err
+	}
+	l, err := p.k.ensureDummy(ctx)
+	if err != nil {
+		return err
+	}
+	p.link = l
+	return nil
 }
 
 // checkForeign refuses a plan that needs a virtual server someone else
@@ -169,116 +163,22 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 		p.applied = st
 		return nil
 	}
-	node := st.Node()
-	d, news, counts, err := p.planChanges(&node, ch)
+	s, err := p.plan.step(ch)
 	if err != nil {
 		return err
 	}
+	d := p.plan.stepDelta(s)
 	if err := p.checkNew(ctx, d); err != nil {
 		return err
 	}
-	if err := p.apply(ctx, d); err != nil {
+	if err := p.apply(ctx, d, func() error { return p.commitRules(ctx, d) }); err != nil {
 		p.forget()
 		return err
 	}
-	for e, c := range counts {
-		if n := p.want[e] + c; n > 0 {
-			p.want[e] = n
-		} else {
-			delete(p.want, e)
-		}
-	}
-	for _, sp := range slices.Concat(ch.Removed, oldPorts(ch.Changed)) {
-		if pp := p.plan.ports[sp.Key]; pp != nil {
-			for _, vs := range pp.servers {
-				delete(p.plan.servers, vs.key())
-				delete(p.plan.owner, vs.key())
-			}
-			delete(p.plan.ports, sp.Key)
-		}
-	}
-	for _, pp := range news {
-		p.plan.ports[pp.key] = pp
-		for _, vs := range pp.servers {
-			p.plan.servers[vs.key()] = vs
-			p.plan.owner[vs.key()] = pp.key
-		}
-	}
+	p.plan.commit(s)
 	p.applied = st
+	p.addStale(ch.StaleFlows())
 	return nil
-}
-
-func oldPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
-	out := make([]*servicelb.ServicePort, len(cs))
-	for i, c := range cs {
-		out[i] = c.Old
-	}
-	return out
-}
-
-func newPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
-	out := make([]*servicelb.ServicePort, len(cs))
-	for i, c := range cs {
-		out[i] = c.New
-	}
-	return out
-}
-
-// planChanges plans the ports that changed and returns the delta, their
-// new plans and the changes of the set entries' counts. It fails, changing
-// nothing, when a port cannot be planned or needs a virtual server another
-// port keeps.
-func (p *Proxier) planChanges(node *servicelb.NodeConfig, ch *servicelb.Changes) (*delta, []*portPlan, map[setEntry]int, error) {
-	d := &delta{servers: map[vsKey]*VirtualServer{}}
-	counts := map[setEntry]int{}
-	leaving := map[servicelb.ServicePortKey]bool{}
-	for _, sp := range slices.Concat(ch.Removed, oldPorts(ch.Changed)) {
-		leaving[sp.Key] = true
-		if pp := p.plan.ports[sp.Key]; pp != nil {
-			for _, vs := range pp.servers {
-				d.servers[vs.key()] = nil
-			}
-			for _, e := range pp.entries {
-				counts[e]--
-			}
-		}
-	}
-	var news []*portPlan
-	var errs []error
-	claimed := map[vsKey]servicelb.ServicePortKey{}
-	for _, sp := range slices.Concat(ch.Added, newPorts(ch.Changed)) {
-		pp, err := planPort(node, sp)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, vs := range pp.servers {
-			k := vs.key()
-			if o, ok := p.plan.owner[k]; ok && !leaving[o] {
-				errs = append(errs, conflict(sp, k, o))
-			} else if o, ok := claimed[k]; ok {
-				errs = append(errs, conflict(sp, k, o))
-			}
-			claimed[k] = pp.key
-			d.servers[k] = vs
-		}
-		for _, e := range pp.entries {
-			counts[e]++
-		}
-		news = append(news, pp)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, nil, nil, err
-	}
-	for e, c := range counts {
-		switch before, after := p.want[e], p.want[e]+c; {
-		case before == 0 && after > 0:
-			d.add = append(d.add, e)
-		case before > 0 && after == 0:
-			d.del = append(d.del, e)
-		}
-	}
-	return d, news, counts, nil
 }
 
 // check tests that nobody removed or changed what the proxier owns. Every
@@ -310,15 +210,34 @@ func (p *Proxier) check(ctx context.Context, thorough bool) error {
 	if !ok {
 		p.log.Info("ipvs: helper rules changed by someone else; restoring them")
 		node := p.applied.Node()
-		return p.reconcileRules(ctx, &node)
+		return p.reconcileRules(ctx, &node, p.plan)
 	}
 	return nil
 }
 
-// reconcileRules makes the helper rules match node, sending what differs.
-func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig) error {
+// reconcileRules makes the helper rules match the node and the plan's
+// steers, sending what differs.
+func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig, plan *statePlan) error {
 	index := func(id string) uint16 { return p.sets.index[id] }
-	stats, err := p.rules.Reconcile(ctx, allRules(&p.opts, node, index))
+	stats, err := p.rules.Reconcile(ctx, allRules(&p.opts, node, index, plan))
+	p.ruleWrites += stats.Messages
+	if err != nil {
+		return fmt.Errorf("helper rules: %w", err)
+	}
+	return nil
+}
+
+// commitRules replaces the steers of the ports a delta changes.
+func (p *Proxier) commitRules(ctx context.Context, d *delta) error {
+	if len(d.rules) == 0 {
+		return nil
+	}
+	tx := xtables.NewTx()
+	for slot, rules := range d.rules {
+		n := ruleNames{o: &p.opts, f: slot.family}
+		tx.SetKeyed(xtables.Table{Family: n.family(), Name: xtables.Mangle}, n.chain(steerChains[slot.chain]), slot.key, rules)
+	}
+	stats, err := p.rules.Commit(ctx, tx)
 	p.ruleWrites += stats.Messages
 	if err != nil {
 		return fmt.Errorf("helper rules: %w", err)
@@ -401,7 +320,7 @@ func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
 	}
 	foreign := map[vsKey]bool{}
 	for _, vs := range servers {
-		if !p.present[vs.Addr] && !p.sets.recorded(vs.key()) {
+		if !p.owns(vs, p.present) {
 			foreign[vs.key()] = true
 			continue
 		}
@@ -427,7 +346,9 @@ func (p *Proxier) adopt(ctx context.Context, vs *VirtualServer) error {
 		}
 	}
 	p.kern[vs.key()] = vs
-	p.use[vs.Addr]++
+	if vs.FWMark == 0 {
+		p.use[vs.Addr]++
+	}
 	return nil
 }
 
@@ -453,5 +374,6 @@ func sortedKeys(m map[vsKey]*VirtualServer) []vsKey {
 }
 
 func compareKeys(a, b vsKey) int {
-	return cmp.Or(a.addr.Compare(b.addr), cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
+	return cmp.Or(cmp.Compare(a.fwmark, b.fwmark), cmp.Compare(a.family, b.family),
+		a.addr.Compare(b.addr), cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
 }

@@ -84,25 +84,27 @@ func TestRoundRobinOrder(t *testing.T) {
 	}
 }
 
-// TestWeights checks that wrr spreads connections in proportion to the
-// endpoint weights, exactly over whole cycles.
+// TestWeights checks that wrr, and the empty hint, spread connections in
+// proportion to the endpoint weights, exactly over whole cycles.
 func TestWeights(t *testing.T) {
 	e := newEnv(t, 3, Options{})
 	e.serve("tcp", 8080, 0, 1, 2)
-	svc := multiService()
-	svc.Ports = svc.Ports[:1]
-	svc.Scheduler = servicelb.SchedulerWeightedRR
-	for i := range svc.Endpoints {
-		b := i / 2 // two endpoints (families) per backend
-		svc.Endpoints[i].Weight = servicelb.Weight(uint16(b + 1))
-	}
-	st := e.state(svc)
-	e.sync(st)
-	e.checkIPVS(st)
-	counts := e.tp.Client.Count(t, "tcp", ap(a("10.96.0.10"), 80), 60)
-	for i, b := range e.tp.Backends {
-		if want := 10 * (i + 1); counts[b.Name] != want {
-			t.Fatalf("answers %v: want %d from %s (weight %d)", counts, want, b.Name, i+1)
+	for _, sched := range []servicelb.Scheduler{servicelb.SchedulerWeightedRR, servicelb.SchedulerDefault} {
+		svc := multiService()
+		svc.Ports = svc.Ports[:1]
+		svc.Scheduler = sched
+		for i := range svc.Endpoints {
+			b := i / 2 // two endpoints (families) per backend
+			svc.Endpoints[i].Weight = servicelb.Weight(uint16(b + 1))
+		}
+		st := e.state(svc)
+		e.sync(st)
+		e.checkIPVS(st)
+		counts := e.tp.Client.Count(t, "tcp", ap(a("10.96.0.10"), 80), 60)
+		for i, b := range e.tp.Backends {
+			if want := 10 * (i + 1); counts[b.Name] != want {
+				t.Fatalf("scheduler %q: answers %v: want %d from %s (weight %d)", sched, counts, want, b.Name, i+1)
+			}
 		}
 	}
 }
@@ -204,6 +206,29 @@ func TestNoEndpointsRejected(t *testing.T) {
 		_, err := e.tp.Client.Ask(t.Context(), dst.proto, dst.ap)
 		if !errors.Is(err, netnstest.ErrRefused) {
 			t.Errorf("%s %s: %v, want refused", dst.proto, dst.ap, err)
+		}
+	}
+}
+
+// TestMaglevSpreadsOneClient checks that mh hashes the client's port too
+// (IPVS's mh-port flag): the connections of one client address spread
+// over several endpoints instead of all going to one.
+func TestMaglevSpreadsOneClient(t *testing.T) {
+	e := newEnv(t, 3, Options{})
+	e.serve("tcp", 8080, 0, 1, 2)
+	e.serve("udp", 5353, 0, 1, 2)
+	svc := multiService()
+	svc.Ports = svc.Ports[:2]
+	svc.Scheduler = servicelb.SchedulerMaglev
+	st := e.state(svc)
+	e.sync(st)
+	e.checkIPVS(st)
+	for _, q := range []struct {
+		proto string
+		dst   netip.AddrPort
+	}{{"tcp", ap(a("10.96.0.10"), 80)}, {"udp", ap(a("fd00:96::10"), 53)}, {"tcp", ap(netnstest.NodeIPv4(), 30080)}} {
+		if counts := e.tp.Client.Count(t, q.proto, q.dst, 24); len(counts) < 2 {
+			t.Errorf("%s %s: one client's answers %v, want several backends", q.proto, q.dst, counts)
 		}
 	}
 }

@@ -170,3 +170,44 @@ func TestApplierReconcileCommitCheck(t *testing.T) {
 		t.Errorf("after cleanup:\n%s\nwant\n%s", got, wantLeft)
 	}
 }
+
+// TestApplierMangle checks that the Applier creates the mangle table's
+// builtin chains as iptables-nft does (OUTPUT a route chain), so that
+// iptables-nft shows and extends them as its own, in both families.
+func TestApplierMangle(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "xtmangle")
+	a := newTestApplier(t, h)
+	want := map[Table]*TableContent{}
+	for _, f := range []Family{IPv4, IPv6} {
+		want[Table{f, Mangle}] = &TableContent{
+			Chains: map[string][]Rule{"KT-OUT": {{Target: SetMark{Value: 0x10000, Mask: 0xffffffff}}}},
+			Jumps: map[string][]Rule{
+				"PREROUTING": {{Matches: []Match{Comment("kt")}, Target: Jump("KT-OUT")}},
+				"OUTPUT":     {{Matches: []Match{Comment("kt")}, Target: Jump("KT-OUT")}},
+			},
+		}
+	}
+	if _, err := a.Reconcile(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []Family{IPv4, IPv6} {
+		save, _ := saveCommand(f)
+		tool := strings.TrimSuffix(save, "-save")
+		h.Exec(t, tool, "-t", "mangle", "-A", "OUTPUT", "-j", "ACCEPT")
+		got := StripSave(h.Exec(t, save, "-t", "mangle"))
+		text := want[Table{f, Mangle}].Text(Mangle)
+		text.Base = map[string][]Rule{"PREROUTING": text.Base["PREROUTING"], "OUTPUT": append(text.Base["OUTPUT"][:1:1], Rule{Target: Accept})}
+		if w := string(AppendSaveTable(nil, f, text)); got != w {
+			t.Errorf("%s:\n%s\nwant\n%s", save, got, w)
+		}
+		if out := h.Exec(t, "nft", "list", "chain", f.String(), "mangle", "OUTPUT"); !strings.Contains(out, "type route hook output priority mangle") {
+			t.Errorf("mangle OUTPUT is not a route chain:\n%s", out)
+		}
+	}
+	// Foreign rules below ours leave our jumps intact.
+	if ok, err := a.Check(ctx); !ok || err != nil {
+		t.Fatalf("Check after foreign rules: %v, %v; want true", ok, err)
+	}
+}

@@ -56,7 +56,12 @@
 // # Reuse
 //
 // The iptables dataplane owns kube-proxy's iptables-mode chains with it;
-// the IPVS dataplane owns its helper chains (KUBE-SERVICES matching ipsets
-// with [Set], KUBE-MARK-MASQ, KUBE-POSTROUTING, KUBE-NODE-PORT, ...) with
-// another Applier and another ownership test in the same tables.
+// the IPVS dataplane owns its helper chains (matching ipsets with [Set],
+// marking flows for masquerade and for IPVS firewall-mark services, ...)
+// with another Applier and another ownership test in the same tables.
+//
+// The tables are [Filter], [NAT] and [Mangle], in either family. An
+// Applier creates a missing table's builtin chains as iptables-nft does
+// ([BaseChains]): mangle's OUTPUT is a route chain, so that a packet whose
+// mark it changes is routed again.
 package xtables

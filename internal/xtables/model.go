@@ -42,14 +42,17 @@ func (f Family) addrLen() int {
 	return 4
 }
 
-// TableName is an iptables table. Only the two tables service proxies use
-// are supported.
+// TableName is an iptables table. Only the tables service proxies use are
+// supported.
 type TableName string
 
 // The tables.
 const (
 	Filter TableName = "filter"
 	NAT    TableName = "nat"
+	// Mangle is where packets are marked before routing and before the
+	// hooks of IPVS and NAT.
+	Mangle TableName = "mangle"
 )
 
 // Table names one table of one family, such as ip6 nat.
@@ -94,6 +97,16 @@ func BaseChains(t TableName) []BaseChain {
 			{"INPUT", hookInput, 0, "filter"},
 			{"FORWARD", hookForward, 0, "filter"},
 			{"OUTPUT", hookOutput, 0, "filter"},
+		}
+	case Mangle:
+		// OUTPUT is a route chain: a packet whose mark it changes is
+		// routed again.
+		return []BaseChain{
+			{"PREROUTING", hookPrerouting, -150, "filter"},
+			{"INPUT", hookInput, -150, "filter"},
+			{"FORWARD", hookForward, -150, "filter"},
+			{"OUTPUT", hookOutput, -150, "route"},
+			{"POSTROUTING", hookPostrouting, -150, "filter"},
 		}
 	}
 	return nil

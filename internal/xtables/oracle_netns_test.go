@@ -53,6 +53,22 @@ func oracleCases(f Family, table TableName) []oracleCase {
 	odd := pfx(pick("10.96.0.0/20", "fd00:244::/47"))
 	to := netip.MustParseAddrPort(pick("10.180.0.1:80", "[fd00:180::1]:80"))
 	jump := Jump("KX-T")
+	if table == Mangle {
+		return []oracleCase{
+			{name: "set-mark", rule: Rule{Dst: vip, Proto: ProtoTCP, Matches: []Match{Port{ProtoTCP, 80}}, Target: SetMark{Value: 0x10000, Mask: 0xffffffff}},
+				cmdline: `-d ` + vip.String() + ` -p tcp -m tcp --dport 80 -j MARK --set-mark 0x10000`},
+			{name: "set-mark-sctp", rule: Rule{Dst: vip, Proto: ProtoSCTP, Matches: []Match{Port{ProtoSCTP, 9}}, Target: SetMark{Value: 0x24000, Mask: 0xffffffff}}},
+			{name: "unmarked-drop", rule: Rule{Matches: []Match{Set{Name: "KX-SET2", Index: 1, Dirs: []SetDir{SetDst, SetDst}}, Mark{Value: 0, Mask: 0x0fff0000}}, Target: Drop},
+				cmdline: `-m set --match-set KX-SET2 dst,dst -m mark --mark 0x0/0xfff0000 -j DROP`},
+			{name: "source-range-drop", rule: Rule{Matches: []Match{Set{Name: "KX-SET2", Index: 1, Dirs: []SetDir{SetDst, SetDst}},
+				Set{Name: "KX-SET3", Index: 2, Dirs: []SetDir{SetDst, SetDst, SetSrc}, Invert: true}}, Target: Drop}},
+			{name: "unallocated-drop", rule: Rule{Dst: odd, Matches: []Match{AddrType{Dst: AddrTypeLocal, NotDst: true}, Conntrack{States: CtNew}}, Target: Drop},
+				cmdline: `-d ` + odd.String() + ` -m addrtype ! --dst-type LOCAL -m conntrack --ctstate NEW -j DROP`},
+			{name: "pod-jump", rule: Rule{Src: cluster, Target: jump}},
+			{name: "pod-goto", rule: Rule{Src: cluster, Target: Goto("KX-T")}},
+			{name: "goto", rule: Rule{Target: Goto("KX-T")}},
+		}
+	}
 	if table == Filter {
 		return []oracleCase{
 			{name: "ctstate-new", rule: Rule{Matches: []Match{Conntrack{States: CtNew}, Comment("kubernetes service portals")}, Target: jump},
@@ -117,7 +133,7 @@ func oracleCases(f Family, table TableName) []oracleCase {
 func TestEncodingMatchesIptables(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat", "ipset")
 	for _, f := range []Family{IPv4, IPv6} {
-		for _, table := range []TableName{NAT, Filter} {
+		for _, table := range []TableName{NAT, Filter, Mangle} {
 			t.Run(fmt.Sprintf("%s-%s", f, table), func(t *testing.T) {
 				testEncoding(t, f, table)
 			})
@@ -141,6 +157,8 @@ func testEncoding(t *testing.T, f Family, table TableName) {
 		setFam = "inet6"
 	}
 	h.Exec(t, "ipset", "create", "KX-SET", "hash:ip", "family", setFam)
+	h.Exec(t, "ipset", "create", "KX-SET2", "hash:ip,port", "family", setFam)
+	h.Exec(t, "ipset", "create", "KX-SET3", "hash:ip,port,net", "family", setFam)
 
 	// iptables writes our rendering into KX-SAVE and kube-proxy's command
 	// lines into KX-CMD.
