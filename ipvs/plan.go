@@ -224,7 +224,10 @@ func ipvsSchedulers() []servicelb.Scheduler {
 // capabilities are what the proxier expresses: every feature, the IPVS
 // schedulers, every protocol, any number of endpoints.
 func capabilities() servicelb.Capabilities {
-	return servicelb.Capabilities{Backend: "ipvs", Schedulers: ipvsSchedulers(), Features: servicelb.AllFeatures}
+	// IPVS keeps a persistence template while connections it scheduled
+	// are in its table, TIME_WAIT included: a pin can outlive its timeout.
+	return servicelb.Capabilities{Backend: "ipvs", Schedulers: ipvsSchedulers(),
+		Features: servicelb.AllFeatures &^ servicelb.FeatureAffinityExpiry}
 }
 
 func realServers(bs []servicelb.Backend) []RealServer {

@@ -52,10 +52,16 @@ const (
 	// NodeConfig.ServiceCIDRs is dropped, and to an undefined port of a
 	// cluster IP rejected.
 	FeatureServiceCIDRs
+	// FeatureAffinityExpiry: a pin ends when the affinity timeout passes
+	// without a new flow from its client, whatever of the client's flows
+	// the kernel still tracks. IPVS lacks it: it keeps a pin while
+	// connections it chose are in its table, closed TCP connections
+	// included until their TIME_WAIT ends (two minutes).
+	FeatureAffinityExpiry
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
-		FeatureExternal | FeatureServiceCIDRs
+		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry
 )
 
 // Has reports whether every feature of f is in fs.
@@ -67,6 +73,7 @@ var featureNames = []struct {
 }{
 	{FeatureSourceRanges, "source-ranges"}, {FeatureAffinity, "affinity"}, {FeatureWeights, "weights"},
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
+	{FeatureAffinityExpiry, "affinity-expiry"},
 }
 
 // String lists the features by name, such as "affinity,weights".

@@ -146,9 +146,9 @@ type SessionAffinity struct {
 	ClientIP bool `json:"clientIP,omitempty"`
 	// Timeout is how long a pin lasts: a client stays on its endpoint
 	// while it opens new flows less than Timeout apart (each new flow
-	// renews the pin; IPVS also keeps the pin while the client's flows
-	// live). A whole number of seconds from 1s to 24h; zero means
-	// DefaultAffinityTimeout.
+	// renews the pin; IPVS also keeps the pin while connections it chose
+	// are in its table: see FeatureAffinityExpiry). A whole number of
+	// seconds from 1s to 24h; zero means DefaultAffinityTimeout.
 	Timeout time.Duration `json:"timeout,omitempty"`
 }
 

@@ -299,6 +299,7 @@ func affinityScenarios() []Scenario {
 	for i := range sc {
 		sc[i].Needs |= servicelb.FeatureAffinity
 	}
+	sc[2].Needs |= servicelb.FeatureAffinityExpiry
 	return sc
 }
 

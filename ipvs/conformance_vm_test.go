@@ -1,0 +1,29 @@
+//go:build vm
+
+package ipvs
+
+import (
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/conformance"
+)
+
+// TestConformance runs the conformance kit over TCP, UDP and SCTP.
+func TestConformance(t *testing.T) {
+	netnstest.Require(t, vmFeatures...)
+	conformance.Run(t, conformance.Backend{Name: "ipvs", New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
+		p, err := New(Options{NetNS: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}}, conformance.Options{
+		Protocols:   []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP},
+		DropTimeout: 2 * time.Second, AskTimeout: 5 * time.Second,
+	})
+}
