@@ -117,7 +117,7 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 	case o.Dataplane != nil:
 		a.dp = o.Dataplane
 	case a.cfg.DryRun:
-		r, err := Renderer(a.cfg.Backend, bo)
+		r, err := OpenRenderer(a.cfg.Backend, bo)
 		if err != nil {
 			return err
 		}

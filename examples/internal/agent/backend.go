@@ -21,6 +21,13 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
+// Renderer shows states as a dataplane's own tools would, and says what
+// the dataplane can express: what a dry run needs.
+type Renderer interface {
+	servicelb.Renderer
+	Capabilities() servicelb.Capabilities
+}
+
 // Dataplane is a backend as an agent drives it: it applies states and can
 // show them as the dataplane's own tools would.
 type Dataplane interface {
@@ -52,7 +59,7 @@ type backend struct {
 	open func(BackendOptions) (Dataplane, error)
 	// render returns a renderer that needs no kernel support, for dry
 	// runs; nil means open's backend renders.
-	render func(BackendOptions) (servicelb.Renderer, error)
+	render func(BackendOptions) (Renderer, error)
 }
 
 // backends maps each --backend value to its implementation.
@@ -119,7 +126,7 @@ func Open(name string, o BackendOptions) (Dataplane, error) {
 
 // Renderer returns the named backend for rendering only: a dry run. It
 // probes nothing and installs nothing.
-func Renderer(name string, o BackendOptions) (servicelb.Renderer, error) {
+func OpenRenderer(name string, o BackendOptions) (Renderer, error) {
 	b, err := lookup(name)
 	if err != nil {
 		return nil, err
@@ -218,7 +225,7 @@ func kernelHas(module string) bool {
 
 // dryRun is a Proxier that prints what each sync would install.
 type dryRun struct {
-	r    servicelb.Renderer
+	r    Renderer
 	name string
 	w    io.Writer
 
@@ -226,6 +233,8 @@ type dryRun struct {
 	n    int
 	last string
 }
+
+func (d *dryRun) Capabilities() servicelb.Capabilities { return d.r.Capabilities() }
 
 func (d *dryRun) Sync(_ context.Context, st *servicelb.State) error {
 	text, err := d.r.Render(st)

@@ -11,10 +11,16 @@ func openIPVS(o BackendOptions) (Dataplane, error) {
 
 // renderIPVS renders without the kernel: IPVS may be missing where a dry
 // run is made.
-func renderIPVS(BackendOptions) (servicelb.Renderer, error) {
-	return rendererFunc(func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) }), nil
+func renderIPVS(BackendOptions) (Renderer, error) {
+	var p *ipvs.Proxier // its capabilities need no kernel
+	return offlineRenderer{render: func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) }, caps: p.Capabilities()}, nil
 }
 
-type rendererFunc func(*servicelb.State) (string, error)
+// offlineRenderer renders with a function and declares capabilities.
+type offlineRenderer struct {
+	render func(*servicelb.State) (string, error)
+	caps   servicelb.Capabilities
+}
 
-func (f rendererFunc) Render(st *servicelb.State) (string, error) { return f(st) }
+func (r offlineRenderer) Render(st *servicelb.State) (string, error) { return r.render(st) }
+func (r offlineRenderer) Capabilities() servicelb.Capabilities       { return r.caps }

@@ -236,7 +236,7 @@ func appliedBackends(st *servicelb.State, svc string) []netip.Addr {
 	}
 	var out []netip.Addr
 	for _, sp := range st.ServicePorts(svc) {
-		for _, b := range sp.InternalBackends() {
+		for _, b := range sp.Targets(sp.Internal[servicelb.FromOutside]) {
 			out = append(out, b.Addr)
 		}
 	}
