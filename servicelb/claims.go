@@ -2,8 +2,11 @@ package servicelb
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 )
@@ -14,12 +17,14 @@ import (
 // one node port. The kernel can serve each frontend for one service only,
 // so servicelb gives it to one and reports the clash (State.Conflicts);
 // the other service keeps everything else, its cluster IP included. The
-// winner is decided by rule, not by arrival order, so that every node and
-// every restart agree: a virtual address (cluster, external or
-// load-balancer IP) beats a node port on that address, as kube-proxy's
-// rules match service addresses before node ports; a node port beats a
-// health check node port; among claims of one kind the service whose name
-// sorts first wins.
+// service that held the frontend first keeps it, so that a service added
+// by mistake never takes a working one's address; among services that
+// arrive together (one NewState, one batch of a Runner's source, a State
+// edited again) the rules decide, so that every node and every restart
+// agree: a virtual address (cluster, external or load-balancer IP) beats a
+// node port on that address, as kube-proxy's rules match service
+// addresses before node ports; a node port beats a health check node
+// port; then the service whose name sorts first wins.
 
 // frontKey is a virtual address, protocol and port.
 type frontKey struct {
@@ -38,10 +43,12 @@ type portKey struct {
 	port  uint16
 }
 
-// claim is a service's claim of a node port: as a node port or as its
-// health check node port (TCP).
+// claim is a service's claim of a frontend: of a node port, as a node
+// port or as its health check node port (TCP). seq orders claims by when
+// the service first made them; claims made together share one.
 type claim struct {
 	name   string
+	seq    uint64
 	health bool
 }
 
@@ -52,24 +59,32 @@ func compareClaims(a, b claim) int {
 		}
 		return -1
 	}
-	return cmp.Compare(a.name, b.name)
+	return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(a.name, b.name))
+}
+
+// claimKey names one claim of a service.
+type claimKey struct {
+	vip    frontKey
+	np     portKey
+	isNP   bool
+	health bool
 }
 
 // claims indexes every frontend claim of a Builder's services, each list
 // ordered winner first.
 type claims struct {
-	vips      map[frontKey][]string
+	vips      map[frontKey][]claim
 	nodePorts map[portKey][]claim
 }
 
 func newClaims() *claims {
-	return &claims{vips: map[frontKey][]string{}, nodePorts: map[portKey][]claim{}}
+	return &claims{vips: map[frontKey][]claim{}, nodePorts: map[portKey][]claim{}}
 }
 
 // vipOwner returns the service that holds a virtual address and port.
 func (c *claims) vipOwner(k frontKey) string {
-	if names := c.vips[k]; len(names) > 0 {
-		return names[0]
+	if cs := c.vips[k]; len(cs) > 0 {
+		return cs[0].name
 	}
 	return ""
 }
@@ -94,60 +109,73 @@ func (c *claims) healthOwner(port uint16) string {
 }
 
 // serviceClaims returns the frontends a service claims.
-func serviceClaims(s *Service) ([]frontKey, []portKey, []claim) {
-	var vips []frontKey
-	var nps []portKey
-	var kinds []claim
+func serviceClaims(s *Service) []claimKey {
+	var out []claimKey
 	for _, p := range s.Ports {
 		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
-			vips = append(vips, frontKey{a, p.Protocol, p.Port})
+			out = append(out, claimKey{vip: frontKey{a, p.Protocol, p.Port}})
 		}
 		if p.NodePort != 0 {
-			nps = append(nps, portKey{p.Protocol, p.NodePort})
-			kinds = append(kinds, claim{name: s.Name})
+			out = append(out, claimKey{np: portKey{p.Protocol, p.NodePort}, isNP: true})
 		}
 	}
 	if hc := s.HealthCheckNodePort; hc != 0 {
-		nps = append(nps, portKey{TCP, hc})
-		kinds = append(kinds, claim{name: s.Name, health: true})
+		out = append(out, claimKey{np: portKey{TCP, hc}, isNP: true, health: true})
 	}
-	return vips, nps, kinds
+	return out
 }
 
-// add records a service's claims.
-func (c *claims) add(s *Service) {
-	vips, nps, kinds := serviceClaims(s)
-	for _, k := range vips {
-		names := c.vips[k]
-		if i, found := slices.BinarySearch(names, s.Name); !found {
-			c.vips[k] = slices.Insert(names, i, s.Name)
+// seqs returns when a service made each of its claims.
+func (c *claims) seqs(s *Service) map[claimKey]uint64 {
+	out := map[claimKey]uint64{}
+	for _, k := range serviceClaims(s) {
+		list := c.vips[k.vip]
+		if k.isNP {
+			list = c.nodePorts[k.np]
+		}
+		for _, x := range list {
+			if x.name == s.Name && x.health == k.health {
+				out[k] = x.seq
+			}
 		}
 	}
-	for i, k := range nps {
-		cs := c.nodePorts[k]
-		if j, found := slices.BinarySearchFunc(cs, kinds[i], compareClaims); !found {
-			c.nodePorts[k] = slices.Insert(cs, j, kinds[i])
+	return out
+}
+
+// add records a service's claims, each made at seq(key).
+func (c *claims) add(s *Service, seq func(claimKey) uint64) {
+	for _, k := range serviceClaims(s) {
+		x := claim{name: s.Name, seq: seq(k), health: k.health}
+		if k.isNP {
+			c.nodePorts[k.np] = insertClaim(c.nodePorts[k.np], x)
+		} else {
+			c.vips[k.vip] = insertClaim(c.vips[k.vip], x)
 		}
 	}
+}
+
+func insertClaim(cs []claim, x claim) []claim {
+	if slices.ContainsFunc(cs, func(y claim) bool { return y.name == x.name && y.health == x.health }) {
+		return cs
+	}
+	i, _ := slices.BinarySearchFunc(cs, x, compareClaims)
+	return slices.Insert(cs, i, x)
 }
 
 // remove forgets a service's claims.
 func (c *claims) remove(s *Service) {
-	vips, nps, _ := serviceClaims(s)
-	for _, k := range vips {
-		names := slices.DeleteFunc(c.vips[k], func(n string) bool { return n == s.Name })
-		if len(names) == 0 {
-			delete(c.vips, k)
+	for _, k := range serviceClaims(s) {
+		mine := func(x claim) bool { return x.name == s.Name }
+		if k.isNP {
+			if cs := slices.DeleteFunc(c.nodePorts[k.np], mine); len(cs) > 0 {
+				c.nodePorts[k.np] = cs
+			} else {
+				delete(c.nodePorts, k.np)
+			}
+		} else if cs := slices.DeleteFunc(c.vips[k.vip], mine); len(cs) > 0 {
+			c.vips[k.vip] = cs
 		} else {
-			c.vips[k] = names
-		}
-	}
-	for _, k := range nps {
-		cs := slices.DeleteFunc(c.nodePorts[k], func(x claim) bool { return x.name == s.Name })
-		if len(cs) == 0 {
-			delete(c.nodePorts, k)
-		} else {
-			c.nodePorts[k] = cs
+			delete(c.vips, k.vip)
 		}
 	}
 }
@@ -162,31 +190,30 @@ func (c *claims) affected(node *NodeConfig, s, old *Service) []string {
 		if svc == nil {
 			continue
 		}
-		vips, nps, _ := serviceClaims(svc)
-		for _, k := range vips {
-			for _, n := range c.vips[k] {
-				seen[n] = true
+		for _, k := range serviceClaims(svc) {
+			if k.isNP {
+				for _, x := range c.nodePorts[k.np] {
+					seen[x.name] = true
+				}
+				continue
 			}
-			if slices.Contains(node.NodeIPs, k.addr) {
-				for _, x := range c.nodePorts[portKey{k.proto, k.port}] {
+			for _, x := range c.vips[k.vip] {
+				seen[x.name] = true
+			}
+			if slices.Contains(node.NodeIPs, k.vip.addr) {
+				for _, x := range c.nodePorts[portKey{k.vip.proto, k.vip.port}] {
 					seen[x.name] = true
 				}
 			}
 		}
-		for _, k := range nps {
-			for _, x := range c.nodePorts[k] {
-				seen[x.name] = true
-			}
-		}
 	}
 	delete(seen, s.Name)
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(seen))
 }
+
+// ErrFrontendTaken: a service asks for a frontend another service holds;
+// it is served without it (see Conflict).
+var ErrFrontendTaken = errors.New("address and port already used by another service")
 
 // Conflict is a frontend that more than one service asks for. The Winner
 // holds it; the Losers are served without it.
@@ -197,6 +224,12 @@ type Conflict struct {
 	Frontend string
 	Winner   string
 	Losers   []string
+}
+
+// Err returns the error a source reports for each loser: it wraps
+// ErrFrontendTaken and names the frontend and its holder.
+func (c Conflict) Err() error {
+	return fmt.Errorf("%s: %w: held by %q", c.Frontend, ErrFrontendTaken, c.Winner)
 }
 
 // String formats the conflict for a log line.
@@ -216,14 +249,17 @@ func quoteAll(names []string) string {
 // if any: several services claim it, or it is a node address on which
 // another service's node port is not served.
 func (c *claims) vipConflict(node *NodeConfig, k frontKey) (Conflict, bool) {
-	names := c.vips[k]
-	if len(names) == 0 {
+	cs := c.vips[k]
+	if len(cs) == 0 {
 		return Conflict{}, false
 	}
-	losers := slices.Clone(names[1:])
+	var losers []string
+	for _, x := range cs[1:] {
+		losers = append(losers, x.name)
+	}
 	if slices.Contains(node.NodeIPs, k.addr) {
 		for _, x := range c.nodePorts[portKey{k.proto, k.port}] {
-			if !x.health && x.name != names[0] && !slices.Contains(losers, x.name) {
+			if !x.health && x.name != cs[0].name && !slices.Contains(losers, x.name) {
 				losers = append(losers, x.name)
 			}
 		}
@@ -231,7 +267,7 @@ func (c *claims) vipConflict(node *NodeConfig, k frontKey) (Conflict, bool) {
 	if len(losers) == 0 {
 		return Conflict{}, false
 	}
-	return Conflict{Frontend: k.String(), Winner: names[0], Losers: losers}, true
+	return Conflict{Frontend: k.String(), Winner: cs[0].name, Losers: losers}, true
 }
 
 // portConflict returns the clash at a node port, if several services
@@ -262,11 +298,14 @@ func (c *claims) touched(node *NodeConfig, s, old *Service) ([]frontKey, []portK
 		if svc == nil {
 			continue
 		}
-		v, n, _ := serviceClaims(svc)
-		vips, nps = append(vips, v...), append(nps, n...)
-		for _, k := range n {
+		for _, k := range serviceClaims(svc) {
+			if !k.isNP {
+				vips = append(vips, k.vip)
+				continue
+			}
+			nps = append(nps, k.np)
 			for _, a := range node.NodeIPs {
-				vips = append(vips, frontKey{a, k.proto, k.port})
+				vips = append(vips, frontKey{a, k.np.proto, k.np.port})
 			}
 		}
 	}
@@ -276,23 +315,31 @@ func (c *claims) touched(node *NodeConfig, s, old *Service) ([]frontKey, []portK
 // conflictSet holds the current clashes by frontend name.
 type conflictSet map[string]Conflict
 
-// update recomputes the clashes at the given frontends.
-func (cs conflictSet) update(c *claims, node *NodeConfig, vips []frontKey, nps []portKey) {
-	for _, k := range vips {
-		if x, ok := c.vipConflict(node, k); ok {
-			cs[x.Frontend] = x
-		} else {
-			delete(cs, k.String())
+// update recomputes the clashes at the given frontends and reports
+// whether any changed.
+func (cs conflictSet) update(c *claims, node *NodeConfig, vips []frontKey, nps []portKey) bool {
+	changed := false
+	set := func(name string, x Conflict, ok bool) {
+		old, had := cs[name]
+		switch {
+		case ok && (!had || !reflect.DeepEqual(old, x)):
+			cs[name], changed = x, true
+		case !ok && had:
+			delete(cs, name)
+			changed = true
 		}
+	}
+	for _, k := range vips {
+		x, ok := c.vipConflict(node, k)
+		set(k.String(), x, ok)
 	}
 	for _, k := range nps {
 		x, ok := c.portConflict(k)
-		delete(cs, fmt.Sprintf("node port %d/%s", k.port, k.proto))
-		delete(cs, fmt.Sprintf("health check node port %d", k.port))
-		if ok {
-			cs[x.Frontend] = x
-		}
+		np, hc := fmt.Sprintf("node port %d/%s", k.port, k.proto), fmt.Sprintf("health check node port %d", k.port)
+		set(np, x, ok && x.Frontend == np)
+		set(hc, x, ok && x.Frontend == hc)
 	}
+	return changed
 }
 
 // sorted returns the clashes ordered by frontend.

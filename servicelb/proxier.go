@@ -1,6 +1,12 @@
 package servicelb
 
-import "context"
+import (
+	"context"
+	"errors"
+)
+
+// ErrClosed: a Sync or Cleanup after the proxier was closed.
+var ErrClosed = errors.New("proxier closed")
 
 // Proxier makes a kernel dataplane match a desired State. The nftables,
 // iptables and ipvs packages implement it.

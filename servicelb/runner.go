@@ -67,6 +67,10 @@ type Hooks struct {
 	// Pending is called with the number of services changed and not yet
 	// applied, whenever it changes.
 	Pending func(n int)
+	// Conflicts is called with every frontend clash (see Conflict)
+	// whenever they change: a source may report Conflict.Err for each
+	// loser.
+	Conflicts func([]Conflict)
 }
 
 // SyncResult describes one sync attempt.
@@ -139,6 +143,7 @@ type Runner struct {
 	appliedAt time.Time
 	lastErr   error
 	succeeded bool
+	clashVer  uint64 // of the clashes last reported
 	// firstSync is closed by the first successful sync.
 	firstSync chan struct{}
 }
@@ -171,6 +176,7 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
 		wake:    make(chan struct{}, 1), firstSync: make(chan struct{}),
 		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]bool{},
+		clashVer: b.clashVer,
 	}
 	if r.clock == nil {
 		r.clock = realClock{}
@@ -417,17 +423,37 @@ func (s *Source) Name() string { return s.name }
 func (s *Source) Upsert(svcs ...Service) error {
 	r := s.r
 	r.mu.Lock()
+	r.b.seq++ // the batch's claims count as made together
 	var errs []error
 	for i := range svcs {
 		if err := s.upsert(&svcs[i]); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	r.endBatch()
+	return errors.Join(errs...)
+}
+
+// endBatch reports what a batch of changes did, and wakes Run; it unlocks
+// r.mu.
+func (r *Runner) endBatch() {
 	pending := len(r.dirty) + r.inflight
+	var clashes []Conflict
+	changed := r.b.clashVer != r.clashVer
+	if changed {
+		r.clashVer, clashes = r.b.clashVer, r.b.Conflicts()
+	}
 	r.mu.Unlock()
 	r.reportPending(pending)
+	if changed {
+		for _, c := range clashes {
+			r.log.Warn("frontend asked for by several services", "frontend", c.Frontend, "held by", c.Winner, "not served for", c.Losers)
+		}
+		if r.opts.Hooks.Conflicts != nil {
+			r.opts.Hooks.Conflicts(clashes)
+		}
+	}
 	r.poke()
-	return errors.Join(errs...)
 }
 
 func (s *Source) upsert(svc *Service) error {
@@ -457,10 +483,7 @@ func (s *Source) Delete(names ...string) error {
 			errs = append(errs, err)
 		}
 	}
-	pending := len(r.dirty) + r.inflight
-	r.mu.Unlock()
-	r.reportPending(pending)
-	r.poke()
+	r.endBatch()
 	return errors.Join(errs...)
 }
 
@@ -485,6 +508,7 @@ func (s *Source) delete(name string) error {
 func (s *Source) Replace(svcs []Service) error {
 	r := s.r
 	r.mu.Lock()
+	r.b.seq++ // the batch's claims count as made together
 	keep := make(map[string]bool, len(svcs))
 	for i := range svcs {
 		keep[svcs[i].Name] = true
@@ -498,10 +522,7 @@ func (s *Source) Replace(svcs []Service) error {
 	for i := range svcs {
 		errs = append(errs, s.upsert(&svcs[i]))
 	}
-	pending := len(r.dirty) + r.inflight
-	r.mu.Unlock()
-	r.reportPending(pending)
-	r.poke()
+	r.endBatch()
 	return errors.Join(errs...)
 }
 

@@ -411,3 +411,26 @@ func TestZeroStateIsNoState(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.Check(), "an empty state made by NewState")
 }
+
+// TestRunnerReportsConflicts: a service that asks for a frontend another
+// holds is served without it, and the Conflicts hook hears of it; the
+// holder keeps its frontend although the newcomer's name sorts first.
+func TestRunnerReportsConflicts(t *testing.T) {
+	var got [][]servicelb.Conflict
+	r, err := servicelb.NewRunner(&fake.Proxier{}, servicelb.RunnerOptions{Hooks: servicelb.Hooks{
+		Conflicts: func(cs []servicelb.Conflict) { got = append(got, cs) },
+	}})
+	require.NoError(t, err)
+	src := r.Source("s")
+	require.NoError(t, src.Upsert(svc("web", 1)))
+	thief := svc("thief", 2)
+	thief.ClusterIPs = svc("web", 1).ClusterIPs
+	require.NoError(t, src.Upsert(thief))
+	require.Len(t, got, 1)
+	require.Len(t, got[0], 1)
+	assert.Equal(t, "web", got[0][0].Winner)
+	assert.Equal(t, []string{"thief"}, got[0][0].Losers)
+	require.NoError(t, src.Delete("thief"))
+	require.Len(t, got, 2)
+	assert.Empty(t, got[1], "the clash ended")
+}

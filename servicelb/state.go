@@ -48,14 +48,8 @@ func NewState(node NodeConfig, services ...Service) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	var errs []error
-	for i := range services {
-		if err := b.Upsert(services[i]); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	if _, errs := b.upsertBatch(services); len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return b.State(), nil
 }
@@ -133,9 +127,13 @@ type Builder struct {
 	// caps, when set, are the capabilities every service must fit.
 	caps *Capabilities
 	// claims index the frontends every service asks for; clashes are the
-	// frontends more than one asks for.
-	claims   *claims
-	clashes  conflictSet
+	// frontends more than one asks for. seq counts the batches of changes,
+	// to order claims by when they were made.
+	claims  *claims
+	clashes conflictSet
+	seq     uint64
+	// clashVer counts the changes of the clashes.
+	clashVer uint64
 	snapshot *State
 }
 
@@ -150,10 +148,40 @@ func NewBuilder(node NodeConfig) (*Builder, error) {
 	return b, nil
 }
 
+// index indexes the claims of the services present: each frontend a
+// service holds as if it had claimed it before any other.
 func (b *Builder) index() {
-	b.claims, b.clashes = newClaims(), conflictSet{}
-	b.w.each(func(_ string, e *entry) { b.claims.add(e.svc) })
+	b.claims, b.clashes, b.seq = newClaims(), conflictSet{}, 1
+	b.w.each(func(_ string, e *entry) {
+		held := heldClaims(e)
+		b.claims.add(e.svc, func(k claimKey) uint64 {
+			if held[k] {
+				return 0
+			}
+			return 1
+		})
+	})
 	b.allClashes()
+}
+
+// heldClaims returns the frontends a service's compiled ports hold.
+func heldClaims(e *entry) map[claimKey]bool {
+	out := map[claimKey]bool{}
+	for _, sp := range e.ports {
+		p := sp.Port
+		for _, f := range sp.Frontends() {
+			if f.Kind != NodePortFrontend {
+				out[claimKey{vip: frontKey{f.Addr, p.Protocol, p.Port}}] = true
+			}
+		}
+		if len(sp.NodeIPs) > 0 {
+			out[claimKey{np: portKey{p.Protocol, p.NodePort}, isNP: true}] = true
+		}
+		if hc := sp.HealthCheckNodePort; hc != 0 {
+			out[claimKey{np: portKey{TCP, hc}, isNP: true, health: true}] = true
+		}
+	}
+	return out
 }
 
 // allClashes recomputes every clash.
@@ -168,6 +196,7 @@ func (b *Builder) allClashes() {
 		nps = append(nps, k)
 	}
 	b.clashes.update(b.claims, &b.node, vips, nps)
+	b.clashVer++
 }
 
 // Require makes every service of the Builder, present and future, fit the
@@ -201,6 +230,10 @@ func checkFits(c *Capabilities, e *entry) error {
 // Len returns the number of services.
 func (b *Builder) Len() int { return b.w.n }
 
+// Conflicts returns the frontends more than one service asks for, as
+// State.Conflicts does.
+func (b *Builder) Conflicts() []Conflict { return b.clashes.sorted() }
+
 // Has reports whether the named service is present.
 func (b *Builder) Has(name string) bool { return b.w.get(name) != nil }
 
@@ -210,8 +243,26 @@ func (b *Builder) Has(name string) bool { return b.w.get(name) != nil }
 // another service goes to one of them (see Conflict): the other service
 // may change too.
 func (b *Builder) Upsert(s Service) error {
+	b.seq++
 	_, err := b.upsert(s)
 	return err
+}
+
+// upsertBatch upserts services that arrive together: their claims count
+// as made at once. It returns every service that changed and the errors
+// of those it refused.
+func (b *Builder) upsertBatch(svcs []Service) ([]string, []error) {
+	b.seq++
+	var changed []string
+	var errs []error
+	for i := range svcs {
+		names, err := b.upsert(svcs[i])
+		if err != nil {
+			errs = append(errs, err)
+		}
+		changed = append(changed, names...)
+	}
+	return changed, errs
 }
 
 // upsert is Upsert, also returning the names of the services that changed.
@@ -230,17 +281,24 @@ func (b *Builder) upsert(s Service) ([]string, error) {
 		}
 	}
 	var oldSvc *Service
+	var seqs map[claimKey]uint64
 	if old != nil {
-		oldSvc = old.svc
+		oldSvc, seqs = old.svc, b.claims.seqs(old.svc)
 		b.claims.remove(oldSvc)
 	}
-	b.claims.add(n)
+	seqOf := func(k claimKey) uint64 {
+		if s, ok := seqs[k]; ok {
+			return s
+		}
+		return b.seq
+	}
+	b.claims.add(n, seqOf)
 	e := &entry{svc: n, ports: compilePorts(&b.node, n, b.claims)}
 	if b.caps != nil {
 		if err := checkFits(b.caps, e); err != nil {
 			b.claims.remove(n)
 			if oldSvc != nil {
-				b.claims.add(oldSvc)
+				b.claims.add(oldSvc, seqOf)
 			}
 			return nil, err
 		}
@@ -271,7 +329,9 @@ func (b *Builder) settle(s, old *Service) []string {
 		}
 	}
 	vips, nps := b.claims.touched(&b.node, ref, old)
-	b.clashes.update(b.claims, &b.node, vips, nps)
+	if b.clashes.update(b.claims, &b.node, vips, nps) {
+		b.clashVer++
+	}
 	return changed
 }
 

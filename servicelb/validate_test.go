@@ -224,10 +224,11 @@ func TestConflicts(t *testing.T) {
 	}
 }
 
-// TestConflictSettlesIncrementally: when the winner goes, or gives the
-// frontend up, the loser gets it back in the same change, and Diff reports
-// the loser as changed.
-func TestConflictSettlesIncrementally(t *testing.T) {
+// TestConflictIncumbentKeeps: a service that holds a frontend keeps it
+// when a later one asks for it, whatever their names; when it gives the
+// frontend up, the other gets it in the same change, and Diff reports the
+// other as changed. Editing a state keeps its holders.
+func TestConflictIncumbentKeeps(t *testing.T) {
 	b, err := NewBuilder(NodeConfig{})
 	require.NoError(t, err)
 	require.NoError(t, b.Upsert(baseService()))
@@ -235,20 +236,32 @@ func TestConflictSettlesIncrementally(t *testing.T) {
 	taker.Name = "default/aaa"
 	require.NoError(t, b.Upsert(taker))
 	s0 := b.State()
-	web := ServicePortKey{"default/web", "http", IPv4}
-	require.False(t, s0.Port(web).ClusterIP.IsValid())
+	web, aaa := ServicePortKey{"default/web", "http", IPv4}, ServicePortKey{"default/aaa", "http", IPv4}
+	require.Equal(t, a("10.96.0.10"), s0.Port(web).ClusterIP, "the incumbent lost its cluster IP to a later service")
+	require.False(t, s0.Port(aaa).ClusterIP.IsValid())
 	require.Len(t, s0.Conflicts(), 5) // both cluster IPs on both ports, and the node port
-	moved := taker
+	assert.Equal(t, "default/web", s0.Conflicts()[0].Winner)
+	assert.ErrorIs(t, s0.Conflicts()[0].Err(), ErrFrontendTaken)
+
+	// An update of the incumbent keeps what it holds.
+	web2 := baseService()
+	web2.Endpoints[0].Addr = a("10.244.9.9")
+	require.NoError(t, b.Upsert(web2))
+	require.Equal(t, a("10.96.0.10"), b.State().Port(web).ClusterIP)
+
+	// Edit keeps the holders, although "default/aaa" sorts first.
+	require.Equal(t, a("10.96.0.10"), b.State().Edit().State().Port(web).ClusterIP)
+
+	moved := web2
 	moved.ClusterIPs = []netip.Addr{a("10.96.0.11")}
 	moved.Ports[0].NodePort = 30081
 	require.NoError(t, b.Upsert(moved))
 	s1 := b.State()
-	assert.Equal(t, a("10.96.0.10"), s1.Port(web).ClusterIP)
+	assert.Equal(t, a("10.96.0.10"), s1.Port(aaa).ClusterIP)
 	assert.Empty(t, s1.Conflicts())
-	assert.Contains(t, changedKeys(Diff(s0, s1).Changed), web.String())
-	require.NoError(t, b.Upsert(taker))
+	assert.Contains(t, changedKeys(Diff(s0, s1).Changed), aaa.String())
 	b.Delete("default/aaa")
-	s2 := b.State()
-	assert.Equal(t, a("10.96.0.10"), s2.Port(web).ClusterIP)
-	assert.Empty(t, s2.Conflicts())
+	require.NoError(t, b.Upsert(web2))
+	assert.Equal(t, a("10.96.0.10"), b.State().Port(web).ClusterIP)
+	assert.Empty(t, b.State().Conflicts())
 }

@@ -139,6 +139,16 @@ func (a *Agent) hooks() servicelb.Hooks {
 		synced(r)
 		a.firstOnce.Do(func() { a.first <- r.Err })
 	}
+	// A service that asks for a frontend another holds is served without
+	// it: reported as the part of it that is left out.
+	report := a.reporter("conflict")
+	h.Conflicts = func(cs []servicelb.Conflict) {
+		for _, c := range cs {
+			for _, loser := range c.Losers {
+				report(loser, c.Err())
+			}
+		}
+	}
 	return h
 }
 

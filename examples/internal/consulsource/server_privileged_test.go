@@ -128,10 +128,10 @@ func scenario(t *testing.T, c *api.Client, start func(*Source) *e2e.World) {
 		t.Errorf("a service without VIP was reported: %q", r)
 	}
 
-	t.Log("every web instance deregistered: the service is gone")
+	t.Log("every web instance deregistered: the service is gone, and the one that asked for its address gets it")
 	deregister(t, c, "web-2")
 	deregister(t, c, "web-3")
-	w.Expect(t, 2*time.Second, web)
+	w.Expect(t, 2*time.Second, e2e.Target{Service: "consul/thief", URL: "http://10.96.0.20:80/"}, 1)
 	if _, ok := w.Agent.Runner().State().Service("consul/web"); ok {
 		t.Error("consul/web still in the desired state")
 	}
