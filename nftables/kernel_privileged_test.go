@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -70,7 +71,9 @@ func TestUnchangedStateSendsNothing(t *testing.T) {
 func TestForeignChangesRepaired(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
 	h := netnstest.NewHost(t, "repair")
-	p := newProxier(t, h, nftables.Options{Logger: testLogger(t)})
+	// A deep check on every sync: every change below is repaired by the
+	// next one.
+	p := newProxier(t, h, nftables.Options{Logger: testLogger(t), VerifyInterval: time.Nanosecond})
 	st := richState(t)
 	mustSync(t, p, st)
 	want := canonical(t, h, nftables.DefaultTable)
@@ -110,6 +113,47 @@ func TestForeignChangesRepaired(t *testing.T) {
 			t.Errorf("a foreign commit outside the table made the proxier commit (generation %d -> %d)", g, got)
 		}
 	})
+}
+
+// TestCheapAndDeepChecks: a sync checks cheaply for what changes the
+// table's object count or flags (the table deleted, a chain added, the
+// table made dormant) and repairs it at once; what leaves them alone (a
+// flushed chain or set) a deep check finds, once its interval has passed.
+func TestCheapAndDeepChecks(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "checks")
+	p := newProxier(t, h, nftables.Options{Logger: testLogger(t), VerifyInterval: 300 * time.Millisecond})
+	st := richState(t)
+	mustSync(t, p, st)
+	want := canonical(t, h, nftables.DefaultTable)
+	restored := func() bool { return canonical(t, h, nftables.DefaultTable) == want }
+	for _, cmd := range [][]string{
+		{"delete", "table", "inet", "kproxy"},
+		{"add", "chain", "inet", "kproxy", "intruder"},
+	} {
+		h.Exec(t, "nft", cmd...)
+		mustSync(t, p, st)
+		if !restored() {
+			t.Errorf("after %v: not repaired by the next sync", cmd)
+		}
+	}
+	h.Exec(t, "nft", "add", "table", "inet", "kproxy", "{ flags dormant; }")
+	mustSync(t, p, st)
+	if strings.Contains(h.Exec(t, "nft", "list", "table", "inet", "kproxy"), "dormant") {
+		t.Error("dormant table not repaired by the next sync")
+	}
+	time.Sleep(400 * time.Millisecond)
+	mustSync(t, p, st) // the deep check finds the table whole
+	h.Exec(t, "nft", "flush", "chain", "inet", "kproxy", "svc4-default/web/http")
+	mustSync(t, p, st)
+	if restored() {
+		t.Error("a flushed chain was repaired before the deep check was due: the cheap check read the rules")
+	}
+	time.Sleep(400 * time.Millisecond)
+	mustSync(t, p, st)
+	if !restored() {
+		t.Error("a flushed chain not repaired once the deep check was due")
+	}
 }
 
 // TestInvalidInputLeavesTable: a state the backend refuses fails before

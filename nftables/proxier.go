@@ -14,6 +14,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -44,6 +45,12 @@ type Options struct {
 	// Conntrack deletes the stale flows; nil means a conntrack.Client of
 	// its own in NetNS, opened by New.
 	Conntrack conntrack.FlowCleaner
+	// VerifyInterval is the least time between two deep checks of the
+	// table (every chain, rule, set and element read back), which a Sync
+	// makes when another writer committed since the last one; zero means
+	// one minute. Every Sync checks cheaply (the ruleset generation, the
+	// table's flags and object count) in any case.
+	VerifyInterval time.Duration
 	// AffinitySize bounds the number of affinity pins per address family;
 	// zero means DefaultAffinitySize. A client that comes while the set is
 	// full reaches an endpoint unpinned, until pins expire.
@@ -61,14 +68,23 @@ type Proxier struct {
 	// ownCT is the conntrack client New opened, closed by Close.
 	ownCT *conntrack.Client
 
-	mu      sync.Mutex
-	applied *servicelb.State // the state the table holds, nil before the first sync
-	model   *model
-	gen     uint32       // the ruleset generation after kproxy's last commit
-	genOK   bool         // whether gen is known to follow kproxy's own commit
-	stale   pendingFlows // stale flows not deleted yet
-	closed  bool
-	seed    maphash.Seed // for digests of set elements
+	mu  sync.Mutex
+	eng *syncer.Engine
+	// model is the plan of what the table holds; nil before the first
+	// sync.
+	model *model
+	// gen is the ruleset generation after the Proxier's last commit, and
+	// genOK whether nobody committed between that commit and the check
+	// before it; seen is the generation the last check read.
+	gen, seen uint32
+	genOK     bool
+	// use is the number of objects in the table after the last commit.
+	use uint32
+	// verified is the generation at which a deep verify last found the
+	// table whole, when verifiedOK.
+	verified   uint32
+	verifiedOK bool
+	seed       maphash.Seed // for digests of set elements
 }
 
 var (
@@ -99,6 +115,7 @@ func New(o Options) (*Proxier, error) {
 		o.Conntrack = ct
 	}
 	p.conn, p.ownCT, p.opts = conn, ct, o
+	p.newEngine()
 	return p, nil
 }
 
@@ -118,7 +135,19 @@ func newProxier(o Options) (*Proxier, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxier{opts: o, log: log.With("table", o.Table), plan: newPlanner(o.Table, o.AffinitySize), seed: maphash.MakeSeed()}, nil
+	p := &Proxier{opts: o, log: log.With("table", o.Table), plan: newPlanner(o.Table, o.AffinitySize), seed: maphash.MakeSeed()}
+	p.newEngine()
+	return p, nil
+}
+
+// newEngine makes the Engine that runs the Proxier's syncs, with the
+// options as they are.
+func (p *Proxier) newEngine() {
+	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: retryable}
+	if !p.opts.NoConntrackCleanup && p.opts.Conntrack != nil {
+		o.Cleaner = p.opts.Conntrack
+	}
+	p.eng = syncer.New((*kernel)(p), o)
 }
 
 // Close releases the netlink socket. It leaves the table in place (see
@@ -126,7 +155,7 @@ func newProxier(o Options) (*Proxier, error) {
 func (p *Proxier) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.closed = true
+	p.eng.Close()
 	err := p.conn.Close()
 	if p.ownCT != nil {
 		err = errors.Join(err, p.ownCT.Close())
@@ -163,11 +192,11 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.eng.Closed() {
 		return ErrClosed
 	}
-	p.applied, p.model, p.genOK = nil, nil, false
-	p.stale.clear()
+	p.eng.Forget()
+	p.model, p.genOK, p.verifiedOK = nil, false, false
 	if _, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table); errors.Is(err, nfnl.ErrNotExist) {
 		return nil
 	} else if err != nil {
@@ -186,24 +215,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 // Sync makes the table match st. See the package documentation for what
 // it writes and when.
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
-	if st == nil {
-		return fmt.Errorf("nftables: sync: nil state")
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return ErrClosed
-	}
-	start := time.Now()
-	err := p.sync(ctx, st)
-	if errors.Is(err, nfnl.ErrGenerationChanged) {
-		// Someone committed between our look at the ruleset and our own
-		// commit: look again.
-		err = p.sync(ctx, st)
-	}
-	if err != nil {
-		return err
-	}
-	p.log.Debug("synced", "services", st.Len(), "duration", time.Since(start))
-	return p.cleanFlows(ctx)
+	return p.eng.Sync(ctx, st)
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -53,7 +54,9 @@ func TestStaleFlowFilters(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
 	h := netnstest.NewHost(t, "stale")
 	ct := &fakeCleaner{}
-	p := newProxier(t, h, nftables.Options{Conntrack: ct})
+	// A deep check on every sync, so that the flushed table below is
+	// repaired at once.
+	p := newProxier(t, h, nftables.Options{Conntrack: ct, VerifyInterval: time.Nanosecond})
 	a, b := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
 	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netip.MustParseAddr("198.51.100.1")}}
 	svc := servicelb.Service{Name: "default/dns", ClusterIPs: []netip.Addr{clusterIP4},

@@ -2,131 +2,129 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// sync is one attempt at Sync: look at the generation, decide between an
-// incremental change and a full rewrite, commit, and remember the result.
-func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
-	gen, err := p.conn.Generation(ctx)
+// kernel is the Proxier's side of internal/syncer's Engine: what its
+// table holds and how to change it. The Engine calls it with p.mu held.
+type kernel Proxier
+
+var errNotInSync = errors.New("table not as written")
+
+// Check reports cheaply whether the table still holds what the Proxier
+// wrote: when nobody committed to the ruleset since the Proxier's own last
+// commit, at the cost of reading the generation; else by the table's flags
+// and the number of objects it holds, which a foreign commit anywhere else
+// leaves as they were.
+func (k *kernel) Check(ctx context.Context) (bool, error) {
+	g, err := k.conn.Generation(ctx)
 	if err != nil {
-		return fmt.Errorf("nftables: sync: %w", err)
+		return false, err
 	}
-	full, err := p.needRewrite(ctx, gen.ID)
+	k.seen = g.ID
+	if k.genOK && g.ID == k.gen {
+		return true, nil
+	}
+	t, err := k.conn.Table(ctx, nfnl.Inet, k.opts.Table)
+	switch {
+	case errors.Is(err, nfnl.ErrNotExist):
+		return false, nil
+	case err != nil:
+		return false, err
+	case t.Flags != 0 || t.Use != k.use:
+		return false, nil
+	}
+	k.gen, k.genOK = g.ID, true
+	return true, nil
+}
+
+// Verify reads the table back and compares every chain, rule, set and
+// element with the model; it reads nothing when nobody committed since
+// the last verify that found the table whole.
+func (k *kernel) Verify(ctx context.Context) (bool, error) {
+	g, err := k.conn.Generation(ctx)
+	if err != nil {
+		return false, err
+	}
+	if k.verifiedOK && g.ID == k.verified {
+		return true, nil
+	}
+	why, err := (*Proxier)(k).verify(ctx, k.plan.content(k.model))
+	if err != nil {
+		return false, fmt.Errorf("check table: %w", err)
+	}
+	if why != "" {
+		k.log.Info("table differs from what was written", "difference", why)
+		return false, nil
+	}
+	k.verified, k.verifiedOK = g.ID, true
+	return true, nil
+}
+
+// Write replaces the table's content with st's in one transaction,
+// adopting whatever table of that name exists.
+func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
+	next, err := k.plan.build(st)
 	if err != nil {
 		return err
 	}
-	if full {
-		return p.rewrite(ctx, st, gen.ID)
-	}
-	changes := servicelb.Diff(p.applied, st)
-	if changes.Empty() {
-		p.gen, p.genOK = gen.ID, true
-		return nil
-	}
-	s, err := p.plan.plan(p.model, &changes, st)
+	b, err := (*Proxier)(k).replaceBatch(ctx, k.plan.content(next))
 	if err != nil {
+		return fmt.Errorf("read table: %w", err)
+	}
+	if err := k.commit(ctx, b); err != nil {
 		return err
 	}
-	b := &nfnl.Batch{}
-	if err := s.delta(p.model).batch(p.opts.Table, b); err != nil {
-		return fmt.Errorf("nftables: sync: %w", err)
-	}
-	if err := p.commit(ctx, b, gen.ID); err != nil {
-		return err
-	}
-	s.apply(p.model)
-	if !p.opts.NoConntrackCleanup {
-		p.stale.refresh(&changes)
-		p.stale.add(changes.StaleFlows())
-	}
-	p.applied = st
-	p.log.Debug("applied changes", "added", len(changes.Added), "removed", len(changes.Removed),
-		"changed", len(changes.Changed), "node", changes.NodeChanged, "messages", b.Len())
+	k.model, k.verifiedOK = next, false
+	k.log.Debug("table written", "messages", b.Len(), "bytes", b.Size())
 	return nil
 }
 
-// needRewrite reports whether the next sync must rewrite the whole table:
-// on the first sync, and when someone else committed since our last commit
-// and the table no longer holds what we wrote.
-func (p *Proxier) needRewrite(ctx context.Context, gen uint32) (bool, error) {
-	if p.model == nil {
-		return true, nil
-	}
-	if p.genOK && gen == p.gen {
-		return false, nil
-	}
-	why, err := p.verify(ctx, p.plan.content(p.model))
+// Apply writes what the changed service ports need, in one transaction.
+func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+	s, err := k.plan.plan(k.model, ch, st)
 	if err != nil {
-		return false, fmt.Errorf("nftables: sync: check table: %w", err)
+		return false, err
 	}
-	if why != "" {
-		p.log.Info("table changed by another writer; rewriting it", "difference", why)
-		return true, nil
+	b := &nfnl.Batch{}
+	if err := s.delta(k.model).batch(k.opts.Table, b); err != nil {
+		return false, err
 	}
-	p.gen, p.genOK = gen, true
+	if err := k.commit(ctx, b); err != nil {
+		return false, err
+	}
+	s.apply(k.model)
+	k.log.Debug("applied changes", "added", len(ch.Added), "removed", len(ch.Removed),
+		"changed", len(ch.Changed), "node", ch.NodeChanged, "messages", b.Len())
 	return false, nil
 }
 
-// rewrite replaces the table's content with st's in one transaction. The
-// flows in conntrack may then be anyone's (an earlier process's, or from
-// before someone changed the table): every UDP and SCTP frontend of st is
-// reconciled with its serving endpoints.
-func (p *Proxier) rewrite(ctx context.Context, st *servicelb.State, gen uint32) error {
-	next, err := p.plan.build(st)
-	if err != nil {
-		return err
-	}
-	b, err := p.replaceBatch(ctx, p.plan.content(next))
-	if err != nil {
-		return fmt.Errorf("nftables: sync: read table: %w", err)
-	}
-	if err := p.commit(ctx, b, gen); err != nil {
-		return err
-	}
-	if p.applied == nil {
-		p.log.Info("table written", "services", st.Len(), "messages", b.Len(), "bytes", b.Size())
-	}
-	if !p.opts.NoConntrackCleanup {
-		p.stale.reset(st)
-	}
-	p.model, p.applied = next, st
-	return nil
-}
-
-// commit sends b, on the condition that the generation is still gen, and
-// records the generation it leaves.
-func (p *Proxier) commit(ctx context.Context, b *nfnl.Batch, gen uint32) error {
+// commit sends b and records what the table holds after it: the
+// generation, known to be the Proxier's own when it follows the one the
+// sync's check saw (nobody committed in between), and the table's object
+// count, for the next cheap check.
+func (k *kernel) commit(ctx context.Context, b *nfnl.Batch) error {
 	if b.Len() == 0 {
-		p.gen, p.genOK = gen, true
 		return nil
 	}
-	b.RequireGeneration(gen)
-	after, err := p.conn.Commit(ctx, b)
+	after, err := k.conn.Commit(ctx, b)
 	if err != nil {
-		return fmt.Errorf("nftables: sync: %w", err)
+		return err
 	}
-	// Anything but the next generation means someone else committed right
-	// after us: check the table on the next sync.
-	p.gen, p.genOK = after.ID, after.ID == gen+1
+	k.gen, k.genOK = after.ID, after.ID == k.seen+1
+	t, err := k.conn.Table(ctx, nfnl.Inet, k.opts.Table)
+	if err != nil {
+		return fmt.Errorf("read table after commit: %w", err)
+	}
+	k.use = t.Use
 	return nil
 }
 
-// cleanFlows deletes the stale conntrack flows of the syncs so far. The
-// filters stay pending until a deletion succeeds.
-func (p *Proxier) cleanFlows(ctx context.Context) error {
-	if p.stale.empty() {
-		return nil
-	}
-	fs := p.stale.list()
-	n, err := p.opts.Conntrack.DeleteStale(ctx, fs)
-	if err != nil {
-		return fmt.Errorf("nftables: delete stale conntrack flows (retried on the next sync): %w", err)
-	}
-	p.log.Debug("deleted stale flows", "filters", len(fs), "flows", n)
-	p.stale.clear()
-	return nil
+// retryable reports whether err lost a race with another writer.
+func retryable(err error) bool {
+	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged)
 }

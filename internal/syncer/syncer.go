@@ -1,0 +1,307 @@
+// Package syncer is the part of Sync that every kproxy dataplane shares:
+// which kind of sync to run, when to look at the kernel and how deeply,
+// how to retry a sync that lost a race with another writer, how to keep
+// and retry the deletion of stale conntrack flows, and what to log. A
+// backend implements Backend, the part that knows its kernel objects, and
+// runs an Engine, so that every backend behaves alike in the situations a
+// node proxy meets in production: a restart, another writer on the same
+// tables, someone deleting what it owns, a conntrack deletion that fails.
+//
+// # One sync
+//
+// The first Sync of an Engine writes the whole state (Backend.Write), which
+// adopts what the kernel holds. Every later Sync first checks cheaply that
+// the kernel still holds what was written (Backend.Check: a generation
+// number, a few counters), and at most every VerifyInterval compares in
+// depth (Backend.Verify); a difference found either way makes the sync
+// write the whole state again, repairing it. Otherwise the sync applies
+// servicelb.Diff of the last state applied and the new one
+// (Backend.Apply); an unchanged state sends nothing. A change the kernel
+// refuses because someone else removed or added what it touches (ENOENT,
+// EEXIST) is taken as drift and repaired by a whole write in the same Sync.
+//
+// A step that lost a race with another writer of the same netfilter
+// tables (Options.Retryable: a dump interrupted by a commit, a commit that
+// found the ruleset generation moved) is retried at once within the same
+// Sync, up to Options.Attempts times with a short growing pause (a few
+// milliseconds, 127 ms in all by default), so that a busy firewall manager
+// on the node does not turn into failed syncs and the caller's backoff. A
+// deep verify that keeps losing races is put off to the next Sync rather
+// than failing this one.
+//
+// # Stale flows
+//
+// After a successful sync the Engine deletes the conntrack flows the sync
+// left stale (servicelb.StaleFlow) through Options.Cleaner: the frontends
+// the changes touched, and after a whole write every UDP and SCTP frontend
+// of the state, which reconciles the whole table (as after a restart). The
+// filters stay pending, one per frontend, until a deletion succeeds; each
+// later sync brings the pending filters of the frontends it touches up to
+// date, so a retried deletion never cuts the flows of an endpoint that
+// serves again. A failed deletion fails the Sync after the kernel state is
+// applied: the error says so.
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"syscall"
+	"time"
+
+	"github.com/kproxy-dev/kproxy/conntrack"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Backend is what a dataplane implements for an Engine. The Engine calls
+// it with its caller's lock held, one call at a time.
+type Backend interface {
+	// Check reports cheaply whether the kernel still holds what the
+	// backend last wrote or applied.
+	Check(ctx context.Context) (bool, error)
+	// Verify compares the kernel with what the backend last wrote or
+	// applied, in depth, and reports whether they match.
+	Verify(ctx context.Context) (bool, error)
+	// Write makes the kernel hold st, whatever it holds now.
+	Write(ctx context.Context, st *servicelb.State) error
+	// Apply applies ch, the changes from the state last written or
+	// applied to st. It reports full when it wrote the whole state
+	// instead.
+	Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (full bool, err error)
+}
+
+// Defaults.
+const (
+	DefaultVerifyInterval = time.Minute
+	DefaultAttempts       = 8
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Name is the backend's name, as errors and logs start it.
+	Name string
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// Cleaner deletes stale conntrack flows; nil turns the cleanup off.
+	Cleaner conntrack.FlowCleaner
+	// VerifyInterval is the least time between two deep verifies of the
+	// kernel (Backend.Verify); default DefaultVerifyInterval.
+	VerifyInterval time.Duration
+	// Attempts bounds the attempts at one Sync that loses races with
+	// other writers; default DefaultAttempts.
+	Attempts int
+	// Retryable tells the errors of a lost race.
+	Retryable func(error) bool
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Engine runs a Backend's syncs. It is not safe for concurrent use: the
+// Proxier that owns it serialises its calls.
+type Engine struct {
+	b   Backend
+	o   Options
+	log *slog.Logger
+
+	applied    *servicelb.State
+	pending    pendingFlows
+	lastVerify time.Time
+	closed     bool
+}
+
+// New returns an Engine for b.
+func New(b Backend, o Options) *Engine {
+	if o.VerifyInterval == 0 {
+		o.VerifyInterval = DefaultVerifyInterval
+	}
+	if o.Attempts == 0 {
+		o.Attempts = DefaultAttempts
+	}
+	if o.Retryable == nil {
+		o.Retryable = func(error) bool { return false }
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Engine{b: b, o: o, log: log}
+}
+
+// Applied returns the last state applied, or nil before the first sync
+// and after Forget.
+func (e *Engine) Applied() *servicelb.State { return e.applied }
+
+// Forget makes the next Sync write the whole state, with no pending stale
+// flows: for after a Cleanup.
+func (e *Engine) Forget() {
+	e.applied = nil
+	e.pending.clear()
+	e.lastVerify = time.Time{}
+}
+
+// Close makes every later Sync fail with servicelb.ErrClosed.
+func (e *Engine) Close() { e.closed = true }
+
+// Closed reports whether Close was called.
+func (e *Engine) Closed() bool { return e.closed }
+
+// Sync makes the kernel hold st. See the package documentation.
+func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
+	if err := st.Check(); err != nil {
+		return e.wrap(err)
+	}
+	if e.closed {
+		return e.wrap(servicelb.ErrClosed)
+	}
+	start := e.o.Now()
+	var full bool
+	var ch servicelb.Changes
+	err := e.retry(ctx, func() (err error) {
+		full, ch, err = e.once(ctx, st)
+		return err
+	})
+	if err != nil {
+		return e.wrap(err)
+	}
+	e.queueFlows(st, &ch, full)
+	e.log.Debug("synced", "services", st.Len(), "changed", ch.Len(), "full", full, "duration", e.o.Now().Sub(start))
+	return e.deleteFlows(ctx)
+}
+
+// wrap starts an error with the backend's name, unless it is a
+// validation error, which names its service and field itself.
+func (e *Engine) wrap(err error) error {
+	var ve *servicelb.ValidationError
+	if errors.As(err, &ve) {
+		return err
+	}
+	return fmt.Errorf("%s: sync: %w", e.o.Name, err)
+}
+
+// once is one attempt at a sync.
+func (e *Engine) once(ctx context.Context, st *servicelb.State) (bool, servicelb.Changes, error) {
+	if e.applied == nil {
+		return true, servicelb.Changes{}, e.write(ctx, st, "")
+	}
+	why, err := e.drift(ctx)
+	if err != nil {
+		return false, servicelb.Changes{}, err
+	}
+	if why != "" {
+		return true, servicelb.Changes{}, e.write(ctx, st, why)
+	}
+	ch := servicelb.Diff(e.applied, st)
+	if ch.Empty() {
+		return false, ch, nil
+	}
+	full, err := e.b.Apply(ctx, st, &ch)
+	if isDrift(err) {
+		return true, ch, e.write(ctx, st, fmt.Sprintf("the kernel refused a change: %v", err))
+	}
+	if err != nil {
+		return false, ch, err
+	}
+	e.applied = st
+	return full, ch, nil
+}
+
+// drift checks the kernel, cheaply and, when due, in depth, and says what
+// differs, or "".
+func (e *Engine) drift(ctx context.Context) (string, error) {
+	ok, err := e.b.Check(ctx)
+	if err != nil || !ok {
+		return "changed by someone else", err
+	}
+	if e.o.Now().Sub(e.lastVerify) < e.o.VerifyInterval {
+		return "", nil
+	}
+	ok, err = e.b.Verify(ctx)
+	switch {
+	case err != nil && e.o.Retryable(err):
+		e.log.Debug("deep verify lost a race with another writer; put off to the next sync", "err", err)
+		return "", nil
+	case err != nil:
+		return "", err
+	case !ok:
+		return "found different by a deep verify", nil
+	}
+	e.lastVerify = e.o.Now()
+	return "", nil
+}
+
+// write writes the whole state; why says why, "" for a first sync.
+func (e *Engine) write(ctx context.Context, st *servicelb.State, why string) error {
+	if err := e.b.Write(ctx, st); err != nil {
+		return err
+	}
+	if why == "" {
+		e.log.Info("state written", "services", st.Len())
+	} else {
+		e.log.Info("kernel state repaired", "why", why, "services", st.Len())
+	}
+	e.applied, e.lastVerify = st, e.o.Now()
+	return nil
+}
+
+// isDrift reports whether the kernel refused a change because what it
+// touches is not as the backend left it.
+func isDrift(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EEXIST)
+}
+
+// retry runs f until it succeeds, fails otherwise than by a lost race, or
+// has run Attempts times, pausing 1, 2, 4 ... 64 ms between attempts.
+func (e *Engine) retry(ctx context.Context, f func() error) error {
+	var err error
+	for i := range e.o.Attempts {
+		if err = f(); err == nil || !e.o.Retryable(err) {
+			return err
+		}
+		e.log.Debug("sync lost a race with another writer; retrying", "attempt", i+1, "err", err)
+		if i == e.o.Attempts-1 {
+			break
+		}
+		t := time.NewTimer(time.Millisecond << min(i, 6))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return fmt.Errorf("%w (after %d attempts)", err, e.o.Attempts)
+}
+
+// queueFlows records the stale-flow filters a successful sync calls for.
+func (e *Engine) queueFlows(st *servicelb.State, ch *servicelb.Changes, full bool) {
+	if e.o.Cleaner == nil {
+		return
+	}
+	if full {
+		e.pending.reset(st)
+		return
+	}
+	e.pending.refresh(ch)
+	e.pending.add(ch.StaleFlows())
+}
+
+// deleteFlows deletes the flows the pending filters select; the filters
+// stay pending until a deletion succeeds.
+func (e *Engine) deleteFlows(ctx context.Context) error {
+	if e.pending.empty() {
+		return nil
+	}
+	fs := e.pending.list()
+	n, err := e.o.Cleaner.DeleteStale(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("%s: sync applied; deleting the stale flows of %d frontends, retried on the next sync: %w", e.o.Name, len(fs), err)
+	}
+	e.pending.clear()
+	e.log.Debug("deleted stale flows", "frontends", len(fs), "flows", n)
+	return nil
+}

@@ -1,0 +1,201 @@
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+var errRace = errors.New("lost a race")
+
+// fakeBackend records calls and fails as told.
+type fakeBackend struct {
+	calls    []string
+	checkOK  bool
+	verifyOK bool
+	// errs are returned by the next calls of each kind, one each.
+	errs map[string][]error
+}
+
+func newFake() *fakeBackend {
+	return &fakeBackend{checkOK: true, verifyOK: true, errs: map[string][]error{}}
+}
+
+func (f *fakeBackend) next(kind string) error {
+	f.calls = append(f.calls, kind)
+	if es := f.errs[kind]; len(es) > 0 {
+		f.errs[kind] = es[1:]
+		return es[0]
+	}
+	return nil
+}
+
+func (f *fakeBackend) Check(context.Context) (bool, error)  { return f.checkOK, f.next("check") }
+func (f *fakeBackend) Verify(context.Context) (bool, error) { return f.verifyOK, f.next("verify") }
+func (f *fakeBackend) Write(context.Context, *servicelb.State) error {
+	return f.next("write")
+}
+func (f *fakeBackend) Apply(context.Context, *servicelb.State, *servicelb.Changes) (bool, error) {
+	return false, f.next("apply")
+}
+
+func (f *fakeBackend) take() []string {
+	c := f.calls
+	f.calls = nil
+	return c
+}
+
+type fakeCleaner struct {
+	calls [][]servicelb.StaleFlow
+	fail  int
+}
+
+func (c *fakeCleaner) DeleteStale(_ context.Context, fs []servicelb.StaleFlow) (int, error) {
+	c.calls = append(c.calls, fs)
+	if c.fail > 0 {
+		c.fail--
+		return 0, errors.New("conntrack is busy")
+	}
+	return len(fs), nil
+}
+
+// clock is a manual clock.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func udpService(eps ...string) servicelb.Service {
+	s := servicelb.Service{Name: "ns/dns", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}}
+	for _, e := range eps {
+		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr(e), Ready: true})
+	}
+	return s
+}
+
+func state(t *testing.T, svcs ...servicelb.Service) *servicelb.State {
+	t.Helper()
+	st, err := servicelb.NewState(servicelb.NodeConfig{}, svcs...)
+	require.NoError(t, err)
+	return st
+}
+
+func newEngine(b Backend, c *fakeCleaner, clk *clock) *Engine {
+	o := Options{Name: "fake", Now: clk.now, Retryable: func(err error) bool { return errors.Is(err, errRace) }}
+	if c != nil {
+		o.Cleaner = c
+	}
+	return New(b, o)
+}
+
+func TestSyncKinds(t *testing.T) {
+	b, clk := newFake(), &clock{t: time.Unix(1000, 0)}
+	e := newEngine(b, nil, clk)
+	ctx := context.Background()
+	s1, s2 := state(t, udpService("10.0.0.1")), state(t, udpService("10.0.0.2"))
+	require.NoError(t, e.Sync(ctx, s1))
+	assert.Equal(t, []string{"write"}, b.take(), "first sync")
+	require.NoError(t, e.Sync(ctx, s1))
+	assert.Equal(t, []string{"check"}, b.take(), "an unchanged state sends nothing")
+	require.NoError(t, e.Sync(ctx, s2))
+	assert.Equal(t, []string{"check", "apply"}, b.take(), "a change")
+	clk.t = clk.t.Add(DefaultVerifyInterval)
+	require.NoError(t, e.Sync(ctx, s2))
+	assert.Equal(t, []string{"check", "verify"}, b.take(), "a deep verify once the interval passed")
+	require.NoError(t, e.Sync(ctx, s2))
+	assert.Equal(t, []string{"check"}, b.take(), "no deep verify again before the interval")
+	b.checkOK = false
+	require.NoError(t, e.Sync(ctx, s2))
+	assert.Equal(t, []string{"check", "write"}, b.take(), "a failed check repairs")
+	b.checkOK = true
+	clk.t = clk.t.Add(DefaultVerifyInterval)
+	b.verifyOK = false
+	require.NoError(t, e.Sync(ctx, s2))
+	assert.Equal(t, []string{"check", "verify", "write"}, b.take(), "a failed deep verify repairs")
+	e.Forget()
+	require.NoError(t, e.Sync(ctx, s2))
+	assert.Equal(t, []string{"write"}, b.take(), "after Forget")
+}
+
+func TestSyncRefusesNoStateAndClosed(t *testing.T) {
+	e := newEngine(newFake(), nil, &clock{})
+	require.ErrorIs(t, e.Sync(context.Background(), &servicelb.State{}), servicelb.ErrNoState)
+	require.ErrorIs(t, e.Sync(context.Background(), nil), servicelb.ErrNoState)
+	e.Close()
+	require.ErrorIs(t, e.Sync(context.Background(), state(t)), servicelb.ErrClosed)
+}
+
+func TestSyncRetriesLostRaces(t *testing.T) {
+	b, clk := newFake(), &clock{}
+	e := newEngine(b, nil, clk)
+	ctx := context.Background()
+	b.errs["write"] = []error{errRace, errRace, errRace}
+	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1"))))
+	assert.Equal(t, []string{"write", "write", "write", "write"}, b.take())
+	b.errs["check"] = make([]error, DefaultAttempts)
+	for i := range b.errs["check"] {
+		b.errs["check"][i] = errRace
+	}
+	err := e.Sync(ctx, state(t, udpService("10.0.0.2")))
+	require.ErrorIs(t, err, errRace)
+	assert.Contains(t, err.Error(), fmt.Sprintf("after %d attempts", DefaultAttempts))
+	assert.Len(t, b.take(), DefaultAttempts)
+	b.errs["apply"] = []error{errors.New("no such thing")}
+	require.Error(t, e.Sync(ctx, state(t, udpService("10.0.0.3"))), "other errors are not retried")
+	assert.Equal(t, []string{"check", "apply"}, b.take())
+}
+
+func TestDeepVerifyPutOffWhenItLosesRaces(t *testing.T) {
+	b, clk := newFake(), &clock{t: time.Unix(1000, 0)}
+	e := newEngine(b, nil, clk)
+	ctx := context.Background()
+	st := state(t, udpService("10.0.0.1"))
+	require.NoError(t, e.Sync(ctx, st))
+	b.take()
+	clk.t = clk.t.Add(DefaultVerifyInterval)
+	b.errs["verify"] = []error{errRace}
+	require.NoError(t, e.Sync(ctx, st), "a deep verify that loses a race fails no sync")
+	require.NoError(t, e.Sync(ctx, st))
+	assert.Equal(t, []string{"check", "verify", "check", "verify"}, b.take(), "the deep verify comes again on the next sync")
+}
+
+func TestRefusedChangeRepairs(t *testing.T) {
+	b := newFake()
+	e := newEngine(b, nil, &clock{})
+	ctx := context.Background()
+	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1"))))
+	b.take()
+	b.errs["apply"] = []error{fmt.Errorf("delete rule: %w", syscall.ENOENT)}
+	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.2"))))
+	assert.Equal(t, []string{"check", "apply", "write"}, b.take(), "a change refused for drift becomes a whole write")
+}
+
+func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
+	b, c := newFake(), &fakeCleaner{}
+	e := newEngine(b, c, &clock{})
+	ctx := context.Background()
+	ep := netip.MustParseAddr
+	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
+	require.Len(t, c.calls, 1, "the first sync reconciles the whole table")
+	assert.Equal(t, []netip.Addr{ep("10.0.0.1"), ep("10.0.0.2")}, c.calls[0][0].Serving)
+	c.fail = 1
+	err := e.Sync(ctx, state(t, udpService("10.0.0.1")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "sync applied")
+	// The endpoint serves again before the retry: the pending filter
+	// keeps its flows.
+	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
+	require.Len(t, c.calls, 3)
+	assert.Equal(t, []netip.Addr{ep("10.0.0.1"), ep("10.0.0.2")}, c.calls[2][0].Serving)
+	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
+	assert.Len(t, c.calls, 3, "nothing pending, nothing deleted")
+}
