@@ -13,8 +13,6 @@ import (
 // table holds and how to change it. The Engine calls it with p.mu held.
 type kernel Proxier
 
-var errNotInSync = errors.New("table not as written")
-
 // Check reports cheaply whether the table still holds what the Proxier
 // wrote: when nobody committed to the ruleset since the Proxier's own last
 // commit, at the cost of reading the generation; else by the table's flags
