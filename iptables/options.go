@@ -17,8 +17,6 @@ import (
 // ErrInvalidOptions reports Options that New refuses.
 var ErrInvalidOptions = errors.New("invalid options")
 
-// DefaultFullResyncInterval is the default Options.FullResyncInterval.
-const DefaultFullResyncInterval = time.Hour
 
 // DefaultDropBit is the mark bit of MARK-DROP, as kubelet's
 // --iptables-drop-bit: mark 0x8000.
@@ -48,12 +46,12 @@ type Options struct {
 	// Conntrack deletes the stale flows; nil means a conntrack.Client of
 	// its own in NetNS, opened by New.
 	Conntrack conntrack.FlowCleaner
-	// FullResyncInterval bounds the time between full checks: a Sync that
-	// comes this long after the last one reads all its chains back and
-	// repairs any difference, which the cheap check before each Sync cannot
-	// see (someone flushing one of its chains, say). Zero means
-	// DefaultFullResyncInterval; negative, never.
-	FullResyncInterval time.Duration
+	// VerifyInterval is the least time between two deep checks of the
+	// Proxier's chains (every rule read back), which a Sync makes when
+	// another writer committed since the last one; zero means one minute.
+	// Every Sync checks cheaply (the generation, the tables' object counts,
+	// the jumps in the builtin chains) in any case.
+	VerifyInterval time.Duration
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger
@@ -82,9 +80,6 @@ func (o *Options) normalize() error {
 	}
 	if o.DropBit > 31 {
 		return fmt.Errorf("%w: drop bit %d: want 0-31", ErrInvalidOptions, o.DropBit)
-	}
-	if o.FullResyncInterval == 0 {
-		o.FullResyncInterval = DefaultFullResyncInterval
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -386,13 +386,13 @@ func TestRestartAdopts(t *testing.T) {
 
 // TestFullResync: damage the cheap check cannot see (one of the Proxier's
 // chains flushed, a rule of a shared chain deleted) is repaired by the
-// next full check, which FullResyncInterval schedules.
+// next deep check, which VerifyInterval schedules.
 func TestFullResync(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
 	ctx := context.Background()
 	h := netnstest.NewHost(t, "iptfull")
 	st := richState(t)
-	px := newProxier(t, h, Options{FullResyncInterval: time.Nanosecond})
+	px := newProxier(t, h, Options{VerifyInterval: time.Nanosecond})
 	if err := px.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}

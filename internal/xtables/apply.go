@@ -155,6 +155,16 @@ type txKeyed struct {
 	set   map[string][]Rule
 }
 
+// Changes reports whether tx changes anything.
+func (tx *Tx) Changes() bool {
+	for _, tt := range tx.tables {
+		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // sizeHint guesses the size of the batch for tx, to allocate it at once:
 // rules take up to about 1 KiB (a DNAT rule with comment and affinity),
 // and room reserved but never written costs address space, not memory.

@@ -125,6 +125,23 @@ func (a *Applier) Reconcile(ctx context.Context, want map[Table]*TableContent) (
 	return CommitStats{}, err
 }
 
+// Verify reads what the kernel holds in the tables of want and reports
+// whether it is exactly want: whether a Reconcile would send nothing. It
+// changes nothing, neither in the kernel nor in what the Applier knows.
+func (a *Applier) Verify(ctx context.Context, want map[Table]*TableContent) (bool, error) {
+	tx := NewTx()
+	for _, t := range sortedTables(want) {
+		k, err := a.load(ctx, t)
+		if err != nil {
+			return false, err
+		}
+		if err := a.diff(t, k, want[t], tx); err != nil {
+			return false, err
+		}
+	}
+	return !tx.Changes(), nil
+}
+
 func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableContent) (CommitStats, error) {
 	gen, err := a.conn.Generation(ctx)
 	if err != nil {

@@ -303,11 +303,12 @@ func affinityScenarios() []Scenario {
 	return sc
 }
 
-// pinsPerClient: each of six clients sticks to one endpoint, and they do
-// not all stick to the same one (probability 3^-5 for a correct backend).
+// pinsPerClient: each of twelve clients sticks to one endpoint, and they
+// do not all stick to the same one (probability 3^-11 for a correct
+// backend).
 func pinsPerClient(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
 	seen := map[string]bool{}
-	for n := 1; n <= 6; n++ {
+	for n := 1; n <= 12; n++ {
 		first := ""
 		for range 4 {
 			r, err := e.Ask(t, OutsideAt(n), ClusterIP, f, p)
@@ -323,7 +324,7 @@ func pinsPerClient(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protoco
 		seen[first] = true
 	}
 	if len(seen) < 2 {
-		t.Errorf("six clients all pinned to %v", seen)
+		t.Errorf("twelve clients all pinned to %v", seen)
 	}
 }
 
