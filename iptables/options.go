@@ -17,7 +17,6 @@ import (
 // ErrInvalidOptions reports Options that New refuses.
 var ErrInvalidOptions = errors.New("invalid options")
 
-
 // DefaultDropBit is the mark bit of MARK-DROP, as kubelet's
 // --iptables-drop-bit: mark 0x8000.
 const DefaultDropBit = 15

@@ -82,6 +82,7 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 func retryable(err error) bool {
 	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged) || errors.Is(err, xtables.ErrGenChanged)
 }
+
 // checkChanges checks the ports that changes add or change.
 func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
 	for _, c := range ch.Changed {

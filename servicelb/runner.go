@@ -174,7 +174,7 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 	}
 	r := &Runner{
 		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
-		wake:    make(chan struct{}, 1), firstSync: make(chan struct{}),
+		wake: make(chan struct{}, 1), firstSync: make(chan struct{}),
 		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]bool{},
 		clashVer: b.clashVer,
 	}
