@@ -1,11 +1,7 @@
 package ipvs
 
 import (
-	"context"
-	"errors"
-	"log/slog"
 	"math/bits"
-	"net/netip"
 	"slices"
 	"testing"
 
@@ -81,50 +77,4 @@ func TestMarksDeterministic(t *testing.T) {
 	require.ErrorIs(t, err, servicelb.ErrCapacity)
 }
 
-// flakyCleaner is a FlowCleaner that fails while fail is set and records
-// what it was asked to delete.
-type flakyCleaner struct {
-	fail  bool
-	calls [][]servicelb.StaleFlow
-}
 
-func (c *flakyCleaner) DeleteStale(_ context.Context, flows []servicelb.StaleFlow) (int, error) {
-	c.calls = append(c.calls, flows)
-	if c.fail {
-		return 0, errors.New("netlink: no buffer space")
-	}
-	return len(flows), nil
-}
-
-// TestStaleFlowsRetried checks that stale flows whose deletion failed are
-// handed over again by the next attempt, with the endpoints that serve
-// their frontend by then, and forgotten once deleted.
-func TestStaleFlowsRetried(t *testing.T) {
-	o, _ := Options{}.withDefaults()
-	svc := func(eps ...servicelb.Endpoint) *servicelb.State {
-		return mustState(t, testNode(), servicelb.Service{Name: "default/dns", ClusterIPs: []netip.Addr{a("10.96.0.53")},
-			Ports: []servicelb.Port{{Protocol: udp, Port: 53}}, Endpoints: eps})
-	}
-	c := &flakyCleaner{fail: true}
-	p := &Proxier{opts: o, log: slog.New(slog.DiscardHandler), cleaner: c, stale: map[staleKey]bool{}}
-	before, after := svc(ep("10.244.1.2", "node-a"), ep("10.244.2.2", "node-b")), svc(ep("10.244.2.2", "node-b"))
-	ch := servicelb.Diff(before, after)
-	var err error
-	p.plan, err = planState(after, &o)
-	require.NoError(t, err)
-	p.addStale(ch.StaleFlows())
-	require.Error(t, p.cleanFlows(t.Context()))
-	require.Len(t, p.stale, 1, "a failed deletion stays pending")
-
-	// Another endpoint serves by the time the deletion is tried again.
-	later := svc(ep("10.244.2.2", "node-b"), ep("10.244.3.2", "node-b"))
-	p.plan, err = planState(later, &o)
-	require.NoError(t, err)
-	c.fail = false
-	require.NoError(t, p.cleanFlows(t.Context()))
-	require.Equal(t, []servicelb.StaleFlow{{Protocol: udp, Dst: a("10.96.0.53"), Port: 53,
-		Serving: []netip.Addr{a("10.244.2.2"), a("10.244.3.2")}}}, c.calls[len(c.calls)-1])
-	require.Empty(t, p.stale)
-	require.NoError(t, p.cleanFlows(t.Context()))
-	require.Len(t, c.calls, 2, "nothing pending: nothing handed over")
-}

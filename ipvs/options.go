@@ -49,6 +49,11 @@ type Options struct {
 	// ChainPrefix starts the name of every iptables chain the proxier owns.
 	// Default DefaultChainPrefix.
 	ChainPrefix string
+	// VerifyInterval is the least time between two deep checks of what
+	// the proxier owns (the link's addresses, every virtual server, the
+	// sets' headers); zero means one minute. Every Sync looks up the dummy
+	// link and the helper rules' generation in any case.
+	VerifyInterval time.Duration
 	// StrictARP sets net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 in
 	// the namespace, so that the node does not answer ARP requests for the
 	// virtual addresses of its dummy link on its other links. Use it when

@@ -357,15 +357,6 @@ func (p *statePlan) addresses() []netip.Addr {
 	return slices.SortedFunc(maps.Keys(set), netip.Addr.Compare)
 }
 
-// serving returns the endpoints serving the frontend of a UDP or SCTP
-// flow, as the plan's State has them: none when no port has it.
-func (p *statePlan) serving(f servicelb.StaleFlow) []netip.Addr {
-	k, ok := p.owner[vsKey{addr: f.Dst, proto: f.Protocol, port: f.Port}]
-	if !ok {
-		return nil
-	}
-	return p.ports[k].sp.Serving
-}
 
 // joinErrs joins errors, returning a single one as it is.
 func joinErrs(errs []error) error {

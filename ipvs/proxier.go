@@ -11,6 +11,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -30,10 +31,10 @@ type Proxier struct {
 	mu     sync.Mutex
 	k      *kernel
 	closed bool
-	// applied is the last State synced in full; nil means the next Sync
-	// reads the kernel and converges from what it finds.
-	applied *servicelb.State
-	// plan is applied's plan: what the kernel holds.
+	eng    *syncer.Engine
+	// plan is the plan of the state last applied: what the kernel holds;
+	// nil means the next sync reads the kernel and converges from what it
+	// finds.
 	plan *statePlan
 	// link is the dummy link as last seen.
 	link netlink.Link
@@ -55,8 +56,6 @@ type Proxier struct {
 	// client the proxier opened itself; nil with NoConntrackCleanup.
 	cleaner   conntrack.FlowCleaner
 	conntrack *conntrack.Client
-	// stale are the frontends whose stale flows are still to delete.
-	stale map[staleKey]bool
 	// rules keeps the helper rules through rconn.
 	rules      *xtables.Applier
 	rconn      *nfnl.Conn
@@ -89,7 +88,7 @@ func New(o Options) (*Proxier, error) {
 		ns.Close()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}, stale: map[staleKey]bool{}}
+	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}}
 	c, err := ipset.New(ipset.Options{NetNS: ns, Prefix: o.SetPrefix, Logger: o.Logger})
 	if err != nil {
 		p.closeAll()
@@ -112,6 +111,11 @@ func New(o Options) (*Proxier, error) {
 		}
 		p.cleaner, p.conntrack = ct, ct
 	}
+	eo := syncer.Options{Name: "ipvs", Logger: p.log, VerifyInterval: o.VerifyInterval, Retryable: retryable}
+	if p.cleaner != nil {
+		eo.Cleaner = p.cleaner
+	}
+	p.eng = syncer.New((*engineSide)(p), eo)
 	return p, nil
 }
 
@@ -157,6 +161,7 @@ func (p *Proxier) Close() error {
 		return nil
 	}
 	p.closed = true
+	p.eng.Close()
 	return p.closeAll()
 }
 
@@ -184,7 +189,7 @@ func (p *Proxier) errIf() error {
 
 // forget makes the next Sync read the kernel again.
 func (p *Proxier) forget() {
-	p.applied, p.plan, p.link = nil, nil, nil
+	p.plan, p.link = nil, nil
 }
 
 // Cleanup removes everything the proxier owns: its virtual servers (those
@@ -199,9 +204,9 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		return err
 	}
 	p.forget()
+	p.eng.Forget()
 	p.kern, p.present, p.use = nil, nil, nil
 	clear(p.draining)
-	clear(p.stale)
 	if err := p.cleanupServers(ctx); err != nil {
 		return err
 	}

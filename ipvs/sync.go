@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -16,57 +17,67 @@ import (
 // Sync makes the kernel match st. The first Sync (and the first after a
 // failure, or after someone removed the dummy link) reads the proxier's
 // virtual servers from the kernel and converges on st without touching what
-// is already right; later ones send only what servicelb.Diff reports.
-// A State the proxier cannot apply (servicelb.ErrUnsupported, ErrConflict)
-// is refused before anything is sent. IPVS is not transactional: Sync adds
-// addresses, set entries, virtual servers, real servers and rules before it
-// removes any, so that no virtual address is ever left without its
-// servers; if it fails part way, the next Sync reads the kernel and
-// completes the change. Sync also deletes draining real servers whose
-// connections have ended (see Drain), and the conntrack flows its changes
-// left stale: after a sync of changes those the changes call for, after a
-// sync of a whole State (the first, one after a failure or a node change)
-// every stale one; deletions that fail are tried again by the next Sync.
+// is already right; later ones send only what servicelb.Diff reports,
+// after a cheap check, and now and then a deep one (Options.
+// VerifyInterval), that nobody changed what the proxier owns. A State the
+// proxier cannot apply (servicelb.ErrUnsupported, ErrConflict) is refused
+// before anything is sent. IPVS is not transactional: Sync adds addresses,
+// set entries, virtual servers and real servers before it removes any, so
+// that no virtual address is ever left without its servers; if it fails
+// part way, the next Sync reads the kernel and completes the change. Sync
+// also deletes draining real servers whose connections have ended (see
+// Drain).
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.errIf(); err != nil {
+	if err := p.eng.Sync(ctx, st); err != nil {
 		return err
 	}
-	start, writes := p.now(), p.writes()
-	err := p.sync(ctx, st)
-	if err == nil {
-		err = p.drain(ctx)
-	}
-	if err == nil {
-		err = p.cleanFlows(ctx)
-	}
-	n := p.writes() - writes
-	p.log.Debug("ipvs: sync", "services", st.Len(), "changes", n, "took", p.now().Sub(start), "err", err)
-	if n > 0 && err == nil {
-		p.log.Info("ipvs: synced", "services", st.Len(), "changes", n)
-	}
-	return err
+	return p.drain(ctx)
 }
 
 // writes counts the changes sent to the kernel so far.
 func (p *Proxier) writes() int { return p.k.writes + p.sets.writes + p.ruleWrites }
 
-func (p *Proxier) sync(ctx context.Context, st *servicelb.State) error {
-	if p.applied != nil {
-		if err := p.check(ctx, p.applied == st); err != nil {
-			return err
-		}
+// engineSide is the Proxier's side of internal/syncer's Engine. The
+// Engine calls it with p.mu held.
+type engineSide Proxier
+
+// Check looks up the dummy link and reads the helper rules' generation;
+// helper rules someone changed are restored at once.
+func (e *engineSide) Check(ctx context.Context) (bool, error) {
+	p := (*Proxier)(e)
+	if p.plan == nil {
+		return false, nil
 	}
-	if p.applied == st {
-		return nil
-	}
-	if p.applied != nil {
-		if ch := servicelb.Diff(p.applied, st); !ch.NodeChanged {
-			return p.syncChanges(ctx, st, &ch)
-		}
-	}
+	return p.check(ctx, false)
+}
+
+// Verify also reads the link's addresses, the virtual servers and the
+// sets' headers: reads in proportion to the services, nothing sent.
+func (e *engineSide) Verify(ctx context.Context) (bool, error) {
+	return (*Proxier)(e).check(ctx, true)
+}
+
+// Write reads the kernel and converges on st.
+func (e *engineSide) Write(ctx context.Context, st *servicelb.State) error {
+	p := (*Proxier)(e)
+	p.forget()
 	return p.syncFull(ctx, st)
+}
+
+// Apply applies the changes; a node change converges in full.
+func (e *engineSide) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+	if ch.NodeChanged {
+		return true, e.Write(ctx, st)
+	}
+	return false, (*Proxier)(e).syncChanges(ctx, st, ch)
+}
+
+// retryable reports whether err lost a race with another writer of the
+// netfilter tables.
+func retryable(err error) bool {
+	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged) || errors.Is(err, xtables.ErrGenChanged)
 }
 
 // syncFull plans st in full and converges on it, reading the kernel first
@@ -77,7 +88,7 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 	if err != nil {
 		return err
 	}
-	read := p.applied == nil
+	read := p.plan == nil
 	if read {
 		foreign, err := p.readKernel(ctx)
 		if err != nil {
@@ -101,8 +112,7 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 		p.forget()
 		return err
 	}
-	p.applied, p.plan = st, plan
-	p.addStale(st.StaleFlows())
+	p.plan = plan
 	return nil
 }
 
@@ -159,10 +169,6 @@ func checkForeign(plan *statePlan, foreign map[vsKey]bool) error {
 
 // syncChanges applies the changes from the applied state to st.
 func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) error {
-	if ch.Empty() {
-		p.applied = st
-		return nil
-	}
 	s, err := p.plan.step(ch)
 	if err != nil {
 		return err
@@ -176,19 +182,15 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 		return err
 	}
 	p.plan.commit(s)
-	p.applied = st
-	p.addStale(ch.StaleFlows())
 	return nil
 }
 
-// check tests that nobody removed or changed what the proxier owns. Every
-// sync looks up the dummy link and reads the rules' generation; a sync of
-// the state already applied (the periodic resync) also reads the link's
-// addresses, the virtual servers and the sets' headers, which costs reads
-// in proportion to the services but sends nothing. When something is gone
-// or changed, the sync reads the kernel again and repairs it; changed rules
-// are restored at once. Real servers and set entries are checked by count.
-func (p *Proxier) check(ctx context.Context, thorough bool) error {
+// check tests that nobody removed or changed what the proxier owns: the
+// dummy link and, thorough, its addresses, the virtual servers and the
+// sets' headers (real servers and set entries by count). It reports false
+// when something is gone or changed: the sync then reads the kernel again
+// and repairs it. Helper rules someone changed are restored at once.
+func (p *Proxier) check(ctx context.Context, thorough bool) (bool, error) {
 	ok, err := p.linkIntact(ctx, thorough)
 	if thorough && err == nil && ok {
 		ok, err = p.serversIntact(ctx)
@@ -196,23 +198,18 @@ func (p *Proxier) check(ctx context.Context, thorough bool) error {
 	if thorough && err == nil && ok {
 		ok, err = p.sets.intact(ctx)
 	}
-	if err != nil {
-		return err
-	}
-	if !ok {
-		p.log.Info("ipvs: kernel state changed by someone else; reading it again", "interface", p.opts.Interface)
-		p.forget()
-		return nil
+	if err != nil || !ok {
+		return false, err
 	}
 	if ok, err = p.rules.Check(ctx); err != nil {
-		return fmt.Errorf("helper rules: %w", err)
+		return false, fmt.Errorf("helper rules: %w", err)
 	}
 	if !ok {
-		p.log.Info("ipvs: helper rules changed by someone else; restoring them")
-		node := p.applied.Node()
-		return p.reconcileRules(ctx, &node, p.plan)
+		p.log.Info("helper rules changed by someone else; restoring them")
+		node := p.eng.Applied().Node()
+		return true, p.reconcileRules(ctx, &node, p.plan)
 	}
-	return nil
+	return true, nil
 }
 
 // reconcileRules makes the helper rules match the node and the plan's

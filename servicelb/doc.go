@@ -52,10 +52,13 @@
 // backend.
 //
 // Two services may ask for one frontend (the same address, protocol and
-// port, or the same node port). They are both served; the frontend goes
-// to one by rule, a virtual address before a node port on that address and
-// then the service whose name sorts first, and [State.Conflicts] reports
-// the clash. The other service keeps all its other frontends.
+// port, or the same node port). They are both served; the frontend stays
+// with the service that held it first, so that a service added by mistake
+// never takes a working one's address, and among services that arrive
+// together it goes by rule: a virtual address before a node port on that
+// address, then the service whose name sorts first. [State.Conflicts] and
+// the Runner's Hooks.Conflicts report the clash; the other service keeps
+// all its other frontends.
 //
 // # Endpoint selection
 //
