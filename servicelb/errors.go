@@ -3,6 +3,8 @@ package servicelb
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 )
 
 // Validation errors. A *ValidationError wraps exactly one of them, so that
@@ -87,4 +89,74 @@ func invalid(svc, field string, value any, err error) *ValidationError {
 
 func invalidf(svc, field string, value any, kind error, format string, args ...any) *ValidationError {
 	return invalid(svc, field, value, fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...)))
+}
+
+// PartialError is what Sync returns when it applied the state except some
+// services that it had to leave out, each with the error that names it (a
+// *ValidationError: a capability the backend lacks, more than it can
+// hold, a frontend someone else holds in the kernel). The services left
+// out stay out, the last version of them the kernel held removed, until
+// they change; every other service is applied. errors.Is and errors.As
+// reach the errors of the services left out.
+type PartialError struct {
+	// LeftOut maps the name of each service left out to its error.
+	LeftOut map[string]error
+}
+
+func (e *PartialError) Error() string {
+	names := make([]string, 0, len(e.LeftOut))
+	for n := range e.LeftOut {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	msgs := make([]string, len(names))
+	for i, n := range names {
+		msgs[i] = e.LeftOut[n].Error()
+	}
+	return fmt.Sprintf("applied all but %d service(s): %s", len(names), strings.Join(msgs, "; "))
+}
+
+func (e *PartialError) Unwrap() []error {
+	out := make([]error, 0, len(e.LeftOut))
+	for _, err := range e.LeftOut {
+		out = append(out, err)
+	}
+	return out
+}
+
+// ServicesOf returns the services an error names, each with its part of
+// the error, when every error it joins or wraps is a *ValidationError
+// naming a service; else nil: an error that is not all about services.
+func ServicesOf(err error) map[string]error {
+	out := map[string]error{}
+	if !collectServices(err, out) || len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func collectServices(err error, out map[string]error) bool {
+	var ve *ValidationError
+	if v, ok := err.(*ValidationError); ok {
+		ve = v
+	}
+	switch {
+	case ve != nil && ve.Service != "":
+		out[ve.Service] = errors.Join(out[ve.Service], ve)
+		return true
+	case ve != nil:
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !collectServices(e, out) {
+				return false
+			}
+		}
+		return true
+	}
+	if u := errors.Unwrap(err); u != nil {
+		return collectServices(u, out)
+	}
+	return false
 }

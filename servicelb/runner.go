@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 )
@@ -71,6 +72,9 @@ type Hooks struct {
 	// whenever they change: a source may report Conflict.Err for each
 	// loser.
 	Conflicts func([]Conflict)
+	// LeftOut is called with the services the proxier left out of a sync
+	// (see PartialError), each with its error, whenever they change.
+	LeftOut func(map[string]error)
 }
 
 // SyncResult describes one sync attempt.
@@ -104,6 +108,9 @@ type Health struct {
 	Pending int
 	// LastError is the last sync's error, nil after a success.
 	LastError error
+	// LeftOut are the services the proxier left out of the last sync
+	// (see PartialError), each with its error; the rest is applied.
+	LeftOut map[string]error
 }
 
 // Healthy reports whether the runner is ready and no change has waited
@@ -144,6 +151,7 @@ type Runner struct {
 	lastErr   error
 	succeeded bool
 	clashVer  uint64 // of the clashes last reported
+	leftOut   map[string]error
 	// firstSync is closed by the first successful sync.
 	firstSync chan struct{}
 }
@@ -239,6 +247,7 @@ func (r *Runner) Health() Health {
 		AppliedAt: r.appliedAt,
 		Pending:   len(r.dirty) + r.inflight,
 		LastError: r.lastErr,
+		LeftOut:   maps.Clone(r.leftOut),
 	}
 }
 
@@ -360,12 +369,16 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 
 	start := r.clock.Now()
 	l.started, l.lastStart = true, start
-	err := r.p.Sync(ctx, st)
+	leftOut, err := splitPartial(r.p.Sync(ctx, st))
 	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued, Err: err}
 
 	r.mu.Lock()
 	r.inflight = 0
 	r.lastErr = err
+	changedOut := err == nil && !sameKeys(leftOut, r.leftOut)
+	if err == nil {
+		r.leftOut = leftOut
+	}
 	if err == nil {
 		if !r.succeeded {
 			close(r.firstSync)
@@ -390,10 +403,47 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	} else {
 		r.log.Debug("synced", "services", len(batch), "duration", res.Duration)
 	}
+	if changedOut && r.opts.Hooks.LeftOut != nil {
+		r.opts.Hooks.LeftOut(leftOut)
+	}
 	if r.opts.Hooks.Synced != nil {
 		r.opts.Hooks.Synced(res)
 	}
 	r.reportPending(pending)
+}
+
+// splitPartial takes a PartialError out of a Sync's error: the services
+// left out, and the rest, nil when the sync applied everything else.
+func splitPartial(err error) (map[string]error, error) {
+	var pe *PartialError
+	if !errors.As(err, &pe) {
+		return nil, err
+	}
+	if err == error(pe) {
+		return pe.LeftOut, nil
+	}
+	var rest []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if e != error(pe) {
+				rest = append(rest, e)
+			}
+		}
+		return pe.LeftOut, errors.Join(rest...)
+	}
+	return pe.LeftOut, err
+}
+
+func sameKeys(a, b map[string]error) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func backoff(first, limit time.Duration, failures int) time.Duration {

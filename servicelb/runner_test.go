@@ -434,3 +434,32 @@ func TestRunnerReportsConflicts(t *testing.T) {
 	require.Len(t, got, 2)
 	assert.Empty(t, got[1], "the clash ended")
 }
+
+// TestRunnerLeftOut: a sync that left services out counts as a success
+// for the rest; the services left out show in Health and the LeftOut
+// hook, and no retry or backoff follows.
+func TestRunnerLeftOut(t *testing.T) {
+	var hooked []map[string]error
+	p := &fake.Proxier{}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{Hooks: servicelb.Hooks{
+		LeftOut: func(m map[string]error) { hooked = append(hooked, m) },
+	}})
+	require.NoError(t, err)
+	src := r.Source("s")
+	require.NoError(t, src.Upsert(svc("a", 1), svc("b", 2)))
+	src.Synced()
+	bad := &servicelb.ValidationError{Service: "b", Field: "scheduler", Err: servicelb.ErrUnsupported}
+	p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"b": bad}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	require.NoError(t, r.WaitSynced(context.Background()))
+	cancel()
+	<-done
+	h := r.Health()
+	assert.True(t, h.Ready)
+	assert.NoError(t, h.LastError)
+	assert.Contains(t, h.LeftOut, "b")
+	require.Len(t, hooked, 1)
+	assert.ErrorIs(t, hooked[0]["b"], servicelb.ErrUnsupported)
+}

@@ -36,9 +36,10 @@ const DefaultTimeout = time.Second
 
 // Keys under which Count with CountFailures counts failed asks.
 const (
-	KeyRefused = "refused"
-	KeyTimeout = "timeout"
-	KeyError   = "error"
+	KeyRefused  = "refused"
+	KeyTimeout  = "timeout"
+	KeyFiltered = "filtered"
+	KeyError    = "error"
 )
 
 // Reply is an echo server's answer.
@@ -109,7 +110,7 @@ func FromPort(p uint16) AskOption { return func(c *askConfig) { c.fromPort = p }
 func WatchICMP() AskOption { return func(c *askConfig) { c.watchICMP = true } }
 
 // CountFailures makes Count count failed asks under KeyRefused,
-// KeyTimeout and KeyError instead of failing the test.
+// KeyTimeout, KeyFiltered and KeyError instead of failing the test.
 func CountFailures() AskOption { return func(c *askConfig) { c.countFailures = true } }
 
 func newAskConfig(opts []AskOption) askConfig {
@@ -264,6 +265,8 @@ func failureKey(err error) string {
 		return KeyRefused
 	case errors.Is(err, ErrTimeout):
 		return KeyTimeout
+	case errors.Is(err, ErrFiltered):
+		return KeyFiltered
 	}
 	return KeyError
 }

@@ -72,7 +72,7 @@ func TestClassify(t *testing.T) {
 		fmt.Errorf("read: %w", os.ErrDeadlineExceeded): ErrTimeout,
 		unix.ETIMEDOUT:                  ErrTimeout,
 		errors.New("malformed"):         nil,
-		fmt.Errorf("x: %w", unix.EPERM): nil,
+		fmt.Errorf("x: %w", unix.EPERM): ErrFiltered,
 	} {
 		if got := classify(err); got != want {
 			t.Errorf("classify(%v) = %v, want %v", err, got, want)

@@ -40,6 +40,16 @@
 // date, so a retried deletion never cuts the flows of an endpoint that
 // serves again. A failed deletion fails the Sync after the kernel state is
 // applied: the error says so.
+//
+// # Services left out
+//
+// When the backend refuses a sync with errors that each name a service
+// (servicelb.ServicesOf: a capability it lacks, more than it can hold, a
+// frontend someone else holds in the kernel), the Engine syncs again
+// without those services, in the same Sync: one service never keeps the
+// others from the kernel. Sync then returns a *servicelb.PartialError
+// naming them. A service left out stays out, without being tried, until it
+// changes or goes.
 package syncer
 
 import (
@@ -109,6 +119,14 @@ type Engine struct {
 	pending    pendingFlows
 	lastVerify time.Time
 	closed     bool
+	// leftOut are the services a sync left out, each with the version
+	// refused and its error, until they change.
+	leftOut map[string]leftOut
+}
+
+type leftOut struct {
+	svc *servicelb.Service
+	err error
 }
 
 // New returns an Engine for b.
@@ -142,6 +160,7 @@ func (e *Engine) Forget() {
 	e.applied = nil
 	e.pending.clear()
 	e.lastVerify = time.Time{}
+	e.leftOut = nil
 }
 
 // Close makes every later Sync fail with servicelb.ErrClosed.
@@ -161,16 +180,81 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 	start := e.o.Now()
 	var full bool
 	var ch servicelb.Changes
+	eff := e.exclude(st)
 	err := e.retry(ctx, func() (err error) {
-		full, ch, err = e.once(ctx, st)
+		full, ch, err = e.once(ctx, eff)
 		return err
 	})
+	for round := 0; err != nil && round < maxLeaveOutRounds; round++ {
+		bad := servicelb.ServicesOf(err)
+		if bad == nil {
+			break
+		}
+		e.leaveOut(st, bad)
+		eff = e.exclude(st)
+		err = e.retry(ctx, func() (err error) {
+			full, ch, err = e.once(ctx, eff)
+			return err
+		})
+	}
 	if err != nil {
 		return e.wrap(err)
 	}
-	e.queueFlows(st, &ch, full)
-	e.log.Debug("synced", "services", st.Len(), "changed", ch.Len(), "full", full, "duration", e.o.Now().Sub(start))
-	return e.deleteFlows(ctx)
+	e.queueFlows(eff, &ch, full)
+	e.log.Debug("synced", "services", eff.Len(), "changed", ch.Len(), "full", full, "duration", e.o.Now().Sub(start))
+	return errors.Join(e.deleteFlows(ctx), e.partial())
+}
+
+// maxLeaveOutRounds bounds the syncs tried in one Sync, each leaving out
+// the services the one before was refused for.
+const maxLeaveOutRounds = 3
+
+// leaveOut records services refused with their errors.
+func (e *Engine) leaveOut(st *servicelb.State, bad map[string]error) {
+	if e.leftOut == nil {
+		e.leftOut = map[string]leftOut{}
+	}
+	for name, err := range bad {
+		svc, _ := st.Service(name)
+		if _, was := e.leftOut[name]; !was {
+			e.log.Warn("service left out: the backend refuses it; the rest is applied", "service", name, "err", err)
+		}
+		e.leftOut[name] = leftOut{svc: svc, err: err}
+	}
+}
+
+// exclude forgets the services left out that st no longer has or has
+// changed (so that they are tried again) and returns st without the
+// others.
+func (e *Engine) exclude(st *servicelb.State) *servicelb.State {
+	var names []string
+	for name, lo := range e.leftOut {
+		if svc, ok := st.Service(name); !ok || svc != lo.svc {
+			delete(e.leftOut, name)
+			continue
+		}
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		return st
+	}
+	b := st.Edit()
+	for _, name := range names {
+		b.Delete(name)
+	}
+	return b.State()
+}
+
+// partial reports the services left out, or nil.
+func (e *Engine) partial() error {
+	if len(e.leftOut) == 0 {
+		return nil
+	}
+	p := &servicelb.PartialError{LeftOut: make(map[string]error, len(e.leftOut))}
+	for name, lo := range e.leftOut {
+		p.LeftOut[name] = lo.err
+	}
+	return p
 }
 
 // wrap starts an error with the backend's name, unless it is a

@@ -199,3 +199,60 @@ func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
 	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
 	assert.Len(t, c.calls, 3, "nothing pending, nothing deleted")
 }
+
+// refusing is a backend that refuses every state holding a service named
+// "bad", with an error naming it, as a capability check does.
+type refusing struct {
+	fakeBackend
+	got []*servicelb.State
+}
+
+func (r *refusing) refuse(st *servicelb.State) error {
+	r.got = append(r.got, st)
+	if _, ok := st.Service("bad"); ok {
+		return &servicelb.ValidationError{Service: "bad", Field: "scheduler", Err: servicelb.ErrUnsupported}
+	}
+	return nil
+}
+
+func (r *refusing) Write(_ context.Context, st *servicelb.State) error { return r.refuse(st) }
+func (r *refusing) Apply(_ context.Context, st *servicelb.State, _ *servicelb.Changes) (bool, error) {
+	return false, r.refuse(st)
+}
+
+// TestServiceLeftOut: a service the backend refuses is left out and the
+// rest applied in the same Sync, which says so with a PartialError; the
+// service is not tried again until it changes.
+func TestServiceLeftOut(t *testing.T) {
+	r := &refusing{fakeBackend: *newFake()}
+	e := newEngine(r, nil, &clock{})
+	ctx := context.Background()
+	bad := udpService("10.0.0.9")
+	bad.Name = "bad"
+	b, err := servicelb.NewBuilder(servicelb.NodeConfig{})
+	require.NoError(t, err)
+	require.NoError(t, b.Upsert(udpService("10.0.0.1")))
+	require.NoError(t, b.Upsert(bad))
+	err = e.Sync(ctx, b.State())
+	var pe *servicelb.PartialError
+	require.ErrorAs(t, err, &pe)
+	require.ErrorIs(t, err, servicelb.ErrUnsupported)
+	assert.Contains(t, pe.LeftOut, "bad")
+	require.Len(t, r.got, 2)
+	_, has := r.got[1].Service("bad")
+	assert.False(t, has, "the second try still holds the refused service")
+	assert.Equal(t, 1, e.Applied().Len(), "the rest was not applied")
+
+	// A change to another service is applied; the refused one is not tried.
+	require.NoError(t, b.Upsert(udpService("10.0.0.2")))
+	r.got = nil
+	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+	require.Len(t, r.got, 1)
+	// Once it changes it is tried again; fixed, it goes in.
+	fixed := bad
+	fixed.Name = "bad-fixed"
+	require.NoError(t, b.Upsert(fixed))
+	b.Delete("bad")
+	require.NoError(t, e.Sync(ctx, b.State()), "nothing left out any more")
+	assert.Equal(t, 2, e.Applied().Len())
+}

@@ -169,23 +169,25 @@ func (l *lab) run(t *testing.T, idx int, sc *Scenario) {
 	}
 }
 
-// sync applies a stage's state, or checks that the proxier and the
-// capability check refuse it as the stage says; the stage's checks then
-// show that the previous state is still in place.
+// sync applies a stage's state and, when the stage says so, checks that
+// the proxier left services out (and that the capabilities refuse them
+// too); the stage's checks then show the rest applied.
 func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	err := l.p.Sync(ctx, state)
-	if st.Refused == nil {
+	if st.LeftOut == nil {
 		require.NoError(t, err, "stage %d: Sync", i)
 		return
 	}
-	require.ErrorIs(t, err, st.Refused, "stage %d: Sync", i)
+	require.ErrorIs(t, err, st.LeftOut, "stage %d: Sync", i)
+	var pe *servicelb.PartialError
+	require.ErrorAs(t, err, &pe, "stage %d: Sync did not say which services it left out", i)
 	var ve *servicelb.ValidationError
 	require.ErrorAs(t, err, &ve, "stage %d: Sync error names no service and field", i)
 	b := state.Edit()
-	require.ErrorIs(t, b.Require(l.p.Capabilities()), st.Refused, "stage %d: the capabilities accept what Sync refuses", i)
+	require.ErrorIs(t, b.Require(l.p.Capabilities()), st.LeftOut, "stage %d: the capabilities accept what Sync leaves out", i)
 }
 
 // check runs one check for each family and protocol it applies to.

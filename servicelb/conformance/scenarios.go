@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -459,26 +460,53 @@ func conflictScenarios() []Scenario {
 }
 
 func schedulerScenarios() []Scenario {
+	const followLeftOut = "kproxy's own: a service the backend cannot express is left out, the rest applied in the same sync"
 	return []Scenario{
-		{Name: "capabilities/unsupported-scheduler-refused", Follows: "kproxy's own: a hint the backend cannot honour is refused before the kernel", Refuses: true,
+		{Name: "left-out/unsupported-scheduler", Follows: followLeftOut, Refuses: true,
 			Stages: []Stage{
 				{Services: One(func() []servicelb.Endpoint { return RemoteEps(0) }), Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
 				{Services: func(e *Env) []servicelb.Service {
 					return []servicelb.Service{e.Service(0, RemoteEps(1)), e.Service(1, RemoteEps(1), WithScheduler(e.UnsupportedScheduler()))}
-				}, Refused: servicelb.ErrUnsupported, Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+				}, LeftOut: servicelb.ErrUnsupported, Expect: []Check{c(Outside, ClusterIP, Reach(1))}},
 			}},
-		{Name: "capabilities/endpoint-capacity-refused", Follows: "kproxy's own: more endpoints than the backend holds are refused before the kernel",
+		{Name: "left-out/endpoint-capacity", Follows: followLeftOut,
 			Bounded: true, Stages: []Stage{
 				{Services: One(func() []servicelb.Endpoint { return RemoteEps(0) }), Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
 				{Services: func(e *Env) []servicelb.Service {
 					return []servicelb.Service{e.Service(0, RemoteEps(1)), e.Service(1, manyEndpoints(e.lab.p.Capabilities().MaxEndpoints+1))}
-				}, Refused: servicelb.ErrCapacity, Expect: []Check{c(Outside, ClusterIP, Reach(0))}},
+				}, LeftOut: servicelb.ErrCapacity, Expect: []Check{c(Outside, ClusterIP, Reach(1))}},
+			}},
+		{Name: "left-out/one-bad-among-a-thousand", Follows: followLeftOut + "; a later change to a good one reaches the kernel in the next sync",
+			Refuses: true, Stages: []Stage{
+				{Services: aThousand(func() []servicelb.Endpoint { return RemoteEps(0) }), LeftOut: servicelb.ErrUnsupported,
+					Expect: []Check{c(Outside, ClusterIP, Reach(0)), c(Outside, ClusterIP.Of(1), Reach(2))}},
+				{Services: aThousand(func() []servicelb.Endpoint { return RemoteEps(1) }), LeftOut: servicelb.ErrUnsupported,
+					Expect: []Check{c(Outside, ClusterIP, Reach(1)), c(Outside, ClusterIP.Of(1), Reach(2))}},
 			}},
 		{Name: "scheduler/maglev-spreads-one-clients-connections", Follows: "ipvs (*Proxier).syncService: the mh scheduler hashes the source port (FlagSourceHash)",
 			Scheduler: servicelb.SchedulerMaglev, Stages: []Stage{{
 				Services: One(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, WithScheduler(servicelb.SchedulerMaglev)),
 				Expect:   []Check{{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1, 2).Spread()}},
 			}}},
+	}
+}
+
+// aThousand returns service 0 served by eps, service 1 served by endpoint
+// 2, a service the backend refuses, and a thousand more, each with a
+// cluster IP of 10.98.0.0/16 and an endpoint no host holds.
+func aThousand(eps func() []servicelb.Endpoint) func(*Env) []servicelb.Service {
+	return func(e *Env) []servicelb.Service {
+		out := []servicelb.Service{e.Service(0, eps()), e.Service(1, RemoteEps(2)),
+			e.Service(2, RemoteEps(2), WithScheduler(e.UnsupportedScheduler()))}
+		for i := range 1000 {
+			out = append(out, servicelb.Service{
+				Name:       fmt.Sprintf("%s/filler-%d", scenarioName(e.idx), i),
+				ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 98, byte(i / 250), byte(1 + i%250)})},
+				Ports:      []servicelb.Port{{Protocol: servicelb.TCP, Port: ServicePort, TargetPort: TargetPort}},
+				Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 246, byte(i / 250), byte(1 + i%250)}), Ready: true}},
+			})
+		}
+		return out
 	}
 }
 

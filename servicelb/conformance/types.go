@@ -69,9 +69,10 @@ type Stage struct {
 	// Restart replaces the proxier with a new one (Backend.New) before
 	// the sync, leaving the kernel state as it is, as an agent restart does.
 	Restart bool
-	// Refused, when set, is the error kind the sync must fail with; the
-	// state before it must stay in place.
-	Refused error
+	// LeftOut, when set, is the error kind the sync must leave services
+	// out for: it returns a *servicelb.PartialError wrapping it, and the
+	// rest of the state is applied.
+	LeftOut error
 	// Expect are the checks, run after the sync.
 	Expect []Check
 }

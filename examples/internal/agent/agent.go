@@ -149,6 +149,14 @@ func (a *Agent) hooks() servicelb.Hooks {
 			}
 		}
 	}
+	// A service the backend refuses is left out of the kernel, the rest
+	// applied: reported as an invalid object of the backend.
+	refused := a.reporter("backend")
+	h.LeftOut = func(m map[string]error) {
+		for name, err := range m {
+			refused(name, err)
+		}
+	}
 	return h
 }
 
