@@ -53,7 +53,8 @@ func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 }
 
 // Apply applies the changes in one batch; a node change rewrites the
-// whole state, and so does another writer's commit in between.
+// whole state. A batch refused because another writer committed in
+// between is tried again by the Engine, after a cheap check.
 func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
 	px := (*Proxier)(k)
 	if err := px.checkChanges(ch); err != nil {
@@ -67,10 +68,6 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 		return false, err
 	}
 	stats, err := k.ap.Commit(ctx, tx)
-	if errors.Is(err, xtables.ErrGenChanged) {
-		k.log.Info("tables changed by someone else during the sync; repairing")
-		return true, k.Write(ctx, st)
-	}
 	if err != nil {
 		return false, err
 	}

@@ -156,8 +156,10 @@ func TestCheapAndDeepChecks(t *testing.T) {
 	}
 }
 
-// TestInvalidInputLeavesTable: a state the backend refuses fails before
-// anything is sent, whether it comes as a change or as a first sync.
+// TestInvalidInputLeavesTable: a service the backend refuses is left out
+// before anything is sent, whether it comes as a change or in a first
+// sync, and the rest applied: here the state without it, the table as it
+// was.
 func TestInvalidInputLeavesTable(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
 	h := netnstest.NewHost(t, "invalid")
@@ -191,19 +193,21 @@ func TestInvalidInputLeavesTable(t *testing.T) {
 		{"4096 endpoints", ed2.State(), servicelb.ErrCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := p.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) {
-				t.Fatalf("Sync error = %v, want %v", err, tc.want)
+			var pe *servicelb.PartialError
+			if err := p.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) || !errors.As(err, &pe) {
+				t.Fatalf("Sync error = %v, want %v, the service left out", err, tc.want)
+			}
+			if got := generation(t, h); got != g {
+				t.Errorf("generation moved from %d to %d: the refused service reached the kernel", g, got)
 			}
 			fresh := newProxier(t, h, nftables.Options{})
-			if err := fresh.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) {
-				t.Fatalf("first Sync error = %v, want %v", err, tc.want)
+			if err := fresh.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) || !errors.As(err, &pe) {
+				t.Fatalf("first Sync error = %v, want %v, the service left out", err, tc.want)
 			}
 			if after := h.Exec(t, "nft", "list", "ruleset"); after != before {
 				t.Errorf("ruleset changed:\n--- before\n%s\n--- after\n%s", before, after)
 			}
-			if got := generation(t, h); got != g {
-				t.Errorf("generation moved from %d to %d", g, got)
-			}
+			g = generation(t, h) // the new proxier adopted the table
 		})
 	}
 	// The proxier still works afterwards.

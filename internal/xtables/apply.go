@@ -273,10 +273,20 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 		return CommitStats{}, nil
 	}
 	b.markEchoes()
+	// Building a big batch takes a while; another writer's commit
+	// elsewhere meanwhile must not cost this one: check cheaply that the
+	// tables are as known, at the generation of now.
+	if ok, err := a.Check(ctx); err != nil || !ok {
+		return CommitStats{}, errors.Join(ErrGenChanged, err)
+	}
 	b.m.b.RequireGeneration(a.gen)
 	stats := CommitStats{Messages: b.m.count(), Bytes: b.m.b.Size()}
 	if _, err := a.conn.Commit(ctx, &b.m.b); err != nil {
-		a.loaded = false
+		// A batch refused for a moved generation changed nothing: what
+		// the Applier knows still holds, for a cheap check to confirm.
+		if !errors.Is(err, ErrGenChanged) {
+			a.loaded = false
+		}
 		return CommitStats{}, fmt.Errorf("commit: %w", err)
 	}
 	// The generation after our commit; Commit's own reading may already

@@ -160,6 +160,12 @@ func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableConten
 		}
 	}
 	a.tables, a.gen, a.loaded = tables, gen.ID, true
+	// Another writer's commit elsewhere while the tables were read must
+	// not cost the reconcile: when the generation moved, check cheaply
+	// that the tables are as read, and commit at the new generation.
+	if ok, err := a.Check(ctx); err != nil || !ok {
+		return CommitStats{}, errors.Join(ErrGenChanged, err)
+	}
 	return a.Commit(ctx, tx)
 }
 
@@ -291,9 +297,12 @@ func (a *Applier) Check(ctx context.Context) (bool, error) {
 
 func (a *Applier) checkTable(ctx context.Context, t Table, st *tableState) (bool, error) {
 	exists, use, err := a.tableUse(ctx, t)
-	if err != nil || !exists || use != st.use {
+	if err != nil || exists != st.exists || use != st.use {
 		a.log.Debug("table changed", "table", t.String(), "exists", exists, "use", use, "want", st.use)
 		return false, err
+	}
+	if !exists {
+		return true, nil
 	}
 	for _, bc := range BaseChains(t.Name) {
 		rules, err := a.dumpRules(ctx, t, bc.Name)

@@ -1,0 +1,44 @@
+package netnstest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Churn runs another writer of nf_tables in the host until the test ends:
+// every interval it commits a change to a table of its own (a chain added,
+// then deleted again), as a firewall manager or a CNI plugin on a node
+// does, with the nft tool. Each commit moves the ruleset's generation and
+// interrupts dumps under way, whatever table they read. It returns a
+// function that counts the commits so far.
+func (h *Host) Churn(t testing.TB, interval time.Duration) func() int {
+	t.Helper()
+	h.Exec(t, "nft", "add", "table", "inet", "kpt-churn")
+	ctx, cancel := context.WithCancel(context.Background())
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		verb := "add"
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, err := h.Output(ctx, "", "nft", verb, "chain", "inet", "kpt-churn", "c"); err == nil {
+				n.Add(1)
+			}
+			verb = map[string]string{"add": "delete", "delete": "add"}[verb]
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	return func() int { return int(n.Load()) }
+}

@@ -1,0 +1,54 @@
+//go:build privileged
+
+package iptables
+
+import (
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
+)
+
+// TestForeignWriter: another program commits to nf_tables a hundred times
+// a second in the same namespace; every Sync succeeds (a sync that loses
+// a race is retried within it) and the table ends as a fresh apply of the
+// last state would leave it.
+func TestForeignWriter(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	h := netnstest.NewHost(t, "churn")
+	p := newProxier(t, h, Options{NoConntrackCleanup: true, VerifyInterval: 50 * time.Millisecond})
+	commits := h.Churn(t, 10*time.Millisecond)
+	svcs := servicetest.Scale(300, 10)
+	failed := servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, 100, 20*time.Millisecond)
+	require.Zero(t, failed, "Syncs failed while another writer committed")
+	require.Greater(t, commits(), 50, "the other writer hardly ran")
+}
+
+// BenchmarkForeignWriter loads 5,000 services of 10 endpoints
+// (KPROXY_CHURN_SERVICES for another number) while another program
+// commits to nf_tables ten times a second in the namespace, then makes 200
+// one-endpoint changes, one Sync each, and reports the share of Syncs that
+// succeeded at once, as a Runner's first attempt (KPROXY_CHURN_SERVICES
+// defaults to 5,000 here too: an iptables cold load of that size takes
+// seconds).
+func BenchmarkForeignWriter(b *testing.B) {
+	netnstest.Require(b, "nf_tables", "nft_compat", "nat")
+	n := 5000
+	if v, err := strconv.Atoi(os.Getenv("KPROXY_CHURN_SERVICES")); err == nil && v > 0 {
+		n = v
+	}
+	const syncs = 200
+	for b.Loop() {
+		h := netnstest.NewHost(b, "churnbench")
+		p := newProxier(b, h, Options{NoConntrackCleanup: true})
+		commits := h.Churn(b, 100*time.Millisecond)
+		failed := servicetest.SyncChanges(b, p, servicetest.ScaleNode(), servicetest.Scale(n, 10), syncs, 50*time.Millisecond)
+		b.ReportMetric(100*float64(syncs-failed)/syncs, "sync-success-%")
+		b.ReportMetric(float64(commits()), "foreign-commits")
+	}
+}
