@@ -24,6 +24,6 @@ func TestConformance(t *testing.T) {
 		return p
 	}}, conformance.Options{
 		Protocols:   []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP},
-		DropTimeout: 2 * time.Second, AskTimeout: 5 * time.Second,
+		DropTimeout: time.Second, AskTimeout: 5 * time.Second,
 	})
 }

@@ -23,5 +23,5 @@ func TestConformanceSCTP(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
-	}}, conformance.Options{Protocols: []servicelb.Protocol{servicelb.SCTP}, DropTimeout: 2 * time.Second, AskTimeout: 5 * time.Second})
+	}}, conformance.Options{Protocols: []servicelb.Protocol{servicelb.SCTP}, DropTimeout: time.Second, AskTimeout: 5 * time.Second})
 }

@@ -166,11 +166,12 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 		defer w.close()
 	}
 	var text string
+	var sport uint16
 	switch proto {
 	case "udp":
-		text, err = h.askUDP(ctx, dst, from, deadline)
+		text, sport, err = h.askUDP(ctx, dst, from, deadline)
 	case "tcp", "sctp":
-		text, err = h.askStream(ctx, proto, dst, from, deadline)
+		text, sport, err = h.askStream(ctx, proto, dst, from, deadline)
 	default:
 		return fail(nil, fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", proto))
 	}
@@ -180,7 +181,7 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 		}
 		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err}
 		if w != nil {
-			e.ICMP = w.find(dst)
+			e.ICMP = w.find(flowID{protoNumber(proto), sport, dst})
 		}
 		return Reply{}, e
 	}
@@ -194,7 +195,7 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 // askUDP runs one UDP ask from a fresh connected socket, which the
 // kernel tells about ICMP errors: create it inside the namespace, exchange
 // outside it.
-func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (string, error) {
+func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (string, uint16, error) {
 	d := net.Dialer{Deadline: deadline}
 	if from.IsValid() {
 		d.LocalAddr = net.UDPAddrFromAddrPort(from)
@@ -204,20 +205,26 @@ func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline ti
 	}
 	var c net.Conn
 	if err := h.Do(func() (err error) { c, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer c.Close()
+	sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	if err := c.SetDeadline(deadline); err != nil {
-		return "", err
+		return "", sport, err
 	}
 	if _, err := c.Write([]byte(request)); err != nil {
-		return "", err
+		return "", sport, err
 	}
 	buf := make([]byte, 512)
 	n, err := c.Read(buf)
-	return string(buf[:n]), err
+	return string(buf[:n]), sport, err
+}
+
+// protoNumber returns the IP protocol number of "tcp", "udp" or "sctp".
+func protoNumber(proto string) uint8 {
+	return map[string]uint8{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[proto]
 }
 
 func reuseAddr(_, _ string, rc syscall.RawConn) error {

@@ -61,8 +61,18 @@ func (h *Host) watchICMP(v6 bool) (*icmpWatch, error) {
 
 func (w *icmpWatch) close() { w.f.Close() }
 
-// find returns the first queued ICMP error about a packet to dst, or nil.
-func (w *icmpWatch) find(dst netip.AddrPort) *ICMPError {
+// flowID names the packet an ICMP error is about: its protocol, source
+// port and destination, so that an ask finds its own error among those
+// of asks made at the same time from the same host.
+type flowID struct {
+	proto uint8
+	sport uint16
+	dst   netip.AddrPort
+}
+
+// find returns the first queued ICMP error about a packet of flow f, or
+// nil.
+func (w *icmpWatch) find(f flowID) *ICMPError {
 	if err := w.f.SetReadDeadline(time.Now().Add(icmpWait)); err != nil {
 		return nil
 	}
@@ -72,41 +82,43 @@ func (w *icmpWatch) find(dst netip.AddrPort) *ICMPError {
 		if err != nil {
 			return nil
 		}
-		if e, about := parseICMP(buf[:n], w.v6); e != nil && about == dst {
+		if e, about := parseICMP(buf[:n], w.v6); e != nil && about == f {
 			return e
 		}
 	}
 }
 
 // parseICMP parses an ICMP error as a raw socket delivers it (IPv4 with its
-// IP header, ICMPv6 without), and returns it with the destination of the
-// packet it is about; nil for other messages.
-func parseICMP(b []byte, v6 bool) (*ICMPError, netip.AddrPort) {
+// IP header, ICMPv6 without), and returns it with the flow of the packet
+// it is about; nil for other messages.
+func parseICMP(b []byte, v6 bool) (*ICMPError, flowID) {
 	if !v6 {
 		if len(b) < 20 {
-			return nil, netip.AddrPort{}
+			return nil, flowID{}
 		}
 		b = b[int(b[0]&0x0f)*4:]
 	}
 	if len(b) < 8 {
-		return nil, netip.AddrPort{}
+		return nil, flowID{}
 	}
 	e := &ICMPError{V6: v6, Type: b[0], Code: b[1]}
 	inner := b[8:]
+	var f flowID
 	var dst netip.Addr
 	var l4 []byte
 	switch {
 	case !v6 && e.Type == 3 && len(inner) >= 20:
-		dst = netip.AddrFrom4([4]byte(inner[16:20]))
+		f.proto, dst = inner[9], netip.AddrFrom4([4]byte(inner[16:20]))
 		l4 = inner[int(inner[0]&0x0f)*4:]
 	case v6 && e.Type == 1 && len(inner) >= 40:
-		dst = netip.AddrFrom16([16]byte(inner[24:40]))
+		f.proto, dst = inner[6], netip.AddrFrom16([16]byte(inner[24:40]))
 		l4 = inner[40:]
 	default:
-		return nil, netip.AddrPort{}
+		return nil, flowID{}
 	}
 	if len(l4) < 4 {
-		return nil, netip.AddrPort{}
+		return nil, flowID{}
 	}
-	return e, netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:4]))
+	f.sport, f.dst = binary.BigEndian.Uint16(l4[0:2]), netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:4]))
+	return e, f
 }

@@ -118,26 +118,42 @@ func waitConnected(f *os.File, deadline time.Time) error {
 
 // askStream runs one TCP or SCTP ask: connect inside the namespace, then
 // exchange.
-func (h *Host) askStream(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time) (string, error) {
+func (h *Host) askStream(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time) (string, uint16, error) {
 	var f *os.File
 	if err := h.Do(func() (err error) { f, err = dialStream(proto, dst, from); return err }); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer f.Close()
+	sport := localPort(f)
 	stop := context.AfterFunc(ctx, func() { f.SetDeadline(time.Now()) })
 	defer stop()
 	if err := waitConnected(f, deadline); err != nil {
-		return "", fmt.Errorf("%s connect %s: %w", proto, dst, err)
+		return "", sport, fmt.Errorf("%s connect %s: %w", proto, dst, err)
 	}
 	if err := f.SetDeadline(deadline); err != nil {
-		return "", err
+		return "", sport, err
 	}
 	if _, err := f.Write([]byte(request)); err != nil {
-		return "", fmt.Errorf("%s send: %w", proto, err)
+		return "", sport, fmt.Errorf("%s send: %w", proto, err)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, 512))
 	if err != nil {
-		return "", fmt.Errorf("%s receive: %w", proto, err)
+		return "", sport, fmt.Errorf("%s receive: %w", proto, err)
 	}
-	return string(b), nil
+	return string(b), sport, nil
+}
+
+// localPort returns a connecting socket's local port (bound by connect).
+func localPort(f *os.File) uint16 {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var port uint16
+	rc.Control(func(fd uintptr) {
+		if sa, err := unix.Getsockname(int(fd)); err == nil {
+			port = addrPort(sa).Port()
+		}
+	})
+	return port
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,8 +164,47 @@ func (l *lab) run(t *testing.T, idx int, sc *Scenario) {
 		state, err := servicelb.NewState(e.node, st.Services(e)...)
 		require.NoError(t, err, "stage %d: the scenario's state", i)
 		l.sync(t, i, &st, state)
-		for _, c := range st.Expect {
-			l.check(t, e, c)
+		l.checkAll(t, e, st.Expect)
+	}
+}
+
+// task is one check for one family and protocol, from a resolved asker.
+type task struct {
+	c Check
+	f servicelb.Family
+	p servicelb.Protocol
+	a asker
+}
+
+// maxParallel bounds the checks of a stage under way at once. The checks
+// of a stage are independent: running them together costs the longest
+// wait of a dropped flow once, not once per check.
+const maxParallel = 16
+
+// checkAll runs a stage's checks: the table's at once, the custom ones
+// (which wait for timeouts to pass) one after the other.
+func (l *lab) checkAll(t *testing.T, e *Env, checks []Check) {
+	t.Helper()
+	var tasks []task
+	for _, c := range checks {
+		tasks = append(tasks, l.tasks(t, c)...)
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxParallel)
+	for _, tk := range tasks {
+		if tk.c.Custom != nil {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			l.checkOne(t, e, tk)
+		})
+	}
+	wg.Wait()
+	for _, tk := range tasks {
+		if tk.c.Custom != nil {
+			tk.c.Custom(t, e, tk.f, tk.p)
 		}
 	}
 }
@@ -190,8 +230,9 @@ func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
 	require.ErrorIs(t, b.Require(l.p.Capabilities()), st.LeftOut, "stage %d: the capabilities accept what Sync leaves out", i)
 }
 
-// check runs one check for each family and protocol it applies to.
-func (l *lab) check(t *testing.T, e *Env, c Check) {
+// tasks returns a check's tasks: one for each family and protocol it
+// applies to, with its asker ready.
+func (l *lab) tasks(t *testing.T, c Check) []task {
 	t.Helper()
 	fams := c.Families
 	if fams == nil {
@@ -200,15 +241,21 @@ func (l *lab) check(t *testing.T, e *Env, c Check) {
 	protos := l.o.Protocols
 	if c.Proto != "" {
 		if !slices.Contains(protos, c.Proto) {
-			return
+			return nil
 		}
 		protos = []servicelb.Protocol{c.Proto}
 	}
+	var out []task
 	for _, f := range fams {
 		for _, p := range protos {
-			l.checkOne(t, e, c, f, p)
+			tk := task{c: c, f: f, p: p}
+			if c.Custom == nil {
+				tk.a = l.asker(t, c.From, f)
+			}
+			out = append(out, tk)
 		}
 	}
+	return out
 }
 
 // asker is the host and source address a check asks from.
@@ -254,13 +301,9 @@ func outsideAddr(f servicelb.Family, n int) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-func (l *lab) checkOne(t *testing.T, e *Env, c Check, f servicelb.Family, p servicelb.Protocol) {
+func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 	t.Helper()
-	if c.Custom != nil {
-		c.Custom(t, e, f, p)
-		return
-	}
-	a := l.asker(t, c.From, f)
+	c, f, p, a := tk.c, tk.f, tk.p, tk.a
 	dst := e.resolve(c.To, f, p)
 	what := fmt.Sprintf("%s %s from %s to %s %s", f, p.Lower(), c.From, c.To, dst)
 	w := c.Want

@@ -295,7 +295,7 @@ func affinityScenarios() []Scenario {
 		one("affinity/per-client", followAffinity, sticky(time.Minute),
 			Check{Families: []servicelb.Family{servicelb.IPv4}, Proto: servicelb.TCP, Custom: pinsPerClient}),
 		one("affinity/lasts-while-renewed-then-expires", followAffinity+" (a pin lasts while new flows come less than the timeout apart)",
-			sticky(2*time.Second), Check{Families: []servicelb.Family{servicelb.IPv4}, Proto: servicelb.TCP, Custom: pinRenewsAndExpires}),
+			sticky(time.Second), Check{Families: []servicelb.Family{servicelb.IPv4}, Proto: servicelb.TCP, Custom: pinRenewsAndExpires}),
 	}
 	for i := range sc {
 		sc[i].Needs |= servicelb.FeatureAffinity
@@ -329,33 +329,36 @@ func pinsPerClient(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protoco
 	}
 }
 
-// pinRenewsAndExpires: with a 2s timeout, flows 1s apart keep one endpoint
-// for 5s; after 2.5s of silence each time the pin is gone, so that ten
-// such draws from three endpoints are not all one (probability 3^-9 for a
-// correct backend).
+// pinRenewsAndExpires: with a 1s timeout, flows half a second apart keep
+// one endpoint for 2.5s; a second and a half of silence later, twelve
+// pinned clients do not all reach the endpoint they were pinned to again
+// (probability 3^-12 for a correct backend, each drawing anew from three).
 func pinRenewsAndExpires(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
-	ask := func() string {
-		r, err := e.Ask(t, Outside, ClusterIP, f, p)
+	ask := func(from From) string {
+		r, err := e.Ask(t, from, ClusterIP, f, p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r.Host
 	}
-	first := ask()
+	first := ask(Outside)
 	for range 5 {
-		time.Sleep(time.Second)
-		if h := ask(); h != first {
-			t.Fatalf("renewed every second, the pin moved from %s to %s", first, h)
+		time.Sleep(500 * time.Millisecond)
+		if h := ask(Outside); h != first {
+			t.Fatalf("renewed every half second, the pin moved from %s to %s", first, h)
 		}
 	}
-	seen := map[string]bool{}
-	for range 10 {
-		time.Sleep(2500 * time.Millisecond)
-		seen[ask()] = true
+	pinned := map[int]string{}
+	for n := 1; n <= 12; n++ {
+		pinned[n] = ask(OutsideAt(n))
 	}
-	if len(seen) < 2 {
-		t.Errorf("after each timeout the client still reached only %v", seen)
+	time.Sleep(1500 * time.Millisecond)
+	for n := 1; n <= 12; n++ {
+		if ask(OutsideAt(n)) != pinned[n] {
+			return
+		}
 	}
+	t.Errorf("after the timeout passed, all twelve clients reached their pinned endpoint again: %v", pinned)
 }
 
 func hairpinScenarios() []Scenario {
