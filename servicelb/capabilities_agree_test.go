@@ -1,0 +1,66 @@
+package servicelb_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/iptables"
+	"github.com/kproxy-dev/kproxy/ipvs"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestCapabilityErrorsAgree renders, without a kernel, a service with a
+// scheduler hint each backend refuses: every backend refuses it with the
+// same typed error naming the same service and field, and the same
+// message but for the backend's name and hints.
+func TestCapabilityErrorsAgree(t *testing.T) {
+	nft, err := nftables.New(nftables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer nft.Close()
+	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer ipt.Close()
+	var ipvsProxier *ipvs.Proxier // its capabilities need no kernel
+	render := map[string]func(*servicelb.State) (string, error){
+		"nftables": nft.Render,
+		"iptables": ipt.Render,
+		"ipvs":     func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) },
+	}
+	caps := map[string]servicelb.Capabilities{
+		"nftables": nft.Capabilities(), "iptables": ipt.Capabilities(), "ipvs": ipvsProxier.Capabilities(),
+	}
+	var texts []string
+	for name, r := range render {
+		c := caps[name]
+		var hint servicelb.Scheduler
+		for _, s := range servicelb.Schedulers() {
+			if !c.AcceptsScheduler(s) {
+				hint = s
+				break
+			}
+		}
+		require.NotEmpty(t, hint, "%s honours every hint", name)
+		st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{
+			Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}, Scheduler: hint,
+		})
+		require.NoError(t, err)
+		_, err = r(st)
+		require.ErrorIs(t, err, servicelb.ErrUnsupported, name)
+		var ve *servicelb.ValidationError
+		require.True(t, errors.As(err, &ve), name)
+		assert.Equal(t, "ns/web", ve.Service, name)
+		assert.Equal(t, "scheduler", ve.Field, name)
+		text := strings.Replace(strings.Replace(err.Error(), name, "B", 1), string(hint), "H", 1)
+		texts = append(texts, text[:strings.Index(text, "honours")])
+	}
+	for _, x := range texts[1:] {
+		assert.Equal(t, texts[0], x, "the backends' errors differ")
+	}
+}
