@@ -31,9 +31,9 @@
 // and ends with a jump to P-NODEPORTS for each node address that serves
 // node ports (NodeConfig.NodePortIPs). In the filter table P-SERVICES
 // (from FORWARD and OUTPUT) holds the rejects and drops of cluster IPs,
-// P-EXTERNAL-SERVICES (from INPUT, FORWARD and OUTPUT, so that the node's
-// own flows meet them too) those of the other
-// frontends, P-NODEPORTS accepts health check node ports
+// P-EXTERNAL-SERVICES (from INPUT, FORWARD and OUTPUT, so that the
+// node's own flows meet them too) those of the other frontends,
+// P-NODEPORTS accepts health check node ports
 // (ServicePort.HealthCheckNodePort), P-PROXY-FIREWALL drops what
 // P-MARK-DROP marked (Options.DropBit) and P-FORWARD accepts forwarded
 // service traffic. P-MARK-MASQ sets the masquerade mark
@@ -90,12 +90,15 @@
 // by rule handle, in key order; an unchanged State sends nothing. Every
 // sync is one nf_tables transaction, built for the ruleset generation it
 // read: it applies whole or not at all, and a failed sync leaves the
-// previous rules in place. A service port that [Proxier.Capabilities]
-// refuse (a scheduler hint other than random) fails the Sync with
-// servicelb's error before anything is sent. Before each sync a cheap
-// check (the generation, then the tables' chain counts and the jumps in
-// builtin chains) tells whether someone else removed chains or jumps; if
-// so the Proxier reads its chains back and repairs them.
+// previous rules in place. Before each sync a cheap check (the
+// generation, then the tables' chain counts and the jumps in builtin
+// chains) tells whether someone else removed chains or jumps; at most
+// every Options.VerifyInterval, when the generation moved, a deep verify
+// reads every owned rule back. Either finding a difference makes the
+// Proxier read its chains back and repair them in one transaction. A
+// batch the kernel refuses because the generation moved under it is
+// retried at once. The sync loop is internal/syncer's, shared by all
+// three backends.
 //
 // Unless Options.NoConntrackCleanup, each successful Sync deletes the
 // conntrack flows that servicelb calls stale: after the first sync and

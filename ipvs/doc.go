@@ -105,7 +105,10 @@
 // converges on the State without touching what is already right, so that
 // a restart drops no connection. Later syncs send only what servicelb.Diff
 // reports, after a cheap check that the dummy link and the rules are still
-// there. IPVS is not transactional: a sync adds addresses, set entries,
+// there; at most every Options.VerifyInterval a deep verify reads the link
+// addresses, virtual and real servers and set entries back and repairs
+// whatever differs. The sync loop is internal/syncer's, shared by all
+// three backends. IPVS is not transactional: a sync adds addresses, set entries,
 // virtual servers, real servers and rules before it removes any, so that
 // no virtual address is ever without its servers nor a flow marked for a
 // missing one, and a State the proxier cannot apply is refused before

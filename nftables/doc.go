@@ -29,10 +29,16 @@
 // (servicelb.Diff) and send only what the changed service ports need, in
 // one transaction: a failed sync leaves the previous table whole, and the
 // next sync retries the whole difference. An unchanged State sends nothing.
-// Before each sync the Proxier reads the ruleset generation (one small
-// round trip); if anyone else committed since its own last commit, it
-// reads its table back, compares it with what it wrote, and rewrites the
-// table (in one transaction) if someone flushed, deleted or changed it.
+// Before each sync a cheap check reads the ruleset generation (one small
+// round trip) and, if anyone else committed since the Proxier's own last
+// commit, the table's flags and use count: a deleted or dormant table, or
+// a chain or set too many or too few, is rewritten whole in one
+// transaction. At most every Options.VerifyInterval (and only when the
+// generation moved) a deep verify reads every chain, rule, set and element
+// back and rewrites the table if anything differs. A sync that loses a
+// race with another writer (an interrupted dump, a moved generation) is
+// retried at once. The sync loop is internal/syncer's, shared by all
+// three backends.
 //
 // After a successful sync it deletes the stale UDP and SCTP conntrack
 // flows (servicelb.StaleFlow) through the Options.Conntrack cleaner,
