@@ -29,6 +29,8 @@ deps:
 # never enter the module graph of anyone who depends on kproxy.
 STATICCHECK := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck
 lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags $(TAGS_ALL) $(CORE) $(EXAMPLES)
 	$(STATICCHECK) -tags $(TAGS_ALL) $(CORE)
 	cd examples && $(STATICCHECK) -tags $(TAGS_ALL) ./...

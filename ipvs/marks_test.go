@@ -76,5 +76,3 @@ func TestMarksDeterministic(t *testing.T) {
 	_, err = s.allocate(many)
 	require.ErrorIs(t, err, servicelb.ErrCapacity)
 }
-
-

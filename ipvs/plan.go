@@ -357,7 +357,6 @@ func (p *statePlan) addresses() []netip.Addr {
 	return slices.SortedFunc(maps.Keys(set), netip.Addr.Compare)
 }
 
-
 // joinErrs joins errors, returning a single one as it is.
 func joinErrs(errs []error) error {
 	if len(errs) == 1 {
