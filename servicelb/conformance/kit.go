@@ -181,18 +181,22 @@ type task struct {
 // wait of a dropped flow once, not once per check.
 const maxParallel = 16
 
-// checkAll runs a stage's checks: the table's at once, the custom ones
-// (which wait for timeouts to pass) one after the other.
+// checkAll runs a stage's checks: the table's at once, then one after the
+// other those that must not overlap: sticky ones (the first flows of two
+// checks from one client to two frontends of one port would race for the
+// client's pin, as they would under kube-proxy) and custom ones (which
+// wait for timeouts to pass).
 func (l *lab) checkAll(t *testing.T, e *Env, checks []Check) {
 	t.Helper()
 	var tasks []task
 	for _, c := range checks {
 		tasks = append(tasks, l.tasks(t, c)...)
 	}
+	alone := func(tk task) bool { return tk.c.Custom != nil || tk.c.Want.sticky }
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallel)
 	for _, tk := range tasks {
-		if tk.c.Custom != nil {
+		if alone(tk) {
 			continue
 		}
 		sem <- struct{}{}
@@ -203,8 +207,11 @@ func (l *lab) checkAll(t *testing.T, e *Env, checks []Check) {
 	}
 	wg.Wait()
 	for _, tk := range tasks {
-		if tk.c.Custom != nil {
+		switch {
+		case tk.c.Custom != nil:
 			tk.c.Custom(t, e, tk.f, tk.p)
+		case alone(tk):
+			l.checkOne(t, e, tk)
 		}
 	}
 }
