@@ -235,6 +235,11 @@ func TestRepairsForeignDamage(t *testing.T) {
 		{"filter jump deleted", [][]string{{"ip6tables-nft", "-t", "filter", "-D", "FORWARD", "-m", "comment", "--comment", "kubernetes forwarding rules", "-j", "KPROXY-FORWARD"}}},
 		{"table flushed and chains deleted", [][]string{{"iptables-nft", "-t", "nat", "-F"}, {"iptables-nft", "-t", "nat", "-X"}}},
 		{"whole ruleset flushed", [][]string{{"nft", "flush", "ruleset"}}},
+		// Changes inside chains, which no cheap check sees: the deep
+		// check of a sync with nothing to change finds them.
+		{"rule deleted in a shared chain", [][]string{{"iptables-nft", "-t", "nat", "-D", "KPROXY-SERVICES", "1"}}},
+		{"rule replaced in a shared chain", [][]string{{"iptables-nft", "-t", "filter", "-R", "KPROXY-SERVICES", "1", "-j", "RETURN"}}},
+		{"rule added to a shared chain", [][]string{{"iptables-nft", "-t", "nat", "-I", "KPROXY-NODEPORTS", "-j", "ACCEPT"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := netnstest.NewHost(t, "iptrepair")
@@ -251,6 +256,29 @@ func TestRepairsForeignDamage(t *testing.T) {
 			checkRendered(t, h, px, st, "after repair")
 		})
 	}
+}
+
+// TestDeleteOfARuleAlreadyGone: someone deletes the rules of a service in
+// the shared chains; the sync that removes the service does not fail for
+// the rules it can no longer find, and leaves the tables exactly as
+// rendered.
+func TestDeleteOfARuleAlreadyGone(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "iptgone")
+	px := newProxier(t, h, Options{})
+	st := richState(t)
+	require.NoError(t, px.Sync(ctx, st))
+	for _, line := range strings.Split(h.Exec(t, "iptables-nft", "-t", "nat", "-S", "KPROXY-SERVICES"), "\n") {
+		if strings.Contains(line, "default/web:http") {
+			h.Exec(t, "sh", "-c", "iptables-nft -t nat "+strings.Replace(line, "-A", "-D", 1))
+		}
+	}
+	b := st.Edit()
+	b.Delete("default/web")
+	next := b.State()
+	require.NoError(t, px.Sync(ctx, next))
+	checkRendered(t, h, px, next, "after the service whose rules were gone was removed")
 }
 
 // TestChangesTouchOnlyTheirChains checks that a sync sends only what a
@@ -393,35 +421,33 @@ func TestRestartAdopts(t *testing.T) {
 
 // TestFullResync: damage the cheap check cannot see (one of the Proxier's
 // chains flushed, a rule of a shared chain deleted) is repaired by the
-// next deep check, which VerifyInterval schedules.
+// next deep check: that of a sync with nothing to change, or that of a
+// sync with changes once VerifyInterval has passed.
 func TestFullResync(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
 	ctx := context.Background()
 	h := netnstest.NewHost(t, "iptfull")
 	st := richState(t)
+	b := st.Edit()
+	require.NoError(t, b.Upsert(servicelb.Service{Name: "default/more", ClusterIPs: addrs("10.96.0.60"),
+		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}))
+	more := b.State()
 	px := newProxier(t, h, Options{VerifyInterval: time.Nanosecond})
-	if err := px.Sync(ctx, st); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, px.Sync(ctx, st))
 	svc := px.n.svc(st.Port(servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}))
 	h.Exec(t, "iptables-nft", "-t", "nat", "-F", svc)
 	h.Exec(t, "iptables-nft", "-t", "nat", "-D", "KPROXY-SERVICES", "1")
-	if err := px.Sync(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	checkRendered(t, h, px, st, "after the full check")
+	require.NoError(t, px.Sync(ctx, more))
+	checkRendered(t, h, px, more, "after a change once the interval passed")
 
-	// With the default interval the cheap check alone runs: the damage
-	// stays until the next full check.
+	// With the default interval a sync with changes checks cheaply only:
+	// the damage stays until a sync with nothing to change.
 	lazy := newProxier(t, h, Options{})
-	if err := lazy.Sync(ctx, st); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, lazy.Sync(ctx, st))
 	h.Exec(t, "iptables-nft", "-t", "nat", "-F", svc)
-	if err := lazy.Sync(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if got := h.Exec(t, "iptables-nft", "-t", "nat", "-S", svc); got != "-N "+svc+"\n" {
-		t.Errorf("with the default interval the flushed chain was refilled at once: %q", got)
-	}
+	require.NoError(t, lazy.Sync(ctx, more))
+	assert.Equal(t, "-N "+svc+"\n", h.Exec(t, "iptables-nft", "-t", "nat", "-S", svc),
+		"a sync with changes read the rules back before the interval passed")
+	require.NoError(t, lazy.Sync(ctx, more))
+	checkRendered(t, h, lazy, more, "after a sync with nothing to change")
 }

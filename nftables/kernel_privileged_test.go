@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/nftables"
@@ -118,11 +120,13 @@ func TestForeignChangesRepaired(t *testing.T) {
 // TestCheapAndDeepChecks: a sync checks cheaply for what changes the
 // table's object count or flags (the table deleted, a chain added, the
 // table made dormant) and repairs it at once; what leaves them alone (a
-// flushed chain or set) a deep check finds, once its interval has passed.
+// flushed chain or set) a deep check finds: that of a sync with changes
+// once its interval has passed, that of a sync with nothing to change (the
+// Runner's periodic one) at once.
 func TestCheapAndDeepChecks(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
 	h := netnstest.NewHost(t, "checks")
-	p := newProxier(t, h, nftables.Options{Logger: testLogger(t), VerifyInterval: 300 * time.Millisecond})
+	p := newProxier(t, h, nftables.Options{Logger: testLogger(t), VerifyInterval: 2 * time.Second})
 	st := richState(t)
 	mustSync(t, p, st)
 	want := canonical(t, h, nftables.DefaultTable)
@@ -142,18 +146,22 @@ func TestCheapAndDeepChecks(t *testing.T) {
 	if strings.Contains(h.Exec(t, "nft", "list", "table", "inet", "kproxy"), "dormant") {
 		t.Error("dormant table not repaired by the next sync")
 	}
-	time.Sleep(400 * time.Millisecond)
-	mustSync(t, p, st) // the deep check finds the table whole
+	mustSync(t, p, st) // a deep check (nothing to change) finds the table whole
+	b := st.Edit()
+	require.NoError(t, b.Upsert(servicelb.Service{Name: "default/more", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.60")},
+		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}))
+	more := b.State()
+	web := func() string { return h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "svc4-default/web/http") }
+	whole := web()
 	h.Exec(t, "nft", "flush", "chain", "inet", "kproxy", "svc4-default/web/http")
+	flushed := web()
+	require.NotEqual(t, whole, flushed)
+	mustSync(t, p, more)
 	mustSync(t, p, st)
-	if restored() {
-		t.Error("a flushed chain was repaired before the deep check was due: the cheap check read the rules")
-	}
-	time.Sleep(400 * time.Millisecond)
+	assert.Equal(t, flushed, web(), "a flushed chain was repaired by syncs with changes before the deep check was due: the cheap check read the rules")
 	mustSync(t, p, st)
-	if !restored() {
-		t.Error("a flushed chain not repaired once the deep check was due")
-	}
+	assert.Equal(t, whole, web(), "a flushed chain not repaired by a sync with nothing to change")
+	assert.Equal(t, want, canonical(t, h, nftables.DefaultTable))
 }
 
 // TestInvalidInputLeavesTable: a service the backend refuses is left out

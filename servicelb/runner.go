@@ -36,6 +36,9 @@ type realTimer struct{ t *time.Timer }
 func (t realTimer) C() <-chan time.Time { return t.t.C }
 func (t realTimer) Stop() bool          { return t.t.Stop() }
 
+// DefaultMaxSyncInterval is RunnerOptions.MaxSyncInterval's default.
+const DefaultMaxSyncInterval = 30 * time.Second
+
 // RunnerOptions configure a Runner. The zero value of each field means its
 // default.
 type RunnerOptions struct {
@@ -46,7 +49,8 @@ type RunnerOptions struct {
 	MinSyncInterval time.Duration
 	// MaxSyncInterval is the most time between two syncs: a sync runs this
 	// long after the last one even without changes, and the proxier checks
-	// and restores its kernel state. Default 1h.
+	// its kernel state in depth and restores it. Default 30s, as
+	// kube-proxy's sync period.
 	MaxSyncInterval time.Duration
 	// RetryInterval is the wait before retrying a failed sync; it doubles
 	// with each further failure, up to MaxSyncInterval. Default 1s.
@@ -172,7 +176,7 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 		o.MinSyncInterval = time.Second
 	}
 	if o.MaxSyncInterval == 0 {
-		o.MaxSyncInterval = time.Hour
+		o.MaxSyncInterval = DefaultMaxSyncInterval
 	}
 	if o.RetryInterval == 0 {
 		o.RetryInterval = time.Second

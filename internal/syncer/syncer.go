@@ -12,9 +12,13 @@
 // The first Sync of an Engine writes the whole state (Backend.Write), which
 // adopts what the kernel holds. Every later Sync first checks cheaply that
 // the kernel still holds what was written (Backend.Check: a generation
-// number, a few counters), and at most every VerifyInterval compares in
-// depth (Backend.Verify); a difference found either way makes the sync
-// write the whole state again, repairing it. Otherwise the sync applies
+// number, a few counters), and compares in depth (Backend.Verify) when the
+// state has not changed (the caller's periodic sync, whose only purpose is
+// to look) and otherwise at most every VerifyInterval, so that drift is
+// repaired by the next periodic sync even while changes keep coming; a
+// difference found either way makes the sync write the whole state again,
+// repairing it. A backend's Verify reads nothing when no one committed
+// since its last verify. Otherwise the sync applies
 // servicelb.Diff of the last state applied and the new one
 // (Backend.Apply); an unchanged state sends nothing. A change the kernel
 // refuses because someone else removed or added what it touches (ENOENT,
@@ -97,7 +101,8 @@ type Options struct {
 	// Cleaner deletes stale conntrack flows; nil turns the cleanup off.
 	Cleaner conntrack.FlowCleaner
 	// VerifyInterval is the least time between two deep verifies of the
-	// kernel (Backend.Verify); default DefaultVerifyInterval.
+	// kernel (Backend.Verify) by syncs that change something; a sync that
+	// changes nothing verifies in depth. Default DefaultVerifyInterval.
 	VerifyInterval time.Duration
 	// Attempts bounds the attempts at one Sync that loses races with
 	// other writers; default DefaultAttempts.
@@ -272,14 +277,14 @@ func (e *Engine) once(ctx context.Context, st *servicelb.State) (bool, servicelb
 	if e.applied == nil {
 		return true, servicelb.Changes{}, e.write(ctx, st, "")
 	}
-	why, err := e.drift(ctx)
+	ch := servicelb.Diff(e.applied, st)
+	why, err := e.drift(ctx, ch.Empty())
 	if err != nil {
 		return false, servicelb.Changes{}, err
 	}
 	if why != "" {
 		return true, servicelb.Changes{}, e.write(ctx, st, why)
 	}
-	ch := servicelb.Diff(e.applied, st)
 	if ch.Empty() {
 		return false, ch, nil
 	}
@@ -294,14 +299,14 @@ func (e *Engine) once(ctx context.Context, st *servicelb.State) (bool, servicelb
 	return full, ch, nil
 }
 
-// drift checks the kernel, cheaply and, when due, in depth, and says what
-// differs, or "".
-func (e *Engine) drift(ctx context.Context) (string, error) {
+// drift checks the kernel, cheaply and, when due or when the sync has
+// nothing to change (deep), in depth, and says what differs, or "".
+func (e *Engine) drift(ctx context.Context, deep bool) (string, error) {
 	ok, err := e.b.Check(ctx)
 	if err != nil || !ok {
 		return "changed by someone else", err
 	}
-	if e.o.Now().Sub(e.lastVerify) < e.o.VerifyInterval {
+	if !deep && e.o.Now().Sub(e.lastVerify) < e.o.VerifyInterval {
 		return "", nil
 	}
 	ok, err = e.b.Verify(ctx)

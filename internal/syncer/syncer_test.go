@@ -105,14 +105,14 @@ func TestSyncKinds(t *testing.T) {
 	require.NoError(t, e.Sync(ctx, s1))
 	assert.Equal(t, []string{"write"}, b.take(), "first sync")
 	require.NoError(t, e.Sync(ctx, s1))
-	assert.Equal(t, []string{"check"}, b.take(), "an unchanged state sends nothing")
+	assert.Equal(t, []string{"check", "verify"}, b.take(), "an unchanged state sends nothing; the periodic sync looks in depth")
 	require.NoError(t, e.Sync(ctx, s2))
 	assert.Equal(t, []string{"check", "apply"}, b.take(), "a change")
+	require.NoError(t, e.Sync(ctx, s1))
+	assert.Equal(t, []string{"check", "apply"}, b.take(), "no deep verify with a change before the interval")
 	clk.t = clk.t.Add(DefaultVerifyInterval)
 	require.NoError(t, e.Sync(ctx, s2))
-	assert.Equal(t, []string{"check", "verify"}, b.take(), "a deep verify once the interval passed")
-	require.NoError(t, e.Sync(ctx, s2))
-	assert.Equal(t, []string{"check"}, b.take(), "no deep verify again before the interval")
+	assert.Equal(t, []string{"check", "verify", "apply"}, b.take(), "a deep verify once the interval passed, then the change")
 	b.checkOK = false
 	require.NoError(t, e.Sync(ctx, s2))
 	assert.Equal(t, []string{"check", "write"}, b.take(), "a failed check repairs")
@@ -164,8 +164,9 @@ func TestDeepVerifyPutOffWhenItLosesRaces(t *testing.T) {
 	clk.t = clk.t.Add(DefaultVerifyInterval)
 	b.errs["verify"] = []error{errRace}
 	require.NoError(t, e.Sync(ctx, st), "a deep verify that loses a race fails no sync")
-	require.NoError(t, e.Sync(ctx, st))
-	assert.Equal(t, []string{"check", "verify", "check", "verify"}, b.take(), "the deep verify comes again on the next sync")
+	st2 := state(t, udpService("10.0.0.2"))
+	require.NoError(t, e.Sync(ctx, st2))
+	assert.Equal(t, []string{"check", "verify", "check", "verify", "apply"}, b.take(), "the deep verify comes again on the next sync")
 }
 
 func TestRefusedChangeRepairs(t *testing.T) {

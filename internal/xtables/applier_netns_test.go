@@ -11,6 +11,8 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 var natT = Table{IPv4, NAT}
@@ -210,4 +212,62 @@ func TestApplierMangle(t *testing.T) {
 	if ok, err := a.Check(ctx); !ok || err != nil {
 		t.Fatalf("Check after foreign rules: %v, %v; want true", ok, err)
 	}
+}
+
+// countingConn counts the rule dumps an Applier makes.
+type countingConn struct {
+	Conn
+	dumps int
+}
+
+func (c *countingConn) EachRule(ctx context.Context, fam nfnl.Family, table, chain string, each func(*nfnl.Rule) error) error {
+	c.dumps++
+	return c.Conn.EachRule(ctx, fam, table, chain, each)
+}
+
+// TestApplierVerify: Verify reads the tables back only when someone else
+// committed since they were last read whole, and then finds a rule
+// changed inside an owned chain, which the cheap check cannot see.
+func TestApplierVerify(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "xtverify")
+	c, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	cc := &countingConn{Conn: c}
+	a := NewApplier(ApplierOptions{Conn: cc, Owns: testOwns})
+	want := map[Table]*TableContent{natT: content(1, 2)}
+	_, err = a.Reconcile(ctx, want)
+	require.NoError(t, err)
+
+	verify := func(what string, wantOK, wantRead bool) {
+		t.Helper()
+		before := cc.dumps
+		ok, err := a.Check(ctx)
+		require.NoError(t, err)
+		require.True(t, ok, "%s: cheap check", what)
+		ok, err = a.Verify(ctx, want)
+		require.NoError(t, err)
+		assert.Equal(t, wantOK, ok, "%s: verify", what)
+		assert.Equal(t, wantRead, cc.dumps > before, "%s: read the rules back", what)
+	}
+	verify("after a reconcile", true, false)
+	tx := NewTx()
+	tx.SetKeyed(natT, "KT-K", "key03", []Rule{keyRule("key03", 3)})
+	_, err = a.Commit(ctx, tx)
+	require.NoError(t, err)
+	want[natT].Keyed["KT-K"]["key03"] = []Rule{keyRule("key03", 3)}
+	verify("after an own commit", true, false)
+
+	h.Exec(t, "iptables-nft", "-t", "filter", "-N", "FOREIGN")
+	verify("after a foreign commit elsewhere", true, true)
+	verify("again", true, false)
+
+	h.Exec(t, "iptables-nft", "-t", "nat", "-R", "KT-A", "1", "-j", "MARK", "--or-mark", "0x1")
+	verify("after a foreign rule replaced ours", false, true)
+	_, err = a.Reconcile(ctx, want)
+	require.NoError(t, err)
+	verify("after the repair", true, false)
+	require.Equal(t, render(want[natT]), saveNAT(t, h))
 }

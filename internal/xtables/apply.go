@@ -37,6 +37,10 @@ type Applier struct {
 	tables map[Table]*tableState
 	gen    uint32
 	loaded bool
+	// foreign: someone else committed since the tables were last read
+	// whole (Reconcile, Verify), so that only a Verify that reads them
+	// can vouch for their rules.
+	foreign bool
 }
 
 // ApplierOptions configure an Applier.

@@ -125,10 +125,18 @@ func (a *Applier) Reconcile(ctx context.Context, want map[Table]*TableContent) (
 	return CommitStats{}, err
 }
 
-// Verify reads what the kernel holds in the tables of want and reports
-// whether it is exactly want: whether a Reconcile would send nothing. It
-// changes nothing, neither in the kernel nor in what the Applier knows.
+// Verify reports whether the kernel holds exactly want in its tables:
+// whether a Reconcile would send nothing. It reads the tables back, unless
+// no one but the Applier committed since they were last read whole, and it
+// changes nothing in the kernel.
 func (a *Applier) Verify(ctx context.Context, want map[Table]*TableContent) (bool, error) {
+	g, err := a.conn.Generation(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read generation: %w", err)
+	}
+	if a.loaded && !a.foreign && g.ID == a.gen {
+		return true, nil
+	}
 	tx := NewTx()
 	for _, t := range sortedTables(want) {
 		k, err := a.load(ctx, t)
@@ -139,7 +147,13 @@ func (a *Applier) Verify(ctx context.Context, want map[Table]*TableContent) (boo
 			return false, err
 		}
 	}
-	return !tx.Changes(), nil
+	if tx.Changes() {
+		return false, nil
+	}
+	if a.loaded && g.ID == a.gen {
+		a.foreign = false
+	}
+	return true, nil
 }
 
 func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableContent) (CommitStats, error) {
@@ -159,7 +173,7 @@ func (a *Applier) reconcileOnce(ctx context.Context, want map[Table]*TableConten
 			return CommitStats{}, err
 		}
 	}
-	a.tables, a.gen, a.loaded = tables, gen.ID, true
+	a.tables, a.gen, a.loaded, a.foreign = tables, gen.ID, true, false
 	// Another writer's commit elsewhere while the tables were read must
 	// not cost the reconcile: when the generation moved, check cheaply
 	// that the tables are as read, and commit at the new generation.
@@ -285,6 +299,7 @@ func (a *Applier) Check(ctx context.Context) (bool, error) {
 	if gen == a.gen {
 		return true, nil
 	}
+	a.foreign = true
 	for _, t := range sortedTables(a.tables) {
 		ok, err := a.checkTable(ctx, t, a.tables[t])
 		if err != nil || !ok {

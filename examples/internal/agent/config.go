@@ -71,7 +71,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs")
 	fs.DurationVar(&c.MinSyncInterval, "min-sync-interval", time.Second, "least time between two syncs; changes meanwhile are applied together")
-	fs.DurationVar(&c.MaxSyncInterval, "max-sync-interval", time.Hour, "most time between two syncs; each checks and restores the kernel state")
+	fs.DurationVar(&c.MaxSyncInterval, "max-sync-interval", servicelb.DefaultMaxSyncInterval, "most time between two syncs; each checks the kernel state in depth and restores it")
 }
 
 // Node returns the NodeConfig the flags describe.
