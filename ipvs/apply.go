@@ -3,7 +3,6 @@ package ipvs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -72,7 +71,7 @@ func (p *Proxier) checkNew(ctx context.Context, d *delta) error {
 				return err
 			}
 			if exists {
-				errs = append(errs, fmt.Errorf("%w: %s exists and is not the proxier's", ErrConflict, k))
+				errs = append(errs, foreignServer(k, d.owner[k], "(it appeared since the kernel was read)"))
 			}
 		}
 	}

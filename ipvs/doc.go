@@ -89,8 +89,10 @@
 // address or an external address is listed there before it is created
 // and unlisted only after it is deleted), and the firewall-mark ones whose
 // mark has bits of Options.FWMarkMask. Every other virtual server is left
-// alone, including foreign ones on node addresses, and a State that needs
-// one is refused with ErrConflict. Two proxiers with different links, set
+// alone, including foreign ones on node addresses; a service that needs
+// one is left out (a *servicelb.ValidationError wrapping
+// servicelb.ErrFrontendTaken and ErrConflict, in a servicelb.PartialError)
+// and the rest of the State applied. Two proxiers with different links, set
 // prefixes, chain prefixes and mark masks share a namespace, as long as
 // their services do not share addresses and ports.
 //
@@ -111,8 +113,8 @@
 // three backends. IPVS is not transactional: a sync adds addresses, set entries,
 // virtual servers, real servers and rules before it removes any, so that
 // no virtual address is ever without its servers nor a flow marked for a
-// missing one, and a State the proxier cannot apply is refused before
-// anything is sent. If a sync fails part way, the next one reads the
+// missing one, and a service the proxier cannot apply is left out before
+// anything of it is sent. If a sync fails part way, the next one reads the
 // kernel again and completes the change.
 //
 // After each sync the conntrack flows servicelb calls stale are deleted

@@ -14,9 +14,10 @@ import (
 var (
 	// ErrInvalidOptions: an Options field is not valid.
 	ErrInvalidOptions = errors.New("invalid options")
-	// ErrConflict: a virtual server the State needs exists and belongs to
-	// someone else (or, which servicelb rules out, two service ports need
-	// the same one).
+	// ErrConflict: a virtual server a service needs exists and belongs to
+	// someone else (the service is left out, the error inside a
+	// *servicelb.ValidationError naming it), or, which servicelb rules
+	// out, two service ports need the same one.
 	ErrConflict = errors.New("virtual server conflict")
 	// ErrIPVSUnavailable: the kernel has no IPVS (hint: load the ip_vs
 	// module and the schedulers' ip_vs_* modules).

@@ -4,9 +4,12 @@ package ipvs
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +29,9 @@ type env struct {
 	p    *Proxier
 	opts Options
 	node servicelb.NodeConfig
+	// foreign are the lines of ipvsadm -Sn of virtual servers someone
+	// else made, which comparisons with Render leave aside.
+	foreign string
 }
 
 // newEnv builds a topology with n backends and a proxier for its node.
@@ -272,4 +278,55 @@ func parseSave(t *testing.T, text string) []*VirtualServer {
 		}
 	}
 	return out
+}
+
+// syncLeavingOut syncs st, which the proxier must apply except the
+// services it leaves out with an error of kind, and checks that the
+// kernel then holds exactly the rest, as Render renders it. It returns the
+// names left out, sorted, and the rest.
+func (e *env) syncLeavingOut(st *servicelb.State, kind error) ([]string, *servicelb.State) {
+	e.t.Helper()
+	names := leftOut(e.t, e.p.Sync(e.t.Context(), st), kind)
+	rest := without(st, names)
+	got := kernelText(e.t, e.tp.Node, e.p.opts)
+	got[SectionIPVS] = dropLines(got[SectionIPVS], e.foreign)
+	if diff := cmp.Diff(renderText(e.t, rest, e.p.opts), got); diff != "" {
+		e.t.Fatalf("after leaving out %v, the kernel differs from Render of the rest (-render +kernel):\n%s", names, diff)
+	}
+	return names, rest
+}
+
+// leftOut checks that err is a *servicelb.PartialError whose errors are of
+// kind, and returns the names of the services it left out, sorted.
+func leftOut(t testing.TB, err error, kind error) []string {
+	t.Helper()
+	var pe *servicelb.PartialError
+	if !errors.As(err, &pe) || !errors.Is(err, kind) {
+		t.Fatalf("Sync: %v, want services left out with %v", err, kind)
+	}
+	return slices.Sorted(maps.Keys(pe.LeftOut))
+}
+
+// without returns st without the named services.
+func without(st *servicelb.State, names []string) *servicelb.State {
+	b := st.Edit()
+	for _, n := range names {
+		b.Delete(n)
+	}
+	return b.State()
+}
+
+// dropLines returns text without the lines of drop.
+func dropLines(text, drop string) string {
+	gone := map[string]bool{}
+	for l := range strings.Lines(drop) {
+		gone[l] = true
+	}
+	var b strings.Builder
+	for l := range strings.Lines(text) {
+		if !gone[l] {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
 }

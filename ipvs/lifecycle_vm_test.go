@@ -15,8 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/stretchr/testify/require"
 )
 
 // longService is a TCP service on port 7000 (line servers) and 80 (echo
@@ -291,49 +291,18 @@ func TestRestartKeepsConnections(t *testing.T) {
 	e.checkIPVS(st)
 }
 
-// snapshot returns the proxier's kernel state as the tools show it: the
-// IPVS table, the dummy link's addresses and the helper sets.
-func snapshot(t *testing.T, h *netnstest.Host, o Options) string {
-	t.Helper()
-	var b strings.Builder
-	b.WriteString(h.Exec(t, "ipvsadm", "-Sn"))
-	b.WriteString("--\n")
-	if out, err := h.Output(t.Context(), "", "ip", "-o", "addr", "show", "dev", cmpOr(o.Interface, DefaultInterface)); err == nil {
-		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-			if f := strings.Fields(l); len(f) > 3 {
-				b.WriteString(f[2] + " " + f[3] + "\n")
-			}
-		}
-	} else {
-		b.WriteString("no dummy link\n")
-	}
-	b.WriteString("--\n")
-	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
-		b.WriteString(xtables.StripSave(h.Exec(t, tool)))
-	}
-	b.WriteString("--\n")
-	lines := strings.Split(h.Exec(t, "ipset", "save"), "\n")
-	var keep []string
-	for _, l := range lines {
-		if strings.HasPrefix(l, "add ") {
-			keep = append(keep, l)
-		} else if f := strings.Fields(l); len(f) > 2 && f[0] == "create" {
-			keep = append(keep, strings.Join(f[:3], " "))
-		}
-	}
-	slices.Sort(keep)
-	b.WriteString(strings.Join(keep, "\n"))
-	return b.String()
-}
-
-// TestInvalidInputLeavesKernel checks that a State the proxier cannot apply
-// (a scheduler it does not have, more ports needing firewall marks than
-// its mask holds) is refused before anything changes, on a fresh proxier
-// and on one that applied a state before, and that a valid change applies
-// afterwards.
-func TestInvalidInputLeavesKernel(t *testing.T) {
+// TestRefusedServicesLeftOut checks that the services the proxier cannot
+// apply (a scheduler it does not have, more ports needing firewall marks
+// than its mask holds) are left out and the rest applied, on a fresh
+// proxier and on one that applied a state before; that the service that
+// holds the last mark keeps it against a newcomer; and that a service
+// left out comes in once it is fixed.
+func TestRefusedServicesLeftOut(t *testing.T) {
 	e := newEnv(t, 2, Options{FWMarkMask: 0x10000})
 	random := longService(0, 1)
+	random.Name, random.ClusterIPs = "default/random", []netip.Addr{a("10.96.0.42")}
+	random.Ports = slices.Clone(random.Ports)
+	random.Ports[0].NodePort = 30702
 	random.Scheduler = servicelb.SchedulerRandom
 	// Each needs a mark per family for its node port under the Local
 	// policy; the mask holds one.
@@ -343,34 +312,23 @@ func TestInvalidInputLeavesKernel(t *testing.T) {
 	local2.Name, local2.ClusterIPs = "default/long2", []netip.Addr{a("10.96.0.41")}
 	local2.Ports = slices.Clone(local.Ports)
 	local2.Ports[0].NodePort = 30701
-	bad := []struct {
-		st   *servicelb.State
-		kind error
-	}{
-		{e.state(random), servicelb.ErrUnsupported},
-		{e.state(local, local2), servicelb.ErrCapacity},
-	}
-	empty := snapshot(t, e.tp.Node, e.p.opts)
-	for _, b := range bad {
-		if err := e.p.Sync(t.Context(), b.st); !errors.Is(err, b.kind) {
-			t.Fatalf("first Sync: %v, want %v", err, b.kind)
-		}
-		if got := snapshot(t, e.tp.Node, e.p.opts); got != empty {
-			t.Fatalf("a refused first Sync changed the kernel:\n%s", cmp.Diff(empty, got))
-		}
-	}
-	st := e.state(longService(0))
-	e.sync(st)
-	before := snapshot(t, e.tp.Node, e.p.opts)
-	for _, b := range bad {
-		if err := e.p.Sync(t.Context(), b.st); !errors.Is(err, b.kind) {
-			t.Fatalf("Sync: %v, want %v", err, b.kind)
-		}
-		if got := snapshot(t, e.tp.Node, e.p.opts); got != before {
-			t.Fatalf("a refused Sync changed the kernel (-before +after):\n%s", cmp.Diff(before, got))
-		}
-	}
-	st = e.state(longService(0, 1))
+
+	names, _ := e.syncLeavingOut(e.state(random), servicelb.ErrUnsupported)
+	require.Equal(t, []string{"default/random"}, names, "first Sync")
+	names, _ = e.syncLeavingOut(e.state(random, local, local2), servicelb.ErrCapacity)
+	require.Len(t, names, 2, "a sync with two services that need marks and one unsupported")
+	require.Contains(t, names, "default/random")
+
+	e.sync(e.state(local))
+	names, _ = e.syncLeavingOut(e.state(local, local2), servicelb.ErrCapacity)
+	require.Equal(t, []string{"default/long2"}, names, "the service that holds the mark keeps it")
+	names, _ = e.syncLeavingOut(e.state(local, local2, random), servicelb.ErrUnsupported)
+	require.Equal(t, []string{"default/long2", "default/random"}, names, "a service left out stays out while unchanged")
+
+	random.Scheduler = servicelb.SchedulerRoundRobin
+	names, _ = e.syncLeavingOut(e.state(local, local2, random), servicelb.ErrCapacity)
+	require.Equal(t, []string{"default/long2"}, names, "a fixed service comes in")
+	st := e.state(local, random)
 	e.sync(st)
 	e.checkIPVS(st)
 }
@@ -389,28 +347,28 @@ func TestOwnership(t *testing.T) {
 		e.tp.Node.Exec(t, "ipvsadm", args...)
 	}
 	foreign := e.tp.Node.Exec(t, "ipvsadm", "-Sn")
+	e.foreign = foreign
 	st := e.state(longService(0))
 	clash := longService(0)
 	clash.Ports[0].NodePort = 30081
-	before := snapshot(t, e.tp.Node, e.p.opts)
-	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
-		t.Fatalf("first Sync needing a foreign virtual server: %v, want ErrConflict", err)
-	}
-	if after := snapshot(t, e.tp.Node, e.p.opts); after != before {
-		t.Fatalf("a refused first Sync changed the kernel:\n%s", cmp.Diff(before, after))
-	}
-	e.sync(st)
-	before = snapshot(t, e.tp.Node, e.p.opts)
-	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
-		t.Fatalf("Sync needing a foreign virtual server: %v, want ErrConflict", err)
+	clash.Name, clash.ClusterIPs = "default/clash", []netip.Addr{a("10.96.0.43")}
+	for _, sync := range []struct {
+		name string
+		st   *servicelb.State
+	}{
+		{"first Sync", e.state(longService(0), clash)},
+		{"Sync of a change", e.state(longService(0), clash)},
+	} {
+		if sync.name != "first Sync" {
+			e.sync(st)
+		}
+		names, _ := e.syncLeavingOut(sync.st, ErrConflict)
+		require.Equal(t, []string{"default/clash"}, names, sync.name)
+		require.ErrorIs(t, e.p.Sync(t.Context(), sync.st), servicelb.ErrFrontendTaken)
 	}
 	e.node.MasqueradeAll = true // a node change: a sync of every port
-	if err := e.p.Sync(t.Context(), e.state(clash)); !errors.Is(err, ErrConflict) {
-		t.Fatalf("Sync of a new node needing a foreign virtual server: %v, want ErrConflict", err)
-	}
-	if after := snapshot(t, e.tp.Node, e.p.opts); after != before {
-		t.Fatalf("refused Syncs changed the kernel:\n%s", cmp.Diff(before, after))
-	}
+	names, _ := e.syncLeavingOut(e.state(longService(0), clash), ErrConflict)
+	require.Equal(t, []string{"default/clash"}, names, "Sync of a new node")
 	e.node.MasqueradeAll = false
 	e.sync(st)
 
@@ -505,13 +463,6 @@ func TestUDPConntrackCleanup(t *testing.T) {
 		}
 		return err
 	})
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // TestChangeCostsItsSize checks that a sync sends only the change: nothing

@@ -163,12 +163,15 @@ type delta struct {
 	// read is set when the kernel's virtual servers were just read, so
 	// that every foreign one is known.
 	read bool
+	// owner names the service port each virtual server added serves.
+	owner map[vsKey]servicelb.ServicePortKey
 }
 
 // stepDelta returns what the kernel must change for a step of the plan,
 // before the step is committed.
 func (p *statePlan) stepDelta(s *planStep) *delta {
-	d := &delta{servers: map[vsKey]*VirtualServer{}, rules: map[ruleSlot][]xtables.Rule{}}
+	d := &delta{servers: map[vsKey]*VirtualServer{}, rules: map[ruleSlot][]xtables.Rule{},
+		owner: map[vsKey]servicelb.ServicePortKey{}}
 	counts := map[setEntry]int{}
 	slot := func(pp *portPlan, i int) ruleSlot { return ruleSlot{pp.sp.Family, i, pp.key().String()} }
 	for _, k := range s.drop {
@@ -191,6 +194,7 @@ func (p *statePlan) stepDelta(s *planStep) *delta {
 	for _, pp := range s.put {
 		for _, vs := range pp.allServers() {
 			d.servers[vs.key()] = vs
+			d.owner[vs.key()] = pp.key()
 		}
 		for _, e := range pp.entries {
 			counts[e]++

@@ -18,10 +18,12 @@ import (
 // failure, or after someone removed the dummy link) reads the proxier's
 // virtual servers from the kernel and converges on st without touching what
 // is already right; later ones send only what servicelb.Diff reports,
-// after a cheap check, and now and then a deep one (Options.
-// VerifyInterval), that nobody changed what the proxier owns. A State the
-// proxier cannot apply (servicelb.ErrUnsupported, ErrConflict) is refused
-// before anything is sent. IPVS is not transactional: Sync adds addresses,
+// after a cheap check, and a deep one when nothing changed or at most every
+// Options.VerifyInterval, that nobody changed what the proxier owns. A
+// service the proxier cannot apply (servicelb.ErrUnsupported,
+// servicelb.ErrCapacity, ErrConflict) is left out before anything of it is
+// sent, and the rest applied: Sync then returns a
+// *servicelb.PartialError. IPVS is not transactional: Sync adds addresses,
 // set entries, virtual servers and real servers before it removes any, so
 // that no virtual address is ever left without its servers; if it fails
 // part way, the next Sync reads the kernel and completes the change. Sync
@@ -30,10 +32,7 @@ import (
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.eng.Sync(ctx, st); err != nil {
-		return err
-	}
-	return p.drain(ctx)
+	return p.eng.Sync(ctx, st)
 }
 
 // writes counts the changes sent to the kernel so far.
@@ -118,7 +117,7 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 
 // fullDelta returns the delta from what the kernel holds to plan.
 func (p *Proxier) fullDelta(plan *statePlan, read bool) *delta {
-	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read}
+	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read, owner: plan.owner}
 	for k := range p.kern {
 		d.servers[k] = nil
 	}
@@ -160,11 +159,22 @@ func checkForeign(plan *statePlan, foreign map[vsKey]bool) error {
 	var errs []error
 	for _, k := range sortedKeys(plan.servers) {
 		if foreign[k] {
-			errs = append(errs, fmt.Errorf("%w: %s (needed by %s) exists and is not the proxier's "+
-				"(its address is not on the dummy link, nor is it in the proxier's sets)", ErrConflict, k, plan.owner[k]))
+			errs = append(errs, foreignServer(k, plan.owner[k],
+				"(its address is not on the dummy link, nor is it in the proxier's sets)"))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// foreignServer is the error of a service port that needs a virtual
+// server someone else holds: it names the service, so that the sync
+// leaves that service out and applies the rest.
+func foreignServer(k vsKey, owner servicelb.ServicePortKey, why string) error {
+	err := fmt.Errorf("%w: %w: %s exists and is not the proxier's %s", servicelb.ErrFrontendTaken, ErrConflict, k, why)
+	if owner.Service == "" {
+		return err
+	}
+	return &servicelb.ValidationError{Service: owner.Service, Field: "ports", Value: owner.String(), Err: err}
 }
 
 // syncChanges applies the changes from the applied state to st.

@@ -111,6 +111,11 @@ type Options struct {
 	Retryable func(error) bool
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// After, when set, runs after each sync that applied the state (whole
+	// or leaving services out), before the stale flows are deleted: the
+	// backend's own follow-up, such as draining removed servers. Its
+	// error joins Sync's.
+	After func(context.Context) error
 }
 
 // Engine runs a Backend's syncs. It is not safe for concurrent use: the
@@ -207,7 +212,11 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 	}
 	e.queueFlows(eff, &ch, full)
 	e.log.Debug("synced", "services", eff.Len(), "changed", ch.Len(), "full", full, "duration", e.o.Now().Sub(start))
-	return errors.Join(e.deleteFlows(ctx), e.partial())
+	var after error
+	if e.o.After != nil {
+		after = e.o.After(ctx)
+	}
+	return errors.Join(after, e.deleteFlows(ctx), e.partial())
 }
 
 // maxLeaveOutRounds bounds the syncs tried in one Sync, each leaving out
