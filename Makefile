@@ -5,10 +5,12 @@
 #   make test-netns   privileged tests in throwaway network namespaces (root)
 #   make test-vm      tests that need IPVS or dummy links, in a qemu VM (root)
 #   make bench        benchmarks (root)
+#   make fuzz         every fuzz target for FUZZTIME each (default 30s)
 #
 # Under CI=true a privileged test that cannot run fails instead of skipping.
 
 GO       ?= go
+FUZZTIME ?= 30s
 GOFLAGS  ?=
 CI       ?=
 export CI
@@ -18,7 +20,7 @@ CORE     := ./...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
 
-.PHONY: test deps lint test-unit test-netns test-vm test-examples bench
+.PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz
 
 test: deps lint test-unit test-netns test-vm test-examples
 
@@ -64,6 +66,9 @@ test-examples: deps
 	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
 	VMTEST_PKGS='./examples/demo ./examples/internal/filesource' VMTEST_FLAGS= $(GO) run ./internal/vmtest/cmd/vmrun -q
 	$(GO) run ./examples/demo
+
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 bench: deps
 	$(GO) test -tags privileged -run '^$$' -bench . -benchmem -timeout 60m $(CORE)

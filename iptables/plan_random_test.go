@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -46,6 +47,17 @@ func TestRandomPlans(t *testing.T) {
 		"node port on some node addresses", "health check", "affinity", "weights", "refused"} {
 		require.Positive(t, cov[shape], "shape %q never generated", shape)
 	}
+}
+
+// FuzzPlans runs the steps of TestRandomPlans with every random choice
+// drawn from the fuzzer's bytes, and renders each state as Render does.
+func FuzzPlans(f *testing.F) {
+	for _, seed := range []string{"", "iptables", "\x00\x01\x02\x03\x04\x05\x06\x07\x08", "a longer seed that steers more of the walk"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		randomPlans(t, randomServices{rand.New(servicetest.Source(data))}, 60, map[string]int{})
+	})
 }
 
 // randomPlans runs one sequence of steps, counting in cov the shapes of
@@ -87,6 +99,9 @@ func randomPlans(t *testing.T, g randomServices, steps int, cov map[string]int) 
 		for _, c := range model.chains() {
 			require.True(t, px.n.owns(c), "step %d: chain %s not owned", step, c)
 		}
+		text, err := px.Render(st)
+		require.NoError(t, err, "step %d: Render", step)
+		require.Contains(t, text, "COMMIT", "step %d: Render", step)
 		covered(cov, &ch, st)
 		prev = st
 	}

@@ -19,8 +19,11 @@ type gen struct {
 	svcs map[string]servicelb.Service
 }
 
-func newGen(seed uint64) *gen {
-	return &gen{r: rand.New(rand.NewPCG(seed, 7)), svcs: map[string]servicelb.Service{}}
+func newGen(seed uint64) *gen { return genFrom(rand.NewPCG(seed, 7)) }
+
+// genFrom returns a gen that draws from src.
+func genFrom(src rand.Source) *gen {
+	return &gen{r: rand.New(src), svcs: map[string]servicelb.Service{}}
 }
 
 func (g *gen) chance(p float64) bool { return g.r.Float64() < p }

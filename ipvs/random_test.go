@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -137,6 +138,20 @@ func TestIncrementalPlanEqualsFresh(t *testing.T) {
 	}
 }
 
+// FuzzPlans walks the changes of TestIncrementalPlanEqualsFresh with
+// every random choice drawn from the fuzzer's bytes, in a mark space of
+// three marks, and renders each state as Render does.
+func FuzzPlans(f *testing.F) {
+	for _, seed := range []string{"", "ipvs", "\x00\x01\x02\x03\x04\x05\x06\x07\x08", "a longer seed that steers more of the walk"} {
+		f.Add([]byte(seed))
+	}
+	o, err := Options{FWMarkMask: 0x00030000}.withDefaults()
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		walkPlans(t, genFrom(servicetest.Source(data)), &o, 40)
+	})
+}
+
 type walkStats struct{ steps, refused, steered, moved int }
 
 // walkPlans walks n random changes of g through a plan and a mirror.
@@ -178,6 +193,9 @@ func walkPlans(t *testing.T, g *gen, o *Options, n int) walkStats {
 		}
 		want := planText(fresh)
 		require.Equal(t, want, planText(plan), "step %d: plan after the steps differs from a fresh plan", i)
+		text, err := Render(next, *o)
+		require.NoError(t, err, "step %d: Render", i)
+		require.Contains(t, text, SectionIPVS, "step %d: Render", i)
 		require.Equal(t, mirrorOf(fresh).text(), m.text(), "step %d: kernel after the deltas differs from a fresh plan's", i)
 	}
 	return w

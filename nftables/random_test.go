@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -56,6 +57,34 @@ func TestRandomPlans(t *testing.T) {
 		}
 	}
 	t.Logf("changes: %v", kinds)
+}
+
+// FuzzPlans walks states drawn from the fuzzer's bytes and checks every
+// step as TestRandomPlans does, rendering each model as Render does.
+func FuzzPlans(f *testing.F) {
+	for _, seed := range []string{"", "nftables", "\x00\x01\x02\x03\x04\x05\x06\x07\x08", "a longer seed that steers more of the walk"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		w := worldFrom(servicetest.Source(data), 40)
+		b, err := w.builder()
+		require.NoError(t, err)
+		p := newPlanner("kproxy", DefaultAffinitySize)
+		st := b.State()
+		m, err := p.build(st)
+		require.NoError(t, err)
+		for i := range 40 {
+			kind, err := w.step(b)
+			require.NoError(t, err, "change %d (%s)", i, kind)
+			next := b.State()
+			if err := checkStep(p, m, st, next); err != nil {
+				t.Fatalf("change %d (%s): %v", i, kind, err)
+			}
+			// m is next's model now: its text renders (Render's path).
+			require.Contains(t, p.content(m).render("kproxy"), "table inet kproxy", "change %d (%s): render", i, kind)
+			st = next
+		}
+	})
 }
 
 // requireDistinctSlots checks that no two load-balancing chains of the

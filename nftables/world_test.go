@@ -26,7 +26,12 @@ type randomWorld struct {
 }
 
 func newRandomWorld(seed uint64, pool int) *randomWorld {
-	return &randomWorld{r: rand.New(rand.NewPCG(seed, 1)), pool: pool, svcs: map[string]servicelb.Service{}}
+	return worldFrom(rand.NewPCG(seed, 1), pool)
+}
+
+// worldFrom returns a world that draws from src.
+func worldFrom(src rand.Source, pool int) *randomWorld {
+	return &randomWorld{r: rand.New(src), pool: pool, svcs: map[string]servicelb.Service{}}
 }
 
 func addr4(a, b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{a, b, c, d}) }

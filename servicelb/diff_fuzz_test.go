@@ -16,11 +16,12 @@ import (
 // the stale-flow filters name frontends of the states with sorted serving
 // endpoints of their family.
 func FuzzDiff(f *testing.F) {
-	for _, seed := range []uint64{1, 2, 3, 42, 1 << 40} {
-		f.Add(seed, uint8(30), uint8(3), uint8(17))
+	for _, seed := range []string{"", "a", "kproxy", "\xff\x00\x10\x80", "services and their endpoints"} {
+		f.Add([]byte(seed), uint8(30), uint8(3), uint8(17))
 	}
-	f.Fuzz(func(t *testing.T, seed uint64, n, i, j uint8) {
-		states, err := servicetest.New(servicetest.Options{Seed: seed, Schedulers: servicelb.Schedulers()[1:]}).Walk(int(n%60) + 2)
+	f.Fuzz(func(t *testing.T, data []byte, n, i, j uint8) {
+		g := servicetest.New(servicetest.Options{Source: servicetest.Source(data), Schedulers: servicelb.Schedulers()[1:]})
+		states, err := g.Walk(int(n%60) + 2)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,8 @@ import (
 type Options struct {
 	// Seed seeds the generator.
 	Seed uint64
+	// Source, when set, is drawn from instead (see Source, for fuzzing).
+	Source rand.Source
 	// Services bounds the number of services of a state; default 8.
 	Services int
 	// Schedulers are the hints services may carry besides the default;
@@ -48,7 +50,11 @@ func New(o Options) *Gen {
 	if o.MaxEndpoints == 0 {
 		o.MaxEndpoints = 6
 	}
-	return &Gen{rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), o: o}
+	src := o.Source
+	if src == nil {
+		src = rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)
+	}
+	return &Gen{rng: rand.New(src), o: o}
 }
 
 func (g *Gen) chance(p float64) bool { return g.rng.Float64() < p }

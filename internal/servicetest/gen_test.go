@@ -1,6 +1,7 @@
 package servicetest
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,5 +55,28 @@ func TestWalkCoversTheServicePort(t *testing.T) {
 	for _, want := range []string{"conflict", "node change", "ipv4", "ipv6", "tcp", "udp", "sctp", "reject", "drop",
 		"cluster", "cluster+masq", "local", "local+masq", "ranges", "affinity", "health", "scheduler", "node port"} {
 		assert.True(t, seen[want], "no %s in the walk", want)
+	}
+}
+
+// TestSource: the same data gives the same numbers, the data's own bytes
+// first; once they run out the numbers go on varying (a rejection
+// sampler such as IntN(3) must end).
+func TestSource(t *testing.T) {
+	data := []byte{1, 0, 0, 0, 0, 0, 0, 0, 2, 3}
+	a, b := Source(data), Source(data)
+	require.Equal(t, uint64(1), a.Uint64())
+	require.Equal(t, uint64(1), b.Uint64())
+	require.Equal(t, uint64(0x0302), a.Uint64())
+	require.Equal(t, uint64(0x0302), b.Uint64())
+	seen := map[uint64]bool{}
+	for range 16 {
+		x := a.Uint64()
+		require.Equal(t, x, b.Uint64())
+		seen[x] = true
+	}
+	require.Greater(t, len(seen), 8, "numbers after the data do not vary")
+	r := rand.New(Source(nil))
+	for range 100 {
+		r.IntN(3)
 	}
 }
