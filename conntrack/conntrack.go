@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -67,13 +68,7 @@ func New(o Options) (*Client, error) {
 		c, err = netlink.Dial(unix.NETLINK_NETFILTER, nil)
 		return err
 	}
-	var err error
-	if o.NetNS > 0 {
-		err = inNamespace(o.NetNS, open)
-	} else {
-		err = open()
-	}
-	if err != nil {
+	if err := nsutil.Do(o.NetNS, open); err != nil {
 		return nil, fmt.Errorf("conntrack: open netlink socket: %w", err)
 	}
 	return newClient(&ctTable{c: c}, o.Logger), nil

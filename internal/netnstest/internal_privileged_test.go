@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -69,7 +71,7 @@ func TestDoSwitchesOnlyItsOwnThread(t *testing.T) {
 		}()
 		h.Do(func() error { panic("kaboom") })
 	}()
-	if err := h.Do(func() error { runtime.Goexit(); return nil }); !errors.Is(err, errGoexit) {
+	if err := h.Do(func() error { runtime.Goexit(); return nil }); !errors.Is(err, nsutil.ErrGoexit) {
 		t.Errorf("Do with Goexit returned %v", err)
 	}
 	if got := threadNS(t); got != home {

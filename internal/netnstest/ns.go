@@ -6,12 +6,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,96 +27,12 @@ const (
 	lockFile = "/run/kproxy-netnstest.lock"
 )
 
-// errGoexit reports a function that ended its goroutine with
-// runtime.Goexit (for example t.FailNow) instead of returning.
-var errGoexit = errors.New("function called runtime.Goexit (t.FailNow?) instead of returning")
-
-// result carries the outcome of a function run on a switched thread back
-// to the calling goroutine.
-type result struct {
-	err      error
-	panicked bool
-	panicVal any
-	stack    []byte
-}
-
-// onThread runs f on a fresh goroutine locked to its OS thread, after
-// enter has moved that thread into a network namespace. The thread is
-// moved back to the namespace it started in afterwards; if that fails the
-// goroutine exits still locked, so the runtime terminates the thread
-// instead of returning it to the pool. The calling goroutine's thread never
-// changes namespace. A panic in f is re-raised in the caller.
-func onThread(enter func() error, f func() error) error {
-	done := make(chan result, 1)
-	go func() {
-		var res result
-		defer func() { done <- res }()
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			res.err = fmt.Errorf("open current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := enter(); err != nil {
-			// setns and unshare change nothing when they fail.
-			runtime.UnlockOSThread()
-			res.err = err
-			return
-		}
-		defer func() {
-			if err := netns.Set(orig); err != nil {
-				res.err = errors.Join(res.err, fmt.Errorf("restore network namespace (thread discarded): %w", err))
-				return // still locked: the thread dies with this goroutine
-			}
-			runtime.UnlockOSThread()
-		}()
-		returned := false
-		defer func() {
-			if returned {
-				return
-			}
-			if p := recover(); p != nil {
-				res.panicked, res.panicVal, res.stack = true, p, debug.Stack()
-			} else {
-				res.err = errGoexit
-			}
-		}()
-		res.err = f()
-		returned = true
-	}()
-	res := <-done
-	if res.panicked {
-		panic(fmt.Sprintf("%v\n\n[in network namespace]\n%s", res.panicVal, res.stack))
-	}
-	return res.err
-}
-
-// inNamespace runs f on a thread inside ns; see onThread.
-func inNamespace(ns netns.NsHandle, f func() error) error {
-	if !ns.IsOpen() {
-		return errors.New("network namespace handle is closed")
-	}
-	return onThread(func() error {
-		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("enter network namespace: %w", err)
-		}
-		return nil
-	}, f)
-}
+// inNamespace runs f on a thread inside ns (see nsutil.Do).
+func inNamespace(ns netns.NsHandle, f func() error) error { return nsutil.Do(ns, f) }
 
 // inNewNamespace runs f on a thread inside a new, unnamed network
-// namespace. The namespace disappears once f returns unless f keeps a
-// reference to it (an open file, a socket or a bind mount).
-func inNewNamespace(f func() error) error {
-	return onThread(func() error {
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("unshare network namespace: %w", err)
-		}
-		return nil
-	}, f)
-}
+// namespace (see nsutil.DoNew).
+func inNewNamespace(f func() error) error { return nsutil.DoNew(f) }
 
 // prepareRunDir makes sure RunDir exists and is a shared mount point, as
 // `ip netns add` does on first use. Were it a plain directory, a later
