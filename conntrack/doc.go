@@ -54,10 +54,20 @@
 // and UDP ports only, so it cannot match SCTP flows by port; that is why
 // this package speaks ctnetlink itself, over github.com/mdlayher/netlink.
 //
+// # Tuning
+//
+// Tuning holds kube-proxy's conntrack settings (the table's size per CPU,
+// the TCP established and close-wait timeouts, tcp_be_liberal, the UDP
+// timeouts). Nothing in kproxy writes them unless asked: Tuning.Apply
+// writes those set, in a namespace. The timeouts are each namespace's own;
+// the table's size is the kernel's, which only the initial namespace may
+// set (ErrNotNamespaced elsewhere).
+//
 // # What it owns
 //
 // Nothing: the package creates no kernel objects and has no Cleanup. It
-// deletes only flows that the filters given to DeleteStale match.
+// deletes only flows that the filters given to DeleteStale match, and
+// writes only the settings a Tuning sets.
 //
 // # Privileges
 //
