@@ -223,6 +223,9 @@ func TestDiffSeesEveryField(t *testing.T) {
 		{"serving endpoint", func(s *Service) {
 			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Serving: true, Terminating: true})
 		}},
+		{"load-balancer IP mode Proxy", func(s *Service) {
+			s.LoadBalancerIPs, s.ProxiedLoadBalancerIPs = nil, s.LoadBalancerIPs
+		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := base

@@ -164,8 +164,16 @@ type Service struct {
 	// ExternalIPs are further addresses the node accepts the ports on.
 	ExternalIPs []netip.Addr `json:"externalIPs,omitempty"`
 	// LoadBalancerIPs are the addresses of an external load balancer that
-	// sends traffic for the service to the node unchanged.
+	// sends traffic for the service to the node unchanged (Kubernetes'
+	// ipMode VIP): the node captures them.
 	LoadBalancerIPs []netip.Addr `json:"loadBalancerIPs,omitempty"`
+	// ProxiedLoadBalancerIPs are the addresses of an external load
+	// balancer that proxies the traffic itself, to the service's node ports
+	// (Kubernetes' ipMode Proxy). The node does not capture them: traffic
+	// to them, from the node or its pods too, goes to the load balancer.
+	// They are validated with the service's other addresses and never
+	// clash with another service's frontends.
+	ProxiedLoadBalancerIPs []netip.Addr `json:"proxiedLoadBalancerIPs,omitempty"`
 	// Ports lists the service's ports; at least one.
 	Ports []Port `json:"ports"`
 	// InternalTrafficPolicy applies to traffic to the cluster IPs.

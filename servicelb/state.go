@@ -396,6 +396,7 @@ func normalize(s Service) *Service {
 	n.ClusterIPs = slices.Clone(s.ClusterIPs)
 	n.ExternalIPs = slices.Clone(s.ExternalIPs)
 	n.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+	n.ProxiedLoadBalancerIPs = slices.Clone(s.ProxiedLoadBalancerIPs)
 	n.SourceRanges = slices.Clone(s.SourceRanges)
 	n.Ports = slices.Clone(s.Ports)
 	n.InternalTrafficPolicy = cmp.Or(s.InternalTrafficPolicy, PolicyCluster)

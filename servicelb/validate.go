@@ -139,6 +139,7 @@ func (v *validator) addresses() {
 	check("clusterIPs", s.ClusterIPs)
 	check("externalIPs", s.ExternalIPs)
 	check("loadBalancerIPs", s.LoadBalancerIPs)
+	check("proxiedLoadBalancerIPs", s.ProxiedLoadBalancerIPs)
 	if len(s.ClusterIPs) > 2 {
 		v.addf("clusterIPs", len(s.ClusterIPs), ErrFamilyMismatch, "at most one per family")
 	} else if len(s.ClusterIPs) == 2 && s.ClusterIPs[0].IsValid() && s.ClusterIPs[1].IsValid() &&

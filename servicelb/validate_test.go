@@ -66,6 +66,10 @@ func TestValidateRejects(t *testing.T) {
 		{"endpoint address", func(s *Service) { s.Endpoints[0].Addr = netip.Addr{} }, NodeConfig{}, ErrInvalidAddress, "endpoints[0].addr", ""},
 		{"endpoint port 0", func(s *Service) { s.Endpoints[0].Ports = map[string]uint16{"http": 0} }, NodeConfig{}, ErrInvalidPort, `endpoints[0].ports["http"]`, ""},
 		{"duplicate address", func(s *Service) { s.ExternalIPs = []netip.Addr{a("10.96.0.10")} }, NodeConfig{}, ErrDuplicateAddress, "externalIPs[0]", "clusterIPs[0]"},
+		{"proxied load-balancer IP also captured", func(s *Service) {
+			s.LoadBalancerIPs, s.ProxiedLoadBalancerIPs = []netip.Addr{a("203.0.113.1")}, []netip.Addr{a("203.0.113.1")}
+		}, NodeConfig{}, ErrDuplicateAddress, "proxiedLoadBalancerIPs[0]", "loadBalancerIPs[0]"},
+		{"bad proxied load-balancer IP", func(s *Service) { s.ProxiedLoadBalancerIPs = []netip.Addr{a("127.0.0.1")} }, NodeConfig{}, ErrInvalidAddress, "proxiedLoadBalancerIPs[0]", ""},
 		{"two IPv4 cluster IPs", func(s *Service) { s.ClusterIPs[1] = a("10.96.0.11") }, NodeConfig{}, ErrFamilyMismatch, "clusterIPs[1]", ""},
 		{"three cluster IPs", func(s *Service) { s.ClusterIPs = append(s.ClusterIPs, a("10.96.0.12")) }, NodeConfig{}, ErrFamilyMismatch, "clusterIPs", ""},
 		{"bad source range", func(s *Service) { s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.1/8")} }, NodeConfig{}, ErrInvalidPrefix, "sourceRanges[0]", "10.0.0.0/8"},

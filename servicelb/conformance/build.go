@@ -108,6 +108,14 @@ func WithLoadBalancerIP() Opt {
 	}
 }
 
+// WithProxiedLoadBalancerIP gives the service its load-balancer IPs of
+// both families in Proxy mode (servicelb.Service.ProxiedLoadBalancerIPs).
+func WithProxiedLoadBalancerIP() Opt {
+	return func(e *Env, s *servicelb.Service, i int) {
+		s.ProxiedLoadBalancerIPs = []netip.Addr{e.LoadBalancerIP(servicelb.IPv4, i), e.LoadBalancerIP(servicelb.IPv6, i)}
+	}
+}
+
 // External is WithNodePort, WithExternalIP and WithLoadBalancerIP.
 func External() Opt {
 	return func(e *Env, s *servicelb.Service, i int) {

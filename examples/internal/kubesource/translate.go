@@ -58,14 +58,22 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (servic
 	out.ExternalIPs = parseAddrs("spec.externalIPs", svc.Spec.ExternalIPs, &errs)
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		var lb []string
+		var proxied []string
 		for _, in := range svc.Status.LoadBalancer.Ingress {
 			// An ingress in Proxy mode is a load balancer that proxies
 			// to the nodes: its address is not captured on the node.
-			if in.IP != "" && (in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP) {
+			// (kube-proxy captures no address of a mode it does not
+			// know either.)
+			switch {
+			case in.IP == "":
+			case in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP:
 				lb = append(lb, in.IP)
+			default:
+				proxied = append(proxied, in.IP)
 			}
 		}
 		out.LoadBalancerIPs = parseAddrs("status.loadBalancer.ingress", lb, &errs)
+		out.ProxiedLoadBalancerIPs = parseAddrs("status.loadBalancer.ingress", proxied, &errs)
 		out.SourceRanges = parsePrefixes(svc.Spec.LoadBalancerSourceRanges, &errs)
 		out.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
 	}

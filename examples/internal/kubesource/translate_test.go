@@ -103,8 +103,9 @@ func TestTranslate(t *testing.T) {
 		}),
 		want: servicelb.Service{
 			Name: "ns/web", ClusterIPs: addrs("10.96.0.10"), ExternalIPs: addrs("192.0.2.1"), LoadBalancerIPs: addrs("203.0.113.5", "203.0.113.7"),
-			Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
-			InternalTrafficPolicy: servicelb.PolicyLocal, ExternalTrafficPolicy: servicelb.PolicyLocal,
+			ProxiedLoadBalancerIPs: addrs("203.0.113.6"),
+			Ports:                  []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
+			InternalTrafficPolicy:  servicelb.PolicyLocal, ExternalTrafficPolicy: servicelb.PolicyLocal,
 			SourceRanges:        []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 			HealthCheckNodePort: 30500, Scheduler: "rr",
 			Affinity: servicelb.SessionAffinity{ClientIP: true, Timeout: time.Minute},
