@@ -16,7 +16,9 @@ var ErrClosed = errors.New("proxier closed")
 // sends nothing beyond a cheap check that nobody removed what it owns, and
 // a sync's cost follows the size of the change, not of the State. A failed
 // Sync leaves the previous state in place where the kernel allows it (see
-// each backend) and the next Sync retries the whole difference.
+// each backend) and the next Sync retries the whole difference. A Sync
+// that writes the whole state instead (the first, a repair, a change of
+// the node) says so with MarkFullSync, for the Runner's metrics.
 type Proxier interface {
 	// Sync makes the kernel match st.
 	Sync(ctx context.Context, st *State) error

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -79,6 +82,34 @@ type Hooks struct {
 	// LeftOut is called with the services the proxier left out of a sync
 	// (see PartialError), each with its error, whenever they change.
 	LeftOut func(map[string]error)
+	// Applied is called after every successful sync, before Synced,
+	// with the state the proxier applied (the same state again after a
+	// periodic sync): for what must follow the kernel's state, such as
+	// the health check node ports (package healthcheck). The next sync
+	// waits for it, so it must be quick.
+	Applied func(*State)
+	// Changes is called with the counts of changes taken and pending,
+	// by kind, whenever they change.
+	Changes func(ChangeStats)
+}
+
+// ChangeStats counts the changes a Runner took from its sources, by kind,
+// as kube-proxy counts Service and EndpointSlice changes. A change to a
+// service's endpoints alone is an endpoint change. Any other change (a
+// service added or deleted, or a change to its ports, addresses, policies
+// and so on) is a service change, and also an endpoint change when the
+// endpoints changed with it (a service added with endpoints, or deleted
+// with some). A service that changes because another one took or gave
+// up a frontend it asks for has a service change. An upsert that changes
+// nothing is no change.
+type ChangeStats struct {
+	// ServicesPending and EndpointsPending are the numbers of services
+	// with a service change, or an endpoint change, not yet applied
+	// (being applied included).
+	ServicesPending, EndpointsPending int
+	// Services and Endpoints count the changes of each kind taken since
+	// the Runner was made, one per service per upsert or delete.
+	Services, Endpoints uint64
 }
 
 // SyncResult describes one sync attempt.
@@ -92,8 +123,39 @@ type SyncResult struct {
 	// for a periodic resync. End minus QueuedAt is the network programming
 	// latency.
 	QueuedAt time.Time
+	// Triggered holds, sorted, when each change the sync applied was
+	// caused: the time its source gave (Source.UpsertTriggered), else
+	// when the change arrived; each time once per service. End minus
+	// each is the network programming latency as kube-proxy measures it,
+	// one sample per change. Nil for a periodic resync and for a failed
+	// sync, whose changes stay queued with their times.
+	Triggered []time.Time
+	// Full reports that the sync wrote (or tried to write) the whole
+	// state rather than the changes since the last one: the first sync,
+	// a repair of what someone else changed in the kernel, a change of
+	// the node. The proxier says so with MarkFullSync; the Runner's syncs
+	// before its first success are full whatever the proxier says.
+	Full bool
 	// Err is the proxier's error.
 	Err error
+}
+
+// syncReportKey keys the syncReport in the context a Runner passes to
+// Proxier.Sync.
+type syncReportKey struct{}
+
+// syncReport is what a Proxier tells the Runner about its sync.
+type syncReport struct{ full atomic.Bool }
+
+// MarkFullSync records, from within Proxier.Sync, that the sync writes the
+// whole state instead of the changes since the last one it applied: the
+// Runner reports it in SyncResult.Full, which metrics tell apart (as
+// kube-proxy's full and partial sync durations). ctx is the context Sync
+// was given; outside a Runner's sync, MarkFullSync does nothing.
+func MarkFullSync(ctx context.Context) {
+	if r, ok := ctx.Value(syncReportKey{}).(*syncReport); ok {
+		r.full.Store(true)
+	}
 }
 
 // End returns when the sync finished.
@@ -118,9 +180,17 @@ type Health struct {
 }
 
 // Healthy reports whether the runner is ready and no change has waited
-// longer than timeout.
+// timeout or longer.
 func (h Health) Healthy(now time.Time, timeout time.Duration) bool {
-	return h.Ready && (h.QueuedAt.IsZero() || now.Sub(h.QueuedAt) < timeout)
+	return h.Ready && !h.Stalled(now, timeout)
+}
+
+// Stalled reports whether a change has waited timeout or longer to be
+// applied: the kernel is not keeping up with the desired state (or the
+// first sync is that late). A runner that is not ready yet is not stalled
+// while what it was given is younger than timeout.
+func (h Health) Stalled(now time.Time, timeout time.Duration) bool {
+	return !h.QueuedAt.IsZero() && now.Sub(h.QueuedAt) >= timeout
 }
 
 // ErrSourceConflict: a source changed a service another source owns.
@@ -146,10 +216,10 @@ type Runner struct {
 	b         *Builder
 	sources   map[string]*Source
 	owner     map[string]*Source
-	dirty     map[string]bool // changed since the last sync began
-	inflight  int             // changes the running sync applies
-	queuedAt  time.Time       // of the oldest change not yet applied
-	fresh     bool            // a change arrived since the last sync began
+	dirty     map[string]changeKind // changed since the last sync began
+	inflight  int                   // changes the running sync applies
+	queuedAt  time.Time             // of the oldest change not yet applied
+	fresh     bool                  // a change arrived since the last sync began
 	applied   *State
 	appliedAt time.Time
 	lastErr   error
@@ -158,6 +228,13 @@ type Runner struct {
 	leftOut   map[string]error
 	// firstSync is closed by the first successful sync.
 	firstSync chan struct{}
+
+	// triggers hold when the changes of each dirty service were caused.
+	triggers map[string][]time.Time
+	// pending counts the dirty services by kind, inflightKinds those
+	// the running sync applies, and total the changes ever taken.
+	pending, inflightKinds [numKinds]int
+	total                  [numKinds]uint64
 }
 
 // NewRunner returns a Runner that applies changes to p.
@@ -187,7 +264,8 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 	r := &Runner{
 		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
 		wake: make(chan struct{}, 1), firstSync: make(chan struct{}),
-		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]bool{},
+		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]changeKind{},
+		triggers: map[string][]time.Time{},
 		clashVer: b.clashVer,
 	}
 	if r.clock == nil {
@@ -277,20 +355,86 @@ func (r *Runner) poke() {
 	}
 }
 
-// changed records a change to the named service; r.mu is held.
-func (r *Runner) changed(name string) {
-	if !r.dirty[name] {
-		r.dirty[name] = true
+// changeKind says what a change to a service touched: a bit per kind.
+type changeKind uint8
+
+const (
+	serviceChange changeKind = 1 << iota
+	endpointChange
+	numKinds = iota
+)
+
+// kindOf returns what changed from old to cur, either nil for a service
+// absent.
+func kindOf(old, cur *Service) changeKind {
+	if old == nil || cur == nil {
+		k := serviceChange
+		if (old != nil && len(old.Endpoints) > 0) || (cur != nil && len(cur.Endpoints) > 0) {
+			k |= endpointChange
+		}
+		return k
+	}
+	var k changeKind
+	if !reflect.DeepEqual(old.Endpoints, cur.Endpoints) {
+		k |= endpointChange
+	}
+	a, b := *old, *cur
+	a.Endpoints, b.Endpoints = nil, nil
+	if k == 0 || !reflect.DeepEqual(a, b) {
+		k |= serviceChange
+	}
+	return k
+}
+
+// changed records a change of kind k to the named service, caused at at
+// (zero: now); r.mu is held.
+func (r *Runner) changed(name string, k changeKind, at time.Time) {
+	now := r.clock.Now()
+	r.mark(name, k)
+	for i := range numKinds {
+		if k&(1<<i) != 0 {
+			r.total[i]++
+		}
+	}
+	if at.IsZero() {
+		at = now
+	}
+	if !slices.ContainsFunc(r.triggers[name], at.Equal) {
+		r.triggers[name] = append(r.triggers[name], at)
 	}
 	if r.queuedAt.IsZero() {
-		r.queuedAt = r.clock.Now()
+		r.queuedAt = now
 	}
 	r.fresh = true
 }
 
-func (r *Runner) reportPending(n int) {
+// mark adds kind k to the named service's pending changes; r.mu is held.
+func (r *Runner) mark(name string, k changeKind) {
+	old := r.dirty[name]
+	r.dirty[name] = old | k
+	for i := range numKinds {
+		if bit := changeKind(1 << i); k&bit != 0 && old&bit == 0 {
+			r.pending[i]++
+		}
+	}
+}
+
+// stats returns the change counts; r.mu is held.
+func (r *Runner) stats() ChangeStats {
+	return ChangeStats{
+		ServicesPending:  r.pending[0] + r.inflightKinds[0],
+		EndpointsPending: r.pending[1] + r.inflightKinds[1],
+		Services:         r.total[0],
+		Endpoints:        r.total[1],
+	}
+}
+
+func (r *Runner) reportPending(n int, stats ChangeStats) {
 	if r.opts.Hooks.Pending != nil {
 		r.opts.Hooks.Pending(n)
+	}
+	if r.opts.Hooks.Changes != nil {
+		r.opts.Hooks.Changes(stats)
 	}
 }
 
@@ -367,17 +511,24 @@ func minTime(a, b time.Time) time.Time {
 func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	r.mu.Lock()
 	st := r.b.State()
-	batch, queued := r.dirty, r.queuedAt
-	r.dirty, r.queuedAt, r.fresh, r.inflight = map[string]bool{}, time.Time{}, false, len(batch)
+	batch, queued, triggers := r.dirty, r.queuedAt, r.triggers
+	r.dirty, r.queuedAt, r.fresh, r.inflight = map[string]changeKind{}, time.Time{}, false, len(batch)
+	r.triggers = map[string][]time.Time{}
+	r.inflightKinds, r.pending = r.pending, [numKinds]int{}
 	r.mu.Unlock()
 
 	start := r.clock.Now()
 	l.started, l.lastStart = true, start
-	leftOut, err := splitPartial(r.p.Sync(ctx, st))
-	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued, Err: err}
+	var rep syncReport
+	leftOut, err := splitPartial(r.p.Sync(context.WithValue(ctx, syncReportKey{}, &rep), st))
+	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued,
+		Full: rep.full.Load() || !r.succeeded, Err: err}
+	if err == nil {
+		res.Triggered = sortedTimes(triggers)
+	}
 
 	r.mu.Lock()
-	r.inflight = 0
+	r.inflight, r.inflightKinds = 0, [numKinds]int{}
 	r.lastErr = err
 	changedOut := err == nil && !sameKeys(leftOut, r.leftOut)
 	if err == nil {
@@ -390,8 +541,15 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 		r.applied, r.appliedAt, r.succeeded = st, res.End(), true
 		l.failures = 0
 	} else {
-		for name := range batch {
-			r.dirty[name] = true
+		for name, k := range batch {
+			r.mark(name, k)
+		}
+		for name, ts := range triggers {
+			for _, at := range ts {
+				if !slices.ContainsFunc(r.triggers[name], at.Equal) {
+					r.triggers[name] = append(r.triggers[name], at)
+				}
+			}
 		}
 		if !queued.IsZero() && (r.queuedAt.IsZero() || queued.Before(r.queuedAt)) {
 			r.queuedAt = queued
@@ -399,7 +557,7 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 		l.failures++
 		l.retryAt = start.Add(backoff(r.opts.RetryInterval, r.opts.MaxSyncInterval, l.failures))
 	}
-	pending := len(r.dirty)
+	pending, stats := len(r.dirty), r.stats()
 	r.mu.Unlock()
 
 	if err != nil {
@@ -410,10 +568,23 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	if changedOut && r.opts.Hooks.LeftOut != nil {
 		r.opts.Hooks.LeftOut(leftOut)
 	}
+	if err == nil && r.opts.Hooks.Applied != nil {
+		r.opts.Hooks.Applied(st)
+	}
 	if r.opts.Hooks.Synced != nil {
 		r.opts.Hooks.Synced(res)
 	}
-	r.reportPending(pending)
+	r.reportPending(pending, stats)
+}
+
+// sortedTimes returns every time of m, sorted.
+func sortedTimes(m map[string][]time.Time) []time.Time {
+	var out []time.Time
+	for _, ts := range m {
+		out = append(out, ts...)
+	}
+	slices.SortFunc(out, time.Time.Compare)
+	return out
 }
 
 // splitPartial takes a PartialError out of a Sync's error: the services
@@ -475,12 +646,26 @@ func (s *Source) Name() string { return s.name }
 // invalid one is left out, its previous version (if any) kept, and its
 // error returned, joined with the others.
 func (s *Source) Upsert(svcs ...Service) error {
+	return s.UpsertTriggered(time.Time{}, svcs...)
+}
+
+// UpsertTriggered is Upsert for changes whose cause is known to have
+// happened at trigger, upstream of the source: Kubernetes' EndpointSlice
+// annotation endpoints.kubernetes.io/last-change-trigger-time, which
+// holds when the Pod or Service change behind an endpoint change was
+// made. The time is not part of any service: an upsert that changes
+// nothing else changes nothing, and neither Diff nor a Proxier ever see
+// it. It is reported in the SyncResult.Triggered of the sync that applies
+// the changes, so that the network programming latency is measured from
+// the cause, not from the change's arrival. A zero trigger means the
+// change's arrival, as Upsert.
+func (s *Source) UpsertTriggered(trigger time.Time, svcs ...Service) error {
 	r := s.r
 	r.mu.Lock()
 	r.b.seq++ // the batch's claims count as made together
 	var errs []error
 	for i := range svcs {
-		if err := s.upsert(&svcs[i]); err != nil {
+		if err := s.upsert(&svcs[i], trigger); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -491,14 +676,14 @@ func (s *Source) Upsert(svcs ...Service) error {
 // endBatch reports what a batch of changes did, and wakes Run; it unlocks
 // r.mu.
 func (r *Runner) endBatch() {
-	pending := len(r.dirty) + r.inflight
+	pending, stats := len(r.dirty)+r.inflight, r.stats()
 	var clashes []Conflict
 	changed := r.b.clashVer != r.clashVer
 	if changed {
 		r.clashVer, clashes = r.b.clashVer, r.b.Conflicts()
 	}
 	r.mu.Unlock()
-	r.reportPending(pending)
+	r.reportPending(pending, stats)
 	if changed {
 		for _, c := range clashes {
 			r.log.Warn("frontend asked for by several services", "frontend", c.Frontend, "held by", c.Winner, "not served for", c.Losers)
@@ -510,17 +695,25 @@ func (r *Runner) endBatch() {
 	r.poke()
 }
 
-func (s *Source) upsert(svc *Service) error {
+func (s *Source) upsert(svc *Service, at time.Time) error {
 	r := s.r
 	if o, ok := r.owner[svc.Name]; ok && o != s {
 		return &ValidationError{Service: svc.Name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
+	}
+	var before *Service
+	if e := r.b.w.get(svc.Name); e != nil {
+		before = e.svc
 	}
 	changed, err := r.b.upsert(*svc)
 	if err != nil {
 		return err
 	}
 	for _, name := range changed {
-		r.changed(name)
+		k := serviceChange
+		if name == svc.Name {
+			k = kindOf(before, r.b.w.get(name).svc)
+		}
+		r.changed(name, k, at)
 	}
 	r.owner[svc.Name], s.owned[svc.Name] = s, true
 	return nil
@@ -546,10 +739,14 @@ func (s *Source) delete(name string) error {
 	if o, ok := r.owner[name]; ok && o != s {
 		return &ValidationError{Service: name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
 	}
+	var before *Service
+	if e := r.b.w.get(name); e != nil {
+		before = e.svc
+	}
 	if others, ok := r.b.delete(name); ok {
-		r.changed(name)
+		r.changed(name, kindOf(before, nil), time.Time{})
 		for _, o := range others {
-			r.changed(o)
+			r.changed(o, serviceChange, time.Time{})
 		}
 	}
 	delete(r.owner, name)
@@ -574,7 +771,7 @@ func (s *Source) Replace(svcs []Service) error {
 		}
 	}
 	for i := range svcs {
-		errs = append(errs, s.upsert(&svcs[i]))
+		errs = append(errs, s.upsert(&svcs[i], time.Time{}))
 	}
 	r.endBatch()
 	return errors.Join(errs...)

@@ -38,6 +38,8 @@ type harness struct {
 	mu      sync.Mutex
 	results []servicelb.SyncResult
 	pending []int
+	stats   []servicelb.ChangeStats
+	applied []*servicelb.State
 }
 
 type wait struct {
@@ -60,6 +62,16 @@ func newHarness(t *testing.T, sources ...string) (*harness, []*servicelb.Source)
 				h.mu.Lock()
 				defer h.mu.Unlock()
 				h.pending = append(h.pending, n)
+			},
+			Changes: func(s servicelb.ChangeStats) {
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				h.stats = append(h.stats, s)
+			},
+			Applied: func(st *servicelb.State) {
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				h.applied = append(h.applied, st)
 			},
 		},
 	})

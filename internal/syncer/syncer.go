@@ -23,6 +23,8 @@
 // (Backend.Apply); an unchanged state sends nothing. A change the kernel
 // refuses because someone else removed or added what it touches (ENOENT,
 // EEXIST) is taken as drift and repaired by a whole write in the same Sync.
+// A sync that writes the whole state, or tries to, says so with
+// servicelb.MarkFullSync, for the Runner's metrics.
 //
 // A step that lost a race with another writer of the same netfilter
 // tables (Options.Retryable: a dump interrupted by a commit, a commit that
@@ -206,6 +208,9 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 			full, ch, err = e.once(ctx, eff)
 			return err
 		})
+	}
+	if full {
+		servicelb.MarkFullSync(ctx)
 	}
 	if err != nil {
 		return e.wrap(err)

@@ -42,10 +42,15 @@ var _ servicelb.Proxier = (*Proxier)(nil)
 var _ servicelb.Renderer = (*Proxier)(nil)
 
 // Sync records st and returns the next error queued by FailNext, if any.
+// As a real backend, it reports a sync full (servicelb.MarkFullSync) when
+// there is no state applied before it or the node changed.
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	rec := Record{State: st, Changes: servicelb.Diff(p.applied, st)}
+	if rec.Changes.NodeChanged {
+		servicelb.MarkFullSync(ctx)
+	}
 	if err := ctx.Err(); err != nil {
 		rec.Err = err
 	} else if len(p.failures) > 0 {
