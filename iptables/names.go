@@ -29,6 +29,11 @@ const (
 	// chainOffClusterMasq marks traffic from outside every cluster CIDR
 	// when there are several of one family (one CIDR needs no chain).
 	chainOffClusterMasq = "OFFCLUSTER-MASQ"
+	// chainLocalnet drops traffic to 127.0.0.0/8 from elsewhere, which
+	// route_localnet would let in, when node ports are served on
+	// localhost: kube-proxy's KUBE-FIREWALL rule, in a chain of its own
+	// (kubelet writes a KUBE-FIREWALL too).
+	chainLocalnet = "LOCALNET-FIREWALL"
 )
 
 // Prefixes of per service port chains after the chain prefix.
@@ -91,7 +96,7 @@ func (n names) owns(name string) bool {
 	}
 	switch rest {
 	case chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainMarkDrop,
-		chainExternalServices, chainForward, chainProxyFirewall, chainOffClusterMasq:
+		chainExternalServices, chainForward, chainProxyFirewall, chainOffClusterMasq, chainLocalnet:
 		return true
 	}
 	for _, p := range []string{svcPrefix, svlPrefix, extPrefix, fwPrefix, sepPrefix} {

@@ -41,6 +41,7 @@ func TestOwns(t *testing.T) {
 		{kube, "KUBE-SVC-XPGD46QRK7WJZT7", false},
 		{kube, "KUBE-KUBELET-CANARY", false},
 		{kube, "KUBE-FIREWALL", false},
+		{kube, "KUBE-LOCALNET-FIREWALL", true},
 		{kube, "KUBE-X-SERVICES", false},
 		{kube, "KUBE-X-SVC-XPGD46QRK7WJZT7O", false},
 		{sub, "KUBE-X-SERVICES", true},

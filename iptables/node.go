@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	"net/netip"
+
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -103,5 +105,28 @@ func (p *planner) nodeRules() nodeRules {
 			jumpRule(external, n.fixed(chainExternalServices), true),
 		},
 	}
+	if p.node.LocalhostNodePorts && p.family == servicelb.IPv4 {
+		p.localhostFirewall(&nr)
+	}
 	return nr
+}
+
+// loopback4 is IPv4's loopback network.
+var loopback4 = netip.MustParsePrefix("127.0.0.0/8")
+
+// localhostFirewall adds kube-proxy's guard for node ports on localhost:
+// with route_localnet set, the kernel would route packets to 127.0.0.0/8
+// that arrive from other hosts; the filter table drops those that are not
+// part of a flow the node started (or translated).
+func (p *planner) localhostFirewall(nr *nodeRules) {
+	fw := p.n.fixed(chainLocalnet)
+	nr.chains[xtables.Filter] = append(nr.chains[xtables.Filter], xtables.Chain{Name: fw, Rules: []xtables.Rule{{
+		Src: loopback4, NotSrc: true, Dst: loopback4,
+		Matches: []xtables.Match{xtables.Comment("block incoming localnet connections"),
+			xtables.Conntrack{States: xtables.CtRelated | xtables.CtEstablished | xtables.CtDNAT, Invert: true}},
+		Target: xtables.Drop,
+	}}})
+	for _, builtin := range []string{"INPUT", "OUTPUT"} {
+		nr.jumps[xtables.Filter][builtin] = append(nr.jumps[xtables.Filter][builtin], xtables.Rule{Target: xtables.Jump(fw)})
+	}
 }

@@ -21,9 +21,18 @@ import (
 func TestOracle(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
 	ctx := context.Background()
-	st := richState(t)
-	for _, prefix := range []string{"", "KUBE-"} {
-		t.Run("prefix="+prefix, func(t *testing.T) {
+	localhost := richNode()
+	localhost.LocalhostNodePorts = true
+	withLocalhost, err := servicelb.NewState(localhost, richServices()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, prefix string
+		st           *servicelb.State
+	}{{"prefix=", "", richState(t)}, {"prefix=KUBE-", "KUBE-", richState(t)}, {"localhost node ports", "", withLocalhost}} {
+		prefix, st := tc.prefix, tc.st
+		t.Run(tc.name, func(t *testing.T) {
 			h := netnstest.NewHost(t, "ipt")
 			cc := &countingConn{}
 			px := newProxier(t, h, Options{ChainPrefix: prefix})

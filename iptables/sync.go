@@ -3,8 +3,10 @@ package iptables
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/sysctl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -38,6 +40,9 @@ func (k *kernel) Verify(ctx context.Context) (bool, error) {
 func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 	px := (*Proxier)(k)
 	if err := px.checkPorts(st.Ports()...); err != nil {
+		return err
+	}
+	if err := px.routeLocalnet(st); err != nil {
 		return err
 	}
 	want, err := px.content(st)
@@ -88,4 +93,23 @@ func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
 		}
 	}
 	return px.checkPorts(ch.Added...)
+}
+
+// routeLocalnet sets net.ipv4.conf.all.route_localnet in the Proxier's
+// namespace when the node serves node ports on localhost: without it the
+// kernel drops a flow from 127.0.0.1 once it is translated to an endpoint
+// on another host. It never clears the setting, which others may need.
+func (px *Proxier) routeLocalnet(st *servicelb.State) error {
+	if !st.Node().LocalhostNodePorts || !slices.Contains(px.opts.Families, servicelb.IPv4) {
+		return nil
+	}
+	ns := px.opts.NetNS
+	if ns < 0 {
+		ns = 0
+	}
+	changed, err := sysctl.Apply(ns, []sysctl.Setting{{Name: "net.ipv4.conf.all.route_localnet", Value: "1"}})
+	for _, c := range changed {
+		px.log.Info("sysctl set for localhost node ports", "sysctl", c.Name, "value", c.Value, "was", c.Old)
+	}
+	return err
 }

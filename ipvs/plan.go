@@ -221,13 +221,14 @@ func ipvsSchedulers() []servicelb.Scheduler {
 	}
 }
 
-// capabilities are what the proxier expresses: every feature, the IPVS
+// capabilities are what the proxier expresses: every feature but
+// localhost node ports and affinity expiry, the IPVS
 // schedulers, every protocol, any number of endpoints.
 func capabilities() servicelb.Capabilities {
 	// IPVS keeps a persistence template while connections it scheduled
 	// are in its table, TIME_WAIT included: a pin can outlive its timeout.
 	return servicelb.Capabilities{Backend: "ipvs", Schedulers: ipvsSchedulers(),
-		Features: servicelb.AllFeatures &^ servicelb.FeatureAffinityExpiry}
+		Features: servicelb.AllFeatures &^ (servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalhostNodePorts)}
 }
 
 func realServers(bs []servicelb.Backend) []RealServer {

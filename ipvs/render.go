@@ -32,11 +32,14 @@ func Render(st *servicelb.State, o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	caps, node := capabilities(), st.Node()
+	if err := caps.CheckNode(&node); err != nil {
+		return "", err
+	}
 	p, err := planState(st, &o)
 	if err != nil {
 		return "", err
 	}
-	node := st.Node()
 	var b strings.Builder
 	fmt.Fprintln(&b, SectionIPVS)
 	b.WriteString(RenderVirtualServers(slices.Collect(maps.Values(p.servers))))

@@ -143,7 +143,8 @@ func newProxier(o Options) (*Proxier, error) {
 // newEngine makes the Engine that runs the Proxier's syncs, with the
 // options as they are.
 func (p *Proxier) newEngine() {
-	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: retryable}
+	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: retryable,
+		Capabilities: p.Capabilities()}
 	if !p.opts.NoConntrackCleanup && p.opts.Conntrack != nil {
 		o.Cleaner = p.opts.Conntrack
 	}
@@ -173,13 +174,17 @@ func capabilities() servicelb.Capabilities {
 		Backend:      "nftables",
 		Schedulers:   []servicelb.Scheduler{servicelb.SchedulerRandom},
 		MaxEndpoints: buckets,
-		Features:     servicelb.AllFeatures,
+		Features:     servicelb.AllFeatures &^ servicelb.FeatureLocalhostNodePorts,
 	}
 }
 
 // Render returns the table st would produce, as nft text that `nft -f`
 // loads. It needs no privileges and does not touch the kernel.
 func (p *Proxier) Render(st *servicelb.State) (string, error) {
+	caps, node := p.Capabilities(), st.Node()
+	if err := caps.CheckNode(&node); err != nil {
+		return "", err
+	}
 	m, err := p.plan.build(st)
 	if err != nil {
 		return "", err

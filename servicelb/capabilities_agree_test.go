@@ -64,3 +64,32 @@ func TestCapabilityErrorsAgree(t *testing.T) {
 		assert.Equal(t, texts[0], x, "the backends' errors differ")
 	}
 }
+
+// TestNodeRefusalsAgree: a node the backend cannot serve (node ports on
+// localhost) is refused by Render with the same typed error on the
+// backends without the feature, and rendered by the one with it.
+func TestNodeRefusalsAgree(t *testing.T) {
+	nft, err := nftables.New(nftables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer nft.Close()
+	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer ipt.Close()
+	st, err := servicelb.NewState(servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, LocalhostNodePorts: true},
+		servicelb.Service{Name: "ns/web", Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, NodePort: 30080}}})
+	require.NoError(t, err)
+	for name, r := range map[string]func(*servicelb.State) (string, error){
+		"nftables": nft.Render,
+		"ipvs":     func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) },
+	} {
+		_, err := r(st)
+		require.ErrorIs(t, err, servicelb.ErrUnsupported, name)
+		var ve *servicelb.ValidationError
+		require.ErrorAs(t, err, &ve, name)
+		assert.Equal(t, "localhostNodePorts", ve.Field, name)
+	}
+	text, err := ipt.Render(st)
+	require.NoError(t, err)
+	assert.Contains(t, text, "-A KPROXY-SERVICES -d 127.0.0.1/32")
+	assert.Contains(t, text, `-A KPROXY-LOCALNET-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`)
+}

@@ -58,10 +58,13 @@ const (
 	// connections it chose are in its table, closed TCP connections
 	// included until their TIME_WAIT ends (two minutes).
 	FeatureAffinityExpiry
+	// FeatureLocalhostNodePorts: node ports served on 127.0.0.1 to the
+	// node's own clients (NodeConfig.LocalhostNodePorts).
+	FeatureLocalhostNodePorts
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
-		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry
+		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts
 )
 
 // Has reports whether every feature of f is in fs.
@@ -73,7 +76,7 @@ var featureNames = []struct {
 }{
 	{FeatureSourceRanges, "source-ranges"}, {FeatureAffinity, "affinity"}, {FeatureWeights, "weights"},
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
-	{FeatureAffinityExpiry, "affinity-expiry"},
+	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
 }
 
 // String lists the features by name, such as "affinity,weights".
@@ -102,6 +105,17 @@ func (c *Capabilities) backend() string {
 		return "the backend"
 	}
 	return "the " + c.Backend + " backend"
+}
+
+// CheckNode reports what in a valid node config the backend cannot
+// express: nil, or *ValidationErrors wrapping ErrUnsupported. A node the
+// backend refuses fails every sync: nothing of the state is applied.
+func (c *Capabilities) CheckNode(n *NodeConfig) error {
+	if n.LocalhostNodePorts && !c.Features.Has(FeatureLocalhostNodePorts) {
+		return invalidf("", "localhostNodePorts", nil, ErrUnsupported,
+			"%s serves no node ports on %s (kube-proxy's iptables mode alone does)", c.backend(), Localhost)
+	}
+	return nil
 }
 
 // CheckService reports what in a valid service the backend cannot

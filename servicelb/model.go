@@ -1,8 +1,10 @@
 package servicelb
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -284,12 +286,32 @@ type NodeConfig struct {
 	NodeName string `json:"nodeName,omitempty"`
 	// Zone selects endpoints by topology hints.
 	Zone string `json:"zone,omitempty"`
-	// NodeIPs are the node's addresses. Node ports are served on those that
-	// NodePortAddresses selects, and source ranges always allow them.
+	// NodeIPs are the node's primary addresses (a Kubernetes Node's
+	// addresses). Node ports are served on them unless NodePortAddresses
+	// leaves them out, and source ranges admit the node by them.
 	NodeIPs []netip.Addr `json:"nodeIPs,omitempty"`
-	// NodePortAddresses selects the node IPs that serve node ports; empty
-	// means all of them.
+	// LocalIPs are the other addresses of the node's interfaces, as
+	// package nodeaddr follows them. With neither NodePortAddresses nor
+	// NodePortPrimary set, node ports are served on all of them too, as
+	// kube-proxy serves them on every local address; a Runner.SetNode with
+	// the new list serves an address added to an interface from the next
+	// sync on.
+	LocalIPs []netip.Addr `json:"localIPs,omitempty"`
+	// NodePortAddresses, when set, restricts node ports to the addresses
+	// of NodeIPs and LocalIPs inside the prefixes (kube-proxy's
+	// nodePortAddresses CIDRs; see ParseNodePortAddresses).
 	NodePortAddresses []netip.Prefix `json:"nodePortAddresses,omitempty"`
+	// NodePortPrimary, when set, serves node ports on NodeIPs, whatever
+	// NodePortAddresses says (kube-proxy's "primary" keyword); with no
+	// NodePortAddresses, on NodeIPs alone.
+	NodePortPrimary bool `json:"nodePortPrimary,omitempty"`
+	// LocalhostNodePorts serves IPv4 node ports on 127.0.0.1 too, to the
+	// node's own clients, as kube-proxy's iptables mode does with
+	// localhostNodePorts. It needs FeatureLocalhostNodePorts (the iptables
+	// backend, which then sets net.ipv4.conf.all.route_localnet=1 in its
+	// namespace, so that such flows may leave the node once translated,
+	// and drops traffic to 127.0.0.0/8 that arrives from elsewhere).
+	LocalhostNodePorts bool `json:"localhostNodePorts,omitempty"`
 	// NodePortRange bounds Port.NodePort; the zero range means
 	// DefaultNodePortRange.
 	NodePortRange PortRange `json:"nodePortRange,omitzero"`
@@ -329,18 +351,55 @@ func (n *NodeConfig) Ports() PortRange {
 	return n.NodePortRange
 }
 
-// NodePortIPs returns the node addresses of family f that serve node ports.
+// Localhost is where LocalhostNodePorts serves node ports.
+var Localhost = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
+// NodePortIPs returns the node addresses of family f that serve node
+// ports: NodeIPs first, in their order, then LocalIPs, then Localhost
+// (see the fields for which).
 func (n *NodeConfig) NodePortIPs(f Family) []netip.Addr {
+	all := len(n.NodePortAddresses) == 0 && !n.NodePortPrimary
 	var out []netip.Addr
 	for _, a := range n.NodeIPs {
-		if FamilyOf(a) != f {
-			continue
-		}
-		if len(n.NodePortAddresses) == 0 || prefixesContain(n.NodePortAddresses, a) {
+		if FamilyOf(a) == f && (all || n.NodePortPrimary || prefixesContain(n.NodePortAddresses, a)) {
 			out = append(out, a)
 		}
 	}
+	for _, a := range n.LocalIPs {
+		if FamilyOf(a) == f && (all || prefixesContain(n.NodePortAddresses, a)) && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	if n.LocalhostNodePorts && f == IPv4 {
+		out = append(out, Localhost)
+	}
 	return out
+}
+
+// ParseNodePortAddresses parses kube-proxy's nodePortAddresses: CIDRs and
+// the keyword "primary", into NodeConfig's NodePortAddresses and
+// NodePortPrimary. An empty list selects every local address.
+func ParseNodePortAddresses(list []string) ([]netip.Prefix, bool, error) {
+	var prefixes []netip.Prefix
+	primary := false
+	var errs []error
+	for i, s := range list {
+		if s == "primary" {
+			primary = true
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err == nil {
+			err = checkPrefix(p)
+		}
+		if err != nil {
+			errs = append(errs, invalidf("", fmt.Sprintf("nodePortAddresses[%d]", i), s, ErrInvalidPrefix,
+				"want a CIDR or \"primary\""))
+			continue
+		}
+		prefixes = append(prefixes, p)
+	}
+	return prefixes, primary, errors.Join(errs...)
 }
 
 // IPs returns the node addresses of family f.

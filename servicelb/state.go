@@ -199,10 +199,14 @@ func (b *Builder) allClashes() {
 	b.clashVer++
 }
 
-// Require makes every service of the Builder, present and future, fit the
-// capabilities c (Capabilities.CheckService and CheckPort). It fails,
-// changing nothing, when a present service does not fit.
+// Require makes the node and every service of the Builder, present and
+// future, fit the capabilities c (Capabilities.CheckNode, CheckService
+// and CheckPort). It fails, changing nothing, when the node or a present
+// service does not fit.
 func (b *Builder) Require(c Capabilities) error {
+	if err := c.CheckNode(&b.node); err != nil {
+		return err
+	}
 	var errs []error
 	b.w.each(func(_ string, e *entry) {
 		if err := checkFits(&c, e); err != nil {
@@ -359,6 +363,11 @@ func (b *Builder) SetNode(node NodeConfig) error {
 	if err := ValidateNode(&node); err != nil {
 		return err
 	}
+	if b.caps != nil {
+		if err := b.caps.CheckNode(&node); err != nil {
+			return err
+		}
+	}
 	node = cloneNode(node)
 	var errs []error
 	b.w.each(func(_ string, e *entry) {
@@ -419,6 +428,7 @@ func normalize(s Service) *Service {
 
 func cloneNode(n NodeConfig) NodeConfig {
 	n.NodeIPs = slices.Clone(n.NodeIPs)
+	n.LocalIPs = slices.Clone(n.LocalIPs)
 	n.NodePortAddresses = slices.Clone(n.NodePortAddresses)
 	n.ClusterCIDRs = slices.Clone(n.ClusterCIDRs)
 	n.ServiceCIDRs = slices.Clone(n.ServiceCIDRs)

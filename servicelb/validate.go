@@ -29,6 +29,11 @@ func ValidateNode(n *NodeConfig) error {
 			errs = append(errs, invalid("", fmt.Sprintf("nodeIPs[%d]", i), a, err))
 		}
 	}
+	for i, a := range n.LocalIPs {
+		if err := checkAddr(a); err != nil {
+			errs = append(errs, invalid("", fmt.Sprintf("localIPs[%d]", i), a, err))
+		}
+	}
 	for _, f := range []struct {
 		name string
 		ps   []netip.Prefix

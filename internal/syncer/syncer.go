@@ -113,6 +113,10 @@ type Options struct {
 	Retryable func(error) bool
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Capabilities are the backend's: a state whose node they refuse
+	// (servicelb.Capabilities.CheckNode) fails the sync before anything
+	// is sent.
+	Capabilities servicelb.Capabilities
 	// After, when set, runs after each sync that applied the state (whole
 	// or leaving services out), before the stale flows are deleted: the
 	// backend's own follow-up, such as draining removed servers. Its
@@ -188,6 +192,10 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 	}
 	if e.closed {
 		return e.wrap(servicelb.ErrClosed)
+	}
+	node := st.Node()
+	if err := e.o.Capabilities.CheckNode(&node); err != nil {
+		return err
 	}
 	start := e.o.Now()
 	var full bool

@@ -191,8 +191,45 @@ func nodePortScenarios() []Scenario {
 			c(Outside, NodePort, Reach(0).Preserved())),
 		one("node-port/hairpin", followHairpin, One(func() []servicelb.Endpoint { return RemoteEps(1) }, WithNodePort()),
 			c(Endpoint(1), NodePort, Reach(1).Masqueraded())),
+		nodePortAddresses("node-port/every-local-address", followNodePortAddresses+" (no nodePortAddresses: every local address)",
+			func(*servicelb.NodeConfig, *Env) {},
+			c(Outside, LocalNodePort, Reach(0, 1)), c(Outside, NodePort, Reach(0, 1))),
+		nodePortAddresses("node-port/cidrs-select-addresses", followNodePortAddresses,
+			func(n *servicelb.NodeConfig, e *Env) {
+				n.NodePortAddresses = []netip.Prefix{hostPrefix(e.LocalIP(servicelb.IPv4)), hostPrefix(e.LocalIP(servicelb.IPv6))}
+			},
+			// A node port not served leaves the packet to the node's own
+			// stack: no UDP socket, an ICMP port unreachable.
+			c(Outside, LocalNodePort, Reach(0, 1)), Check{From: Outside, To: NodePort, Proto: servicelb.UDP, Want: Refused()}),
+		nodePortAddresses("node-port/primary-keyword", followNodePortAddresses+" (the \"primary\" keyword: the node's IPs)",
+			func(n *servicelb.NodeConfig, _ *Env) { n.NodePortPrimary = true },
+			c(Outside, NodePort, Reach(0, 1)), Check{From: Outside, To: LocalNodePort, Proto: servicelb.UDP, Want: Refused()}),
+		needs(servicelb.FeatureLocalhostNodePorts, oneNode("node-port/localhost",
+			"iptables (*Proxier).syncProxyRules: localhostNodePorts, KUBE-NODEPORTS for 127.0.0.1 with route_localnet and the localnet firewall",
+			func(n *servicelb.NodeConfig, _ *Env) { n.LocalhostNodePorts = true },
+			One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, WithNodePort()),
+			Check{From: Node, To: LocalhostNodePort, Families: []servicelb.Family{servicelb.IPv4}, Want: Reach(0, 1).Masqueraded()},
+			c(Outside, NodePort, Reach(0, 1)))),
 	}
 }
+
+const followNodePortAddresses = "proxy/util NodePortAddresses.GetNodeIPs: node ports on the local addresses nodePortAddresses selects"
+
+// nodePortAddresses is a scenario of a service with a node port on a node
+// with another local address (Env.LocalIP), whose node config node edits.
+func nodePortAddresses(name, follows string, node func(*servicelb.NodeConfig, *Env), checks ...Check) Scenario {
+	return Scenario{Name: name, Follows: follows, Stages: []Stage{{
+		Before: AddLocalIP,
+		Node: func(n *servicelb.NodeConfig, e *Env) {
+			n.LocalIPs = []netip.Addr{e.LocalIP(servicelb.IPv4), e.LocalIP(servicelb.IPv6)}
+			node(n, e)
+		},
+		Services: One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, WithNodePort()),
+		Expect:   checks,
+	}}}
+}
+
+func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 func externalIPScenarios() []Scenario {
 	return []Scenario{

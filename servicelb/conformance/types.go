@@ -156,6 +156,8 @@ const (
 	toExternalIP
 	toLoadBalancerIP
 	toUnallocated
+	toLocalNodePort
+	toLocalhostNodePort
 )
 
 // The frontends of service 0; Of picks another service.
@@ -167,6 +169,12 @@ var (
 	// Unallocated is an address of the service CIDRs (see Env.ServiceCIDRs)
 	// that is no service's cluster IP.
 	Unallocated = Target{kind: toUnallocated}
+	// LocalNodePort is the node port on the node's other local address
+	// (see Env.LocalIP), which a stage puts on the node.
+	LocalNodePort = Target{kind: toLocalNodePort}
+	// LocalhostNodePort is the node port on 127.0.0.1 (IPv4 only), for
+	// the node's own clients.
+	LocalhostNodePort = Target{kind: toLocalhostNodePort}
 )
 
 // Of returns the same frontend of service i of the scenario.
@@ -176,7 +184,8 @@ func (t Target) Of(i int) Target { t.svc = i; return t }
 func (t Target) OnPort(p uint16) Target { t.port = p; return t }
 
 func (t Target) String() string {
-	name := [...]string{"cluster IP", "node port", "external IP", "load-balancer IP", "unallocated service IP"}[t.kind]
+	name := [...]string{"cluster IP", "node port", "external IP", "load-balancer IP", "unallocated service IP",
+		"node port on another local address", "node port on localhost"}[t.kind]
 	if t.svc > 0 {
 		name += fmt.Sprintf(" of service %d", t.svc)
 	}
@@ -327,6 +336,23 @@ func (e *Env) LoadBalancerIP(f servicelb.Family, i int) netip.Addr {
 	return e.addr(f, [2]byte{172, 17}, 0xb, i)
 }
 
+// LocalIP returns an address of family f that a scenario may put on the
+// node besides its primary ones (see LocalNodePort and AddLocalIP).
+func (e *Env) LocalIP(f servicelb.Family) netip.Addr {
+	return e.addr(f, [2]byte{172, 18}, 0x1a, 0)
+}
+
+// AddLocalIP puts LocalIP of both families on the node's link to the
+// client, and lists them in the stage's node config as NodeConfig.LocalIPs
+// (as package nodeaddr would report them): use it in Stage.Before, with
+// Stage.Node setting LocalIPs from Env.LocalIP.
+func AddLocalIP(t *testing.T, e *Env) {
+	for _, f := range Families() {
+		a := e.LocalIP(f)
+		e.NodeHost().AddAddress(t, netip.PrefixFrom(a, a.BitLen()))
+	}
+}
+
 // ServiceCIDRs returns the service CIDRs of the scenario: its cluster IPs
 // and the address Unallocated names.
 func (e *Env) ServiceCIDRs() []netip.Prefix {
@@ -375,6 +401,10 @@ func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.
 		a = e.LoadBalancerIP(f, t.svc)
 	case toUnallocated:
 		a = e.ClusterIP(f, 200)
+	case toLocalNodePort:
+		a, port = e.LocalIP(f), e.NodePortOf(t.svc)
+	case toLocalhostNodePort:
+		a, port = servicelb.Localhost, e.NodePortOf(t.svc)
 	}
 	if t.port != 0 {
 		port = t.port
