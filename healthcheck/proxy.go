@@ -1,0 +1,157 @@
+package healthcheck
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// DefaultAddr is where kube-proxy serves its health by default.
+const DefaultAddr = "0.0.0.0:10256"
+
+// DefaultTimeout returns the bound on the wait of a change for a Runner
+// whose MaxSyncInterval is maxSyncInterval (zero: its default): twice it,
+// as kube-proxy allows twice its sync period. See the package
+// documentation.
+func DefaultTimeout(maxSyncInterval time.Duration) time.Duration {
+	return 2 * cmp.Or(maxSyncInterval, servicelb.DefaultMaxSyncInterval)
+}
+
+// ProxyOptions configure a Proxy.
+type ProxyOptions struct {
+	// Health reports the proxy's state, such as Runner.Health. Required.
+	Health func() servicelb.Health
+	// Addr is where Run listens, host:port; default DefaultAddr.
+	Addr string
+	// NetNS is the network namespace Run listens in; zero or netns.None()
+	// means the caller's.
+	NetNS netns.NsHandle
+	// Timeout is how long a change may wait to be applied before the
+	// proxy is no longer live; zero means DefaultTimeout(0).
+	Timeout time.Duration
+	// NodeEligible reports whether the node may take traffic; nil means
+	// it always may. kube-proxy's node is not eligible once it is being
+	// deleted or is tainted ToBeDeletedByClusterAutoscaler.
+	NodeEligible func() bool
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger receives the server's start at Info; nil discards.
+	Logger *slog.Logger
+}
+
+// Proxy serves a proxy's /healthz and /livez: see the package
+// documentation. It is an http.Handler, to mount on a server of one's
+// own, and serves on ProxyOptions.Addr with Run.
+type Proxy struct {
+	o   ProxyOptions
+	log *slog.Logger
+}
+
+// NewProxy checks the options and returns a Proxy.
+func NewProxy(o ProxyOptions) (*Proxy, error) {
+	if o.Health == nil {
+		return nil, errors.New("healthcheck: ProxyOptions.Health is required")
+	}
+	if o.Timeout < 0 {
+		return nil, fmt.Errorf("healthcheck: negative timeout %s", o.Timeout)
+	}
+	o.Addr = cmp.Or(o.Addr, DefaultAddr)
+	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout(0))
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	p := &Proxy{o: o, log: o.Logger}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	return p, nil
+}
+
+// Live reports whether no change has waited Timeout or longer to be
+// applied: what /livez and a health check node port's
+// serviceProxyHealthy say.
+func (p *Proxy) Live() bool {
+	return !p.o.Health().Stalled(p.o.Now(), p.o.Timeout)
+}
+
+// Healthy reports what /healthz says: the first sync is done, the proxy
+// is live, and the node is eligible.
+func (p *Proxy) Healthy() bool {
+	return p.o.Health().Healthy(p.o.Now(), p.o.Timeout) && p.eligible()
+}
+
+func (p *Proxy) eligible() bool { return p.o.NodeEligible == nil || p.o.NodeEligible() }
+
+// proxyStatus is the body of /healthz and /livez.
+type proxyStatus struct {
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	Healthy      bool      `json:"healthy"`
+}
+
+// ServeHTTP answers /healthz and /livez; other paths are not found.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, now := p.o.Health(), p.o.Now()
+	var st proxyStatus
+	var ok bool
+	switch r.URL.Path {
+	case "/healthz":
+		eligible := p.eligible()
+		st.Healthy, st.NodeEligible = h.Healthy(now, p.o.Timeout), &eligible
+		ok = st.Healthy && eligible
+	case "/livez":
+		st.Healthy = !h.Stalled(now, p.o.Timeout)
+		ok = st.Healthy
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	st.CurrentTime, st.LastUpdated = now, h.AppliedAt
+	if ok {
+		st.LastUpdated = now
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	code := http.StatusServiceUnavailable
+	if ok {
+		code = http.StatusOK
+	}
+	w.WriteHeader(code)
+	body, _ := json.Marshal(&st) // cannot fail: times and bools
+	_, _ = w.Write(body)
+}
+
+// Run listens on Addr in NetNS and serves until ctx ends, then closes the
+// listener and its connections and returns nil; or returns the error that
+// kept it from listening or serving.
+func (p *Proxy) Run(ctx context.Context) error {
+	var ln net.Listener
+	err := inNS(p.o.NetNS, func() error {
+		var err error
+		ln, err = net.Listen("tcp", p.o.Addr)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("healthcheck: proxy health server: %w", err)
+	}
+	p.log.Info("serving the proxy's health", "addr", ln.Addr().String())
+	s := serve(p, []net.Listener{ln}, p.log)
+	defer s.close()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-s.failed:
+		return fmt.Errorf("healthcheck: proxy health server: %w", err)
+	}
+}
