@@ -220,6 +220,7 @@ type Runner struct {
 	inflight  int                   // changes the running sync applies
 	queuedAt  time.Time             // of the oldest change not yet applied
 	fresh     bool                  // a change arrived since the last sync began
+	nodeDirty bool                  // the node changed since the last sync began
 	applied   *State
 	appliedAt time.Time
 	lastErr   error
@@ -495,7 +496,7 @@ func (r *Runner) due(l *loop) (time.Time, bool) {
 			return minTime(l.retryAt, l.lastStart.Add(r.opts.MinSyncInterval)), true
 		}
 		return l.retryAt, true
-	case len(r.dirty) > 0:
+	case len(r.dirty) > 0 || r.nodeDirty:
 		return l.lastStart.Add(r.opts.MinSyncInterval), true
 	}
 	return l.lastStart.Add(r.opts.MaxSyncInterval), true
@@ -511,8 +512,8 @@ func minTime(a, b time.Time) time.Time {
 func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	r.mu.Lock()
 	st := r.b.State()
-	batch, queued, triggers := r.dirty, r.queuedAt, r.triggers
-	r.dirty, r.queuedAt, r.fresh, r.inflight = map[string]changeKind{}, time.Time{}, false, len(batch)
+	batch, queued, triggers, node := r.dirty, r.queuedAt, r.triggers, r.nodeDirty
+	r.dirty, r.queuedAt, r.fresh, r.inflight, r.nodeDirty = map[string]changeKind{}, time.Time{}, false, len(batch), false
 	r.triggers = map[string][]time.Time{}
 	r.inflightKinds, r.pending = r.pending, [numKinds]int{}
 	r.mu.Unlock()
@@ -544,6 +545,7 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 		for name, k := range batch {
 			r.mark(name, k)
 		}
+		r.nodeDirty = r.nodeDirty || node
 		for name, ts := range triggers {
 			for _, at := range ts {
 				if !slices.ContainsFunc(r.triggers[name], at.Equal) {
@@ -671,6 +673,27 @@ func (s *Source) UpsertTriggered(trigger time.Time, svcs ...Service) error {
 	}
 	r.endBatch()
 	return errors.Join(errs...)
+}
+
+// SetNode changes the node the services are selected and compiled for,
+// as when its addresses change (see package nodeaddr): every service is
+// compiled again and the next sync, due MinSyncInterval after the last as
+// for any change, applies what differs. A node that is not valid, that a
+// present service is not valid on (a node port outside a new range), or
+// that the proxier's Capabilities refuse is refused, and changes nothing.
+func (r *Runner) SetNode(node NodeConfig) error {
+	r.mu.Lock()
+	if err := r.b.SetNode(node); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	r.nodeDirty = true
+	if r.queuedAt.IsZero() {
+		r.queuedAt = r.clock.Now()
+	}
+	r.fresh = true
+	r.endBatch()
+	return nil
 }
 
 // endBatch reports what a batch of changes did, and wakes Run; it unlocks
