@@ -271,6 +271,7 @@ func (b *Builder) upsertBatch(svcs []Service) ([]string, []error) {
 
 // upsert is Upsert, also returning the names of the services that changed.
 func (b *Builder) upsert(s Service) ([]string, error) {
+	s = WithDefaults(s)
 	if err := Validate(&b.node, &s); err != nil {
 		return nil, err
 	}
@@ -408,11 +409,7 @@ func normalize(s Service) *Service {
 	n.ProxiedLoadBalancerIPs = slices.Clone(s.ProxiedLoadBalancerIPs)
 	n.SourceRanges = slices.Clone(s.SourceRanges)
 	n.Ports = slices.Clone(s.Ports)
-	n.InternalTrafficPolicy = cmp.Or(s.InternalTrafficPolicy, PolicyCluster)
-	n.ExternalTrafficPolicy = cmp.Or(s.ExternalTrafficPolicy, PolicyCluster)
-	if n.Affinity.ClientIP {
-		n.Affinity.Timeout = cmp.Or(n.Affinity.Timeout, DefaultAffinityTimeout)
-	}
+	n = WithDefaults(n)
 	n.Endpoints = slices.Clone(s.Endpoints)
 	for i := range n.Endpoints {
 		e := &n.Endpoints[i]

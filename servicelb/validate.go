@@ -10,9 +10,11 @@ import (
 
 // Validate checks a service on its own against the node it will run on:
 // everything but conflicts with other services, which a Builder finds. It
-// returns nil or an error joining one *ValidationError per mistake.
+// returns nil or an error joining one *ValidationError per mistake. The
+// defaults apply (see WithDefaults).
 func Validate(node *NodeConfig, s *Service) error {
-	v := validator{node: node, svc: s}
+	d := WithDefaults(*s)
+	v := validator{node: node, svc: &d}
 	v.name()
 	v.addresses()
 	v.ports()
