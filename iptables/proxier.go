@@ -76,7 +76,9 @@ func New(o Options) (*Proxier, error) {
 func (px *Proxier) Close() error {
 	px.mu.Lock()
 	defer px.mu.Unlock()
-	px.eng.Close()
+	if px.eng != nil { // nil when New failed part way
+		px.eng.Close()
+	}
 	var errs []error
 	if c, ok := px.conn.(io.Closer); ok {
 		errs = append(errs, c.Close())
