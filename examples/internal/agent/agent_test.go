@@ -18,10 +18,13 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
 )
 
+// defaults returns the flags' defaults, but with nothing listening: the
+// tests that want the health servers say where.
 func defaults() Config {
 	var c Config
 	fs := newFlagSet()
 	c.RegisterFlags(fs)
+	c.HealthzBindAddress, c.ServiceHealthChecks = "", false
 	return c
 }
 

@@ -1,7 +1,9 @@
 // Package agent is what the example node agents share: their common flags,
 // the choice of dataplane backend with a probe of the kernel's support,
-// dry runs, Prometheus metrics and /healthz, logging, and the run loop that
-// drives a servicelb.Runner from the agent's sources until a signal.
+// dry runs, Prometheus metrics (kube-proxy's among them) and /healthz,
+// the proxy's health server and the services' health check node ports
+// (package healthcheck), logging, and the run loop that drives a
+// servicelb.Runner from the agent's sources until a signal.
 package agent
 
 import (
@@ -15,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/healthcheck"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -34,8 +37,15 @@ type Config struct {
 	NetNS string
 	// MetricsAddr, when set, serves /metrics and /healthz there.
 	MetricsAddr string
-	// HealthzTimeout is how long a change may wait before /healthz fails.
+	// HealthzBindAddress, when set, serves the proxy's /healthz and
+	// /livez there, in NetNS, as kube-proxy's --healthz-bind-address.
+	HealthzBindAddress string
+	// HealthzTimeout is how long a change may wait before the proxy is
+	// unhealthy; zero means twice MaxSyncInterval (HealthTimeout).
 	HealthzTimeout time.Duration
+	// ServiceHealthChecks serves the health check node port of every
+	// service that has one, in NetNS, on the node-port addresses.
+	ServiceHealthChecks bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 
@@ -60,7 +70,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove the installed rules on exit (by default they stay, so that a restart drops no traffic)")
 	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /run/netns or a path (default: the agent's own)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address, e.g. 127.0.0.1:10249 (default: off)")
-	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", time.Minute, "/healthz fails when a change has waited this long to be applied")
+	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", healthcheck.DefaultAddr, "serve the proxy's /healthz and /livez on this address, in the --netns namespace, as kube-proxy; empty turns it off")
+	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", 0, "the proxy is unhealthy when a change has waited this long to be applied (default: twice --max-sync-interval)")
+	fs.BoolVar(&c.ServiceHealthChecks, "health-check-node-ports", true, "serve the health check node port of each service that has one (externalTrafficPolicy: Local), in the --netns namespace, on the node-port addresses")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name: endpoints with this node name are local")
 	fs.StringVar(&c.Zone, "zone", "", "this node's topology zone, for topology hints")
@@ -154,6 +166,16 @@ func (c *Config) LoggerTo(w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// HealthTimeout returns how long a change may wait to be applied before
+// the proxy is unhealthy: --healthz-timeout, else twice
+// --max-sync-interval.
+func (c *Config) HealthTimeout() time.Duration {
+	if c.HealthzTimeout > 0 {
+		return c.HealthzTimeout
+	}
+	return healthcheck.DefaultTimeout(c.MaxSyncInterval)
 }
 
 // RunnerOptions returns the servicelb.RunnerOptions the flags describe.
