@@ -158,7 +158,13 @@
 // registered source has delivered its initial contents: a restarted agent
 // never applies a partial state. [Runner.Run] returns when its context
 // ends. [Runner.Health] compares what is queued with what is applied, and
-// [Hooks] report sync durations and pending changes for metrics.
+// [Hooks] report for metrics sync durations, full or partial
+// ([MarkFullSync]), changes pending and taken by kind (a service's
+// endpoints alone, or more: [ChangeStats]) and when each applied change
+// was caused ([Source.UpsertTriggered]), and hand every applied State to
+// what must follow the kernel, such as the health check node ports
+// ([State.HealthCheck] decides what they answer; package healthcheck
+// serves them).
 //
 // Package fake provides a recording Proxier and a manual Clock for tests.
 package servicelb

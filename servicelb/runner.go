@@ -89,7 +89,9 @@ type Hooks struct {
 	// waits for it, so it must be quick.
 	Applied func(*State)
 	// Changes is called with the counts of changes taken and pending,
-	// by kind, whenever they change.
+	// by kind, whenever they change. Calls from a source's goroutine and
+	// from Run's may arrive out of order: the totals never decrease, so
+	// a call whose totals are below those of one before is stale.
 	Changes func(ChangeStats)
 }
 

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // TestHealthFlags: the proxy's health is served on kube-proxy's address
@@ -25,4 +27,15 @@ func TestHealthFlags(t *testing.T) {
 	assert.NoError(t, fs.Parse([]string{"--healthz-bind-address=", "--health-check-node-ports=false"}))
 	assert.Empty(t, c.HealthzBindAddress)
 	assert.False(t, c.ServiceHealthChecks)
+}
+
+// TestChangeCountersNeverGoBack: counts of changes that arrive late are
+// ignored, so that the counters never go back.
+func TestChangeCountersNeverGoBack(t *testing.T) {
+	m := NewMetrics("nftables", func() servicelb.Health { return servicelb.Health{} })
+	m.kube.changed(servicelb.ChangeStats{Services: 3, Endpoints: 5, ServicesPending: 1})
+	m.kube.changed(servicelb.ChangeStats{Services: 2, Endpoints: 5})
+	assert.Equal(t, servicelb.ChangeStats{Services: 3, Endpoints: 5, ServicesPending: 1}, m.kube.changes)
+	m.kube.changed(servicelb.ChangeStats{Services: 3, Endpoints: 5})
+	assert.Equal(t, servicelb.ChangeStats{Services: 3, Endpoints: 5}, m.kube.changes)
 }

@@ -103,9 +103,14 @@ func (m *kubeProxyMetrics) synced(r servicelb.SyncResult) {
 	}
 }
 
+// changed records the counts of changes, unless they are older than
+// those recorded: a counter must never go back.
 func (m *kubeProxyMetrics) changed(s servicelb.ChangeStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if s.Services < m.changes.Services || s.Endpoints < m.changes.Endpoints {
+		return
+	}
 	m.changes = s
 }
 
