@@ -680,11 +680,16 @@ func (s *Source) UpsertTriggered(trigger time.Time, svcs ...Service) error {
 // SetNode changes the node the services are selected and compiled for,
 // as when its addresses change (see package nodeaddr): every service is
 // compiled again and the next sync, due MinSyncInterval after the last as
-// for any change, applies what differs. A node that is not valid, that a
+// for any change, applies what differs; the node it has already changes
+// nothing. A node that is not valid, that a
 // present service is not valid on (a node port outside a new range), or
 // that the proxier's Capabilities refuse is refused, and changes nothing.
 func (r *Runner) SetNode(node NodeConfig) error {
 	r.mu.Lock()
+	if reflect.DeepEqual(cloneNode(node), r.b.node) {
+		r.mu.Unlock()
+		return nil // the same node: nothing to sync
+	}
 	if err := r.b.SetNode(node); err != nil {
 		r.mu.Unlock()
 		return err

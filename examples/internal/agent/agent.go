@@ -18,6 +18,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/healthcheck"
+	"github.com/kproxy-dev/kproxy/ipvs"
+	"github.com/kproxy-dev/kproxy/nodeaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -56,6 +58,9 @@ type Agent struct {
 	runner  *servicelb.Runner
 	metrics *Metrics
 	ns      netns.NsHandle
+	// node is the node config; LocalIPs follow the namespace's addresses
+	// (nodeaddr) while Run runs.
+	node servicelb.NodeConfig
 	// proxyHealth judges and serves the proxy's health; services serves
 	// the health check node ports, nil when off.
 	proxyHealth *healthcheck.Proxy
@@ -81,6 +86,21 @@ func New(o Options) (*Agent, error) {
 	if err := a.openNS(); err != nil {
 		return nil, err
 	}
+	if !a.cfg.DryRun && o.Dataplane == nil {
+		if err := a.tuneConntrack(); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	if !a.cfg.DryRun {
+		// The first sync serves node ports on every address already;
+		// Run follows the changes.
+		if node.LocalIPs, err = nodeaddr.List(a.addrOptions()); err != nil {
+			a.Close()
+			return nil, fmt.Errorf("node addresses: %w", err)
+		}
+	}
+	a.node = node
 	if err := a.openDataplane(o, node); err != nil {
 		a.Close()
 		return nil, err
@@ -98,6 +118,55 @@ func New(o Options) (*Agent, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// tuneConntrack applies the --conntrack-* settings in the agent's
+// namespace, as kube-proxy does at start.
+func (a *Agent) tuneConntrack() error {
+	ns := a.ns
+	if !ns.IsOpen() {
+		ns = 0
+	}
+	changed, err := a.cfg.Conntrack.Apply(ns)
+	for _, c := range changed {
+		a.log.Info("conntrack setting changed", "sysctl", c.Name, "value", c.Value, "was", c.Old)
+	}
+	if err != nil {
+		return fmt.Errorf("--conntrack-*: %w", err)
+	}
+	return nil
+}
+
+// addrOptions says whose addresses are the node's: the agent's
+// namespace, but the addresses of an IPVS proxier's dummy link.
+func (a *Agent) addrOptions() nodeaddr.Options {
+	ns := a.ns
+	if !ns.IsOpen() {
+		ns = 0
+	}
+	o := nodeaddr.Options{NetNS: ns, Logger: a.log}
+	if a.cfg.Backend == "ipvs" {
+		o.ExcludeInterfaces = []string{ipvs.DefaultInterface}
+	}
+	return o
+}
+
+// followAddresses keeps the node's LocalIPs equal to the addresses of the
+// namespace's interfaces (those of an IPVS proxier's dummy link left
+// out), so that node ports are served on an address from the sync after
+// it appears, until ctx ends.
+func (a *Agent) followAddresses(ctx context.Context) error {
+	w := nodeaddr.Watcher{Options: a.addrOptions()}
+	return w.Run(ctx, func(addrs []netip.Addr) {
+		node := a.node
+		node.LocalIPs = addrs
+		if err := a.runner.SetNode(node); err != nil {
+			a.log.Error("the node's addresses changed, but the node config they make is refused", "addresses", addrs, "err", err)
+			return
+		}
+		a.node = node
+		a.log.Info("node addresses", "addresses", addrs)
+	})
 }
 
 func (a *Agent) openNS() error {
@@ -299,6 +368,13 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 		wg.Go(func() {
 			if err := a.proxyHealth.Run(ctx); err != nil && ctx.Err() == nil {
 				cancel(fmt.Errorf("--healthz-bind-address: %w", err))
+			}
+		})
+	}
+	if !a.cfg.DryRun {
+		wg.Go(func() {
+			if err := a.followAddresses(ctx); err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("node addresses: %w", err))
 			}
 		})
 	}

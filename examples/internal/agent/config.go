@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/healthcheck"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -49,14 +50,19 @@ type Config struct {
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 
-	NodeName          string
-	Zone              string
-	NodeIPs           string
-	NodePortAddresses string
-	NodePortRange     string
-	ClusterCIDRs      string
-	ServiceCIDRs      string
-	MasqueradeAll     bool
+	NodeName           string
+	Zone               string
+	NodeIPs            string
+	NodePortAddresses  string
+	NodePortRange      string
+	ClusterCIDRs       string
+	ServiceCIDRs       string
+	MasqueradeAll      bool
+	LocalhostNodePorts bool
+
+	// Conntrack is kube-proxy's conntrack tuning, applied at start in
+	// NetNS; the zero value writes nothing.
+	Conntrack conntrack.Tuning
 
 	MinSyncInterval time.Duration
 	MaxSyncInterval time.Duration
@@ -76,8 +82,16 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name: endpoints with this node name are local")
 	fs.StringVar(&c.Zone, "zone", "", "this node's topology zone, for topology hints")
-	fs.StringVar(&c.NodeIPs, "node-ips", "", "comma-separated node addresses that serve node ports")
-	fs.StringVar(&c.NodePortAddresses, "nodeport-addresses", "", "comma-separated prefixes selecting the node IPs that serve node ports (default: all)")
+	fs.StringVar(&c.NodeIPs, "node-ips", "", "comma-separated primary addresses of the node (a Kubernetes Node's addresses)")
+	fs.StringVar(&c.NodePortAddresses, "nodeport-addresses", "", `comma-separated CIDRs selecting the local addresses that serve node ports, and "primary" for the --node-ips (default: every local address, followed as interfaces change)`)
+	fs.BoolVar(&c.LocalhostNodePorts, "localhost-nodeports", false, "serve node ports on 127.0.0.1 too, as kube-proxy's iptables mode (iptables backend only; sets route_localnet)")
+	fs.IntVar(&c.Conntrack.MaxPerCore, "conntrack-max-per-core", 0, "set nf_conntrack_max to this many per CPU (kube-proxy: 32768); 0 leaves it alone")
+	fs.IntVar(&c.Conntrack.Min, "conntrack-min", 0, "with --conntrack-max-per-core, the least nf_conntrack_max (kube-proxy: 131072)")
+	fs.DurationVar(&c.Conntrack.TCPEstablishedTimeout, "conntrack-tcp-timeout-established", 0, "set the conntrack timeout of established TCP flows (kube-proxy: 24h); 0 leaves it alone")
+	fs.DurationVar(&c.Conntrack.TCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", 0, "set the conntrack timeout of TCP flows in CLOSE_WAIT (kube-proxy: 1h); 0 leaves it alone")
+	fs.BoolVar(&c.Conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", false, "set nf_conntrack_tcp_be_liberal: out-of-window TCP packets are not marked invalid")
+	fs.DurationVar(&c.Conntrack.UDPTimeout, "conntrack-udp-timeout", 0, "set the conntrack timeout of UDP flows; 0 leaves it alone")
+	fs.DurationVar(&c.Conntrack.UDPStreamTimeout, "conntrack-udp-timeout-stream", 0, "set the conntrack timeout of UDP streams; 0 leaves it alone")
 	fs.StringVar(&c.NodePortRange, "nodeport-range", "30000-32767", "node port range, min-max")
 	fs.StringVar(&c.ClusterCIDRs, "cluster-cidrs", "", "comma-separated prefixes of the workloads' addresses; other sources are masqueraded")
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
@@ -90,7 +104,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 func (c *Config) Node() (servicelb.NodeConfig, error) {
 	var n servicelb.NodeConfig
 	var errs []error
-	n.NodeName, n.Zone, n.MasqueradeAll = c.NodeName, c.Zone, c.MasqueradeAll
+	n.NodeName, n.Zone, n.MasqueradeAll, n.LocalhostNodePorts = c.NodeName, c.Zone, c.MasqueradeAll, c.LocalhostNodePorts
 	for _, s := range splitList(c.NodeIPs) {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
@@ -100,8 +114,8 @@ func (c *Config) Node() (servicelb.NodeConfig, error) {
 		n.NodeIPs = append(n.NodeIPs, a)
 	}
 	var err error
-	if n.NodePortAddresses, err = parsePrefixes("nodeport-addresses", c.NodePortAddresses); err != nil {
-		errs = append(errs, err)
+	if n.NodePortAddresses, n.NodePortPrimary, err = servicelb.ParseNodePortAddresses(splitList(c.NodePortAddresses)); err != nil {
+		errs = append(errs, fmt.Errorf("--nodeport-addresses: %w", err))
 	}
 	if n.ClusterCIDRs, err = parsePrefixes("cluster-cidrs", c.ClusterCIDRs); err != nil {
 		errs = append(errs, err)
@@ -111,6 +125,9 @@ func (c *Config) Node() (servicelb.NodeConfig, error) {
 	}
 	if n.NodePortRange, err = parseRange(c.NodePortRange); err != nil {
 		errs = append(errs, err)
+	}
+	if err := c.Conntrack.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--conntrack-*: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return n, err
