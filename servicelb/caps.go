@@ -8,11 +8,11 @@ import (
 )
 
 // Capabilities say what a backend can express. A Proxier declares its own;
-// a Runner validates every service against them as it arrives, and a
-// backend checks every service port it plans with CheckPort, so that a
-// service a backend cannot serve is refused before the kernel, with the
-// same error whatever the backend: a *ValidationError wrapping
-// ErrUnsupported or ErrCapacity.
+// a Runner validates its node (CheckNode) and every service against them
+// as it arrives, and a backend checks the node and every service port it
+// plans with CheckNode and CheckPort, so that a node or service a backend
+// cannot serve is refused before the kernel, with the same error whatever
+// the backend: a *ValidationError wrapping ErrUnsupported or ErrCapacity.
 type Capabilities struct {
 	// Backend names the backend in errors, such as "nftables".
 	Backend string
@@ -58,10 +58,15 @@ const (
 	// connections it chose are in its table, closed TCP connections
 	// included until their TIME_WAIT ends (two minutes).
 	FeatureAffinityExpiry
+	// FeatureLocalByInterface: the node's pods are told apart by the
+	// interface their flows come in on (LocalByBridgeInterface,
+	// LocalByInterfaceNamePrefix). A node that asks for it from a backend
+	// without it is refused: its pods' flows would count as outside's.
+	FeatureLocalByInterface
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
-		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry
+		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalByInterface
 )
 
 // Has reports whether every feature of f is in fs.
@@ -73,7 +78,7 @@ var featureNames = []struct {
 }{
 	{FeatureSourceRanges, "source-ranges"}, {FeatureAffinity, "affinity"}, {FeatureWeights, "weights"},
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
-	{FeatureAffinityExpiry, "affinity-expiry"},
+	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalByInterface, "local-by-interface"},
 }
 
 // String lists the features by name, such as "affinity,weights".
@@ -126,6 +131,19 @@ func (c *Capabilities) CheckService(s *Service) error {
 		errs = append(errs, invalidf(s.Name, "affinity", nil, ErrUnsupported, "%s has no session affinity", c.backend()))
 	}
 	return errors.Join(errs...)
+}
+
+// CheckNode reports what in a valid node config the backend cannot
+// express: nil, or a *ValidationError wrapping ErrUnsupported for a
+// local-traffic detection by interface without FeatureLocalByInterface.
+func (c *Capabilities) CheckNode(n *NodeConfig) error {
+	switch m := n.LocalMode(); m {
+	case LocalByBridgeInterface, LocalByInterfaceNamePrefix:
+		if !c.Features.Has(FeatureLocalByInterface) {
+			return invalidf("", "detectLocal.mode", m, ErrUnsupported, "%s cannot tell pods by interface", c.backend())
+		}
+	}
+	return nil
 }
 
 func (c *Capabilities) schedulerList() string {
