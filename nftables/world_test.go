@@ -173,7 +173,8 @@ func (w *randomWorld) endpoints(i int) []servicelb.Endpoint {
 }
 
 // node returns a random node: its name, zone, addresses and node port
-// addresses, cluster and service CIDRs of either family, masquerade.
+// addresses, cluster and service CIDRs of either family, the local-traffic
+// detection, masquerade.
 func (w *randomWorld) node() servicelb.NodeConfig {
 	n := servicelb.NodeConfig{NodeName: "node", Zone: []string{"", "a"}[w.pick(2)], NodeIPs: []netip.Addr{worldNode4}}
 	if w.chance(0.1) {
@@ -193,6 +194,17 @@ func (w *randomWorld) node() servicelb.NodeConfig {
 	}
 	if w.chance(0.5) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
+	}
+	switch w.pick(8) {
+	case 0:
+		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+		if w.chance(0.5) {
+			n.DetectLocal.NodeCIDRs = append(n.DetectLocal.NodeCIDRs, netip.MustParsePrefix("fd00:244:1::/64"))
+		}
+	case 1:
+		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: []string{"cbr0", "cni0"}[w.pick(2)]}
+	case 2:
+		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: []string{"veth", "cali"}[w.pick(2)]}
 	}
 	n.MasqueradeAll = w.chance(0.2)
 	if w.chance(0.2) {
