@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -195,17 +196,7 @@ func (w *randomWorld) node() servicelb.NodeConfig {
 	if w.chance(0.5) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	}
-	switch w.pick(8) {
-	case 0:
-		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
-		if w.chance(0.5) {
-			n.DetectLocal.NodeCIDRs = append(n.DetectLocal.NodeCIDRs, netip.MustParsePrefix("fd00:244:1::/64"))
-		}
-	case 1:
-		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: []string{"cbr0", "cni0"}[w.pick(2)]}
-	case 2:
-		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: []string{"veth", "cali"}[w.pick(2)]}
-	}
+	n.DetectLocal = servicetest.DetectLocal(w.r)
 	n.MasqueradeAll = w.chance(0.2)
 	if w.chance(0.2) {
 		n.MasqueradeBit = byte(w.pick(20))

@@ -93,25 +93,26 @@ func (g *Gen) Node() servicelb.NodeConfig {
 	if g.chance(0.3) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	}
-	n.DetectLocal = g.detectLocal()
+	n.DetectLocal = DetectLocal(g.rng)
 	n.MasqueradeAll = g.chance(0.15)
 	return n
 }
 
-// detectLocal returns the default detection (by cluster CIDRs) most of the
-// time, else one of the others.
-func (g *Gen) detectLocal() servicelb.DetectLocal {
-	switch g.pick(8) {
+// DetectLocal returns a random local-traffic detection: the default (by
+// cluster CIDRs) most of the time, else node CIDRs of one or both
+// families, a bridge or an interface name prefix, each of two.
+func DetectLocal(r *rand.Rand) servicelb.DetectLocal {
+	switch r.IntN(8) {
 	case 0:
 		d := servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
-		if g.chance(0.5) {
+		if r.IntN(2) == 0 {
 			d.NodeCIDRs = append(d.NodeCIDRs, netip.MustParsePrefix("fd00:244:1::/64"))
 		}
 		return d
 	case 1:
-		return servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: []string{"cbr0", "cni0"}[g.pick(2)]}
+		return servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: []string{"cbr0", "cni0"}[r.IntN(2)]}
 	case 2:
-		return servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: []string{"veth", "cali"}[g.pick(2)]}
+		return servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: []string{"veth", "cali"}[r.IntN(2)]}
 	}
 	return servicelb.DetectLocal{}
 }
