@@ -9,6 +9,7 @@ require (
 	github.com/hashicorp/consul/api v1.34.1
 	github.com/kproxy-dev/kproxy v0.0.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/stretchr/testify v1.12.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	go.yaml.in/yaml/v3 v3.0.6

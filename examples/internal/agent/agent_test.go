@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -211,4 +213,45 @@ type failing struct{}
 func (failing) Name() string { return "broken" }
 func (failing) Run(context.Context, *servicelb.Source, Reporter) error {
 	return errors.New("it broke")
+}
+
+// TestNodeDetectLocal: the local-traffic detection flags, with
+// kube-proxy's names, become the node's DetectLocal; a mode without its
+// parameter, a parameter of another mode or a malformed one is refused
+// with the field servicelb names.
+func TestNodeDetectLocal(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(*Config)
+		want  servicelb.DetectLocal
+		error string
+	}{
+		{"default", func(*Config) {}, servicelb.DetectLocal{}, ""},
+		{"node CIDRs", func(c *Config) { c.DetectLocalMode, c.NodeCIDRs = "NodeCIDR", "10.244.1.0/24, fd00:244:1::/64" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{
+				netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}}, ""},
+		{"bridge", func(c *Config) { c.DetectLocalMode, c.PodBridgeInterface = "BridgeInterface", "cbr0" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"}, ""},
+		{"prefix", func(c *Config) { c.DetectLocalMode, c.PodInterfaceNamePrefix = "InterfaceNamePrefix", "veth" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"}, ""},
+		{"unknown mode", func(c *Config) { c.DetectLocalMode = "Bridge" }, servicelb.DetectLocal{}, "detectLocal.mode"},
+		{"bridge without mode", func(c *Config) { c.PodBridgeInterface = "cbr0" }, servicelb.DetectLocal{}, "detectLocal.bridgeInterface"},
+		{"mode without bridge", func(c *Config) { c.DetectLocalMode = "BridgeInterface" }, servicelb.DetectLocal{}, "detectLocal.bridgeInterface"},
+		{"malformed node CIDR", func(c *Config) { c.DetectLocalMode, c.NodeCIDRs = "NodeCIDR", "10.244.1.0/33" }, servicelb.DetectLocal{}, "--node-cidrs"},
+		{"long bridge name", func(c *Config) { c.DetectLocalMode, c.PodBridgeInterface = "BridgeInterface", "a-very-long-bridge" },
+			servicelb.DetectLocal{}, "name too long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := defaults()
+			tc.edit(&c)
+			n, err := c.Node()
+			if tc.error != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.error)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, n.DetectLocal)
+		})
+	}
 }
