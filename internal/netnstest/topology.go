@@ -117,7 +117,7 @@ func (o *Options) check(n int) error {
 	}
 	for i := range o.Links {
 		if i < 0 || i >= n {
-			return fmt.Errorf("Links: no backend %d", i)
+			return fmt.Errorf("links: no backend %d", i)
 		}
 	}
 	return nil
