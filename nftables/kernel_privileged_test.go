@@ -279,3 +279,28 @@ func TestGoldenFilesLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptsRenamedSet: a table written before the set of pods' sources
+// was named pod-cidrs4/6 (cluster-cidrs4/6, read by an entry chain's
+// rule) is adopted: the old set and its rule go, and the table is what a
+// fresh one would be.
+func TestAdoptsRenamedSet(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	fresh, h := netnstest.NewHost(t, "fresh"), netnstest.NewHost(t, "older")
+	st := richState(t)
+	mustSync(t, newProxier(t, fresh, nftables.Options{}), st)
+	h.ExecInput(t, `table inet kproxy {
+	set cluster-cidrs4 {
+		type ipv4_addr
+		flags interval
+		elements = { 10.244.0.0/16 }
+	}
+	chain svc4-default/web/http {
+		ip saddr != @cluster-cidrs4 counter
+	}
+}`, "nft", "-f", "-")
+	mustSync(t, newProxier(t, h, nftables.Options{}), st)
+	if diff := cmp.Diff(canonical(t, fresh, nftables.DefaultTable), canonical(t, h, nftables.DefaultTable)); diff != "" {
+		t.Errorf("adopted table differs from a fresh one (-fresh +adopted):\n%s", diff)
+	}
+}

@@ -24,6 +24,16 @@
 // plugin's would; its link to the client is "ext0". Every host's link to
 // the node is "eth0".
 //
+// Options.Links reshapes the node's end of chosen backends' links, so that
+// tests of interface-based local-traffic detection have pods to find: a
+// name of its own (a prefix no other link shares), and a bridge that the
+// node's end joins and that holds the node's addresses for the backend,
+// as a CNI bridge plugin's pods hang on cbr0 or cni0: the node sees the
+// backend's packets come in on the bridge. Backends may share a bridge.
+// Where the kernel has br_netfilter, a node with a bridge turns its
+// bridge-nf-call sysctls off, so that the bridge's traffic meets the
+// node's rules once, at the IP layer, as on a kernel without it.
+//
 // New(t, Options{Backends: n}) builds it; NewHost(t, name) makes a lone
 // namespace with only loopback, for tests of kernel state alone.
 //

@@ -59,16 +59,26 @@ func (o Options) withDefaults() Options {
 }
 
 // Topology of a run: backends 0 to Endpoints-1 serve the scenarios'
-// services, and one more backend host, in the cluster CIDRs, is the pod
-// that asks as FromPod.
+// services, and two more backend hosts, in the cluster CIDRs, are pods of
+// the node: the pod that asks as FromPod (Pod), on a link of its own name
+// (PodLink), and another behind the bridge PodBridge (BridgedPod).
 const (
 	// Endpoints is the number of endpoint hosts a scenario may use.
-	Endpoints = 3
-	podHost   = Endpoints
+	Endpoints      = 3
+	podHost        = Endpoints
+	bridgedPodHost = Endpoints + 1
 	// TargetPort is the port the endpoint hosts serve, and AltTargetPort a
 	// second one.
 	TargetPort    = 8080
 	AltTargetPort = 8081
+	// PodLinkPrefix starts the name of the node's link to Pod (PodLink):
+	// the prefix of the InterfaceNamePrefix scenarios, which no other
+	// link of the node shares.
+	PodLinkPrefix = "pod"
+	PodLink       = PodLinkPrefix + "0"
+	// PodBridge is the bridge the node reaches BridgedPod through: the
+	// interface of the BridgeInterface scenarios.
+	PodBridge = "cbr0"
 )
 
 // Run drives the backend through every scenario that applies to it (see
@@ -109,12 +119,14 @@ type lab struct {
 
 func newLab(t *testing.T, b Backend, o Options) *lab {
 	t.Helper()
-	features := []string{"veth"}
+	features := []string{"veth", "bridge"}
 	if slices.Contains(o.Protocols, servicelb.SCTP) {
 		features = append(features, "sctp")
 	}
 	netnstest.Require(t, features...)
-	tp := netnstest.New(t, netnstest.Options{Backends: Endpoints + 1})
+	tp := netnstest.New(t, netnstest.Options{Backends: Endpoints + 2, Links: map[int]netnstest.Link{
+		podHost: {Name: PodLink}, bridgedPodHost: {Bridge: PodBridge},
+	}})
 	for _, h := range tp.Backends {
 		for _, p := range o.Protocols {
 			h.Serve(t, p.Lower(), TargetPort)
@@ -292,6 +304,8 @@ func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
 		return asker{h: l.tp.Client, from: a}
 	case fromPod:
 		return asker{h: l.tp.Backends[podHost]}
+	case fromBridgedPod:
+		return asker{h: l.tp.Backends[bridgedPodHost]}
 	case fromNode:
 		return asker{h: l.tp.Node}
 	}

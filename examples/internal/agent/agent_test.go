@@ -255,3 +255,44 @@ func TestNodePortAndConntrackFlags(t *testing.T) {
 		assert.Contains(t, err.Error(), bad.want)
 	}
 }
+
+// TestNodeDetectLocal: the local-traffic detection flags, with
+// kube-proxy's names, become the node's DetectLocal; a mode without its
+// parameter, a parameter of another mode or a malformed one is refused
+// with the field servicelb names.
+func TestNodeDetectLocal(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(*Config)
+		want  servicelb.DetectLocal
+		error string
+	}{
+		{"default", func(*Config) {}, servicelb.DetectLocal{}, ""},
+		{"node CIDRs", func(c *Config) { c.DetectLocalMode, c.NodeCIDRs = "NodeCIDR", "10.244.1.0/24, fd00:244:1::/64" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{
+				netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}}, ""},
+		{"bridge", func(c *Config) { c.DetectLocalMode, c.PodBridgeInterface = "BridgeInterface", "cbr0" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"}, ""},
+		{"prefix", func(c *Config) { c.DetectLocalMode, c.PodInterfaceNamePrefix = "InterfaceNamePrefix", "veth" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"}, ""},
+		{"unknown mode", func(c *Config) { c.DetectLocalMode = "Bridge" }, servicelb.DetectLocal{}, "detectLocal.mode"},
+		{"bridge without mode", func(c *Config) { c.PodBridgeInterface = "cbr0" }, servicelb.DetectLocal{}, "detectLocal.bridgeInterface"},
+		{"mode without bridge", func(c *Config) { c.DetectLocalMode = "BridgeInterface" }, servicelb.DetectLocal{}, "detectLocal.bridgeInterface"},
+		{"malformed node CIDR", func(c *Config) { c.DetectLocalMode, c.NodeCIDRs = "NodeCIDR", "10.244.1.0/33" }, servicelb.DetectLocal{}, "--node-cidrs"},
+		{"long bridge name", func(c *Config) { c.DetectLocalMode, c.PodBridgeInterface = "BridgeInterface", "a-very-long-bridge" },
+			servicelb.DetectLocal{}, "name too long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := defaults()
+			tc.edit(&c)
+			n, err := c.Node()
+			if tc.error != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.error)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, n.DetectLocal)
+		})
+	}
+}

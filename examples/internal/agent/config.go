@@ -59,6 +59,13 @@ type Config struct {
 	ServiceCIDRs       string
 	MasqueradeAll      bool
 	LocalhostNodePorts bool
+	// DetectLocalMode and its parameters say how the node tells its pods'
+	// traffic from outside traffic (servicelb.DetectLocal), with
+	// kube-proxy's flag names.
+	DetectLocalMode        string
+	NodeCIDRs              string
+	PodBridgeInterface     string
+	PodInterfaceNamePrefix string
 
 	// Conntrack is kube-proxy's conntrack tuning, applied at start in
 	// NetNS; the zero value writes nothing.
@@ -96,6 +103,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ClusterCIDRs, "cluster-cidrs", "", "comma-separated prefixes of the workloads' addresses; other sources are masqueraded")
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs")
+	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", "", "how traffic from this node's pods is told apart: ClusterCIDR (the default: a source in --cluster-cidrs), "+
+		"NodeCIDR (a source in --node-cidrs), BridgeInterface (it comes in on --pod-bridge-interface) or InterfaceNamePrefix "+
+		"(it comes in on an interface named --pod-interface-name-prefix...); traffic from elsewhere to cluster IPs is masqueraded")
+	fs.StringVar(&c.NodeCIDRs, "node-cidrs", "", "comma-separated pod CIDRs of this node, for --detect-local-mode=NodeCIDR")
+	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "the bridge this node's pods hang on, such as cbr0, for --detect-local-mode=BridgeInterface")
+	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "the start of the names of this node's interfaces to its pods, such as veth, for --detect-local-mode=InterfaceNamePrefix")
 	fs.DurationVar(&c.MinSyncInterval, "min-sync-interval", time.Second, "least time between two syncs; changes meanwhile are applied together")
 	fs.DurationVar(&c.MaxSyncInterval, "max-sync-interval", servicelb.DefaultMaxSyncInterval, "most time between two syncs; each checks the kernel state in depth and restores it")
 }
@@ -121,6 +134,11 @@ func (c *Config) Node() (servicelb.NodeConfig, error) {
 		errs = append(errs, err)
 	}
 	if n.ServiceCIDRs, err = parsePrefixes("service-cidrs", c.ServiceCIDRs); err != nil {
+		errs = append(errs, err)
+	}
+	n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalMode(c.DetectLocalMode),
+		BridgeInterface: c.PodBridgeInterface, InterfaceNamePrefix: c.PodInterfaceNamePrefix}
+	if n.DetectLocal.NodeCIDRs, err = parsePrefixes("node-cidrs", c.NodeCIDRs); err != nil {
 		errs = append(errs, err)
 	}
 	if n.NodePortRange, err = parseRange(c.NodePortRange); err != nil {
