@@ -162,6 +162,12 @@ func TestCheapAndDeepChecks(t *testing.T) {
 	mustSync(t, p, st)
 	assert.Equal(t, whole, web(), "a flushed chain not repaired by a sync with nothing to change")
 	assert.Equal(t, want, h.CanonicalTable(t, "inet", nftables.DefaultTable))
+
+	// A flush of the whole table empties the fixed chains too: the cheap
+	// check of a sync with changes finds it.
+	h.Exec(t, "nft", "flush", "table", "inet", "kproxy")
+	mustSync(t, p, more)
+	assert.Equal(t, whole, web(), "a flushed table was not repaired by the cheap check of a sync with changes")
 }
 
 // TestInvalidInputLeavesTable: a service the backend refuses is left out
