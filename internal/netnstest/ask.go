@@ -66,6 +66,10 @@ type AskError struct {
 	// when the ask was made with WatchICMP; nil when none came (a TCP
 	// reset or an SCTP abort refused it, or the ask timed out).
 	ICMP *ICMPError
+	// AtSocket reports that the asking socket's connect failed at once,
+	// before any packet left: what a socket-level load balancer's hooks
+	// give for a flow they refuse (ECONNREFUSED) or drop (EPERM).
+	AtSocket bool
 }
 
 func (e *AskError) Error() string {
@@ -91,6 +95,7 @@ type askConfig struct {
 	fromPort      uint16
 	countFailures bool
 	watchICMP     bool
+	cgroup        *Cgroup
 }
 
 // Timeout bounds each ask (connection and exchange); the default is
@@ -165,21 +170,21 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 		}
 		defer w.close()
 	}
+	if proto != "udp" && proto != "tcp" && proto != "sctp" {
+		return fail(nil, fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", proto))
+	}
 	var text string
 	var sport uint16
-	switch proto {
-	case "udp":
-		text, sport, err = h.askUDP(ctx, dst, from, deadline)
-	case "tcp", "sctp":
-		text, sport, err = h.askStream(ctx, proto, dst, from, deadline)
-	default:
-		return fail(nil, fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", proto))
+	if cfg.cgroup != nil {
+		text, sport, err = cfg.cgroup.exchange(ctx, h, proto, dst, from, deadline)
+	} else {
+		text, sport, err = h.exchange(ctx, proto, dst, from, deadline)
 	}
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fail(nil, errors.Join(ctx.Err(), err))
 		}
-		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err}
+		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err, AtSocket: errors.Is(err, errAtSocket)}
 		if w != nil {
 			e.ICMP = w.find(flowID{protoNumber(proto), sport, dst})
 		}
@@ -191,6 +196,24 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 	}
 	return r, nil
 }
+
+// exchange runs one ask from a socket of the calling process.
+func (h *Host) exchange(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time) (string, uint16, error) {
+	if proto == "udp" {
+		return h.askUDP(ctx, dst, from, deadline)
+	}
+	return h.askStream(ctx, proto, dst, from, deadline)
+}
+
+// errAtSocket marks the failure of a connect that sent nothing.
+var errAtSocket = errors.New("failed at the socket")
+
+type socketError struct{ err error }
+
+func (e *socketError) Error() string   { return e.err.Error() }
+func (e *socketError) Unwrap() []error { return []error{e.err, errAtSocket} }
+
+func atSocket(err error) error { return &socketError{err} }
 
 // askUDP runs one UDP ask from a fresh connected socket, which the
 // kernel tells about ICMP errors: create it inside the namespace, exchange
@@ -205,7 +228,8 @@ func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline ti
 	}
 	var c net.Conn
 	if err := h.Do(func() (err error) { c, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
-		return "", 0, err
+		// A UDP connect sends nothing: its failure is the socket's own.
+		return "", 0, atSocket(err)
 	}
 	defer c.Close()
 	sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)

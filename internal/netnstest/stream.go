@@ -63,7 +63,7 @@ func dialStream(proto string, dst, from netip.AddrPort) (*os.File, error) {
 	}
 	if err := unix.Connect(fd, sockaddr(dst)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		unix.Close(fd)
-		return nil, fmt.Errorf("%s connect %s: %w", proto, dst, err)
+		return nil, atSocket(fmt.Errorf("%s connect %s: %w", proto, dst, err))
 	}
 	return os.NewFile(uintptr(fd), proto), nil
 }
