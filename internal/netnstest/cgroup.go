@@ -72,6 +72,8 @@ type cgRequest struct {
 	Dst      string `json:"dst"`
 	From     string `json:"from,omitempty"`
 	Deadline int64  `json:"deadline"`
+	// Unconnected: see the Unconnected option.
+	Unconnected bool `json:"unconnected,omitempty"`
 }
 
 // cgReply is its outcome: the answer, or the error as far as a test
@@ -80,6 +82,7 @@ type cgReply struct {
 	ID       uint64 `json:"id"`
 	Text     string `json:"text,omitempty"`
 	Sport    uint16 `json:"sport,omitempty"`
+	Peer     string `json:"peer,omitempty"`
 	Err      string `json:"err,omitempty"`
 	Errno    int    `json:"errno,omitempty"`
 	Timeout  bool   `json:"timeout,omitempty"`
@@ -238,8 +241,9 @@ func (c *Cgroup) stop() error {
 }
 
 // exchange runs one ask in the cgroup's process.
-func (c *Cgroup) exchange(ctx context.Context, h *Host, proto string, dst, from netip.AddrPort, deadline time.Time) (string, uint16, error) {
-	req := cgRequest{NS: filepath.Join(RunDir, h.NSName), Host: h.Name, Proto: proto, Dst: dst.String(), Deadline: deadline.UnixNano()}
+func (c *Cgroup) exchange(ctx context.Context, h *Host, proto string, dst, from netip.AddrPort, deadline time.Time, unconnected bool) (exchanged, error) {
+	req := cgRequest{NS: filepath.Join(RunDir, h.NSName), Host: h.Name, Proto: proto, Dst: dst.String(),
+		Deadline: deadline.UnixNano(), Unconnected: unconnected}
 	if from.IsValid() {
 		req.From = from.String()
 	}
@@ -247,7 +251,7 @@ func (c *Cgroup) exchange(ctx context.Context, h *Host, proto string, dst, from 
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		return "", 0, c.err
+		return exchanged{}, c.err
 	}
 	c.next++
 	req.ID = c.next
@@ -255,18 +259,20 @@ func (c *Cgroup) exchange(ctx context.Context, h *Host, proto string, dst, from 
 	err := c.enc.Encode(req)
 	c.mu.Unlock()
 	if err != nil {
-		return "", 0, fmt.Errorf("ask the process in cgroup %s: %w", c.Dir, err)
+		return exchanged{}, fmt.Errorf("ask the process in cgroup %s: %w", c.Dir, err)
 	}
 	select {
 	case rep, ok := <-ch:
 		if !ok {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			return "", 0, c.err
+			return exchanged{}, c.err
 		}
-		return rep.Text, rep.Sport, rep.error()
+		x := exchanged{text: rep.Text, sport: rep.Sport}
+		x.peer, _ = netip.ParseAddrPort(rep.Peer)
+		return x, rep.error()
 	case <-ctx.Done():
-		return "", 0, ctx.Err()
+		return exchanged{}, ctx.Err()
 	}
 }
 
@@ -388,8 +394,11 @@ func serveAsk(hosts *hostCache, req cgRequest) cgReply {
 			return fail(err)
 		}
 	}
-	text, sport, err := h.exchange(context.Background(), req.Proto, dst, from, time.Unix(0, req.Deadline))
-	rep.Text, rep.Sport = text, sport
+	x, err := h.exchange(context.Background(), req.Proto, dst, from, time.Unix(0, req.Deadline), req.Unconnected)
+	rep.Text, rep.Sport = x.text, x.sport
+	if x.peer.IsValid() {
+		rep.Peer = x.peer.String()
+	}
 	if err != nil {
 		return fail(err)
 	}

@@ -45,12 +45,18 @@ func TestCgroupAsksFromTheCgroup(t *testing.T) {
 		procs, err := os.ReadFile(dir + "/cgroup.procs")
 		require.NoError(t, err)
 		assert.Equal(t, fmt.Sprint(pid), strings.TrimSpace(string(procs)), "the asker is the cgroup's only process")
-		for _, proto := range []string{"tcp", "udp"} {
-			dst := netip.AddrPortFrom(tp.Backends[0].IPv4, 8080)
-			r, err := tp.Client.Ask(context.Background(), proto, dst, InCgroup(c))
-			require.NoError(t, err, proto)
-			assert.Equal(t, "backend-0", r.Host)
-			assert.Equal(t, tp.Client.IPv4, r.Client.Addr())
+		dst := netip.AddrPortFrom(tp.Backends[0].IPv4, 8080)
+		for _, ask := range []struct {
+			proto string
+			opts  []AskOption
+		}{{"tcp", nil}, {"udp", nil}, {"udp", []AskOption{Unconnected()}}} {
+			for _, opts := range [][]AskOption{ask.opts, append(ask.opts, InCgroup(c))} {
+				r, err := tp.Client.Ask(context.Background(), ask.proto, dst, opts...)
+				require.NoError(t, err, ask.proto)
+				assert.Equal(t, "backend-0", r.Host)
+				assert.Equal(t, tp.Client.IPv4, r.Client.Addr())
+				assert.Equal(t, dst, r.Peer, "%s: the peer the socket saw", ask.proto)
+			}
 		}
 	})
 	assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "the asker outlived its test")
