@@ -174,6 +174,8 @@ func (k *kernel) Apply(_ context.Context, _ *servicelb.State, ch *servicelb.Chan
 		return false, err
 	}
 	if err := k.maps.write(s.d); err != nil {
+		// The next sync writes the whole state over a new model.
+		k.model.abandon()
 		return false, err
 	}
 	k.model.commit(s)

@@ -189,34 +189,37 @@ func (k feKey) String() string {
 }
 
 // Sizes bounds the maps (their max_entries). The hash maps are not
-// preallocated: they take memory as they fill.
+// preallocated: they take memory as they fill, besides an array of 16
+// bytes per entry they may hold (the kernel's buckets). The LRU maps are
+// preallocated.
 type Sizes struct {
 	// Frontends bounds the frontends of every service port, of both
-	// families; default 1<<18.
+	// families, and the sets; default 1<<16.
 	Frontends uint32
-	// Slots bounds the slots of every set (one per endpoint of weight 1);
-	// default 1<<21.
+	// Slots bounds the slots of every set (one per endpoint of weight 1),
+	// and the endpoints of the sets with affinity; default 1<<18.
 	Slots uint32
 	// Affinity bounds the ClientIP pins (an LRU: the least recently used
-	// goes first); default 1<<16.
+	// goes first); default 1<<14.
 	Affinity uint32
 	// Reverse bounds the sockets whose peer is shown as the service's
-	// address (an LRU); default 1<<18.
+	// address (an LRU; a socket whose entry went shows the endpoint's
+	// address); default 1<<16.
 	Reverse uint32
 }
 
 func (s Sizes) withDefaults() Sizes {
 	if s.Frontends == 0 {
-		s.Frontends = 1 << 18
+		s.Frontends = 1 << 16
 	}
 	if s.Slots == 0 {
-		s.Slots = 1 << 21
+		s.Slots = 1 << 18
 	}
 	if s.Affinity == 0 {
-		s.Affinity = 1 << 16
+		s.Affinity = 1 << 14
 	}
 	if s.Reverse == 0 {
-		s.Reverse = 1 << 18
+		s.Reverse = 1 << 16
 	}
 	return s
 }

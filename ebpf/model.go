@@ -171,19 +171,21 @@ func parseSetName(s string) (servicelb.ServicePortKey, role, bool) {
 }
 
 // step is a planned change of the model: the writes, the new plans of
-// the ports it touches (nil: removed), the set ids after it and those it
-// frees, which no set of the same step takes, so that no id is deleted
-// and written in one step.
+// the ports it touches (nil: removed) and the set ids it frees, which no
+// set of the same step takes, so that no id is deleted and written in
+// one step. The ids it takes are taken from the model's already: commit
+// or abandon the step before planning another.
 type step struct {
 	d     *delta
 	ports map[servicelb.ServicePortKey]*portPlan
-	ids   *ids
 	freed []uint32
 }
 
-// plan plans the changes over m, without changing it.
+// plan plans the changes over m. Only the ids it takes change m; abandon
+// gives them back.
 func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step, error) {
-	s := &step{d: &delta{}, ports: map[servicelb.ServicePortKey]*portPlan{}, ids: m.ids.clone()}
+	s := &step{d: &delta{}, ports: map[servicelb.ServicePortKey]*portPlan{}}
+	m.ids.track()
 	var errs []error
 	change := func(old *portPlan, sp *servicelb.ServicePort, key servicelb.ServicePortKey) {
 		var next *portPlan
@@ -193,7 +195,7 @@ func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step
 				return
 			}
 			var err error
-			if next, err = planPort(sp, old, s.ids); err != nil {
+			if next, err = planPort(sp, old, m.ids); err != nil {
 				errs = append(errs, err)
 				return
 			}
@@ -212,6 +214,7 @@ func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step
 		change(m.ports[sp.Key], sp, sp.Key)
 	}
 	if err := errors.Join(errs...); err != nil {
+		m.abandon()
 		return nil, err
 	}
 	// A frontend one port gives up and another takes is written, not
@@ -219,6 +222,9 @@ func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step
 	s.d.fe.del = slices.DeleteFunc(s.d.fe.del, func(k feKey) bool { _, ok := s.d.fe.put[k]; return ok })
 	return s, nil
 }
+
+// abandon gives back the ids the last plan took.
+func (m *model) abandon() { m.ids.untake() }
 
 // commit makes the step's plans the model's.
 func (m *model) commit(s *step) {
@@ -230,7 +236,7 @@ func (m *model) commit(s *step) {
 		}
 	}
 	for _, id := range s.freed {
-		s.ids.free(id)
+		m.ids.free(id)
 	}
-	m.ids = s.ids
+	m.ids.track()
 }

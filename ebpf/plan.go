@@ -2,7 +2,6 @@ package ebpf
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -185,6 +184,8 @@ type portPlan struct {
 type ids struct {
 	used map[uint32]bool
 	next uint32
+	// taken records the ids handed out since track, for untake.
+	taken []uint32
 }
 
 func newIDs() *ids { return &ids{used: map[uint32]bool{}, next: 1} }
@@ -199,6 +200,7 @@ func (a *ids) take() (uint32, error) {
 	id := a.next
 	a.used[id] = true
 	a.next++
+	a.taken = append(a.taken, id)
 	return id, nil
 }
 
@@ -207,6 +209,16 @@ func (a *ids) free(id uint32) {
 	if id < a.next {
 		a.next = id
 	}
+}
+
+// track starts recording the ids taken; untake frees them again.
+func (a *ids) track() { a.taken = a.taken[:0] }
+
+func (a *ids) untake() {
+	for _, id := range a.taken {
+		a.free(id)
+	}
+	a.taken = a.taken[:0]
 }
 
 func setName(k servicelb.ServicePortKey, r role) string { return k.String() + " " + r.String() }
@@ -300,6 +312,3 @@ func goneSets(old, next *portPlan) []uint32 {
 	return out
 }
 
-func (a *ids) clone() *ids {
-	return &ids{used: maps.Clone(a.used), next: a.next}
-}
