@@ -3,7 +3,7 @@
 package ebpf_test
 
 import (
-		"context"
+	"context"
 	"fmt"
 	"io"
 	"net"

@@ -311,4 +311,3 @@ func goneSets(old, next *portPlan) []uint32 {
 	}
 	return out
 }
-
