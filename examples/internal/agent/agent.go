@@ -106,7 +106,7 @@ func (a *Agent) openNS() error {
 }
 
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
