@@ -75,7 +75,7 @@ func Probe(o Options) error {
 		return fmt.Errorf("ebpf: %w: Cgroup is empty: name a cgroup v2 directory", ErrInvalidOptions)
 	}
 	if err := probeFS(o.Cgroup, unix.CGROUP2_SUPER_MAGIC, "cgroup v2",
-		"Options.Cgroup must be a directory of the unified hierarchy (mount -t cgroup2 none <dir>)"); err != nil {
+		"Options.Cgroup must be a directory of the unified hierarchy (CONFIG_CGROUPS; mount -t cgroup2 none <dir>)"); err != nil {
 		return err
 	}
 	if o.PinPath != "" {
@@ -87,7 +87,7 @@ func Probe(o Options) error {
 			dir = filepath.Dir(dir)
 		}
 		if err := probeFS(dir, unix.BPF_FS_MAGIC, "bpffs",
-			"Options.PinPath must lie on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)"); err != nil {
+			"Options.PinPath must lie on a bpf filesystem (CONFIG_BPF_SYSCALL; mount -t bpf bpf /sys/fs/bpf)"); err != nil {
 			return err
 		}
 	}
@@ -104,7 +104,7 @@ func Probe(o Options) error {
 		{asm.FnSetRetval, "bpf_set_retval (Linux 5.18)"},
 	} {
 		if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, h.fn); err != nil {
-			return &FeatureError{Feature: "helper " + h.name, Hint: "for BPF_PROG_TYPE_CGROUP_SOCK_ADDR programs", Err: err}
+			return &FeatureError{Feature: "helper " + h.name, Hint: "for BPF_PROG_TYPE_CGROUP_SOCK_ADDR programs (CONFIG_CGROUP_BPF)", Err: err}
 		}
 	}
 	return nil
