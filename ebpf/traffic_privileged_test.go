@@ -1,4 +1,4 @@
-//go:build privileged
+//go:build privileged || vm
 
 package ebpf_test
 
