@@ -126,7 +126,8 @@ func TestSocketsReachEndpoints(t *testing.T) {
 	for _, dst := range frontends {
 		for _, a := range asks {
 			what := fmt.Sprintf("node %s %s %v", a.proto, dst, a.opts != nil)
-			r, err := w.ask(w.tp.Node, a.proto, dst, a.opts...)
+			var peer netip.AddrPort
+			r, err := w.ask(w.tp.Node, a.proto, dst, append(a.opts, netnstest.Peer(&peer))...)
 			require.NoError(t, err, what)
 			i := hostIndex(r.Host)
 			require.Contains(t, []int{0, 1, 2}, i, what)
@@ -135,20 +136,21 @@ func TestSocketsReachEndpoints(t *testing.T) {
 				gw = w.tp.Backends[i].Gateway6
 			}
 			assert.Equal(t, gw, r.Client.Addr(), "%s: the node's address on the endpoint's link", what)
-			assert.Equal(t, dst, r.Peer, "%s: the peer the socket sees", what)
+			assert.Equal(t, dst, peer, "%s: the peer the socket sees", what)
 		}
 	}
 	pod := w.tp.Backends[podHost]
 	for _, dst := range frontends[:2] {
 		for _, a := range asks {
-			r, err := w.ask(pod, a.proto, dst, a.opts...)
+			var peer netip.AddrPort
+			r, err := w.ask(pod, a.proto, dst, append(a.opts, netnstest.Peer(&peer))...)
 			require.NoError(t, err)
 			own := pod.IPv4
 			if dst.Addr().Is6() {
 				own = pod.IPv6
 			}
 			assert.Equal(t, own, r.Client.Addr(), "pod %s %s: its own address", a.proto, dst)
-			assert.Equal(t, dst, r.Peer)
+			assert.Equal(t, dst, peer)
 		}
 	}
 	_, err := w.tp.Node.Ask(context.Background(), "tcp", frontends[0])

@@ -50,10 +50,6 @@ type Reply struct {
 	// the client's own when its source address is preserved, the node's
 	// when it is masqueraded.
 	Client netip.AddrPort
-	// Peer is the server as the asking socket saw it: getpeername(2) of
-	// the connected socket, or with Unconnected the source recvfrom(2)
-	// gave the UDP answer.
-	Peer netip.AddrPort
 }
 
 // AskError is a failed ask. errors.Is(err, ErrRefused) and
@@ -101,6 +97,7 @@ type askConfig struct {
 	watchICMP     bool
 	cgroup        *Cgroup
 	unconnected   bool
+	peer          *netip.AddrPort
 }
 
 // Timeout bounds each ask (connection and exchange); the default is
@@ -122,6 +119,11 @@ func WatchICMP() AskOption { return func(c *askConfig) { c.watchICMP = true } }
 // Unconnected makes a UDP ask from an unconnected socket: sendto(2) and
 // recvfrom(2) instead of connect(2), send and receive.
 func Unconnected() AskOption { return func(c *askConfig) { c.unconnected = true } }
+
+// Peer stores in *p the server as the asking socket saw it:
+// getpeername(2) of the connected socket, or with Unconnected the source
+// recvfrom(2) gave the UDP answer.
+func Peer(p *netip.AddrPort) AskOption { return func(c *askConfig) { c.peer = p } }
 
 // CountFailures makes Count count failed asks under KeyRefused,
 // KeyTimeout, KeyFiltered and KeyError instead of failing the test.
@@ -202,7 +204,9 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 	if err != nil {
 		return fail(nil, err)
 	}
-	r.Peer = x.peer
+	if cfg.peer != nil {
+		*cfg.peer = x.peer
+	}
 	return r, nil
 }
 
