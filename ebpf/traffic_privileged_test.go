@@ -418,3 +418,36 @@ func TestProbeNamesWhatIsMissing(t *testing.T) {
 	require.NoError(t, kebpf.Probe(kebpf.Options{Cgroup: e.Cgroup, PinPath: e.BPFFS}))
 	assert.False(t, errors.Is(kebpf.Probe(kebpf.Options{Cgroup: e.Cgroup}), kebpf.ErrNotSupported))
 }
+
+// TestCleanupTouchesNothingElse: two Proxiers on one cgroup, with pin
+// directories of their own (one holding a file that is not a pin):
+// cleaning one up leaves the other's hooks and pins, and the foreign file
+// with its directory; the other still balances.
+func TestCleanupTouchesNothingElse(t *testing.T) {
+	w := newWorld(t)
+	w.sync(t, node(), service(eps("elsewhere", 0)))
+	foreign := filepath.Join(w.env.BPFFS, "kproxy", "someone-elses")
+	require.NoError(t, os.Mkdir(foreign, 0o700))
+	other, err := kebpf.New(kebpf.Options{Cgroup: w.env.Cgroup, PinPath: filepath.Join(w.env.BPFFS, "other"), NetNS: w.tp.Node.NS})
+	require.NoError(t, err)
+	defer other.Close()
+	st, err := servicelb.NewState(node(), service(eps("elsewhere", 1), func(s *servicelb.Service) {
+		s.Name, s.ClusterIPs = "default/other", []netip.Addr{netip.MustParseAddr("10.96.0.20")}
+	}))
+	require.NoError(t, err)
+	require.NoError(t, other.Sync(context.Background(), st))
+	require.Len(t, attachedPrograms(t, w.env.Cgroup), 16)
+
+	require.NoError(t, w.p.Cleanup(context.Background()))
+	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8, "the other Proxier's hooks stay")
+	assert.DirExists(t, foreign)
+	pins, err := filepath.Glob(filepath.Join(w.env.BPFFS, "other", "*"))
+	require.NoError(t, err)
+	assert.Len(t, pins, 16, "the other Proxier's pins stay")
+	r, err := w.ask(w.tp.Node, "tcp", netip.MustParseAddrPort("10.96.0.20:80"))
+	require.NoError(t, err)
+	assert.Equal(t, "backend-1", r.Host)
+	require.NoError(t, other.Cleanup(context.Background()))
+	assert.Empty(t, attachedPrograms(t, w.env.Cgroup))
+	require.NoError(t, os.Remove(foreign))
+}
