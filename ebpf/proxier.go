@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -409,9 +408,4 @@ func (p *Proxier) Dump(ctx context.Context) (string, error) {
 		notes = p.model.annotations()
 	}
 	return formatContent(c, notes), nil
-}
-
-// String names the Proxier in logs.
-func (p *Proxier) String() string {
-	return "ebpf(" + strings.Join([]string{p.opts.Cgroup, p.opts.PinPath}, ", ") + ")"
 }
