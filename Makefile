@@ -4,7 +4,7 @@
 #   make test-unit    unprivileged tests (no root needed)
 #   make test-netns   privileged tests in throwaway network namespaces (root)
 #   make test-vm      tests that need IPVS or dummy links, in a qemu VM (root)
-#   make bench        benchmarks (root)
+#   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make fuzz         every fuzz target for FUZZTIME each (default 30s)
 #   make soak         chaos soak of each backend, SOAK_DURATION each (root; not in test)
 #
@@ -113,6 +113,21 @@ bench-ipvs: deps
 	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES)' \
 		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 60m
 bench: bench-ipvs
+
+# The eBPF backend's benchmarks, each against the nftables backend in the
+# same run: a cold sync of 10k services x 10 endpoints (ebpf/nft), one
+# endpoint change with 10k services in place (ebpf/nft; large/small against
+# 1k), the memory a loaded state keeps (Go heap and kernel; ebpf/nft), and
+# the data path from the node's sockets: TCP connect time and a 1 GiB
+# stream through a service's address, against a direct connection
+# (vip/direct) and the nftables DNAT (nft/direct). `make bench` runs them
+# too.
+.PHONY: bench-ebpf
+bench-ebpf: deps
+	$(GO) test -tags privileged -run '^$$' -bench 'ColdSync|SteadyMemory' -benchtime 3x -timeout 30m ./ebpf
+	$(GO) test -tags privileged -run '^$$' -bench 'OneEndpointChange' -benchtime 500x -timeout 30m ./ebpf
+	$(GO) test -tags privileged -run '^$$' -bench 'DataPath' -benchtime 1x -timeout 30m ./ebpf
+bench: bench-ebpf
 
 # The nftables backend's benchmarks: a cold sync of 10k services x 10
 # endpoints and, in the same iterations, `nft -f` of its Render text (their

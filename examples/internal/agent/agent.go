@@ -258,7 +258,7 @@ func splitErrors(err error) []error {
 }
 
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
