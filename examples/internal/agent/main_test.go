@@ -29,7 +29,7 @@ func TestProgramHelpAndBadFlags(t *testing.T) {
 	if code := p.Run(context.Background(), []string{"--help"}, io.Discard, &errOut); code != 0 {
 		t.Errorf("--help exit %d", code)
 	}
-	for _, want := range []string{"x: does things", "-backend", "-dry-run", "-metrics-addr", "nftables, iptables or ipvs"} {
+	for _, want := range []string{"x: does things", "-backend", "-dry-run", "-metrics-addr", "nftables, iptables, ipvs or ebpf"} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}
