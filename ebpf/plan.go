@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -16,15 +18,6 @@ const (
 )
 
 func (r role) String() string { return [...]string{"cluster", "local"}[r] }
-
-// maxSlots is the number of slots a set of endpoints with unequal weights
-// is spread over: weights are honoured to about 1/maxSlots of a set's
-// flows. Endpoints of equal weight take one slot each.
-const maxSlots = 4096
-
-// MaxEndpoints bounds the endpoints of a set (a service port's cluster
-// or local endpoints).
-const MaxEndpoints = maxSlots
 
 // socketAction is what the hooks do with a new flow from origin o to a
 // frontend of kind k: servicelb's verdict where a socket can give it
