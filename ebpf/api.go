@@ -26,7 +26,9 @@ type Options struct {
 	PinPath string
 	// NetNS is the node's network namespace: sockets in it are the node's
 	// own (servicelb.FromNode), sockets in any other are pods'
-	// (servicelb.FromPod). Zero means the caller's.
+	// (servicelb.FromPod; see Limits in the package documentation for
+	// the local-traffic detection modes other than the cluster CIDR).
+	// Zero means the caller's.
 	NetNS netns.NsHandle
 	// Packets, when set, is the packet-path Proxier (package nftables'
 	// in the node's namespace) that serves what sockets do not: traffic

@@ -70,6 +70,31 @@ func TestSocketAction(t *testing.T) {
 	}
 }
 
+// TestPodAction: a pod's socket takes its verdict at the socket when
+// the node tells pods by their namespace, or when the pod and outside
+// verdicts agree; otherwise the packet path decides which it is.
+func TestPodAction(t *testing.T) {
+	pod := servicelb.Verdict{Action: servicelb.ToCluster}
+	outside := servicelb.Verdict{Action: servicelb.ToCluster, Masquerade: true}
+	for _, tc := range []struct {
+		name        string
+		outside     servicelb.Verdict
+		byNamespace bool
+		act         action
+	}{
+		{"by namespace", outside, true, actForward},
+		{"verdicts differ", outside, false, actPass},
+		{"verdicts agree", pod, false, actForward},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := &servicelb.ServicePort{}
+			sp.Internal[servicelb.FromPod], sp.Internal[servicelb.FromOutside] = pod, tc.outside
+			a, _ := podAction(sp, servicelb.ClusterIPFrontend, tc.byNamespace)
+			assert.Equal(t, tc.act, a)
+		})
+	}
+}
+
 func TestSlotCounts(t *testing.T) {
 	bs := func(ws ...uint16) []servicelb.Backend {
 		var out []servicelb.Backend
@@ -208,7 +233,7 @@ func TestIncrementalEqualsFresh(t *testing.T) {
 			kernel := m.content(7)
 			for i := 1; i < len(walk); i++ {
 				ch := servicelb.Diff(walk[i-1], walk[i])
-				s, err := m.plan(&ch, &caps)
+				s, err := m.plan(walk[i], &ch, &caps)
 				require.NoError(t, err, "step %d", i)
 				require.NoError(t, s.d.run(kernel, func() {
 					require.NoError(t, whole(kernel), "step %d: a lookup meets a half-written service", i)
@@ -238,7 +263,7 @@ func TestAdoptionKeepsTheMaps(t *testing.T) {
 	kernel := m.content(7)
 	for i := 1; i < len(walk); i++ {
 		ch := servicelb.Diff(walk[i-1], walk[i])
-		s, err := m.plan(&ch, &caps)
+		s, err := m.plan(walk[i], &ch, &caps)
 		require.NoError(t, err)
 		require.NoError(t, s.d.run(kernel, nil))
 		m.commit(s)

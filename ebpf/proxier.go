@@ -213,8 +213,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities { return p.caps }
 
 // socketFeatures are the features the hooks give themselves. They tell a
 // pod's socket from the node's by its network namespace inside the
-// attached cgroup, whatever the node's local-traffic detection says of
-// packets: every mode is theirs (FeatureLocalByInterface included).
+// attached cgroup; under a local-traffic detection by interface they
+// leave to the packet path the pods' flows whose verdict depends on it,
+// so every mode is theirs (FeatureLocalByInterface included).
 const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | servicelb.FeaturePreserveSource |
 	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface
 
