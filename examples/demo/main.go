@@ -149,7 +149,7 @@ func demo(ctx context.Context, cfg agent.Config, o options, out io.Writer, log *
 		}
 	}
 	describe(out, sb, svcs, file)
-	cfg.NetNS, cfg.Cleanup = sb.Node.NSName, true
+	cfg.NetNS, cfg.CleanupOnExit = sb.Node.NSName, true
 	return drive(ctx, cfg, o, sb, svcs, out, log)
 }
 

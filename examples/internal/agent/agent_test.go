@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"net/netip"
@@ -294,5 +295,21 @@ func TestNodeDetectLocal(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, n.DetectLocal)
 		})
+	}
+}
+
+// --masquerade-bit sets the node's masquerade mark; a bit out of 1-31 is
+// refused.
+func TestMasqueradeBit(t *testing.T) {
+	c := defaults()
+	assert.Equal(t, 14, c.MasqueradeBit)
+	c.MasqueradeBit = 13
+	n, err := c.Node()
+	require.NoError(t, err)
+	assert.Equal(t, uint32(1<<13), n.MasqueradeMark())
+	for _, bad := range []int{-1, 32} {
+		c.MasqueradeBit = bad
+		_, err := c.Node()
+		assert.ErrorContains(t, err, fmt.Sprintf("--masquerade-bit %d: want 1 to 31", bad))
 	}
 }

@@ -42,6 +42,9 @@ type BackendOptions struct {
 	// Node is the node the states are compiled for.
 	Node   servicelb.NodeConfig
 	Logger *slog.Logger
+	// StrictARP is the ipvs backend's ipvs.Options.StrictARP; other
+	// backends ignore it.
+	StrictARP bool
 }
 
 // ErrNoBackend: the backend is named right but this build has no
@@ -142,6 +145,49 @@ func OpenRenderer(name string, o BackendOptions) (Renderer, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return d, nil
+}
+
+// Cleanup removes everything the named backend owns in the namespace
+// o.NetNS (its own Cleanup), then releases it. It returns an error
+// wrapping ErrUnsupported or ErrNoBackend, and touches nothing, when the
+// kernel lacks the backend's support or this build lacks the backend.
+func Cleanup(ctx context.Context, name string, o BackendOptions) error {
+	d, err := Open(name, o)
+	if err != nil {
+		return err
+	}
+	err = d.Cleanup(ctx)
+	if c, ok := d.(io.Closer); ok {
+		err = errors.Join(err, c.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: cleanup: %w", name, err)
+	}
+	return nil
+}
+
+// CleanupAll removes what every backend of this build owns in the
+// namespace o.NetNS, as kube-proxy's --cleanup does: a backend whose
+// kernel support is missing owns nothing there and is skipped, with a
+// note in the log. It returns the errors of the others, joined.
+func CleanupAll(ctx context.Context, o BackendOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var errs []error
+	for _, name := range BackendNames() {
+		err := Cleanup(ctx, name, o)
+		switch {
+		case errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoBackend):
+			log.Info("cleanup: backend skipped", "backend", name, "reason", err)
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			log.Info("cleanup: removed what the backend owns", "backend", name)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // probeNFTables checks that the kernel answers nf_tables requests in ns:
