@@ -12,7 +12,7 @@ import (
 // line, or parses into services and problems each naming its service;
 // every servicelb error about a parsed service is placed on a line.
 func FuzzParse(f *testing.F) {
-	for _, path := range []string{"../../static/services.yaml", "../../demo/services.yaml"} {
+	for _, path := range []string{"../../cmd/kproxy/services.yaml", "../../demo/services.yaml"} {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			f.Fatal(err)
