@@ -10,7 +10,24 @@
 // and zone (which decide which endpoints are local and which topology
 // hints apply), its addresses (where node ports are served), how it tells
 // the traffic of its pods from outside traffic (the cluster CIDRs, or
-// another local-traffic detection), and the masquerade mark.
+// another local-traffic detection), and the masquerade mark. Its fields
+// are kube-proxy's node options:
+//
+//	kube-proxy                          NodeConfig
+//	hostnameOverride                    NodeName
+//	the Node's addresses                NodeIPs
+//	nodePortAddresses (CIDRs, primary)  NodePortAddresses, NodePortPrimary; LocalIPs (package nodeaddr)
+//	iptables.localhostNodePorts         LocalhostNodePorts (FeatureLocalhostNodePorts)
+//	clusterCIDR                         ClusterCIDRs
+//	detectLocalMode, detectLocal.*      DetectLocal
+//	service CIDRs                       ServiceCIDRs
+//	masqueradeAll                       MasqueradeAll
+//	iptables.masqueradeBit              MasqueradeBit
+//	syncPeriod, minSyncPeriod           RunnerOptions.MaxSyncInterval, MinSyncInterval
+//
+// Those kproxy keeps elsewhere (conntrack tuning, health servers, IPVS's
+// strict ARP) and those it leaves out, with why, are listed in the
+// repository's docs/kube-proxy-options.md.
 //
 // A [State] is a validated, immutable snapshot of a node and its services.
 // Each service is compiled into one [ServicePort] per port and address

@@ -83,10 +83,11 @@ type Hooks struct {
 	// (see PartialError), each with its error, whenever they change.
 	LeftOut func(map[string]error)
 	// Applied is called after every successful sync, before Synced,
-	// with the state the proxier applied (the same state again after a
-	// periodic sync): for what must follow the kernel's state, such as
-	// the health check node ports (package healthcheck). The next sync
-	// waits for it, so it must be quick.
+	// with the state the proxier applied, without the services it left
+	// out (the same state again after a periodic sync): for what must
+	// follow the kernel's state, such as the health check node ports
+	// (package healthcheck). The next sync waits for it, so it must be
+	// quick.
 	Applied func(*State)
 	// Changes is called with the counts of changes taken and pending,
 	// by kind, whenever they change. Calls from a source's goroutine and
@@ -300,7 +301,8 @@ func (r *Runner) State() *State {
 	return r.b.State()
 }
 
-// Applied returns the last state the proxier applied, or nil.
+// Applied returns the last state the proxier applied, without the
+// services it left out, or nil.
 func (r *Runner) Applied() *State {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -524,6 +526,9 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	l.started, l.lastStart = true, start
 	var rep syncReport
 	leftOut, err := splitPartial(r.p.Sync(context.WithValue(ctx, syncReportKey{}, &rep), st))
+	if err == nil && len(leftOut) > 0 {
+		st = without(st, leftOut) // what the kernel holds
+	}
 	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued,
 		Full: rep.full.Load() || !r.succeeded, Err: err}
 	if err == nil {
@@ -813,4 +818,13 @@ func (s *Source) Synced() {
 	s.synced = true
 	s.r.mu.Unlock()
 	s.r.poke()
+}
+
+// without returns st without the named services.
+func without(st *State, names map[string]error) *State {
+	b := st.Edit()
+	for name := range names {
+		b.Delete(name)
+	}
+	return b.State()
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +30,16 @@ type Backend struct {
 	// scenarios that restart the proxier, after closing the previous one
 	// (io.Closer) without Cleanup. It fails the test itself on error.
 	New func(t testing.TB, ns netns.NsHandle) servicelb.Proxier
+	// Cgroup, when set, is a cgroup v2 directory that the backend's
+	// socket hooks are attached to. The asks from the node and from the
+	// pod then run in a process inside it (netnstest.Cgroup), as the
+	// node's own processes and its workloads would; the outside client
+	// and the endpoint hosts ask from outside it, as hosts and workloads
+	// the hooks do not see. For those asks a refusal at the socket (a
+	// connect failing at once with ECONNREFUSED, no packet sent) counts
+	// as Refused, as a drop at the socket (EPERM) counts as Dropped. The
+	// package's TestMain must call netnstest.Main.
+	Cgroup string
 }
 
 // Options tune a run.
@@ -113,6 +124,8 @@ type lab struct {
 	o  Options
 	tp *netnstest.Topology
 	p  servicelb.Proxier
+	// cg runs the asks of the node and the pod, with Backend.Cgroup.
+	cg *netnstest.Cgroup
 	// added are the client's extra addresses so far.
 	added map[netip.Addr]bool
 }
@@ -138,6 +151,9 @@ func newLab(t *testing.T, b Backend, o Options) *lab {
 	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv4)
 	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv6)
 	l := &lab{b: b, o: o, tp: tp, added: map[netip.Addr]bool{}}
+	if b.Cgroup != "" {
+		l.cg = netnstest.StartCgroup(t, b.Cgroup)
+	}
 	l.p = b.New(t, tp.Node.NS)
 	t.Cleanup(func() { l.close() })
 	return l
@@ -281,6 +297,8 @@ func (l *lab) tasks(t *testing.T, c Check) []task {
 type asker struct {
 	h    *netnstest.Host
 	from netip.Addr // zero: the host's own
+	// cg, when set, runs the asks in the backend's cgroup.
+	cg *netnstest.Cgroup
 }
 
 func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
@@ -303,11 +321,11 @@ func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
 		}
 		return asker{h: l.tp.Client, from: a}
 	case fromPod:
-		return asker{h: l.tp.Backends[podHost]}
+		return asker{h: l.tp.Backends[podHost], cg: l.cg}
 	case fromBridgedPod:
-		return asker{h: l.tp.Backends[bridgedPodHost]}
+		return asker{h: l.tp.Backends[bridgedPodHost], cg: l.cg}
 	case fromNode:
-		return asker{h: l.tp.Node}
+		return asker{h: l.tp.Node, cg: l.cg}
 	}
 	return asker{h: l.tp.Backends[fr.n]}
 }
@@ -336,6 +354,8 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 		var ae *netnstest.AskError
 		if !(errors.Is(err, netnstest.ErrRefused) || errors.Is(err, netnstest.ErrFiltered)) || !errors.As(err, &ae) {
 			t.Errorf("%s: %v, want refused with an ICMP port unreachable", what, errText(err))
+		} else if a.cg != nil && ae.AtSocket && errors.Is(err, syscall.ECONNREFUSED) {
+			// Refused by the socket hooks: nothing was sent.
 		} else if ae.ICMP == nil || !ae.ICMP.PortUnreachable() {
 			t.Errorf("%s: refused by %v, want an ICMP port unreachable", what, refusalText(ae))
 		}
@@ -371,6 +391,9 @@ func (l *lab) askOpts(a asker, session uint16, timeout time.Duration, extra ...n
 	}
 	if session != 0 {
 		opts = append(opts, netnstest.FromPort(session))
+	}
+	if a.cg != nil {
+		opts = append(opts, netnstest.InCgroup(a.cg))
 	}
 	return opts
 }

@@ -254,7 +254,7 @@ func splitErrors(err error) []error {
 }
 
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout

@@ -66,7 +66,7 @@ func TestNode(t *testing.T) {
 }
 
 func TestBackendSelection(t *testing.T) {
-	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of iptables, ipvs, nftables") {
+	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of ebpf, iptables, ipvs, nftables") {
 		t.Errorf("Open(bogus) = %v", err)
 	}
 	// Whatever this kernel has, an error names the backend and what is
@@ -80,8 +80,8 @@ func TestBackendSelection(t *testing.T) {
 		if !strings.HasPrefix(msg, name+":") {
 			t.Errorf("Open(%s) = %q, want it to start with the backend's name", name, msg)
 		}
-		if !errors.Is(err, ErrNoBackend) && !errors.Is(err, ErrUnsupported) && !strings.Contains(msg, "CAP_NET_ADMIN") {
-			t.Errorf("Open(%s) = %q: neither a missing backend, missing kernel support nor missing privilege", name, msg)
+		if !errors.Is(err, ErrNoBackend) && !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrOptions) && !strings.Contains(msg, "CAP_NET_ADMIN") {
+			t.Errorf("Open(%s) = %q: neither a missing backend, missing kernel support, a missing option nor missing privilege", name, msg)
 		}
 		if errors.Is(err, ErrUnsupported) && !strings.Contains(msg, "CONFIG_") {
 			t.Errorf("Open(%s) = %q: does not name the kernel option", name, msg)

@@ -45,6 +45,9 @@ type BackendOptions struct {
 	// StrictARP is the ipvs backend's ipvs.Options.StrictARP; other
 	// backends ignore it.
 	StrictARP bool
+	// Cgroup and PinPath are the ebpf backend's (Config.Cgroup,
+	// Config.BPFPinPath).
+	Cgroup, PinPath string
 }
 
 // ErrNoBackend: the backend is named right but this build has no
@@ -53,6 +56,9 @@ var ErrNoBackend = errors.New("backend not available in this build of kproxy")
 
 // ErrUnsupported: the kernel lacks what the backend needs.
 var ErrUnsupported = errors.New("kernel support missing")
+
+// ErrOptions: the backend needs a flag that is not set.
+var ErrOptions = errors.New("backend option missing")
 
 type backend struct {
 	// probe checks the kernel's support in the namespace, with a message
@@ -70,6 +76,7 @@ var backends = map[string]backend{
 	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
 	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
+	"ebpf":     {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF},
 }
 
 // BackendNames returns the accepted --backend values.

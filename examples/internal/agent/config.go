@@ -24,8 +24,14 @@ import (
 
 // Config holds the flags every agent shares.
 type Config struct {
-	// Backend is the dataplane: nftables, iptables or ipvs.
+	// Backend is the dataplane: nftables, iptables, ipvs or ebpf.
 	Backend string
+	// Cgroup is the cgroup v2 directory the ebpf backend attaches its
+	// socket hooks to: the root of the workloads' cgroups.
+	Cgroup string
+	// BPFPinPath is the directory on a bpf filesystem where the ebpf
+	// backend pins its maps and hooks, so that a restart adopts them.
+	BPFPinPath string
 	// DryRun prints the rules each sync would install instead of
 	// installing them.
 	DryRun bool
@@ -88,7 +94,9 @@ type Config struct {
 
 // RegisterFlags defines the shared flags on fs, with their defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables or ipvs")
+	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables, ipvs or ebpf (socket hooks paired with nftables)")
+	fs.StringVar(&c.Cgroup, "cgroup", "", "ebpf: the cgroup v2 directory whose processes' sockets are balanced (the root of the workloads' cgroups)")
+	fs.StringVar(&c.BPFPinPath, "bpf-pin-path", "/sys/fs/bpf/kproxy", "ebpf: directory on a bpf filesystem for the maps and hooks, adopted on restart (empty: no pins)")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")
 	fs.BoolVar(&c.Once, "once", false, "exit after the first successful sync")
 	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /run/netns or a path (default: the agent's own)")
