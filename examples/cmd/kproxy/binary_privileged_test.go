@@ -128,7 +128,7 @@ func TestNetAdminIsEnough(t *testing.T) {
 		var logs bytes.Buffer
 		cmd := exec.Command("setpriv", "--bounding-set", caps, "--inh-caps", "-all", "--", bin,
 			"--source", "file", "--file", services, "--node-name", "node", "--node-ips", sandbox.NodeAddr.String(),
-			"--log-format", "json")
+			"--log-format", "json", "--bpf-pin-path=")
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		// Started from the sandbox node's namespace: the process lives
 		// there, with the default metrics and health addresses.

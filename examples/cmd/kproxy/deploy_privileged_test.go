@@ -279,4 +279,3 @@ func saKubeconfig(t *testing.T, cm *unstructured.Unstructured, server, token str
 	require.NoError(t, clientcmd.WriteToFile(*kc, path))
 	return path
 }
-

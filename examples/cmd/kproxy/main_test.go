@@ -41,8 +41,9 @@ func servicesFile(t *testing.T) string {
 	return path
 }
 
-// run runs kproxy with args, serving no metrics unless args say where,
-// and returns its exit code, its output and its logs.
+// run runs kproxy with args, serving no metrics and pinning nothing
+// unless args say where (so that it never looks at the host's bpf
+// filesystem), and returns its exit code, its output and its logs.
 func run(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	return runFor(t, 2*time.Minute, args...)
@@ -54,7 +55,7 @@ func runFor(t *testing.T, d time.Duration, args ...string) (int, string, string)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var out, logs bytes.Buffer
-	code := program().Run(ctx, append([]string{"--metrics-bind-address="}, args...), &out, &logs)
+	code := program().Run(ctx, append([]string{"--metrics-bind-address=", "--bpf-pin-path="}, args...), &out, &logs)
 	return code, out.String(), logs.String()
 }
 

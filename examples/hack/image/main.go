@@ -169,4 +169,3 @@ func binaryLayer(bin []byte) (v1.Layer, error) {
 		return io.NopCloser(bytes.NewReader(data)), nil
 	}, tarball.WithMediaType(types.OCILayer))
 }
-

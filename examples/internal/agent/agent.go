@@ -284,19 +284,18 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 // cleanupOthers removes what the other backends own in the namespace, as
 // kube-proxy removes the rules of its other modes when it starts: once the
 // first sync is in, so that the old rules serve until the new ones do.
-// A backend whose kernel support is missing owns nothing and is skipped.
+// A backend whose kernel support is missing owns nothing and is skipped;
+// so are those whose objects the running one uses (ebpf's nftables
+// table).
 func (a *Agent) cleanupOthers() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, name := range BackendNames() {
-		if name == a.cfg.Backend {
-			continue
-		}
+	for _, name := range others(a.cfg.Backend) {
 		o := *a.others
 		o.Logger = a.log.With("backend", name)
 		err := Cleanup(ctx, name, o)
 		switch {
-		case errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoBackend):
+		case skipped(err):
 			a.log.Debug("other backend not cleaned up: nothing of it can be here", "backend", name, "reason", err)
 		case err != nil:
 			a.log.Error("removing another backend's rules", "backend", name, "err", err)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,9 @@ func defaults() Config {
 	fs := newFlagSet()
 	c.RegisterFlags(fs)
 	c.HealthzBindAddress, c.ServiceHealthChecks = "", false
+	// No pins: the other backends' cleanup after the first sync never
+	// looks at the host's bpf filesystem.
+	c.BPFPinPath = ""
 	return c
 }
 
@@ -312,4 +316,22 @@ func TestMasqueradeBit(t *testing.T) {
 		_, err := c.Node()
 		assert.ErrorContains(t, err, fmt.Sprintf("--masquerade-bit %d: want 1 to 31", bad))
 	}
+}
+
+// A running backend cleans up every other but those whose objects it
+// uses: ebpf keeps the nftables table, its packet path; nftables removes
+// ebpf's pins. Without a pin path the ebpf backend leaves nothing behind,
+// and its cleanup, which needs no cgroup, says so and touches nothing.
+func TestOtherBackends(t *testing.T) {
+	assert.NotContains(t, others("ebpf"), "nftables")
+	assert.NotContains(t, others("ebpf"), "ebpf")
+	assert.Contains(t, others("nftables"), "ebpf")
+	assert.Contains(t, others("ebpf"), "iptables")
+	for _, name := range BackendNames() {
+		assert.NotContains(t, others(name), name)
+	}
+	err := Cleanup(context.Background(), "ebpf", BackendOptions{})
+	assert.ErrorIs(t, err, ErrNothingOwned)
+	assert.True(t, skipped(err))
+	assert.NoError(t, Cleanup(context.Background(), "ebpf", BackendOptions{PinPath: filepath.Join(t.TempDir(), "none")}))
 }

@@ -60,6 +60,10 @@ var ErrUnsupported = errors.New("kernel support missing")
 // ErrOptions: the backend needs a flag that is not set.
 var ErrOptions = errors.New("backend option missing")
 
+// ErrNothingOwned: nothing of the backend outlives its process, so there
+// is nothing to clean up.
+var ErrNothingOwned = errors.New("nothing of it outlives its process")
+
 type backend struct {
 	// probe checks the kernel's support in the namespace, with a message
 	// naming what is missing.
@@ -69,6 +73,15 @@ type backend struct {
 	// render returns a renderer that needs no kernel support, for dry
 	// runs; nil means open's backend renders.
 	render func(BackendOptions) (Renderer, error)
+	// cleanup removes what the backend owns without opening it, for a
+	// backend that cannot be opened with what a cleanup knows (ebpf needs
+	// its cgroup); nil means open it and call its Cleanup.
+	cleanup func(context.Context, BackendOptions) error
+	// uses names the backends whose objects this one holds as its own
+	// (ebpf's packet path is the nftables backend's table): they are not
+	// cleaned up while this one runs. A backend that uses another's
+	// objects has a cleanup that leaves them.
+	uses []string
 }
 
 // backends maps each --backend value to its implementation.
@@ -76,7 +89,8 @@ var backends = map[string]backend{
 	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
 	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
-	"ebpf":     {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF},
+	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
+		cleanup: cleanupEBPF, uses: []string{"nftables"}},
 }
 
 // BackendNames returns the accepted --backend values.
@@ -156,9 +170,23 @@ func OpenRenderer(name string, o BackendOptions) (Renderer, error) {
 
 // Cleanup removes everything the named backend owns in the namespace
 // o.NetNS (its own Cleanup), then releases it. It returns an error
-// wrapping ErrUnsupported or ErrNoBackend, and touches nothing, when the
-// kernel lacks the backend's support or this build lacks the backend.
+// wrapping ErrUnsupported, ErrNoBackend or ErrNothingOwned, and touches
+// nothing, when the kernel lacks the backend's support, this build lacks
+// the backend, or nothing of it can be left.
 func Cleanup(ctx context.Context, name string, o BackendOptions) error {
+	b, err := lookup(name)
+	if err != nil {
+		return err
+	}
+	if b.cleanup != nil {
+		if err := b.available(name); err != nil {
+			return err
+		}
+		if err := b.cleanup(ctx, o); err != nil {
+			return fmt.Errorf("%s: cleanup: %w", name, err)
+		}
+		return nil
+	}
 	d, err := Open(name, o)
 	if err != nil {
 		return err
@@ -176,7 +204,8 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 // CleanupAll removes what every backend of this build owns in the
 // namespace o.NetNS, as kube-proxy's --cleanup does: a backend whose
 // kernel support is missing owns nothing there and is skipped, with a
-// note in the log. It returns the errors of the others, joined.
+// note in the log, as is one of which nothing outlives its process. It
+// returns the errors of the others, joined.
 func CleanupAll(ctx context.Context, o BackendOptions) error {
 	log := o.Logger
 	if log == nil {
@@ -186,7 +215,7 @@ func CleanupAll(ctx context.Context, o BackendOptions) error {
 	for _, name := range BackendNames() {
 		err := Cleanup(ctx, name, o)
 		switch {
-		case errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoBackend):
+		case skipped(err):
 			log.Info("cleanup: backend skipped", "backend", name, "reason", err)
 		case err != nil:
 			errs = append(errs, err)
@@ -195,6 +224,24 @@ func CleanupAll(ctx context.Context, o BackendOptions) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// skipped reports whether a backend's Cleanup touched nothing because
+// nothing of the backend can be there.
+func skipped(err error) bool {
+	return errors.Is(err, ErrUnsupported) || errors.Is(err, ErrNoBackend) || errors.Is(err, ErrNothingOwned)
+}
+
+// others returns the backends whose objects a running backend removes
+// after its first sync: all but itself and those it uses.
+func others(name string) []string {
+	var out []string
+	for _, n := range BackendNames() {
+		if n != name && !slices.Contains(backends[name].uses, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // probeNFTables checks that the kernel answers nf_tables requests in ns:

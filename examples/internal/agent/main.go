@@ -233,7 +233,7 @@ func (p Program) cleanup(ctx context.Context, cfg Config, log *slog.Logger) int 
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := CleanupAll(ctx, BackendOptions{NetNS: ns, Logger: log}); err != nil {
+	if err := CleanupAll(ctx, BackendOptions{NetNS: ns, Logger: log, Cgroup: cfg.Cgroup, PinPath: cfg.BPFPinPath}); err != nil {
 		log.Error("cleanup failed", "err", err)
 		return 1
 	}
