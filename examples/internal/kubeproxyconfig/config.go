@@ -8,7 +8,9 @@
 // The mode-specific sections are read as kube-proxy reads them: the
 // nftables mode reads nftables, the iptables mode iptables, the ipvs mode
 // ipvs and iptables' masquerade settings; the sections of other modes (and
-// winkernel's) are ignored without a word, as kube-proxy ignores them.
+// winkernel's) are ignored without a word, as kube-proxy ignores them. A
+// backend kube-proxy does not have (ebpf) reads the section of the file's
+// mode, for which the file was written, else iptables'.
 package kubeproxyconfig
 
 import (
@@ -363,7 +365,7 @@ func (t *translator) detectLocal(c *Config) {
 // others'.
 func (t *translator) modes(c *Config, backend string) {
 	ipt, ipvs, nft := c.IPTables, c.IPVS, c.NFTables
-	switch backend {
+	switch section(backend, string(c.Mode)) {
 	case "nftables":
 		t.set("nftables.masqueradeBit", "masquerade-bit", nft.MasqueradeBit)
 		t.set("nftables.masqueradeAll", "masquerade-all", nft.MasqueradeAll)
@@ -386,8 +388,6 @@ func (t *translator) modes(c *Config, backend string) {
 		t.ignore("ipvs.udpTimeout", ipvs.UDPTimeout, timeouts)
 		t.silentNFTables()
 	default:
-		// iptables, and a backend kube-proxy does not have: iptables'
-		// section, kube-proxy's default mode's.
 		t.set("iptables.masqueradeBit", "masquerade-bit", ipt.MasqueradeBit)
 		t.set("iptables.masqueradeAll", "masquerade-all", ipt.MasqueradeAll)
 		t.set("iptables.localhostNodePorts", "localhost-nodeports", ipt.LocalhostNodePorts)
@@ -396,6 +396,20 @@ func (t *translator) modes(c *Config, backend string) {
 		t.silentIPVS()
 		t.silentNFTables()
 	}
+}
+
+// section returns the mode whose section is read for the backend: its
+// own; for a backend kube-proxy does not have (ebpf), the file's mode,
+// for which the file was written; else iptables', kube-proxy's default
+// mode's.
+func section(backend, mode string) string {
+	for _, m := range []string{backend, mode} {
+		switch m {
+		case "iptables", "ipvs", "nftables":
+			return m
+		}
+	}
+	return "iptables"
 }
 
 func (t *translator) silentIPTables() {

@@ -40,7 +40,7 @@ func ignored(r Result) map[string]string {
 func TestEveryFieldClassified(t *testing.T) {
 	fields := Fields()
 	require.Greater(t, len(fields), 50)
-	for _, backend := range []string{"nftables", "iptables", "ipvs", "other"} {
+	for _, backend := range []string{"nftables", "iptables", "ipvs", "ebpf", "other"} {
 		for _, source := range []string{"kubernetes", "file"} {
 			r := Translate(&Config{}, Context{Backend: backend, Source: source})
 			for _, f := range fields {
@@ -174,6 +174,21 @@ func TestTranslateModes(t *testing.T) {
 	assert.NotContains(t, s, "iptables.syncPeriod -> --max-sync-interval")
 	assert.NotContains(t, s, "iptables.localhostNodePorts -> --localhost-nodeports")
 	assert.Equal(t, "lc", ignored(r)["ipvs.scheduler"])
+}
+
+// A backend kube-proxy does not have reads the section of the file's
+// mode, for which the file was written, else iptables'.
+func TestTranslateOtherBackend(t *testing.T) {
+	c := parse(t, full)
+	c.Mode = "nftables"
+	s := settings(Translate(c, Context{Backend: "ebpf", Source: "kubernetes"}))
+	assert.Equal(t, "20s", s["nftables.syncPeriod -> --max-sync-interval"])
+	assert.NotContains(t, s, "iptables.masqueradeAll -> --masquerade-all")
+
+	c.Mode = ""
+	s = settings(Translate(c, Context{Backend: "ebpf", Source: "kubernetes"}))
+	assert.Equal(t, "true", s["iptables.masqueradeAll -> --masquerade-all"])
+	assert.NotContains(t, s, "nftables.syncPeriod -> --max-sync-interval")
 }
 
 // With another source than kubernetes, the client connection is named as
