@@ -212,7 +212,7 @@ func TestCleanup(t *testing.T) {
 	// process: skipped.
 	code, _, logs = run(t, "--cleanup", "--netns", sb.Node.NSName)
 	require.Equal(t, 0, code, logs)
-	assert.Contains(t, logs, `msg="cleanup: backend skipped" backend=ebpf reason="ebpf: cleanup: nothing of it outlives its process: no --bpf-pin-path"`)
+	assert.Contains(t, logs, `msg="cleanup: backend skipped" backend=ebpf reason="ebpf: cleanup: nothing of the backend can be there: no --bpf-pin-path, so its hooks leave with its process"`)
 }
 
 // kproxy removes the rules of the backend that ran before it, as

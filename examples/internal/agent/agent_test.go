@@ -335,3 +335,19 @@ func TestOtherBackends(t *testing.T) {
 	assert.True(t, skipped(err))
 	assert.NoError(t, Cleanup(context.Background(), "ebpf", BackendOptions{PinPath: filepath.Join(t.TempDir(), "none")}))
 }
+
+// The cleanup of a backend whose kernel module is not loaded touches
+// nothing, and does not probe the kernel, which would load it.
+func TestCleanupNotPresent(t *testing.T) {
+	b := backends["ipvs"]
+	defer func() { backends["ipvs"] = b }()
+	probed := false
+	b2 := b
+	b2.absent = func() error { return errors.New("no ip_vs") }
+	b2.probe = func(netns.NsHandle) error { probed = true; return nil }
+	backends["ipvs"] = b2
+	err := Cleanup(context.Background(), "ipvs", BackendOptions{})
+	assert.ErrorIs(t, err, ErrNothingOwned)
+	assert.ErrorContains(t, err, "ipvs: cleanup: nothing of the backend can be there: no ip_vs")
+	assert.False(t, probed)
+}

@@ -60,9 +60,9 @@ var ErrUnsupported = errors.New("kernel support missing")
 // ErrOptions: the backend needs a flag that is not set.
 var ErrOptions = errors.New("backend option missing")
 
-// ErrNothingOwned: nothing of the backend outlives its process, so there
-// is nothing to clean up.
-var ErrNothingOwned = errors.New("nothing of it outlives its process")
+// ErrNothingOwned: nothing of the backend can be there, so there is
+// nothing to clean up.
+var ErrNothingOwned = errors.New("nothing of the backend can be there")
 
 type backend struct {
 	// probe checks the kernel's support in the namespace, with a message
@@ -82,13 +82,19 @@ type backend struct {
 	// cleaned up while this one runs. A backend that uses another's
 	// objects has a cleanup that leaves them.
 	uses []string
+	// absent returns why the kernel cannot hold objects of the backend,
+	// found without loading anything; nil when it can. A cleanup of an
+	// absent backend touches nothing: its probe would have the kernel
+	// load the module (asking for the IPVS netlink family loads ip_vs).
+	// nil means always present.
+	absent func() error
 }
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
 	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
 	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
-	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
+	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
 	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},
 }
@@ -177,6 +183,11 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 	b, err := lookup(name)
 	if err != nil {
 		return err
+	}
+	if b.absent != nil {
+		if why := b.absent(); why != nil {
+			return fmt.Errorf("%s: cleanup: %w: %v", name, ErrNothingOwned, why)
+		}
 	}
 	if b.cleanup != nil {
 		if err := b.available(name); err != nil {
@@ -296,6 +307,18 @@ func probeIPVS(ns netns.NsHandle) error {
 		return fmt.Errorf("ipvs: %w: the kernel has no dummy link driver (CONFIG_DUMMY; modprobe dummy)", ErrUnsupported)
 	}
 	return nil
+}
+
+// notLoaded returns an error unless a kernel module is loaded or built
+// in, as /sys/module shows it (a built-in module with parameters, as
+// ip_vs has, is there too).
+func notLoaded(module string) func() error {
+	return func() error {
+		if _, err := os.Stat("/sys/module/" + module); err != nil {
+			return fmt.Errorf("the %s module is not loaded", module)
+		}
+		return nil
+	}
 }
 
 // kernelHas reports whether a kernel module is loaded, built in, or

@@ -64,7 +64,7 @@ func callers(ns netns.NsHandle) netns.NsHandle {
 // path nothing outlives the process that attached the hooks.
 func cleanupEBPF(_ context.Context, o BackendOptions) error {
 	if o.PinPath == "" {
-		return fmt.Errorf("%w: no --bpf-pin-path", ErrNothingOwned)
+		return fmt.Errorf("%w: no --bpf-pin-path, so its hooks leave with its process", ErrNothingOwned)
 	}
 	return ebpf.RemovePins(o.PinPath)
 }
