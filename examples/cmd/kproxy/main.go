@@ -1,6 +1,6 @@
 // Command kproxy is a node proxy that can take kube-proxy's place: it
-// load-balances services with kproxy's nftables, iptables or ipvs backend
-// (--backend), fed from one source (--source):
+// load-balances services with kproxy's nftables, iptables, ipvs or ebpf
+// backend (--backend), fed from one source (--source):
 //
 //   - kubernetes (the default): Services and EndpointSlices, as
 //     kube-proxy, through a kubeconfig (--kubeconfig) or the in-cluster
@@ -15,9 +15,9 @@
 // kube-proxy's does. It serves kube-proxy's metrics on 127.0.0.1:10249 and
 // its /healthz and /livez on 0.0.0.0:10256.
 //
-// It needs CAP_NET_ADMIN in the network namespace it programs and the
-// kernel support of its backend, except with --dry-run, which prints the
-// rules and installs nothing:
+// It needs CAP_NET_ADMIN in the network namespace it programs (the ebpf
+// backend CAP_BPF too) and the kernel support of its backend, except with
+// --dry-run, which prints the rules and installs nothing:
 //
 //	go run ./examples/cmd/kproxy --source file --file examples/cmd/kproxy/services.yaml --dry-run --once
 package main

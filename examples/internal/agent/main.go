@@ -98,7 +98,7 @@ type programFlags struct {
 func (o *programFlags) register(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&o.config, "config", "", "a kube-proxy configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1); flags given override it")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
-	fs.BoolVar(&o.cleanup, "cleanup", false, "remove the rules of every backend in the --netns namespace (the nftables table, the iptables chains, the IPVS virtual servers, link and sets), then exit")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "remove what every backend owns in the --netns namespace (the nftables table, the iptables chains, the IPVS virtual servers, link and sets, the ebpf hooks and pins under --bpf-pin-path), then exit")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", DefaultMetricsAddr, "serve Prometheus /metrics and /healthz on this address; empty turns it off")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "deprecated: use --metrics-bind-address")
 	fs.BoolVar(&c.Profiling, "profiling", false, "serve Go's profiles under /debug/pprof/ on the metrics address")
