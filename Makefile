@@ -4,8 +4,11 @@
 #   make test-unit    unprivileged tests (no root needed)
 #   make test-netns   privileged tests in throwaway network namespaces (root)
 #   make test-vm      tests that need IPVS or dummy links, in a qemu VM (root)
+#   make test-examples  the examples and the kproxy binary against real servers
+#   make kproxy       build the kproxy binary into ./bin (static)
+#   make image        pack ./bin/kproxy into an OCI image layout, ./bin/kproxy-image
 #   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
-#   make vulncheck   govulncheck of both modules (not in test: fetches the database)
+#   make vulncheck    govulncheck of both modules (not in test: fetches the database)
 #   make fuzz         every fuzz target for FUZZTIME each (default 30s)
 #   make soak         chaos soak of each backend, SOAK_DURATION each (root; not in test)
 #
@@ -25,7 +28,11 @@ TAGS_ALL := privileged,vm
 # its tag.
 TAGS_LINT := $(TAGS_ALL),soak
 
-.PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz soak vulncheck
+# What --version prints, set at link time.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+
+.PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
 
 test: deps lint test-unit test-netns test-vm test-examples
 
@@ -66,15 +73,27 @@ export VMTEST_FLAGS VMTEST_PKGS
 test-vm: deps
 	$(GO) run ./internal/vmtest/cmd/vmrun $(VMTEST_ARGS)
 
-# The examples' tests run the agents against a real kube-apiserver with
-# etcd and a real Consul agent, built once into the user cache; the demo's
-# and the file agent's packet tests run again in the VM (IPVS); then the
-# demo runs as a smoke test.
-test-examples: deps
+# kproxy, the node proxy of examples/cmd/kproxy: a static binary (no cgo),
+# so that it runs in an image without a C library.
+kproxy:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/kproxy ./examples/cmd/kproxy
+
+# The image of bin/kproxy as an OCI image layout, built without a container
+# runtime; push it with crane or skopeo (see examples/hack/image).
+image: kproxy
+	$(GO) run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:$(VERSION) --version $(VERSION) --revision $(COMMIT)
+
+# The examples' tests run the agents and the kproxy binary against a real
+# kube-apiserver with etcd and a real Consul agent, built once into the
+# user cache (the deploy manifests are applied to that API server, the
+# systemd unit is verified, the image is built and run); the demo's, the
+# file source's and kproxy's packet and cleanup tests run again in the VM
+# (IPVS); then the demo runs as a smoke test.
+test-examples: deps kproxy
 	@examples/hack/deps.sh
 	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) run ./examples/internal/testservers/cmd/buildservers
 	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
-	VMTEST_PKGS='./examples/demo ./examples/internal/filesource' VMTEST_FLAGS= $(GO) run ./internal/vmtest/cmd/vmrun -q
+	VMTEST_PKGS='./examples/demo ./examples/internal/filesource ./examples/cmd/kproxy' VMTEST_FLAGS= $(GO) run ./internal/vmtest/cmd/vmrun -q
 	$(GO) run ./examples/demo
 
 # govulncheck with the Go vulnerability database built from a pinned

@@ -111,7 +111,9 @@
 // Close releases the file descriptors: with a PinPath the hooks and maps
 // stay for the next process; without, the hooks are detached. Cleanup
 // detaches the hooks and removes the pins (and the PinPath directory when
-// it is empty), and nothing else.
+// it is empty), and nothing else. RemovePins does the same for pins a
+// process that holds no Proxier finds, such as an agent's
+// clean-up-and-exit mode: it needs no cgroup and loads nothing.
 //
 // # What it refuses
 //

@@ -451,3 +451,35 @@ func TestCleanupTouchesNothingElse(t *testing.T) {
 	assert.Empty(t, attachedPrograms(t, w.env.Cgroup))
 	require.NoError(t, os.Remove(foreign))
 }
+
+// TestRemovePins: after a Proxier closed with its hooks and maps pinned,
+// RemovePins, which needs no Proxier, detaches every hook and removes
+// every pin; a file that is not a pin keeps its directory; a missing
+// directory is nothing to remove.
+func TestRemovePins(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	w.sync(t, node(), service(eps("elsewhere", 0)))
+	require.NoError(t, w.p.Close())
+	_, err := w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err, "the pinned hooks balance after Close")
+	dir := filepath.Join(w.env.BPFFS, "kproxy")
+	foreign := filepath.Join(dir, "someone-elses")
+	require.NoError(t, os.Mkdir(foreign, 0o700))
+
+	require.NoError(t, kebpf.RemovePins(dir))
+	// The kernel releases a link whose last reference went in deferred
+	// work.
+	assert.Eventually(t, func() bool { return len(attachedPrograms(t, w.env.Cgroup)) == 0 }, 10*time.Second, 10*time.Millisecond)
+	left, err := filepath.Glob(filepath.Join(dir, "*"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{foreign}, left)
+	_, err = w.ask(w.tp.Node, "tcp", dst)
+	assert.ErrorIs(t, err, syscall.ENETUNREACH, "no longer translated")
+
+	require.NoError(t, os.Remove(foreign))
+	require.NoError(t, kebpf.RemovePins(dir))
+	assert.NoDirExists(t, dir, "an empty directory is removed")
+	assert.NoError(t, kebpf.RemovePins(dir))
+	assert.NoError(t, kebpf.RemovePins(""))
+}

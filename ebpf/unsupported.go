@@ -42,3 +42,6 @@ func (p *Proxier) Render(*servicelb.State) (string, error) { return "", errSyste
 
 // Dump returns ErrNotSupported.
 func (p *Proxier) Dump(context.Context) (string, error) { return "", errSystem }
+
+// RemovePins returns ErrNotSupported.
+func RemovePins(string) error { return ErrNotSupported }

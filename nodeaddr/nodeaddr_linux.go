@@ -12,6 +12,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // List returns the namespace's addresses now, sorted.
@@ -24,13 +25,16 @@ func List(o Options) ([]netip.Addr, error) {
 	return list(h, o.ExcludeInterfaces)
 }
 
+// handle opens a route netlink socket in ns, and no other family: a kernel
+// without XFRM or netfilter netlink (a module not loaded) has addresses all
+// the same.
 func handle(ns netns.NsHandle) (*netlink.Handle, error) {
 	var h *netlink.Handle
 	var err error
 	if ns == 0 {
-		h, err = netlink.NewHandle()
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	} else {
-		h, err = netlink.NewHandleAt(ns)
+		h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("nodeaddr: open netlink: %w", err)

@@ -24,6 +24,9 @@ import (
 // need none: it returns a no-op.
 func socketEnv(cfg *agent.Config) (func() error, *bpfenv.Env, error) {
 	if cfg.Backend != "ebpf" {
+		// No pins, so that the removal of the other backends' objects
+		// after the first sync never looks at the host's bpf filesystem.
+		cfg.BPFPinPath = ""
 		return func() error { return nil }, nil, nil
 	}
 	e, err := bpfenv.New("kproxy-demo")

@@ -155,7 +155,7 @@ func demo(ctx context.Context, cfg agent.Config, o options, out io.Writer, log *
 		}
 	}
 	describe(out, sb, svcs, file)
-	cfg.NetNS, cfg.Cleanup = sb.Node.NSName, true
+	cfg.NetNS, cfg.CleanupOnExit = sb.Node.NSName, true
 	return drive(ctx, cfg, o, sb, env, svcs, out, log)
 }
 

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -70,6 +68,11 @@ type Agent struct {
 	first     chan error // the first sync's result, for --once
 	firstOnce sync.Once
 	onInvalid Reporter
+	// others is the backend options the other backends are cleaned up
+	// with after the first successful sync; nil when that is not the
+	// agent's job (a dry run, a dataplane given in Options).
+	others     *BackendOptions
+	othersOnce sync.Once
 }
 
 // New checks the configuration, opens the backend (probing the kernel's
@@ -170,16 +173,9 @@ func (a *Agent) followAddresses(ctx context.Context) error {
 }
 
 func (a *Agent) openNS() error {
-	if a.cfg.NetNS == "" {
-		return nil
-	}
-	path := a.cfg.NetNS
-	if !strings.Contains(path, "/") {
-		path = filepath.Join("/run/netns", path)
-	}
-	ns, err := netns.GetFromPath(path)
+	ns, err := openNetNS(a.cfg.NetNS)
 	if err != nil {
-		return fmt.Errorf("--netns %s: %w", a.cfg.NetNS, err)
+		return err
 	}
 	a.ns = ns
 	return nil
@@ -258,7 +254,7 @@ func splitErrors(err error) []error {
 }
 
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
@@ -280,8 +276,33 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 			return err
 		}
 		a.dp = d
+		a.others = &bo
 	}
 	return nil
+}
+
+// cleanupOthers removes what the other backends own in the namespace, as
+// kube-proxy removes the rules of its other modes when it starts: once the
+// first sync is in, so that the old rules serve until the new ones do.
+// A backend whose kernel support is missing owns nothing and is skipped;
+// so are those whose objects the running one uses (ebpf's nftables
+// table).
+func (a *Agent) cleanupOthers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range others(a.cfg.Backend) {
+		o := *a.others
+		o.Logger = a.log.With("backend", name)
+		err := Cleanup(ctx, name, o)
+		switch {
+		case skipped(err):
+			a.log.Debug("other backend not cleaned up: nothing of it can be here", "backend", name, "reason", err)
+		case err != nil:
+			a.log.Error("removing another backend's rules", "backend", name, "err", err)
+		default:
+			a.log.Debug("other backend cleaned up", "backend", name)
+		}
+	}
 }
 
 func (a *Agent) hooks() servicelb.Hooks {
@@ -294,6 +315,9 @@ func (a *Agent) hooks() servicelb.Hooks {
 	synced := h.Synced
 	h.Synced = func(r servicelb.SyncResult) {
 		synced(r)
+		if r.Err == nil && a.others != nil {
+			a.othersOnce.Do(a.cleanupOthers)
+		}
 		a.firstOnce.Do(func() { a.first <- r.Err })
 	}
 	// A service that asks for a frontend another holds is served without
@@ -336,7 +360,7 @@ func (a *Agent) Metrics() *Metrics { return a.metrics }
 
 // Close closes the health check node ports, releases the backend's
 // sockets and the namespace handle. The kernel state stays (see
-// Config.Cleanup).
+// Config.CleanupOnExit).
 func (a *Agent) Close() {
 	if a.services != nil {
 		_ = a.services.Close()
@@ -353,13 +377,13 @@ func (a *Agent) Close() {
 }
 
 // Run runs the sources and the runner until ctx ends, a source fails, or,
-// with --once, the first sync is done. With --cleanup it then removes the
-// backend's rules.
+// with --once, the first sync is done. With CleanupOnExit it then removes
+// the backend's rules.
 func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
-	if a.cfg.MetricsAddr != "" {
+	if a.cfg.MetricsAddr != "" && !a.cfg.DryRun {
 		if err := a.serveMetrics(ctx, &wg); err != nil {
 			return err
 		}
@@ -418,7 +442,7 @@ type errOnce struct{ err error }
 func (e errOnce) Error() string { return "first sync done" }
 
 func (a *Agent) cleanup() error {
-	if !a.cfg.Cleanup || a.cfg.DryRun {
+	if !a.cfg.CleanupOnExit || a.cfg.DryRun {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -443,10 +467,14 @@ func (a *Agent) reporter(source string) Reporter {
 func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 	if err != nil {
-		return fmt.Errorf("--metrics-addr: %w", err)
+		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	srv := &http.Server{Handler: Handler(a.metrics, a.health, a.cfg.HealthTimeout()), ReadHeaderTimeout: 5 * time.Second}
-	a.log.Info("serving metrics", "addr", ln.Addr().String())
+	h := Handler(a.metrics, a.health, a.cfg.HealthTimeout())
+	if a.cfg.Profiling {
+		h = withProfiling(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	a.log.Info("serving metrics", "addr", ln.Addr().String(), "profiling", a.cfg.Profiling)
 	wg.Go(func() { _ = srv.Serve(ln) })
 	wg.Go(func() {
 		<-ctx.Done()

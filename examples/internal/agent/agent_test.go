@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +31,9 @@ func defaults() Config {
 	fs := newFlagSet()
 	c.RegisterFlags(fs)
 	c.HealthzBindAddress, c.ServiceHealthChecks = "", false
+	// No pins: the other backends' cleanup after the first sync never
+	// looks at the host's bpf filesystem.
+	c.BPFPinPath = ""
 	return c
 }
 
@@ -295,4 +300,54 @@ func TestNodeDetectLocal(t *testing.T) {
 			assert.Equal(t, tc.want, n.DetectLocal)
 		})
 	}
+}
+
+// --masquerade-bit sets the node's masquerade mark; a bit out of 1-31 is
+// refused.
+func TestMasqueradeBit(t *testing.T) {
+	c := defaults()
+	assert.Equal(t, 14, c.MasqueradeBit)
+	c.MasqueradeBit = 13
+	n, err := c.Node()
+	require.NoError(t, err)
+	assert.Equal(t, uint32(1<<13), n.MasqueradeMark())
+	for _, bad := range []int{-1, 32} {
+		c.MasqueradeBit = bad
+		_, err := c.Node()
+		assert.ErrorContains(t, err, fmt.Sprintf("--masquerade-bit %d: want 1 to 31", bad))
+	}
+}
+
+// A running backend cleans up every other but those whose objects it
+// uses: ebpf keeps the nftables table, its packet path; nftables removes
+// ebpf's pins. Without a pin path the ebpf backend leaves nothing behind,
+// and its cleanup, which needs no cgroup, says so and touches nothing.
+func TestOtherBackends(t *testing.T) {
+	assert.NotContains(t, others("ebpf"), "nftables")
+	assert.NotContains(t, others("ebpf"), "ebpf")
+	assert.Contains(t, others("nftables"), "ebpf")
+	assert.Contains(t, others("ebpf"), "iptables")
+	for _, name := range BackendNames() {
+		assert.NotContains(t, others(name), name)
+	}
+	err := Cleanup(context.Background(), "ebpf", BackendOptions{})
+	assert.ErrorIs(t, err, ErrNothingOwned)
+	assert.True(t, skipped(err))
+	assert.NoError(t, Cleanup(context.Background(), "ebpf", BackendOptions{PinPath: filepath.Join(t.TempDir(), "none")}))
+}
+
+// The cleanup of a backend whose kernel module is not loaded touches
+// nothing, and does not probe the kernel, which would load it.
+func TestCleanupNotPresent(t *testing.T) {
+	b := backends["ipvs"]
+	defer func() { backends["ipvs"] = b }()
+	probed := false
+	b2 := b
+	b2.absent = func() error { return errors.New("no ip_vs") }
+	b2.probe = func(netns.NsHandle) error { probed = true; return nil }
+	backends["ipvs"] = b2
+	err := Cleanup(context.Background(), "ipvs", BackendOptions{})
+	assert.ErrorIs(t, err, ErrNothingOwned)
+	assert.ErrorContains(t, err, "ipvs: cleanup: nothing of the backend can be there: no ip_vs")
+	assert.False(t, probed)
 }

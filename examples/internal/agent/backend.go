@@ -42,6 +42,9 @@ type BackendOptions struct {
 	// Node is the node the states are compiled for.
 	Node   servicelb.NodeConfig
 	Logger *slog.Logger
+	// StrictARP is the ipvs backend's ipvs.Options.StrictARP; other
+	// backends ignore it.
+	StrictARP bool
 	// Cgroup and PinPath are the ebpf backend's (Config.Cgroup,
 	// Config.BPFPinPath).
 	Cgroup, PinPath string
@@ -57,6 +60,10 @@ var ErrUnsupported = errors.New("kernel support missing")
 // ErrOptions: the backend needs a flag that is not set.
 var ErrOptions = errors.New("backend option missing")
 
+// ErrNothingOwned: nothing of the backend can be there, so there is
+// nothing to clean up.
+var ErrNothingOwned = errors.New("nothing of the backend can be there")
+
 type backend struct {
 	// probe checks the kernel's support in the namespace, with a message
 	// naming what is missing.
@@ -66,14 +73,30 @@ type backend struct {
 	// render returns a renderer that needs no kernel support, for dry
 	// runs; nil means open's backend renders.
 	render func(BackendOptions) (Renderer, error)
+	// cleanup removes what the backend owns without opening it, for a
+	// backend that cannot be opened with what a cleanup knows (ebpf needs
+	// its cgroup); nil means open it and call its Cleanup.
+	cleanup func(context.Context, BackendOptions) error
+	// uses names the backends whose objects this one holds as its own
+	// (ebpf's packet path is the nftables backend's table): they are not
+	// cleaned up while this one runs. A backend that uses another's
+	// objects has a cleanup that leaves them.
+	uses []string
+	// absent returns why the kernel cannot hold objects of the backend,
+	// found without loading anything; nil when it can. A cleanup of an
+	// absent backend touches nothing: its probe would have the kernel
+	// load the module (asking for the IPVS netlink family loads ip_vs).
+	// nil means always present.
+	absent func() error
 }
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
 	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
 	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
-	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
-	"ebpf":     {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF},
+	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
+	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
+		cleanup: cleanupEBPF, uses: []string{"nftables"}},
 }
 
 // BackendNames returns the accepted --backend values.
@@ -151,6 +174,87 @@ func OpenRenderer(name string, o BackendOptions) (Renderer, error) {
 	return d, nil
 }
 
+// Cleanup removes everything the named backend owns in the namespace
+// o.NetNS (its own Cleanup), then releases it. It returns an error
+// wrapping ErrUnsupported, ErrNoBackend or ErrNothingOwned, and touches
+// nothing, when the kernel lacks the backend's support, this build lacks
+// the backend, or nothing of it can be left.
+func Cleanup(ctx context.Context, name string, o BackendOptions) error {
+	b, err := lookup(name)
+	if err != nil {
+		return err
+	}
+	if b.absent != nil {
+		if why := b.absent(); why != nil {
+			return fmt.Errorf("%s: cleanup: %w: %v", name, ErrNothingOwned, why)
+		}
+	}
+	if b.cleanup != nil {
+		if err := b.available(name); err != nil {
+			return err
+		}
+		if err := b.cleanup(ctx, o); err != nil {
+			return fmt.Errorf("%s: cleanup: %w", name, err)
+		}
+		return nil
+	}
+	d, err := Open(name, o)
+	if err != nil {
+		return err
+	}
+	err = d.Cleanup(ctx)
+	if c, ok := d.(io.Closer); ok {
+		err = errors.Join(err, c.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: cleanup: %w", name, err)
+	}
+	return nil
+}
+
+// CleanupAll removes what every backend of this build owns in the
+// namespace o.NetNS, as kube-proxy's --cleanup does: a backend whose
+// kernel support is missing owns nothing there and is skipped, with a
+// note in the log, as is one of which nothing outlives its process. It
+// returns the errors of the others, joined.
+func CleanupAll(ctx context.Context, o BackendOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var errs []error
+	for _, name := range BackendNames() {
+		err := Cleanup(ctx, name, o)
+		switch {
+		case skipped(err):
+			log.Info("cleanup: backend skipped", "backend", name, "reason", err)
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			log.Info("cleanup: removed what the backend owns", "backend", name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// skipped reports whether a backend's Cleanup touched nothing because
+// nothing of the backend can be there.
+func skipped(err error) bool {
+	return errors.Is(err, ErrUnsupported) || errors.Is(err, ErrNoBackend) || errors.Is(err, ErrNothingOwned)
+}
+
+// others returns the backends whose objects a running backend removes
+// after its first sync: all but itself and those it uses.
+func others(name string) []string {
+	var out []string
+	for _, n := range BackendNames() {
+		if n != name && !slices.Contains(backends[name].uses, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // probeNFTables checks that the kernel answers nf_tables requests in ns:
 // both the nftables and the iptables backend (which writes iptables-nft's
 // encoding) need it.
@@ -203,6 +307,18 @@ func probeIPVS(ns netns.NsHandle) error {
 		return fmt.Errorf("ipvs: %w: the kernel has no dummy link driver (CONFIG_DUMMY; modprobe dummy)", ErrUnsupported)
 	}
 	return nil
+}
+
+// notLoaded returns an error unless a kernel module is loaded or built
+// in, as /sys/module shows it (a built-in module with parameters, as
+// ip_vs has, is there too).
+func notLoaded(module string) func() error {
+	return func() error {
+		if _, err := os.Stat("/sys/module/" + module); err != nil {
+			return fmt.Errorf("the %s module is not loaded", module)
+		}
+		return nil
+	}
 }
 
 // kernelHas reports whether a kernel module is loaded, built in, or

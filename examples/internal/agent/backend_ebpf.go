@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -55,4 +56,15 @@ func callers(ns netns.NsHandle) netns.NsHandle {
 		return 0
 	}
 	return ns
+}
+
+// cleanupEBPF removes the hooks and maps pinned under --bpf-pin-path,
+// without a cgroup: a cleanup knows none. Its packet path's table is the
+// nftables backend's, which that backend's cleanup removes. Without a pin
+// path nothing outlives the process that attached the hooks.
+func cleanupEBPF(_ context.Context, o BackendOptions) error {
+	if o.PinPath == "" {
+		return fmt.Errorf("%w: no --bpf-pin-path, so its hooks leave with its process", ErrNothingOwned)
+	}
+	return ebpf.RemovePins(o.PinPath)
 }

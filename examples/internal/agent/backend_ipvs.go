@@ -6,7 +6,7 @@ import (
 )
 
 func openIPVS(o BackendOptions) (Dataplane, error) {
-	return ipvs.New(ipvs.Options{NetNS: o.NetNS, Logger: o.Logger})
+	return ipvs.New(ipvs.Options{NetNS: o.NetNS, Logger: o.Logger, StrictARP: o.StrictARP})
 }
 
 // renderIPVS renders without the kernel: IPVS may be missing where a dry

@@ -37,13 +37,16 @@ type Config struct {
 	DryRun bool
 	// Once exits after the first successful sync.
 	Once bool
-	// Cleanup removes the backend's rules on exit.
-	Cleanup bool
+	// CleanupOnExit removes the backend's rules when Run returns (by
+	// default they stay, so that a restart drops no traffic).
+	CleanupOnExit bool
 	// NetNS is the network namespace to program: a name in /run/netns
 	// or a path; empty means the agent's own.
 	NetNS string
 	// MetricsAddr, when set, serves /metrics and /healthz there.
 	MetricsAddr string
+	// Profiling serves Go's profiles (/debug/pprof/) on MetricsAddr too.
+	Profiling bool
 	// HealthzBindAddress, when set, serves the proxy's /healthz and
 	// /livez there, in NetNS, as kube-proxy's --healthz-bind-address.
 	HealthzBindAddress string
@@ -55,16 +58,24 @@ type Config struct {
 	ServiceHealthChecks bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// LogFormat is text (the default) or json.
+	LogFormat string
 
-	NodeName           string
-	Zone               string
-	NodeIPs            string
-	NodePortAddresses  string
-	NodePortRange      string
-	ClusterCIDRs       string
-	ServiceCIDRs       string
-	MasqueradeAll      bool
+	NodeName          string
+	Zone              string
+	NodeIPs           string
+	NodePortAddresses string
+	NodePortRange     string
+	ClusterCIDRs      string
+	ServiceCIDRs      string
+	MasqueradeAll     bool
+	// MasqueradeBit is the packet mark bit (1-31) that tags traffic for
+	// masquerade.
+	MasqueradeBit      int
 	LocalhostNodePorts bool
+	// StrictARP keeps the node from answering ARP for the ipvs backend's
+	// virtual addresses on its other links (ipvs.Options.StrictARP).
+	StrictARP bool
 	// DetectLocalMode and its parameters say how the node tells its pods'
 	// traffic from outside traffic (servicelb.DetectLocal), with
 	// kube-proxy's flag names.
@@ -88,14 +99,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.BPFPinPath, "bpf-pin-path", "/sys/fs/bpf/kproxy", "ebpf: directory on a bpf filesystem for the maps and hooks, adopted on restart (empty: no pins)")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")
 	fs.BoolVar(&c.Once, "once", false, "exit after the first successful sync")
-	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove the installed rules on exit (by default they stay, so that a restart drops no traffic)")
 	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /run/netns or a path (default: the agent's own)")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address, e.g. 127.0.0.1:10249 (default: off)")
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", healthcheck.DefaultAddr, "serve the proxy's /healthz and /livez on this address, in the --netns namespace, as kube-proxy; empty turns it off")
 	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", 0, "the proxy is unhealthy when a change has waited this long to be applied (default: twice --max-sync-interval)")
 	fs.BoolVar(&c.ServiceHealthChecks, "health-check-node-ports", true, "serve the health check node port of each service that has one (externalTrafficPolicy: Local), in the --netns namespace, on the node-port addresses")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&c.NodeName, "node-name", "", "this node's name: endpoints with this node name are local")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.NodeName, "node-name", "", "this node's name: endpoints with this node name are local (with kproxy's kubernetes source, the hostname by default)")
 	fs.StringVar(&c.Zone, "zone", "", "this node's topology zone, for topology hints")
 	fs.StringVar(&c.NodeIPs, "node-ips", "", "comma-separated primary addresses of the node (a Kubernetes Node's addresses)")
 	fs.StringVar(&c.NodePortAddresses, "nodeport-addresses", "", `comma-separated CIDRs selecting the local addresses that serve node ports, and "primary" for the --node-ips (default: every local address, followed as interfaces change)`)
@@ -111,6 +121,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ClusterCIDRs, "cluster-cidrs", "", "comma-separated prefixes of the workloads' addresses; other sources are masqueraded")
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs")
+	fs.IntVar(&c.MasqueradeBit, "masquerade-bit", 14, "the packet mark bit (1-31) that tags traffic for masquerade (kube-proxy's masqueradeBit)")
+	fs.BoolVar(&c.StrictARP, "ipvs-strict-arp", false, "ipvs backend: set arp_ignore=1 and arp_announce=2, so that the node answers no ARP request for its virtual addresses on its other links")
 	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", "", "how traffic from this node's pods is told apart: ClusterCIDR (the default: a source in --cluster-cidrs), "+
 		"NodeCIDR (a source in --node-cidrs), BridgeInterface (it comes in on --pod-bridge-interface) or InterfaceNamePrefix "+
 		"(it comes in on an interface named --pod-interface-name-prefix...); traffic from elsewhere to cluster IPs is masqueraded")
@@ -126,6 +138,14 @@ func (c *Config) Node() (servicelb.NodeConfig, error) {
 	var n servicelb.NodeConfig
 	var errs []error
 	n.NodeName, n.Zone, n.MasqueradeAll, n.LocalhostNodePorts = c.NodeName, c.Zone, c.MasqueradeAll, c.LocalhostNodePorts
+	switch {
+	case c.MasqueradeBit == 0:
+		// Unset in a Config built in code: the default.
+	case c.MasqueradeBit < 1 || c.MasqueradeBit > 31:
+		errs = append(errs, fmt.Errorf("--masquerade-bit %d: want 1 to 31", c.MasqueradeBit))
+	default:
+		n.MasqueradeBit = uint8(c.MasqueradeBit)
+	}
 	for _, s := range splitList(c.NodeIPs) {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
@@ -199,16 +219,24 @@ func parseRange(s string) (servicelb.PortRange, error) {
 	return r, nil
 }
 
-// Logger returns a text logger on stderr at the configured level.
+// Logger returns a logger on stderr at the configured level and format.
 func (c *Config) Logger() (*slog.Logger, error) { return c.LoggerTo(os.Stderr) }
 
-// LoggerTo returns a text logger on w at the configured level.
+// LoggerTo returns a logger on w at the configured level, in the
+// configured format: text (key=value) or JSON, one object a line.
 func (c *Config) LoggerTo(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+	o := &slog.HandlerOptions{Level: lvl}
+	switch c.LogFormat {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 }
 
 // HealthTimeout returns how long a change may wait to be applied before

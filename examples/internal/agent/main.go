@@ -10,30 +10,73 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// Program is one agent binary: its help text, its own flags and its
-// sources.
+// DefaultMetricsAddr is where a program serves its metrics unless told
+// otherwise: kube-proxy's metricsBindAddress.
+const DefaultMetricsAddr = "127.0.0.1:10249"
+
+// Program is a node agent binary: its help text, its own flags, its
+// configuration file and its sources.
 type Program struct {
 	// Name is the binary's name.
 	Name string
 	// Usage is the help text above the flags: what the agent does and
 	// needs.
 	Usage string
+	// Build is what --version prints.
+	Build BuildInfo
 	// Flags registers the agent's own flags.
 	Flags func(fs *flag.FlagSet)
-	// Sources returns the agent's sources once the flags are parsed.
-	Sources func(log *slog.Logger) ([]Source, error)
+	// LoadConfig, when set, reads the --config file: the flag values it
+	// gives (applied to the flags the command line does not set) and the
+	// fields it ignores. given returns a flag's value from the command
+	// line, and whether the command line set it.
+	LoadConfig func(path string, given func(flag string) (string, bool)) (ConfigFile, error)
+	// Sources returns the agent's sources once the flags are parsed. It
+	// may fill in defaults in s.Config.
+	Sources func(s Setup) ([]Source, error)
 	// NodeCIDRs, when set, returns the pod CIDRs of the named node from
-	// where the agent's sources know them (the Kubernetes agent reads its
+	// where the agent's sources know them (the Kubernetes source reads its
 	// Node's spec.podCIDRs). It is asked, after Sources, under
 	// --detect-local-mode=NodeCIDR without --node-cidrs.
 	NodeCIDRs func(ctx context.Context, node string) ([]netip.Prefix, error)
 }
+
+// Setup is what Program.Sources is given.
+type Setup struct {
+	// Config is the configuration from the flags and the config file.
+	Config *Config
+	Logger *slog.Logger
+	// Given reports whether the command line set a flag.
+	Given func(flag string) bool
+}
+
+// ConfigFile is what a configuration file says in terms of flags.
+type ConfigFile struct {
+	// Settings are flag values; each names the file's field it comes
+	// from.
+	Settings []FileSetting
+	// Ignored are the fields set in the file that the program does not
+	// use, each with the reason; Warnings are other remarks on the file
+	// (unknown fields).
+	Ignored  []IgnoredField
+	Warnings []string
+}
+
+// FileSetting is a flag's value from a configuration file's field.
+type FileSetting struct{ Field, Flag, Value string }
+
+// IgnoredField is a field of a configuration file that is not used.
+type IgnoredField struct{ Field, Value, Reason string }
 
 // Main runs the program with the process's arguments until SIGINT or
 // SIGTERM, and exits: 0 on success, 1 on error, 2 on bad flags.
@@ -44,6 +87,23 @@ func Main(p Program) {
 	os.Exit(code)
 }
 
+// programFlags are the flags of a binary beside the agent's Config.
+type programFlags struct {
+	config      string
+	version     bool
+	cleanup     bool
+	metricsAddr string // the deprecated --metrics-addr
+}
+
+func (o *programFlags) register(fs *flag.FlagSet, c *Config) {
+	fs.StringVar(&o.config, "config", "", "a kube-proxy configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1); flags given override it")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "remove what every backend owns in the --netns namespace (the nftables table, the iptables chains, the IPVS virtual servers, link and sets, the ebpf hooks and pins under --bpf-pin-path), then exit")
+	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", DefaultMetricsAddr, "serve Prometheus /metrics and /healthz on this address; empty turns it off")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "deprecated: use --metrics-bind-address")
+	fs.BoolVar(&c.Profiling, "profiling", false, "serve Go's profiles under /debug/pprof/ on the metrics address")
+}
+
 // Run runs the program with args until ctx ends and returns its exit code;
 // logs go to errOut.
 func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Writer) int {
@@ -51,12 +111,14 @@ func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Write
 	fs.SetOutput(errOut)
 	var cfg Config
 	cfg.RegisterFlags(fs)
+	var o programFlags
+	o.register(fs, &cfg)
 	if p.Flags != nil {
 		p.Flags(fs)
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(errOut, "%s\n\nUsage: %s [flags]\n\nFlags:\n", p.Usage, p.Name)
-		fs.PrintDefaults()
+		printDefaults(fs, errOut)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -68,32 +130,131 @@ func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Write
 		fmt.Fprintf(errOut, "%s: unexpected arguments %q\n", p.Name, fs.Args())
 		return 2
 	}
+	if o.version {
+		fmt.Fprintln(stdout, p.Build.Line(p.Name))
+		return 0
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["metrics-addr"] && !given["metrics-bind-address"] {
+		cfg.MetricsAddr = o.metricsAddr
+	}
+	file, err := p.applyConfig(fs, o.config, given)
+	if err != nil {
+		fmt.Fprintf(errOut, "%s: %v\n", p.Name, err)
+		return 2
+	}
 	log, err := cfg.LoggerTo(errOut)
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", p.Name, err)
 		return 2
 	}
-	if err := p.start(ctx, cfg, log, stdout); err != nil {
+	warnConfig(log, o.config, file)
+	if given["metrics-addr"] {
+		log.Warn("--metrics-addr is deprecated: use --metrics-bind-address")
+	}
+	if o.cleanup {
+		return p.cleanup(ctx, cfg, log)
+	}
+	s := Setup{Config: &cfg, Logger: log, Given: func(name string) bool { return given[name] }}
+	if err := p.start(ctx, s, stdout); err != nil {
 		log.Error("exiting", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func (p Program) start(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) error {
-	sources, err := p.Sources(log)
+// printDefaults prints the flags as flag.PrintDefaults does, with two
+// dashes, as the documentation writes them (either works).
+func printDefaults(fs *flag.FlagSet, w io.Writer) {
+	var b strings.Builder
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(w)
+	fmt.Fprint(w, flagLine.ReplaceAllString(b.String(), "  --"))
+}
+
+var flagLine = regexp.MustCompile(`(?m)^  -`)
+
+// applyConfig reads the config file, if any, and sets the flags it gives
+// that the command line does not.
+func (p Program) applyConfig(fs *flag.FlagSet, path string, given map[string]bool) (ConfigFile, error) {
+	if path == "" {
+		return ConfigFile{}, nil
+	}
+	if p.LoadConfig == nil {
+		return ConfigFile{}, errors.New("--config: this program reads no configuration file")
+	}
+	file, err := p.LoadConfig(path, func(name string) (string, bool) {
+		f := fs.Lookup(name)
+		if f == nil {
+			return "", false
+		}
+		return f.Value.String(), given[name]
+	})
+	if err != nil {
+		return file, err
+	}
+	for _, s := range file.Settings {
+		if given[s.Flag] {
+			continue
+		}
+		if err := fs.Set(s.Flag, s.Value); err != nil {
+			return file, fmt.Errorf("config %s: %s: %q: --%s: %w", path, s.Field, s.Value, s.Flag, err)
+		}
+	}
+	return file, nil
+}
+
+// warnConfig logs one warning per ignored field of the config file, and
+// its other remarks.
+func warnConfig(log *slog.Logger, path string, file ConfigFile) {
+	for _, w := range file.Warnings {
+		log.Warn("config: "+w, "file", path)
+	}
+	for _, f := range file.Ignored {
+		log.Warn("config field ignored", "file", path, "field", f.Field, "value", f.Value, "reason", f.Reason)
+	}
+}
+
+// cleanup runs --cleanup: every backend's Cleanup in the namespace.
+func (p Program) cleanup(ctx context.Context, cfg Config, log *slog.Logger) int {
+	if cfg.DryRun {
+		log.Error("--cleanup and --dry-run: a dry run removes nothing")
+		return 2
+	}
+	ns, err := openNetNS(cfg.NetNS)
+	if err != nil {
+		log.Error("exiting", "err", err)
+		return 1
+	}
+	if ns.IsOpen() {
+		defer ns.Close()
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := CleanupAll(ctx, BackendOptions{NetNS: ns, Logger: log, Cgroup: cfg.Cgroup, PinPath: cfg.BPFPinPath}); err != nil {
+		log.Error("cleanup failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func (p Program) start(ctx context.Context, s Setup, stdout io.Writer) error {
+	sources, err := p.Sources(s)
 	if err != nil {
 		return err
 	}
-	if err := p.nodeCIDRs(ctx, &cfg, log); err != nil {
+	cfg, log := s.Config, s.Logger
+	if err := p.nodeCIDRs(ctx, cfg, log); err != nil {
 		return err
 	}
-	a, err := New(Options{Config: cfg, Logger: log, Stdout: stdout})
+	a, err := New(Options{Config: *cfg, Logger: log, Stdout: stdout})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	log.Info("starting", "backend", cfg.Backend, "dryRun", cfg.DryRun, "netns", cfg.NetNS)
+	log.Info("starting", "version", p.Build.Version(), "backend", cfg.Backend, "dryRun", cfg.DryRun, "netns", cfg.NetNS, "node", cfg.NodeName)
 	return a.Run(ctx, sources...)
 }
 
@@ -117,4 +278,21 @@ func (p Program) nodeCIDRs(ctx context.Context, cfg *Config, log *slog.Logger) e
 	cfg.NodeCIDRs = strings.Join(texts, ",")
 	log.Info("node pod CIDRs", "node", cfg.NodeName, "cidrs", cfg.NodeCIDRs)
 	return nil
+}
+
+// openNetNS opens a namespace named in /run/netns or by path; empty means
+// none (the caller's).
+func openNetNS(name string) (netns.NsHandle, error) {
+	if name == "" {
+		return netns.None(), nil
+	}
+	path := name
+	if !strings.Contains(path, "/") {
+		path = "/run/netns/" + path
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return netns.None(), fmt.Errorf("--netns %s: %w", name, err)
+	}
+	return ns, nil
 }

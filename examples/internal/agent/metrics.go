@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,5 +130,18 @@ func Handler(m *Metrics, health func() servicelb.Health, timeout time.Duration) 
 		}
 		fmt.Fprintln(w)
 	})
+	return mux
+}
+
+// withProfiling serves Go's profiles under /debug/pprof/ beside h, as
+// kube-proxy's enableProfiling does on its metrics address.
+func withProfiling(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
 }

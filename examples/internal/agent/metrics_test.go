@@ -165,3 +165,35 @@ func TestKubeProxyMetrics(t *testing.T) {
 		assert.Contains(t, body, `"healthy":true`, path)
 	}
 }
+
+// With Profiling, Go's profiles are served on the metrics address beside
+// /metrics; without, they are not.
+func TestProfiling(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			cfg := defaults()
+			cfg.MetricsAddr, cfg.Profiling = freeAddr(t), on
+			startAgent(t, cfg, &fake.Proxier{}, io.Discard)
+			url := "http://" + cfg.MetricsAddr
+			require.Eventually(t, func() bool {
+				resp, err := http.Get(url + "/metrics")
+				if err == nil {
+					resp.Body.Close()
+				}
+				return err == nil
+			}, 5*time.Second, 10*time.Millisecond)
+			code, body := httpGet(t, url+"/debug/pprof/")
+			if on {
+				assert.Equal(t, http.StatusOK, code)
+				assert.Contains(t, body, "goroutine")
+				code, _ = httpGet(t, url+"/debug/pprof/heap?debug=1")
+				assert.Equal(t, http.StatusOK, code)
+			} else {
+				assert.Equal(t, http.StatusNotFound, code)
+			}
+			code, body = httpGet(t, url+"/metrics")
+			assert.Equal(t, http.StatusOK, code)
+			assert.Contains(t, body, "kubeproxy_sync_proxy_rules_duration_seconds")
+		})
+	}
+}

@@ -20,8 +20,11 @@ type Source struct {
 	Options
 	// WaitTime bounds each blocking query; default 5 minutes.
 	WaitTime time.Duration
-	// RetryInterval is the wait after a failed query; default 1 s.
-	RetryInterval time.Duration
+	// RetryInterval is the wait after a failed query; default 1 s. Each
+	// further failure of the same query doubles it, up to MaxRetryInterval
+	// (default 30 s); a success starts over.
+	RetryInterval    time.Duration
+	MaxRetryInterval time.Duration
 	// Logger receives query failures and skipped services; nil discards.
 	Logger *slog.Logger
 
@@ -53,18 +56,23 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	if s.RetryInterval == 0 {
 		s.RetryInterval = time.Second
 	}
+	if s.MaxRetryInterval == 0 {
+		s.MaxRetryInterval = 30 * time.Second
+	}
 	s.dst, s.report = dst, report
 	s.watchers, s.waiting, s.invalid = map[string]context.CancelFunc{}, map[string]bool{}, map[string]string{}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var index uint64
+	b := s.backoff()
 	for ctx.Err() == nil {
 		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
 		names, meta, err := s.Client.Catalog().Services(opts)
 		if err != nil {
-			s.retry(ctx, "catalog", err)
+			s.retry(ctx, "catalog", err, &b)
 			continue
 		}
+		b.reset()
 		index = nextIndex(index, meta.LastIndex)
 		s.follow(ctx, &wg, names)
 	}
@@ -80,14 +88,34 @@ func nextIndex(prev, last uint64) uint64 {
 	return last
 }
 
-func (s *Source) retry(ctx context.Context, what string, err error) {
+// backoff is the wait before a failed query is tried again: doubled by
+// each failure, up to a bound, and reset by a success.
+type backoff struct {
+	first, max, next time.Duration
+}
+
+func (s *Source) backoff() backoff {
+	return backoff{first: s.RetryInterval, max: s.MaxRetryInterval, next: s.RetryInterval}
+}
+
+func (b *backoff) reset() { b.next = b.first }
+
+// wait returns the wait before the next try and doubles the one after.
+func (b *backoff) wait() time.Duration {
+	d := b.next
+	b.next = min(2*b.next, b.max)
+	return d
+}
+
+func (s *Source) retry(ctx context.Context, what string, err error, b *backoff) {
 	if ctx.Err() != nil {
 		return
 	}
-	s.Logger.Warn("consul query failed", "query", what, "err", err, "retry", s.RetryInterval)
+	d := b.wait()
+	s.Logger.Warn("consul query failed", "query", what, "err", err, "retry", d)
 	select {
 	case <-ctx.Done():
-	case <-time.After(s.RetryInterval):
+	case <-time.After(d):
 	}
 }
 
@@ -119,13 +147,15 @@ func (s *Source) follow(ctx context.Context, wg *sync.WaitGroup, names map[strin
 // watch follows one service's health until ctx ends.
 func (s *Source) watch(ctx context.Context, name string) {
 	var index uint64
+	b := s.backoff()
 	for ctx.Err() == nil {
 		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
 		entries, meta, err := s.Client.Health().Service(name, "", false, opts)
 		if err != nil {
-			s.retry(ctx, "health "+name, err)
+			s.retry(ctx, "health "+name, err, &b)
 			continue
 		}
+		b.reset()
 		index = nextIndex(index, meta.LastIndex)
 		s.mu.Lock()
 		if ctx.Err() == nil {

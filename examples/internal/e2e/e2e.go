@@ -125,7 +125,7 @@ func StartPackets(t *testing.T, backend string, src agent.Source, mods ...func(*
 	}
 	cfg := Config(backend)
 	cfg.NetNS = sb.Node.NSName
-	cfg.Cleanup = true
+	cfg.CleanupOnExit = true
 	cfg.HealthzBindAddress = netip.AddrPortFrom(sandbox.NodeAddr, HealthzPort).String()
 	cfg.ServiceHealthChecks = true
 	for _, mod := range mods {

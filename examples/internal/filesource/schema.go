@@ -45,7 +45,7 @@
 // Unknown fields and values of the wrong type fail the whole file, each
 // reported with its line and field; a service with a value that does not
 // parse (an address, a prefix, a duration) is left out with its problems,
-// and the others are applied. See examples/static/services.yaml for a
+// and the others are applied. See examples/cmd/kproxy/services.yaml for a
 // commented example.
 package filesource
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -127,9 +128,23 @@ func (s *Source) load(dst *servicelb.Source, report agent.Reporter) error {
 	}
 	added, changed, removed := difference(s.good, next)
 	s.Logger.Info("loaded services", "file", s.Path, "services", len(next), "invalid", len(p.Bad)+len(bad),
-		"added", added, "changed", changed, "removed", removed)
+		"added", len(added), "changed", len(changed), "removed", len(removed),
+		"addedNames", sample(added), "changedNames", sample(changed), "removedNames", sample(removed))
 	s.good = next
 	return nil
+}
+
+// sampleSize is how many names a log line lists of a kind of change: a
+// file of thousands of services logs counts, not every name.
+const sampleSize = 5
+
+// sample returns the first names of a sorted list, and how many more
+// there are.
+func sample(names []string) string {
+	if len(names) <= sampleSize {
+		return strings.Join(names, " ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:sampleSize], " "), len(names)-sampleSize)
 }
 
 // difference names the services added, changed and removed from old to

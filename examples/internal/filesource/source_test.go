@@ -2,12 +2,17 @@ package filesource
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
@@ -191,5 +196,50 @@ func TestDifference(t *testing.T) {
 		map[string]servicelb.Service{"a": a2, "c": c})
 	if strings.Join(added, ",") != "c" || strings.Join(changed, ",") != "a" || strings.Join(removed, ",") != "b" {
 		t.Errorf("difference = %v %v %v", added, changed, removed)
+	}
+}
+
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A file of 5,000 services is logged as counts and a few names, not one
+// line that names every service.
+func TestLoadLogIsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("services:\n")
+	for i := range 5000 {
+		fmt.Fprintf(&b, "  - name: svc-%04d\n    clusterIPs: [10.96.%d.%d]\n    ports: [{port: 80}]\n    endpoints: [{addr: 10.1.0.1}]\n",
+			i, i/250, i%250+1)
+	}
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
+	var logs syncBuffer
+	src := &Source{Path: path, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	p := &fake.Proxier{}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{})
+	require.NoError(t, err)
+	require.NoError(t, src.load(r.Source(src.Name()), func(o string, err error) { t.Errorf("%s: %v", o, err) }))
+	out := logs.String()
+	require.Contains(t, out, "loaded services")
+	assert.Contains(t, out, "services=5000")
+	assert.Contains(t, out, "added=5000")
+	assert.Contains(t, out, `addedNames="svc-0000 svc-0001 svc-0002 svc-0003 svc-0004 and 4995 more"`)
+	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+		assert.Less(t, len(line), 512, "log line of %d bytes", len(line))
 	}
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -83,6 +85,12 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	if err := sliceInf.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
+	if err := svcInf.SetWatchErrorHandler(s.watchError("services")); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	if err := sliceInf.SetWatchErrorHandler(s.watchError("endpointslices")); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
 	s.services, s.slices = svcInf.GetIndexer(), sliceInf.GetIndexer()
 	if _, err := svcInf.AddEventHandler(s.handler(s.serviceKey, nil)); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
@@ -105,6 +113,18 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	s.Logger.Info("kubernetes informers synced", "services", len(s.services.ListKeys()), "proxyName", s.ProxyName)
 	<-ctx.Done()
 	return nil
+}
+
+// watchError logs a failed list or watch of a resource (a permission
+// refused, the API server gone), which the informer tries again with a
+// backoff; a watch that merely ended is not logged.
+func (s *Source) watchError(resource string) cache.WatchErrorHandler {
+	return func(_ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			return
+		}
+		s.Logger.Warn("kubernetes: list or watch failed; trying again", "resource", resource, "err", err)
+	}
 }
 
 // handler calls update with the service key of each changed object, and

@@ -1,0 +1,8 @@
+//go:build privileged && !vm
+
+package main
+
+// vmBackends is empty on the host, whose kernel may have no IPVS (this
+// machine's has none): the VM runs these tests with ipvs too
+// (make test-examples runs them there).
+var vmBackends []string

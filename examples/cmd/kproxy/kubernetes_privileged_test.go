@@ -1,0 +1,83 @@
+//go:build privileged
+
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/kubesource"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// adminClient returns a client of the shared API server with its admin
+// token.
+func adminClient(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	cfg, err := kubesource.RestConfig(apiServer(t).Kubeconfig)
+	require.NoError(t, err)
+	c, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	return c
+}
+
+// createWeb creates the Service ns/web on cluster IP ip (port 80 to
+// 8080) with one ready endpoint, 10.100.1.2.
+func createWeb(t *testing.T, c kubernetes.Interface, ns, ip string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if ns != "default" {
+		_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: corev1.ServiceSpec{ClusterIP: ip, Ports: []corev1.ServicePort{
+			{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	_, err := c.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.100.1.2"}}},
+	}
+	_, err = c.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+// kproxy, run with a kubeconfig against a real API server, prints the
+// rules for the services it finds; under --detect-local-mode=NodeCIDR it
+// reads its Node's pod CIDRs.
+func TestDryRunAgainstAPIServer(t *testing.T) {
+	c := adminClient(t)
+	kubeconfig := apiServer(t).Kubeconfig
+	createWeb(t, c, "dryrun", "10.96.7.7")
+	code, out, logs := run(t, "--kubeconfig", kubeconfig, "--backend", "iptables", "--dry-run", "--once")
+	require.Equal(t, 0, code, logs)
+	for _, want := range []string{"-d 10.96.7.7/32", `"dryrun/web:http -> 10.100.1.2:8080"`, "--to-destination 10.100.1.2:8080"} {
+		has(t, out, want, "")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.100.1.0/24", PodCIDRs: []string{"10.100.1.0/24"}}}
+	_, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	require.NoError(t, err)
+	code, out, logs = run(t, "--kubeconfig", kubeconfig, "--backend", "iptables", "--dry-run", "--once",
+		"--node-name", "n1", "--detect-local-mode", "NodeCIDR")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "! -s 10.100.1.0/24 -d 10.96.7.7/32", "NodeCIDR")
+}

@@ -1,0 +1,284 @@
+// Command kproxy is a node proxy that can take kube-proxy's place: it
+// load-balances services with kproxy's nftables, iptables, ipvs or ebpf
+// backend (--backend), fed from one source (--source):
+//
+//   - kubernetes (the default): Services and EndpointSlices, as
+//     kube-proxy, through a kubeconfig (--kubeconfig) or the in-cluster
+//     configuration;
+//   - consul: Consul's catalog and health checks, on virtual addresses
+//     from a mapping file (--consul-mapping) or the services' meta;
+//   - file: a YAML or JSON file of services it watches (--file).
+//
+// It reads kube-proxy's configuration file (--config, a
+// KubeProxyConfiguration), names each field it ignores, and lets flags
+// override it. --cleanup removes the rules of every backend and exits, as
+// kube-proxy's does. It serves kube-proxy's metrics on 127.0.0.1:10249 and
+// its /healthz and /livez on 0.0.0.0:10256.
+//
+// It needs CAP_NET_ADMIN in the network namespace it programs (the ebpf
+// backend CAP_BPF too) and the kernel support of its backend, except with
+// --dry-run, which prints the rules and installs nothing:
+//
+//	go run ./examples/cmd/kproxy --source file --file examples/cmd/kproxy/services.yaml --dry-run --once
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/agent"
+	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
+	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
+	"github.com/kproxy-dev/kproxy/examples/internal/kubeproxyconfig"
+	"github.com/kproxy-dev/kproxy/examples/internal/kubesource"
+)
+
+// Set at link time: -ldflags "-X main.version=v0.3.0 -X main.commit=...".
+var version, commit string
+
+func main() { agent.Main(program()) }
+
+// source is one --source: its flags and how it starts.
+type source struct {
+	name string
+	// flags registers the source's flags and returns their names.
+	flags func(fs *flag.FlagSet) []string
+	// start returns the source, once the flags are parsed.
+	start func(s agent.Setup) (agent.Source, error)
+	// names of the flags flags registered
+	names []string
+}
+
+// sources are the --source values.
+type sources struct {
+	choice string
+	list   []*source
+	kube   *kubeSource
+}
+
+func newSources() *sources {
+	k := &kubeSource{}
+	var file string
+	c := &consulSource{}
+	return &sources{kube: k, list: []*source{
+		{name: "kubernetes", flags: k.register, start: k.start},
+		{name: "consul", flags: c.register, start: c.start},
+		{name: "file", flags: func(fs *flag.FlagSet) []string {
+			fs.StringVar(&file, "file", "", "file source: the services file, YAML or JSON, watched for changes")
+			return []string{"file"}
+		}, start: func(s agent.Setup) (agent.Source, error) {
+			if file == "" {
+				return nil, errors.New("--source file: --file is required")
+			}
+			return &filesource.Source{Path: file, Logger: s.Logger}, nil
+		}},
+	}}
+}
+
+func (ss *sources) register(fs *flag.FlagSet) {
+	var names []string
+	for _, s := range ss.list {
+		names = append(names, s.name)
+	}
+	fs.StringVar(&ss.choice, "source", "kubernetes", "where services come from: "+strings.Join(names, ", "))
+	for _, s := range ss.list {
+		s.names = s.flags(fs)
+	}
+}
+
+func (ss *sources) lookup(name string) (*source, error) {
+	for _, s := range ss.list {
+		if s.name == name {
+			return s, nil
+		}
+	}
+	var names []string
+	for _, s := range ss.list {
+		names = append(names, s.name)
+	}
+	return nil, fmt.Errorf("--source %q: want one of %s", name, strings.Join(names, ", "))
+}
+
+// start returns the chosen source; a flag of another source given on the
+// command line is an error, not silently unused.
+func (ss *sources) start(s agent.Setup) ([]agent.Source, error) {
+	chosen, err := ss.lookup(ss.choice)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range ss.list {
+		if o == chosen {
+			continue
+		}
+		for _, f := range o.names {
+			if s.Given(f) {
+				return nil, fmt.Errorf("--%s is for --source %s, not %s", f, o.name, chosen.name)
+			}
+		}
+	}
+	src, err := chosen.start(s)
+	if err != nil {
+		return nil, err
+	}
+	return []agent.Source{src}, nil
+}
+
+func program() agent.Program {
+	ss := newSources()
+	return agent.Program{
+		Name: "kproxy",
+		Usage: "kproxy: a node proxy with kube-proxy's semantics, fed by Kubernetes, Consul or a file.\n" +
+			"Needs CAP_NET_ADMIN unless --dry-run.",
+		Build: agent.NewBuildInfo(version, commit),
+		Flags: ss.register,
+		LoadConfig: func(path string, given func(string) (string, bool)) (agent.ConfigFile, error) {
+			return loadConfig(path, given)
+		},
+		Sources: ss.start,
+		NodeCIDRs: func(ctx context.Context, node string) ([]netip.Prefix, error) {
+			if ss.choice != "kubernetes" {
+				return nil, fmt.Errorf("--source %s knows no node's pod CIDRs: give --node-cidrs", ss.choice)
+			}
+			c, err := ss.kube.connect()
+			if err != nil {
+				return nil, err
+			}
+			return kubesource.NodeCIDRs(ctx, c, node)
+		},
+	}
+}
+
+// loadConfig reads a KubeProxyConfiguration for the backend and source
+// the command line chose (or their defaults).
+func loadConfig(path string, given func(string) (string, bool)) (agent.ConfigFile, error) {
+	c, warnings, err := kubeproxyconfig.Load(path)
+	if err != nil {
+		return agent.ConfigFile{}, err
+	}
+	ctx := kubeproxyconfig.Context{}
+	ctx.Source, _ = given("source")
+	if b, set := given("backend"); set {
+		ctx.Backend = b
+	} else {
+		ctx.Default = b
+	}
+	r := kubeproxyconfig.Translate(c, ctx)
+	out := agent.ConfigFile{Warnings: warnings}
+	for _, s := range r.Settings {
+		out.Settings = append(out.Settings, agent.FileSetting{Field: s.Field, Flag: s.Flag, Value: s.Value})
+	}
+	for _, i := range r.Ignored {
+		out.Ignored = append(out.Ignored, agent.IgnoredField{Field: i.Field, Value: i.Value, Reason: i.Reason})
+	}
+	return out, nil
+}
+
+// kubeSource is --source kubernetes.
+type kubeSource struct {
+	kubeconfig, proxyName, contentType string
+	qps                                float64
+	burst                              int
+	client                             kubernetes.Interface
+}
+
+func (k *kubeSource) register(fs *flag.FlagSet) []string {
+	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes source: kubeconfig file (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)")
+	fs.StringVar(&k.proxyName, "proxy-name", "", "kubernetes source: handle only services labelled "+kubesource.LabelProxyName+"=NAME (default: only services without the label)")
+	fs.Float64Var(&k.qps, "kube-api-qps", 0, "kubernetes source: queries per second to the API server (default: client-go's, 5)")
+	fs.IntVar(&k.burst, "kube-api-burst", 0, "kubernetes source: burst of queries to the API server (default: client-go's, 10)")
+	fs.StringVar(&k.contentType, "kube-api-content-type", "", "kubernetes source: content type of requests to the API server, such as application/vnd.kubernetes.protobuf (default: JSON)")
+	return []string{"kubeconfig", "proxy-name", "kube-api-qps", "kube-api-burst", "kube-api-content-type"}
+}
+
+// restConfig returns the API client's configuration.
+func (k *kubeSource) restConfig() (*rest.Config, error) {
+	cfg, err := kubesource.RestConfig(k.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = float32(k.qps), k.burst
+	if k.contentType != "" {
+		cfg.ContentType = k.contentType
+	}
+	return cfg, nil
+}
+
+// connect returns the API client, made once.
+func (k *kubeSource) connect() (kubernetes.Interface, error) {
+	if k.client != nil {
+		return k.client, nil
+	}
+	cfg, err := k.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	k.client = c
+	return c, nil
+}
+
+func (k *kubeSource) start(s agent.Setup) (agent.Source, error) {
+	if s.Config.NodeName == "" {
+		// kube-proxy's default: the node is named as the host.
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("--node-name not given, and no hostname: %w", err)
+		}
+		s.Config.NodeName = strings.ToLower(h)
+		s.Logger.Info("node name from the hostname", "node", s.Config.NodeName)
+	}
+	// client-go logs through klog: into kproxy's log, in its format.
+	klog.SetSlogLogger(s.Logger)
+	c, err := k.connect()
+	if err != nil {
+		return nil, err
+	}
+	return &kubesource.Source{Client: c, ProxyName: k.proxyName, Logger: s.Logger}, nil
+}
+
+// consulSource is --source consul.
+type consulSource struct {
+	client       consulsource.ClientOptions
+	mapping      string
+	warningReady bool
+}
+
+func (c *consulSource) register(fs *flag.FlagSet) []string {
+	fs.StringVar(&c.client.Addr, "consul-addr", "", "consul source: the HTTP API's address, host:port or a URL (default: $CONSUL_HTTP_ADDR, else 127.0.0.1:8500)")
+	fs.StringVar(&c.client.Token, "consul-token", "", "consul source: the ACL token (default: $CONSUL_HTTP_TOKEN)")
+	fs.StringVar(&c.client.CAFile, "consul-ca-file", "", "consul source: PEM file of the CA of Consul's certificate; turns https on (default: $CONSUL_CACERT)")
+	fs.StringVar(&c.client.CertFile, "consul-client-cert", "", "consul source: PEM file of the client certificate, when Consul verifies clients (default: $CONSUL_CLIENT_CERT)")
+	fs.StringVar(&c.client.KeyFile, "consul-client-key", "", "consul source: PEM file of the client certificate's key (default: $CONSUL_CLIENT_KEY)")
+	fs.StringVar(&c.client.TLSServerName, "consul-tls-server-name", "", "consul source: the name Consul's certificate must hold, such as server.dc1.consul (default: $CONSUL_TLS_SERVER_NAME, else the address's host)")
+	fs.StringVar(&c.mapping, "consul-mapping", "", "consul source: YAML file mapping service names to {vip, port, protocol, nodePort}")
+	fs.BoolVar(&c.warningReady, "consul-warning-ready", false, "consul source: instances whose worst check is warning are ready")
+	return []string{"consul-addr", "consul-token", "consul-ca-file", "consul-client-cert", "consul-client-key",
+		"consul-tls-server-name", "consul-mapping", "consul-warning-ready"}
+}
+
+func (c *consulSource) start(s agent.Setup) (agent.Source, error) {
+	client, err := consulsource.NewClient(c.client)
+	if err != nil {
+		return nil, err
+	}
+	src := &consulsource.Source{Client: client, Logger: s.Logger}
+	src.WarningReady = c.warningReady
+	if c.mapping != "" {
+		if src.Mapping, err = consulsource.LoadMapping(c.mapping); err != nil {
+			return nil, err
+		}
+	}
+	return src, nil
+}

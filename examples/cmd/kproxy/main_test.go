@@ -1,0 +1,242 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/examples/internal/agent"
+	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
+	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// The example files, embedded so that the tests find them in the VM too
+// (which holds a test binary and its testdata/ only).
+var (
+	//go:embed services.yaml
+	exampleServices []byte
+	//go:embed consul-mapping.yaml
+	exampleMapping []byte
+)
+
+// servicesFile writes the example services file and returns its path.
+func servicesFile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	require.NoError(t, os.WriteFile(path, exampleServices, 0o644))
+	return path
+}
+
+// run runs kproxy with args, serving no metrics and pinning nothing
+// unless args say where (so that it never looks at the host's bpf
+// filesystem), and returns its exit code, its output and its logs.
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	return runFor(t, 2*time.Minute, args...)
+}
+
+// runFor runs kproxy as run does, stopping it after d.
+func runFor(t *testing.T, d time.Duration, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var out, logs bytes.Buffer
+	code := program().Run(ctx, append([]string{"--metrics-bind-address=", "--bpf-pin-path="}, args...), &out, &logs)
+	return code, out.String(), logs.String()
+}
+
+// jsonLogs parses logs written with --log-format json.
+func jsonLogs(t *testing.T, logs string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for line := range strings.SplitSeq(strings.TrimSpace(logs), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "not a JSON log line: %s", line)
+		out = append(out, rec)
+	}
+	return out
+}
+
+// The commented services file is valid.
+func TestExampleFile(t *testing.T) {
+	p, err := filesource.Parse("services.yaml", exampleServices)
+	require.NoError(t, err)
+	require.Empty(t, p.Bad)
+	assert.Len(t, p.Services, 2)
+	_, err = servicelb.NewState(servicelb.NodeConfig{}, p.Services...)
+	assert.NoError(t, p.Locate(err))
+}
+
+// The example Consul mapping file is valid.
+func TestMappingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "consul-mapping.yaml")
+	require.NoError(t, os.WriteFile(path, exampleMapping, 0o644))
+	m, err := consulsource.LoadMapping(path)
+	require.NoError(t, err)
+	assert.Equal(t, consulsource.Mapping{VIP: "10.96.0.53", Port: 53, Protocol: "UDP"}, m["dns"])
+}
+
+// The file source prints the rules of the example file in a dry run.
+func TestDryRunExampleFile(t *testing.T) {
+	code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--backend", "iptables", "--dry-run", "--once", "--node-ips", "10.100.0.1")
+	require.Equal(t, 0, code, logs)
+	for _, want := range []string{"-d 10.96.0.10/32", "-d 10.96.0.11/32", "--dport 30080", "--to-destination 10.100.3.2:8080"} {
+		has(t, out, want, "")
+	}
+}
+
+// A source is chosen by --source; another source's flag is refused, not
+// silently unused; an unknown source names the known ones.
+func TestSourceChoice(t *testing.T) {
+	code, _, logs := run(t, "--source", "file", "--file", servicesFile(t), "--kubeconfig", "/dev/null", "--dry-run", "--once")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, logs, "--kubeconfig is for --source kubernetes, not file")
+
+	code, _, logs = run(t, "--source", "file", "--consul-token", "x", "--dry-run", "--once")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, logs, "--consul-token is for --source consul, not file")
+
+	code, _, logs = run(t, "--source", "etcd", "--dry-run", "--once")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, logs, `--source \"etcd\": want one of kubernetes, consul, file`)
+
+	code, _, logs = run(t, "--source", "file", "--dry-run", "--once")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, logs, "--file is required")
+}
+
+// A KubeProxyConfiguration file sets what kproxy supports: its mode picks
+// the backend, its mode's section the masquerade; a flag overrides it; a
+// warning names each set field kproxy ignores, once.
+func TestKubeProxyConfigFile(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "kube-proxy.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection:
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+logging: {format: json}
+bindAddress: 10.100.0.1
+configSyncPeriod: 15m
+oomScoreAdj: -999
+iptables: {masqueradeAll: true, syncPeriod: 10s}
+ipvs: {scheduler: lc}
+nftables: {masqueradeAll: false}
+conntrack: {maxPerCore: 0}
+`), 0o644))
+	code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--dry-run", "--once")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "# iptables dry run", "mode")
+	has(t, out, `-d 10.96.0.10/32 -p tcp -m comment --comment "demo/web:http cluster IP" -m tcp --dport 80 -j KPROXY-MARK-MASQ`, "iptables.masqueradeAll")
+	has(t, out, `-A KPROXY-SERVICES -d 10.100.0.1/32 -m comment --comment "kubernetes service nodeports`, "bindAddress is the node IP")
+
+	warned := map[string]string{}
+	for _, rec := range jsonLogs(t, logs) {
+		if rec["msg"] == "config field ignored" {
+			field := rec["field"].(string)
+			assert.NotContains(t, warned, field, "warned twice")
+			warned[field] = rec["reason"].(string)
+		}
+	}
+	assert.Equal(t, []string{"clientConnection.kubeconfig", "configSyncPeriod", "oomScoreAdj"}, keys(warned))
+	assert.Contains(t, warned["clientConnection.kubeconfig"], "--source is file")
+
+	// --backend wins over the mode, and reads nftables' section.
+	code, out, logs = run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--backend", "nftables", "--dry-run", "--once")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "# nftables dry run", "--backend")
+	assert.False(t, strings.Contains(out, "chain svc4-demo/web/http {\n\t\tjump mark-for-masquerade"), "nftables.masqueradeAll is false")
+
+	// The file must be a KubeProxyConfiguration.
+	require.NoError(t, os.WriteFile(cfg, []byte("apiVersion: v1\nkind: ConfigMap\n"), 0o644))
+	code, _, logs = run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--dry-run", "--once")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, logs, "want apiVersion kubeproxy.config.k8s.io/v1alpha1, kind KubeProxyConfiguration")
+}
+
+// has checks that out holds want, and shows only the start of out when it
+// does not.
+func has(t *testing.T, out, want, why string) {
+	t.Helper()
+	if !strings.Contains(out, want) {
+		if len(out) > 3000 {
+			out = out[:3000] + "..."
+		}
+		t.Errorf("%s: output lacks %q:\n%s", why, want, out)
+	}
+}
+
+func keys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// The API client takes --kube-api-qps, --kube-api-burst and
+// --kube-api-content-type (kube-proxy's clientConnection).
+func TestKubeClientSettings(t *testing.T) {
+	kubeconfig := writeKubeconfig(t, "https://127.0.0.1:1", "token")
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	k := &kubeSource{}
+	k.register(fs)
+	require.NoError(t, fs.Parse([]string{"--kubeconfig", kubeconfig, "--kube-api-qps", "7.5", "--kube-api-burst", "20",
+		"--kube-api-content-type", "application/vnd.kubernetes.protobuf"}))
+	cfg, err := k.restConfig()
+	require.NoError(t, err)
+	assert.Equal(t, float32(7.5), cfg.QPS)
+	assert.Equal(t, 20, cfg.Burst)
+	assert.Equal(t, "application/vnd.kubernetes.protobuf", cfg.ContentType)
+	assert.Equal(t, "https://127.0.0.1:1", cfg.Host)
+}
+
+// With the kubernetes source and no --node-name, the node is named as
+// the host, lower-cased, as kube-proxy names it; a given name stays.
+func TestNodeNameFromHostname(t *testing.T) {
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	k := &kubeSource{kubeconfig: writeKubeconfig(t, "https://127.0.0.1:1", "token")}
+	var cfg agent.Config
+	s := agent.Setup{Config: &cfg, Logger: discard(), Given: func(string) bool { return false }}
+	_, err = k.start(s)
+	require.NoError(t, err)
+	assert.Equal(t, strings.ToLower(host), cfg.NodeName)
+
+	cfg.NodeName = "given"
+	_, err = k.start(s)
+	require.NoError(t, err)
+	assert.Equal(t, "given", cfg.NodeName)
+}
+
+// writeKubeconfig writes a kubeconfig for server with a bearer token.
+func writeKubeconfig(t *testing.T, server, token string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+server+`", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: "`+token+`"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	return path
+}

@@ -1,0 +1,171 @@
+// Command image packs a static kproxy binary into an OCI image layout,
+// without a container runtime: one layer holding /usr/local/bin/kproxy,
+// its entrypoint. `make image` runs it on the binary `make kproxy` builds
+// (CGO_ENABLED=0):
+//
+//	go run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:v0.1.0
+//
+// Push the layout with any OCI tool, such as
+// `crane push bin/kproxy-image REGISTRY/kproxy:v0.1.0` or
+// `skopeo copy oci:bin/kproxy-image docker://REGISTRY/kproxy:v0.1.0`.
+// The image is reproducible: its files and config carry the time zero.
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"debug/elf"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// BinaryPath is where the image holds kproxy.
+const BinaryPath = "/usr/local/bin/kproxy"
+
+// Options say what to pack and where.
+type Options struct {
+	// Binary is the static kproxy binary.
+	Binary string
+	// Out is the directory of the OCI image layout; it is replaced.
+	Out string
+	// Tag names the image in the layout's index
+	// (org.opencontainers.image.ref.name), such as kproxy:v0.1.0.
+	Tag string
+	// Version and Revision go in the image's labels.
+	Version, Revision string
+	// Arch is the binary's architecture, as Go names it; default the
+	// running one.
+	Arch string
+}
+
+func main() {
+	var o Options
+	flag.StringVar(&o.Binary, "binary", "bin/kproxy", "the static kproxy binary (CGO_ENABLED=0)")
+	flag.StringVar(&o.Out, "out", "bin/kproxy-image", "directory of the OCI image layout to write (replaced)")
+	flag.StringVar(&o.Tag, "tag", "kproxy:latest", "the image's name in the layout")
+	flag.StringVar(&o.Version, "version", "", "version label")
+	flag.StringVar(&o.Revision, "revision", "", "revision label")
+	flag.StringVar(&o.Arch, "arch", runtime.GOARCH, "the binary's architecture")
+	flag.Parse()
+	digest, err := Build(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "image:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("%s: %s %s\n", o.Out, o.Tag, digest)
+}
+
+// Build writes the image and returns its manifest's digest.
+func Build(o Options) (v1.Hash, error) {
+	if o.Arch == "" {
+		o.Arch = runtime.GOARCH
+	}
+	bin, err := os.ReadFile(o.Binary)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if err := checkStatic(o.Binary); err != nil {
+		return v1.Hash{}, err
+	}
+	img, err := image(bin, o)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if err := os.RemoveAll(o.Out); err != nil {
+		return v1.Hash{}, err
+	}
+	p, err := layout.Write(o.Out, empty.Index)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": o.Tag,
+	})); err != nil {
+		return v1.Hash{}, err
+	}
+	return img.Digest()
+}
+
+// checkStatic refuses a binary that needs a dynamic loader: the image has
+// none.
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is linked dynamically: build it with CGO_ENABLED=0", path)
+		}
+	}
+	return nil
+}
+
+func image(bin []byte, o Options) (v1.Image, error) {
+	layer, err := binaryLayer(bin)
+	if err != nil {
+		return nil, err
+	}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	img, err = mutate.AppendLayers(img, layer)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", o.Arch
+	cf.Config.Entrypoint = []string{BinaryPath}
+	cf.Config.Env = []string{"PATH=/usr/local/bin"}
+	cf.Config.Labels = map[string]string{
+		"org.opencontainers.image.title":  "kproxy",
+		"org.opencontainers.image.source": "https://github.com/kproxy-dev/kproxy",
+	}
+	if o.Version != "" {
+		cf.Config.Labels["org.opencontainers.image.version"] = o.Version
+	}
+	if o.Revision != "" {
+		cf.Config.Labels["org.opencontainers.image.revision"] = o.Revision
+	}
+	return mutate.ConfigFile(img, cf)
+}
+
+// binaryLayer is a gzipped tar of the binary at BinaryPath, with its
+// directories, every time zero.
+func binaryLayer(bin []byte) (v1.Layer, error) {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
+	}
+	h := &tar.Header{Typeflag: tar.TypeReg, Name: BinaryPath[1:], Mode: 0o755, Size: int64(len(bin)), Format: tar.FormatPAX}
+	if err := tw.WriteHeader(h); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(bin); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	data := b.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(data)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+}
