@@ -56,9 +56,13 @@ func TestTriggerTimes(t *testing.T) {
 			}
 		}
 	}
+	// The Service's and the slice's arrivals may reach the first sync
+	// together, or the Service's alone.
 	first := next()
-	require.Len(t, first.Triggered, 1)
-	assert.True(t, first.Triggered[0].After(old.Add(30*time.Minute)), "the slice's time, older than the source, is not taken: %s", first.Triggered[0])
+	require.NotEmpty(t, first.Triggered)
+	for _, at := range first.Triggered {
+		assert.True(t, at.After(old.Add(30*time.Minute)), "the slice's time, older than the source, is not taken: %s", at)
+	}
 
 	cause := time.Now().Add(time.Second).Truncate(time.Millisecond)
 	sl := annotated(slice("web-a", discoveryv1.AddressTypeIPv4, ep("10.244.1.2"), ep("10.244.1.3")), cause)
