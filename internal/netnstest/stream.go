@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,6 +54,21 @@ func dialStream(proto string, dst, from netip.AddrPort) (*os.File, error) {
 	fd, err := streamSocket(proto, dst.Addr().Is6())
 	if err != nil {
 		return nil, err
+	}
+	if !from.IsValid() && proto == "sctp" {
+		// One address: an SCTP socket bound to none lists every address
+		// of the namespace in its INIT, and the peer then probes them
+		// too. Those probes bypass the service's translation (only the
+		// first address is translated back), the client answers them
+		// with an ABORT, and the association dies under a race that
+		// load decides, as it would for any multihomed SCTP client
+		// behind NAT. The source is the one routing would pick.
+		src, err := routeSource(dst.Addr())
+		if err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("%s source for %s: %w", proto, dst, err)
+		}
+		from = netip.AddrPortFrom(src, 0)
 	}
 	if from.IsValid() {
 		if from.Port() != 0 {
@@ -160,4 +176,19 @@ func localPort(f *os.File) uint16 {
 		}
 	})
 	return port
+}
+
+// routeSource returns the source address routing picks for dst in the
+// calling thread's namespace.
+func routeSource(dst netip.Addr) (netip.Addr, error) {
+	routes, err := netlink.RouteGet(dst.AsSlice())
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, r := range routes {
+		if src, ok := netip.AddrFromSlice(r.Src); ok && src.IsValid() && !src.IsUnspecified() {
+			return src.Unmap(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("no route with a source address to %s", dst)
 }
