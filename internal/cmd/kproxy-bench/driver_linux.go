@@ -299,4 +299,3 @@ func inNewNS(f func(ns netns.NsHandle) error) error {
 		return f(ns)
 	})
 }
-
