@@ -86,10 +86,6 @@ func digest(svcs []servicelb.Service) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// probed are the services whose endpoints the data-path probe reaches:
-// the first, the middle and the last.
-func probed(n int) []int { return []int{0, n / 2, n - 1} }
-
 // changeTarget is the service the k-th one-endpoint change replaces an
 // endpoint of (never a probed one), and which endpoint.
 func changeTarget(k, n, m int) (svc, ep int) {
