@@ -9,6 +9,7 @@
 #   make image        pack ./bin/kproxy into an OCI image layout, ./bin/kproxy-image
 #   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make vulncheck    govulncheck of both modules (not in test: fetches the database)
+#   make bench-compare  kproxy against kube-proxy's own proxiers (root; not in test)
 #   make fuzz         every fuzz target for FUZZTIME each (default 30s)
 #   make soak         chaos soak of each backend, SOAK_DURATION each (root; not in test)
 #
@@ -34,7 +35,7 @@ COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
 .PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
 
-test: deps lint test-unit test-netns test-vm test-examples
+test: deps lint test-unit test-netns test-vm test-examples test-bench-smoke
 
 deps:
 	@hack/deps.sh
@@ -171,3 +172,29 @@ bench: bench-ebpf
 .PHONY: bench-nftables
 bench-nftables: deps
 	$(GO) test -tags privileged -run '^$$' -bench . -benchtime 5x -timeout 30m ./nftables
+
+# kproxy against kube-proxy v1.36.3's own nftables and iptables proxiers
+# (the bench module, bench/go.mod, outside the workspace so that Kubernetes
+# never enters the core's module graph): for each size of
+# BENCH_COMPARE_SIZES (services x endpoints), each proxier in a process and
+# network namespace of its own, the cold sync, one-endpoint changes, a
+# service added and deleted, a restart over the full table, peak and steady
+# RSS and the first packet of new connections; kube-proxy where it finishes
+# within BENCH_COMPARE_BOUND. Writes bench/results (compare.md, .svg,
+# .json) and the README's performance tables. Not part of `make test`.
+BENCH_COMPARE_SIZES ?= 1000x10,10000x10,5000x50,50000x5
+BENCH_COMPARE_BOUND ?= 3m
+BENCH_COMPARE_FLAGS ?=
+BENCH_BIN := $(CURDIR)/.cache/bench
+.PHONY: bench-compare bench-compare-build test-bench-smoke
+bench-compare-build:
+	$(GO) build -o $(BENCH_BIN)/kproxy-bench ./internal/cmd/kproxy-bench
+	cd bench && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) build -o $(BENCH_BIN)/ ./cmd/...
+bench-compare: deps bench-compare-build
+	$(BENCH_BIN)/benchcompare -kproxy-driver $(BENCH_BIN)/kproxy-bench -kubeproxy-driver $(BENCH_BIN)/kubeproxy-driver \
+		-sizes $(BENCH_COMPARE_SIZES) -bound $(BENCH_COMPARE_BOUND) -out bench/results -readme README.md $(BENCH_COMPARE_FLAGS)
+
+# The same comparison at 100 x 5 with short bounds, as a smoke test.
+test-bench-smoke: deps bench-compare-build
+	$(BENCH_BIN)/benchcompare -kproxy-driver $(BENCH_BIN)/kproxy-bench -kubeproxy-driver $(BENCH_BIN)/kubeproxy-driver \
+		-sizes 100x5 -bound 30s -changes 10 -change-budget 2s -services 3 -probes 100 -out $(BENCH_BIN)/smoke > /dev/null

@@ -32,6 +32,9 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 	}
 	base := c.nextSeq(b.Len() + 3)
 	p := b.frame(base)
+	if tap := tapOf(ctx); tap != nil {
+		tap(p)
+	}
 	err := c.send(ctx, p)
 	b.unframe()
 	if err != nil {

@@ -1,0 +1,119 @@
+// Package workload generates the services both sides of the comparison
+// load, by the same formula as kproxy's driver (internal/cmd/kproxy-bench
+// in the core module): each driver prints the digest of what it hands its
+// proxier, and the bench checks that they agree.
+//
+// n ClusterIP services of one TCP port (80 to 8080), each with m ready
+// endpoints of addresses of their own; the first endpoint of every tenth
+// service is on this node (node-0), the others are spread over 99 more.
+package workload
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strconv"
+)
+
+// Namespace holds every service.
+const Namespace = "bench"
+
+// Node is the node the proxier runs on, NodeIP its address, ClusterCIDR
+// the pods' addresses and ServiceCIDR the services'.
+const (
+	Node        = "node-0"
+	NodeIP      = "192.0.2.1"
+	ClusterCIDR = "10.64.0.0/10"
+	ServiceCIDR = "172.16.0.0/12"
+)
+
+// Endpoint is one endpoint: its address and node.
+type Endpoint struct {
+	Addr netip.Addr
+	Node string
+}
+
+// Service is one service of port 80 to target port 8080.
+type Service struct {
+	Name      string // without the namespace
+	VIP       netip.Addr
+	Endpoints []Endpoint
+}
+
+// ClusterIP is service i's address, in 172.16.0.0/12.
+func ClusterIP(i int) netip.Addr {
+	x := i + 1
+	return netip.AddrFrom4([4]byte{172, 16 + byte(x>>16), byte(x >> 8), byte(x)})
+}
+
+// Endpoint address bases: base endpoints, replacements, added services.
+const (
+	BaseEndpoints    = 64
+	BaseReplacements = 100
+	BaseAdded        = 110
+)
+
+// EndpointIP is the x-th endpoint address from base, in 10.64.0.0/10.
+func EndpointIP(base byte, x int) netip.Addr {
+	x++
+	return netip.AddrFrom4([4]byte{10, base + byte(x>>16), byte(x >> 8), byte(x)})
+}
+
+// NodeOf is the node of service i's j-th endpoint.
+func NodeOf(i, j, m int) string {
+	if j == 0 && i%10 == 0 {
+		return Node
+	}
+	return "node-" + strconv.Itoa(1+(i*m+j)%99)
+}
+
+// Make returns service i with m endpoints from base.
+func Make(name string, vip netip.Addr, i, m int, base byte) Service {
+	eps := make([]Endpoint, m)
+	for j := range eps {
+		eps[j] = Endpoint{Addr: EndpointIP(base, i*m+j), Node: NodeOf(i, j, m)}
+	}
+	return Service{Name: name, VIP: vip, Endpoints: eps}
+}
+
+// Generate returns the n services of m endpoints.
+func Generate(n, m int) []Service {
+	out := make([]Service, n)
+	for i := range out {
+		out[i] = Make("svc-"+strconv.Itoa(i), ClusterIP(i), i, m, BaseEndpoints)
+	}
+	return out
+}
+
+// Added is the x-th service added after the cold sync.
+func Added(x, m int) Service {
+	return Make("add-"+strconv.Itoa(x), ClusterIP(1<<19+x), x, m, BaseAdded)
+}
+
+// Digest is a hash of the services' canonical text.
+func Digest(svcs []Service) string {
+	h := sha256.New()
+	for _, s := range svcs {
+		fmt.Fprintf(h, "%s/%s %s %d>%d", Namespace, s.Name, s.VIP, 80, 8080)
+		for _, e := range s.Endpoints {
+			fmt.Fprintf(h, " %s@%s", e.Addr, e.Node)
+		}
+		fmt.Fprintln(h)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// Probed are the services whose endpoints the data-path probe reaches:
+// the first, the middle and the last.
+func Probed(n int) []int { return []int{0, n / 2, n - 1} }
+
+// ChangeTarget is the service whose endpoint the k-th one-endpoint change
+// replaces (never a probed one), and which endpoint.
+func ChangeTarget(k, n, m int) (svc, ep int) {
+	svc = (k*7919 + 13) % n
+	for svc == 0 || svc == n/2 || svc == n-1 {
+		svc = (svc + 1) % n
+	}
+	return svc, k % m
+}

@@ -1,0 +1,301 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/nsutil"
+	"github.com/kproxy-dev/kproxy/iptables"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+type proxier interface {
+	servicelb.Proxier
+	Close() error
+}
+
+// driver holds one backend's proxier over the workload in the caller's
+// network namespace.
+type driver struct {
+	backend string
+	n, m    int
+	svcs    []servicelb.Service
+	st      *servicelb.State
+	p       proxier
+	digest  string
+	changes int // one-endpoint changes made so far
+	added   int // services added so far
+}
+
+func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
+	switch backend {
+	case "nftables":
+		return nftables.New(nftables.Options{NetNS: ns, NoConntrackCleanup: true})
+	case "iptables":
+		return iptables.New(iptables.Options{NetNS: ns, NoConntrackCleanup: true})
+	}
+	return nil, fmt.Errorf("unknown backend %q", backend)
+}
+
+func newDriver(backend string, n, m int) (*driver, error) {
+	d := &driver{backend: backend, n: n, m: m, svcs: workload(n, m)}
+	d.digest = digest(d.svcs)
+	st, err := servicelb.NewState(benchNode(), d.svcs...)
+	if err != nil {
+		return nil, err
+	}
+	d.st = st
+	d.p, err = newProxier(backend, 0)
+	return d, err
+}
+
+// do runs one command: sync; change K MS (up to K one-endpoint changes,
+// or fewer once MS milliseconds are spent, at least 3); service K MS (K
+// services added, then removed, one sync each); mem; floor-element K;
+// floor-cold.
+func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
+	arg := func(i, def int) int {
+		if len(f) > i {
+			if v, err := strconv.Atoi(f[i]); err == nil {
+				return v
+			}
+		}
+		return def
+	}
+	switch f[0] {
+	case "sync":
+		t0 := time.Now()
+		if err := d.p.Sync(ctx, d.st); err != nil {
+			return nil, err
+		}
+		ms := msSince(t0)
+		mem, err := memory()
+		mem["ms"] = ms
+		return mem, err
+	case "change":
+		s, err := d.changeSamples(ctx, arg(1, 100), arg(2, 30000))
+		return map[string]any{"ms": s}, err
+	case "service":
+		add, del, err := d.serviceSamples(ctx, arg(1, 10), arg(2, 30000))
+		return map[string]any{"add_ms": add, "delete_ms": del}, err
+	case "mem":
+		runtime.GC()
+		debug.FreeOSMemory()
+		return memory()
+	case "floor-element":
+		ms, err := elementFloor(ctx, arg(1, 100))
+		return map[string]any{"ms": ms}, err
+	case "floor-cold":
+		return d.coldFloor(ctx)
+	}
+	return nil, fmt.Errorf("unknown command %q", f[0])
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Nanoseconds()) / 1e6 }
+
+// budget runs f up to k times, or fewer once ms milliseconds are spent
+// (at least 3), and returns the time of each run.
+func budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) {
+	var out []float64
+	start := time.Now()
+	for i := range k {
+		if i >= 3 && time.Since(start) > time.Duration(ms)*time.Millisecond {
+			break
+		}
+		d, err := f(i)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, float64(d.Nanoseconds())/1e6)
+	}
+	return out, nil
+}
+
+func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) error) (time.Duration, error) {
+	b := d.st.Edit()
+	if err := edit(b); err != nil {
+		return 0, err
+	}
+	st := b.State()
+	t0 := time.Now()
+	if err := d.p.Sync(ctx, st); err != nil {
+		return 0, err
+	}
+	el := time.Since(t0)
+	d.st = st
+	return el, nil
+}
+
+// changeSamples replaces one endpoint of one service per sync.
+func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error) {
+	return budget(k, ms, func(int) (time.Duration, error) {
+		i, j := changeTarget(d.changes, d.n, d.m)
+		s := d.svcs[i]
+		s.Endpoints = slices.Clone(s.Endpoints)
+		s.Endpoints[j].Addr = endpointIP(100, d.changes)
+		d.changes++
+		d.svcs[i] = s
+		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
+	})
+}
+
+// serviceSamples adds k services one sync each, then deletes them.
+func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []float64, err error) {
+	var names []string
+	add, err = budget(k, ms, func(int) (time.Duration, error) {
+		x := d.added
+		d.added++
+		eps := make([]servicelb.Endpoint, d.m)
+		for j := range eps {
+			eps[j] = servicelb.Endpoint{Addr: endpointIP(110, x*d.m+j), Ready: true, Serving: true, NodeName: nodeOf(x, j, d.m)}
+		}
+		s := service("add-"+strconv.Itoa(x), clusterIP(1<<19+x), eps)
+		names = append(names, s.Name)
+		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
+	})
+	if err != nil {
+		return add, nil, err
+	}
+	del, err = budget(len(names), 1<<30, func(i int) (time.Duration, error) {
+		return d.apply(ctx, func(b *servicelb.Builder) error {
+			if !b.Delete(names[i]) {
+				return fmt.Errorf("no service %s", names[i])
+			}
+			return nil
+		})
+	})
+	return add, del, err
+}
+
+// memory reads the process's resident set (VmRSS) and its peak (VmHWM).
+func memory() (map[string]any, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]any{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		for _, k := range []string{"VmRSS", "VmHWM"} {
+			if v, ok := strings.CutPrefix(s.Text(), k+":"); ok {
+				kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+				if err != nil {
+					return nil, err
+				}
+				out[strings.ToLower(k[2:])+"_kib"] = kb
+			}
+		}
+	}
+	return out, s.Err()
+}
+
+// elementFloor is the median time of the cheapest element commit the
+// kernel makes in this namespace: one element added to and deleted from a
+// small set in a table of its own. Its cost grows with the rules loaded in
+// the namespace, whichever table holds the set.
+func elementFloor(ctx context.Context, k int) (float64, error) {
+	conn, err := nfnl.Open(nfnl.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	var setup nfnl.Batch
+	setup.AddTable(nfnl.Table{Family: nfnl.IPv4, Name: "kproxy-bench-floor"})
+	setup.AddSet(nfnl.Set{Family: nfnl.IPv4, Table: "kproxy-bench-floor", Name: "s", KeyType: 7, KeyLen: 4}) // ipv4_addr
+	if _, err := conn.Commit(ctx, &setup); err != nil {
+		return 0, err
+	}
+	defer func() {
+		var b nfnl.Batch
+		b.DelTable(nfnl.IPv4, "kproxy-bench-floor")
+		_, _ = conn.Commit(ctx, &b)
+	}()
+	el := []nfnl.Element{{Key: []byte{10, 1, 2, 3}}}
+	s, err := budget(k, 1<<30, func(int) (time.Duration, error) {
+		var b nfnl.Batch
+		b.AddElements(nfnl.IPv4, "kproxy-bench-floor", "s", el)
+		b.DelElements(nfnl.IPv4, "kproxy-bench-floor", "s", el)
+		t0 := time.Now()
+		_, err := conn.Commit(ctx, &b)
+		return time.Since(t0), err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return median(s), nil
+}
+
+func median(s []float64) float64 {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// coldFloor makes the same cold sync again, in a new empty namespace,
+// keeping the batches it commits, and replays them in another new
+// namespace with the bare netlink calls: the replay's time is the kernel's
+// own cost of committing that state, the floor of any cold sync.
+func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
+	var frames [][]byte
+	var syncMS float64
+	err := inNewNS(func(ns netns.NsHandle) error {
+		p, err := newProxier(d.backend, ns)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		tctx := nfnl.WithTap(ctx, func(f []byte) { frames = append(frames, slices.Clone(f)) })
+		t0 := time.Now()
+		err = p.Sync(tctx, d.st)
+		syncMS = msSince(t0)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var replayMS float64
+	err = inNewNS(func(netns.NsHandle) error {
+		conn, err := nfnl.Open(nfnl.Options{})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		t0 := time.Now()
+		for _, f := range frames {
+			if err := conn.Replay(ctx, f); err != nil {
+				return err
+			}
+		}
+		replayMS = msSince(t0)
+		return nil
+	})
+	return map[string]any{"sync_ms": syncMS, "replay_ms": replayMS, "batches": len(frames)}, err
+}
+
+// inNewNS runs f on a thread in a new network namespace, with a handle of
+// it; the namespace goes when f returns.
+func inNewNS(f func(ns netns.NsHandle) error) error {
+	return nsutil.DoNew(func() error {
+		ns, err := netns.Get()
+		if err != nil {
+			return err
+		}
+		defer ns.Close()
+		return f(ns)
+	})
+}

@@ -1,0 +1,76 @@
+//go:build linux
+
+package nfnl
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+)
+
+type tapKey struct{}
+
+// WithTap returns a context under which every Commit calls tap with the
+// batch exactly as it goes to the kernel (BATCH_BEGIN to BATCH_END), before
+// sending it. The bytes are valid only during the call. Benchmarks use it
+// to replay a proxier's batches (Conn.Replay) and so measure the kernel's
+// own cost of a commit apart from the work of building it; like
+// net/http/httptrace, it changes nothing else.
+func WithTap(ctx context.Context, tap func(frame []byte)) context.Context {
+	return context.WithValue(ctx, tapKey{}, tap)
+}
+
+func tapOf(ctx context.Context) func([]byte) {
+	t, _ := ctx.Value(tapKey{}).(func([]byte))
+	return t
+}
+
+// Replay sends a batch captured by a tap as it was, less any generation
+// check in its BATCH_BEGIN (the generation differs in another namespace),
+// and waits for the kernel's answer: an error names the first message the
+// kernel refused, by its errno.
+func (c *Conn) Replay(ctx context.Context, frame []byte) error {
+	if len(frame) < nlmsgHdrLen+nfgenLen {
+		return fmt.Errorf("nfnl: replay: short batch")
+	}
+	first := int(binary.LittleEndian.Uint32(frame))
+	if first < nlmsgHdrLen+nfgenLen || first > len(frame) {
+		return fmt.Errorf("nfnl: replay: malformed batch")
+	}
+	p := slices.Concat(frame[:nlmsgHdrLen+nfgenLen], frame[align4(first):])
+	binary.LittleEndian.PutUint32(p, nlmsgHdrLen+nfgenLen)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if err := c.send(ctx, p); err != nil {
+		return err
+	}
+	probe := c.nextSeq(1)
+	if err := c.sendGetGen(ctx, probe); err != nil {
+		return err
+	}
+	for {
+		msgs, err := c.receive(ctx)
+		if err != nil {
+			return err
+		}
+		var refused error
+		for _, m := range msgs {
+			if m.typ == nlmsgError {
+				if errno, seq, _ := errorOf(m); errno != 0 && refused == nil {
+					refused = fmt.Errorf("nfnl: replay: message %d: %w", seq, errno)
+				}
+				continue
+			}
+			if m.seq == probe && m.typ == subsysNFTables<<8|msgNewGen {
+				return refused
+			}
+		}
+		if refused != nil {
+			return refused
+		}
+	}
+}
