@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -65,7 +64,7 @@ func nodeTraffic(ctx context.Context, out io.Writer, e *bpfenv.Env, sb *sandbox.
 	c := sb.Node.HTTPClient(2 * time.Second)
 	counts := sandbox.Counts{}
 	for range n {
-		name, err := getBody(ctx, c, url)
+		name, err := sandbox.GetWith(ctx, c, url)
 		if err != nil {
 			name = "error"
 		}
@@ -101,20 +100,4 @@ func enter(e *bpfenv.Env) (func(), error) {
 		return nil, fmt.Errorf("enter the hooks' cgroup: %w", err)
 	}
 	return func() { _ = os.WriteFile(filepath.Join(home, "cgroup.procs"), pid, 0o644) }, nil
-}
-
-// getBody sends one GET and returns the body without its trailing
-// newline: the name of the backend that answered.
-func getBody(ctx context.Context, c *http.Client, url string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
-	return strings.TrimSpace(string(b)), err
 }

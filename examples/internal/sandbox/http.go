@@ -87,10 +87,12 @@ func (h *Host) HTTPClient(timeout time.Duration) *http.Client {
 // Get sends one GET request from the client host and returns the body
 // without its trailing newline: the name of the backend that answered.
 func (sb *Sandbox) Get(ctx context.Context, url string) (string, error) {
-	return get(ctx, sb.Client.HTTPClient(2*time.Second), url)
+	return GetWith(ctx, sb.Client.HTTPClient(2*time.Second), url)
 }
 
-func get(ctx context.Context, c *http.Client, url string) (string, error) {
+// GetWith sends one GET request with c and returns the body without its
+// trailing newline; a status other than 200 is an error.
+func GetWith(ctx context.Context, c *http.Client, url string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return "", err
@@ -129,7 +131,7 @@ func (sb *Sandbox) Distribute(ctx context.Context, url string, n int) (Counts, e
 	c := sb.Client.HTTPClient(sb.timeout)
 	out := Counts{}
 	for range n {
-		name, err := get(ctx, c, url)
+		name, err := GetWith(ctx, c, url)
 		if ctx.Err() != nil {
 			return out, ctx.Err()
 		}
