@@ -84,6 +84,9 @@ func Run(t *testing.T, b Backend, o Options) {
 	}
 	l := newLab(t, b, o)
 	caps := l.p.Capabilities()
+	for _, a := range adaptations(&caps) {
+		t.Logf("%s: %s", b.Name, a)
+	}
 	for i, sc := range Scenarios() {
 		if only != nil && !only.MatchString(sc.Name) {
 			continue
@@ -103,6 +106,8 @@ type lab struct {
 	o  Options
 	tp *netnstest.Topology
 	p  servicelb.Proxier
+	// caps are the backend's, as the first proxier declared them.
+	caps servicelb.Capabilities
 	// added are the client's extra addresses so far.
 	added map[netip.Addr]bool
 }
@@ -127,6 +132,7 @@ func newLab(t *testing.T, b Backend, o Options) *lab {
 	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv6)
 	l := &lab{b: b, o: o, tp: tp, added: map[netip.Addr]bool{}}
 	l.p = b.New(t, tp.Node.NS)
+	l.caps = l.p.Capabilities()
 	t.Cleanup(func() { l.close() })
 	return l
 }
@@ -314,10 +320,12 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 	dst := e.resolve(c.To, f, p)
 	what := fmt.Sprintf("%s %s from %s to %s %s", f, p.Lower(), c.From, c.To, dst)
 	w := c.Want
-	switch w.kind {
-	case reach:
+	switch {
+	case w.kind == reach:
 		l.expectReach(t, a, p, dst, c, what)
-	case refused:
+	case l.resets(p):
+		l.expectReset(t, a, p, dst, c, what)
+	case w.kind == refused:
 		err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
 		var ae *netnstest.AskError
 		if !(errors.Is(err, netnstest.ErrRefused) || errors.Is(err, netnstest.ErrFiltered)) || !errors.As(err, &ae) {
@@ -325,7 +333,7 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 		} else if ae.ICMP == nil || !ae.ICMP.PortUnreachable() {
 			t.Errorf("%s: refused by %v, want an ICMP port unreachable", what, refusalText(ae))
 		}
-	case dropped:
+	case w.kind == dropped:
 		err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
 		var ae *netnstest.AskError
 		// A datagram the node drops as it leaves fails its send at once.
@@ -334,6 +342,41 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 			t.Errorf("%s: %v, want dropped (no answer)", what, errText(err))
 		}
 	}
+}
+
+// resets reports whether the backend resets the flows of protocol p that
+// a verdict rejects or drops (it lacks servicelb.FeaturePacketVerdicts,
+// and p is TCP or SCTP) instead of answering with an ICMP error or not at
+// all.
+func (l *lab) resets(p servicelb.Protocol) bool {
+	return !l.caps.Features.Has(servicelb.FeaturePacketVerdicts) && p != servicelb.UDP
+}
+
+// expectReset checks that a flow is refused by a reset (an SCTP abort),
+// with no ICMP error and no endpoint answering.
+func (l *lab) expectReset(t *testing.T, a asker, p servicelb.Protocol, dst netip.AddrPort, c Check, what string) {
+	t.Helper()
+	err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
+	var ae *netnstest.AskError
+	switch {
+	case !errors.Is(err, netnstest.ErrRefused) || !errors.As(err, &ae):
+		t.Errorf("%s: %v, want refused with a reset (the backend lacks %s)", what, errText(err), servicelb.FeaturePacketVerdicts)
+	case ae.ICMP != nil:
+		t.Errorf("%s: refused by %v, want a reset (the backend lacks %s)", what, ae.ICMP, servicelb.FeaturePacketVerdicts)
+	}
+}
+
+// adaptations says how the checks change for a backend that lacks a
+// feature some checks describe: one line each.
+func adaptations(c *servicelb.Capabilities) []string {
+	var out []string
+	if !c.Features.Has(servicelb.FeaturePreserveSource) {
+		out = append(out, fmt.Sprintf("lacks %s: checks that want the client's address kept want the node's instead", servicelb.FeaturePreserveSource))
+	}
+	if !c.Features.Has(servicelb.FeaturePacketVerdicts) {
+		out = append(out, fmt.Sprintf("lacks %s: TCP and SCTP checks that want an ICMP error or silence want a reset instead", servicelb.FeaturePacketVerdicts))
+	}
+	return out
 }
 
 func errText(err error) string {
@@ -385,7 +428,11 @@ func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip
 			return
 		}
 		counts[i]++
-		if msg := l.sourceMismatch(a, w.source, i, r.Client.Addr()); msg != "" {
+		source := w.source
+		if source == preserved && !l.caps.Features.Has(servicelb.FeaturePreserveSource) {
+			source = masqueraded
+		}
+		if msg := l.sourceMismatch(a, source, i, r.Client.Addr()); msg != "" {
 			t.Errorf("%s: answered by %s seeing the client as %s: %s", what, r.Host, r.Client.Addr(), msg)
 			return
 		}
