@@ -61,9 +61,10 @@
 // without servicelb.FeaturePreserveSource (a proxy: the endpoint sees the
 // node), a check that wants the client's address kept wants the node's;
 // for one without servicelb.FeaturePacketVerdicts (a proxy that terminates
-// connections), a TCP or SCTP check that wants an ICMP port unreachable or
-// silence wants a reset, with no ICMP error and no endpoint answering. Run
-// logs both at the start. Options.Protocols adds SCTP where the kernel has it;
+// connections), a TCP or SCTP check that wants an ICMP port unreachable
+// wants a reset, with no ICMP error and no endpoint answering, and one
+// that wants silence accepts such a reset too. Run logs both at the
+// start. Options.Protocols adds SCTP where the kernel has it;
 // Options.Run selects scenarios by name; the timeouts grow under
 // emulation.
 //

@@ -229,8 +229,8 @@ func Reach(endpoints ...int) Outcome { return Outcome{kind: reach, backends: end
 // without servicelb.FeaturePacketVerdicts).
 func Refused() Outcome { return Outcome{kind: refused} }
 
-// Dropped says every flow goes unanswered (TCP and SCTP flows are reset
-// on a backend without servicelb.FeaturePacketVerdicts).
+// Dropped says every flow goes unanswered (or, for TCP and SCTP on a
+// backend without servicelb.FeaturePacketVerdicts, is reset).
 func Dropped() Outcome { return Outcome{kind: dropped} }
 
 // Masqueraded adds that the endpoint sees the node's address on its link
