@@ -44,9 +44,10 @@ type listener struct {
 	udp *sessions
 }
 
-// open opens a listener at k serving b, and starts its goroutine.
-func (p *Proxier) open(k listenKey, b *binding) (*listener, error) {
-	f, err := p.socks.listen(k.proto, k.at)
+// open opens a listener at k serving b on socket fd (or its error), and
+// starts its goroutine.
+func (p *Proxier) open(k listenKey, b *binding, fd int, err error) (*listener, error) {
+	f, err := listen(fd, err, k.proto, k.at)
 	if err != nil {
 		return nil, err
 	}

@@ -79,6 +79,24 @@ func (s *sockets) socket(family, typ, proto int) (int, error) {
 	return fd, err
 }
 
+// listenSockets makes the sockets of listeners at keys, in one trip to
+// the namespace's thread: each fd, or its error.
+func (s *sockets) listenSockets(keys []listenKey) ([]int, []error) {
+	fds, errs := make([]int, len(keys)), make([]error, len(keys))
+	mk := func() {
+		for i, k := range keys {
+			typ, proto := kind(k.proto)
+			fds[i], errs[i] = unix.Socket(family(k.at.Addr()), typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, proto)
+		}
+	}
+	if s.ns == nil {
+		mk()
+	} else {
+		s.ns.do(mk)
+	}
+	return fds, errs
+}
+
 // kind returns the socket type and protocol number of a protocol.
 func kind(p servicelb.Protocol) (typ, proto int) {
 	switch p {
@@ -118,16 +136,13 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 // caps it at net.core.somaxconn).
 const listenBacklog = 4096
 
-// listen returns a socket listening (bound, for UDP) at at, as a file in
-// the runtime's poller.
-func (s *sockets) listen(p servicelb.Protocol, at netip.AddrPort) (*os.File, error) {
-	typ, proto := kind(p)
-	fd, err := s.socket(family(at.Addr()), typ, proto)
+// listen makes socket fd (made by listenSockets, or its error) listen
+// (bound, for UDP) at at, as a file in the runtime's poller.
+func listen(fd int, err error, p servicelb.Protocol, at netip.AddrPort) (*os.File, error) {
 	if err != nil {
 		return nil, &ListenError{Protocol: p, At: at.String(), Err: os.NewSyscallError("socket", err)}
 	}
-	err = setupListener(fd, p, at)
-	if err != nil {
+	if err := setupListener(fd, p, at); err != nil {
 		unix.Close(fd)
 		return nil, &ListenError{Protocol: p, At: at.String(), Err: err}
 	}
@@ -241,6 +256,7 @@ func setStreamOptions(fd int, p servicelb.Protocol) {
 		// Each message comes with its stream and protocol identifier,
 		// which the proxy sends it on with.
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_SCTP, sctpRecvRcvInfo, 1)
+		subscribeAssocChange(fd)
 		return
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -121,18 +123,7 @@ func (p *Proxier) reconcile(want []*servicelb.ServicePort, removed []*portState,
 			errs = append(errs, err)
 		}
 	}
-	for _, o := range opens {
-		if _, bad := failed[o.ps.key.Service]; bad {
-			continue
-		}
-		l, err := p.open(o.f.key, &binding{port: o.ps, kind: o.f.kind})
-		if err != nil {
-			fail(o.ps.key.Service, leftOut(o.ps.sp, portField(o.ps.sp), err))
-			continue
-		}
-		o.ps.lns[o.f.key] = l
-		p.listeners[o.f.key] = l
-	}
+	p.openAll(opens, failed, fail)
 	for k, l := range orphans {
 		p.closeListener(k, l)
 	}
@@ -155,6 +146,32 @@ func (p *Proxier) reconcile(want []*servicelb.ServicePort, removed []*portState,
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// openAll opens the listeners to open, but those of services that
+// failed, with sockets made in one trip to the namespace.
+func (p *Proxier) openAll(opens []opening, failed map[string]error, fail func(string, error)) {
+	opens = slices.DeleteFunc(opens, func(o opening) bool { _, bad := failed[o.ps.key.Service]; return bad })
+	keys := make([]listenKey, len(opens))
+	for i, o := range opens {
+		keys[i] = o.f.key
+	}
+	fds, errs := p.socks.listenSockets(keys)
+	for i, o := range opens {
+		if _, bad := failed[o.ps.key.Service]; bad {
+			if errs[i] == nil {
+				unix.Close(fds[i])
+			}
+			continue
+		}
+		l, err := p.open(o.f.key, &binding{port: o.ps, kind: o.f.kind}, fds[i], errs[i])
+		if err != nil {
+			fail(o.ps.key.Service, leftOut(o.ps.sp, portField(o.ps.sp), err))
+			continue
+		}
+		o.ps.lns[o.f.key] = l
+		p.listeners[o.f.key] = l
+	}
 }
 
 // plan returns the ports of want to serve anew with their listeners: all
