@@ -21,13 +21,47 @@ const (
 	sctpSndInfoLen   = 16     // struct sctp_sndinfo
 	sctpFlagsMask    = 0x000f // SCTP_UNORDERED and the other per-message flags
 	sctpCmsgSpaceMax = 64
+	sctpEvent        = 127    // SCTP_EVENT
+	sctpAssocChange  = 0x8001 // SCTP_ASSOC_CHANGE
+	sctpCommLost     = 1      // SCTP_COMM_LOST
+	sctpShutdownComp = 3      // SCTP_SHUTDOWN_COMP
 )
+
+// subscribeAssocChange asks for a notification when the association of a
+// one-to-one SCTP socket changes state. SCTP has no half-open state: once
+// the proxy passes on one side's end, the other side's association shuts
+// down too, and only this notification says so to a reader (the socket
+// never reads as ended on the side that began the shutdown).
+func subscribeAssocChange(fd int) {
+	var ev [8]byte // struct sctp_event: assoc id, type, on
+	binary.NativeEndian.PutUint16(ev[4:6], sctpAssocChange)
+	ev[6] = 1
+	_ = unix.SetsockoptString(fd, unix.IPPROTO_SCTP, sctpEvent, string(ev[:]))
+}
+
+// assocEnded reads a notification: whether it says the association ended
+// (shut down, or lost).
+func assocEnded(b []byte) (ended, lost bool) {
+	if len(b) < 10 || binary.NativeEndian.Uint16(b[0:2]) != sctpAssocChange {
+		return false, false
+	}
+	switch binary.NativeEndian.Uint16(b[8:10]) {
+	case sctpShutdownComp:
+		return true, false
+	case sctpCommLost:
+		return true, true
+	}
+	return false, false
+}
+
+// errAssocLost: an SCTP association was lost (its peer stopped answering).
+var errAssocLost = errors.New("sctp association lost")
 
 // copyMessages moves the messages of one direction of an SCTP
 // association to the other, one message at a time, each with its stream
-// and payload protocol identifier, until the source shuts down; then it
-// shuts the destination down. A message longer than maxDatagram goes on
-// as several.
+// and payload protocol identifier, until the source shuts down (or its
+// association ends: see subscribeAssocChange); then it shuts the
+// destination down. A message longer than maxDatagram goes on as several.
 func copyMessages(src, dst side, act *activity, count *atomic.Uint64) error {
 	oob := make([]byte, sctpCmsgSpaceMax)
 	for {
@@ -57,7 +91,14 @@ func copyMessages(src, dst side, act *activity, count *atomic.Uint64) error {
 			return os.NewSyscallError("recvmsg", rerr)
 		}
 		if flags&msgNotification != 0 {
+			ended, lost := assocEnded((*bp)[:n])
 			buffers.Put(bp)
+			switch {
+			case lost:
+				return errAssocLost
+			case ended:
+				return shutdownWrite(dst)
+			}
 			continue
 		}
 		if n == 0 {
@@ -86,18 +127,41 @@ func sndInfo(oob []byte) []byte {
 		if m.Header.Level != unix.IPPROTO_SCTP || m.Header.Type != sctpRcvInfo || len(m.Data) < sctpRcvInfoLen {
 			continue
 		}
-		var info [sctpSndInfoLen]byte
-		copy(info[0:2], m.Data[0:2])                                                                    // sid
-		binary.NativeEndian.PutUint16(info[2:4], binary.NativeEndian.Uint16(m.Data[4:6])&sctpFlagsMask) // flags
-		copy(info[4:8], m.Data[8:12])                                                                   // ppid
-		b := make([]byte, unix.CmsgSpace(sctpSndInfoLen))
-		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
-		h.Level, h.Type = unix.IPPROTO_SCTP, sctpSndInfo
-		h.SetLen(unix.CmsgLen(sctpSndInfoLen))
-		copy(b[unix.CmsgLen(0):], info[:])
-		return b
+		sid := binary.NativeEndian.Uint16(m.Data[0:2])
+		flags := binary.NativeEndian.Uint16(m.Data[4:6]) & sctpFlagsMask
+		return sndInfoCmsg(sid, flags, [4]byte(m.Data[8:12]))
 	}
 	return nil
+}
+
+// sndInfoCmsg returns the control message that sends a message on stream
+// sid with flags and payload protocol identifier ppid (as it travels).
+func sndInfoCmsg(sid, flags uint16, ppid [4]byte) []byte {
+	var info [sctpSndInfoLen]byte
+	binary.NativeEndian.PutUint16(info[0:2], sid)
+	binary.NativeEndian.PutUint16(info[2:4], flags)
+	copy(info[4:8], ppid[:])
+	b := make([]byte, unix.CmsgSpace(sctpSndInfoLen))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.IPPROTO_SCTP, sctpSndInfo
+	h.SetLen(unix.CmsgLen(sctpSndInfoLen))
+	copy(b[unix.CmsgLen(0):], info[:])
+	return b
+}
+
+// rcvInfo reads the stream and payload protocol identifier of a
+// received message out of its control messages.
+func rcvInfo(oob []byte) (sid uint16, ppid [4]byte, ok bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0, ppid, false
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.IPPROTO_SCTP && m.Header.Type == sctpRcvInfo && len(m.Data) >= sctpRcvInfoLen {
+			return binary.NativeEndian.Uint16(m.Data[0:2]), [4]byte(m.Data[8:12]), true
+		}
+	}
+	return 0, ppid, false
 }
 
 // sendMessage sends one message, waiting while the association's buffer
