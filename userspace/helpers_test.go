@@ -297,3 +297,11 @@ func stats(t testing.TB, p *Proxier, k servicelb.ServicePortKey) PortStats {
 	t.Fatalf("no stats for %s", k)
 	return PortStats{}
 }
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}

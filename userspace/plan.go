@@ -122,6 +122,17 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	return head.String() + b.String(), nil
 }
 
+// actions formats the actions of verdicts by origin, such as
+// "outside=local pod=cluster node=cluster": masquerade says nothing here,
+// since every endpoint sees the proxy's address.
+func actions(vs servicelb.Verdicts) string {
+	var parts []string
+	for _, o := range servicelb.Origins() {
+		parts = append(parts, fmt.Sprintf("%s=%s", o, vs.Of(o).Action))
+	}
+	return strings.Join(parts, " ")
+}
+
 // renderPort writes one service port: its listeners, then its decision.
 func renderPort(b *strings.Builder, sp *servicelb.ServicePort, fs []front) {
 	fmt.Fprintf(b, "\nport %s %s\n", sp.Key, sp.Port.Protocol.Lower())
@@ -130,10 +141,10 @@ func renderPort(b *strings.Builder, sp *servicelb.ServicePort, fs []front) {
 			fmt.Fprintf(b, "  no listener at %s for %s: reject\n", f.key.at, f.kind)
 			continue
 		}
-		fmt.Fprintf(b, "  listen %s for %s: %s\n", f.key.at, f.kind, sp.Verdicts(f.kind))
+		fmt.Fprintf(b, "  listen %s for %s: %s\n", f.key.at, f.kind, actions(sp.Verdicts(f.kind)))
 	}
 	if len(fs) == 0 {
-		b.WriteString("  (no listener)\n")
+		b.WriteString("  not served: Options.Listen puts no frontend anywhere\n")
 	}
 	for _, set := range []struct {
 		name string

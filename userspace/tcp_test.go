@@ -42,11 +42,11 @@ func TestTCPForwards(t *testing.T) {
 	_, err = io.ReadFull(r, got)
 	require.NoError(t, err)
 	assert.Equal(t, "hello", string(got))
-	s := stats(t, p, key(1, "tcp"))
-	assert.Equal(t, uint64(1), s.Accepted)
-	assert.Equal(t, int64(1), s.Active)
-	assert.Equal(t, uint64(5), s.BytesIn)
-	assert.Equal(t, uint64(len(line)+5), s.BytesOut)
+	// The byte counters move once bytes have been sent on, which may be
+	// after they arrived.
+	want := PortStats{Key: key(1, "tcp"), Protocol: servicelb.TCP, Active: 1, Accepted: 1, BytesIn: 5, BytesOut: uint64(len(line) + 5)}
+	require.Eventually(t, func() bool { return stats(t, p, key(1, "tcp")) == want }, 5*time.Second, 10*time.Millisecond,
+		"stats %+v, want %+v", stats(t, p, key(1, "tcp")), want)
 }
 
 // TestSpread: new connections spread over the endpoints in proportion to
@@ -160,8 +160,7 @@ func TestStream(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.Equal(t, size, n)
 	assert.Equal(t, sent.Sum(nil), got.Sum(nil), "the bytes changed on the way")
-	s := stats(t, p, key(1, "tcp"))
-	assert.Equal(t, uint64(size), s.BytesIn)
+	require.Eventually(t, func() bool { return stats(t, p, key(1, "tcp")).BytesIn == uint64(size) }, 5*time.Second, 10*time.Millisecond)
 }
 
 // TestIdleTimeout: a connection that moves nothing either way for the
