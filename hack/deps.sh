@@ -13,6 +13,7 @@ check ip iproute2
 check qemu-system-x86_64 qemu-system-x86
 check depmod kmod
 check cpio cpio
+check strace strace
 [ -x /bin/busybox ] || need="$need busybox-static"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
