@@ -39,7 +39,7 @@ func rows(out string) []map[string][2]int {
 // the traffic shifted, everything torn down.
 func TestDemo(t *testing.T) {
 	testutil.RequireRoot(t)
-	for _, backend := range append([]string{"nftables", "iptables"}, vmBackends...) {
+	for _, backend := range append([]string{"nftables", "iptables", "userspace"}, vmBackends...) {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

@@ -36,7 +36,10 @@ func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend strin
 		if text, err = r.Render(a.Runner().Applied()); err != nil {
 			return fmt.Errorf("render the rules: %w", err)
 		}
-		title = "Rules installed, as the backend renders them (install " + listers[backend][0] + " to read them back from the kernel)"
+		title = "Rules installed, as the backend renders them (install " + lister(backend) + " to read them back from the kernel)"
+		if _, ok := listers[backend]; !ok {
+			title = "What the backend serves, as it renders it (it installs no rules: its listeners take the traffic)"
+		}
 	}
 	lines := relevant(backend, text, svcs)
 	switch backend {
@@ -50,6 +53,14 @@ func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend strin
 		fmt.Fprintf(out, "  %s\n", l)
 	}
 	return nil
+}
+
+// lister names the backend's listing tool.
+func lister(backend string) string {
+	if argv, ok := listers[backend]; ok {
+		return argv[0]
+	}
+	return ""
 }
 
 // kernelRules runs the backend's listing tool in the node's namespace.

@@ -64,9 +64,10 @@ type backend struct {
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
-	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
-	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
-	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS},
+	"nftables":  {probe: probeNFTables("nftables"), open: openNFTables},
+	"iptables":  {probe: probeNFTables("iptables"), open: openIPTables},
+	"ipvs":      {probe: probeIPVS, open: openIPVS, render: renderIPVS},
+	"userspace": {probe: probeUserspace, open: openUserspace},
 }
 
 // BackendNames returns the accepted --backend values.

@@ -20,7 +20,7 @@ import (
 
 // Config holds the flags every agent shares.
 type Config struct {
-	// Backend is the dataplane: nftables, iptables or ipvs.
+	// Backend is the dataplane: nftables, iptables, ipvs or userspace.
 	Backend string
 	// DryRun prints the rules each sync would install instead of
 	// installing them.
@@ -54,7 +54,7 @@ type Config struct {
 
 // RegisterFlags defines the shared flags on fs, with their defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables or ipvs")
+	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables, ipvs or userspace")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")
 	fs.BoolVar(&c.Once, "once", false, "exit after the first successful sync")
 	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove the installed rules on exit (by default they stay, so that a restart drops no traffic)")
