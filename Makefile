@@ -4,8 +4,9 @@
 #   make test-unit    unprivileged tests (no root needed)
 #   make test-netns   privileged tests in throwaway network namespaces (root)
 #   make test-vm      tests that need IPVS or dummy links, in a qemu VM (root)
-#   make bench        benchmarks (root)
+#   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make fuzz         every fuzz target for FUZZTIME each (default 30s)
+#   make soak         chaos soak of each backend, SOAK_DURATION each (root; not in test)
 #
 # Under CI=true a privileged test that cannot run fails instead of skipping.
 
@@ -19,8 +20,11 @@ export CI
 CORE     := ./...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
+# Lint also sees the soak (internal/soak), whose files build only with
+# its tag.
+TAGS_LINT := $(TAGS_ALL),soak
 
-.PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz
+.PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz soak
 
 test: deps lint test-unit test-netns test-vm test-examples
 
@@ -33,8 +37,8 @@ STATICCHECK := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet -tags $(TAGS_ALL) $(CORE) $(EXAMPLES)
-	$(STATICCHECK) -tags $(TAGS_ALL) $(CORE)
+	$(GO) vet -tags $(TAGS_LINT) $(CORE) $(EXAMPLES)
+	$(STATICCHECK) -tags $(TAGS_LINT) $(CORE)
 	cd examples && $(STATICCHECK) -tags $(TAGS_ALL) ./...
 
 test-unit:
@@ -70,6 +74,24 @@ test-examples: deps
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
+# The chaos soak (internal/soak, tag soak), for each backend of
+# SOAK_BACKENDS in turn: 2,000 services x 10 endpoints under 100 changes/s
+# with traffic flowing, for SOAK_DURATION, while faults are injected at
+# random (foreign flushes, deleted chains and elements, a dormant table, a
+# foreign writer, a killed and restarted proxier); then the kernel state
+# must equal a fresh apply. Each run ends with a report; a failed
+# connection outside the faults' windows fails it. SOAK_FLAGS adds flags
+# (e.g. -soak.seed=N to draw a run's services, changes and faults again).
+# See docs/soak.md.
+SOAK_BACKENDS ?= nftables iptables
+SOAK_DURATION ?= 10m
+SOAK_FLAGS    ?=
+soak: deps
+	status=0; for b in $(SOAK_BACKENDS); do \
+		$(GO) test -tags soak -count=1 -timeout 0 -v -run TestSoak ./internal/soak \
+			-args -soak.backend=$$b -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS) || status=1; \
+	done; exit $$status
+
 bench: deps
 	$(GO) test -tags privileged -run '^$$' -bench . -benchmem -timeout 60m $(CORE)
 
@@ -91,6 +113,21 @@ bench-ipvs: deps
 	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES)' \
 		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 60m
 bench: bench-ipvs
+
+# The eBPF backend's benchmarks, each against the nftables backend in the
+# same run: a cold sync of 10k services x 10 endpoints (ebpf/nft), one
+# endpoint change with 10k services in place (ebpf/nft; large/small against
+# 1k), the memory a loaded state keeps (Go heap and kernel; ebpf/nft), and
+# the data path from the node's sockets: TCP connect time and a 1 GiB
+# stream through a service's address, against a direct connection
+# (vip/direct) and the nftables DNAT (nft/direct). `make bench` runs them
+# too.
+.PHONY: bench-ebpf
+bench-ebpf: deps
+	$(GO) test -tags privileged -run '^$$' -bench 'ColdSync|SteadyMemory' -benchtime 3x -timeout 30m ./ebpf
+	$(GO) test -tags privileged -run '^$$' -bench 'OneEndpointChange' -benchtime 500x -timeout 30m ./ebpf
+	$(GO) test -tags privileged -run '^$$' -bench 'DataPath' -benchtime 1x -timeout 30m ./ebpf
+bench: bench-ebpf
 
 # The nftables backend's benchmarks: a cold sync of 10k services x 10
 # endpoints and, in the same iterations, `nft -f` of its Render text (their

@@ -23,3 +23,5 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 )
+
+require github.com/cilium/ebpf v0.22.0 // indirect

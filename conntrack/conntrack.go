@@ -68,7 +68,11 @@ func New(o Options) (*Client, error) {
 		c, err = netlink.Dial(unix.NETLINK_NETFILTER, nil)
 		return err
 	}
-	if err := nsutil.Do(o.NetNS, open); err != nil {
+	ns := o.NetNS
+	if ns < 0 {
+		ns = 0 // netns.None(): the caller's namespace, as zero
+	}
+	if err := nsutil.Do(ns, open); err != nil {
 		return nil, fmt.Errorf("conntrack: open netlink socket: %w", err)
 	}
 	return newClient(&ctTable{c: c}, o.Logger), nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -174,5 +175,17 @@ func TestListRetriesAndConverts(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestNewInTheCallersNamespace: zero and netns.None() both mean the
+// caller's namespace.
+func TestNewInTheCallersNamespace(t *testing.T) {
+	for _, ns := range []netns.NsHandle{0, netns.None()} {
+		c, err := New(Options{NetNS: ns})
+		if err != nil {
+			t.Fatalf("New(NetNS: %d): %v", ns, err)
+		}
+		c.Close()
 	}
 }

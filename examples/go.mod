@@ -9,6 +9,7 @@ require (
 	github.com/hashicorp/consul/api v1.34.1
 	github.com/kproxy-dev/kproxy v0.0.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/stretchr/testify v1.12.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	go.yaml.in/yaml/v3 v3.0.6
@@ -17,6 +18,8 @@ require (
 	k8s.io/apimachinery v0.36.3
 	k8s.io/client-go v0.36.3
 )
+
+require github.com/cilium/ebpf v0.22.0 // indirect
 
 require (
 	github.com/armon/go-metrics v0.4.1 // indirect
@@ -61,7 +64,7 @@ require (
 	// Linked through moby/ipvs, which asks for v1.9.0; GO-2025-4188 is
 	// fixed from v1.9.3.
 	github.com/sirupsen/logrus v1.10.2 // indirect
-	github.com/spf13/pflag v1.0.9 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	golang.org/x/exp v0.0.0-20260218203240-3dfff04db8fa // indirect

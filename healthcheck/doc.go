@@ -81,7 +81,9 @@
 // namespace needs CAP_SYS_ADMIN; ports below 1024 need
 // CAP_NET_BIND_SERVICE. The package owns its listeners and nothing in the
 // kernel besides: Services.Close and the end of Proxy.Run close them and
-// wait for their goroutines; no Cleanup is needed. Backends that filter
-// node traffic accept TCP on every health check node port
-// (servicelb.ServicePort.HealthCheckNodePort), as kube-proxy does.
+// wait for their goroutines; no Cleanup is needed. The iptables backend
+// accepts TCP to every health check node port
+// (servicelb.ServicePort.HealthCheckNodePort) in its filter chains, as
+// kube-proxy's iptables mode does; the other backends filter nothing
+// there.
 package healthcheck

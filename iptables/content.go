@@ -45,8 +45,13 @@ func (px *Proxier) checkPorts(ports ...*servicelb.ServicePort) error {
 	return nil
 }
 
-// checkNode refuses a node whose masquerade mark is the drop mark.
+// checkNode refuses a node the Proxier's capabilities cannot serve and
+// one whose masquerade mark is the drop mark.
 func (px *Proxier) checkNode(node *servicelb.NodeConfig) error {
+	caps := px.Capabilities()
+	if err := caps.CheckNode(node); err != nil {
+		return err
+	}
 	if node.MasqueradeMark() == px.opts.dropMark() {
 		return fmt.Errorf("%w: the node's masquerade mark %#x is the drop mark", ErrInvalidOptions, px.opts.dropMark())
 	}

@@ -42,9 +42,14 @@
 //
 // # Verdicts
 //
-// Rules tell origins apart by source address: a pod by the cluster CIDRs
-// of the family (-s CIDR, one rule each), the node by -m addrtype
-// --src-type LOCAL, and the rest (outside) by neither, in that order.
+// Rules tell origins apart as servicelb does: a pod as the node's
+// local-traffic detection recognises it (servicelb.NodeConfig.LocalMatch:
+// -s CIDR, one rule per prefix of the family, or the input interface, -i
+// cbr0 for a bridge, -i veth+ for a name prefix), the node by -m addrtype
+// --src-type LOCAL, and the rest (outside) by neither, in that order. The
+// node's own flows, which the nat OUTPUT chain sends through the same
+// chains, have no input interface: an interface match never takes them
+// for a pod's, as in kube-proxy.
 // Where every origin of a kind of frontend has one verdict, one rule
 // serves them all; otherwise rules for pods, then for the node, come
 // first where their verdict differs from the one they would reach, and
@@ -54,9 +59,10 @@
 //     IP the jumps are in nat P-SERVICES, and the masquerade rules, which
 //     match the cluster IP and port, at the top of the chains jumped to:
 //     one rule when every origin is masqueraded, kube-proxy's "! -s CIDR"
-//     when every origin but pods is (P-OFFCLUSTER-MASQ with several
-//     cluster CIDRs), none when no origin is, and otherwise rules that
-//     set and clear the mark origin by origin. For the other frontends
+//     (or "! -i cbr0", "! -i veth+") when every origin but pods is
+//     (P-OFFCLUSTER-MASQ, which returns for each prefix, with several
+//     prefixes of the family), none when no origin is, and otherwise
+//     rules that set and clear the mark origin by origin. For the other frontends
 //     nat P-SERVICES and P-NODEPORTS jump to P-EXT-* (or P-FW-*), which
 //     holds the rules by origin, each masqueraded flow marked before its
 //     jump: kube-proxy's EXT chains for its verdicts.

@@ -26,8 +26,9 @@ const (
 	chainExternalServices = "EXTERNAL-SERVICES"
 	chainForward          = "FORWARD"
 	chainProxyFirewall    = "PROXY-FIREWALL"
-	// chainOffClusterMasq marks traffic from outside every cluster CIDR
-	// when there are several of one family (one CIDR needs no chain).
+	// chainOffClusterMasq marks traffic from outside every prefix of the
+	// local-traffic detection when there are several of one family (one
+	// prefix, or an interface, needs no chain).
 	chainOffClusterMasq = "OFFCLUSTER-MASQ"
 	// chainLocalnet drops traffic to 127.0.0.0/8 from elsewhere, which
 	// route_localnet would let in, when node ports are served on

@@ -14,23 +14,29 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// TestOracle syncs a rich state and checks it three ways: iptables-nft-save
-// shows exactly Render's text; loading Render's text with
-// iptables-nft-restore into a fresh namespace gives the same nf_tables
-// expressions as ours; and syncing the same state again sends nothing.
+// TestOracle syncs a rich state (also under each local-traffic
+// detection) and checks it three ways: iptables-nft-save shows exactly
+// Render's text; loading Render's text with iptables-nft-restore into a
+// fresh namespace gives the same nf_tables expressions as ours; and
+// syncing the same state again sends nothing.
 func TestOracle(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
 	ctx := context.Background()
+	type oracleCase struct {
+		name, prefix string
+		st           *servicelb.State
+	}
 	localhost := richNode()
 	localhost.LocalhostNodePorts = true
 	withLocalhost, err := servicelb.NewState(localhost, richServices()...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name, prefix string
-		st           *servicelb.State
-	}{{"prefix=", "", richState(t)}, {"prefix=KUBE-", "KUBE-", richState(t)}, {"localhost node ports", "", withLocalhost}} {
+	cases := []oracleCase{{"prefix=", "", richState(t)}, {"prefix=KUBE-", "KUBE-", richState(t)}, {"localhost node ports", "", withLocalhost}}
+	for name, st := range detectStates(t) {
+		cases = append(cases, oracleCase{name, "", st})
+	}
+	for _, tc := range cases {
 		prefix, st := tc.prefix, tc.st
 		t.Run(tc.name, func(t *testing.T) {
 			h := netnstest.NewHost(t, "ipt")

@@ -62,22 +62,16 @@ type planner struct {
 	node   *servicelb.NodeConfig
 	masq   uint32
 	drop   uint32
-	// cidrs are the node's cluster CIDRs of the family: a source in one
-	// of them is a pod.
-	cidrs []netip.Prefix
+	// pods is how the node's pods are recognised in the family: by a
+	// source in one of its prefixes, or by the input interface.
+	pods servicelb.LocalMatch
 	// nodePortIPs are the node addresses that serve node ports.
 	nodePortIPs []netip.Addr
 }
 
 func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, dropMark uint32) *planner {
-	p := &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark,
-		nodePortIPs: node.NodePortIPs(f)}
-	for _, c := range node.ClusterCIDRs {
-		if c.Addr().Is4() == (f == servicelb.IPv4) {
-			p.cidrs = append(p.cidrs, c)
-		}
-	}
-	return p
+	return &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark,
+		nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f)}
 }
 
 func xfam(f servicelb.Family) xtables.Family {
@@ -114,15 +108,15 @@ func (p *planner) plan(sp *servicelb.ServicePort) *portPlan {
 }
 
 // verdicts returns the verdicts as the rules tell origins apart: a pod is
-// told apart only by the cluster CIDRs of the family (without them its
-// flows are the outside's), and a forward to no endpoint drops.
+// told apart only where the node recognises its pods (elsewhere its flows
+// are the outside's), and a forward to no endpoint drops.
 func (p *planner) verdicts(sp *servicelb.ServicePort, vs servicelb.Verdicts) servicelb.Verdicts {
 	for o, v := range vs {
 		if v.Action.Forwards() && len(sp.Targets(v)) == 0 {
 			vs[o] = servicelb.Verdict{Action: servicelb.Drop}
 		}
 	}
-	if len(p.cidrs) == 0 {
+	if !p.pods.Detects() {
 		vs[servicelb.FromPod] = vs[servicelb.FromOutside]
 	}
 	return vs
@@ -149,24 +143,19 @@ func (p *planner) policyChain(sp *servicelb.ServicePort, a servicelb.Action) str
 
 // distinct reports which origins need rules of their own ahead of the
 // rule for the rest (flows from outside), given what each origin gets:
-// the node when it gets something else than outside, pods (with cluster
-// CIDRs) when they get something else than what they would reach
-// otherwise. Pods are tested first, since a pod address may be local.
+// the node when it gets something else than outside, pods (where the node
+// recognises them) when they get something else than what they would
+// reach otherwise. Pods are tested first, since a pod address may be
+// local.
 func distinct[K comparable](ks [3]K, pods bool) (podRules, nodeRules bool) {
 	nodeRules = ks[servicelb.FromNode] != ks[servicelb.FromOutside]
 	podRules = pods && (ks[servicelb.FromPod] != ks[servicelb.FromOutside] || (nodeRules && ks[servicelb.FromPod] != ks[servicelb.FromNode]))
 	return podRules, nodeRules
 }
 
-// forPods returns r once per cluster CIDR, matching its sources.
-func (p *planner) forPods(r xtables.Rule) []xtables.Rule {
-	out := make([]xtables.Rule, 0, len(p.cidrs))
-	for _, c := range p.cidrs {
-		r.Src = c
-		out = append(out, r)
-	}
-	return out
-}
+// forPods returns r restricted to the pods' flows: once per source
+// prefix of the detection, or once with the pods' input interface.
+func (p *planner) forPods(r xtables.Rule) []xtables.Rule { return xtables.Pods(p.pods, r) }
 
 // forNode returns r matching only locally sent flows: source addresses
 // of the node's own, after its comment.
@@ -199,7 +188,7 @@ func forNode(r xtables.Rule) xtables.Rule {
 func (p *planner) byOrigin(ts [3]xtables.Target, rule func(xtables.Target) xtables.Rule) []xtables.Rule {
 	rest, pods, local := ts[servicelb.FromOutside], ts[servicelb.FromPod], ts[servicelb.FromNode]
 	nodeRules := local != nil && local != rest
-	podRules := len(p.cidrs) > 0 && pods != nil && (pods != rest || (nodeRules && pods != local))
+	podRules := p.pods.Detects() && pods != nil && (pods != rest || (nodeRules && pods != local))
 	var out []xtables.Rule
 	if podRules {
 		out = append(out, p.forPods(rule(pods))...)
@@ -390,13 +379,16 @@ func (p *planner) extRules(s *portPlan) []xtables.Rule {
 	}
 	comment := func(format string) xtables.Comment { return xtables.Comment(fmt.Sprintf(format, s.name)) }
 	var out []xtables.Rule
-	podRules, nodeRules := distinct(vs, len(p.cidrs) > 0)
+	podRules, nodeRules := distinct(vs, p.pods.Detects())
 	if podRules {
-		for _, c := range p.cidrs {
+		for _, pod := range p.forPods(xtables.Rule{}) {
 			if vs[servicelb.FromPod].Masquerade {
-				out = append(out, xtables.Rule{Src: c, Matches: []xtables.Match{comment("masquerade pod traffic for %s external destinations")}, Target: markMasq})
+				m := pod
+				m.Matches, m.Target = []xtables.Match{comment("masquerade pod traffic for %s external destinations")}, markMasq
+				out = append(out, m)
 			}
-			out = append(out, xtables.Rule{Src: c, Matches: []xtables.Match{comment("pod traffic for %s external destinations")}, Target: dest(vs[servicelb.FromPod])})
+			pod.Matches, pod.Target = []xtables.Match{comment("pod traffic for %s external destinations")}, dest(vs[servicelb.FromPod])
+			out = append(out, pod)
 		}
 	}
 	if nodeRules {
@@ -533,13 +525,14 @@ func (p *planner) clusterIPRules(service string, ports []*servicelb.ServicePort)
 // the internal verdicts say (the masquerade of an origin whose flows are
 // not forwarded does not matter). kube-proxy's shapes: every origin
 // (MasqueradeAll), one rule; every origin but pods (traffic from off the
-// cluster), one rule with "! -s CIDR", or through OFFCLUSTER-MASQ with
-// several cluster CIDRs; none, no rule. Any other choice is marked in
-// order, for outside, then the node, then pods, each rule setting or
-// clearing the mark, so that the last rule that matches decides.
+// cluster), one rule with "! -s CIDR" or "! -i cbr0" (or "! -i veth+"), or
+// through OFFCLUSTER-MASQ with several prefixes; none, no rule. Any other
+// choice is marked in order, for outside, then the node, then pods, each
+// rule setting or clearing the mark, so that the last rule that matches
+// decides.
 func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 	var want, care [3]bool
-	all, none, offCluster := true, true, len(p.cidrs) > 0
+	all, none, offCluster := true, true, p.pods.Detects()
 	for o, v := range s.internal {
 		want[o], care[o] = v.Masquerade, v.Action.Forwards()
 		if care[o] {
@@ -553,10 +546,10 @@ func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 		return nil
 	case all:
 		return []xtables.Rule{r}
-	case offCluster && len(p.cidrs) == 1:
-		r.Src, r.NotSrc = p.cidrs[0], true
-		return []xtables.Rule{r}
 	case offCluster:
+		if one, ok := xtables.NotPods(p.pods, r); ok {
+			return []xtables.Rule{one}
+		}
 		r.Target = xtables.Jump(p.n.fixed(chainOffClusterMasq))
 		return []xtables.Rule{r}
 	}
@@ -583,7 +576,7 @@ func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 	if want[servicelb.FromOutside] {
 		out = append(out, r)
 	}
-	podRules, nodeRules := distinct(want, len(p.cidrs) > 0)
+	podRules, nodeRules := distinct(want, p.pods.Detects())
 	if nodeRules {
 		out = append(out, forNode(mark(want[servicelb.FromNode])))
 	}

@@ -34,6 +34,17 @@ var (
 	_ servicelb.Renderer = (*Proxier)(nil)
 )
 
+// Render returns the rules a Proxier with options o would write for st,
+// as Proxier.Render prints them. It opens no socket and needs no
+// privileges: for dry runs, and to look at a state from any machine.
+func Render(st *servicelb.State, o Options) (string, error) {
+	if err := o.normalize(); err != nil {
+		return "", err
+	}
+	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}
+	return px.Render(st)
+}
+
 // New returns a Proxier. It opens a netlink socket in the target
 // namespace and reads nothing until the first Sync.
 func New(o Options) (*Proxier, error) {
@@ -76,7 +87,9 @@ func New(o Options) (*Proxier, error) {
 func (px *Proxier) Close() error {
 	px.mu.Lock()
 	defer px.mu.Unlock()
-	px.eng.Close()
+	if px.eng != nil { // nil when New failed part way
+		px.eng.Close()
+	}
 	var errs []error
 	if c, ok := px.conn.(io.Closer); ok {
 		errs = append(errs, c.Close())

@@ -61,4 +61,13 @@ func TestRenderGolden(t *testing.T) {
 			golden(t, tc.file, got)
 		})
 	}
+	for name, st := range detectStates(t) {
+		t.Run(name, func(t *testing.T) {
+			got, err := newOffline(t, Options{}).Render(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, name+".golden", got)
+		})
+	}
 }

@@ -97,6 +97,29 @@ func richServices() []servicelb.Service {
 	}
 }
 
+// detectStates are the rich services on the rich node under each other
+// local-traffic detection, by name: two node CIDRs of IPv4 and none of
+// IPv6 (so OFFCLUSTER-MASQ for IPv4, no pods for IPv6), a bridge, an
+// interface name prefix.
+func detectStates(t testing.TB) map[string]*servicelb.State {
+	t.Helper()
+	out := map[string]*servicelb.State{}
+	for name, d := range map[string]servicelb.DetectLocal{
+		"detect-node-cidr": {Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: prefixes("10.244.1.0/24", "10.244.9.0/24")},
+		"detect-bridge":    {Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"},
+		"detect-prefix":    {Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"},
+	} {
+		n := richNode()
+		n.DetectLocal = d
+		st, err := servicelb.NewState(n, richServices()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = st
+	}
+	return out
+}
+
 func richState(t testing.TB) *servicelb.State {
 	t.Helper()
 	st, err := servicelb.NewState(richNode(), richServices()...)

@@ -51,9 +51,12 @@
 // the ports whose verdicts differ by origin. An origin whose differing
 // verdict drops its flows gets a drop rule instead of a mark.
 //
-// Origins are told apart as servicelb says: a source in the node's cluster
-// CIDRs is a pod; in the mangle table, other flows the node sends are the
-// node's; in the nat table, a local source address is the node.
+// Origins are told apart as servicelb says: a pod as the node's
+// local-traffic detection recognises it (servicelb.NodeConfig.LocalMatch:
+// -s CIDR per prefix, or the input interface, -i cbr0 or -i veth+); in
+// the mangle table, other flows the node sends are the node's (with an
+// interface detection, all of them: they come in on no interface); in the
+// nat table, a local source address is the node.
 //
 // # Helper rules and sets
 //

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -39,8 +40,9 @@ func v6(group uint16, last byte) netip.Addr {
 }
 
 // node returns a random node: addresses of one or both families, cluster
-// CIDRs of none, one or both, now and then service CIDRs, masquerade-all,
-// node port addresses and another masquerade bit.
+// CIDRs of none, one or both, now and then another local-traffic
+// detection, service CIDRs, masquerade-all, node port addresses and
+// another masquerade bit.
 func (g *gen) node() servicelb.NodeConfig {
 	n := servicelb.NodeConfig{NodeName: "node", Zone: "z1", NodeIPs: []netip.Addr{v4(198, 51, 100, 1)}}
 	if g.chance(0.3) {
@@ -61,6 +63,7 @@ func (g *gen) node() servicelb.NodeConfig {
 	if g.chance(0.2) {
 		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("fd00:c::/64")}
 	}
+	n.DetectLocal = servicetest.DetectLocal(g.r)
 	n.MasqueradeAll = g.chance(0.15)
 	if g.chance(0.1) {
 		n.MasqueradeBit = 13

@@ -117,6 +117,21 @@ func TestKernelEqualsRender(t *testing.T) {
 	if diff := gocmp.Diff(want, got); diff != "" {
 		t.Errorf("kernel differs from Render (-render +kernel):\n%s", diff)
 	}
+	// Each other local-traffic detection, one after the other: a node
+	// change that rewrites the rules that recognise pods.
+	for _, d := range []servicelb.DetectLocal{
+		{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("10.244.9.0/24")}},
+		{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"},
+		{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"},
+	} {
+		e.node.DetectLocal = d
+		st := e.state(multiService(), sticky, lb, empty)
+		e.sync(st)
+		want, got := renderText(t, st, e.p.opts), kernelText(t, e.tp.Node, e.p.opts)
+		if diff := gocmp.Diff(want, got); diff != "" {
+			t.Errorf("%s: kernel differs from Render (-render +kernel):\n%s", d.Mode, diff)
+		}
+	}
 }
 
 // walk is a random walk of states through one proxier.

@@ -25,6 +25,9 @@ type planEnv struct {
 func newPlanEnv(node *servicelb.NodeConfig, o *Options) (planEnv, error) {
 	env := planEnv{nodeIPs: map[netip.Addr]bool{}, masq: node.MasqueradeMark(),
 		space: markSpace{o.FWMarkMask}, caps: capabilities()}
+	if err := env.caps.CheckNode(node); err != nil {
+		return env, err
+	}
 	if env.masq&o.FWMarkMask != 0 {
 		return env, fmt.Errorf("%w: FWMarkMask %#x holds the node's masquerade mark %#x", ErrInvalidOptions, o.FWMarkMask, env.masq)
 	}

@@ -129,6 +129,26 @@ func TestRenderGolden(t *testing.T) {
 	}
 }
 
+// TestRenderDetectLocal renders a port whose verdicts differ by origin
+// under each other local-traffic detection: the pods' rules match the
+// node CIDRs (IPv4 only, so IPv6 has no pods) or the input interface, and
+// the node's own flows are never a pod's by interface.
+func TestRenderDetectLocal(t *testing.T) {
+	for name, d := range map[string]servicelb.DetectLocal{
+		"node-cidr": {Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("10.244.9.0/24")}},
+		"bridge":    {Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"},
+		"prefix":    {Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			n := testNode()
+			n.DetectLocal = d
+			got, err := Render(mustState(t, n, renderCases()["dualstack-external-local"]...), Options{})
+			require.NoError(t, err)
+			golden(t, "render-detect-"+name+".golden", got)
+		})
+	}
+}
+
 // TestRenderOrderMatchesIpvsadm checks the order against what ipvsadm
 // v1.31 printed for the same virtual servers (its sort compares addresses
 // by wrapped 32-bit differences, so 192.168/16 and 198.51/16 come before

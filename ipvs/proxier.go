@@ -11,6 +11,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/privilege"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/ipset"
@@ -73,9 +74,16 @@ type realKey struct {
 
 // New returns a Proxier for the namespace o.NetNS. It checks that the
 // kernel has IPVS (ErrIPVSUnavailable otherwise) and opens netlink sockets
-// there, but changes nothing until Sync. Close releases it.
-func New(o Options) (*Proxier, error) {
-	o, err := o.withDefaults()
+// there, but changes nothing until Sync. Close releases it. Opening them
+// needs CAP_NET_ADMIN and CAP_SYS_ADMIN (to enter the namespace, the
+// caller's own included): without them the error wraps
+// servicelb.ErrPermission.
+func New(o Options) (_ *Proxier, err error) {
+	defer func() { err = privilege.Check(err) }()
+	if err := privilege.Require("ipvs", privilege.NetAdmin, privilege.SysAdmin); err != nil {
+		return nil, err
+	}
+	o, err = o.withDefaults()
 	if err != nil {
 		return nil, err
 	}

@@ -91,18 +91,18 @@ func planRules(n ruleNames, node *servicelb.NodeConfig, steers [2]map[string][]x
 	}
 }
 
-// natRules masquerade by origin (pod: a source in the cluster CIDRs;
-// node: a local source; else outside), as the masquerade sets list the
-// frontends, and hairpin flows.
+// natRules masquerade by origin (pod: as the node's local-traffic
+// detection recognises it; node: a local source; else outside), as the
+// masquerade sets list the frontends, and hairpin flows.
 func natRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent {
 	mark := node.MasqueradeMark()
 	jump := func(c string) xtables.Target { return xtables.Jump(n.chain(c)) }
 	masq := jump(chainMarkMasq)
 	services := []xtables.Rule{rule(masq, n.match(setMasq, dst, dst))}
-	for _, p := range clusterCIDRs(node, n.f) {
-		pod := rule(masq, n.match(setMasqPod, dst, dst))
-		pod.Src = p
-		services = append(services, pod, xtables.Rule{Src: p, Target: xtables.Return})
+	masqPod, podReturn := xtables.Pods(node.LocalMatch(n.f), rule(masq, n.match(setMasqPod, dst, dst))),
+		xtables.Pods(node.LocalMatch(n.f), rule(xtables.Return))
+	for i := range masqPod {
+		services = append(services, masqPod[i], podReturn[i])
 	}
 	services = append(services,
 		rule(masq, localSrc, n.match(setMasqNode, dst, dst)),
@@ -172,13 +172,17 @@ func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent 
 		pre, out = append(pre, r), append(out, r)
 	}
 	out = append(out, rule(xtables.Drop, n.match(setLBFirewall, dst, dst), invert(n.match(setLBSource, dst, dst, src))))
-	// The node's flows with a source in the cluster CIDRs are a pod's.
-	// LOCAL goes to one origin's chain, whose end returns to OUTPUT (LOCAL
-	// was jumped to), so that no flow takes two origins' steers and every
-	// one meets the drop rule after them.
-	for _, p := range clusterCIDRs(node, n.f) {
-		pre = append(pre, xtables.Rule{Src: p, Target: jump(chainFromPod)})
-		classify = append(classify, xtables.Rule{Src: p, Target: xtables.Goto(n.chain(chainFromPod))})
+	// The pods' flows arrive, as the detection recognises them. The
+	// node's own flows are a pod's when the detection goes by source and
+	// their source is in its prefixes; they come in on no interface, so an
+	// interface detection never claims them. LOCAL goes to one origin's
+	// chain, whose end returns to OUTPUT (LOCAL was jumped to), so that no
+	// flow takes two origins' steers and every one meets the drop rule
+	// after them.
+	pods := node.LocalMatch(n.f)
+	pre = append(pre, xtables.Pods(pods, rule(jump(chainFromPod)))...)
+	if pods.Interface == "" {
+		classify = append(classify, xtables.Pods(pods, rule(xtables.Goto(n.chain(chainFromPod))))...)
 	}
 	classify = append(classify, rule(xtables.Goto(n.chain(chainFromNode))))
 	return &xtables.TableContent{
@@ -197,11 +201,6 @@ func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent 
 func invert(s xtables.Set) xtables.Set {
 	s.Invert = true
 	return s
-}
-
-// clusterCIDRs returns the node's cluster CIDRs of family f.
-func clusterCIDRs(node *servicelb.NodeConfig, f servicelb.Family) []netip.Prefix {
-	return prefixesOf(node.ClusterCIDRs, f)
 }
 
 // prefixesOf returns the prefixes of family f.

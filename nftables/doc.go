@@ -69,19 +69,27 @@
 //
 // An entry chain renders the verdicts of its kind of frontend
 // (ServicePort.Internal or External). It tells origins apart as servicelb
-// does: a pod by a source in the cluster CIDRs of the family (set
-// cluster-cidrs4/6), else the node by "fib saddr type local", else
-// outside. First, the traffic of the origins whose verdict masquerades is
-// marked (jump mark-for-masquerade): all of it with one rule when every
-// origin masquerades, "ip saddr != @cluster-cidrs4" for outside and the
-// node, and so on. Then each origin goes to its action: the origins whose
-// action differs from outside's are matched first (pods, then the node;
-// pods also when the node is matched and their actions differ, since a
-// pod's source may be a local address), and outside's action is the
-// fall-through. An action is
+// does: a pod as the node's local-traffic detection recognises it
+// (servicelb.NodeConfig.LocalMatch), else the node by "fib saddr type
+// local", else outside. A pod is matched by its source in the set
+// pod-cidrs4/6, which holds the detection's prefixes of the family (the
+// cluster CIDRs, or the node's pod CIDRs; empty when it detects by
+// interface), or by the interface it came in on: `iifname "cbr0"` for a
+// bridge, `iifname "veth*"` for a name prefix. The node's own flows pass
+// the output hook with no input interface, so an interface match never
+// takes them for a pod's. First, the traffic of the origins whose verdict
+// masquerades is marked (jump mark-for-masquerade): all of it with one
+// rule when every origin masquerades, "ip saddr != @pod-cidrs4" (or
+// `iifname != "cbr0"`) for outside and the node, and so on. Then each
+// origin goes to its action: the origins whose action differs from
+// outside's are matched first (pods, then the node; pods also when the
+// node is matched and their actions differ, since a pod's source may be a
+// local address), and outside's action is the fall-through. An action is
 // the load-balancing rule of the cluster or local set, "drop", or
 // "reject": an ICMP (ICMPv6) port unreachable, for TCP too. A chain that
-// forwards ends with drop, so that a flow never leaves untranslated.
+// forwards ends with drop, so that a flow never leaves untranslated. A
+// change of the detection is a node change: every entry chain is
+// rewritten.
 //
 // "masquerading" masquerades marked packets, and hairpin packets: a
 // translated flow from an endpoint to itself (set hairpin4/6 holds the
@@ -126,10 +134,11 @@
 //
 // # What it refuses
 //
-// Capabilities: every protocol and feature, the scheduler hints "" and
-// "random" (both weighted random), at most 4095 endpoints in the cluster
-// or local set of a service port. Sync and Render check every port they
-// plan with servicelb.Capabilities.CheckPort and fail before sending
+// Capabilities: every protocol and feature (every local-traffic
+// detection among them), the scheduler hints "" and "random" (both
+// weighted random), at most 4095 endpoints in the cluster or local set of
+// a service port. Sync and Render check the node and every port they plan
+// with servicelb.Capabilities.CheckNode and CheckPort and fail before sending
 // anything with its error (a *servicelb.ValidationError wrapping
 // servicelb.ErrUnsupported or servicelb.ErrCapacity); more than 2^20
 // load-balanced sets of one family fail the same way with ErrCapacity.

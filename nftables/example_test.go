@@ -55,7 +55,7 @@ func ExampleProxier_Render() {
 	// 1639673856-1639675903 : 10.244.1.2 . 8080,
 	// 1639675904-1639677950 : 10.244.2.2 . 8080
 	// chain svc4-default/web/http {
-	// ip saddr != @cluster-cidrs4 jump mark-for-masquerade
+	// ip saddr != @pod-cidrs4 jump mark-for-masquerade
 	// meta l4proto tcp dnat ip to numgen random mod 4095 offset 1639673856 map @backends4-183
 	// drop
 	// }

@@ -141,7 +141,7 @@ func addrWord(f servicelb.Family, src bool) string {
 }
 
 // inSet matches when the source or destination address is (or, negated,
-// is not) in a set: "ip saddr != @cluster-cidrs4".
+// is not) in a set: "ip saddr != @pod-cidrs4".
 func inSet(f servicelb.Family, src, negate bool, set string) term {
 	op := ""
 	if negate {
@@ -244,6 +244,34 @@ func fibLocal(local bool) term {
 	return term{text: text, exprs: []expr.Any{
 		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
 		&expr.Cmp{Op: op, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
+	}}
+}
+
+// iifname matches packets that came in on the interface name (or, with
+// prefix, on any interface whose name starts with name), or, negated, on
+// any other interface or none: `iifname "cbr0"`, `iifname != "veth*"`. As
+// nft encodes it, a name is compared with its padding to IFNAMSIZ bytes, a
+// prefix with its own bytes only. A locally generated packet has no input
+// interface: its name reads as all zeros.
+func iifname(name string, prefix, negate bool) term {
+	data := []byte(name)
+	text := "iifname "
+	if negate {
+		text += "!= "
+	}
+	if prefix {
+		text += `"` + name + `*"`
+	} else {
+		text += `"` + name + `"`
+		data = append(data, make([]byte, unix.IFNAMSIZ-len(data))...)
+	}
+	op := expr.CmpOpEq
+	if negate {
+		op = expr.CmpOpNeq
+	}
+	return term{text: text, exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: op, Register: reg1, Data: data},
 	}}
 }
 

@@ -4,10 +4,8 @@ package nftables_test
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,56 +64,6 @@ func generation(t testing.TB, h *netnstest.Host) uint32 {
 		t.Fatal(err)
 	}
 	return g.ID
-}
-
-// canonical lists a table with `nft -j` and returns it in a form that two
-// tables with the same content share whatever their history: handles
-// dropped, sets and chains by name, set elements sorted, rules in order
-// per chain.
-func canonical(t testing.TB, h *netnstest.Host, table string) string {
-	t.Helper()
-	out := h.Exec(t, "nft", "-j", "list", "table", "inet", table)
-	var doc struct {
-		Nftables []map[string]map[string]any `json:"nftables"`
-	}
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("nft -j output: %v\n%s", err, out)
-	}
-	sets, chains, rules := map[string]any{}, map[string]any{}, map[string][]any{}
-	for _, obj := range doc.Nftables {
-		for kind, v := range obj {
-			delete(v, "handle")
-			switch kind {
-			case "set", "map":
-				if els, ok := v["elem"].([]any); ok {
-					slices.SortFunc(els, func(a, b any) int { return compareJSON(t, a, b) })
-				}
-				sets[kind+" "+v["name"].(string)] = v
-			case "chain":
-				chains[v["name"].(string)] = v
-			case "rule":
-				c := v["chain"].(string)
-				rules[c] = append(rules[c], v["expr"])
-			}
-		}
-	}
-	b, err := json.MarshalIndent(map[string]any{"sets": sets, "chains": chains, "rules": rules}, "", " ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-func compareJSON(t testing.TB, a, b any) int {
-	x, err := json.Marshal(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	y, err := json.Marshal(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slices.Compare(x, y)
 }
 
 // Addresses of the services the tests define.

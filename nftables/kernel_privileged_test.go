@@ -34,7 +34,7 @@ func TestSyncMatchesRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.ExecInput(t, text, "nft", "-f", "-")
-	if diff := cmp.Diff(canonical(t, b, nftables.DefaultTable), canonical(t, a, nftables.DefaultTable)); diff != "" {
+	if diff := cmp.Diff(b.CanonicalTable(t, "inet", nftables.DefaultTable), a.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 		t.Errorf("table written through netlink differs from nft -f of Render (-nft +netlink):\n%s", diff)
 	}
 	listed := a.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
@@ -78,7 +78,7 @@ func TestForeignChangesRepaired(t *testing.T) {
 	p := newProxier(t, h, nftables.Options{Logger: testLogger(t), VerifyInterval: time.Nanosecond})
 	st := richState(t)
 	mustSync(t, p, st)
-	want := canonical(t, h, nftables.DefaultTable)
+	want := h.CanonicalTable(t, "inet", nftables.DefaultTable)
 	ruleset := h.Exec(t, "nft", "list", "ruleset")
 	for _, tc := range []struct {
 		name string
@@ -99,7 +99,7 @@ func TestForeignChangesRepaired(t *testing.T) {
 				t.Fatal("the change did not change the table")
 			}
 			mustSync(t, p, st)
-			if diff := cmp.Diff(want, canonical(t, h, nftables.DefaultTable)); diff != "" {
+			if diff := cmp.Diff(want, h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 				t.Errorf("table not restored (-want +got):\n%s", diff)
 			}
 			if got := h.Exec(t, "nft", "list", "table", "inet", "kproxy"); strings.Contains(got, "dormant") {
@@ -129,8 +129,8 @@ func TestCheapAndDeepChecks(t *testing.T) {
 	p := newProxier(t, h, nftables.Options{Logger: testLogger(t), VerifyInterval: 2 * time.Second})
 	st := richState(t)
 	mustSync(t, p, st)
-	want := canonical(t, h, nftables.DefaultTable)
-	restored := func() bool { return canonical(t, h, nftables.DefaultTable) == want }
+	want := h.CanonicalTable(t, "inet", nftables.DefaultTable)
+	restored := func() bool { return h.CanonicalTable(t, "inet", nftables.DefaultTable) == want }
 	for _, cmd := range [][]string{
 		{"delete", "table", "inet", "kproxy"},
 		{"add", "chain", "inet", "kproxy", "intruder"},
@@ -161,7 +161,13 @@ func TestCheapAndDeepChecks(t *testing.T) {
 	assert.Equal(t, flushed, web(), "a flushed chain was repaired by syncs with changes before the deep check was due: the cheap check read the rules")
 	mustSync(t, p, st)
 	assert.Equal(t, whole, web(), "a flushed chain not repaired by a sync with nothing to change")
-	assert.Equal(t, want, canonical(t, h, nftables.DefaultTable))
+	assert.Equal(t, want, h.CanonicalTable(t, "inet", nftables.DefaultTable))
+
+	// A flush of the whole table empties the fixed chains too: the cheap
+	// check of a sync with changes finds it.
+	h.Exec(t, "nft", "flush", "table", "inet", "kproxy")
+	mustSync(t, p, more)
+	assert.Equal(t, whole, web(), "a flushed table was not repaired by the cheap check of a sync with changes")
 }
 
 // TestInvalidInputLeavesTable: a service the backend refuses is left out
@@ -246,7 +252,7 @@ func TestCleanupDeletesOnlyTheTable(t *testing.T) {
 		t.Errorf("second Cleanup: %v", err)
 	}
 	mustSync(t, p, st)
-	if diff := cmp.Diff(canonical(t, h, "other"), strings.ReplaceAll(canonical(t, h, "kproxy"), `"kproxy"`, `"other"`)); diff != "" {
+	if diff := cmp.Diff(h.CanonicalTable(t, "inet", "other"), strings.ReplaceAll(h.CanonicalTable(t, "inet", "kproxy"), `"kproxy"`, `"other"`)); diff != "" {
 		t.Errorf("tables of the two proxiers differ:\n%s", diff)
 	}
 }
@@ -273,9 +279,34 @@ func TestGoldenFilesLoad(t *testing.T) {
 			a, b := netnstest.NewHost(t, "sync"), netnstest.NewHost(t, "nft")
 			mustSync(t, newProxier(t, a, nftables.Options{}), mk(t))
 			b.ExecInput(t, string(text), "nft", "-f", "-")
-			if diff := cmp.Diff(canonical(t, b, nftables.DefaultTable), canonical(t, a, nftables.DefaultTable)); diff != "" {
+			if diff := cmp.Diff(b.CanonicalTable(t, "inet", nftables.DefaultTable), a.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 				t.Errorf("(-nft -f +Sync):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestAdoptsRenamedSet: a table written before the set of pods' sources
+// was named pod-cidrs4/6 (cluster-cidrs4/6, read by an entry chain's
+// rule) is adopted: the old set and its rule go, and the table is what a
+// fresh one would be.
+func TestAdoptsRenamedSet(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	fresh, h := netnstest.NewHost(t, "fresh"), netnstest.NewHost(t, "older")
+	st := richState(t)
+	mustSync(t, newProxier(t, fresh, nftables.Options{}), st)
+	h.ExecInput(t, `table inet kproxy {
+	set cluster-cidrs4 {
+		type ipv4_addr
+		flags interval
+		elements = { 10.244.0.0/16 }
+	}
+	chain svc4-default/web/http {
+		ip saddr != @cluster-cidrs4 counter
+	}
+}`, "nft", "-f", "-")
+	mustSync(t, newProxier(t, h, nftables.Options{}), st)
+	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
+		t.Errorf("adopted table differs from a fresh one (-fresh +adopted):\n%s", diff)
 	}
 }

@@ -28,7 +28,11 @@ func newModel() *model {
 func (p *planner) build(st *servicelb.State) (*model, error) {
 	m := newModel()
 	node := st.Node()
-	m.node = p.node(&node)
+	np, err := p.node(&node)
+	if err != nil {
+		return nil, err
+	}
+	m.node = np
 	txn := m.slots.begin()
 	ports := st.Ports()
 	m.ports = make(map[servicelb.ServicePortKey]*portPlan, len(ports))
@@ -69,7 +73,10 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 	s := &step{slots: m.slots.begin(), refs: map[ref]int{}, shards: map[setID]int{}}
 	var targets []*servicelb.ServicePort
 	if ch.NodeChanged {
-		np := p.node(&node)
+		np, err := p.node(&node)
+		if err != nil {
+			return nil, err
+		}
 		s.node = &np
 		targets = to.Ports()
 		for k, old := range m.ports {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
@@ -67,34 +68,37 @@ type planner struct {
 	affinitySize uint32
 	caps         servicelb.Capabilities
 	drop         *rule
-	// marks holds, by family, by whether the family has cluster CIDRs
-	// and by the set of origins (a bit per origin), the rules that mark
-	// those origins' traffic for masquerade.
-	marks [2][2][1 << origins][]*rule
-	// ends holds, by family and origin, the rules that drop (0) and
-	// reject (1) that origin's traffic.
-	ends [2][origins][2]*rule
+	// origins holds the rules the entry chains share, by family and way
+	// of recognising pods: made once for each that a node asks for.
+	mu      sync.Mutex
+	origins map[originKey]*originRules
+}
+
+type originKey struct {
+	f    servicelb.Family
+	pods pods
 }
 
 // origins is the number of servicelb.Origins.
 const origins = len(servicelb.Verdicts{})
 
 func newPlanner(table string, affinitySize uint32) *planner {
-	p := &planner{table: table, affinitySize: affinitySize, caps: capabilities(), drop: mk(drop())}
-	for _, f := range families {
-		fi := famIndex(f)
-		for pods := range 2 {
-			for mask := range 1 << origins {
-				p.marks[fi][pods][mask] = markRules(f, mask, pods == 1)
-			}
-		}
-		for _, o := range servicelb.Origins() {
-			match := originTerms(f, o)
-			p.ends[fi][o][0] = mk(append(match, drop())...)
-			p.ends[fi][o][1] = mk(append(match, reject(contextFamily(f, o)))...)
-		}
+	return &planner{table: table, affinitySize: affinitySize, caps: capabilities(), drop: mk(drop()),
+		origins: map[originKey]*originRules{}}
+}
+
+// originRules returns the shared rules of the entry chains of family f on
+// node n. Planning is safe for concurrent use (Render runs beside Sync).
+func (p *planner) originRules(n *servicelb.NodeConfig, f servicelb.Family) *originRules {
+	k := originKey{f, podsOf(n, f)}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.origins[k]
+	if o == nil {
+		o = newOriginRules(f, k.pods)
+		p.origins[k] = o
 	}
-	return p
+	return o
 }
 
 func baseChain(name string, hook uint32, prio int32, rules ...*rule) chainPlan {
@@ -104,8 +108,12 @@ func baseChain(name string, hook uint32, prio int32, rules ...*rule) chainPlan {
 
 var families = [2]servicelb.Family{servicelb.IPv4, servicelb.IPv6}
 
-// node plans the node-wide chains and elements.
-func (p *planner) node(n *servicelb.NodeConfig) nodePlan {
+// node plans the node-wide chains and elements, after checking that the
+// table can express the node.
+func (p *planner) node(n *servicelb.NodeConfig) (nodePlan, error) {
+	if err := p.caps.CheckNode(n); err != nil {
+		return nodePlan{}, err
+	}
 	m := n.MasqueradeMark()
 	var masq []*rule
 	for _, f := range families {
@@ -124,10 +132,10 @@ func (p *planner) node(n *servicelb.NodeConfig) nodePlan {
 		elems: map[setID][]elem{},
 	}
 	for _, f := range families {
-		np.elems[fixedSet(kindClusterCIDRs, f)] = cidrElems(prefixesOf(n.ClusterCIDRs, f))
+		np.elems[fixedSet(kindPodCIDRs, f)] = cidrElems(prefixesOf(n.LocalMatch(f).CIDRs, f))
 		np.elems[fixedSet(kindServiceCIDRs, f)] = cidrElems(prefixesOf(n.ServiceCIDRs, f))
 	}
-	return np
+	return np, nil
 }
 
 // servicesRules dispatch new flows: a load-balancer IP drops the sources
@@ -196,7 +204,7 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 	}
 	k := sp.Key
 	pp := &portPlan{key: k, elems: make(map[setID][]elem, 2)}
-	pods := hasFamily(n.ClusterCIDRs, sp.Family)
+	origins := p.originRules(n, sp.Family)
 	var kinds []entryChain
 	if sp.ClusterIP.IsValid() {
 		kinds = append(kinds, entryChain{chainInternal(k), sp.Internal})
@@ -204,13 +212,13 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 	if sp.ExternallyAccessible() {
 		kinds = append(kinds, entryChain{chainExternal(k), sp.External})
 	}
-	lbs, err := p.balancers(pp, sp, kinds, pods, slots)
+	lbs, err := p.balancers(pp, sp, kinds, origins.pods.detects(), slots)
 	if err != nil {
 		return nil, err
 	}
 	chains := make([]chainPlan, 0, len(kinds)+len(pp.chains))
 	for _, c := range kinds {
-		chains = append(chains, chainPlan{name: c.name, rules: p.entryRules(sp.Family, c.verdicts, pods, lbs)})
+		chains = append(chains, chainPlan{name: c.name, rules: p.entryRules(origins, c.verdicts, lbs)})
 	}
 	pp.chains = append(chains, pp.chains...)
 	entries(pp, sp)
@@ -236,10 +244,6 @@ func refsOf(sp *servicelb.ServicePort) []ref {
 		out = append(out, ref{fixedSet(kindHairpin, servicelb.FamilyOf(a)), a})
 	}
 	return out
-}
-
-func hasFamily(ps []netip.Prefix, f servicelb.Family) bool {
-	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return servicelb.FamilyOf(p.Addr()) == f })
 }
 
 // balancer spreads a port's traffic over one set of endpoints: with a rule

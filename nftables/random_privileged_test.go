@@ -56,7 +56,7 @@ func TestRandomTransitions(t *testing.T) {
 	t.Logf("changes: %v; %d services at the end", kinds, b.Len())
 	q := newProxier(t, fresh, nftables.Options{NoConntrackCleanup: true})
 	mustSync(t, q, b.State())
-	if diff := cmp.Diff(canonical(t, fresh, nftables.DefaultTable), canonical(t, h, nftables.DefaultTable)); diff != "" {
+	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 		t.Errorf("table after 300 changes differs from a fresh apply of the final state (-fresh +history):\n%s", diff)
 	}
 	if shared == 0 {

@@ -89,7 +89,7 @@ func elemTexts(id setID, es []elem) []string {
 			out = append(out, entryText(e.key, al)+" . "+rangeText(addrAt(e.key[al+8:]), addrAt(e.keyEnd[al+8:])))
 		case kindHairpin:
 			out = append(out, addrAt(e.key[:al]).String()+" . "+addrAt(e.key[al:]).String())
-		case kindClusterCIDRs, kindServiceCIDRs:
+		case kindPodCIDRs, kindServiceCIDRs:
 			out = append(out, rangeText(addrAt(e.key), lastBefore(es, i, f)))
 		case kindBackends:
 			lo := binary.BigEndian.Uint32(e.key)

@@ -109,6 +109,25 @@ func goldenCases() map[string]func(t *testing.T) *servicelb.State {
 				Endpoints: e,
 			})
 		},
+		"detect-node-cidr": func(t *testing.T) *servicelb.State {
+			n := testNode
+			n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: prefixes("10.244.1.0/24")}
+			return state(t, n, detectLocalService())
+		},
+		"detect-bridge": func(t *testing.T) *servicelb.State {
+			n := testNode
+			n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"}
+			return state(t, n, detectLocalService())
+		},
+		"detect-prefix": func(t *testing.T) *servicelb.State {
+			n := testNode
+			n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"}
+			return state(t, n, detectLocalService(), servicelb.Service{
+				Name: "shop/none", ClusterIPs: addrs("10.96.1.5"), ExternalTrafficPolicy: servicelb.PolicyLocal,
+				Ports:     []servicelb.Port{{Protocol: servicelb.UDP, Port: 53, NodePort: 30053}},
+				Endpoints: eps("node-b", "10.244.2.9"),
+			})
+		},
 		"firewall": func(t *testing.T) *servicelb.State {
 			n := testNode
 			n.ServiceCIDRs, n.MasqueradeAll, n.MasqueradeBit = prefixes("10.96.0.0/16", "fd00:96::/112"), true, 3
@@ -122,6 +141,16 @@ func goldenCases() map[string]func(t *testing.T) *servicelb.State {
 				Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 123}},
 			})
 		},
+	}
+}
+
+// detectLocalService is a dual-stack service whose chains tell every
+// origin apart: the golden renderings of the local-traffic detections.
+func detectLocalService() servicelb.Service {
+	return servicelb.Service{
+		Name: "shop/cart", ClusterIPs: addrs("10.96.1.1", "fd00:96::1:1"), ExternalTrafficPolicy: servicelb.PolicyLocal,
+		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 443, NodePort: 31443}},
+		Endpoints: append(eps("node-a", "10.244.1.7", "fd00:244:0:1::7"), eps("node-b", "10.244.2.7", "fd00:244:0:2::7")...),
 	}
 }
 

@@ -25,7 +25,7 @@ const (
 	kindFirewall            // load-balancer entries with source ranges
 	kindFirewallPass        // entry . allowed source range
 	kindHairpin             // endpoint . endpoint
-	kindClusterCIDRs        // NodeConfig.ClusterCIDRs
+	kindPodCIDRs            // the sources of the node's pods (NodeConfig.LocalMatch)
 	kindServiceCIDRs        // NodeConfig.ServiceCIDRs
 	kindAffinity            // client . slot . endpoint, dynamic
 	numKinds
@@ -44,8 +44,8 @@ func kindName(k int) string {
 		return "firewall-allow"
 	case kindHairpin:
 		return "hairpin"
-	case kindClusterCIDRs:
-		return "cluster-cidrs"
+	case kindPodCIDRs:
+		return "pod-cidrs"
 	case kindServiceCIDRs:
 		return "service-cidrs"
 	case kindAffinity:
@@ -98,7 +98,7 @@ func (s setID) name() string {
 // end elements (the kernel's rbtree sets).
 func (s setID) interval() bool {
 	k := s.kind()
-	return k == kindBackends || k == kindClusterCIDRs || k == kindServiceCIDRs
+	return k == kindBackends || k == kindPodCIDRs || k == kindServiceCIDRs
 }
 
 // setDef is a set's definition, for the kernel and for nft text.
@@ -202,7 +202,7 @@ func fixedSets(table string, f servicelb.Family, affinitySize uint32) []setDef {
 			KeyLen: 2*al + 8, Fields: []uint32{al, 1, 2, al}, UserData: concatStub},
 			entryDecl + " . " + an + "\n\t\tflags interval"},
 		{kindHairpin, nfnl.Set{KeyType: nfnl.ConcatType(at, at), KeyLen: 2 * al, UserData: concatStub}, "type " + an + " . " + an},
-		{kindClusterCIDRs, cidr, "type " + an + "\n\t\tflags interval"},
+		{kindPodCIDRs, cidr, "type " + an + "\n\t\tflags interval"},
 		{kindServiceCIDRs, cidr, "type " + an + "\n\t\tflags interval"},
 		{kindAffinity, nfnl.Set{Flags: nfnl.SetTimeout | nfnl.SetEval, KeyType: nfnl.ConcatType(at, nfnl.TypeInteger, nfnl.TypeInteger),
 			KeyLen: al + 8, Size: affinitySize,

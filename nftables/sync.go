@@ -17,7 +17,9 @@ type kernel Proxier
 // wrote: when nobody committed to the ruleset since the Proxier's own last
 // commit, at the cost of reading the generation; else by the table's flags
 // and the number of objects it holds, which a foreign commit anywhere else
-// leaves as they were.
+// leaves as they were, and by the rules of the node's few fixed chains
+// (the base chains and the dispatch chain), which a flush of the table
+// empties.
 func (k *kernel) Check(ctx context.Context) (bool, error) {
 	g, err := k.conn.Generation(ctx)
 	if err != nil {
@@ -35,6 +37,21 @@ func (k *kernel) Check(ctx context.Context) (bool, error) {
 		return false, err
 	case t.Flags != 0 || t.Use != k.use:
 		return false, nil
+	}
+	if k.model != nil {
+		for _, c := range k.model.node.chains {
+			if c.hook == nil && c.name != chainServices {
+				continue
+			}
+			rs, err := k.conn.RulesRaw(ctx, nfnl.Inet, k.opts.Table, c.name)
+			if err != nil {
+				return false, err
+			}
+			if len(rs) != len(c.rules) {
+				k.log.Info("a fixed chain lost its rules", "chain", c.name, "rules", len(rs), "want", len(c.rules))
+				return false, nil
+			}
+		}
 	}
 	k.gen, k.genOK = g.ID, true
 	return true, nil

@@ -7,36 +7,92 @@ import (
 )
 
 // A port's entry chain renders the verdicts of one kind of frontend. A
-// chain tells origins apart as servicelb does: a pod by a source in the
-// cluster CIDRs of the family (set cluster-cidrs4/6), else the node by a
-// local source ("fib saddr type local"), else outside. It first marks for
-// masquerade the traffic of the origins whose verdict masquerades, then
-// sends each origin to its action: the origins whose action differs from
-// outside's first (pods, then the node), and outside's as the
-// fall-through.
+// chain tells origins apart as servicelb does: a pod as the node's
+// local-traffic detection recognises it (servicelb.NodeConfig.LocalMatch:
+// a source in the set pod-cidrs4/6, or the input interface's name), else
+// the node by a local source ("fib saddr type local"), else outside. It
+// first marks for masquerade the traffic of the origins whose verdict
+// masquerades, then sends each origin to its action: the origins whose
+// action differs from outside's first (pods, then the node), and
+// outside's as the fall-through.
 
-// entryRules renders verdicts vs in a chain of family f; pods says
-// whether the family has cluster CIDRs (without them no source is a pod).
+// pods is how the chains of one family recognise a pod's flows: by a
+// source in the set pod-cidrs4/6 (set), or by the name of the interface
+// they came in on (iface, a prefix of it when prefix). The zero value
+// recognises none.
+type pods struct {
+	set    bool
+	iface  string
+	prefix bool
+}
+
+// podsOf returns how the node's pods are recognised in family f.
+func podsOf(n *servicelb.NodeConfig, f servicelb.Family) pods {
+	m := n.LocalMatch(f)
+	if m.Interface != "" {
+		return pods{iface: m.Interface, prefix: m.Prefix}
+	}
+	return pods{set: len(m.CIDRs) > 0}
+}
+
+// detects reports whether any flow is recognised as a pod's.
+func (d pods) detects() bool { return d.set || d.iface != "" }
+
+// match returns the terms that match a pod's flows in family f or,
+// negated, every other flow: "ip saddr @pod-cidrs4", `iifname "cbr0"`,
+// `iifname != "veth*"`.
+func (d pods) match(f servicelb.Family, negate bool) term {
+	if d.iface != "" {
+		return iifname(d.iface, d.prefix, negate)
+	}
+	return inSet(f, true, negate, fixedSet(kindPodCIDRs, f).name())
+}
+
+// originRules are the rules that the entry chains of one family and one
+// way of recognising pods share: by the set of origins (a bit per
+// origin), the rules that mark those origins' traffic for masquerade; by
+// origin, the rules that drop (0) and reject (1) its traffic.
+type originRules struct {
+	f     servicelb.Family
+	pods  pods
+	marks [1 << origins][]*rule
+	ends  [origins][2]*rule
+}
+
+func newOriginRules(f servicelb.Family, d pods) *originRules {
+	o := &originRules{f: f, pods: d}
+	for mask := range 1 << origins {
+		o.marks[mask] = markRules(f, mask, d)
+	}
+	for _, origin := range servicelb.Origins() {
+		match := originTerms(f, d, origin)
+		o.ends[origin][0] = mk(append(match, drop())...)
+		o.ends[origin][1] = mk(append(match, reject(contextFamily(f, d, origin)))...)
+	}
+	return o
+}
+
+// entryRules renders verdicts vs in a chain whose origins o tells apart;
 // lbs are the port's balancers by action.
-func (p *planner) entryRules(f servicelb.Family, vs servicelb.Verdicts, pods bool, lbs map[servicelb.Action]balancer) []*rule {
+func (p *planner) entryRules(o *originRules, vs servicelb.Verdicts, lbs map[servicelb.Action]balancer) []*rule {
 	mask := 0
 	for o, v := range vs {
 		if v.Masquerade {
 			mask |= 1 << o
 		}
 	}
-	marks := p.marks[famIndex(f)][boolByte(pods)][mask]
+	marks := o.marks[mask]
 	rs := make([]*rule, 0, len(marks)+origins+1)
 	rs = append(rs, marks...)
-	for _, o := range routes(vs, pods) {
-		a := vs[o].Action
+	for _, origin := range routes(vs, o.pods.detects()) {
+		a := vs[origin].Action
 		switch {
 		case a.Forwards():
-			rs = append(rs, lbs[a].rule(originTerms(f, o)...))
+			rs = append(rs, lbs[a].rule(originTerms(o.f, o.pods, origin)...))
 		case a == servicelb.Reject:
-			rs = append(rs, p.ends[famIndex(f)][o][1])
+			rs = append(rs, o.ends[origin][1])
 		default:
-			rs = append(rs, p.ends[famIndex(f)][o][0])
+			rs = append(rs, o.ends[origin][0])
 		}
 	}
 	if vs[servicelb.FromOutside].Action.Forwards() {
@@ -48,10 +104,11 @@ func (p *planner) entryRules(f servicelb.Family, vs servicelb.Verdicts, pods boo
 }
 
 // routes returns the origins whose action a chain tests, in order: pods
-// and the node when their action differs from outside's, and outside, the
-// fall-through, last. Pods are also tested when the node is and their
-// actions differ, since a pod's source may be a local address (a node's
-// address in the cluster CIDRs).
+// (when some flow is recognised as a pod's) and the node when their
+// action differs from outside's, and outside, the fall-through, last.
+// Pods are also tested when the node is and their actions differ, since a
+// pod's source may be a local address (a node's address in the cluster
+// CIDRs).
 func routes(vs servicelb.Verdicts, pods bool) []servicelb.Origin {
 	out, pod, node := vs[servicelb.FromOutside].Action, vs[servicelb.FromPod].Action, vs[servicelb.FromNode].Action
 	os := make([]servicelb.Origin, 0, origins)
@@ -65,12 +122,12 @@ func routes(vs servicelb.Verdicts, pods bool) []servicelb.Origin {
 }
 
 // originTerms match an origin in a chain that tests the origins in the
-// order of routes: a pod by its source, the node by a local source, and
-// outside by nothing (it is what remains).
-func originTerms(f servicelb.Family, o servicelb.Origin) []term {
+// order of routes: a pod as d recognises it, the node by a local source,
+// and outside by nothing (it is what remains).
+func originTerms(f servicelb.Family, d pods, o servicelb.Origin) []term {
 	switch o {
 	case servicelb.FromPod:
-		return []term{inSet(f, true, false, fixedSet(kindClusterCIDRs, f).name())}
+		return []term{d.match(f, false)}
 	case servicelb.FromNode:
 		return []term{fibLocal(true)}
 	}
@@ -78,27 +135,29 @@ func originTerms(f servicelb.Family, o servicelb.Origin) []term {
 }
 
 // contextFamily is the family that the terms matching origin o name, as
-// nft sees it when it encodes a reject after them; 0 for none.
-func contextFamily(f servicelb.Family, o servicelb.Origin) servicelb.Family {
-	if o == servicelb.FromPod {
+// nft sees it when it encodes a reject after them; 0 for none. A source
+// address names the family; an interface does not.
+func contextFamily(f servicelb.Family, d pods, o servicelb.Origin) servicelb.Family {
+	if o == servicelb.FromPod && d.set {
 		return f
 	}
 	return 0
 }
 
-// originTest is a condition on a packet's origin: whether its source is
-// in the cluster CIDRs (pod) and whether it is local, each required (+1),
-// excluded (-1) or not tested (0).
+// originTest is a condition on a packet's origin: whether it is a pod's
+// and whether its source is local, each required (+1), excluded (-1) or
+// not tested (0).
 type originTest struct{ pod, local int8 }
 
 // markRules returns the rules that mark for masquerade exactly the
 // origins in mask (bit 1<<origin): one rule per test, any of which marks.
 // Marking continues the chain, so the rules precede every action.
-func markRules(f servicelb.Family, mask int, pods bool) []*rule {
+func markRules(f servicelb.Family, mask int, d pods) []*rule {
 	has := func(o servicelb.Origin) bool { return mask&(1<<o) != 0 }
 	o, p, n := has(servicelb.FromOutside), has(servicelb.FromPod), has(servicelb.FromNode)
+	pods := d.detects()
 	if !pods {
-		p = o // no source is a pod: a pod's verdict is never seen
+		p = o // no flow is a pod's: a pod's verdict is never seen
 	}
 	var tests []originTest
 	switch {
@@ -124,11 +183,11 @@ func markRules(f servicelb.Family, mask int, pods bool) []*rule {
 	var rs []*rule
 	for _, t := range tests {
 		if t.pod == 1 && !pods {
-			continue // no source is a pod
+			continue // no flow is a pod's
 		}
 		var terms []term
 		if t.pod != 0 && pods {
-			terms = append(terms, inSet(f, true, t.pod < 0, fixedSet(kindClusterCIDRs, f).name()))
+			terms = append(terms, d.match(f, t.pod < 0))
 		}
 		if t.local != 0 {
 			terms = append(terms, fibLocal(t.local > 0))

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -10,12 +11,16 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
+// detections are the ways of recognising pods the chains render: none,
+// by source (the set), by bridge, by interface name prefix.
+var detections = []pods{{}, {set: true}, {iface: "cbr0"}, {iface: "veth", prefix: true}}
+
 // TestEntryRulesRenderEveryVerdict walks every verdict of every origin,
-// with and without cluster CIDRs, and runs the chain entryRules render
-// for each kind of source: a pod (a source in the cluster CIDRs, one of
-// them a local address), the node (a local source) and outside. Each must
-// meet its origin's action, marked for masquerade exactly when its
-// verdict masquerades.
+// with every way of recognising pods, and runs the chain entryRules
+// render for each kind of source: a pod (a flow the pod match claims, one
+// of them from a local address), the node (a local source) and outside.
+// Each must meet its origin's action, marked for masquerade exactly when
+// its verdict masquerades.
 func TestEntryRulesRenderEveryVerdict(t *testing.T) {
 	p := newPlanner("kproxy", DefaultAffinitySize)
 	lbs := map[servicelb.Action]balancer{
@@ -30,35 +35,37 @@ func TestEntryRulesRenderEveryVerdict(t *testing.T) {
 		}
 	}
 	sources := []struct {
-		name           string
-		inCIDRs, local bool
+		name       string
+		pod, local bool
 	}{{"pod", true, false}, {"pod on a local address", true, true}, {"node", false, true}, {"outside", false, false}}
 	n := 0
 	for _, f := range families {
-		for _, pods := range []bool{true, false} {
+		for _, d := range detections {
+			o := p.originRules(nodeDetecting(d), f)
+			require.Equal(t, d, o.pods)
 			for _, vo := range choices {
 				for _, vp := range choices {
 					for _, vn := range choices {
 						vs := servicelb.Verdicts{vo, vp, vn}
-						if !pods {
-							vs[servicelb.FromPod] = vo // servicelb's rule without cluster CIDRs
+						if !d.detects() {
+							vs[servicelb.FromPod] = vo // servicelb's rule without detection
 						}
-						rules := p.entryRules(f, vs, pods, lbs)
+						rules := p.entryRules(o, vs, lbs)
 						for _, src := range sources {
-							if src.inCIDRs && !pods {
+							if src.pod && !d.detects() {
 								continue
 							}
 							origin := servicelb.FromOutside
 							switch {
-							case src.inCIDRs:
+							case src.pod:
 								origin = servicelb.FromPod
 							case src.local:
 								origin = servicelb.FromNode
 							}
-							action, marked := runChain(t, rules, src.inCIDRs, src.local)
+							action, marked := runChain(t, rules, d.match(f, false).text, d.match(f, true).text, src.pod, src.local)
 							want := vs[origin]
-							if !assert.Equal(t, want.Action, action, "%s, %v, cluster CIDRs %v: %s\n%s", f, vs, pods, src.name, ruleTexts(rules)) ||
-								!assert.Equal(t, want.Masquerade, marked && want.Action.Forwards(), "%s, %v, cluster CIDRs %v: %s marked\n%s", f, vs, pods, src.name, ruleTexts(rules)) {
+							if !assert.Equal(t, want.Action, action, "%s, %v, pods %+v: %s\n%s", f, vs, d, src.name, ruleTexts(rules)) ||
+								!assert.Equal(t, want.Masquerade, marked && want.Action.Forwards(), "%s, %v, pods %+v: %s marked\n%s", f, vs, d, src.name, ruleTexts(rules)) {
 								return
 							}
 							n++
@@ -71,10 +78,26 @@ func TestEntryRulesRenderEveryVerdict(t *testing.T) {
 	t.Logf("%d cases", n)
 }
 
-// runChain runs the rules, given as text, for a packet whose source is
-// in the cluster CIDRs or not and local or not: the action of the first
-// rule that ends the chain, and whether a rule marked the packet first.
-func runChain(t *testing.T, rules []*rule, inCIDRs, local bool) (servicelb.Action, bool) {
+// nodeDetecting returns a node whose detection the chains of either
+// family render as d.
+func nodeDetecting(d pods) *servicelb.NodeConfig {
+	n := &servicelb.NodeConfig{}
+	switch {
+	case d.prefix:
+		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: d.iface}
+	case d.iface != "":
+		n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: d.iface}
+	case d.set:
+		n.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/32")}
+	}
+	return n
+}
+
+// runChain runs the rules, given as text, for a packet that the pod
+// match (text is and not) claims or not and whose source is local or
+// not: the action of the first rule that ends the chain, and whether a
+// rule marked the packet first.
+func runChain(t *testing.T, rules []*rule, is, not string, pod, local bool) (servicelb.Action, bool) {
 	marked := false
 	for _, r := range rules {
 		text := r.text
@@ -83,7 +106,7 @@ func runChain(t *testing.T, rules []*rule, inCIDRs, local bool) (servicelb.Actio
 			term string
 			hit  bool
 		}{
-			{"saddr != @cluster-cidrs", !inCIDRs}, {"saddr @cluster-cidrs", inCIDRs},
+			{not, !pod}, {is, pod},
 			{"fib saddr type != local", !local}, {"fib saddr type local", local},
 		} {
 			if strings.Contains(text, c.term) {
@@ -123,8 +146,9 @@ func ruleTexts(rs []*rule) string {
 
 // TestEntryRulesCommonShapes: the verdicts servicelb gives render as few
 // rules as before: one balancing rule per chain when every origin is
-// treated alike, with the masquerade mark for the traffic from outside
-// the cluster CIDRs to a cluster IP.
+// treated alike, with the masquerade mark for the traffic that is not a
+// pod's to a cluster IP; pods are recognised by their source or by the
+// interface they come in on, as the node says.
 func TestEntryRulesCommonShapes(t *testing.T) {
 	p := newPlanner("kproxy", DefaultAffinitySize)
 	lbs := map[servicelb.Action]balancer{
@@ -133,22 +157,38 @@ func TestEntryRulesCommonShapes(t *testing.T) {
 	}
 	cluster, masq := servicelb.Verdict{Action: servicelb.ToCluster}, servicelb.Verdict{Action: servicelb.ToCluster, Masquerade: true}
 	local := servicelb.Verdict{Action: servicelb.ToLocal}
+	reject := servicelb.Verdict{Action: servicelb.Reject}
+	bySource, byBridge, byPrefix := pods{set: true}, pods{iface: "cbr0"}, pods{iface: "veth", prefix: true}
 	for _, tc := range []struct {
 		name string
+		f    servicelb.Family
+		pods pods
 		vs   servicelb.Verdicts
 		want []string
 	}{
-		{"internal", servicelb.Verdicts{masq, cluster, masq}, []string{"ip saddr != @cluster-cidrs4 jump mark-for-masquerade", "to-cluster", "drop"}},
-		{"masquerade all", servicelb.Verdicts{masq, masq, masq}, []string{"jump mark-for-masquerade", "to-cluster", "drop"}},
-		{"no masquerade", servicelb.Verdicts{cluster, cluster, cluster}, []string{"to-cluster", "drop"}},
-		{"external local", servicelb.Verdicts{local, cluster, masq}, []string{
-			"ip saddr != @cluster-cidrs4 fib saddr type local jump mark-for-masquerade",
-			"ip saddr @cluster-cidrs4 to-cluster", "fib saddr type local to-cluster", "to-local", "drop"}},
-		{"drop", servicelb.Verdicts{{Action: servicelb.Drop}, {Action: servicelb.Drop}, {Action: servicelb.Drop}}, []string{"drop"}},
-		{"reject", servicelb.Verdicts{}, []string{"reject"}},
+		{"internal", servicelb.IPv4, bySource, servicelb.Verdicts{masq, cluster, masq}, []string{"ip saddr != @pod-cidrs4 jump mark-for-masquerade", "to-cluster", "drop"}},
+		{"masquerade all", servicelb.IPv4, bySource, servicelb.Verdicts{masq, masq, masq}, []string{"jump mark-for-masquerade", "to-cluster", "drop"}},
+		{"no masquerade", servicelb.IPv4, bySource, servicelb.Verdicts{cluster, cluster, cluster}, []string{"to-cluster", "drop"}},
+		{"external local", servicelb.IPv4, bySource, servicelb.Verdicts{local, cluster, masq}, []string{
+			"ip saddr != @pod-cidrs4 fib saddr type local jump mark-for-masquerade",
+			"ip saddr @pod-cidrs4 to-cluster", "fib saddr type local to-cluster", "to-local", "drop"}},
+		{"drop", servicelb.IPv4, bySource, servicelb.Verdicts{{Action: servicelb.Drop}, {Action: servicelb.Drop}, {Action: servicelb.Drop}}, []string{"drop"}},
+		{"reject", servicelb.IPv4, bySource, servicelb.Verdicts{}, []string{"reject"}},
+		{"internal, bridge", servicelb.IPv6, byBridge, servicelb.Verdicts{masq, cluster, masq}, []string{`iifname != "cbr0" jump mark-for-masquerade`, "to-cluster", "drop"}},
+		{"internal, prefix", servicelb.IPv4, byPrefix, servicelb.Verdicts{masq, cluster, masq}, []string{`iifname != "veth*" jump mark-for-masquerade`, "to-cluster", "drop"}},
+		{"external local, bridge", servicelb.IPv4, byBridge, servicelb.Verdicts{local, cluster, masq}, []string{
+			`iifname != "cbr0" fib saddr type local jump mark-for-masquerade`,
+			`iifname "cbr0" to-cluster`, "fib saddr type local to-cluster", "to-local", "drop"}},
+		{"external local, prefix", servicelb.IPv6, byPrefix, servicelb.Verdicts{local, cluster, masq}, []string{
+			`iifname != "veth*" fib saddr type local jump mark-for-masquerade`,
+			`iifname "veth*" to-cluster`, "fib saddr type local to-cluster", "to-local", "drop"}},
+		{"pods rejected by source", servicelb.IPv6, bySource, servicelb.Verdicts{cluster, reject, cluster}, []string{
+			"ip6 saddr @pod-cidrs6 reject with icmpv6 port-unreachable", "to-cluster", "drop"}},
+		{"pods rejected by interface", servicelb.IPv6, byPrefix, servicelb.Verdicts{cluster, reject, cluster}, []string{
+			`iifname "veth*" reject`, "to-cluster", "drop"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs := p.entryRules(servicelb.IPv4, tc.vs, true, lbs)
+			rs := p.entryRules(p.originRules(nodeDetecting(tc.pods), tc.f), tc.vs, lbs)
 			require.Equal(t, tc.want, strings.Split(strings.TrimSpace(strings.ReplaceAll(ruleTexts(rs), "\t", "")), "\n"))
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -173,7 +174,8 @@ func (w *randomWorld) endpoints(i int) []servicelb.Endpoint {
 }
 
 // node returns a random node: its name, zone, addresses and node port
-// addresses, cluster and service CIDRs of either family, masquerade.
+// addresses, cluster and service CIDRs of either family, the local-traffic
+// detection, masquerade.
 func (w *randomWorld) node() servicelb.NodeConfig {
 	n := servicelb.NodeConfig{NodeName: "node", Zone: []string{"", "a"}[w.pick(2)], NodeIPs: []netip.Addr{worldNode4}}
 	if w.chance(0.1) {
@@ -194,6 +196,7 @@ func (w *randomWorld) node() servicelb.NodeConfig {
 	if w.chance(0.5) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	}
+	n.DetectLocal = servicetest.DetectLocal(w.r)
 	n.MasqueradeAll = w.chance(0.2)
 	if w.chance(0.2) {
 		n.MasqueradeBit = byte(w.pick(20))

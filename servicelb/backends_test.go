@@ -18,13 +18,16 @@ import (
 
 // backendPackages are the dataplanes: they may read a State only through
 // its ServicePorts and node.
-var backendPackages = []string{"../nftables", "../iptables", "../ipvs", "../userspace"}
+var backendPackages = []string{"../nftables", "../iptables", "../ipvs", "../ebpf", "../userspace"}
 
 // TestBackendsReadOnlyServicePorts type-checks every backend and fails on
 // any use of what a ServicePort does not carry: a raw Service or Endpoint
 // (their types, fields or methods) and State.Service / State.Services. So
 // every input a backend renders is in the ServicePort, which Diff
-// compares in full, and no two backends can decide a semantic apart.
+// compares in full, and no two backends can decide a semantic apart. Of
+// the node, the local-traffic detection is read only as resolved by
+// NodeConfig.LocalMatch, never from its raw fields (ClusterCIDRs,
+// DetectLocal), so that every backend recognises the same pods.
 func TestBackendsReadOnlyServicePorts(t *testing.T) {
 	pkgs := listExports(t, backendPackages)
 	exports := map[string]string{}
@@ -72,7 +75,8 @@ func forbidden(obj types.Object) string {
 		}
 	case *types.Var:
 		if o.IsField() {
-			if owner := fieldOwner(o); raw(owner) {
+			owner := fieldOwner(o)
+			if raw(owner) || (owner == "NodeConfig" && (o.Name() == "ClusterCIDRs" || o.Name() == "DetectLocal")) {
 				return "servicelb." + owner + "." + o.Name()
 			}
 		}
@@ -81,7 +85,8 @@ func forbidden(obj types.Object) string {
 		if r := sig.Recv(); r != nil {
 			recv := strings.TrimPrefix(types.TypeString(r.Type(), nil), "*")
 			recv = strings.TrimPrefix(recv, servicelbPath+".")
-			if raw(recv) || (recv == "State" && (o.Name() == "Service" || o.Name() == "Services")) {
+			if raw(recv) || (recv == "State" && (o.Name() == "Service" || o.Name() == "Services")) ||
+				(recv == "NodeConfig" && o.Name() == "LocalMode") {
 				return "servicelb." + recv + "." + o.Name()
 			}
 		}
@@ -92,7 +97,7 @@ func forbidden(obj types.Object) string {
 // raw reports whether a servicelb type is part of the raw input model.
 func raw(name string) bool {
 	switch name {
-	case "Service", "Endpoint", "SessionAffinity", "Hints":
+	case "Service", "Endpoint", "SessionAffinity", "Hints", "DetectLocal":
 		return true
 	}
 	return false

@@ -93,3 +93,73 @@ func TestNodeRefusalsAgree(t *testing.T) {
 	assert.Contains(t, text, "-A KPROXY-SERVICES -d 127.0.0.1/32")
 	assert.Contains(t, text, `-A KPROXY-LOCALNET-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`)
 }
+
+// TestRenderNeedsNoSocket: every backend renders a state from its options
+// alone, the same text as a Proxier's Render.
+func TestRenderNeedsNoSocket(t *testing.T) {
+	st, err := servicelb.NewState(servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
+		servicelb.Service{Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Ports:     []servicelb.Port{{Port: 80, NodePort: 30080}},
+			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}}})
+	require.NoError(t, err)
+	nft, err := nftables.New(nftables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer nft.Close()
+	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer ipt.Close()
+	for name, pair := range map[string][2]func(*servicelb.State) (string, error){
+		"nftables": {func(st *servicelb.State) (string, error) { return nftables.Render(st, nftables.Options{}) }, nft.Render},
+		"iptables": {func(st *servicelb.State) (string, error) { return iptables.Render(st, iptables.Options{}) }, ipt.Render},
+	} {
+		alone, err := pair[0](st)
+		require.NoError(t, err, name)
+		assert.Contains(t, alone, "10.96.0.10", name)
+		proxier, err := pair[1](st)
+		require.NoError(t, err, name)
+		assert.Equal(t, proxier, alone, name)
+	}
+}
+
+// TestBackendsRenderEveryDetection: every backend declares the detection
+// of pods by interface and renders a node in each local-traffic
+// detection mode.
+func TestBackendsRenderEveryDetection(t *testing.T) {
+	nft, err := nftables.New(nftables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer nft.Close()
+	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
+	require.NoError(t, err)
+	defer ipt.Close()
+	var ipvsProxier *ipvs.Proxier
+	backends := map[string]struct {
+		caps   servicelb.Capabilities
+		render func(*servicelb.State) (string, error)
+	}{
+		"nftables": {nft.Capabilities(), nft.Render},
+		"iptables": {ipt.Capabilities(), ipt.Render},
+		"ipvs":     {ipvsProxier.Capabilities(), func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) }},
+	}
+	pfx := netip.MustParsePrefix
+	for name, b := range backends {
+		assert.True(t, b.caps.Features.Has(servicelb.FeatureLocalByInterface), name)
+		for _, d := range []servicelb.DetectLocal{
+			{},
+			{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("fd00:244:1::/64")}},
+			{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"},
+			{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"},
+		} {
+			node := servicelb.NodeConfig{NodeName: "n", ClusterCIDRs: []netip.Prefix{pfx("10.244.0.0/16")}, DetectLocal: d}
+			st, err := servicelb.NewState(node, servicelb.Service{
+				Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
+				ExternalTrafficPolicy: servicelb.PolicyLocal, ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
+				Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
+				Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.2.2"), Ready: true, NodeName: "other"}},
+			})
+			require.NoError(t, err)
+			_, err = b.render(st)
+			assert.NoError(t, err, "%s, %s", name, d.Mode)
+			assert.NoError(t, b.caps.CheckNode(&node), "%s, %s", name, d.Mode)
+		}
+	}
+}

@@ -8,11 +8,11 @@ import (
 )
 
 // Capabilities say what a backend can express. A Proxier declares its own;
-// a Runner validates every service against them as it arrives, and a
-// backend checks every service port it plans with CheckPort, so that a
-// service a backend cannot serve is refused before the kernel, with the
-// same error whatever the backend: a *ValidationError wrapping
-// ErrUnsupported or ErrCapacity.
+// a Runner validates its node (CheckNode) and every service against them
+// as it arrives, and a backend checks the node and every service port it
+// plans with CheckNode and CheckPort, so that a node or service a backend
+// cannot serve is refused before the kernel, with the same error whatever
+// the backend: a *ValidationError wrapping ErrUnsupported or ErrCapacity.
 type Capabilities struct {
 	// Backend names the backend in errors, such as "nftables".
 	Backend string
@@ -63,6 +63,11 @@ const (
 	// FeatureLocalhostNodePorts: node ports served on 127.0.0.1 to the
 	// node's own clients (NodeConfig.LocalhostNodePorts).
 	FeatureLocalhostNodePorts
+	// FeatureLocalByInterface: the node's pods are told apart by the
+	// interface their flows come in on (LocalByBridgeInterface,
+	// LocalByInterfaceNamePrefix). A node that asks for it from a backend
+	// without it is refused: its pods' flows would count as outside's.
+	FeatureLocalByInterface
 	// FeaturePacketVerdicts: verdicts act on a flow's first packet, as a
 	// packet filter's do: a rejected TCP or SCTP flow gets an ICMP
 	// (ICMPv6) port unreachable and a dropped one no answer at all. A
@@ -75,7 +80,7 @@ const (
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
 		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts |
-		FeaturePacketVerdicts
+		FeatureLocalByInterface | FeaturePacketVerdicts
 )
 
 // Has reports whether every feature of f is in fs.
@@ -88,7 +93,7 @@ var featureNames = []struct {
 	{FeatureSourceRanges, "source-ranges"}, {FeatureAffinity, "affinity"}, {FeatureWeights, "weights"},
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
 	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
-	{FeaturePacketVerdicts, "packet-verdicts"},
+	{FeatureLocalByInterface, "local-by-interface"}, {FeaturePacketVerdicts, "packet-verdicts"},
 }
 
 // String lists the features by name, such as "affinity,weights".
@@ -123,11 +128,18 @@ func (c *Capabilities) backend() string {
 // express: nil, or *ValidationErrors wrapping ErrUnsupported. A node the
 // backend refuses fails every sync: nothing of the state is applied.
 func (c *Capabilities) CheckNode(n *NodeConfig) error {
+	var errs []error
 	if n.LocalhostNodePorts && !c.Features.Has(FeatureLocalhostNodePorts) {
-		return invalidf("", "localhostNodePorts", nil, ErrUnsupported,
-			"%s serves no node ports on %s (kube-proxy's iptables mode alone does)", c.backend(), Localhost)
+		errs = append(errs, invalidf("", "localhostNodePorts", nil, ErrUnsupported,
+			"%s serves no node ports on %s (kube-proxy's iptables mode alone does)", c.backend(), Localhost))
 	}
-	return nil
+	switch m := n.LocalMode(); m {
+	case LocalByBridgeInterface, LocalByInterfaceNamePrefix:
+		if !c.Features.Has(FeatureLocalByInterface) {
+			errs = append(errs, invalidf("", "detectLocal.mode", m, ErrUnsupported, "%s cannot tell pods by interface", c.backend()))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // CheckService reports what in a valid service the backend cannot

@@ -4,8 +4,8 @@ import "fmt"
 
 // Origin is where a new flow to a service comes from, as a node proxy tells
 // origins apart. A flow is FromPod when the node's local-traffic detection
-// claims its source (NodeConfig.ClusterCIDRs), else FromNode when a process
-// of the node sent it, else FromOutside.
+// claims it (NodeConfig.LocalMatch: its source, or the interface it came in
+// on), else FromNode when a process of the node sent it, else FromOutside.
 type Origin uint8
 
 // The origins of traffic, in the order a backend tests them.
@@ -13,8 +13,9 @@ const (
 	// FromOutside is a client outside the cluster, or any client the
 	// node cannot tell apart from one.
 	FromOutside Origin = iota
-	// FromPod is a workload of the cluster reaching the node: its source
-	// address lies in the cluster CIDRs of the flow's family.
+	// FromPod is a pod of this node, as the node's local-traffic
+	// detection sees it (NodeConfig.DetectLocal): by default a source in
+	// the cluster CIDRs of the flow's family.
 	FromPod
 	// FromNode is a process of the node itself.
 	FromNode
@@ -156,7 +157,7 @@ func (k FrontendKind) External() bool { return k != ClusterIPFrontend }
 //   - Traffic to the cluster IP takes the set of the internal policy,
 //     from every origin; with that set empty it is dropped. It is
 //     masqueraded from outside and from the node when the node detects
-//     local traffic (it has cluster CIDRs of the family), from every
+//     local traffic in the family (NodeConfig.DetectsLocal), from every
 //     origin with MasqueradeAll.
 //   - External traffic under the Cluster policy takes the cluster set and
 //     is masqueraded, from every origin.
@@ -173,7 +174,7 @@ func (sp *ServicePort) decide(node *NodeConfig, s *Service) {
 		sp.Internal, sp.External = Verdicts{}, Verdicts{}
 		return
 	}
-	detects := len(prefixesOf(node.ClusterCIDRs, sp.Family)) > 0
+	detects := node.DetectsLocal(sp.Family)
 	forward := func(a Action) Action {
 		if (a == ToCluster && len(sp.Cluster) == 0) || (a == ToLocal && len(sp.Local) == 0) {
 			return Drop

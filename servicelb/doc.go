@@ -8,9 +8,26 @@
 // external IPs, load-balancer IPs) and [Port]s, with the [Endpoint]s that
 // serve it. A [NodeConfig] describes the node a proxier runs on: its name
 // and zone (which decide which endpoints are local and which topology
-// hints apply), its addresses (where node ports are served), the cluster
-// CIDRs that tell local traffic from outside traffic, and the masquerade
-// mark.
+// hints apply), its addresses (where node ports are served), how it tells
+// the traffic of its pods from outside traffic (the cluster CIDRs, or
+// another local-traffic detection), and the masquerade mark. Its fields
+// are kube-proxy's node options:
+//
+//	kube-proxy                          NodeConfig
+//	hostnameOverride                    NodeName
+//	the Node's addresses                NodeIPs
+//	nodePortAddresses (CIDRs, primary)  NodePortAddresses, NodePortPrimary; LocalIPs (package nodeaddr)
+//	iptables.localhostNodePorts         LocalhostNodePorts (FeatureLocalhostNodePorts)
+//	clusterCIDR                         ClusterCIDRs
+//	detectLocalMode, detectLocal.*      DetectLocal
+//	service CIDRs                       ServiceCIDRs
+//	masqueradeAll                       MasqueradeAll
+//	iptables.masqueradeBit              MasqueradeBit
+//	syncPeriod, minSyncPeriod           RunnerOptions.MaxSyncInterval, MinSyncInterval
+//
+// Those kproxy keeps elsewhere (conntrack tuning, health servers, IPVS's
+// strict ARP) and those it leaves out, with why, are listed in the
+// repository's docs/kube-proxy-options.md.
 //
 // A [State] is a validated, immutable snapshot of a node and its services.
 // Each service is compiled into one [ServicePort] per port and address
@@ -31,7 +48,14 @@
 // Nothing invalid reaches a Proxier. Validation reports every mistake as a
 // *[ValidationError] naming the service and the field, wrapping one of the
 // Err* kinds, so that callers use errors.Is for the kind and errors.As for
-// the place. A service is invalid when it has: an empty name, one with
+// the place. A node is invalid when it has an invalid address or prefix, a
+// node port range or masquerade bit out of range, an unknown local-traffic
+// detection mode, a mode without its parameter (cluster CIDRs for an
+// explicit ClusterCIDR, node CIDRs for NodeCIDR, the interface name or
+// prefix for the others) or with another mode's, or an interface name
+// that is not one (longer than [MaxInterfaceNameLen], a prefix longer than
+// [MaxInterfacePrefixLen], or characters other than letters, digits and
+// . _ -). A service is invalid when it has: an empty name, one with
 // characters other than letters, digits and . _ - /, or one longer than
 // [MaxNameLen] (so that every kernel object named after it fits the
 // kernel's limits); an invalid, unspecified, loopback, multicast, zoned or
@@ -45,11 +69,13 @@
 //
 // Each backend declares its [Capabilities]: the scheduler hints it
 // honours, the protocols it carries, the endpoints one port may have, the
-// features it implements. A Runner refuses a service that does not fit
-// (ErrUnsupported, ErrCapacity) at its source, before the kernel, and
-// keeps applying everything else; a backend checks each port it plans
-// with [Capabilities.CheckPort], so the error is the same on every
-// backend.
+// features it implements (detecting pods by interface among them). A
+// Runner refuses a service that does not fit (ErrUnsupported,
+// ErrCapacity) at its source, before the kernel, and keeps applying
+// everything else; a backend checks each port it plans with
+// [Capabilities.CheckPort], so the error is the same on every backend. A
+// node the backend cannot serve ([Capabilities.CheckNode]) is refused by
+// NewRunner and by every Sync.
 //
 // Two services may ask for one frontend (the same address, protocol and
 // port, or the same node port). They are both served; the frontend stays
@@ -92,13 +118,40 @@
 //
 // # What happens to a new flow
 //
-// A backend tells three origins of traffic apart ([Origin]): a pod (a
-// source in the cluster CIDRs of the flow's family, NodeConfig's
-// local-traffic detection), else the node itself (a local source
-// address), else a client outside. For each kind of frontend and each
-// origin, the ServicePort holds a [Verdict]: forward to the cluster set or
-// the local set, masqueraded or not, or reject, or drop. They follow
-// kube-proxy's iptables mode:
+// A backend tells three origins of traffic apart ([Origin]): a pod of
+// this node, as the node's local-traffic detection recognises it (below),
+// else the node itself (a local source address), else a client outside.
+// For each kind of frontend and each origin, the ServicePort holds a
+// [Verdict]: forward to the cluster set or the local set, masqueraded or
+// not, or reject, or drop.
+//
+// NodeConfig.DetectLocal chooses what "a pod of this node" means, as
+// kube-proxy's --detect-local-mode does ([NodeConfig.LocalMatch] is the
+// resolved rule every backend renders):
+//
+//   - ClusterCIDR (the default): a flow whose source lies in the cluster
+//     CIDRs of its family (NodeConfig.ClusterCIDRs). Without cluster CIDRs
+//     of a family, no flow of it is a pod's. Pods of other nodes whose
+//     flows reach this one unmasqueraded count as pods too.
+//   - NodeCIDR: a flow whose source lies in the node's own pod CIDRs of
+//     its family (DetectLocal.NodeCIDRs, a Node's spec.podCIDRs). A pod
+//     of another node is outside.
+//   - BridgeInterface: a flow that came in on the bridge the node's pods
+//     hang on (DetectLocal.BridgeInterface, such as cbr0), in either
+//     family.
+//   - InterfaceNamePrefix: a flow that came in on an interface whose name
+//     starts with DetectLocal.InterfaceNamePrefix (such as veth), in
+//     either family.
+//
+// A flow a process of the node sends comes in on no interface, so the
+// interface modes never count it as a pod's (the source modes do when its
+// source lies in their CIDRs); it is the node's. Every rule below that
+// speaks of pods and of traffic from outside the cluster follows the same
+// detection, the masquerade of traffic to cluster IPs included: what the
+// detection does not recognise is from outside (or the node), as in
+// kube-proxy, whose IfLocal and IfNotLocal matches come from one detector.
+//
+// The verdicts follow kube-proxy's iptables mode:
 //
 //   - A port no endpoint serves anywhere rejects every flow at once with an
 //     ICMP (ICMPv6) port unreachable, which a TCP client sees as a refused
@@ -108,8 +161,9 @@
 //   - Traffic to the cluster IP takes the set of the internal traffic
 //     policy, from every origin, and is dropped when that set is empty
 //     (another node may serve it). It is masqueraded from outside and from
-//     the node when the node has cluster CIDRs of the family; from every
-//     origin with MasqueradeAll; otherwise never.
+//     the node when the node detects its pods in the family (by interface,
+//     or with CIDRs of the family); from every origin with MasqueradeAll;
+//     otherwise never.
 //   - Traffic to node ports, external IPs and load-balancer IPs under the
 //     external Cluster policy takes the cluster set and is masqueraded,
 //     so that replies come back through this node.
@@ -118,8 +172,9 @@
 //     a local endpoint. Traffic from a pod takes the cluster set
 //     unmasqueraded, and from the node the cluster set masqueraded, as if it
 //     had gone out to a load balancer and come back: a node or pod reaches
-//     an externally visible service wherever its endpoints are. Without
-//     cluster CIDRs a pod cannot be told apart and counts as outside.
+//     an externally visible service wherever its endpoints are. Where the
+//     node does not detect its pods, a pod cannot be told apart and counts
+//     as outside.
 //   - A flow forwarded from an endpoint to itself (hairpin) is masqueraded,
 //     so the endpoint's reply comes back through the node.
 //   - Load-balancer source ranges ([ServicePort.SourceRanges]) drop the
@@ -160,7 +215,13 @@
 // registered source has delivered its initial contents: a restarted agent
 // never applies a partial state. [Runner.Run] returns when its context
 // ends. [Runner.Health] compares what is queued with what is applied, and
-// [Hooks] report sync durations and pending changes for metrics.
+// [Hooks] report for metrics sync durations, full or partial
+// ([MarkFullSync]), changes pending and taken by kind (a service's
+// endpoints alone, or more: [ChangeStats]) and when each applied change
+// was caused ([Source.UpsertTriggered]), and hand every applied State to
+// what must follow the kernel, such as the health check node ports
+// ([State.HealthCheck] decides what they answer; package healthcheck
+// serves them).
 //
 // Package fake provides a recording Proxier and a manual Clock for tests.
 package servicelb

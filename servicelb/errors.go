@@ -12,9 +12,12 @@ import (
 // field with errors.As.
 var (
 	// ErrInvalidName: a service or port name that is empty where a name is
-	// required, or holds characters kernel object names cannot carry.
+	// required, or a service, port or interface name that holds
+	// characters kernel object names cannot carry.
 	ErrInvalidName = errors.New("invalid name")
-	// ErrNameTooLong: a name longer than MaxNameLen or MaxPortNameLen.
+	// ErrNameTooLong: a name longer than MaxNameLen or MaxPortNameLen,
+	// an interface name longer than MaxInterfaceNameLen or a prefix of
+	// one longer than MaxInterfacePrefixLen.
 	ErrNameTooLong = errors.New("name too long")
 	// ErrInvalidAddress: an invalid, unspecified, loopback, multicast,
 	// zoned or IPv4-mapped IPv6 address.
@@ -50,7 +53,9 @@ var (
 	// ErrCapacity: more than the backend can hold, such as more endpoints
 	// for one service port than its layout has room for.
 	ErrCapacity = errors.New("capacity of the backend exceeded")
-	// ErrInvalidNode: a NodeConfig field that is not valid.
+	// ErrInvalidNode: a NodeConfig field that is not valid, such as an
+	// unknown local-traffic detection mode, a mode without its parameter,
+	// or a parameter of another mode.
 	ErrInvalidNode = errors.New("invalid node config")
 )
 

@@ -315,11 +315,16 @@ type NodeConfig struct {
 	// NodePortRange bounds Port.NodePort; the zero range means
 	// DefaultNodePortRange.
 	NodePortRange PortRange `json:"nodePortRange,omitzero"`
-	// ClusterCIDRs hold the addresses of the cluster's workloads. Traffic
-	// from elsewhere to a cluster IP is masqueraded, so that replies come
-	// back through this node. Empty means no traffic is known to be local
-	// (and traffic to cluster IPs is masqueraded only with MasqueradeAll).
+	// ClusterCIDRs hold the addresses of the cluster's workloads. Under
+	// the default local-traffic detection (DetectLocal), traffic from them
+	// is a pod's, and traffic from elsewhere to a cluster IP is
+	// masqueraded, so that replies come back through this node. Empty
+	// means no traffic is known to be local (and traffic to cluster IPs is
+	// masqueraded only with MasqueradeAll).
 	ClusterCIDRs []netip.Prefix `json:"clusterCIDRs,omitempty"`
+	// DetectLocal says how the node tells the traffic of its pods from
+	// other traffic; the zero value detects by ClusterCIDRs.
+	DetectLocal DetectLocal `json:"detectLocal,omitzero"`
 	// ServiceCIDRs hold every cluster IP. When set, traffic to an address
 	// in them that is no service's cluster IP is dropped. (Traffic to a
 	// cluster IP on a port no service has is rejected either way.)
@@ -329,6 +334,127 @@ type NodeConfig struct {
 	// MasqueradeBit is the packet mark bit (0-31) that tags traffic for
 	// masquerade; zero means 14 (mark 0x4000), as kube-proxy.
 	MasqueradeBit uint8 `json:"masqueradeBit,omitempty"`
+}
+
+// LocalMode is how a node recognises the traffic of its pods: kube-proxy's
+// --detect-local-mode.
+type LocalMode string
+
+// The local-traffic detection modes.
+const (
+	// LocalByClusterCIDR: a flow whose source lies in
+	// NodeConfig.ClusterCIDRs is a pod's. The default.
+	LocalByClusterCIDR LocalMode = "ClusterCIDR"
+	// LocalByNodeCIDR: a flow whose source lies in DetectLocal.NodeCIDRs,
+	// the pod CIDRs of this node, is a pod's.
+	LocalByNodeCIDR LocalMode = "NodeCIDR"
+	// LocalByBridgeInterface: a flow that came in on the bridge
+	// DetectLocal.BridgeInterface is a pod's.
+	LocalByBridgeInterface LocalMode = "BridgeInterface"
+	// LocalByInterfaceNamePrefix: a flow that came in on an interface
+	// whose name starts with DetectLocal.InterfaceNamePrefix is a pod's.
+	LocalByInterfaceNamePrefix LocalMode = "InterfaceNamePrefix"
+)
+
+// LocalModes returns every mode validation accepts besides the empty one.
+func LocalModes() []LocalMode {
+	return []LocalMode{LocalByClusterCIDR, LocalByNodeCIDR, LocalByBridgeInterface, LocalByInterfaceNamePrefix}
+}
+
+// Interface name limits: the kernel's IFNAMSIZ less its terminating NUL.
+// A name prefix is one shorter, so that the prefix and the wildcard that
+// marks it in iptables ("veth+") fit the same field.
+const (
+	MaxInterfaceNameLen   = 15
+	MaxInterfacePrefixLen = MaxInterfaceNameLen - 1
+)
+
+// DetectLocal says how the node recognises the traffic of its pods, the
+// FromPod origin: by its source address (ClusterCIDR, NodeCIDR modes) or
+// by the interface it came in on (BridgeInterface, InterfaceNamePrefix
+// modes). Only the parameter of the chosen mode may be set.
+type DetectLocal struct {
+	// Mode is the detection; empty means LocalByClusterCIDR with
+	// NodeConfig.ClusterCIDRs optional (without them no flow is a
+	// pod's). Every other mode needs its parameter.
+	Mode LocalMode `json:"mode,omitempty"`
+	// NodeCIDRs are the node's pod CIDRs (a Kubernetes Node's
+	// spec.podCIDRs), for LocalByNodeCIDR. A family without one has no
+	// pods to tell apart.
+	NodeCIDRs []netip.Prefix `json:"nodeCIDRs,omitempty"`
+	// BridgeInterface names the bridge the node's pods are attached to
+	// (such as "cbr0"), for LocalByBridgeInterface.
+	BridgeInterface string `json:"bridgeInterface,omitempty"`
+	// InterfaceNamePrefix starts the names of the node's interfaces to
+	// its pods (such as "veth" or "cali"), for LocalByInterfaceNamePrefix.
+	InterfaceNamePrefix string `json:"interfaceNamePrefix,omitempty"`
+}
+
+// LocalMatch is how a backend recognises, in one address family, the
+// flows of the node's pods: by a source in CIDRs, or by the interface they
+// came in on. It is NodeConfig.DetectLocal resolved for the family, and
+// the only part of it backends read. The zero value recognises no flow:
+// then every origin but the node is outside.
+//
+// A flow the node itself sends has no input interface, so with Interface
+// it is never a pod's; with CIDRs it is when its source lies in them.
+type LocalMatch struct {
+	// CIDRs, when not empty, hold the sources of the pods' flows.
+	CIDRs []netip.Prefix
+	// Interface, when not empty, is the interface the pods' flows come in
+	// on or, with Prefix, the start of its name.
+	Interface string
+	Prefix    bool
+}
+
+// Detects reports whether the match recognises any flow as a pod's.
+func (m LocalMatch) Detects() bool { return len(m.CIDRs) > 0 || m.Interface != "" }
+
+// LocalMode returns the node's local-traffic detection mode with the
+// default applied.
+func (n *NodeConfig) LocalMode() LocalMode {
+	if n.DetectLocal.Mode == "" {
+		return LocalByClusterCIDR
+	}
+	return n.DetectLocal.Mode
+}
+
+// LocalMatch returns how the flows of the node's pods are recognised in
+// family f.
+func (n *NodeConfig) LocalMatch(f Family) LocalMatch {
+	d := &n.DetectLocal
+	switch n.LocalMode() {
+	case LocalByClusterCIDR:
+		return LocalMatch{CIDRs: prefixesOf(n.ClusterCIDRs, f)}
+	case LocalByNodeCIDR:
+		return LocalMatch{CIDRs: prefixesOf(d.NodeCIDRs, f)}
+	case LocalByBridgeInterface:
+		return LocalMatch{Interface: d.BridgeInterface}
+	case LocalByInterfaceNamePrefix:
+		return LocalMatch{Interface: d.InterfaceNamePrefix, Prefix: true}
+	}
+	return LocalMatch{}
+}
+
+// DetectsLocal reports whether the node tells the flows of its pods apart
+// in family f.
+func (n *NodeConfig) DetectsLocal(f Family) bool {
+	switch n.LocalMode() {
+	case LocalByClusterCIDR:
+		return hasFamily(n.ClusterCIDRs, f)
+	case LocalByNodeCIDR:
+		return hasFamily(n.DetectLocal.NodeCIDRs, f)
+	}
+	return n.LocalMatch(f).Detects()
+}
+
+func hasFamily(ps []netip.Prefix, f Family) bool {
+	for _, p := range ps {
+		if FamilyOf(p.Addr()) == f {
+			return true
+		}
+	}
+	return false
 }
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.

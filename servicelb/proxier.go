@@ -8,6 +8,12 @@ import (
 // ErrClosed: a Sync or Cleanup after the proxier was closed.
 var ErrClosed = errors.New("proxier closed")
 
+// ErrPermission: the kernel refused a proxier's request for lack of
+// privilege. Programming a network namespace needs CAP_NET_ADMIN in it
+// (and CAP_SYS_ADMIN to open sockets in another namespace than the
+// caller's); the error that wraps it names the request refused.
+var ErrPermission = errors.New("not permitted: programming a network namespace needs CAP_NET_ADMIN in it")
+
 // Proxier makes a kernel dataplane match a desired State. The nftables,
 // iptables and ipvs packages implement it.
 //

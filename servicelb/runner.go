@@ -83,13 +83,16 @@ type Hooks struct {
 	// (see PartialError), each with its error, whenever they change.
 	LeftOut func(map[string]error)
 	// Applied is called after every successful sync, before Synced,
-	// with the state the proxier applied (the same state again after a
-	// periodic sync): for what must follow the kernel's state, such as
-	// the health check node ports (package healthcheck). The next sync
-	// waits for it, so it must be quick.
+	// with the state the proxier applied, without the services it left
+	// out (the same state again after a periodic sync): for what must
+	// follow the kernel's state, such as the health check node ports
+	// (package healthcheck). The next sync waits for it, so it must be
+	// quick.
 	Applied func(*State)
 	// Changes is called with the counts of changes taken and pending,
-	// by kind, whenever they change.
+	// by kind, whenever they change. Calls from a source's goroutine and
+	// from Run's may arrive out of order: the totals never decrease, so
+	// a call whose totals are below those of one before is stale.
 	Changes func(ChangeStats)
 }
 
@@ -298,7 +301,8 @@ func (r *Runner) State() *State {
 	return r.b.State()
 }
 
-// Applied returns the last state the proxier applied, or nil.
+// Applied returns the last state the proxier applied, without the
+// services it left out, or nil.
 func (r *Runner) Applied() *State {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -522,6 +526,9 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	l.started, l.lastStart = true, start
 	var rep syncReport
 	leftOut, err := splitPartial(r.p.Sync(context.WithValue(ctx, syncReportKey{}, &rep), st))
+	if err == nil && len(leftOut) > 0 {
+		st = without(st, leftOut) // what the kernel holds
+	}
 	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued,
 		Full: rep.full.Load() || !r.succeeded, Err: err}
 	if err == nil {
@@ -678,11 +685,16 @@ func (s *Source) UpsertTriggered(trigger time.Time, svcs ...Service) error {
 // SetNode changes the node the services are selected and compiled for,
 // as when its addresses change (see package nodeaddr): every service is
 // compiled again and the next sync, due MinSyncInterval after the last as
-// for any change, applies what differs. A node that is not valid, that a
+// for any change, applies what differs; the node it has already changes
+// nothing. A node that is not valid, that a
 // present service is not valid on (a node port outside a new range), or
 // that the proxier's Capabilities refuse is refused, and changes nothing.
 func (r *Runner) SetNode(node NodeConfig) error {
 	r.mu.Lock()
+	if reflect.DeepEqual(cloneNode(node), r.b.node) {
+		r.mu.Unlock()
+		return nil // the same node: nothing to sync
+	}
 	if err := r.b.SetNode(node); err != nil {
 		r.mu.Unlock()
 		return err
@@ -806,4 +818,13 @@ func (s *Source) Synced() {
 	s.synced = true
 	s.r.mu.Unlock()
 	s.r.poke()
+}
+
+// without returns st without the named services.
+func without(st *State, names map[string]error) *State {
+	b := st.Edit()
+	for name := range names {
+		b.Delete(name)
+	}
+	return b.State()
 }

@@ -218,3 +218,23 @@ func TestHealthStalled(t *testing.T) {
 		assert.Equal(t, tc.healthy, tc.h.Healthy(now, time.Minute), tc.name)
 	}
 }
+
+// TestRunnerAppliedWithoutLeftOut: the state a sync applied, as Applied
+// and the Applied hook give it, lacks the services the proxier left out:
+// the kernel does not hold them.
+func TestRunnerAppliedWithoutLeftOut(t *testing.T) {
+	h, src := newHarness(t, "s")
+	h.idle()
+	require.NoError(t, src[0].Upsert(svc("a", 1), svc("b", 2)))
+	h.idle()
+	h.p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"b": errors.New("refused")}})
+	src[0].Synced()
+	h.idle()
+	require.Len(t, h.applied, 1)
+	for _, st := range []*servicelb.State{h.applied[0], h.r.Applied()} {
+		_, ok := st.Service("b")
+		assert.False(t, ok, "a service left out is in the applied state")
+		_, ok = st.Service("a")
+		assert.True(t, ok)
+	}
+}

@@ -38,6 +38,9 @@ func TestRunnerSetNode(t *testing.T) {
 	assert.Equal(t, node.NodePortIPs(servicelb.IPv4), ports[0].NodeIPs)
 	assert.Len(t, ports[0].NodeIPs, 2)
 
+	require.NoError(t, h.r.SetNode(node), "the same node again")
+	assert.True(t, h.r.Health().QueuedAt.IsZero(), "the same node queued a change")
+
 	bad := node
 	bad.LocalIPs = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 	require.ErrorIs(t, h.r.SetNode(bad), servicelb.ErrInvalidAddress)

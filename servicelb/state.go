@@ -200,14 +200,11 @@ func (b *Builder) allClashes() {
 }
 
 // Require makes the node and every service of the Builder, present and
-// future, fit the capabilities c (Capabilities.CheckNode, CheckService
-// and CheckPort). It fails, changing nothing, when the node or a present
+// future, fit the capabilities c (Capabilities.CheckNode, CheckService and
+// CheckPort). It fails, changing nothing, when the node or a present
 // service does not fit.
 func (b *Builder) Require(c Capabilities) error {
-	if err := c.CheckNode(&b.node); err != nil {
-		return err
-	}
-	var errs []error
+	errs := []error{c.CheckNode(&b.node)}
 	b.w.each(func(_ string, e *entry) {
 		if err := checkFits(&c, e); err != nil {
 			errs = append(errs, err)
@@ -271,6 +268,7 @@ func (b *Builder) upsertBatch(svcs []Service) ([]string, []error) {
 
 // upsert is Upsert, also returning the names of the services that changed.
 func (b *Builder) upsert(s Service) ([]string, error) {
+	s = WithDefaults(s)
 	if err := Validate(&b.node, &s); err != nil {
 		return nil, err
 	}
@@ -358,7 +356,8 @@ func (b *Builder) delete(name string) ([]string, bool) {
 }
 
 // SetNode changes the node and recompiles every service for it. If the
-// node is invalid, or a service is not valid on it, nothing changes.
+// node is invalid or does not fit the required capabilities, or a service
+// is not valid on it, nothing changes.
 func (b *Builder) SetNode(node NodeConfig) error {
 	if err := ValidateNode(&node); err != nil {
 		return err
@@ -408,11 +407,7 @@ func normalize(s Service) *Service {
 	n.ProxiedLoadBalancerIPs = slices.Clone(s.ProxiedLoadBalancerIPs)
 	n.SourceRanges = slices.Clone(s.SourceRanges)
 	n.Ports = slices.Clone(s.Ports)
-	n.InternalTrafficPolicy = cmp.Or(s.InternalTrafficPolicy, PolicyCluster)
-	n.ExternalTrafficPolicy = cmp.Or(s.ExternalTrafficPolicy, PolicyCluster)
-	if n.Affinity.ClientIP {
-		n.Affinity.Timeout = cmp.Or(n.Affinity.Timeout, DefaultAffinityTimeout)
-	}
+	n = WithDefaults(n)
 	n.Endpoints = slices.Clone(s.Endpoints)
 	for i := range n.Endpoints {
 		e := &n.Endpoints[i]
@@ -431,6 +426,7 @@ func cloneNode(n NodeConfig) NodeConfig {
 	n.LocalIPs = slices.Clone(n.LocalIPs)
 	n.NodePortAddresses = slices.Clone(n.NodePortAddresses)
 	n.ClusterCIDRs = slices.Clone(n.ClusterCIDRs)
+	n.DetectLocal.NodeCIDRs = slices.Clone(n.DetectLocal.NodeCIDRs)
 	n.ServiceCIDRs = slices.Clone(n.ServiceCIDRs)
 	return n
 }

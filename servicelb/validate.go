@@ -10,9 +10,11 @@ import (
 
 // Validate checks a service on its own against the node it will run on:
 // everything but conflicts with other services, which a Builder finds. It
-// returns nil or an error joining one *ValidationError per mistake.
+// returns nil or an error joining one *ValidationError per mistake. The
+// defaults apply (see WithDefaults).
 func Validate(node *NodeConfig, s *Service) error {
-	v := validator{node: node, svc: s}
+	d := WithDefaults(*s)
+	v := validator{node: node, svc: &d}
 	v.name()
 	v.addresses()
 	v.ports()
@@ -50,7 +52,71 @@ func ValidateNode(n *NodeConfig) error {
 	if n.MasqueradeBit > 31 {
 		errs = append(errs, invalidf("", "masqueradeBit", n.MasqueradeBit, ErrInvalidNode, "want 0-31"))
 	}
+	errs = append(errs, validateDetectLocal(n)...)
 	return errors.Join(errs...)
+}
+
+// validateDetectLocal checks the local-traffic detection: a known mode
+// with its parameter, and no parameter of another mode.
+func validateDetectLocal(n *NodeConfig) []error {
+	d := &n.DetectLocal
+	var errs []error
+	add := func(field string, value any, kind error, format string, args ...any) {
+		errs = append(errs, invalidf("", "detectLocal."+field, value, kind, format, args...))
+	}
+	mode := n.LocalMode()
+	if !slices.Contains(LocalModes(), mode) {
+		add("mode", fmt.Sprintf("%q", d.Mode), ErrInvalidNode, "unknown mode, want one of %v", LocalModes())
+		return errs
+	}
+	for i, p := range d.NodeCIDRs {
+		if err := checkPrefix(p); err != nil {
+			errs = append(errs, invalid("", fmt.Sprintf("detectLocal.nodeCIDRs[%d]", i), p, err))
+		}
+	}
+	params := []struct {
+		field string
+		mode  LocalMode
+		set   bool
+	}{
+		{"nodeCIDRs", LocalByNodeCIDR, len(d.NodeCIDRs) > 0},
+		{"bridgeInterface", LocalByBridgeInterface, d.BridgeInterface != ""},
+		{"interfaceNamePrefix", LocalByInterfaceNamePrefix, d.InterfaceNamePrefix != ""},
+	}
+	for _, p := range params {
+		switch {
+		case p.set && p.mode != mode:
+			add(p.field, nil, ErrInvalidNode, "set with mode %s, used only with mode %s", mode, p.mode)
+		case !p.set && p.mode == mode:
+			add(p.field, nil, ErrInvalidNode, "missing, mode %s needs it", mode)
+		}
+	}
+	if d.Mode == LocalByClusterCIDR && len(n.ClusterCIDRs) == 0 {
+		errs = append(errs, invalidf("", "clusterCIDRs", nil, ErrInvalidNode, "missing, mode %s needs them", mode))
+	}
+	if err := checkInterface(d.BridgeInterface, MaxInterfaceNameLen); err != nil {
+		errs = append(errs, invalid("", "detectLocal.bridgeInterface", fmt.Sprintf("%q", d.BridgeInterface), err))
+	}
+	if err := checkInterface(d.InterfaceNamePrefix, MaxInterfacePrefixLen); err != nil {
+		errs = append(errs, invalid("", "detectLocal.interfaceNamePrefix", fmt.Sprintf("%q", d.InterfaceNamePrefix), err))
+	}
+	return errs
+}
+
+// checkInterface checks an interface name or name prefix (empty is
+// checked by the caller): at most max bytes of letters, digits and . _ -,
+// which every kernel accepts in a name and no rule syntax reads as a
+// wildcard or a quote.
+func checkInterface(name string, max int) error {
+	switch {
+	case name == "":
+		return nil
+	case len(name) > max:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrNameTooLong, len(name), max)
+	case name == "." || name == ".." || !validName(name, false):
+		return fmt.Errorf("%w: not an interface name, use letters, digits and . _ -", ErrInvalidName)
+	}
+	return nil
 }
 
 type validator struct {

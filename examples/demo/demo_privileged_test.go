@@ -39,7 +39,7 @@ func rows(out string) []map[string][2]int {
 // the traffic shifted, everything torn down.
 func TestDemo(t *testing.T) {
 	testutil.RequireRoot(t)
-	for _, backend := range append([]string{"nftables", "iptables", "userspace"}, vmBackends...) {
+	for _, backend := range append([]string{"nftables", "iptables", "ebpf", "userspace"}, vmBackends...) {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -73,10 +73,38 @@ func TestDemo(t *testing.T) {
 					t.Errorf("output lacks %q", want)
 				}
 			}
+			if backend == "ebpf" {
+				checkSocketTraffic(t, out.String())
+			}
 			left, _ := filepath.Glob(fmt.Sprintf("/run/netns/%s%d-*", sandbox.Prefix, os.Getpid()))
 			if len(left) > 0 {
 				t.Errorf("namespaces left behind: %v", left)
 			}
 		})
+	}
+}
+
+// checkSocketTraffic: the node's own requests, balanced by the socket
+// hooks, all reached a backend, each backend some; the demo's cgroup and
+// mounts are gone.
+func checkSocketTraffic(t *testing.T, out string) {
+	t.Helper()
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "from the node's own sockets") {
+			line = l
+		}
+	}
+	if line == "" || strings.Contains(line, "error") {
+		t.Errorf("node traffic: %q, want every request answered", line)
+	}
+	for i := 1; i <= 3; i++ {
+		if strings.Contains(line, fmt.Sprintf("backend-%d 0", i)) {
+			t.Errorf("node traffic: %q, want backend-%d to answer some", line, i)
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("kproxy-demo-%d-*", os.Getpid())))
+	if len(left) > 0 {
+		t.Errorf("mounts left behind: %v", left)
 	}
 }

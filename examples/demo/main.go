@@ -31,6 +31,7 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
+	"github.com/kproxy-dev/kproxy/internal/bpfenv"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -130,6 +131,11 @@ func demo(ctx context.Context, cfg agent.Config, o options, out io.Writer, log *
 	if err := sandbox.CheckRoot(); err != nil {
 		return fmt.Errorf("%w\nrun it as root, e.g. sudo go run ./examples/demo (or --dry-run to only print the rules)", err)
 	}
+	closeEnv, env, err := socketEnv(&cfg)
+	if err != nil {
+		return err
+	}
+	defer closeEnv()
 	fmt.Fprintf(out, "Building a sandbox: namespaces for a node, a client and 3 backends ...\n")
 	sb, err := sandbox.New(sandbox.Options{Backends: 3, Logger: log, RequestTimeout: 2 * time.Second})
 	if err != nil {
@@ -150,7 +156,7 @@ func demo(ctx context.Context, cfg agent.Config, o options, out io.Writer, log *
 	}
 	describe(out, sb, svcs, file)
 	cfg.NetNS, cfg.Cleanup = sb.Node.NSName, true
-	return drive(ctx, cfg, o, sb, svcs, out, log)
+	return drive(ctx, cfg, o, sb, env, svcs, out, log)
 }
 
 func describe(out io.Writer, sb *sandbox.Sandbox, svcs []servicelb.Service, file string) {
@@ -191,7 +197,7 @@ func dryRun(ctx context.Context, cfg agent.Config, svcs []servicelb.Service, out
 }
 
 // drive runs the agent on the sandbox node and walks through the demo.
-func drive(ctx context.Context, cfg agent.Config, o options, sb *sandbox.Sandbox, svcs []servicelb.Service, out io.Writer, log *slog.Logger) error {
+func drive(ctx context.Context, cfg agent.Config, o options, sb *sandbox.Sandbox, env *bpfenv.Env, svcs []servicelb.Service, out io.Writer, log *slog.Logger) error {
 	a, err := agent.New(agent.Options{Config: cfg, Logger: log, Stdout: out})
 	if err != nil {
 		return err
@@ -216,6 +222,9 @@ func drive(ctx context.Context, cfg agent.Config, o options, sb *sandbox.Sandbox
 	}
 	fmt.Fprintf(out, "\nProgrammed with the %s backend.\n", cfg.Backend)
 	if err := traffic(ctx, out, sb, svcs, o.requests); err != nil {
+		return err
+	}
+	if err := nodeTraffic(ctx, out, env, sb, svcs, o.requests); err != nil {
 		return err
 	}
 	if err := showRules(ctx, out, a, cfg.Backend, sb, svcs); err != nil {

@@ -28,6 +28,12 @@ var listers = map[string][]string{
 // backend renders the state it applied.
 func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend string, sb *sandbox.Sandbox, svcs []servicelb.Service) error {
 	title, text, err := kernelRules(ctx, backend, sb)
+	if d, ok := a.Dataplane().(dumper); ok && err != nil {
+		if text, err = d.Dump(ctx); err != nil {
+			return fmt.Errorf("read the maps back: %w", err)
+		}
+		title = "Maps as the kernel now holds them (read back by the backend; the nftables table beside them is nftables')"
+	}
 	if err != nil {
 		r, ok := a.Dataplane().(servicelb.Renderer)
 		if !ok {
@@ -36,8 +42,10 @@ func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend strin
 		if text, err = r.Render(a.Runner().Applied()); err != nil {
 			return fmt.Errorf("render the rules: %w", err)
 		}
-		title = "Rules installed, as the backend renders them (install " + lister(backend) + " to read them back from the kernel)"
-		if _, ok := listers[backend]; !ok {
+		title = "Rules installed, as the backend renders them"
+		if l, ok := listers[backend]; ok {
+			title += " (install " + l[0] + " to read them back from the kernel)"
+		} else if backend == "userspace" {
 			title = "What the backend serves, as it renders it (it installs no rules: its listeners take the traffic)"
 		}
 	}
@@ -55,12 +63,9 @@ func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend strin
 	return nil
 }
 
-// lister names the backend's listing tool.
-func lister(backend string) string {
-	if argv, ok := listers[backend]; ok {
-		return argv[0]
-	}
-	return ""
+// dumper is a backend that reads its kernel state back itself (ebpf).
+type dumper interface {
+	Dump(ctx context.Context) (string, error)
 }
 
 // kernelRules runs the backend's listing tool in the node's namespace.

@@ -7,17 +7,21 @@
 // proxy handles (--proxy-name).
 //
 // It needs a kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) or the
-// in-cluster configuration, read access to Services and EndpointSlices,
-// and root (CAP_NET_ADMIN) with the chosen backend's kernel support unless
+// in-cluster configuration, read access to Services and EndpointSlices
+// (and to its Node under --detect-local-mode=NodeCIDR without
+// --node-cidrs: it reads the Node's spec.podCIDRs), and root
+// (CAP_NET_ADMIN) with the chosen backend's kernel support unless
 // --dry-run:
 //
 //	go run ./examples/kubernetes --kubeconfig ~/.kube/config --node-name $(hostname) --node-ips 192.0.2.10 --dry-run
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 
 	"k8s.io/client-go/kubernetes"
 
@@ -27,9 +31,26 @@ import (
 
 func main() { agent.Main(program()) }
 
-// program is the agent: its flags and its source.
+// program is the agent: its flags, its source, and the pod CIDRs of its
+// Node for --detect-local-mode=NodeCIDR.
 func program() agent.Program {
 	var kubeconfig, proxyName string
+	var client kubernetes.Interface
+	connect := func() (kubernetes.Interface, error) {
+		if client != nil {
+			return client, nil
+		}
+		cfg, err := kubesource.RestConfig(kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		client = c
+		return c, nil
+	}
 	return agent.Program{
 		Name: "kubernetes",
 		Usage: "kubernetes: a node agent that load-balances Kubernetes Services from their\n" +
@@ -39,15 +60,18 @@ func program() agent.Program {
 			fs.StringVar(&proxyName, "proxy-name", "", "handle only services labelled "+kubesource.LabelProxyName+"=NAME (default: only services without the label)")
 		},
 		Sources: func(log *slog.Logger) ([]agent.Source, error) {
-			cfg, err := kubesource.RestConfig(kubeconfig)
+			c, err := connect()
 			if err != nil {
 				return nil, err
 			}
-			c, err := kubernetes.NewForConfig(cfg)
-			if err != nil {
-				return nil, fmt.Errorf("kubernetes client: %w", err)
-			}
 			return []agent.Source{&kubesource.Source{Client: c, ProxyName: proxyName, Logger: log}}, nil
+		},
+		NodeCIDRs: func(ctx context.Context, node string) ([]netip.Prefix, error) {
+			c, err := connect()
+			if err != nil {
+				return nil, err
+			}
+			return kubesource.NodeCIDRs(ctx, c, node)
 		},
 	}
 }

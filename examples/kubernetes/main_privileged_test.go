@@ -64,4 +64,21 @@ func TestDryRunAgainstAPIServer(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
+
+	// Under --detect-local-mode=NodeCIDR the agent reads its Node's pod
+	// CIDRs: traffic to the cluster IP from outside them is masqueraded.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.100.1.0/24", PodCIDRs: []string{"10.100.1.0/24"}}}
+	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	code = program().Run(ctx, []string{"--kubeconfig", kube.Kubeconfig, "--backend", "iptables", "--dry-run", "--once",
+		"--node-name", "n1", "--detect-local-mode", "NodeCIDR"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("NodeCIDR: exit %d: %s", code, errOut.String())
+	}
+	if want := "! -s 10.100.1.0/24 -d 10.96.7.7/32"; !strings.Contains(out.String(), want) {
+		t.Errorf("NodeCIDR: output lacks %q:\n%s", want, out.String())
+	}
 }

@@ -66,6 +66,10 @@ type AskError struct {
 	// when the ask was made with WatchICMP; nil when none came (a TCP
 	// reset or an SCTP abort refused it, or the ask timed out).
 	ICMP *ICMPError
+	// AtSocket reports that the asking socket's connect failed at once,
+	// before any packet left: what a socket-level load balancer's hooks
+	// give for a flow they refuse (ECONNREFUSED) or drop (EPERM).
+	AtSocket bool
 }
 
 func (e *AskError) Error() string {
@@ -91,6 +95,9 @@ type askConfig struct {
 	fromPort      uint16
 	countFailures bool
 	watchICMP     bool
+	cgroup        *Cgroup
+	unconnected   bool
+	peer          *netip.AddrPort
 }
 
 // Timeout bounds each ask (connection and exchange); the default is
@@ -108,6 +115,15 @@ func FromPort(p uint16) AskOption { return func(c *askConfig) { c.fromPort = p }
 // the asking host (AskError.ICMP), so that a test tells an ICMP port
 // unreachable from a TCP reset: both refuse a connection alike.
 func WatchICMP() AskOption { return func(c *askConfig) { c.watchICMP = true } }
+
+// Unconnected makes a UDP ask from an unconnected socket: sendto(2) and
+// recvfrom(2) instead of connect(2), send and receive.
+func Unconnected() AskOption { return func(c *askConfig) { c.unconnected = true } }
+
+// Peer stores in *p the server as the asking socket saw it:
+// getpeername(2) of the connected socket, or with Unconnected the source
+// recvfrom(2) gave the UDP answer.
+func Peer(p *netip.AddrPort) AskOption { return func(c *askConfig) { c.peer = p } }
 
 // CountFailures makes Count count failed asks under KeyRefused,
 // KeyTimeout, KeyFiltered and KeyError instead of failing the test.
@@ -165,37 +181,68 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 		}
 		defer w.close()
 	}
-	var text string
-	var sport uint16
-	switch proto {
-	case "udp":
-		text, sport, err = h.askUDP(ctx, dst, from, deadline)
-	case "tcp", "sctp":
-		text, sport, err = h.askStream(ctx, proto, dst, from, deadline)
-	default:
+	if proto != "udp" && proto != "tcp" && proto != "sctp" {
 		return fail(nil, fmt.Errorf("unknown protocol %q (want tcp, udp or sctp)", proto))
+	}
+	var x exchanged
+	if cfg.cgroup != nil {
+		x, err = cfg.cgroup.exchange(ctx, h, proto, dst, from, deadline, cfg.unconnected)
+	} else {
+		x, err = h.exchange(ctx, proto, dst, from, deadline, cfg.unconnected)
 	}
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fail(nil, errors.Join(ctx.Err(), err))
 		}
-		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err}
+		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err, AtSocket: errors.Is(err, errAtSocket)}
 		if w != nil {
-			e.ICMP = w.find(flowID{protoNumber(proto), sport, dst})
+			e.ICMP = w.find(flowID{protoNumber(proto), x.sport, dst})
 		}
 		return Reply{}, e
 	}
-	r, err := parseReply(text)
+	r, err := parseReply(x.text)
 	if err != nil {
 		return fail(nil, err)
+	}
+	if cfg.peer != nil {
+		*cfg.peer = x.peer
 	}
 	return r, nil
 }
 
+// exchanged is what an ask's socket learnt: the answer, its own port and
+// its peer.
+type exchanged struct {
+	text  string
+	sport uint16
+	peer  netip.AddrPort
+}
+
+// exchange runs one ask from a socket of the calling process.
+func (h *Host) exchange(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time, unconnected bool) (exchanged, error) {
+	switch {
+	case proto == "udp" && unconnected:
+		return h.askUDPUnconnected(ctx, dst, from, deadline)
+	case proto == "udp":
+		return h.askUDP(ctx, dst, from, deadline)
+	}
+	return h.askStream(ctx, proto, dst, from, deadline)
+}
+
+// errAtSocket marks the failure of a connect that sent nothing.
+var errAtSocket = errors.New("failed at the socket")
+
+type socketError struct{ err error }
+
+func (e *socketError) Error() string   { return e.err.Error() }
+func (e *socketError) Unwrap() []error { return []error{e.err, errAtSocket} }
+
+func atSocket(err error) error { return &socketError{err} }
+
 // askUDP runs one UDP ask from a fresh connected socket, which the
 // kernel tells about ICMP errors: create it inside the namespace, exchange
 // outside it.
-func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (string, uint16, error) {
+func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (exchanged, error) {
 	d := net.Dialer{Deadline: deadline}
 	if from.IsValid() {
 		d.LocalAddr = net.UDPAddrFromAddrPort(from)
@@ -205,21 +252,77 @@ func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline ti
 	}
 	var c net.Conn
 	if err := h.Do(func() (err error) { c, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
-		return "", 0, err
+		// A UDP connect sends nothing: its failure is the socket's own.
+		return exchanged{}, atSocket(err)
 	}
 	defer c.Close()
-	sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
+	x := exchanged{sport: uint16(c.LocalAddr().(*net.UDPAddr).Port), peer: peerOf(c.(*net.UDPConn))}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	if err := c.SetDeadline(deadline); err != nil {
-		return "", sport, err
+		return x, err
 	}
 	if _, err := c.Write([]byte(request)); err != nil {
-		return "", sport, err
+		return x, err
 	}
 	buf := make([]byte, 512)
 	n, err := c.Read(buf)
-	return string(buf[:n]), sport, err
+	x.text = string(buf[:n])
+	return x, err
+}
+
+// askUDPUnconnected runs one UDP ask from an unconnected socket.
+func (h *Host) askUDPUnconnected(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (exchanged, error) {
+	lc := net.ListenConfig{}
+	if from.Port() != 0 {
+		lc.Control = reuseAddr
+	}
+	laddr := ":0"
+	if from.IsValid() {
+		laddr = from.String()
+	}
+	network := "udp4"
+	if dst.Addr().Is6() {
+		network = "udp6"
+	}
+	var c net.PacketConn
+	if err := h.Do(func() (err error) { c, err = lc.ListenPacket(ctx, network, laddr); return err }); err != nil {
+		return exchanged{}, err
+	}
+	defer c.Close()
+	x := exchanged{sport: uint16(c.LocalAddr().(*net.UDPAddr).Port)}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := c.SetDeadline(deadline); err != nil {
+		return x, err
+	}
+	if _, err := c.WriteTo([]byte(request), net.UDPAddrFromAddrPort(dst)); err != nil {
+		// An unconnected send fails at once or not at all.
+		return x, atSocket(err)
+	}
+	buf := make([]byte, 512)
+	n, src, err := c.ReadFrom(buf)
+	x.text = string(buf[:n])
+	if ua, ok := src.(*net.UDPAddr); ok {
+		x.peer = ua.AddrPort()
+		x.peer = netip.AddrPortFrom(x.peer.Addr().Unmap(), x.peer.Port())
+	}
+	return x, err
+}
+
+// peerOf returns a connected socket's peer, as getpeername(2) gives it.
+func peerOf(c syscall.Conn) netip.AddrPort {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	var peer netip.AddrPort
+	rc.Control(func(fd uintptr) {
+		if sa, err := unix.Getpeername(int(fd)); err == nil {
+			peer = addrPort(sa)
+		}
+	})
+	return peer
 }
 
 // protoNumber returns the IP protocol number of "tcp", "udp" or "sctp".

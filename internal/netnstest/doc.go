@@ -24,6 +24,16 @@
 // plugin's would; its link to the client is "ext0". Every host's link to
 // the node is "eth0".
 //
+// Options.Links reshapes the node's end of chosen backends' links, so that
+// tests of interface-based local-traffic detection have pods to find: a
+// name of its own (a prefix no other link shares), and a bridge that the
+// node's end joins and that holds the node's addresses for the backend,
+// as a CNI bridge plugin's pods hang on cbr0 or cni0: the node sees the
+// backend's packets come in on the bridge. Backends may share a bridge.
+// Where the kernel has br_netfilter, a node with a bridge turns its
+// bridge-nf-call sysctls off, so that the bridge's traffic meets the
+// node's rules once, at the IP layer, as on a kernel without it.
+//
 // New(t, Options{Backends: n}) builds it; NewHost(t, name) makes a lone
 // namespace with only loopback, for tests of kernel state alone.
 //
@@ -58,9 +68,17 @@
 // was sent to. Host.Ask makes one fresh connection (or sends one datagram
 // from a fresh socket) and parses the reply; its errors tell a refusal (TCP
 // reset, SCTP abort, ICMP unreachable of any kind: ErrRefused) from silence
-// (ErrTimeout). Host.Count makes n asks and counts answers per host, and
-// WithinBounds checks such counts against expected shares with a bound
-// that a correct random spread fails with probability below 1e-6.
+// (ErrTimeout), and AskError.AtSocket tells a connect that failed at once,
+// before any packet left. Host.Count makes n asks and counts answers per
+// host, and WithinBounds checks such counts against expected shares with a
+// bound that a correct random spread fails with probability below 1e-6.
+//
+// A socket belongs to the cgroup of the process that made it. For code
+// that hooks the sockets of a cgroup (a socket-level load balancer),
+// StartCgroup starts one process inside a cgroup v2 directory (the test
+// binary itself, through clone3 with CLONE_INTO_CGROUP; the package's
+// TestMain calls Main), and an ask with InCgroup runs there, from a socket
+// made in the asking host's namespace. The process ends with the test.
 //
 // # Requirements
 //
@@ -85,5 +103,7 @@
 //   - /run/netns is made a shared mount point on first use, exactly as
 //     `ip netns add` does, so that iproute2 and the kit agree on it.
 //   - Echo servers are goroutines of the test process, stopped on cleanup;
-//     the kit starts no other process than the tools Exec runs.
+//     the kit starts no other process than the tools Exec runs and the
+//     asker of StartCgroup, which it ends by its pid, and which dies with
+//     the test process (PR_SET_PDEATHSIG).
 package netnstest

@@ -36,8 +36,12 @@ type Host struct {
 	// node and for lone hosts.
 	Link string
 	// NodeLink is the node's end of that link ("ext0" for the client,
-	// "veth0", "veth1", ... for the backends).
+	// "veth0", "veth1", ... for the backends, unless Options.Links names
+	// it).
 	NodeLink string
+	// NodeBridge is the bridge NodeLink is a port of, which holds the
+	// node's addresses on the link; empty when it is not bridged.
+	NodeBridge string
 	// Gateway4 and Gateway6 are the node's addresses on the link, the
 	// host's default gateways.
 	Gateway4, Gateway6 netip.Addr
@@ -135,6 +139,19 @@ func hostSysctls() []sysctl {
 		{"net.sctp.rto_min", "50", true},
 		{"net.sctp.rto_initial", "200", true},
 		{"net.sctp.rto_max", "400", true},
+	}
+}
+
+// bridgeSysctls keep the packets a bridge of the node carries out of the
+// IP hooks at the bridge layer, where the kernel has br_netfilter loaded
+// (a test machine may, the VM does not): routed traffic to and from
+// bridged hosts then meets the node's rules once, at the IP layer, on
+// every machine alike.
+func bridgeSysctls() []sysctl {
+	return []sysctl{
+		{"net.bridge.bridge-nf-call-iptables", "0", true},
+		{"net.bridge.bridge-nf-call-ip6tables", "0", true},
+		{"net.bridge.bridge-nf-call-arptables", "0", true},
 	}
 }
 
@@ -270,7 +287,7 @@ func (h *Host) AddAddress(t testing.TB, p netip.Prefix) {
 		via = h.IPv6
 	}
 	host := netip.PrefixFrom(p.Addr(), p.Addr().BitLen())
-	err = h.node.Do(func() error { return addRoute(h.NodeLink, host, via) })
+	err = h.node.Do(func() error { return addRoute(h.nodeIface(), host, via) })
 	if err != nil {
 		t.Fatalf("netnstest: node: route %s via %s: %v", host, via, err)
 	}
@@ -298,6 +315,15 @@ func (h *Host) AddRoute(t testing.TB, dst netip.Prefix, via netip.Addr) {
 	if err != nil {
 		t.Fatalf("netnstest: %s: route %s via %s: %v", h.Name, dst, via, err)
 	}
+}
+
+// nodeIface returns the node's interface to the host: its bridge, else
+// its end of the host's link.
+func (h *Host) nodeIface() string {
+	if h.NodeBridge != "" {
+		return h.NodeBridge
+	}
+	return h.NodeLink
 }
 
 // onLink reports whether a lies in one of the host's link subnets.

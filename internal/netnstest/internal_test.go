@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -99,5 +100,41 @@ func TestMissingGroups(t *testing.T) {
 	want := []netip.Addr{netip.MustParseAddr("fd00:c::7"), netip.MustParseAddr("2001:db8::1:2")}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("missing %v, want %v", got, want)
+	}
+}
+
+// TestCanonicalListing: two listings of one table that differ only in
+// handles, in the order of set elements and in the order objects are
+// listed canonicalise alike; a listing with a rule more does not.
+func TestCanonicalListing(t *testing.T) {
+	const a = `{"nftables": [{"metainfo": {"version": "1.0.6"}},
+{"table": {"family": "inet", "name": "t", "handle": 1}},
+{"set": {"family": "inet", "name": "s", "table": "t", "type": "ipv4_addr", "handle": 2, "elem": ["10.0.0.1", "10.0.0.2"]}},
+{"chain": {"family": "inet", "table": "t", "name": "c", "handle": 3}},
+{"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 4, "expr": [{"accept": null}]}},
+{"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 5, "expr": [{"drop": null}]}}]}`
+	const b = `{"nftables": [{"metainfo": {"version": "1.0.6"}},
+{"table": {"family": "inet", "name": "t", "handle": 7}},
+{"chain": {"family": "inet", "table": "t", "name": "c", "handle": 8}},
+{"set": {"family": "inet", "name": "s", "table": "t", "type": "ipv4_addr", "handle": 9, "elem": ["10.0.0.2", "10.0.0.1"]}},
+{"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 10, "expr": [{"accept": null}]}},
+{"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 11, "expr": [{"drop": null}]}}]}`
+	ca, err := CanonicalListing(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, err := CanonicalListing(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ca != cb {
+		t.Errorf("canonical forms differ:\n%s\n%s", ca, cb)
+	}
+	more := strings.TrimSuffix(a, "]}") + `, {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 6, "expr": [{"drop": null}]}}]}`
+	if cm, err := CanonicalListing(more); err != nil || cm == ca {
+		t.Errorf("a rule more canonicalises alike (%v)", err)
+	}
+	if _, err := CanonicalListing("not json"); err == nil {
+		t.Error("a listing that is not JSON was accepted")
 	}
 }

@@ -63,7 +63,7 @@ func dialStream(proto string, dst, from netip.AddrPort) (*os.File, error) {
 	}
 	if err := unix.Connect(fd, sockaddr(dst)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		unix.Close(fd)
-		return nil, fmt.Errorf("%s connect %s: %w", proto, dst, err)
+		return nil, atSocket(fmt.Errorf("%s connect %s: %w", proto, dst, err))
 	}
 	return os.NewFile(uintptr(fd), proto), nil
 }
@@ -118,29 +118,31 @@ func waitConnected(f *os.File, deadline time.Time) error {
 
 // askStream runs one TCP or SCTP ask: connect inside the namespace, then
 // exchange.
-func (h *Host) askStream(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time) (string, uint16, error) {
+func (h *Host) askStream(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time) (exchanged, error) {
 	var f *os.File
 	if err := h.Do(func() (err error) { f, err = dialStream(proto, dst, from); return err }); err != nil {
-		return "", 0, err
+		return exchanged{}, err
 	}
 	defer f.Close()
-	sport := localPort(f)
+	x := exchanged{sport: localPort(f)}
 	stop := context.AfterFunc(ctx, func() { f.SetDeadline(time.Now()) })
 	defer stop()
 	if err := waitConnected(f, deadline); err != nil {
-		return "", sport, fmt.Errorf("%s connect %s: %w", proto, dst, err)
+		return x, fmt.Errorf("%s connect %s: %w", proto, dst, err)
 	}
+	x.peer = peerOf(f)
 	if err := f.SetDeadline(deadline); err != nil {
-		return "", sport, err
+		return x, err
 	}
 	if _, err := f.Write([]byte(request)); err != nil {
-		return "", sport, fmt.Errorf("%s send: %w", proto, err)
+		return x, fmt.Errorf("%s send: %w", proto, err)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, 512))
 	if err != nil {
-		return "", sport, fmt.Errorf("%s receive: %w", proto, err)
+		return x, fmt.Errorf("%s receive: %w", proto, err)
 	}
-	return string(b), sport, nil
+	x.text = string(b)
+	return x, nil
 }
 
 // localPort returns a connecting socket's local port (bound by connect).

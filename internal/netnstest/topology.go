@@ -3,6 +3,7 @@ package netnstest
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,9 +19,9 @@ const (
 	maxBackends = 254
 	// ClientLink is the node's link to the client.
 	ClientLink = "ext0"
-	// BackendLinkPrefix starts the names of the node's links to the
-	// backends ("veth0", "veth1", ...), as a CNI plugin's would: it is the
-	// prefix for interface-based local traffic detection.
+	// BackendLinkPrefix starts the default names of the node's links to
+	// the backends ("veth0", "veth1", ...), as a CNI plugin's would.
+	// Options.Links names some of them otherwise.
 	BackendLinkPrefix = "veth"
 	// HostLink is the name of a client's or backend's link to the node.
 	HostLink = "eth0"
@@ -67,6 +68,59 @@ func gateway(a netip.Addr) netip.Addr {
 type Options struct {
 	// Backends is the number of backend hosts, 1 to 254; zero means 3.
 	Backends int
+	// Links shape the node's end of some backends' links, by backend
+	// index; the others are BackendLinkPrefix<i>, not bridged.
+	Links map[int]Link
+}
+
+// Link shapes the node's end of a backend's link, as the interface-based
+// detections of local traffic see it.
+type Link struct {
+	// Name names the node's end instead of BackendLinkPrefix<i>: a name
+	// with a prefix of its own, say, that no other link of the node
+	// shares. At most 15 bytes.
+	Name string
+	// Bridge, when not empty, makes the node's end a port of a bridge of
+	// this name in the node's namespace, created for the first backend
+	// that names it and shared by the others, which holds the node's
+	// addresses for the backend, as a CNI bridge plugin's does for its
+	// pods: the node sees the backend's packets come in on the bridge.
+	Bridge string
+}
+
+// maxLinkName is the longest interface name the kernel takes.
+const maxLinkName = 15
+
+// check refuses names the kernel would refuse or that clash.
+func (o *Options) check(n int) error {
+	names := map[string]bool{ClientLink: true, "lo": true}
+	bridges := map[string]bool{}
+	for i := range n {
+		l := o.Links[i]
+		name := l.Name
+		if name == "" {
+			name = fmt.Sprintf("%s%d", BackendLinkPrefix, i)
+		}
+		if len(name) > maxLinkName || len(l.Bridge) > maxLinkName {
+			return fmt.Errorf("backend %d: link or bridge name longer than %d bytes", i, maxLinkName)
+		}
+		if names[name] || bridges[name] {
+			return fmt.Errorf("backend %d: link name %q taken", i, name)
+		}
+		names[name] = true
+		if l.Bridge != "" {
+			if names[l.Bridge] {
+				return fmt.Errorf("backend %d: bridge name %q is a link's", i, l.Bridge)
+			}
+			bridges[l.Bridge] = true
+		}
+	}
+	for i := range o.Links {
+		if i < 0 || i >= n {
+			return fmt.Errorf("links: no backend %d", i)
+		}
+	}
+	return nil
 }
 
 // Topology is a node routing between a client and backend hosts, each in
@@ -98,6 +152,9 @@ func New(t testing.TB, o Options) *Topology {
 	if n < 1 || n > maxBackends {
 		t.Fatalf("netnstest: Options.Backends %d out of range 1..%d", o.Backends, maxBackends)
 	}
+	if err := o.check(n); err != nil {
+		t.Fatalf("netnstest: Options: %v", err)
+	}
 	setup(t)
 	token := newToken()
 	tp := &Topology{Node: newHost(t, token, "node"), Client: newHost(t, token, "client")}
@@ -108,6 +165,10 @@ func New(t testing.TB, o Options) *Topology {
 		b := newHost(t, token, fmt.Sprintf("backend-%d", i))
 		b.IPv4, b.IPv6 = BackendIPv4(i), BackendIPv6(i)
 		b.NodeLink = fmt.Sprintf("%s%d", BackendLinkPrefix, i)
+		if l := o.Links[i]; l.Name != "" {
+			b.NodeLink = l.Name
+		}
+		b.NodeBridge = o.Links[i].Bridge
 		tp.Backends = append(tp.Backends, b)
 	}
 	for _, h := range append([]*Host{tp.Client}, tp.Backends...) {
@@ -115,7 +176,11 @@ func New(t testing.TB, o Options) *Topology {
 			t.Fatalf("netnstest: link %s: %v", h.Name, err)
 		}
 	}
-	if err := tp.Node.Do(func() error { return writeSysctls(nodeSysctls()) }); err != nil {
+	sysctls := nodeSysctls()
+	if slices.ContainsFunc(tp.Backends, func(b *Host) bool { return b.NodeBridge != "" }) {
+		sysctls = append(sysctls, bridgeSysctls()...)
+	}
+	if err := tp.Node.Do(func() error { return writeSysctls(sysctls) }); err != nil {
 		t.Fatalf("netnstest: node: %v", err)
 	}
 	for _, h := range tp.Hosts() {
@@ -158,7 +223,8 @@ func waitLinksUp() error {
 
 // link connects h to the node with a veth pair created in the node's
 // namespace, its peer created directly in h's, and addresses and routes
-// them.
+// them. A bridged host's node end joins its bridge, which holds the
+// node's addresses.
 func (tp *Topology) link(h *Host) error {
 	h.node = tp.Node
 	h.Link = HostLink
@@ -168,7 +234,12 @@ func (tp *Topology) link(h *Host) error {
 		if err := addVeth(h.NodeLink, h.Link, h.NS); err != nil {
 			return err
 		}
-		if err := addAddrs(h.NodeLink, node...); err != nil {
+		if h.NodeBridge != "" {
+			if err := joinBridge(h.NodeLink, h.NodeBridge); err != nil {
+				return err
+			}
+		}
+		if err := addAddrs(h.nodeIface(), node...); err != nil {
 			return err
 		}
 		return setUp(h.NodeLink)
@@ -206,6 +277,34 @@ func addVeth(name, peer string, peerNS netns.NsHandle) error {
 	v := &netlink.Veth{LinkAttrs: la, PeerName: peer, PeerNamespace: netlink.NsFd(int(peerNS))}
 	if err := netlink.LinkAdd(v); err != nil {
 		return fmt.Errorf("add veth %s (peer %s): %w", name, peer, err)
+	}
+	return nil
+}
+
+// joinBridge makes link a port of the bridge of the calling thread's
+// namespace, creating the bridge (up, without STP, so that ports forward
+// at once) if it is not there yet.
+func joinBridge(link, bridge string) error {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		la := netlink.NewLinkAttrs()
+		la.Name = bridge
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil {
+			return fmt.Errorf("add bridge %s: %w", bridge, err)
+		}
+		if br, err = netlink.LinkByName(bridge); err != nil {
+			return fmt.Errorf("find bridge %s: %w", bridge, err)
+		}
+		if err := netlink.LinkSetUp(br); err != nil {
+			return fmt.Errorf("set %s up: %w", bridge, err)
+		}
+	}
+	l, err := netlink.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("find link %s: %w", link, err)
+	}
+	if err := netlink.LinkSetMaster(l, br); err != nil {
+		return fmt.Errorf("add %s to bridge %s: %w", link, bridge, err)
 	}
 	return nil
 }

@@ -272,3 +272,118 @@ func BenchmarkAsk(b *testing.B) {
 		}
 	}
 }
+
+// TestLinksNamedAndBridged: Options.Links names the node's end of a
+// backend's link and puts it under a bridge that holds the node's
+// addresses for it; traffic still flows both ways, and the node sees a
+// bridged backend's packets come in on the bridge, a named link's on its
+// name. Options that the kernel would refuse or that clash fail New.
+func TestLinksNamedAndBridged(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "bridge")
+	tp := netnstest.New(t, netnstest.Options{Backends: 4, Links: map[int]netnstest.Link{
+		0: {Name: "pod0"}, 1: {Bridge: "cbr0"}, 2: {Name: "pod2", Bridge: "cbr0"},
+	}})
+	b0, b1, b2, b3 := tp.Backends[0], tp.Backends[1], tp.Backends[2], tp.Backends[3]
+	for _, c := range []struct {
+		h            *netnstest.Host
+		link, bridge string
+	}{{b0, "pod0", ""}, {b1, "veth1", "cbr0"}, {b2, "pod2", "cbr0"}, {b3, "veth3", ""}} {
+		if c.h.NodeLink != c.link || c.h.NodeBridge != c.bridge {
+			t.Errorf("%s: node link %q bridge %q, want %q %q", c.h.Name, c.h.NodeLink, c.h.NodeBridge, c.link, c.bridge)
+		}
+	}
+	links := tp.Node.Exec(t, "ip", "-o", "link", "show")
+	for _, want := range []string{"pod0@", "veth1@", "pod2@", "veth3@", "cbr0:"} {
+		if !strings.Contains(links, want) {
+			t.Errorf("node links lack %q:\n%s", want, links)
+		}
+	}
+	for _, port := range []string{"veth1", "pod2"} {
+		if out := tp.Node.Exec(t, "ip", "-o", "link", "show", port); !strings.Contains(out, "master cbr0") {
+			t.Errorf("%s not a port of cbr0: %s", port, out)
+		}
+	}
+	addrs := tp.Node.Exec(t, "ip", "-o", "addr", "show", "dev", "cbr0")
+	for _, want := range []string{"10.244.2.1/24", "fd00:244:2::1/64", "10.244.3.1/24", "fd00:244:3::1/64"} {
+		if !strings.Contains(addrs, want) {
+			t.Errorf("cbr0 lacks %s:\n%s", want, addrs)
+		}
+	}
+	// Count, in the node, the backends' packets by the interface they
+	// come in on.
+	tp.Node.ExecInput(t, `table inet kpt_test {
+	chain forward {
+		type filter hook forward priority 0;
+		iifname "pod0" ip saddr 10.244.1.2 counter comment "pod0"
+		iifname "cbr0" ip saddr 10.244.2.2 counter comment "cbr0-1"
+		iifname "cbr0" ip6 saddr fd00:244:3::2 counter comment "cbr0-2"
+		iifname "veth1" counter comment "port"
+	}
+}`, "nft", "-f", "-")
+	b1.AddAddress(t, netip.MustParsePrefix("10.250.0.1/32"))
+	for _, b := range tp.Backends {
+		b.Serve(t, "tcp", 8080)
+		b.Serve(t, "udp", 8080)
+	}
+	for _, b := range tp.Backends {
+		for _, proto := range []string{"tcp", "udp"} {
+			for _, a := range []netip.Addr{b.IPv4, b.IPv6} {
+				if r, err := tp.Client.Ask(t.Context(), proto, netip.AddrPortFrom(a, 8080)); err != nil || r.Host != b.Name {
+					t.Errorf("%s %s: %+v %v", proto, a, r, err)
+				}
+			}
+		}
+	}
+	if r, err := tp.Client.Ask(t.Context(), "tcp", netip.MustParseAddrPort("10.250.0.1:8080")); err != nil || r.Host != b1.Name {
+		t.Errorf("an address added to a bridged backend: %+v %v", r, err)
+	}
+	listed := tp.Node.Exec(t, "nft", "list", "table", "inet", "kpt_test")
+	for _, c := range []struct {
+		comment string
+		seen    bool
+	}{{"pod0", true}, {"cbr0-1", true}, {"cbr0-2", true}, {"port", false}} {
+		line := ""
+		for _, l := range strings.Split(listed, "\n") {
+			if strings.Contains(l, `comment "`+c.comment+`"`) {
+				line = l
+			}
+		}
+		if seen := line != "" && !strings.Contains(line, "counter packets 0 "); seen != c.seen {
+			t.Errorf("rule %q counted packets: %v, want %v:\n%s", c.comment, seen, c.seen, listed)
+		}
+	}
+}
+
+// TestLinksRefused: names the kernel would refuse or that clash fail New.
+func TestLinksRefused(t *testing.T) {
+	netnstest.Require(t)
+	for name, links := range map[string]map[int]netnstest.Link{
+		"too long":        {0: {Name: "a-very-long-link-name"}},
+		"taken":           {0: {Name: "veth1"}},
+		"the client's":    {1: {Name: netnstest.ClientLink}},
+		"bridge is link":  {0: {Bridge: "veth1"}},
+		"no such backend": {5: {Name: "pod5"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ft := &fatalRecorder{TB: t}
+			func() {
+				defer func() { _ = recover() }()
+				netnstest.New(ft, netnstest.Options{Backends: 2, Links: links})
+			}()
+			if !ft.failed {
+				t.Errorf("New accepted links %+v", links)
+			}
+		})
+	}
+}
+
+// fatalRecorder records a Fatalf instead of ending the test.
+type fatalRecorder struct {
+	testing.TB
+	failed bool
+}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.failed = true
+	panic("fatal")
+}

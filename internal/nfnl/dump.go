@@ -117,7 +117,10 @@ func (c *Conn) Tables(ctx context.Context, fam Family) ([]Table, error) {
 	return out, nil
 }
 
-// Chains returns the chains of a table, in the kernel's order.
+// Chains returns the chains of a table, in the kernel's order. When the
+// kernel marks the dump as interrupted by a commit (ErrDumpInterrupted),
+// the chains it listed are returned with the error, for a caller that can
+// tell whether the commit touched the table.
 func (c *Conn) Chains(ctx context.Context, fam Family, table string) ([]Chain, error) {
 	var out []Chain
 	err := c.request(ctx, msgGetChain, fam, true, func(e *encoder) { e.str(attrChainTable, table) }, func(d []byte) error {
@@ -127,7 +130,10 @@ func (c *Conn) Chains(ctx context.Context, fam Family, table string) ([]Chain, e
 		}
 		return err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrDumpInterrupted) && !errors.Is(err, ErrNotExist) && out != nil:
+		return out, fmt.Errorf("nfnl: list chains of %s %s: %w", fam, table, err)
+	case err != nil:
 		return nil, fmt.Errorf("nfnl: list chains of %s %s: %w", fam, table, err)
 	}
 	return out, nil

@@ -71,7 +71,8 @@ func v6(prefix uint16, last byte) netip.Addr {
 
 // Node returns a random node: named, in a zone or not, with node IPs of
 // one or both families, cluster CIDRs of none, one or both, now and then
-// service CIDRs and masquerade-all.
+// another local-traffic detection (node CIDRs of one or both families, a
+// bridge, an interface name prefix), service CIDRs and masquerade-all.
 func (g *Gen) Node() servicelb.NodeConfig {
 	n := servicelb.NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{v4(192, 0, 2, 1)}}
 	if g.chance(0.2) {
@@ -92,8 +93,28 @@ func (g *Gen) Node() servicelb.NodeConfig {
 	if g.chance(0.3) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	}
+	n.DetectLocal = DetectLocal(g.rng)
 	n.MasqueradeAll = g.chance(0.15)
 	return n
+}
+
+// DetectLocal returns a random local-traffic detection: the default (by
+// cluster CIDRs) most of the time, else node CIDRs of one or both
+// families, a bridge or an interface name prefix, each of two.
+func DetectLocal(r *rand.Rand) servicelb.DetectLocal {
+	switch r.IntN(8) {
+	case 0:
+		d := servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+		if r.IntN(2) == 0 {
+			d.NodeCIDRs = append(d.NodeCIDRs, netip.MustParsePrefix("fd00:244:1::/64"))
+		}
+		return d
+	case 1:
+		return servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: []string{"cbr0", "cni0"}[r.IntN(2)]}
+	case 2:
+		return servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: []string{"veth", "cali"}[r.IntN(2)]}
+	}
+	return servicelb.DetectLocal{}
 }
 
 // Service returns a random valid service named name.

@@ -67,6 +67,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/conntrack"
+	"github.com/kproxy-dev/kproxy/internal/privilege"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -291,7 +292,7 @@ func (e *Engine) wrap(err error) error {
 	if errors.As(err, &ve) {
 		return err
 	}
-	return fmt.Errorf("%s: sync: %w", e.o.Name, err)
+	return privilege.Check(fmt.Errorf("%s: sync: %w", e.o.Name, err))
 }
 
 // once is one attempt at a sync.

@@ -271,3 +271,46 @@ func TestApplierVerify(t *testing.T) {
 	verify("after the repair", true, false)
 	require.Equal(t, render(want[natT]), saveNAT(t, h))
 }
+
+// interruptingConn reports every chain listing as interrupted by another
+// writer's commit, as a listing of a big table is while a firewall
+// manager commits, and can add a chain the table does not hold.
+type interruptingConn struct {
+	Conn
+	phantom bool
+}
+
+func (c *interruptingConn) Chains(ctx context.Context, fam nfnl.Family, table string) ([]nfnl.Chain, error) {
+	chains, err := c.Conn.Chains(ctx, fam, table)
+	if err != nil {
+		return chains, err
+	}
+	if c.phantom {
+		chains = append(chains, nfnl.Chain{Table: table, Name: "KT-PHANTOM"})
+	}
+	return chains, fmt.Errorf("list chains: %w", nfnl.ErrDumpInterrupted)
+}
+
+// TestInterruptedChainListing: a chain listing that another writer's
+// commit interrupted is used when the table's object count shows no chain
+// came or went (the commit was elsewhere), and refused when the count and
+// the listing disagree.
+func TestInterruptedChainListing(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "xtintr")
+	c, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	want := map[Table]*TableContent{natT: content(1, 2)}
+	ic := &interruptingConn{Conn: c}
+	a := NewApplier(ApplierOptions{Conn: ic, Owns: testOwns})
+	_, err = a.Reconcile(ctx, want)
+	require.NoError(t, err, "an interrupted listing of an unchanged table")
+	require.Equal(t, render(want[natT]), saveNAT(t, h))
+
+	ic.phantom = true
+	b := NewApplier(ApplierOptions{Conn: ic, Owns: testOwns})
+	_, err = b.Reconcile(ctx, want)
+	require.ErrorIs(t, err, nfnl.ErrDumpInterrupted, "a listing the table's count does not back was used")
+}

@@ -33,15 +33,28 @@ func (a *Applier) tableUse(ctx context.Context, t Table) (bool, uint32, error) {
 	return false, 0, nil
 }
 
+// dumpAttempts bounds the dumps of one chain that another writer's
+// commits interrupt: a chain's dump is short, so that another attempt
+// soon finds a gap between commits, where the dump of a whole table would
+// keep losing.
+const dumpAttempts = 8
+
 // dumpRules lists the rules of table t, or of one chain of it.
 func (a *Applier) dumpRules(ctx context.Context, t Table, chain string) ([]dumpedRule, error) {
 	var out []dumpedRule
-	var s signer
-	err := a.conn.EachRule(ctx, nfnl.Family(t.Family), string(t.Name), chain, func(r *nfnl.Rule) error {
-		d, err := s.fromDump(r)
-		out = append(out, d)
-		return err
-	})
+	var err error
+	for range dumpAttempts {
+		out = out[:0]
+		var s signer
+		err = a.conn.EachRule(ctx, nfnl.Family(t.Family), string(t.Name), chain, func(r *nfnl.Rule) error {
+			d, err := s.fromDump(r)
+			out = append(out, d)
+			return err
+		})
+		if !errors.Is(err, nfnl.ErrDumpInterrupted) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list rules of %s %s: %w", t, chain, err)
 	}
@@ -81,6 +94,16 @@ func (a *Applier) load(ctx context.Context, t Table) (*kernelTable, error) {
 	}
 	k.st.exists, k.st.use = true, use
 	chains, err := a.conn.Chains(ctx, nfnl.Family(t.Family), string(t.Name))
+	if errors.Is(err, nfnl.ErrDumpInterrupted) && chains != nil {
+		// Another writer committed while the chains were listed, most
+		// often to another table. The listing holds exactly the table's
+		// chains when their number is the table's object count, before
+		// and after: a commit that added or removed one of them would
+		// have moved it (iptables-nft's tables hold chains alone).
+		if _, after, uerr := a.tableUse(ctx, t); uerr == nil && after == use && uint32(len(chains)) == use {
+			err = nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list chains of %s: %w", t, err)
 	}

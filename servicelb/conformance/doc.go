@@ -15,19 +15,25 @@
 // (198.51.100.1, fd00:c::1, forwarding, with a default route through the
 // client so that its own flows to addresses it does not hold leave as a
 // router's do), Endpoints endpoint hosts (10.244.1.2 to 10.244.3.2 and
-// their IPv6 twins, all in the cluster CIDRs) and one more host in the
-// cluster CIDRs that plays a pod of the node. Every host serves TCP and
-// UDP (and SCTP, when asked) echo on TargetPort and AltTargetPort, and
-// names itself in its answer together with the client address it saw, so
-// a check learns which endpoint answered and whether the source was
-// masqueraded (the node's address on the endpoint's link) or kept.
+// their IPv6 twins, all in the cluster CIDRs) and two more hosts in the
+// cluster CIDRs that play pods of the node: Pod (10.244.4.2), in the
+// node's pod CIDRs (Env.NodeCIDRs) on a node link named PodLink, and
+// BridgedPod (10.244.5.2), which the node reaches through the bridge
+// PodBridge, so that each local-traffic detection (servicelb.DetectLocal;
+// a stage sets it with Stage.Node) recognises one, both or neither. Every
+// host serves TCP and UDP (and SCTP, when asked) echo on TargetPort and
+// AltTargetPort, and names itself in its answer together with the client
+// address it saw, so a check learns which endpoint answered and whether
+// the source was masqueraded (the node's address on the endpoint's link)
+// or kept.
 //
 // Each scenario has its own cluster, external and load-balancer IPs and
 // node ports (see Env), and syncs its own State over the previous one, so
 // that scenarios run one after the other on one proxier, exercising its
 // incremental syncs, and no flow of one meets the state of another. A
-// check asks from the outside client (Outside, OutsideAt), the pod (Pod),
-// the node (Node) or an endpoint (Endpoint, for hairpin), to a frontend
+// check asks from the outside client (Outside, OutsideAt), a pod (Pod,
+// BridgedPod), the node (Node) or an endpoint (Endpoint, for hairpin, or
+// as a host of the cluster CIDRs that is no pod of the node), to a frontend
 // (ClusterIP, NodePort, ExternalIP, LoadBalancerIP, Unallocated), over
 // each family and protocol, and expects Reach (with Masqueraded,
 // Preserved, Spread, Sticky or Shares), Refused (an ICMP port unreachable,
@@ -51,8 +57,8 @@
 //		}, conformance.Options{})
 //	}
 //
-// It needs root and a kernel with network namespaces, veth and whatever
-// the backend itself needs; it creates namespaces named "kpt-<pid>-..."
+// It needs root and a kernel with network namespaces, veth, bridges and
+// whatever the backend itself needs; it creates namespaces named "kpt-<pid>-..."
 // and removes them, and never touches the caller's namespace. The
 // backend's Capabilities decide which scenarios apply: a scenario that
 // needs a feature the backend does not declare (servicelb.Features), or a
@@ -67,6 +73,15 @@
 // start. Options.Protocols adds SCTP where the kernel has it;
 // Options.Run selects scenarios by name; the timeouts grow under
 // emulation.
+//
+// A backend that balances at the socket layer (package ebpf) sees the
+// flows of the processes in a cgroup, not packets: Backend.Cgroup names
+// the cgroup v2 directory its hooks are attached to, and the asks of the
+// node and of the pod then come from a process inside it (see
+// netnstest.StartCgroup; the test binary's TestMain calls
+// netnstest.Main). A refusal at the socket (ECONNREFUSED before any
+// packet is sent) counts as Refused for those asks, as a drop at the
+// socket (EPERM) counts as Dropped for every ask.
 //
 // A failed check names the scenario, the family, protocol, origin and
 // frontend, and what happened instead (the endpoint that answered, the

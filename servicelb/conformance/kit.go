@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +30,16 @@ type Backend struct {
 	// scenarios that restart the proxier, after closing the previous one
 	// (io.Closer) without Cleanup. It fails the test itself on error.
 	New func(t testing.TB, ns netns.NsHandle) servicelb.Proxier
+	// Cgroup, when set, is a cgroup v2 directory that the backend's
+	// socket hooks are attached to. The asks from the node and from the
+	// pod then run in a process inside it (netnstest.Cgroup), as the
+	// node's own processes and its workloads would; the outside client
+	// and the endpoint hosts ask from outside it, as hosts and workloads
+	// the hooks do not see. For those asks a refusal at the socket (a
+	// connect failing at once with ECONNREFUSED, no packet sent) counts
+	// as Refused, as a drop at the socket (EPERM) counts as Dropped. The
+	// package's TestMain must call netnstest.Main.
+	Cgroup string
 }
 
 // Options tune a run.
@@ -59,16 +70,26 @@ func (o Options) withDefaults() Options {
 }
 
 // Topology of a run: backends 0 to Endpoints-1 serve the scenarios'
-// services, and one more backend host, in the cluster CIDRs, is the pod
-// that asks as FromPod.
+// services, and two more backend hosts, in the cluster CIDRs, are pods of
+// the node: the pod that asks as FromPod (Pod), on a link of its own name
+// (PodLink), and another behind the bridge PodBridge (BridgedPod).
 const (
 	// Endpoints is the number of endpoint hosts a scenario may use.
-	Endpoints = 3
-	podHost   = Endpoints
+	Endpoints      = 3
+	podHost        = Endpoints
+	bridgedPodHost = Endpoints + 1
 	// TargetPort is the port the endpoint hosts serve, and AltTargetPort a
 	// second one.
 	TargetPort    = 8080
 	AltTargetPort = 8081
+	// PodLinkPrefix starts the name of the node's link to Pod (PodLink):
+	// the prefix of the InterfaceNamePrefix scenarios, which no other
+	// link of the node shares.
+	PodLinkPrefix = "pod"
+	PodLink       = PodLinkPrefix + "0"
+	// PodBridge is the bridge the node reaches BridgedPod through: the
+	// interface of the BridgeInterface scenarios.
+	PodBridge = "cbr0"
 )
 
 // Run drives the backend through every scenario that applies to it (see
@@ -108,18 +129,22 @@ type lab struct {
 	p  servicelb.Proxier
 	// caps are the backend's, as the first proxier declared them.
 	caps servicelb.Capabilities
+	// cg runs the asks of the node and the pod, with Backend.Cgroup.
+	cg *netnstest.Cgroup
 	// added are the client's extra addresses so far.
 	added map[netip.Addr]bool
 }
 
 func newLab(t *testing.T, b Backend, o Options) *lab {
 	t.Helper()
-	features := []string{"veth"}
+	features := []string{"veth", "bridge"}
 	if slices.Contains(o.Protocols, servicelb.SCTP) {
 		features = append(features, "sctp")
 	}
 	netnstest.Require(t, features...)
-	tp := netnstest.New(t, netnstest.Options{Backends: Endpoints + 1})
+	tp := netnstest.New(t, netnstest.Options{Backends: Endpoints + 2, Links: map[int]netnstest.Link{
+		podHost: {Name: PodLink}, bridgedPodHost: {Bridge: PodBridge},
+	}})
 	for _, h := range tp.Backends {
 		for _, p := range o.Protocols {
 			h.Serve(t, p.Lower(), TargetPort)
@@ -131,6 +156,9 @@ func newLab(t *testing.T, b Backend, o Options) *lab {
 	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv4)
 	tp.Node.AddRoute(t, netip.Prefix{}, tp.Client.IPv6)
 	l := &lab{b: b, o: o, tp: tp, added: map[netip.Addr]bool{}}
+	if b.Cgroup != "" {
+		l.cg = netnstest.StartCgroup(t, b.Cgroup)
+	}
 	l.p = b.New(t, tp.Node.NS)
 	l.caps = l.p.Capabilities()
 	t.Cleanup(func() { l.close() })
@@ -275,6 +303,8 @@ func (l *lab) tasks(t *testing.T, c Check) []task {
 type asker struct {
 	h    *netnstest.Host
 	from netip.Addr // zero: the host's own
+	// cg, when set, runs the asks in the backend's cgroup.
+	cg *netnstest.Cgroup
 }
 
 func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
@@ -297,9 +327,11 @@ func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
 		}
 		return asker{h: l.tp.Client, from: a}
 	case fromPod:
-		return asker{h: l.tp.Backends[podHost]}
+		return asker{h: l.tp.Backends[podHost], cg: l.cg}
+	case fromBridgedPod:
+		return asker{h: l.tp.Backends[bridgedPodHost], cg: l.cg}
 	case fromNode:
-		return asker{h: l.tp.Node}
+		return asker{h: l.tp.Node, cg: l.cg}
 	}
 	return asker{h: l.tp.Backends[fr.n]}
 }
@@ -330,6 +362,8 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 		var ae *netnstest.AskError
 		if !(errors.Is(err, netnstest.ErrRefused) || errors.Is(err, netnstest.ErrFiltered)) || !errors.As(err, &ae) {
 			t.Errorf("%s: %v, want refused with an ICMP port unreachable", what, errText(err))
+		} else if a.cg != nil && ae.AtSocket && errors.Is(err, syscall.ECONNREFUSED) {
+			// Refused by the socket hooks: nothing was sent.
 		} else if ae.ICMP == nil || !ae.ICMP.PortUnreachable() {
 			t.Errorf("%s: refused by %v, want an ICMP port unreachable", what, refusalText(ae))
 		}
@@ -403,6 +437,9 @@ func (l *lab) askOpts(a asker, session uint16, timeout time.Duration, extra ...n
 	}
 	if session != 0 {
 		opts = append(opts, netnstest.FromPort(session))
+	}
+	if a.cg != nil {
+		opts = append(opts, netnstest.InCgroup(a.cg))
 	}
 	return opts
 }

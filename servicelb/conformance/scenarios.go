@@ -16,7 +16,8 @@ import (
 func Scenarios() []Scenario {
 	return slices.Concat(clusterIPScenarios(), internalPolicyScenarios(), nodePortScenarios(),
 		externalIPScenarios(), loadBalancerScenarios(), sourceRangeScenarios(), affinityScenarios(),
-		hairpinScenarios(), topologyScenarios(), staleFlowScenarios(), conflictScenarios(), schedulerScenarios())
+		hairpinScenarios(), topologyScenarios(), staleFlowScenarios(), conflictScenarios(), schedulerScenarios(),
+		detectLocalScenarios())
 }
 
 // c builds a check.
@@ -477,6 +478,94 @@ func staleFlowScenarios() []Scenario {
 			{Restart: true, Services: One(func() []servicelb.Endpoint { return RemoteEps(1) }), Expect: []Check{udpSession(Reach(1))}},
 		}},
 	}
+}
+
+// The kube-proxy code the local-traffic detection scenarios follow: the
+// detector each mode builds, whose IfLocal and IfNotLocal matches the
+// proxiers put in their pod short-circuit and their masquerade of traffic
+// from off the cluster.
+const (
+	followDetectRules       = "; iptables (*Proxier).syncProxyRules: KUBE-EXT pod short-circuit (IfLocal), KUBE-SVC masquerade of the rest (IfNotLocal)"
+	followDetectClusterCIDR = "proxyutil.NewDetectLocalByCIDR with the cluster CIDR (getLocalDetector, --detect-local-mode=ClusterCIDR)" + followDetectRules
+	followDetectNodeCIDR    = "proxyutil.NewDetectLocalByCIDR with the Node's spec.podCIDRs (getLocalDetector, --detect-local-mode=NodeCIDR)" + followDetectRules
+	followDetectBridge      = "proxyutil.NewDetectLocalByBridgeInterface: -i <bridge>, iifname (getLocalDetector, --detect-local-mode=BridgeInterface)" + followDetectRules
+	followDetectPrefix      = "proxyutil.NewDetectLocalByInterfaceNamePrefix: -i <prefix>+, iifname \"<prefix>*\" (getLocalDetector, --detect-local-mode=InterfaceNamePrefix)" + followDetectRules
+)
+
+// The node's detections in the scenarios' topology.
+func detectNodeCIDR(n *servicelb.NodeConfig, e *Env) {
+	n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: e.NodeCIDRs()}
+}
+
+func detectBridge(n *servicelb.NodeConfig, _ *Env) {
+	n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: PodBridge}
+}
+
+func detectPrefix(n *servicelb.NodeConfig, _ *Env) {
+	n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: PodLinkPrefix}
+}
+
+func detectClusterCIDR(n *servicelb.NodeConfig, _ *Env) {
+	n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalByClusterCIDR}
+}
+
+// detected are the checks of a pod the node's detection recognises, to a
+// service under the external Local policy without a local endpoint on
+// endpoints 1 and 2 (detectService): the pod short-circuits to the
+// cluster set, unmasqueraded, through the node port as through the
+// cluster IP.
+func detected(pod From) []Check {
+	return []Check{
+		c(pod, NodePort, Reach(1, 2).Preserved()),
+		c(pod, ClusterIP, Reach(1, 2).Preserved()),
+	}
+}
+
+// undetected are the checks of a host the detection does not recognise,
+// to the same service: it is outside, dropped at the node port for want of
+// a local endpoint, and masqueraded to the cluster IP.
+func undetected(host From) []Check {
+	return []Check{
+		c(host, NodePort, Dropped()),
+		c(host, ClusterIP, Reach(1, 2).Masqueraded()),
+	}
+}
+
+// outsideAndNode are the checks of the client outside and the node, which
+// no detection makes a pod: the node short-circuits masqueraded.
+func outsideAndNode() []Check {
+	return []Check{
+		c(Outside, NodePort, Dropped()), c(Outside, ClusterIP, Reach(1, 2).Masqueraded()),
+		c(Node, NodePort, Reach(1, 2).Masqueraded()), c(Node, ClusterIP, Reach(1, 2).Masqueraded()),
+	}
+}
+
+// detectService is a service under the external Local policy with a node
+// port and no local endpoint: pods and outside clients meet different
+// verdicts at both frontends.
+func detectService() func(*Env) []servicelb.Service {
+	return One(func() []servicelb.Endpoint { return RemoteEps(1, 2) }, WithNodePort(), ExternalLocal())
+}
+
+func detectLocalScenarios() []Scenario {
+	sc := []Scenario{
+		oneNode("detect-local/cluster-cidr-every-pod", followDetectClusterCIDR, detectClusterCIDR, detectService(),
+			slices.Concat(detected(Pod), detected(BridgedPod), outsideAndNode())...),
+		oneNode("detect-local/node-cidr-only-the-nodes-pods", followDetectNodeCIDR, detectNodeCIDR, detectService(),
+			slices.Concat(detected(Pod), undetected(BridgedPod), undetected(Endpoint(0)), outsideAndNode())...),
+		needs(servicelb.FeatureLocalByInterface, oneNode("detect-local/bridge-interface", followDetectBridge, detectBridge, detectService(),
+			slices.Concat(detected(BridgedPod), undetected(Pod), outsideAndNode())...)),
+		needs(servicelb.FeatureLocalByInterface, oneNode("detect-local/interface-name-prefix", followDetectPrefix, detectPrefix, detectService(),
+			slices.Concat(detected(Pod), undetected(BridgedPod), undetected(Endpoint(0)), outsideAndNode())...)),
+		needs(servicelb.FeatureLocalByInterface, Scenario{Name: "detect-local/changes", Follows: "kube-proxy restarted with another --detect-local-mode: " +
+			"the rules of every service follow the new detector", Stages: []Stage{
+			{Node: detectBridge, Services: detectService(), Expect: slices.Concat(detected(BridgedPod), undetected(Pod))},
+			{Node: detectPrefix, Services: detectService(), Expect: slices.Concat(detected(Pod), undetected(BridgedPod))},
+			{Node: detectNodeCIDR, Services: detectService(), Expect: slices.Concat(detected(Pod), undetected(BridgedPod))},
+			{Services: detectService(), Expect: slices.Concat(detected(Pod), detected(BridgedPod))},
+		}}),
+	}
+	return sc
 }
 
 func conflictScenarios() []Scenario {

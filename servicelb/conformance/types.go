@@ -59,7 +59,10 @@ func unsupportedScheduler(c *servicelb.Capabilities) servicelb.Scheduler {
 // Stage is one state of a scenario and its checks.
 type Stage struct {
 	// Node edits the node config; the base is NodeName "node", the node's
-	// addresses as NodeIPs and the cluster CIDRs of the topology.
+	// addresses as NodeIPs and the cluster CIDRs of the topology, with the
+	// default local-traffic detection (by the cluster CIDRs). Set
+	// DetectLocal to another with Env.NodeCIDRs, PodLinkPrefix or
+	// PodBridge.
 	Node func(n *servicelb.NodeConfig, e *Env)
 	// Services returns the services to sync.
 	Services func(e *Env) []servicelb.Service
@@ -108,15 +111,22 @@ const (
 	fromPod
 	fromNode
 	fromEndpoint
+	fromBridgedPod
 )
 
 // The origins: Outside is the client outside the cluster CIDRs
 // (198.51.100.2, fd00:c::2), Pod a workload host of this node inside them
-// that is not an endpoint, Node the node itself.
+// that is not an endpoint (10.244.4.2, fd00:244:4::2, in the node's pod
+// CIDRs, Env.NodeCIDRs, on the node's link PodLink), Node the node
+// itself. BridgedPod is another workload host of this node in the cluster
+// CIDRs but outside the node's pod CIDRs (10.244.5.2, fd00:244:5::2),
+// which the node reaches through the bridge PodBridge: the interface
+// detections tell the two pods apart.
 var (
-	Outside = From{kind: fromOutside}
-	Pod     = From{kind: fromPod}
-	Node    = From{kind: fromNode}
+	Outside    = From{kind: fromOutside}
+	Pod        = From{kind: fromPod}
+	Node       = From{kind: fromNode}
+	BridgedPod = From{kind: fromBridgedPod}
 )
 
 // OutsideAt is the outside client using its n-th extra address
@@ -137,6 +147,8 @@ func (f From) String() string {
 		return "pod"
 	case fromNode:
 		return "node"
+	case fromBridgedPod:
+		return "bridged pod"
 	}
 	return fmt.Sprintf("endpoint %d", f.n)
 }
@@ -370,6 +382,16 @@ func (e *Env) NodePortOf(i int) uint16 { return uint16(30000 + e.idx*8 + i) }
 
 // ServicePort is the port of every service of the scenarios.
 const ServicePort = 80
+
+// NodeCIDRs returns the node's pod CIDRs, for the NodeCIDR detection: the
+// subnets of Pod (10.244.4.0/24, fd00:244:4::/64). The endpoints and
+// BridgedPod lie outside them, in the cluster CIDRs.
+func (e *Env) NodeCIDRs() []netip.Prefix {
+	return []netip.Prefix{
+		netip.PrefixFrom(netnstest.BackendIPv4(podHost), 24).Masked(),
+		netip.PrefixFrom(netnstest.BackendIPv6(podHost), 64).Masked(),
+	}
+}
 
 // NodeIP returns the node's address of family f.
 func (e *Env) NodeIP(f servicelb.Family) netip.Addr {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,9 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/healthcheck"
+	"github.com/kproxy-dev/kproxy/ipvs"
+	"github.com/kproxy-dev/kproxy/nodeaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -54,6 +58,14 @@ type Agent struct {
 	runner  *servicelb.Runner
 	metrics *Metrics
 	ns      netns.NsHandle
+	// node is the node config; LocalIPs follow the namespace's addresses
+	// (nodeaddr) while Run runs.
+	node servicelb.NodeConfig
+	// proxyHealth judges and serves the proxy's health; services serves
+	// the health check node ports, nil when off.
+	proxyHealth *healthcheck.Proxy
+	services    *healthcheck.Services
+	healthErrs  map[string]string // ports not opened, by service: reported once
 
 	first     chan error // the first sync's result, for --once
 	firstOnce sync.Once
@@ -74,11 +86,30 @@ func New(o Options) (*Agent, error) {
 	if err := a.openNS(); err != nil {
 		return nil, err
 	}
+	if !a.cfg.DryRun && o.Dataplane == nil {
+		if err := a.tuneConntrack(); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	if !a.cfg.DryRun {
+		// The first sync serves node ports on every address already;
+		// Run follows the changes.
+		if node.LocalIPs, err = nodeaddr.List(a.addrOptions()); err != nil {
+			a.Close()
+			return nil, fmt.Errorf("node addresses: %w", err)
+		}
+	}
+	a.node = node
 	if err := a.openDataplane(o, node); err != nil {
 		a.Close()
 		return nil, err
 	}
 	a.metrics = NewMetrics(a.cfg.Backend, a.health)
+	if err := a.openHealth(node); err != nil {
+		a.Close()
+		return nil, err
+	}
 	ro := a.cfg.RunnerOptions(node)
 	ro.Logger = a.log
 	ro.Hooks = a.hooks()
@@ -87,6 +118,55 @@ func New(o Options) (*Agent, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// tuneConntrack applies the --conntrack-* settings in the agent's
+// namespace, as kube-proxy does at start.
+func (a *Agent) tuneConntrack() error {
+	ns := a.ns
+	if !ns.IsOpen() {
+		ns = 0
+	}
+	changed, err := a.cfg.Conntrack.Apply(ns)
+	for _, c := range changed {
+		a.log.Info("conntrack setting changed", "sysctl", c.Name, "value", c.Value, "was", c.Old)
+	}
+	if err != nil {
+		return fmt.Errorf("--conntrack-*: %w", err)
+	}
+	return nil
+}
+
+// addrOptions says whose addresses are the node's: the agent's
+// namespace, but the addresses of an IPVS proxier's dummy link.
+func (a *Agent) addrOptions() nodeaddr.Options {
+	ns := a.ns
+	if !ns.IsOpen() {
+		ns = 0
+	}
+	o := nodeaddr.Options{NetNS: ns, Logger: a.log}
+	if a.cfg.Backend == "ipvs" {
+		o.ExcludeInterfaces = []string{ipvs.DefaultInterface}
+	}
+	return o
+}
+
+// followAddresses keeps the node's LocalIPs equal to the addresses of the
+// namespace's interfaces (those of an IPVS proxier's dummy link left
+// out), so that node ports are served on an address from the sync after
+// it appears, until ctx ends.
+func (a *Agent) followAddresses(ctx context.Context) error {
+	w := nodeaddr.Watcher{Options: a.addrOptions()}
+	return w.Run(ctx, func(addrs []netip.Addr) {
+		node := a.node
+		node.LocalIPs = addrs
+		if err := a.runner.SetNode(node); err != nil {
+			a.log.Error("the node's addresses changed, but the node config they make is refused", "addresses", addrs, "err", err)
+			return
+		}
+		a.node = node
+		a.log.Info("node addresses", "addresses", addrs)
+	})
 }
 
 func (a *Agent) openNS() error {
@@ -105,8 +185,80 @@ func (a *Agent) openNS() error {
 	return nil
 }
 
+// openHealth prepares the proxy's health and, unless a dry run or turned
+// off, the services' health check node ports, served in the agent's
+// namespace on the node-port addresses as kube-proxy serves them: those
+// --nodeport-addresses selects, else every address.
+func (a *Agent) openHealth(node servicelb.NodeConfig) error {
+	var err error
+	a.proxyHealth, err = healthcheck.NewProxy(healthcheck.ProxyOptions{
+		Health: a.health, Addr: a.cfg.HealthzBindAddress, NetNS: a.ns, Timeout: a.cfg.HealthTimeout(), Logger: a.log,
+	})
+	if err != nil {
+		return err
+	}
+	if !a.cfg.ServiceHealthChecks || a.cfg.DryRun {
+		return nil
+	}
+	var addrs []netip.Addr
+	if len(node.NodePortAddresses) > 0 || node.NodePortPrimary {
+		for _, a := range append(node.NodePortIPs(servicelb.IPv4), node.NodePortIPs(servicelb.IPv6)...) {
+			if a != servicelb.Localhost {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	a.services = healthcheck.NewServices(healthcheck.ServicesOptions{
+		NetNS: a.ns, Addrs: addrs, ProxyHealthy: a.proxyHealth.Live, Logger: a.log,
+	})
+	a.healthErrs = map[string]string{}
+	return nil
+}
+
+// syncHealth brings the health check node ports in line with an applied
+// state, and reports a port it cannot open as an invalid object, once per
+// distinct error.
+func (a *Agent) syncHealth(st *servicelb.State) {
+	if a.services == nil {
+		return
+	}
+	err := a.services.Sync(st)
+	failed := map[string]error{}
+	for _, e := range splitErrors(err) {
+		var le *healthcheck.ListenError
+		if errors.As(e, &le) {
+			failed[le.Service] = e
+		} else {
+			a.log.Error("health check node ports", "err", e)
+		}
+	}
+	report := a.reporter("healthcheck")
+	for name, e := range failed {
+		if a.healthErrs[name] != e.Error() {
+			a.healthErrs[name] = e.Error()
+			report(name, e)
+		}
+	}
+	for name := range a.healthErrs {
+		if failed[name] == nil {
+			delete(a.healthErrs, name)
+		}
+	}
+}
+
+// splitErrors returns the errors joined in err.
+func splitErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
@@ -134,6 +286,11 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 
 func (a *Agent) hooks() servicelb.Hooks {
 	h := a.metrics.Hooks()
+	applied := h.Applied
+	h.Applied = func(st *servicelb.State) {
+		applied(st)
+		a.syncHealth(st)
+	}
 	synced := h.Synced
 	h.Synced = func(r servicelb.SyncResult) {
 		synced(r)
@@ -177,9 +334,13 @@ func (a *Agent) Dataplane() servicelb.Proxier { return a.dp }
 // Metrics returns the agent's metrics.
 func (a *Agent) Metrics() *Metrics { return a.metrics }
 
-// Close releases the backend's sockets and the namespace handle. The
-// kernel state stays (see Config.Cleanup).
+// Close closes the health check node ports, releases the backend's
+// sockets and the namespace handle. The kernel state stays (see
+// Config.Cleanup).
 func (a *Agent) Close() {
+	if a.services != nil {
+		_ = a.services.Close()
+	}
 	if c, ok := a.dp.(io.Closer); ok {
 		if err := c.Close(); err != nil {
 			a.log.Warn("closing the backend", "err", err)
@@ -203,6 +364,20 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 			return err
 		}
 	}
+	if a.cfg.HealthzBindAddress != "" && !a.cfg.DryRun {
+		wg.Go(func() {
+			if err := a.proxyHealth.Run(ctx); err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("--healthz-bind-address: %w", err))
+			}
+		})
+	}
+	if !a.cfg.DryRun {
+		wg.Go(func() {
+			if err := a.followAddresses(ctx); err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("node addresses: %w", err))
+			}
+		})
+	}
 	wg.Go(func() { _ = a.runner.Run(ctx) })
 	for _, s := range sources {
 		dst := a.runner.Source(s.Name())
@@ -224,6 +399,9 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 	}
 	<-ctx.Done()
 	wg.Wait()
+	if a.services != nil {
+		_ = a.services.Close()
+	}
 	err := context.Cause(ctx)
 	var once errOnce
 	switch {
@@ -267,7 +445,7 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	if err != nil {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
-	srv := &http.Server{Handler: Handler(a.metrics, a.health, a.cfg.HealthzTimeout), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: Handler(a.metrics, a.health, a.cfg.HealthTimeout()), ReadHeaderTimeout: 5 * time.Second}
 	a.log.Info("serving metrics", "addr", ln.Addr().String())
 	wg.Go(func() { _ = srv.Serve(ln) })
 	wg.Go(func() {

@@ -12,16 +12,23 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/conntrack"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
 )
 
+// defaults returns the flags' defaults, but with nothing listening: the
+// tests that want the health servers say where.
 func defaults() Config {
 	var c Config
 	fs := newFlagSet()
 	c.RegisterFlags(fs)
+	c.HealthzBindAddress, c.ServiceHealthChecks = "", false
 	return c
 }
 
@@ -58,7 +65,7 @@ func TestNode(t *testing.T) {
 }
 
 func TestBackendSelection(t *testing.T) {
-	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of iptables, ipvs, nftables, userspace") {
+	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of ebpf, iptables, ipvs, nftables, userspace") {
 		t.Errorf("Open(bogus) = %v", err)
 	}
 	// Whatever this kernel has, an error names the backend and what is
@@ -72,8 +79,8 @@ func TestBackendSelection(t *testing.T) {
 		if !strings.HasPrefix(msg, name+":") {
 			t.Errorf("Open(%s) = %q, want it to start with the backend's name", name, msg)
 		}
-		if !errors.Is(err, ErrNoBackend) && !errors.Is(err, ErrUnsupported) && !strings.Contains(msg, "CAP_NET_ADMIN") {
-			t.Errorf("Open(%s) = %q: neither a missing backend, missing kernel support nor missing privilege", name, msg)
+		if !errors.Is(err, ErrNoBackend) && !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrOptions) && !strings.Contains(msg, "CAP_NET_ADMIN") {
+			t.Errorf("Open(%s) = %q: neither a missing backend, missing kernel support, a missing option nor missing privilege", name, msg)
 		}
 		if errors.Is(err, ErrUnsupported) && !strings.Contains(msg, "CONFIG_") {
 			t.Errorf("Open(%s) = %q: does not name the kernel option", name, msg)
@@ -211,4 +218,81 @@ type failing struct{}
 func (failing) Name() string { return "broken" }
 func (failing) Run(context.Context, *servicelb.Source, Reporter) error {
 	return errors.New("it broke")
+}
+
+// TestNodePortAndConntrackFlags: --nodeport-addresses takes CIDRs and
+// "primary", --localhost-nodeports and the --conntrack-* flags reach the
+// node config and the tuning; a bad value names its flag.
+func TestNodePortAndConntrackFlags(t *testing.T) {
+	var c Config
+	fs := newFlagSet()
+	c.RegisterFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--node-ips=10.0.0.1", "--nodeport-addresses=primary, 192.0.2.0/24", "--localhost-nodeports",
+		"--conntrack-max-per-core=32768", "--conntrack-min=131072", "--conntrack-tcp-timeout-established=24h",
+		"--conntrack-tcp-timeout-close-wait=1h", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m"}))
+	n, err := c.Node()
+	require.NoError(t, err)
+	assert.True(t, n.NodePortPrimary)
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, n.NodePortAddresses)
+	assert.True(t, n.LocalhostNodePorts)
+	assert.Equal(t, conntrack.Tuning{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: 24 * time.Hour,
+		TCPCloseWaitTimeout: time.Hour, TCPBeLiberal: true, UDPTimeout: 30 * time.Second, UDPStreamTimeout: 2 * time.Minute}, c.Conntrack)
+
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodeport-addresses=10.0.0.1/8"}, "--nodeport-addresses"},
+		{[]string{"--nodeport-addresses=primray"}, "--nodeport-addresses"},
+		{[]string{"--conntrack-udp-timeout=1500ms"}, "--conntrack-*"},
+	} {
+		var c Config
+		fs := newFlagSet()
+		c.RegisterFlags(fs)
+		require.NoError(t, fs.Parse(bad.args))
+		_, err := c.Node()
+		require.Error(t, err, "%v", bad.args)
+		assert.Contains(t, err.Error(), bad.want)
+	}
+}
+
+// TestNodeDetectLocal: the local-traffic detection flags, with
+// kube-proxy's names, become the node's DetectLocal; a mode without its
+// parameter, a parameter of another mode or a malformed one is refused
+// with the field servicelb names.
+func TestNodeDetectLocal(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(*Config)
+		want  servicelb.DetectLocal
+		error string
+	}{
+		{"default", func(*Config) {}, servicelb.DetectLocal{}, ""},
+		{"node CIDRs", func(c *Config) { c.DetectLocalMode, c.NodeCIDRs = "NodeCIDR", "10.244.1.0/24, fd00:244:1::/64" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{
+				netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}}, ""},
+		{"bridge", func(c *Config) { c.DetectLocalMode, c.PodBridgeInterface = "BridgeInterface", "cbr0" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"}, ""},
+		{"prefix", func(c *Config) { c.DetectLocalMode, c.PodInterfaceNamePrefix = "InterfaceNamePrefix", "veth" },
+			servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"}, ""},
+		{"unknown mode", func(c *Config) { c.DetectLocalMode = "Bridge" }, servicelb.DetectLocal{}, "detectLocal.mode"},
+		{"bridge without mode", func(c *Config) { c.PodBridgeInterface = "cbr0" }, servicelb.DetectLocal{}, "detectLocal.bridgeInterface"},
+		{"mode without bridge", func(c *Config) { c.DetectLocalMode = "BridgeInterface" }, servicelb.DetectLocal{}, "detectLocal.bridgeInterface"},
+		{"malformed node CIDR", func(c *Config) { c.DetectLocalMode, c.NodeCIDRs = "NodeCIDR", "10.244.1.0/33" }, servicelb.DetectLocal{}, "--node-cidrs"},
+		{"long bridge name", func(c *Config) { c.DetectLocalMode, c.PodBridgeInterface = "BridgeInterface", "a-very-long-bridge" },
+			servicelb.DetectLocal{}, "name too long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := defaults()
+			tc.edit(&c)
+			n, err := c.Node()
+			if tc.error != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.error)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, n.DetectLocal)
+		})
+	}
 }

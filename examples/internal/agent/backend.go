@@ -42,6 +42,9 @@ type BackendOptions struct {
 	// Node is the node the states are compiled for.
 	Node   servicelb.NodeConfig
 	Logger *slog.Logger
+	// Cgroup and PinPath are the ebpf backend's (Config.Cgroup,
+	// Config.BPFPinPath).
+	Cgroup, PinPath string
 }
 
 // ErrNoBackend: the backend is named right but this build has no
@@ -50,6 +53,9 @@ var ErrNoBackend = errors.New("backend not available in this build of kproxy")
 
 // ErrUnsupported: the kernel lacks what the backend needs.
 var ErrUnsupported = errors.New("kernel support missing")
+
+// ErrOptions: the backend needs a flag that is not set.
+var ErrOptions = errors.New("backend option missing")
 
 type backend struct {
 	// probe checks the kernel's support in the namespace, with a message
@@ -67,6 +73,7 @@ var backends = map[string]backend{
 	"nftables":  {probe: probeNFTables("nftables"), open: openNFTables},
 	"iptables":  {probe: probeNFTables("iptables"), open: openIPTables},
 	"ipvs":      {probe: probeIPVS, open: openIPVS, render: renderIPVS},
+	"ebpf":      {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF},
 	"userspace": {probe: probeUserspace, open: openUserspace},
 }
 

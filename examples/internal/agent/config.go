@@ -1,7 +1,9 @@
 // Package agent is what the example node agents share: their common flags,
 // the choice of dataplane backend with a probe of the kernel's support,
-// dry runs, Prometheus metrics and /healthz, logging, and the run loop that
-// drives a servicelb.Runner from the agent's sources until a signal.
+// dry runs, Prometheus metrics (kube-proxy's among them) and /healthz,
+// the proxy's health server and the services' health check node ports
+// (package healthcheck), logging, and the run loop that drives a
+// servicelb.Runner from the agent's sources until a signal.
 package agent
 
 import (
@@ -15,13 +17,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/conntrack"
+	"github.com/kproxy-dev/kproxy/healthcheck"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // Config holds the flags every agent shares.
 type Config struct {
-	// Backend is the dataplane: nftables, iptables, ipvs or userspace.
+	// Backend is the dataplane: nftables, iptables, ipvs, ebpf or userspace.
 	Backend string
+	// Cgroup is the cgroup v2 directory the ebpf backend attaches its
+	// socket hooks to: the root of the workloads' cgroups.
+	Cgroup string
+	// BPFPinPath is the directory on a bpf filesystem where the ebpf
+	// backend pins its maps and hooks, so that a restart adopts them.
+	BPFPinPath string
 	// DryRun prints the rules each sync would install instead of
 	// installing them.
 	DryRun bool
@@ -34,19 +44,38 @@ type Config struct {
 	NetNS string
 	// MetricsAddr, when set, serves /metrics and /healthz there.
 	MetricsAddr string
-	// HealthzTimeout is how long a change may wait before /healthz fails.
+	// HealthzBindAddress, when set, serves the proxy's /healthz and
+	// /livez there, in NetNS, as kube-proxy's --healthz-bind-address.
+	HealthzBindAddress string
+	// HealthzTimeout is how long a change may wait before the proxy is
+	// unhealthy; zero means twice MaxSyncInterval (HealthTimeout).
 	HealthzTimeout time.Duration
+	// ServiceHealthChecks serves the health check node port of every
+	// service that has one, in NetNS, on the node-port addresses.
+	ServiceHealthChecks bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 
-	NodeName          string
-	Zone              string
-	NodeIPs           string
-	NodePortAddresses string
-	NodePortRange     string
-	ClusterCIDRs      string
-	ServiceCIDRs      string
-	MasqueradeAll     bool
+	NodeName           string
+	Zone               string
+	NodeIPs            string
+	NodePortAddresses  string
+	NodePortRange      string
+	ClusterCIDRs       string
+	ServiceCIDRs       string
+	MasqueradeAll      bool
+	LocalhostNodePorts bool
+	// DetectLocalMode and its parameters say how the node tells its pods'
+	// traffic from outside traffic (servicelb.DetectLocal), with
+	// kube-proxy's flag names.
+	DetectLocalMode        string
+	NodeCIDRs              string
+	PodBridgeInterface     string
+	PodInterfaceNamePrefix string
+
+	// Conntrack is kube-proxy's conntrack tuning, applied at start in
+	// NetNS; the zero value writes nothing.
+	Conntrack conntrack.Tuning
 
 	MinSyncInterval time.Duration
 	MaxSyncInterval time.Duration
@@ -54,22 +83,40 @@ type Config struct {
 
 // RegisterFlags defines the shared flags on fs, with their defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables, ipvs or userspace")
+	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables, ipvs, ebpf (socket hooks paired with nftables) or userspace (listeners, no rules)")
+	fs.StringVar(&c.Cgroup, "cgroup", "", "ebpf: the cgroup v2 directory whose processes' sockets are balanced (the root of the workloads' cgroups)")
+	fs.StringVar(&c.BPFPinPath, "bpf-pin-path", "/sys/fs/bpf/kproxy", "ebpf: directory on a bpf filesystem for the maps and hooks, adopted on restart (empty: no pins)")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")
 	fs.BoolVar(&c.Once, "once", false, "exit after the first successful sync")
 	fs.BoolVar(&c.Cleanup, "cleanup", false, "remove the installed rules on exit (by default they stay, so that a restart drops no traffic)")
 	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /run/netns or a path (default: the agent's own)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and /healthz on this address, e.g. 127.0.0.1:10249 (default: off)")
-	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", time.Minute, "/healthz fails when a change has waited this long to be applied")
+	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", healthcheck.DefaultAddr, "serve the proxy's /healthz and /livez on this address, in the --netns namespace, as kube-proxy; empty turns it off")
+	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", 0, "the proxy is unhealthy when a change has waited this long to be applied (default: twice --max-sync-interval)")
+	fs.BoolVar(&c.ServiceHealthChecks, "health-check-node-ports", true, "serve the health check node port of each service that has one (externalTrafficPolicy: Local), in the --netns namespace, on the node-port addresses")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.NodeName, "node-name", "", "this node's name: endpoints with this node name are local")
 	fs.StringVar(&c.Zone, "zone", "", "this node's topology zone, for topology hints")
-	fs.StringVar(&c.NodeIPs, "node-ips", "", "comma-separated node addresses that serve node ports")
-	fs.StringVar(&c.NodePortAddresses, "nodeport-addresses", "", "comma-separated prefixes selecting the node IPs that serve node ports (default: all)")
+	fs.StringVar(&c.NodeIPs, "node-ips", "", "comma-separated primary addresses of the node (a Kubernetes Node's addresses)")
+	fs.StringVar(&c.NodePortAddresses, "nodeport-addresses", "", `comma-separated CIDRs selecting the local addresses that serve node ports, and "primary" for the --node-ips (default: every local address, followed as interfaces change)`)
+	fs.BoolVar(&c.LocalhostNodePorts, "localhost-nodeports", false, "serve node ports on 127.0.0.1 too, as kube-proxy's iptables mode (iptables backend only; sets route_localnet)")
+	fs.IntVar(&c.Conntrack.MaxPerCore, "conntrack-max-per-core", 0, "set nf_conntrack_max to this many per CPU (kube-proxy: 32768); 0 leaves it alone")
+	fs.IntVar(&c.Conntrack.Min, "conntrack-min", 0, "with --conntrack-max-per-core, the least nf_conntrack_max (kube-proxy: 131072)")
+	fs.DurationVar(&c.Conntrack.TCPEstablishedTimeout, "conntrack-tcp-timeout-established", 0, "set the conntrack timeout of established TCP flows (kube-proxy: 24h); 0 leaves it alone")
+	fs.DurationVar(&c.Conntrack.TCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", 0, "set the conntrack timeout of TCP flows in CLOSE_WAIT (kube-proxy: 1h); 0 leaves it alone")
+	fs.BoolVar(&c.Conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", false, "set nf_conntrack_tcp_be_liberal: out-of-window TCP packets are not marked invalid")
+	fs.DurationVar(&c.Conntrack.UDPTimeout, "conntrack-udp-timeout", 0, "set the conntrack timeout of UDP flows; 0 leaves it alone")
+	fs.DurationVar(&c.Conntrack.UDPStreamTimeout, "conntrack-udp-timeout-stream", 0, "set the conntrack timeout of UDP streams; 0 leaves it alone")
 	fs.StringVar(&c.NodePortRange, "nodeport-range", "30000-32767", "node port range, min-max")
 	fs.StringVar(&c.ClusterCIDRs, "cluster-cidrs", "", "comma-separated prefixes of the workloads' addresses; other sources are masqueraded")
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs")
+	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", "", "how traffic from this node's pods is told apart: ClusterCIDR (the default: a source in --cluster-cidrs), "+
+		"NodeCIDR (a source in --node-cidrs), BridgeInterface (it comes in on --pod-bridge-interface) or InterfaceNamePrefix "+
+		"(it comes in on an interface named --pod-interface-name-prefix...); traffic from elsewhere to cluster IPs is masqueraded")
+	fs.StringVar(&c.NodeCIDRs, "node-cidrs", "", "comma-separated pod CIDRs of this node, for --detect-local-mode=NodeCIDR")
+	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "the bridge this node's pods hang on, such as cbr0, for --detect-local-mode=BridgeInterface")
+	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "the start of the names of this node's interfaces to its pods, such as veth, for --detect-local-mode=InterfaceNamePrefix")
 	fs.DurationVar(&c.MinSyncInterval, "min-sync-interval", time.Second, "least time between two syncs; changes meanwhile are applied together")
 	fs.DurationVar(&c.MaxSyncInterval, "max-sync-interval", servicelb.DefaultMaxSyncInterval, "most time between two syncs; each checks the kernel state in depth and restores it")
 }
@@ -78,7 +125,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 func (c *Config) Node() (servicelb.NodeConfig, error) {
 	var n servicelb.NodeConfig
 	var errs []error
-	n.NodeName, n.Zone, n.MasqueradeAll = c.NodeName, c.Zone, c.MasqueradeAll
+	n.NodeName, n.Zone, n.MasqueradeAll, n.LocalhostNodePorts = c.NodeName, c.Zone, c.MasqueradeAll, c.LocalhostNodePorts
 	for _, s := range splitList(c.NodeIPs) {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
@@ -88,8 +135,8 @@ func (c *Config) Node() (servicelb.NodeConfig, error) {
 		n.NodeIPs = append(n.NodeIPs, a)
 	}
 	var err error
-	if n.NodePortAddresses, err = parsePrefixes("nodeport-addresses", c.NodePortAddresses); err != nil {
-		errs = append(errs, err)
+	if n.NodePortAddresses, n.NodePortPrimary, err = servicelb.ParseNodePortAddresses(splitList(c.NodePortAddresses)); err != nil {
+		errs = append(errs, fmt.Errorf("--nodeport-addresses: %w", err))
 	}
 	if n.ClusterCIDRs, err = parsePrefixes("cluster-cidrs", c.ClusterCIDRs); err != nil {
 		errs = append(errs, err)
@@ -97,8 +144,16 @@ func (c *Config) Node() (servicelb.NodeConfig, error) {
 	if n.ServiceCIDRs, err = parsePrefixes("service-cidrs", c.ServiceCIDRs); err != nil {
 		errs = append(errs, err)
 	}
+	n.DetectLocal = servicelb.DetectLocal{Mode: servicelb.LocalMode(c.DetectLocalMode),
+		BridgeInterface: c.PodBridgeInterface, InterfaceNamePrefix: c.PodInterfaceNamePrefix}
+	if n.DetectLocal.NodeCIDRs, err = parsePrefixes("node-cidrs", c.NodeCIDRs); err != nil {
+		errs = append(errs, err)
+	}
 	if n.NodePortRange, err = parseRange(c.NodePortRange); err != nil {
 		errs = append(errs, err)
+	}
+	if err := c.Conntrack.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--conntrack-*: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return n, err
@@ -154,6 +209,16 @@ func (c *Config) LoggerTo(w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// HealthTimeout returns how long a change may wait to be applied before
+// the proxy is unhealthy: --healthz-timeout, else twice
+// --max-sync-interval.
+func (c *Config) HealthTimeout() time.Duration {
+	if c.HealthzTimeout > 0 {
+		return c.HealthzTimeout
+	}
+	return healthcheck.DefaultTimeout(c.MaxSyncInterval)
 }
 
 // RunnerOptions returns the servicelb.RunnerOptions the flags describe.

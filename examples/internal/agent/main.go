@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // Program is one agent binary: its help text, its own flags and its
@@ -24,6 +28,11 @@ type Program struct {
 	Flags func(fs *flag.FlagSet)
 	// Sources returns the agent's sources once the flags are parsed.
 	Sources func(log *slog.Logger) ([]Source, error)
+	// NodeCIDRs, when set, returns the pod CIDRs of the named node from
+	// where the agent's sources know them (the Kubernetes agent reads its
+	// Node's spec.podCIDRs). It is asked, after Sources, under
+	// --detect-local-mode=NodeCIDR without --node-cidrs.
+	NodeCIDRs func(ctx context.Context, node string) ([]netip.Prefix, error)
 }
 
 // Main runs the program with the process's arguments until SIGINT or
@@ -76,6 +85,9 @@ func (p Program) start(ctx context.Context, cfg Config, log *slog.Logger, stdout
 	if err != nil {
 		return err
 	}
+	if err := p.nodeCIDRs(ctx, &cfg, log); err != nil {
+		return err
+	}
 	a, err := New(Options{Config: cfg, Logger: log, Stdout: stdout})
 	if err != nil {
 		return err
@@ -83,4 +95,26 @@ func (p Program) start(ctx context.Context, cfg Config, log *slog.Logger, stdout
 	defer a.Close()
 	log.Info("starting", "backend", cfg.Backend, "dryRun", cfg.DryRun, "netns", cfg.NetNS)
 	return a.Run(ctx, sources...)
+}
+
+// nodeCIDRs fills --node-cidrs from the program's NodeCIDRs when the
+// detection needs them and the flag does not give them.
+func (p Program) nodeCIDRs(ctx context.Context, cfg *Config, log *slog.Logger) error {
+	if p.NodeCIDRs == nil || cfg.DetectLocalMode != string(servicelb.LocalByNodeCIDR) || cfg.NodeCIDRs != "" {
+		return nil
+	}
+	if cfg.NodeName == "" {
+		return fmt.Errorf("--detect-local-mode=%s: --node-name names the node whose pod CIDRs to read (or give --node-cidrs)", servicelb.LocalByNodeCIDR)
+	}
+	cidrs, err := p.NodeCIDRs(ctx, cfg.NodeName)
+	if err != nil {
+		return fmt.Errorf("pod CIDRs of node %s: %w", cfg.NodeName, err)
+	}
+	texts := make([]string, len(cidrs))
+	for i, c := range cidrs {
+		texts[i] = c.String()
+	}
+	cfg.NodeCIDRs = strings.Join(texts, ",")
+	log.Info("node pod CIDRs", "node", cfg.NodeName, "cidrs", cfg.NodeCIDRs)
+	return nil
 }

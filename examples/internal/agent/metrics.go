@@ -12,10 +12,12 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// Metrics are an agent's Prometheus metrics, named as kube-proxy's under
+// Metrics are an agent's Prometheus metrics: kube-proxy's under their
+// own names (kubeproxy_...), and kproxy's, named as kube-proxy's under
 // the kproxy namespace. They live in their own registry.
 type Metrics struct {
 	Registry *prometheus.Registry
+	kube     *kubeProxyMetrics
 
 	syncDuration   prometheus.Histogram
 	programming    prometheus.Histogram
@@ -70,6 +72,7 @@ func NewMetrics(backend string, health func() servicelb.Health) *Metrics {
 	m.Registry.MustRegister(m.syncDuration, m.programming, m.lastSync, m.syncFailures,
 		m.serviceChanges, m.pending, m.invalid, queued,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.kube = newKubeProxyMetrics(m.Registry)
 	return m
 }
 
@@ -84,6 +87,7 @@ func unixSeconds(t time.Time) float64 {
 func (m *Metrics) Hooks() servicelb.Hooks {
 	return servicelb.Hooks{
 		Synced: func(r servicelb.SyncResult) {
+			m.kube.synced(r)
 			m.syncDuration.Observe(r.Duration.Seconds())
 			if r.Err != nil {
 				m.syncFailures.Inc()
@@ -96,6 +100,8 @@ func (m *Metrics) Hooks() servicelb.Hooks {
 			}
 		},
 		Pending: func(n int) { m.pending.Set(float64(n)) },
+		Changes: m.kube.changed,
+		Applied: m.kube.stateApplied,
 	}
 }
 

@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -100,8 +102,11 @@ func StartFake(t *testing.T, src agent.Source) *World {
 
 // StartPackets builds a sandbox with three backends serving HTTP on port
 // 8080 and runs src with the named real backend programming the sandbox
-// node. It skips (fails under CI) when the backend cannot run here.
-func StartPackets(t *testing.T, backend string, src agent.Source) *World {
+// node, which also serves the proxy's health on HealthzPort and the
+// services' health check node ports, as an agent does by default. Each
+// mod changes the agent's configuration first. It skips (fails under CI)
+// when the backend cannot run here.
+func StartPackets(t *testing.T, backend string, src agent.Source, mods ...func(*agent.Config)) *World {
 	t.Helper()
 	testutil.RequireRoot(t)
 	sb, err := sandbox.New(sandbox.Options{Backends: 3})
@@ -121,6 +126,11 @@ func StartPackets(t *testing.T, backend string, src agent.Source) *World {
 	cfg := Config(backend)
 	cfg.NetNS = sb.Node.NSName
 	cfg.Cleanup = true
+	cfg.HealthzBindAddress = netip.AddrPortFrom(sandbox.NodeAddr, HealthzPort).String()
+	cfg.ServiceHealthChecks = true
+	for _, mod := range mods {
+		mod(&cfg)
+	}
 	w := &World{Sandbox: sb, Reports: &Reports{}}
 	a, err := agent.New(agent.Options{Config: cfg, Logger: testLogger(t), OnInvalid: w.Reports.add})
 	if errors.Is(err, agent.ErrNoBackend) || errors.Is(err, agent.ErrUnsupported) {
@@ -256,6 +266,52 @@ func (w *World) kernelRules() string {
 		})
 	}
 	return b.String()
+}
+
+// HealthzPort is where a packet world's agent serves the proxy's health,
+// on the sandbox node's address: kube-proxy's port.
+const HealthzPort = 10256
+
+// Answer is an HTTP answer the sandbox's client got.
+type Answer struct {
+	Code int
+	Body string
+}
+
+// Health sends the client's GET of path to port on the sandbox node's
+// address (a health check node port, HealthzPort), and returns the answer.
+func (w *World) Health(ctx context.Context, port uint16, path string) (Answer, error) {
+	url := "http://" + netip.AddrPortFrom(sandbox.NodeAddr, port).String() + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Answer{}, err
+	}
+	resp, err := w.Sandbox.Client.HTTPClient(time.Second).Do(req)
+	if err != nil {
+		return Answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return Answer{Code: resp.StatusCode, Body: string(b)}, err
+}
+
+// ExpectHealth waits up to within for the client's GET of path on port of
+// the sandbox node to answer code, and returns the answer.
+func (w *World) ExpectHealth(t *testing.T, within time.Duration, port uint16, path string, code int) Answer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	for {
+		a, err := w.Health(ctx, port, path)
+		if err == nil && a.Code == code {
+			return a
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s:%d%s: want %d within %s, got %+v, %v", sandbox.NodeAddr, port, path, code, within, a, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // WaitReport waits up to within for a report about object containing sub.

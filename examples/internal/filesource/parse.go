@@ -1,10 +1,10 @@
 package filesource
 
 import (
-	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -59,37 +59,88 @@ var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
 
 // Parse parses a YAML or JSON document. A syntax error, an unknown field or
 // a value of the wrong type fails the whole file, as a *Problem (or several
-// joined) with its line. A service with an address that does not parse is
-// left out and its problems recorded in Bad; servicelb's own rules are
-// checked when the services are applied (see Locate).
+// joined) with its line and field. A service with a value that does not
+// parse (an address, a prefix, a duration) is left out and its problems
+// recorded in Bad; servicelb's own rules are checked when the services are
+// applied (see Locate).
 func Parse(file string, data []byte) (*Parsed, error) {
 	p := &Parsed{File: file, Bad: map[string]error{}, index: map[string]int{}, root: &yaml.Node{}}
 	if err := yaml.Unmarshal(data, p.root); err != nil {
 		return nil, p.yamlProblems(err)
 	}
-	var f File
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, p.yamlProblems(err)
+	if p.root.Kind != yaml.DocumentNode || len(p.root.Content) == 0 {
+		return p, nil // an empty document: no services
 	}
-	for i := range f.Services {
-		s := &f.Services[i]
+	doc := p.root.Content[0]
+	var c checker
+	c.check(doc, reflect.TypeFor[File](), "")
+	if len(c.shape) > 0 {
+		var errs []error
+		for _, e := range c.shape {
+			errs = append(errs, &Problem{File: file, Line: e.line, Field: e.field, Err: errors.New(e.msg)})
+		}
+		return nil, errors.Join(errs...)
+	}
+	var services []*yaml.Node
+	if n := child(doc, segment{key: "services", index: -1}); n != nil {
+		services = n.Content
+	}
+	bad := map[int][]error{}
+	for _, fe := range c.bad {
+		var i int
+		var rest string
+		if _, err := fmt.Sscanf(fe.field, "services[%d]", &i); err == nil {
+			_, rest, _ = strings.Cut(fe.field, "].")
+		}
+		bad[i] = append(bad[i], &fieldError{rest, fe.err})
+	}
+	for i, n := range services {
+		var svc servicelb.Service
+		err := decode(n, &svc)
+		name := svc.Name
+		if err != nil {
+			name = nameOf(n)
+		}
 		path := fmt.Sprintf("services[%d]", i)
-		if j, dup := p.index[s.Name]; dup {
-			p.Bad[s.Name] = errors.Join(p.Bad[s.Name], &Problem{File: file, Line: p.line(path + ".name"), Service: s.Name,
+		if j, dup := p.index[name]; dup {
+			p.Bad[name] = errors.Join(p.Bad[name], &Problem{File: file, Line: p.line(path + ".name"), Service: name,
 				Field: "name", Err: fmt.Errorf("duplicate service name, also services[%d]", j)})
 			continue
 		}
-		p.index[s.Name] = i
-		svc, err := s.Convert()
+		p.index[name] = i
+		if errs := bad[i]; len(errs) > 0 {
+			p.Bad[name] = p.locateAll(name, errors.Join(errs...))
+			continue
+		}
 		if err != nil {
-			p.Bad[s.Name] = p.locateAll(s.Name, err)
+			p.Bad[name] = p.locateAll(name, err)
 			continue
 		}
 		p.Services = append(p.Services, svc)
 	}
 	return p, nil
+}
+
+// decode reads a service's node through servicelb's JSON encoding, so
+// that the file means what the Go API does.
+func decode(n *yaml.Node, svc *servicelb.Service) error {
+	var v any
+	if err := n.Decode(&v); err != nil {
+		return err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, svc)
+}
+
+// nameOf returns the name a service's node gives, or "".
+func nameOf(n *yaml.Node) string {
+	if v := child(n, segment{key: "name", index: -1}); v != nil {
+		return v.Value
+	}
+	return ""
 }
 
 // yamlProblems turns a yaml error into problems with lines.

@@ -48,7 +48,7 @@ services:
 		Name:       "ns/a",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
 		Ports: []servicelb.Port{
-			{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080, NodePort: 30080},
+			{Name: "http", Port: 80, TargetPort: 8080, NodePort: 30080}, // "" is TCP, as in Go
 			{Name: "dns", Protocol: servicelb.UDP, Port: 53},
 		},
 		Affinity:              servicelb.SessionAffinity{ClientIP: true, Timeout: 600e9},
@@ -83,9 +83,16 @@ func TestParseFileErrors(t *testing.T) {
 		name, doc, want string
 	}{
 		{"syntax", "services:\n  - name: a\n    ports: [\n", "svc.yaml:3: did not find expected node content"},
-		{"unknown field", "services:\n  - name: a\n    bogus: 1\n", "svc.yaml:3: field bogus not found"},
-		{"wrong type", "services:\n  - name: a\n    ports:\n      - port: eighty\n", "svc.yaml:4: cannot unmarshal !!str `eighty`"},
-		{"bad duration", "services:\n  - name: a\n    affinity: {timeout: soon}\n", "svc.yaml:3: "},
+		{"unknown field", "services:\n  - name: a\n    bogus: 1\n", `svc.yaml:3: services[0].bogus: unknown field "bogus"`},
+		{"misspelt field", "services:\n  - name: a\n    ports: [{port: 80, targetport: 8080}]\n",
+			`svc.yaml:3: services[0].ports[0].targetport: unknown field "targetport" (did you mean "targetPort"?)`},
+		{"wrong type", "services:\n  - name: a\n    ports:\n      - port: eighty\n",
+			`svc.yaml:4: services[0].ports[0].port: want an integer from 0 to 65535, got "eighty"`},
+		{"out of range", "services:\n  - name: a\n    ports:\n      - port: 70000\n",
+			`svc.yaml:4: services[0].ports[0].port: want an integer from 0 to 65535, got 70000`},
+		{"duration as a number", "services:\n  - name: a\n    affinity: {timeout: 3600}\n",
+			`svc.yaml:3: services[0].affinity.timeout: want a duration such as "3h", got "3600"`},
+		{"number for a name", "services:\n  - name: 42\n", `svc.yaml:2: services[0].name: want a string (quote a value that looks like a number), got "42"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("svc.yaml", []byte(tc.doc))
@@ -123,6 +130,9 @@ func TestParseBadService(t *testing.T) {
       - addr: 10.0.0.x
   - name: good
     ports: [{port: 81}]
+  - name: slow
+    ports: [{port: 82}]
+    affinity: {clientIP: true, timeout: soon}
 `
 	p, err := Parse("s.yaml", []byte(doc))
 	if err != nil {
@@ -134,6 +144,7 @@ func TestParseBadService(t *testing.T) {
 	for name, want := range map[string]string{
 		"bad":  `s.yaml:8: service "bad": endpoints[1].addr: ParseAddr("10.0.0.x")`,
 		"good": `s.yaml:9: service "good": name: duplicate service name, also services[0]`,
+		"slow": `s.yaml:13: service "slow": affinity.timeout: time: invalid duration "soon"`,
 	} {
 		if err := p.Bad[name]; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Bad[%q] = %v, want %q", name, err, want)

@@ -6,10 +6,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -19,6 +24,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
 
+	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/e2e"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
@@ -133,7 +139,7 @@ func newFixture(t *testing.T, c kubernetes.Interface) *fixture {
 	}
 	f := &fixture{t: t, ns: ns, svcs: c.CoreV1().Services(ns), slices: c.DiscoveryV1().EndpointSlices(ns)}
 	t.Cleanup(func() {
-		for _, n := range []string{"web", "bad", "headless", "other", "local"} {
+		for _, n := range []string{"web", "bad", "headless", "other", "local", "lb"} {
 			_ = f.svcs.Delete(ctx, n, metav1.DeleteOptions{})
 		}
 		_ = f.slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
@@ -259,4 +265,82 @@ func checkLocal(t *testing.T, f *fixture, w *e2e.World) {
 	}
 	tg := e2e.Target{Service: f.ns + "/local", URL: fmt.Sprintf("http://%s:80/", local.Spec.ClusterIP)}
 	w.Expect(t, 2*time.Second, tg, 1)
+}
+
+// TestAPIServerHealthCheck runs two agents as two nodes against the API
+// server: a LoadBalancer service of the external Local policy has its
+// health check node port answer 200 on the node with its endpoint and 503
+// on the other, its node port forwards on the first and drops on the
+// other, and both flip when the endpoint moves. Both nodes' proxies are
+// healthy.
+func TestAPIServerHealthCheck(t *testing.T) {
+	c := client(t)
+	f := newFixture(t, c)
+	lb := f.create(service(f.ns, "lb", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}))
+	hc := uint16(lb.Spec.HealthCheckNodePort)
+	if hc == 0 {
+		t.Fatal("the API server allocated no health check node port")
+	}
+	slice := func(node string) {
+		t.Helper()
+		sl := endpointSlice(f.ns, "lb-a", "lb", ready(1))
+		sl.Endpoints[0].NodeName = ptr(node)
+		ctx := context.Background()
+		if old, err := f.slices.Get(ctx, sl.Name, metav1.GetOptions{}); err == nil {
+			sl.ResourceVersion = old.ResourceVersion
+			_, err = f.slices.Update(ctx, sl, metav1.UpdateOptions{})
+			require.NoError(t, err)
+			return
+		}
+		_, err := f.slices.Create(ctx, sl, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	slice(e2e.NodeName)
+
+	node1 := e2e.StartPackets(t, "nftables", &Source{Client: c})
+	node2 := e2e.StartPackets(t, "nftables", &Source{Client: c}, func(cfg *agent.Config) { cfg.NodeName = "node-2" })
+	nodePort := e2e.Target{Service: f.ns + "/lb", URL: fmt.Sprintf("http://%s:%d/", sandbox.NodeAddr, lb.Spec.Ports[0].NodePort)}
+	local := func(w *e2e.World, code, endpoints int) {
+		t.Helper()
+		a := w.ExpectHealth(t, 20*time.Second, hc, "/", code)
+		var body struct {
+			Service             struct{ Namespace, Name string }
+			LocalEndpoints      int
+			ServiceProxyHealthy bool
+		}
+		require.NoError(t, json.Unmarshal([]byte(a.Body), &body), a.Body)
+		assert.Equal(t, f.ns, body.Service.Namespace)
+		assert.Equal(t, "lb", body.Service.Name)
+		assert.Equal(t, endpoints, body.LocalEndpoints)
+		assert.True(t, body.ServiceProxyHealthy)
+	}
+
+	t.Log("the endpoint on node-1")
+	local(node1, http.StatusOK, 1)
+	local(node2, http.StatusServiceUnavailable, 0)
+	node1.Expect(t, 2*time.Second, nodePort, 1)
+	node2.Expect(t, 2*time.Second, nodePort)
+	for _, w := range []*e2e.World{node1, node2} {
+		w.ExpectHealth(t, 2*time.Second, e2e.HealthzPort, "/healthz", http.StatusOK)
+		w.ExpectHealth(t, 2*time.Second, e2e.HealthzPort, "/livez", http.StatusOK)
+	}
+
+	t.Log("the endpoint moves to node-2")
+	slice("node-2")
+	local(node1, http.StatusServiceUnavailable, 0)
+	local(node2, http.StatusOK, 1)
+	node2.Expect(t, 2*time.Second, nodePort, 1)
+	node1.Expect(t, 2*time.Second, nodePort)
+
+	t.Log("the service deleted: its health check node port closes")
+	require.NoError(t, f.svcs.Delete(context.Background(), "lb", metav1.DeleteOptions{}))
+	for _, w := range []*e2e.World{node1, node2} {
+		require.Eventually(t, func() bool {
+			_, err := w.Health(context.Background(), hc, "/")
+			return err != nil
+		}, 2*time.Second, 20*time.Millisecond)
+	}
 }

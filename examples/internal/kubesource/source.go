@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -22,7 +23,11 @@ import (
 
 // Source watches Services and EndpointSlices and feeds their translation
 // to a runner. Every change to a service or one of its slices re-translates
-// that service alone.
+// that service alone. A change of a slice carries its
+// endpoints.kubernetes.io/last-change-trigger-time annotation to the
+// runner (servicelb.Source.UpsertTriggered), so that the network
+// programming latency is measured from the Pod or Service change behind
+// it, as kube-proxy measures it.
 type Source struct {
 	// Client talks to the API server.
 	Client kubernetes.Interface
@@ -34,6 +39,7 @@ type Source struct {
 	Logger *slog.Logger
 
 	mu       sync.Mutex
+	started  time.Time
 	dst      *servicelb.Source
 	report   agent.Reporter
 	services cache.Indexer
@@ -67,7 +73,7 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.DiscardHandler)
 	}
-	s.dst, s.report, s.invalid = dst, report, map[string]string{}
+	s.dst, s.report, s.invalid, s.started = dst, report, map[string]string{}, time.Now()
 	sel := Selector(s.ProxyName).String()
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(s.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
@@ -78,10 +84,10 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 	s.services, s.slices = svcInf.GetIndexer(), sliceInf.GetIndexer()
-	if _, err := svcInf.AddEventHandler(s.handler(s.serviceKey)); err != nil {
+	if _, err := svcInf.AddEventHandler(s.handler(s.serviceKey, nil)); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
-	if _, err := sliceInf.AddEventHandler(s.handler(s.sliceKey)); err != nil {
+	if _, err := sliceInf.AddEventHandler(s.handler(s.sliceKey, func(obj any) time.Time { return sliceTriggerTime(obj, s.started) })); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 	svcFactory.Start(ctx.Done())
@@ -101,24 +107,51 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	return nil
 }
 
-// handler calls update with the service key of each changed object.
-func (s *Source) handler(key func(any) (string, bool)) cache.ResourceEventHandlerFuncs {
-	on := func(obj any) {
+// handler calls update with the service key of each changed object, and
+// the time the change was triggered, when trigger knows it.
+func (s *Source) handler(key func(any) (string, bool), trigger func(any) time.Time) cache.ResourceEventHandlerFuncs {
+	on := func(obj any, at time.Time) {
 		if k, ok := key(obj); ok {
-			s.update(k)
+			s.update(k, at)
 		}
 	}
+	changed := func(obj any) {
+		var at time.Time
+		if trigger != nil {
+			at = trigger(obj)
+		}
+		on(obj, at)
+	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc: on,
+		AddFunc: changed,
 		UpdateFunc: func(old, cur any) {
 			ko, _ := key(old)
 			if kc, _ := key(cur); ko != kc {
-				on(old)
+				on(old, time.Time{})
 			}
-			on(cur)
+			changed(cur)
 		},
-		DeleteFunc: on,
+		// A deleted object's trigger time is that of its last update.
+		DeleteFunc: func(obj any) { on(obj, time.Time{}) },
 	}
+}
+
+// sliceTriggerTime returns when the change behind an EndpointSlice was
+// made, as the endpoint slice controller records it
+// (corev1.EndpointsLastChangeTriggerTime); zero for another object, a
+// slice that does not say, or a time not after since: a time before the
+// source started would measure the age of the cluster rather than this
+// proxy, and kube-proxy ignores those too.
+func sliceTriggerTime(obj any, since time.Time) time.Time {
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, sl.Annotations[corev1.EndpointsLastChangeTriggerTime])
+	if err != nil || !t.After(since) {
+		return time.Time{}
+	}
+	return t
 }
 
 func (s *Source) serviceKey(obj any) (string, bool) {
@@ -148,13 +181,13 @@ func sliceService(obj any) ([]string, error) {
 
 func (s *Source) resyncAll() {
 	for _, k := range s.services.ListKeys() {
-		s.update(k)
+		s.update(k, time.Time{})
 	}
 }
 
 // update re-translates the service with key "namespace/name" and upserts
-// or deletes it.
-func (s *Source) update(key string) {
+// or deletes it; trigger is when the change behind it was made, if known.
+func (s *Source) update(key string, trigger time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	obj, exists, err := s.services.GetByKey(key)
@@ -179,7 +212,7 @@ func (s *Source) update(key string) {
 		return
 	}
 	if err == nil {
-		err = s.dst.Upsert(t)
+		err = s.dst.UpsertTriggered(trigger, t)
 	}
 	if err != nil {
 		s.reportOnce(key, err)

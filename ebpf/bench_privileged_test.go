@@ -1,0 +1,429 @@
+//go:build privileged
+
+package ebpf_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	kebpf "github.com/kproxy-dev/kproxy/ebpf"
+	"github.com/kproxy-dev/kproxy/internal/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// benchEnv is a private cgroup v2 mount and bpffs for a benchmark.
+func benchEnv(b *testing.B) *bpfenv.Env {
+	b.Helper()
+	netnstest.Require(b, "nf_tables", "nat")
+	e, err := bpfenv.New(testPrefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	return e
+}
+
+func scaleState(b *testing.B, n, k int) (*servicelb.State, []servicelb.Service) {
+	svcs := servicetest.Scale(n, k)
+	st, err := servicelb.NewState(servicetest.ScaleNode(), svcs...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st, svcs
+}
+
+func newBenchLB(b *testing.B, e *bpfenv.Env, ns *netnstest.Host) *kebpf.Proxier {
+	p, err := kebpf.New(kebpf.Options{Cgroup: e.Cgroup, NetNS: ns.NS})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+func newBenchNFT(b *testing.B, h *netnstest.Host) *nftables.Proxier {
+	p, err := nftables.New(nftables.Options{NetNS: h.NS, NoConntrackCleanup: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+func timed(b *testing.B, p servicelb.Proxier, st *servicelb.State) time.Duration {
+	t0 := time.Now()
+	if err := p.Sync(context.Background(), st); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkColdSync writes 10k services x 10 endpoints into empty maps
+// with a fresh Proxier (its hooks attached once the maps are full), and
+// in the same iterations the same state into an empty namespace with a
+// fresh nftables Proxier: ebpf-ms and nft-ms are their times, ebpf/nft
+// their ratio (goal: at most 0.5).
+func BenchmarkColdSync(b *testing.B) {
+	e := benchEnv(b)
+	st, _ := scaleState(b, 10000, 10)
+	var ours, nft time.Duration
+	for range b.N {
+		h := netnstest.NewHost(b, "benchcold")
+		p := newBenchLB(b, e, h)
+		ours += timed(b, p, st)
+		if err := p.Cleanup(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		p.Close()
+		n := newBenchNFT(b, h)
+		nft += timed(b, n, st)
+		n.Cleanup(context.Background())
+		n.Close()
+	}
+	b.ReportMetric(float64(ours.Microseconds())/1000/float64(b.N), "ebpf-ms")
+	b.ReportMetric(float64(nft.Microseconds())/1000/float64(b.N), "nft-ms")
+	b.ReportMetric(float64(ours)/float64(nft), "ebpf/nft")
+}
+
+// BenchmarkOneEndpointChange replaces one endpoint of one service with
+// 10k services loaded, turn by turn, on this Proxier and on the nftables
+// backend, one change of each per iteration (ebpf-us, nft-us, ebpf/nft:
+// goal at most 0.1), and on this Proxier with 1k services loaded too
+// (small-us; large/small: a change costs what changed, not what is
+// there).
+func BenchmarkOneEndpointChange(b *testing.B) {
+	e := benchEnv(b)
+	type changer struct {
+		p    servicelb.Proxier
+		bld  *servicelb.Builder
+		svcs []servicelb.Service
+		took time.Duration
+	}
+	newChanger := func(p servicelb.Proxier, n int) *changer {
+		_, svcs := scaleState(b, n, 10)
+		bld, err := servicelb.NewBuilder(servicetest.ScaleNode())
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range svcs {
+			if err := bld.Upsert(s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		timed(b, p, bld.State())
+		return &changer{p: p, bld: bld, svcs: svcs}
+	}
+	step := func(c *changer, i int) {
+		s := c.svcs[len(c.svcs)/2]
+		if err := c.bld.Upsert(servicetest.ReplaceEndpoint(s, i)); err != nil {
+			b.Fatal(err)
+		}
+		c.took += timed(b, c.p, c.bld.State())
+	}
+	h := netnstest.NewHost(b, "benchchange")
+	lb := newBenchLB(b, e, h)
+	defer lb.Close()
+	nft := newBenchNFT(b, h)
+	defer nft.Close()
+	small := newBenchLB(b, e, netnstest.NewHost(b, "benchsmall"))
+	defer small.Close()
+	large, nftc, smallc := newChanger(lb, 10000), newChanger(nft, 10000), newChanger(small, 1000)
+	runtime.GC() // the setup's garbage is not the changes'
+	b.ResetTimer()
+	for i := range b.N {
+		step(large, i)
+		step(nftc, i)
+		step(smallc, i)
+	}
+	b.StopTimer()
+	per := func(c *changer) float64 { return float64(c.took.Nanoseconds()) / 1000 / float64(b.N) }
+	b.ReportMetric(per(large), "ebpf-us")
+	b.ReportMetric(per(nftc), "nft-us")
+	b.ReportMetric(per(smallc), "small-us")
+	b.ReportMetric(per(large)/per(nftc), "ebpf/nft")
+	b.ReportMetric(per(large)/per(smallc), "large/small")
+	lb.Cleanup(context.Background())
+	small.Cleanup(context.Background())
+}
+
+// kernelMemory returns the kernel's unreclaimable slab, per-CPU and
+// vmalloc memory (/proc/meminfo), where BPF maps and nf_tables objects
+// live: read before and after a sync, its difference is what the sync
+// made the kernel keep (give or take what the rest of the machine did
+// meanwhile).
+func kernelMemory() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "SUnreclaim:" || f[0] == "Percpu:" || f[0] == "VmallocUsed:") {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			total += kb << 10
+		}
+	}
+	return total
+}
+
+func heap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// BenchmarkSteadyMemory loads 10k services x 10 endpoints with each
+// backend in turn and reports what stays once the sync is done: the Go
+// heap the Proxier keeps (heap-MiB) and the kernel memory its objects
+// take (kernel-MiB: maps and programs, or the nf_tables table), and the
+// ratio of their sums (ebpf/nft: goal at most 1).
+func BenchmarkSteadyMemory(b *testing.B) {
+	e := benchEnv(b)
+	st, _ := scaleState(b, 10000, 10)
+	measure := func(open func(h *netnstest.Host) servicelb.Proxier) (int64, int64) {
+		h := netnstest.NewHost(b, "benchmem")
+		h0, k0 := heap(), kernelMemory()
+		p := open(h)
+		timed(b, p, st)
+		time.Sleep(time.Second) // freed objects reach the kernel's counters
+		h1, k1 := heap(), kernelMemory()
+		runtime.KeepAlive(p)
+		p.Cleanup(context.Background())
+		p.(io.Closer).Close()
+		return h1 - h0, k1 - k0
+	}
+	var eh, ek, nh, nk int64
+	for range b.N {
+		h, k := measure(func(h *netnstest.Host) servicelb.Proxier { return newBenchLB(b, e, h) })
+		eh, ek = eh+h, ek+k
+		h, k = measure(func(h *netnstest.Host) servicelb.Proxier { return newBenchNFT(b, h) })
+		nh, nk = nh+h, nk+k
+	}
+	mib := func(v int64) float64 { return float64(v) / float64(b.N) / (1 << 20) }
+	b.ReportMetric(mib(eh), "ebpf-heap-MiB")
+	b.ReportMetric(mib(ek), "ebpf-kernel-MiB")
+	b.ReportMetric(mib(nh), "nft-heap-MiB")
+	b.ReportMetric(mib(nk), "nft-kernel-MiB")
+	b.ReportMetric(float64(eh+ek)/float64(nh+nk), "ebpf/nft")
+}
+
+// dataPath is a node with one endpoint host serving TCP echo and a sink,
+// a service whose cluster IP this package's hooks balance, and another
+// whose cluster IP the nftables backend translates (DNAT), both to the
+// same endpoint.
+type dataPath struct {
+	tp                 *netnstest.Topology
+	direct, vip, nftIP netip.AddrPort
+}
+
+const sinkPort = 9000
+
+func newDataPath(b *testing.B, e *bpfenv.Env) *dataPath {
+	tp := netnstest.New(b, netnstest.Options{Backends: 1})
+	// The node's flows to the nftables service's address need a route to
+	// reach its output hook.
+	tp.Node.AddRoute(b, netip.Prefix{}, tp.Client.IPv4)
+	be := tp.Backends[0]
+	be.Serve(b, "tcp", 8080)
+	var ln net.Listener
+	if err := be.Do(func() (err error) { ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", sinkPort)); return err }); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	d := &dataPath{tp: tp, direct: netip.AddrPortFrom(be.IPv4, sinkPort),
+		vip: netip.MustParseAddrPort("10.96.0.10:80"), nftIP: netip.MustParseAddrPort("10.96.0.20:80")}
+	svc := func(name string, ip netip.Addr) servicelb.Service {
+		return servicelb.Service{Name: name, ClusterIPs: []netip.Addr{ip},
+			Ports: []servicelb.Port{{Name: "echo", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080},
+				{Name: "sink", Protocol: servicelb.TCP, Port: sinkPort, TargetPort: sinkPort}},
+			Endpoints: []servicelb.Endpoint{{Addr: be.IPv4, Ready: true}}}
+	}
+	n := servicelb.NodeConfig{ClusterCIDRs: netnstest.ClusterCIDRs()}
+	lbState, err := servicelb.NewState(n, svc("bench/lb", d.vip.Addr()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	nftState, err := servicelb.NewState(n, svc("bench/nft", d.nftIP.Addr()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	lb := newBenchLB(b, e, tp.Node)
+	nft := newBenchNFT(b, tp.Node)
+	timed(b, lb, lbState)
+	timed(b, nft, nftState)
+	b.Cleanup(func() {
+		lb.Cleanup(context.Background())
+		lb.Close()
+		nft.Cleanup(context.Background())
+		nft.Close()
+	})
+	return d
+}
+
+// enterCgroup moves this process (the test binary, which the benchmark
+// started) into the cgroup, so that the sockets it makes meet the hooks,
+// and back to where it was when the benchmark ends.
+func enterCgroup(b *testing.B, e *bpfenv.Env) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var back string
+	for _, line := range strings.Split(string(self), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			back = filepath.Join(e.Root, p)
+		}
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(e.Cgroup, "cgroup.procs"), pid, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err != nil {
+			b.Error(err)
+		}
+	})
+}
+
+// connectTimes connects n times to each of dsts from the node (connect,
+// then close), one destination after the other, so that the load of the
+// machine weighs on each alike, and returns the times by destination.
+func connectTimes(b *testing.B, node *netnstest.Host, dsts []netip.AddrPort, n int) [][]time.Duration {
+	out := make([][]time.Duration, len(dsts))
+	err := node.Do(func() error {
+		for range n {
+			for i, dst := range dsts {
+				t0 := time.Now()
+				c, err := net.Dial("tcp4", dst.String())
+				if err != nil {
+					return err
+				}
+				out[i] = append(out[i], time.Since(t0))
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
+}
+
+// streams sends size bytes to each of dsts from the node, each on a
+// connection of its own, in slices of 64 MiB taken in turn, so that the
+// load of the machine weighs on each alike, and returns the rates in
+// GB/s.
+func streams(b *testing.B, node *netnstest.Host, dsts []netip.AddrPort, size int64) []float64 {
+	conns := make([]net.Conn, len(dsts))
+	for i, dst := range dsts {
+		if err := node.Do(func() (err error) { conns[i], err = net.Dial("tcp4", dst.String()); return err }); err != nil {
+			b.Fatal(err)
+		}
+		defer conns[i].Close()
+	}
+	const slice = 64 << 20
+	buf := make([]byte, 1<<20)
+	took := make([]time.Duration, len(dsts))
+	for sent := int64(0); sent < size; sent += slice {
+		for i, c := range conns {
+			t0 := time.Now()
+			for n := 0; n < slice; n += len(buf) {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			took[i] += time.Since(t0)
+		}
+	}
+	out := make([]float64, len(dsts))
+	for i, c := range conns {
+		c.(*net.TCPConn).CloseWrite()
+		out[i] = float64(size) / took[i].Seconds() / 1e9
+	}
+	return out
+}
+
+// BenchmarkDataPath measures, from the node's own sockets in the cgroup,
+// the median TCP connect time (4000 connects to each, the three
+// destinations taken in turn) and the median rate of a 1 GiB stream
+// (three rounds, the streams sent in 64 MiB slices taken in turn) to one
+// endpoint: directly, through a
+// cluster IP this package's hooks balance (vip), and through one the
+// nftables backend translates (nft), in one run. vip/direct is the goal (within 5%);
+// nft/direct is for comparison.
+func BenchmarkDataPath(b *testing.B) {
+	e := benchEnv(b)
+	d := newDataPath(b, e)
+	enterCgroup(b, e)
+	node := d.tp.Node
+	echo := func(a netip.AddrPort) netip.AddrPort {
+		if a == d.direct {
+			return netip.AddrPortFrom(a.Addr(), 8080)
+		}
+		return a
+	}
+	sinkOf := func(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr(), sinkPort) }
+	paths := []netip.AddrPort{d.direct, d.vip, d.nftIP}
+	echoes := []netip.AddrPort{echo(d.direct), d.vip, d.nftIP}
+	sinks := []netip.AddrPort{sinkOf(d.direct), sinkOf(d.vip), sinkOf(d.nftIP)}
+	connect := make([][]time.Duration, len(paths))
+	rate := make([][]float64, len(paths))
+	const n, size = 4000, 1 << 30
+	for range b.N {
+		for i, ts := range connectTimes(b, node, echoes, n) {
+			connect[i] = append(connect[i], ts...)
+		}
+		for range 3 {
+			for i, r := range streams(b, node, sinks, size) {
+				rate[i] = append(rate[i], r)
+			}
+		}
+	}
+	med := func(ds []time.Duration) float64 {
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Nanoseconds()) / 1000
+	}
+	medf := func(fs []float64) float64 { slices.Sort(fs); return fs[len(fs)/2] }
+	cd, cv, cn := med(connect[0]), med(connect[1]), med(connect[2])
+	rd, rv, rn := medf(rate[0]), medf(rate[1]), medf(rate[2])
+	b.ReportMetric(cd, "direct-connect-us")
+	b.ReportMetric(cv, "vip-connect-us")
+	b.ReportMetric(cn, "nft-connect-us")
+	b.ReportMetric(cv/cd, "vip/direct-connect")
+	b.ReportMetric(cn/cd, "nft/direct-connect")
+	b.ReportMetric(rd, "direct-GB/s")
+	b.ReportMetric(rv, "vip-GB/s")
+	b.ReportMetric(rn, "nft-GB/s")
+	b.ReportMetric(rv/rd, "vip/direct-stream")
+	b.ReportMetric(rn/rd, "nft/direct-stream")
+}

@@ -1,0 +1,22 @@
+//go:build privileged
+
+package ebpf_test
+
+import (
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/conformance"
+)
+
+// TestConformance runs the conformance kit on the pairing of the socket
+// hooks with the nftables backend: the node's and the pod's asks come
+// from a process in the hooks' cgroup.
+func TestConformance(t *testing.T) {
+	e := newEnv(t)
+	conformance.Run(t, conformance.Backend{Name: "ebpf+nftables", Cgroup: e.Cgroup,
+		New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier { return newSocketLB(t, e, ns, true) },
+	}, conformance.Options{})
+}

@@ -1,0 +1,243 @@
+package ebpf
+
+import (
+	"maps"
+)
+
+// content is what the maps hold (or should): one Go map per BPF map. The
+// LRU maps (pins and reverse translations) are the hooks' own and are
+// not part of it.
+type content struct {
+	fe      map[feKey]feVal
+	sets    map[uint32]setVal
+	slots   map[slotKey]endpoint
+	members map[memberKey]uint32
+	names   map[uint32]nameVal
+	cfg     cfgVal
+}
+
+func newContent() *content {
+	return &content{fe: map[feKey]feVal{}, sets: map[uint32]setVal{}, slots: map[slotKey]endpoint{},
+		members: map[memberKey]uint32{}, names: map[uint32]nameVal{}}
+}
+
+// add adds a port's entries.
+func (c *content) add(pp *portPlan) {
+	maps.Copy(c.fe, pp.frontends)
+	for _, s := range pp.sets {
+		if s != nil {
+			c.addSet(s)
+		}
+	}
+}
+
+func (c *content) addSet(s *setPlan) {
+	c.sets[s.id] = setVal{Count: uint32(len(s.slots)), Timeout: s.timeout}
+	c.names[s.id] = newName(s.name)
+	for i, e := range s.slots {
+		c.slots[slotKey{s.id, uint32(i)}] = e
+		if s.members {
+			c.members[memberKey{Set: s.id, endpoint: e}] = 1
+		}
+	}
+}
+
+// ops are the writes of one map in one phase.
+type ops[K comparable, V any] struct {
+	put map[K]V
+	del []K
+}
+
+func (o *ops[K, V]) set(k K, v V) {
+	if o.put == nil {
+		o.put = map[K]V{}
+	}
+	o.put[k] = v
+}
+
+func (o *ops[K, V]) len() int { return len(o.put) + len(o.del) }
+
+// delta is a change of the maps, in the order that keeps every lookup of
+// the hooks whole: an endpoint's membership goes before its slots; slots
+// are written before the count that makes them reachable, and deleted
+// after the count that makes them unreachable; a set is complete before
+// a frontend points to it, and a frontend no longer points to a set when
+// the set goes.
+type delta struct {
+	// Phase 1: memberships of endpoints that went, then new memberships
+	// and slots.
+	memberGone []memberKey
+	members    ops[memberKey, uint32]
+	slots      ops[slotKey, endpoint]
+	// Phase 2: sets (their counts and timeouts) and names.
+	sets  ops[uint32, setVal]
+	names ops[uint32, nameVal]
+	// Phase 3: frontends written, then deleted.
+	fe ops[feKey, feVal]
+	// Phase 4: sets, names, slots and memberships that went.
+	setGone    []uint32
+	slotGone   []slotKey
+	memberDrop []memberKey
+	cfg        *cfgVal
+}
+
+func (d *delta) len() int {
+	n := len(d.memberGone) + d.members.len() + d.slots.len() + d.sets.len() + d.names.len() + d.fe.len() +
+		len(d.setGone) + len(d.slotGone) + len(d.memberDrop)
+	if d.cfg != nil {
+		n++
+	}
+	return n
+}
+
+// diffContent returns the writes that turn from into to.
+func diffContent(from, to *content) *delta {
+	d := &delta{}
+	for k := range from.members {
+		if _, ok := to.members[k]; !ok {
+			if _, setStays := to.sets[k.Set]; setStays {
+				d.memberGone = append(d.memberGone, k)
+			} else {
+				d.memberDrop = append(d.memberDrop, k)
+			}
+		}
+	}
+	diffMap(from.members, to.members, &d.members, nil)
+	diffMap(from.slots, to.slots, &d.slots, &d.slotGone)
+	diffMap(from.sets, to.sets, &d.sets, &d.setGone)
+	diffMap(from.names, to.names, &d.names, &d.names.del)
+	diffMap(from.fe, to.fe, &d.fe, &d.fe.del)
+	if from.cfg != to.cfg {
+		c := to.cfg
+		d.cfg = &c
+	}
+	return d
+}
+
+// diffMap records in o the entries of to that from lacks or holds
+// otherwise, and in gone (when not nil) the keys of from that to lacks.
+func diffMap[K comparable, V comparable](from, to map[K]V, o *ops[K, V], gone *[]K) {
+	for k, v := range to {
+		if old, ok := from[k]; !ok || old != v {
+			o.set(k, v)
+		}
+	}
+	if gone == nil {
+		return
+	}
+	for k := range from {
+		if _, ok := to[k]; !ok {
+			*gone = append(*gone, k)
+		}
+	}
+}
+
+// diffPlans returns the writes that turn a port's entries from old into
+// next (either may be nil).
+func diffPlans(old, next *portPlan) *delta {
+	from, to := newContent(), newContent()
+	if old != nil {
+		from.add(old)
+	}
+	if next != nil {
+		to.add(next)
+	}
+	return diffContent(from, to)
+}
+
+// merge appends o's writes to d's.
+func (d *delta) merge(o *delta) {
+	d.memberGone = append(d.memberGone, o.memberGone...)
+	mergeOps(&d.members, &o.members)
+	mergeOps(&d.slots, &o.slots)
+	mergeOps(&d.sets, &o.sets)
+	mergeOps(&d.names, &o.names)
+	mergeOps(&d.fe, &o.fe)
+	d.setGone = append(d.setGone, o.setGone...)
+	d.slotGone = append(d.slotGone, o.slotGone...)
+	d.memberDrop = append(d.memberDrop, o.memberDrop...)
+	if o.cfg != nil {
+		d.cfg = o.cfg
+	}
+}
+
+func mergeOps[K comparable, V any](d, o *ops[K, V]) {
+	for k, v := range o.put {
+		d.set(k, v)
+	}
+	d.del = append(d.del, o.del...)
+}
+
+// sink receives a delta's writes: the maps, or a content standing in for
+// them.
+type sink interface {
+	delMembers([]memberKey) error
+	putMembers(map[memberKey]uint32) error
+	putSlots(map[slotKey]endpoint) error
+	putSets(map[uint32]setVal) error
+	putNames(map[uint32]nameVal) error
+	putCfg(cfgVal) error
+	putFE(map[feKey]feVal) error
+	delFE([]feKey) error
+	delSets([]uint32) error
+	delNames([]uint32) error
+	delSlots([]slotKey) error
+}
+
+// run sends the delta's writes to s, in the order the delta's
+// documentation gives, calling between (when set) after each step. It
+// stops at the first error.
+func (d *delta) run(s sink, between func()) error {
+	steps := []func() error{
+		func() error { return s.delMembers(d.memberGone) },
+		func() error { return s.putMembers(d.members.put) },
+		func() error { return s.putSlots(d.slots.put) },
+		func() error { return s.putSets(d.sets.put) },
+		func() error { return s.putNames(d.names.put) },
+		func() error {
+			if d.cfg == nil {
+				return nil
+			}
+			return s.putCfg(*d.cfg)
+		},
+		func() error { return s.putFE(d.fe.put) },
+		func() error { return s.delFE(d.fe.del) },
+		func() error { return s.delSets(d.setGone) },
+		func() error { return s.delNames(d.names.del) },
+		func() error { return s.delSlots(d.slotGone) },
+		func() error { return s.delMembers(d.memberDrop) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+		if between != nil {
+			between()
+		}
+	}
+	return nil
+}
+
+func delKeys[K comparable, V any](m map[K]V, keys []K) error {
+	for _, k := range keys {
+		delete(m, k)
+	}
+	return nil
+}
+
+func putAll[K comparable, V any](m map[K]V, from map[K]V) error {
+	maps.Copy(m, from)
+	return nil
+}
+
+func (c *content) delMembers(k []memberKey) error          { return delKeys(c.members, k) }
+func (c *content) putMembers(m map[memberKey]uint32) error { return putAll(c.members, m) }
+func (c *content) putSlots(m map[slotKey]endpoint) error   { return putAll(c.slots, m) }
+func (c *content) putSets(m map[uint32]setVal) error       { return putAll(c.sets, m) }
+func (c *content) putNames(m map[uint32]nameVal) error     { return putAll(c.names, m) }
+func (c *content) putCfg(v cfgVal) error                   { c.cfg = v; return nil }
+func (c *content) putFE(m map[feKey]feVal) error           { return putAll(c.fe, m) }
+func (c *content) delFE(k []feKey) error                   { return delKeys(c.fe, k) }
+func (c *content) delSets(k []uint32) error                { return delKeys(c.sets, k) }
+func (c *content) delNames(k []uint32) error               { return delKeys(c.names, k) }
+func (c *content) delSlots(k []slotKey) error              { return delKeys(c.slots, k) }

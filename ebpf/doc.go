@@ -1,0 +1,172 @@
+// Package ebpf is a servicelb.Proxier that balances at the socket layer:
+// BPF programs on a cgroup's connect, sendmsg, recvmsg and getpeername
+// hooks (IPv4 and IPv6) rewrite a socket's destination from a service's
+// address to an endpoint's once, when it connects (or, for an unconnected
+// UDP socket, on each send), so that the connection then runs as a direct
+// one: no translation per packet, no conntrack entry, the client's own
+// address kept. It covers the sockets of the processes in the cgroup
+// given (Options.Cgroup) and below, from whatever network namespace:
+// the node's own processes, and pods whose cgroups lie under it. Traffic
+// that arrives from other hosts never meets a socket hook: the packet
+// path serves it (Options.Packets, the nftables backend), and the two
+// together serve every service as servicelb decides it.
+//
+// It is written in Go alone: the programs are built with cilium/ebpf's asm
+// package when New runs, so the library needs no C compiler to build or to
+// run.
+//
+// # The maps
+//
+// What a packet to a service meets is decided by package servicelb; this
+// package renders each servicelb.ServicePort's verdicts into BPF maps
+// (list them with Dump, or Render a State; `bpftool map dump` shows the
+// same entries, undecoded):
+//
+//   - kp_frontends (hash): a frontend (address, IPv4 as IPv4-mapped IPv6
+//     so that dual-stack sockets find it too, port, protocol) to what
+//     happens to the flows of the node's own sockets and of the sockets
+//     of other network namespaces (pods): forward to a set, reject, drop,
+//     or pass (below). Cluster IPs, external IPs, load-balancer IPs and
+//     the node ports on each node address (NodeIPs) have entries.
+//   - kp_sets (hash): a set of endpoints (a port's cluster or local set)
+//     to its number of slots and its ClientIP affinity timeout.
+//   - kp_slots (hash): (set, slot) to an endpoint. An endpoint holds as
+//     many slots as its weight asks for (weights over their greatest
+//     common divisor, scaled to at most MaxEndpoints slots); a new flow
+//     takes a random slot, or for UDP one chosen by its socket, so that
+//     one socket stays with one endpoint.
+//   - kp_members (hash): which endpoints a set of a port with affinity
+//     holds; kp_affinity (LRU): a client's pin, keyed by its network
+//     namespace (the node's processes are one client, each pod one) and
+//     the set, with the time of its last flow: a pin older than the
+//     timeout, or to an endpoint the set no longer holds, is replaced.
+//   - kp_revnat (LRU): (socket, endpoint) to the service's address, which
+//     recvmsg and getpeername show instead of the endpoint's while the
+//     frontend exists.
+//   - kp_config: the node network namespace's cookie (Options.NetNS),
+//     which tells the node's sockets from pods'; kp_names: each set's name
+//     (service port and role), for Dump and for a restarted process.
+//
+// # Which flows the sockets take
+//
+// For each frontend and origin the hooks give servicelb's verdict where a
+// socket can give it exactly, and pass the flow on (leave its destination
+// alone, for the packet path) where it cannot:
+//
+//   - reject: the connect (TCP, or UDP connect) or the unconnected UDP
+//     send fails at once with ECONNREFUSED (bpf_set_retval), as a refused
+//     connection does; drop: it fails with EPERM, as a flow the node
+//     drops on its way out does. Nothing is sent.
+//   - forward, unmasqueraded, from a pod: the pod connects to the
+//     endpoint with its own address, as servicelb decides.
+//   - forward, masqueraded, from the node: the node connects to the
+//     endpoint from its address on the way there, which is the address
+//     masquerade gives (for a socket bound to another address of the
+//     node, that address).
+//   - pass: a pod's flow servicelb masquerades (node ports, external and
+//     load-balancer IPs under the Cluster policy; cluster IPs with
+//     MasqueradeAll), a node's flow it does not (cluster IPs on a node
+//     without cluster CIDRs: the source would differ), flows to
+//     load-balancer IPs with source ranges, SCTP, and everything no
+//     frontend names (a cluster IP's other ports, addresses of the
+//     service CIDRs): the packet path gives them their verdict.
+//
+// A pod's flow to itself through a service (hairpin) stays inside the pod:
+// no masquerade is needed for the reply to find its way, and the endpoint
+// sees its own address. Without Options.Packets, passed flows leave
+// untranslated: the pairing is the configuration that serves every
+// service.
+//
+// # Lifecycle
+//
+//	nft, err := nftables.New(nftables.Options{NetNS: ns})
+//	p, err := ebpf.New(ebpf.Options{Cgroup: "/sys/fs/cgroup/kubepods",
+//		PinPath: "/sys/fs/bpf/kproxy", NetNS: ns, Packets: nft})
+//	defer p.Close()
+//	err = p.Sync(ctx, state)     // both halves, as often as the state changes
+//	text, err := p.Render(state) // the maps as text, then the nft table
+//	err = p.Cleanup(ctx)         // detach, unpin; the nft table too
+//
+// New checks the kernel (Probe: a *FeatureError naming what is missing,
+// before anything is attached), creates the maps or opens those pinned
+// under Options.PinPath, and loads the programs. The first Sync (run by
+// internal/syncer's Engine, as for every backend) reads the maps, adopts
+// the sets it finds there by name with their slots, writes what differs
+// (in batches of 4096 entries: a cold sync of 10k services of 10
+// endpoints is a few dozen syscalls), and
+// only then attaches the hooks through bpf_link, pinning the links; links
+// pinned by an earlier process are given the new programs in place
+// (BPF_LINK_UPDATE), so a restarted agent never leaves a socket
+// unbalanced. Later syncs write only what the changed service ports need
+// (servicelb.Diff), each change ordered so that a lookup never meets half
+// of it: an endpoint's membership before its slots, slots before the count
+// that reaches them and after the count that no longer does, a set before
+// a frontend that names it, a frontend before the set it left. One
+// endpoint added or removed is two or three map writes. Every sync checks
+// cheaply that the hooks are attached to the cgroup and the pins in place;
+// at most every Options.VerifyInterval (and whenever the state has not
+// changed) it reads the maps back, and any difference makes it write the
+// whole content again.
+//
+// Close releases the file descriptors: with a PinPath the hooks and maps
+// stay for the next process; without, the hooks are detached. Cleanup
+// detaches the hooks and removes the pins (and the PinPath directory when
+// it is empty), and nothing else.
+//
+// # What it refuses
+//
+// Capabilities: alone, TCP and UDP, the scheduler hints "" and "random",
+// affinity (with its timeout), weights, the client's own address, at most
+// MaxEndpoints endpoints per set; services with source ranges, SCTP ports
+// or other hints are refused (servicelb.ErrUnsupported). With
+// Options.Packets, what both halves can: the packet path's protocols and
+// features (traffic from outside, source ranges, the service CIDRs), the
+// hints both honour, the smaller bound.
+//
+// # What it owns
+//
+// The eight hooks it attaches to Options.Cgroup (several Proxiers may
+// attach to one cgroup: each program runs, and a socket another one has
+// already sent to an endpoint meets no frontend in the next), its maps,
+// and under Options.PinPath the pins named after them ("kp_*" and
+// "link_<hook>"). It never changes routes, addresses, sysctls, firewall
+// rules or other programs.
+//
+// # Privileges
+//
+// CAP_BPF and CAP_NET_ADMIN (or CAP_SYS_ADMIN): root, in practice. The
+// kernel needs cgroup v2, BPF_PROG_TYPE_CGROUP_SOCK_ADDR with the
+// getpeername hooks (5.8), bpf_get_netns_cookie (5.7), bpf_set_retval
+// (5.18), SO_NETNS_COOKIE (5.14) and batched map operations (5.6); a bpf
+// filesystem for pins. Debian 12's 6.1 kernel has all of them.
+//
+// # Limits
+//
+//   - Only sockets in the cgroup are balanced. Processes elsewhere, and
+//     every host outside, reach services through the packet path.
+//   - A connected UDP socket stays with the endpoint it connected to after
+//     that endpoint goes: no conntrack entry holds it, so none is deleted.
+//     (Destroying such sockets, bpf_sock_destroy from a socket iterator
+//     on 6.5 and later, is a later step.)
+//   - Affinity pins are per network namespace and per set: the node's
+//     processes share one pin; a client's pins through the socket hooks
+//     and through the packet path are kept apart.
+//
+// # The tc and XDP path
+//
+// Cilium serves traffic from other hosts with programs on the interfaces'
+// tc (or XDP) hooks, which translate every packet: a node port's packet
+// is rewritten to an endpoint's address on the way in, and its replies
+// back on the way out. That needs state per flow, which the socket hooks
+// do not: a table of the translations made (Cilium keeps its own
+// conntrack and NAT maps), source-port allocation for the SNAT of the
+// Cluster policy (or DSR), ICMP errors generated for rejects, and care
+// with fragments, MTU and checksums; without it, a direct flow to an
+// endpoint meets a translation meant for another, and a flow that reuses
+// a tuple in TIME_WAIT clashes. A later step here could translate in tc
+// and keep the flows in the kernel's own conntrack through its kfuncs
+// (bpf_skb_ct_lookup, bpf_skb_ct_alloc, bpf_ct_set_nat_info,
+// bpf_ct_insert_entry; present on Linux 6.0 and later), so that conntrack
+// keeps doing what it does for the nftables backend; until then, the
+// nftables backend is this package's packet path.
+package ebpf

@@ -1,0 +1,185 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// kernel is the Proxier's side of internal/syncer's Engine: what its
+// maps hold and how to change them. The Engine calls it with p.mu held.
+type kernel Proxier
+
+// Check reports cheaply whether every hook is still attached to the
+// cgroup and, with a PinPath, every pin is in place.
+func (k *kernel) Check(context.Context) (bool, error) {
+	for i, l := range k.links {
+		if l == nil || !(*Proxier)(k).attached(l) {
+			k.log.Info("hook detached by someone else", "hook", hooks[i].name)
+			return false, nil
+		}
+	}
+	if k.opts.PinPath == "" {
+		return true, nil
+	}
+	for _, name := range mapNamesInOrder {
+		if _, err := os.Stat(filepath.Join(k.opts.PinPath, name)); err != nil {
+			k.log.Info("pin removed by someone else", "map", name)
+			return false, nil
+		}
+	}
+	for _, h := range hooks {
+		if _, err := os.Stat((*Proxier)(k).linkPin(h)); err != nil {
+			k.log.Info("pin removed by someone else", "hook", h.name)
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// attached reports whether a link still attaches its program to the
+// Proxier's cgroup.
+func (p *Proxier) attached(l link.Link) bool {
+	info, err := l.Info()
+	if err != nil {
+		return false
+	}
+	cg := info.Cgroup()
+	return cg != nil && cg.CgroupId == p.cgID
+}
+
+// Verify reads the maps back and compares every entry with the model.
+func (k *kernel) Verify(context.Context) (bool, error) {
+	got, err := k.maps.read()
+	if err != nil {
+		return false, err
+	}
+	d := diffContent(got, k.model.content(k.cookie))
+	if n := d.len(); n > 0 {
+		k.log.Info("maps differ from what was written", "entries", n)
+		return false, nil
+	}
+	return true, nil
+}
+
+// Write makes the maps hold st, adopting the sets it finds in them (by
+// name, with their slots, so that nothing moves that need not), then
+// attaches the hooks, or gives adopted links this process's programs.
+func (k *kernel) Write(_ context.Context, st *servicelb.State) error {
+	p := (*Proxier)(k)
+	found, err := k.maps.read()
+	if err != nil {
+		return err
+	}
+	m, err := buildModel(st, &k.caps, found)
+	if err != nil {
+		return err
+	}
+	d := diffContent(found, m.content(k.cookie))
+	if err := k.maps.write(d); err != nil {
+		return err
+	}
+	k.model = m
+	if k.opts.PinPath != "" {
+		if err := p.pinMaps(); err != nil {
+			return err
+		}
+	}
+	if err := p.attach(); err != nil {
+		return err
+	}
+	k.log.Debug("maps written", "entries", d.len(), "ports", len(m.ports))
+	return nil
+}
+
+// pinMaps pins the maps whose pins are missing (after a Cleanup).
+func (p *Proxier) pinMaps() error {
+	if err := os.MkdirAll(p.opts.PinPath, 0o700); err != nil {
+		return fmt.Errorf("pin path: %w", err)
+	}
+	for name, m := range p.maps.byName() {
+		path := filepath.Join(p.opts.PinPath, name)
+		if _, err := os.Stat(path); err == nil {
+			continue
+		}
+		if err := m.Pin(path); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// attach attaches every hook that is not attached to the cgroup, gives
+// adopted links this process's programs (an atomic replacement: no
+// socket goes unbalanced) and pins the links.
+func (p *Proxier) attach() error {
+	for i, h := range hooks {
+		l := p.links[i]
+		if l != nil && p.attached(l) {
+			if p.fresh[i] {
+				if err := l.Update(p.progs[i]); err != nil {
+					return fmt.Errorf("replace program of %s: %w", h.name, err)
+				}
+				p.fresh[i] = false
+				p.log.Info("adopted hook", "hook", h.name)
+			}
+			if err := p.pinLink(l, h); err != nil {
+				return err
+			}
+			continue
+		}
+		nl, err := link.AttachCgroup(link.CgroupOptions{Path: p.opts.Cgroup, Attach: h.attach, Program: p.progs[i]})
+		if err != nil {
+			return fmt.Errorf("attach %s to %s: %w", h.name, p.opts.Cgroup, err)
+		}
+		if l != nil {
+			if p.opts.PinPath != "" {
+				_ = l.Unpin()
+			}
+			l.Close()
+		}
+		p.links[i], p.fresh[i] = nl, false
+		if err := p.pinLink(nl, h); err != nil {
+			return err
+		}
+		p.log.Info("attached hook", "hook", h.name)
+	}
+	return nil
+}
+
+func (p *Proxier) pinLink(l link.Link, h hook) error {
+	if p.opts.PinPath == "" {
+		return nil
+	}
+	path := p.linkPin(h)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := l.Pin(path); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("pin link %s: %w", h.name, err)
+	}
+	return nil
+}
+
+// Apply writes what the changed service ports need, and nothing else.
+func (k *kernel) Apply(_ context.Context, _ *servicelb.State, ch *servicelb.Changes) (bool, error) {
+	s, err := k.model.plan(ch, &k.caps)
+	if err != nil {
+		return false, err
+	}
+	if err := k.maps.write(s.d); err != nil {
+		// The next sync writes the whole state over a new model.
+		k.model.abandon()
+		return false, err
+	}
+	k.model.commit(s)
+	k.log.Debug("applied changes", "added", len(ch.Added), "removed", len(ch.Removed), "changed", len(ch.Changed),
+		"writes", s.d.len())
+	return false, nil
+}

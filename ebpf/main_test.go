@@ -1,0 +1,10 @@
+package ebpf_test
+
+import (
+	"testing"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+)
+
+// TestMain lets netnstest run asks from a process in a test's cgroup.
+func TestMain(m *testing.M) { netnstest.Main(m) }

@@ -1,0 +1,211 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+
+	"github.com/cilium/ebpf"
+)
+
+// kmaps are the Proxier's BPF maps.
+type kmaps struct {
+	fe, sets, slots, members, affinity, reverse, cfg, names *ebpf.Map
+}
+
+func (k *kmaps) all() []*ebpf.Map {
+	return []*ebpf.Map{k.fe, k.sets, k.slots, k.members, k.affinity, k.reverse, k.cfg, k.names}
+}
+
+func (k *kmaps) byName() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{mapFrontends: k.fe, mapSets: k.sets, mapSlots: k.slots, mapMembers: k.members,
+		mapAffinity: k.affinity, mapReverse: k.reverse, mapConfig: k.cfg, mapNames: k.names}
+}
+
+func (k *kmaps) close() {
+	for _, m := range k.all() {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// openMaps creates the maps, or, with a pin directory, opens those pinned
+// there by an earlier process (and creates and pins the others). A pinned
+// map of another layout is an error: the Proxier never deletes a map it
+// cannot read.
+func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
+	got := map[string]*ebpf.Map{}
+	fail := func(err error) (*kmaps, error) {
+		for _, m := range got {
+			m.Close()
+		}
+		return nil, err
+	}
+	for _, name := range mapNamesInOrder {
+		spec := specs[name].Copy()
+		var opts ebpf.MapOptions
+		if pinDir != "" {
+			spec.Pinning = ebpf.PinByName
+			opts.PinPath = pinDir
+		}
+		m, err := ebpf.NewMapWithOptions(spec, opts)
+		if err != nil {
+			return fail(fmt.Errorf("map %s: %w", name, err))
+		}
+		got[name] = m
+	}
+	return &kmaps{fe: got[mapFrontends], sets: got[mapSets], slots: got[mapSlots], members: got[mapMembers],
+		affinity: got[mapAffinity], reverse: got[mapReverse], cfg: got[mapConfig], names: got[mapNames]}, nil
+}
+
+// unpin removes the maps' pins.
+func (k *kmaps) unpin() error {
+	var errs []error
+	for name, m := range k.byName() {
+		if err := m.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin map %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// batchSize is how many entries one batch syscall carries.
+const batchSize = 4096
+
+// readAll reads every entry of a hash map.
+func readAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	keys, vals := make([]K, batchSize), make([]V, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			out[keys[i]] = vals[i]
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return out, nil
+		case errors.Is(err, ebpf.ErrNotSupported):
+			return iterate[K, V](m)
+		case err != nil:
+			return nil, fmt.Errorf("read map %s: %w", m.String(), err)
+		}
+	}
+}
+
+func iterate[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map %s: %w", m.String(), err)
+	}
+	return out, nil
+}
+
+// read reads what the maps hold.
+func (k *kmaps) read() (*content, error) {
+	c := &content{}
+	var err error
+	if c.fe, err = readAll[feKey, feVal](k.fe); err != nil {
+		return nil, err
+	}
+	if c.sets, err = readAll[uint32, setVal](k.sets); err != nil {
+		return nil, err
+	}
+	if c.slots, err = readAll[slotKey, endpoint](k.slots); err != nil {
+		return nil, err
+	}
+	if c.members, err = readAll[memberKey, uint32](k.members); err != nil {
+		return nil, err
+	}
+	if c.names, err = readAll[uint32, nameVal](k.names); err != nil {
+		return nil, err
+	}
+	if err := k.cfg.Lookup(uint32(0), &c.cfg); err != nil {
+		return nil, fmt.Errorf("read map %s: %w", mapConfig, err)
+	}
+	return c, nil
+}
+
+// put writes entries: one syscall for one, batches for more.
+func put[K comparable, V any](m *ebpf.Map, entries map[K]V) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	keys := slices.Collect(maps.Keys(entries))
+	if len(keys) == 1 {
+		if err := m.Put(keys[0], entries[keys[0]]); err != nil {
+			return fmt.Errorf("write map %s: %w", m.String(), err)
+		}
+		return nil
+	}
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), batchSize)]
+		keys = keys[len(chunk):]
+		vals := make([]V, len(chunk))
+		for i, key := range chunk {
+			vals[i] = entries[key]
+		}
+		if _, err := m.BatchUpdate(chunk, vals, nil); err != nil {
+			return fmt.Errorf("write map %s: %w", m.String(), err)
+		}
+	}
+	return nil
+}
+
+// del deletes entries; one already gone is no error.
+func del[K comparable](m *ebpf.Map, keys []K) error {
+	if len(keys) == 1 {
+		if err := m.Delete(keys[0]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from map %s: %w", m.String(), err)
+		}
+		return nil
+	}
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), batchSize)]
+		keys = keys[len(chunk):]
+		if _, err := m.BatchDelete(chunk, nil); err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete from map %s: %w", m.String(), err)
+			}
+			// A batch stops at the first key that is gone: delete the
+			// rest one by one.
+			for _, key := range chunk {
+				if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return fmt.Errorf("delete from map %s: %w", m.String(), err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// write applies a delta to the maps, step by step (see delta.run). It
+// stops at the first error: the next sync writes the whole content.
+func (k *kmaps) write(d *delta) error { return d.run(k, nil) }
+
+func (k *kmaps) delMembers(keys []memberKey) error       { return del(k.members, keys) }
+func (k *kmaps) putMembers(m map[memberKey]uint32) error { return put(k.members, m) }
+func (k *kmaps) putSlots(m map[slotKey]endpoint) error   { return put(k.slots, m) }
+func (k *kmaps) putSets(m map[uint32]setVal) error       { return put(k.sets, m) }
+func (k *kmaps) putNames(m map[uint32]nameVal) error     { return put(k.names, m) }
+func (k *kmaps) putFE(m map[feKey]feVal) error           { return put(k.fe, m) }
+func (k *kmaps) delFE(keys []feKey) error                { return del(k.fe, keys) }
+func (k *kmaps) delSets(keys []uint32) error             { return del(k.sets, keys) }
+func (k *kmaps) delNames(keys []uint32) error            { return del(k.names, keys) }
+func (k *kmaps) delSlots(keys []slotKey) error           { return del(k.slots, keys) }
+
+func (k *kmaps) putCfg(v cfgVal) error {
+	if err := k.cfg.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("write map %s: %w", mapConfig, err)
+	}
+	return nil
+}

@@ -1,0 +1,242 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// model is what the Proxier wrote: the plan of each service port, and the
+// set ids in use.
+type model struct {
+	ports map[servicelb.ServicePortKey]*portPlan
+	ids   *ids
+}
+
+// buildModel plans every port of st, checked against caps. Sets keep the
+// ids and slot layouts found (by name) in found, the maps' content, when
+// given: what a restarted Proxier adopts.
+func buildModel(st *servicelb.State, caps *servicelb.Capabilities, found *content) (*model, error) {
+	m := &model{ports: map[servicelb.ServicePortKey]*portPlan{}, ids: newIDs()}
+	prev := adopted(found)
+	for _, id := range prev.ids {
+		m.ids.used[id] = true
+	}
+	var errs []error
+	for _, sp := range st.Ports() {
+		if err := caps.CheckPort(sp); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		pp, err := planPort(sp, prev.port(sp.Key), m.ids)
+		if err != nil {
+			return nil, err
+		}
+		m.ports[sp.Key] = pp
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// Ids found but not planned again are free.
+	for _, id := range prev.ids {
+		if !m.usesSet(id) {
+			m.ids.free(id)
+		}
+	}
+	return m, m.checkFrontends()
+}
+
+func (m *model) usesSet(id uint32) bool {
+	for _, pp := range m.ports {
+		if slices.Contains(pp.setIDs(), id) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkFrontends reports a frontend two ports hold (servicelb gives each
+// to one service: this is a guard).
+func (m *model) checkFrontends() error {
+	seen := map[feKey]servicelb.ServicePortKey{}
+	for k, pp := range m.ports {
+		for fe := range pp.frontends {
+			if o, ok := seen[fe]; ok {
+				return fmt.Errorf("frontend %s held by both %s and %s", fe, o, k)
+			}
+			seen[fe] = k
+		}
+	}
+	return nil
+}
+
+// content returns what the maps hold under the model.
+func (m *model) content(cookie uint64) *content {
+	c := newContent()
+	for _, pp := range m.ports {
+		c.add(pp)
+	}
+	c.cfg = cfgVal{NodeCookie: cookie}
+	return c
+}
+
+// annotations name each frontend's service port and kind, for Dump.
+func (m *model) annotations() map[feKey]string {
+	out := map[feKey]string{}
+	for k, pp := range m.ports {
+		for fe := range pp.frontends {
+			out[fe] = fmt.Sprintf("%s %s", k, pp.kinds[fe])
+		}
+	}
+	return out
+}
+
+// adoption is what a restarted Proxier finds of its sets in the maps: the
+// plan of each set, by service port, as far as the maps tell it.
+type adoption struct {
+	sets map[servicelb.ServicePortKey]*portPlan
+	ids  []uint32
+}
+
+func (a adoption) port(k servicelb.ServicePortKey) *portPlan { return a.sets[k] }
+
+// adopted reads the names and slots of the sets in c.
+func adopted(c *content) adoption {
+	a := adoption{sets: map[servicelb.ServicePortKey]*portPlan{}}
+	if c == nil {
+		return a
+	}
+	for id, n := range c.names {
+		key, r, ok := parseSetName(n.String())
+		if !ok {
+			continue
+		}
+		pp := a.sets[key]
+		if pp == nil {
+			pp = &portPlan{}
+			a.sets[key] = pp
+		}
+		if pp.sets[r] != nil {
+			continue // the same name twice: keep one, the other is rewritten
+		}
+		s := &setPlan{id: id, name: n.String()}
+		count := c.sets[id].Count
+		for i := range count {
+			e, ok := c.slots[slotKey{id, i}]
+			if !ok {
+				break
+			}
+			s.slots = append(s.slots, e)
+		}
+		pp.sets[r] = s
+		a.ids = append(a.ids, id)
+	}
+	slices.Sort(a.ids)
+	return a
+}
+
+// parseSetName parses "<service>:<port>/<family> <role>".
+func parseSetName(s string) (servicelb.ServicePortKey, role, bool) {
+	rest, r, ok := strings.Cut(s, " ")
+	if !ok {
+		return servicelb.ServicePortKey{}, 0, false
+	}
+	var ro role
+	switch r {
+	case "cluster":
+		ro = roleCluster
+	case "local":
+		ro = roleLocal
+	default:
+		return servicelb.ServicePortKey{}, 0, false
+	}
+	i := strings.LastIndexByte(rest, '/')
+	j := strings.LastIndexByte(rest, ':')
+	if i < 0 || j < 0 || j > i {
+		return servicelb.ServicePortKey{}, 0, false
+	}
+	var f servicelb.Family
+	switch rest[i+1:] {
+	case "ipv4":
+		f = servicelb.IPv4
+	case "ipv6":
+		f = servicelb.IPv6
+	default:
+		return servicelb.ServicePortKey{}, 0, false
+	}
+	return servicelb.ServicePortKey{Service: rest[:j], Port: rest[j+1 : i], Family: f}, ro, true
+}
+
+// step is a planned change of the model: the writes, the new plans of
+// the ports it touches (nil: removed) and the set ids it frees, which no
+// set of the same step takes, so that no id is deleted and written in
+// one step. The ids it takes are taken from the model's already: commit
+// or abandon the step before planning another.
+type step struct {
+	d     *delta
+	ports map[servicelb.ServicePortKey]*portPlan
+	freed []uint32
+}
+
+// plan plans the changes over m. Only the ids it takes change m; abandon
+// gives them back.
+func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step, error) {
+	s := &step{d: &delta{}, ports: map[servicelb.ServicePortKey]*portPlan{}}
+	m.ids.track()
+	var errs []error
+	change := func(old *portPlan, sp *servicelb.ServicePort, key servicelb.ServicePortKey) {
+		var next *portPlan
+		if sp != nil {
+			if err := caps.CheckPort(sp); err != nil {
+				errs = append(errs, err)
+				return
+			}
+			var err error
+			if next, err = planPort(sp, old, m.ids); err != nil {
+				errs = append(errs, err)
+				return
+			}
+		}
+		s.freed = append(s.freed, goneSets(old, next)...)
+		s.d.merge(diffPlans(old, next))
+		s.ports[key] = next
+	}
+	for _, sp := range ch.Removed {
+		change(m.ports[sp.Key], nil, sp.Key)
+	}
+	for _, c := range ch.Changed {
+		change(m.ports[c.Old.Key], c.New, c.New.Key)
+	}
+	for _, sp := range ch.Added {
+		change(m.ports[sp.Key], sp, sp.Key)
+	}
+	if err := errors.Join(errs...); err != nil {
+		m.abandon()
+		return nil, err
+	}
+	// A frontend one port gives up and another takes is written, not
+	// deleted.
+	s.d.fe.del = slices.DeleteFunc(s.d.fe.del, func(k feKey) bool { _, ok := s.d.fe.put[k]; return ok })
+	return s, nil
+}
+
+// abandon gives back the ids the last plan took.
+func (m *model) abandon() { m.ids.untake() }
+
+// commit makes the step's plans the model's.
+func (m *model) commit(s *step) {
+	for k, pp := range s.ports {
+		if pp == nil {
+			delete(m.ports, k)
+		} else {
+			m.ports[k] = pp
+		}
+	}
+	for _, id := range s.freed {
+		m.ids.free(id)
+	}
+	m.ids.track()
+}

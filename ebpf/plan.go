@@ -1,0 +1,313 @@
+package ebpf
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// A role says which endpoint set of a service port a set holds.
+type role uint8
+
+const (
+	roleCluster role = iota
+	roleLocal
+)
+
+func (r role) String() string { return [...]string{"cluster", "local"}[r] }
+
+// maxSlots is the number of slots a set of endpoints with unequal weights
+// is spread over: weights are honoured to about 1/maxSlots of a set's
+// flows. Endpoints of equal weight take one slot each.
+const maxSlots = 4096
+
+// MaxEndpoints bounds the endpoints of a set (a service port's cluster
+// or local endpoints).
+const MaxEndpoints = maxSlots
+
+// socketAction is what the hooks do with a new flow from origin o to a
+// frontend of kind k: servicelb's verdict where a socket can give it
+// exactly, else actPass, which leaves the flow to the packet path:
+//
+//   - reject and drop are given at the socket (ECONNREFUSED, EPERM);
+//   - a forward without masquerade from a pod, and one with masquerade
+//     from the node, are given by connecting the socket to the endpoint
+//     itself: the pod's own address, or the node's address on the way to
+//     the endpoint, is the source masquerade would give;
+//   - a forward with masquerade from a pod, a forward without masquerade
+//     from the node (whose source address would differ), and every flow
+//     to a load-balancer IP with source ranges pass.
+func socketAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, o servicelb.Origin) (action, role) {
+	if k == servicelb.LoadBalancerFrontend && len(sp.SourceRanges) > 0 {
+		return actPass, 0
+	}
+	v := sp.Verdicts(k).Of(o)
+	switch v.Action {
+	case servicelb.Reject:
+		return actReject, 0
+	case servicelb.Drop:
+		return actDrop, 0
+	}
+	if (o == servicelb.FromPod) == v.Masquerade {
+		return actPass, 0
+	}
+	if v.Action == servicelb.ToLocal {
+		return actForward, roleLocal
+	}
+	return actForward, roleCluster
+}
+
+// carried reports whether the hooks carry a protocol: TCP and UDP. SCTP
+// flows are left to the packet path.
+func carried(p servicelb.Protocol) bool { return p == servicelb.TCP || p == servicelb.UDP }
+
+// frontendPlan is one frontend's entry, its sets named by role.
+type frontendPlan struct {
+	key              feKey
+	kind             servicelb.FrontendKind
+	nodeAct, podAct  action
+	nodeRole, podRol role
+}
+
+// planFrontends returns the entries of a service port's frontends, and
+// which of its sets they use.
+func planFrontends(sp *servicelb.ServicePort) ([]frontendPlan, [2]bool) {
+	var used [2]bool
+	if !carried(sp.Port.Protocol) {
+		return nil, used
+	}
+	var out []frontendPlan
+	for _, f := range sp.Frontends() {
+		na, nr := socketAction(sp, f.Kind, servicelb.FromNode)
+		pa, pr := socketAction(sp, f.Kind, servicelb.FromPod)
+		if na == actPass && pa == actPass {
+			continue
+		}
+		if na == actForward {
+			used[nr] = true
+		}
+		if pa == actForward {
+			used[pr] = true
+		}
+		out = append(out, frontendPlan{key: newFEKey(f.Addr, f.Port, sp.Port.Protocol), kind: f.Kind,
+			nodeAct: na, podAct: pa, nodeRole: nr, podRol: pr})
+	}
+	return out, used
+}
+
+// slotCounts returns how many slots each backend takes: its weight over
+// the weights' greatest common divisor, scaled down (each keeping one at
+// least) when they add up to more than maxSlots.
+func slotCounts(bs []servicelb.Backend) []int {
+	g, sum := 0, 0
+	for _, b := range bs {
+		g = gcd(g, int(b.Weight))
+		sum += int(b.Weight)
+	}
+	out := make([]int, len(bs))
+	for i, b := range bs {
+		n := int(b.Weight) / max(g, 1)
+		if sum/max(g, 1) > maxSlots {
+			n = max(1, int(b.Weight)*maxSlots/sum)
+		}
+		out[i] = n
+	}
+	return out
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// relayout places the wanted endpoints (each as many times as want says,
+// in the order given) in slots, moving as few as it can from old: an
+// endpoint keeps the slots it has, new ones fill the slots of endpoints
+// that went, then the slots after the last; when the set shrinks, the
+// endpoints in the slots past its new end move into the gaps.
+func relayout(old []endpoint, order []endpoint, want map[endpoint]int) []endpoint {
+	keep := make(map[endpoint]int, len(want))
+	total := 0
+	for e, n := range want {
+		keep[e] = n
+		total += n
+	}
+	next := make([]endpoint, max(len(old), total))
+	held := make([]bool, len(next))
+	for i, e := range old {
+		if keep[e] > 0 {
+			next[i], held[i] = e, true
+			keep[e]--
+		}
+	}
+	var items []endpoint
+	for _, e := range order {
+		for ; keep[e] > 0; keep[e]-- {
+			items = append(items, e)
+		}
+	}
+	for i := total; i < len(old); i++ {
+		if held[i] {
+			items = append(items, next[i])
+		}
+	}
+	for i := 0; i < total && len(items) > 0; i++ {
+		if !held[i] {
+			next[i], held[i] = items[0], true
+			items = items[1:]
+		}
+	}
+	return next[:total]
+}
+
+// setPlan is the content of one set.
+type setPlan struct {
+	id      uint32
+	name    string
+	slots   []endpoint
+	timeout uint32
+	members bool // affinity: the endpoints are listed in kp_members
+}
+
+// portPlan is what one service port holds in the maps.
+type portPlan struct {
+	frontends map[feKey]feVal
+	// kinds name each frontend's kind, for Render.
+	kinds map[feKey]servicelb.FrontendKind
+	sets  [2]*setPlan
+}
+
+// ids hands out set ids: the lowest free one from 1.
+type ids struct {
+	used map[uint32]bool
+	next uint32
+	// taken records the ids handed out since track, for untake.
+	taken []uint32
+}
+
+func newIDs() *ids { return &ids{used: map[uint32]bool{}, next: 1} }
+
+func (a *ids) take() (uint32, error) {
+	for n := 0; a.used[a.next] || a.next == 0; n++ {
+		if n > len(a.used)+1 {
+			return 0, fmt.Errorf("no set id left")
+		}
+		a.next++
+	}
+	id := a.next
+	a.used[id] = true
+	a.next++
+	a.taken = append(a.taken, id)
+	return id, nil
+}
+
+func (a *ids) free(id uint32) {
+	delete(a.used, id)
+	if id < a.next {
+		a.next = id
+	}
+}
+
+// track starts recording the ids taken; untake frees them again.
+func (a *ids) track() { a.taken = a.taken[:0] }
+
+func (a *ids) untake() {
+	for _, id := range a.taken {
+		a.free(id)
+	}
+	a.taken = a.taken[:0]
+}
+
+func setName(k servicelb.ServicePortKey, r role) string { return k.String() + " " + r.String() }
+
+// planPort returns what sp holds in the maps. Its sets keep the ids and
+// slot layouts of old (the port's plan before a change, or what a
+// restarted process found in the kernel); new sets take ids from a.
+func planPort(sp *servicelb.ServicePort, old *portPlan, a *ids) (*portPlan, error) {
+	fes, used := planFrontends(sp)
+	pp := &portPlan{frontends: make(map[feKey]feVal, len(fes)), kinds: make(map[feKey]servicelb.FrontendKind, len(fes))}
+	for r, bs := range [2][]servicelb.Backend{sp.Cluster, sp.Local} {
+		if !used[r] {
+			continue
+		}
+		var prev *setPlan
+		if old != nil {
+			prev = old.sets[r]
+		}
+		s, err := planSet(sp, role(r), bs, prev, a)
+		if err != nil {
+			return nil, err
+		}
+		pp.sets[r] = s
+	}
+	for _, f := range fes {
+		v := feVal{NodeAct: f.nodeAct, PodAct: f.podAct}
+		if f.nodeAct == actForward {
+			v.NodeSet = pp.sets[f.nodeRole].id
+		}
+		if f.podAct == actForward {
+			v.PodSet = pp.sets[f.podRol].id
+		}
+		pp.frontends[f.key] = v
+		pp.kinds[f.key] = f.kind
+	}
+	return pp, nil
+}
+
+func planSet(sp *servicelb.ServicePort, r role, bs []servicelb.Backend, prev *setPlan, a *ids) (*setPlan, error) {
+	s := &setPlan{name: setName(sp.Key, r), timeout: uint32(sp.Affinity.Seconds()), members: sp.Affinity > 0}
+	if prev != nil {
+		s.id = prev.id
+	} else {
+		id, err := a.take()
+		if err != nil {
+			return nil, err
+		}
+		s.id = id
+	}
+	counts := slotCounts(bs)
+	order := make([]endpoint, len(bs))
+	want := make(map[endpoint]int, len(bs))
+	for i, b := range bs {
+		order[i] = newEndpoint(b.Addr, b.Port)
+		want[order[i]] += counts[i]
+	}
+	var oldSlots []endpoint
+	if prev != nil {
+		oldSlots = prev.slots
+	}
+	s.slots = relayout(oldSlots, order, want)
+	return s, nil
+}
+
+// setIDs returns the ids of a plan's sets.
+func (pp *portPlan) setIDs() []uint32 {
+	var out []uint32
+	for _, s := range pp.sets {
+		if s != nil {
+			out = append(out, s.id)
+		}
+	}
+	return out
+}
+
+// goneSets returns the ids of old's sets that next no longer has.
+func goneSets(old, next *portPlan) []uint32 {
+	if old == nil {
+		return nil
+	}
+	var keep []uint32
+	if next != nil {
+		keep = next.setIDs()
+	}
+	var out []uint32
+	for _, id := range old.setIDs() {
+		if !slices.Contains(keep, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}

@@ -1,0 +1,416 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nsutil"
+	"github.com/kproxy-dev/kproxy/internal/syncer"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Options configure a Proxier.
+type Options struct {
+	// Cgroup is the cgroup v2 directory the hooks are attached to: the
+	// sockets of every process in it and below are balanced. An agent
+	// passes the root of its workloads' cgroups (the whole node's is the
+	// root of the hierarchy). Required.
+	Cgroup string
+	// PinPath, when set, is a directory on a bpf filesystem that the
+	// Proxier owns: it pins its maps and links there, so that they
+	// outlive the process, and a new Proxier with the same PinPath adopts
+	// them without a moment unbalanced. Empty means no pins: the hooks
+	// are detached when the Proxier is closed.
+	PinPath string
+	// NetNS is the node's network namespace: sockets in it are the node's
+	// own (servicelb.FromNode), sockets in any other are pods'
+	// (servicelb.FromPod). Zero means the caller's.
+	NetNS netns.NsHandle
+	// Packets, when set, is the packet-path Proxier (package nftables'
+	// in the node's namespace) that serves what sockets do not: traffic
+	// from other hosts, and the flows the hooks leave alone (see the
+	// package documentation). The Proxier then syncs, cleans up, closes
+	// and renders it too, and its Capabilities are the pair's.
+	Packets servicelb.Proxier
+	// Sizes bound the maps.
+	Sizes Sizes
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// VerifyInterval is the least time between two deep checks of the
+	// maps by syncs that change something (every entry read back); zero
+	// means one minute.
+	VerifyInterval time.Duration
+}
+
+// Proxier balances the connections and datagrams of the sockets in a
+// cgroup at the socket layer. It implements servicelb.Proxier and
+// servicelb.Renderer; its methods are safe for concurrent use.
+type Proxier struct {
+	opts  Options
+	log   *slog.Logger
+	caps  servicelb.Capabilities
+	specs map[string]*ebpf.MapSpec
+
+	mu      sync.Mutex
+	eng     *syncer.Engine
+	maps    *kmaps
+	progs   []*ebpf.Program
+	links   []link.Link // by hooks' index; nil until attached
+	fresh   []bool      // links adopted from pins and not yet given this process's programs
+	cgID    uint64
+	cookie  uint64
+	madeDir bool
+	// model is what the maps hold, by service port; nil before the first
+	// sync and after Cleanup.
+	model *model
+}
+
+var (
+	_ servicelb.Proxier  = (*Proxier)(nil)
+	_ servicelb.Renderer = (*Proxier)(nil)
+	_ io.Closer          = (*Proxier)(nil)
+)
+
+// New probes the kernel (see Probe), then creates the maps or adopts
+// those pinned under Options.PinPath, and loads the programs. It attaches
+// nothing: the first Sync fills the maps, then attaches the hooks (or
+// gives adopted links the new programs, atomically).
+func New(o Options) (*Proxier, error) {
+	p, err := newProxier(o)
+	if err != nil {
+		return nil, err
+	}
+	if err := Probe(o); err != nil {
+		return nil, err
+	}
+	if err := p.open(); err != nil {
+		p.closeKernel()
+		return nil, fmt.Errorf("ebpf: %w", err)
+	}
+	return p, nil
+}
+
+// ErrRenderOnly: a Sync, Cleanup or Dump of a Proxier made by
+// ForRendering.
+var ErrRenderOnly = errors.New("ebpf: a Proxier for rendering only holds no kernel state")
+
+// ForRendering returns a Proxier that renders (Render, Capabilities) and
+// touches nothing: it needs no privileges and probes nothing, for dry
+// runs. Its Sync, Cleanup and Dump fail with ErrRenderOnly.
+func ForRendering(o Options) (*Proxier, error) { return newProxier(o) }
+
+// newProxier checks the options and applies their defaults; the Proxier
+// it returns renders but holds nothing of the kernel.
+func newProxier(o Options) (*Proxier, error) {
+	if o.Cgroup == "" {
+		return nil, fmt.Errorf("ebpf: %w: Cgroup is empty: name a cgroup v2 directory", ErrInvalidOptions)
+	}
+	o.Sizes = o.Sizes.withDefaults()
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxier{opts: o, log: log.With("cgroup", o.Cgroup), specs: mapSpecs(o.Sizes)}
+	p.caps = capabilities(o.Packets)
+	p.eng = syncer.New((*kernel)(p), syncer.Options{Name: "ebpf", Logger: p.log, VerifyInterval: o.VerifyInterval,
+		Capabilities: p.caps})
+	return p, nil
+}
+
+// open takes the kernel objects: the cgroup's id, the node namespace's
+// cookie, the maps, the programs and the pinned links.
+func (p *Proxier) open() error {
+	var st unix.Stat_t
+	if err := unix.Stat(p.opts.Cgroup, &st); err != nil {
+		return fmt.Errorf("cgroup %s: %w", p.opts.Cgroup, err)
+	}
+	p.cgID = st.Ino
+	cookie, err := netnsCookie(p.opts.NetNS)
+	if err != nil {
+		return err
+	}
+	p.cookie = cookie
+	if p.opts.PinPath != "" {
+		if _, err := os.Stat(p.opts.PinPath); errors.Is(err, os.ErrNotExist) {
+			if err := os.MkdirAll(p.opts.PinPath, 0o700); err != nil {
+				return fmt.Errorf("pin path: %w", err)
+			}
+			p.madeDir = true
+		}
+	}
+	if p.maps, err = openMaps(p.specs, p.opts.PinPath); err != nil {
+		return err
+	}
+	for _, h := range hooks {
+		spec := programSpec(h)
+		for name, m := range p.maps.byName() {
+			if err := spec.Instructions.AssociateMap(name, m); err != nil && !errors.Is(err, asm.ErrUnreferencedSymbol) {
+				return fmt.Errorf("program %s: %w", h.name, err)
+			}
+		}
+		prog, err := ebpf.NewProgram(spec)
+		if err != nil {
+			return fmt.Errorf("load program %s: %w", h.name, err)
+		}
+		p.progs = append(p.progs, prog)
+	}
+	p.links = make([]link.Link, len(hooks))
+	p.fresh = make([]bool, len(hooks))
+	if p.opts.PinPath == "" {
+		return nil
+	}
+	for i, h := range hooks {
+		l, err := link.LoadPinnedLink(p.linkPin(h), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("pinned link %s: %w", h.name, err)
+		}
+		p.links[i], p.fresh[i] = l, true
+	}
+	return nil
+}
+
+func (p *Proxier) linkPin(h hook) string { return p.opts.PinPath + "/link_" + h.name }
+
+// netnsCookie returns the cookie of a network namespace (SO_NETNS_COOKIE,
+// Linux 5.14), which the hooks compare with bpf_get_netns_cookie.
+func netnsCookie(ns netns.NsHandle) (uint64, error) {
+	var cookie uint64
+	err := nsutil.Do(ns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		return 0, &FeatureError{Feature: "SO_NETNS_COOKIE", Hint: "Linux 5.14, to tell the node's sockets from pods'", Err: err}
+	}
+	return cookie, nil
+}
+
+// Close releases the Proxier's file descriptors. With a PinPath, the
+// hooks and maps stay in the kernel for the next process; without one,
+// the hooks are detached. It closes Options.Packets too (when it is an
+// io.Closer), leaving its state in place.
+func (p *Proxier) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.eng.Closed() {
+		return nil
+	}
+	p.eng.Close()
+	p.closeKernel()
+	if c, ok := p.opts.Packets.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+func (p *Proxier) closeKernel() {
+	for _, l := range p.links {
+		if l != nil {
+			l.Close()
+		}
+	}
+	for _, prog := range p.progs {
+		prog.Close()
+	}
+	if p.maps != nil {
+		p.maps.close()
+	}
+	p.links, p.progs, p.maps = nil, nil, nil
+}
+
+// Capabilities says what the Proxier can express. Alone: TCP and UDP,
+// the random scheduler (weighted), affinity with expiry, weights, the
+// client's own address, at most MaxEndpoints endpoints per set. With
+// Options.Packets: what both can, the packet path serving the rest (see
+// the package documentation).
+func (p *Proxier) Capabilities() servicelb.Capabilities { return p.caps }
+
+// socketFeatures are the features the hooks give themselves. They tell a
+// pod's socket from the node's by its network namespace inside the
+// attached cgroup, whatever the node's local-traffic detection says of
+// packets: every mode is theirs (FeatureLocalByInterface included).
+const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | servicelb.FeaturePreserveSource |
+	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface
+
+// passedFeatures are the features whose flows the hooks leave to the
+// packet path. The hooks' own refusals (ECONNREFUSED, EPERM at the
+// socket) come before any packet, so the pair's verdicts are the packet
+// path's (FeaturePacketVerdicts).
+const passedFeatures = servicelb.FeatureExternal | servicelb.FeatureSourceRanges | servicelb.FeatureServiceCIDRs |
+	servicelb.FeatureLocalhostNodePorts | servicelb.FeaturePacketVerdicts
+
+func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
+	c := servicelb.Capabilities{
+		Backend:      "ebpf",
+		Schedulers:   []servicelb.Scheduler{servicelb.SchedulerRandom},
+		Protocols:    []servicelb.Protocol{servicelb.TCP, servicelb.UDP},
+		MaxEndpoints: MaxEndpoints,
+		Features:     socketFeatures,
+	}
+	if packets == nil {
+		return c
+	}
+	pc := packets.Capabilities()
+	c.Backend = "ebpf+" + pc.Backend
+	c.Schedulers = slices.DeleteFunc(slices.Clone(c.Schedulers), func(s servicelb.Scheduler) bool { return !pc.AcceptsScheduler(s) })
+	c.Protocols = pc.Protocols
+	if pc.MaxEndpoints > 0 {
+		c.MaxEndpoints = min(c.MaxEndpoints, pc.MaxEndpoints)
+	}
+	c.Features = pc.Features & (socketFeatures | passedFeatures)
+	return c
+}
+
+// Sync makes the maps (and Options.Packets) match st. See the package
+// documentation for what it writes and when.
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+	if p.maps == nil && !p.eng.Closed() {
+		return ErrRenderOnly
+	}
+	var perr error
+	if p.opts.Packets != nil {
+		perr = p.opts.Packets.Sync(ctx, st)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return joinPartial(perr, p.eng.Sync(ctx, st))
+}
+
+// joinPartial joins the errors of the two halves; when both left services
+// out, one PartialError names them all.
+func joinPartial(a, b error) error {
+	var pa, pb *servicelb.PartialError
+	if errors.As(a, &pa) && errors.As(b, &pb) && a == error(pa) && b == error(pb) {
+		m := map[string]error{}
+		for n, e := range pa.LeftOut {
+			m[n] = e
+		}
+		for n, e := range pb.LeftOut {
+			if _, ok := m[n]; !ok {
+				m[n] = e
+			}
+		}
+		return &servicelb.PartialError{LeftOut: m}
+	}
+	return errors.Join(a, b)
+}
+
+// Cleanup detaches the hooks, removes the pins and forgets what the maps
+// hold, and cleans Options.Packets up; nothing else. A later Sync starts
+// over.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	err := p.cleanup()
+	p.mu.Unlock()
+	if p.opts.Packets != nil {
+		err = errors.Join(err, p.opts.Packets.Cleanup(ctx))
+	}
+	return err
+}
+
+func (p *Proxier) cleanup() error {
+	if p.eng.Closed() {
+		return servicelb.ErrClosed
+	}
+	if p.maps == nil {
+		return ErrRenderOnly
+	}
+	p.eng.Forget()
+	p.model = nil
+	var errs []error
+	for i, l := range p.links {
+		if l == nil {
+			continue
+		}
+		if p.opts.PinPath != "" {
+			if err := l.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("unpin link %s: %w", hooks[i].name, err))
+			}
+		}
+		if err := l.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", hooks[i].name, err))
+		}
+		p.links[i] = nil
+	}
+	if p.opts.PinPath != "" {
+		errs = append(errs, p.maps.unpin())
+		if err := os.Remove(p.opts.PinPath); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ebpf: cleanup: %w", err)
+	}
+	p.log.Info("hooks detached, pins removed")
+	return nil
+}
+
+// Render returns what the maps would hold for st, as text (see Dump),
+// and after it the packet path's rendering when Options.Packets renders.
+// It needs no privileges and touches no kernel state.
+func (p *Proxier) Render(st *servicelb.State) (string, error) {
+	if err := st.Check(); err != nil {
+		return "", err
+	}
+	node := st.Node()
+	if err := p.caps.CheckNode(&node); err != nil {
+		return "", err
+	}
+	m, err := buildModel(st, &p.caps, nil)
+	if err != nil {
+		return "", err
+	}
+	text := formatContent(m.content(0), m.annotations())
+	if r, ok := p.opts.Packets.(servicelb.Renderer); ok {
+		more, err := r.Render(st)
+		if err != nil {
+			return "", err
+		}
+		text += "\n" + more
+	}
+	return text, nil
+}
+
+// Dump reads the maps and lists what they hold, as Render does.
+func (p *Proxier) Dump(ctx context.Context) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.eng.Closed() {
+		return "", servicelb.ErrClosed
+	}
+	if p.maps == nil {
+		return "", ErrRenderOnly
+	}
+	c, err := p.maps.read()
+	if err != nil {
+		return "", fmt.Errorf("ebpf: dump: %w", err)
+	}
+	var notes map[feKey]string
+	if p.model != nil {
+		notes = p.model.annotations()
+	}
+	return formatContent(c, notes), nil
+}

@@ -1,0 +1,118 @@
+package ebpf
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden files")
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := "testdata/" + name
+	if *updateGolden {
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, string(want), got)
+}
+
+func renderState(t *testing.T) *servicelb.State {
+	a := netip.MustParseAddr
+	local := func(addr string, w uint16) servicelb.Endpoint {
+		return servicelb.Endpoint{Addr: a(addr), Ready: true, NodeName: "node-a", Weight: servicelb.Weight(w)}
+	}
+	remote := func(addr string) servicelb.Endpoint {
+		return servicelb.Endpoint{Addr: a(addr), Ready: true, NodeName: "node-b"}
+	}
+	st, err := servicelb.NewState(servicelb.NodeConfig{NodeName: "node-a", NodeIPs: []netip.Addr{a("192.0.2.1"), a("2001:db8::1")},
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}},
+		servicelb.Service{
+			Name: "default/web", ClusterIPs: []netip.Addr{a("10.96.0.10"), a("fd00:96::10")},
+			ExternalIPs: []netip.Addr{a("203.0.113.10")}, LoadBalancerIPs: []netip.Addr{a("203.0.113.20")},
+			SourceRanges:          []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+			ExternalTrafficPolicy: servicelb.PolicyLocal,
+			Affinity:              servicelb.SessionAffinity{ClientIP: true, Timeout: 30 * time.Second},
+			Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080, TargetPort: 8080},
+				{Name: "sctp", Protocol: servicelb.SCTP, Port: 90}},
+			Endpoints: []servicelb.Endpoint{local("10.244.1.2", 1), local("10.244.1.3", 3), remote("10.244.2.2"),
+				{Addr: a("fd00:244:1::2"), Ready: true, NodeName: "node-a"}},
+		},
+		servicelb.Service{
+			Name: "default/dns", ClusterIPs: []netip.Addr{a("10.96.0.53")}, InternalTrafficPolicy: servicelb.PolicyLocal,
+			Ports:     []servicelb.Port{{Name: "dns", Protocol: servicelb.UDP, Port: 53}},
+			Endpoints: []servicelb.Endpoint{remote("10.244.2.53")},
+		},
+		servicelb.Service{
+			Name: "default/empty", ClusterIPs: []netip.Addr{a("10.96.0.99")},
+			Ports: []servicelb.Port{{Name: "tcp", Protocol: servicelb.TCP, Port: 80}},
+		})
+	require.NoError(t, err)
+	return st
+}
+
+// TestRender renders a state with every kind of frontend, the two
+// policies, affinity, weights, source ranges, a port without endpoints,
+// one without a local endpoint and an SCTP port (left to the packet
+// path).
+func TestRender(t *testing.T) {
+	p, err := ForRendering(Options{Cgroup: "/cg", Packets: packetPath{}})
+	require.NoError(t, err)
+	text, err := p.Render(renderState(t))
+	require.NoError(t, err)
+	checkGolden(t, "render.golden", text)
+}
+
+// TestRenderRefuses: alone, a service with source ranges or an SCTP port
+// is refused with servicelb.ErrUnsupported; the zero State with
+// servicelb.ErrNoState.
+func TestRenderRefuses(t *testing.T) {
+	p, err := ForRendering(Options{Cgroup: "/cg"})
+	require.NoError(t, err)
+	_, err = p.Render(renderState(t))
+	assert.ErrorIs(t, err, servicelb.ErrUnsupported)
+	var ve *servicelb.ValidationError
+	require.ErrorAs(t, err, &ve)
+	assert.Equal(t, "default/web", ve.Service)
+	_, err = p.Render(&servicelb.State{})
+	assert.ErrorIs(t, err, servicelb.ErrNoState)
+}
+
+func TestOptions(t *testing.T) {
+	_, err := New(Options{})
+	assert.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = ForRendering(Options{})
+	assert.ErrorIs(t, err, ErrInvalidOptions)
+	p, err := ForRendering(Options{Cgroup: "/cg"})
+	require.NoError(t, err)
+	st, err := servicelb.NewState(servicelb.NodeConfig{})
+	require.NoError(t, err)
+	assert.ErrorIs(t, p.Sync(t.Context(), st), ErrRenderOnly)
+	assert.ErrorIs(t, p.Cleanup(t.Context()), ErrRenderOnly)
+	_, err = p.Dump(t.Context())
+	assert.ErrorIs(t, err, ErrRenderOnly)
+}
+
+func TestCapabilities(t *testing.T) {
+	alone := capabilities(nil)
+	assert.Equal(t, "ebpf", alone.Backend)
+	assert.Equal(t, []servicelb.Protocol{servicelb.TCP, servicelb.UDP}, alone.Protocols)
+	assert.False(t, alone.Features.Has(servicelb.FeatureExternal))
+	assert.False(t, alone.Features.Has(servicelb.FeatureSourceRanges))
+	assert.True(t, alone.Features.Has(servicelb.FeatureAffinity|servicelb.FeatureWeights|servicelb.FeatureAffinityExpiry))
+	pair := capabilities(packetPath{})
+	assert.Equal(t, "ebpf+packets", pair.Backend)
+	assert.Nil(t, pair.Protocols, "the packet path carries SCTP")
+	assert.Equal(t, servicelb.AllFeatures, pair.Features)
+	assert.Equal(t, MaxEndpoints, pair.MaxEndpoints)
+	assert.Equal(t, []servicelb.Scheduler{servicelb.SchedulerRandom}, pair.Schedulers)
+}

@@ -1,0 +1,453 @@
+//go:build privileged || vm
+
+package ebpf_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	kebpf "github.com/kproxy-dev/kproxy/ebpf"
+	"github.com/kproxy-dev/kproxy/internal/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// world is a topology (the node, three endpoint hosts and a pod host),
+// a cgroup with an asker in it, and a socket-level Proxier alone (no
+// packet path): the node has no route to any service address, so an ask
+// that the hooks do not translate fails.
+type world struct {
+	env *bpfenv.Env
+	tp  *netnstest.Topology
+	cg  *netnstest.Cgroup
+	p   *kebpf.Proxier
+}
+
+const podHost = 3
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	e := newEnv(t)
+	tp := netnstest.New(t, netnstest.Options{Backends: 4})
+	for _, h := range tp.Backends {
+		h.Serve(t, "tcp", 8080)
+		h.Serve(t, "udp", 8080)
+	}
+	w := &world{env: e, tp: tp, cg: netnstest.StartCgroup(t, e.Cgroup)}
+	w.p = newSocketLB(t, e, tp.Node.NS, false)
+	t.Cleanup(func() {
+		if err := w.p.Cleanup(context.Background()); !errors.Is(err, servicelb.ErrClosed) {
+			assert.NoError(t, err)
+		}
+		assert.NoError(t, w.p.Close())
+	})
+	return w
+}
+
+var (
+	vip4 = netip.MustParseAddr("10.96.0.10")
+	vip6 = netip.MustParseAddr("fd00:96::10")
+	ext4 = netip.MustParseAddr("172.16.0.10")
+	lb4  = netip.MustParseAddr("172.17.0.10")
+)
+
+func node() servicelb.NodeConfig {
+	return servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4(), netnstest.NodeIPv6()},
+		ClusterCIDRs: netnstest.ClusterCIDRs()}
+}
+
+// eps returns ready endpoints on the hosts given, on node n, both
+// families.
+func eps(n string, hosts ...int) []servicelb.Endpoint {
+	var out []servicelb.Endpoint
+	for _, h := range hosts {
+		for _, a := range []netip.Addr{netnstest.BackendIPv4(h), netnstest.BackendIPv6(h)} {
+			out = append(out, servicelb.Endpoint{Addr: a, Ready: true, Serving: true, NodeName: n})
+		}
+	}
+	return out
+}
+
+func service(endpoints []servicelb.Endpoint, opts ...func(*servicelb.Service)) servicelb.Service {
+	s := servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{vip4, vip6},
+		Ports: []servicelb.Port{
+			{Name: "tcp", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080},
+			{Name: "udp", Protocol: servicelb.UDP, Port: 80, TargetPort: 8080},
+		}, Endpoints: endpoints}
+	for _, o := range opts {
+		o(&s)
+	}
+	return s
+}
+
+func (w *world) sync(t *testing.T, n servicelb.NodeConfig, svcs ...servicelb.Service) *servicelb.State {
+	t.Helper()
+	st, err := servicelb.NewState(n, svcs...)
+	require.NoError(t, err)
+	require.NoError(t, w.p.Sync(context.Background(), st))
+	return st
+}
+
+func (w *world) ask(from *netnstest.Host, proto string, dst netip.AddrPort, opts ...netnstest.AskOption) (netnstest.Reply, error) {
+	opts = append([]netnstest.AskOption{netnstest.InCgroup(w.cg), netnstest.Timeout(2 * time.Second)}, opts...)
+	return from.Ask(context.Background(), proto, dst, opts...)
+}
+
+// TestSocketsReachEndpoints: the node's sockets and a pod's in the cgroup
+// reach the endpoints of cluster, external and load-balancer IPs and node
+// ports over TCP and UDP, connected or not, with getpeername and recvfrom
+// showing the service's address; the endpoint sees the pod's own address
+// and the node's address on its link. A socket outside the cgroup is not
+// translated.
+func TestSocketsReachEndpoints(t *testing.T) {
+	w := newWorld(t)
+	w.sync(t, node(), service(eps("elsewhere", 0, 1, 2), func(s *servicelb.Service) {
+		s.ExternalIPs, s.LoadBalancerIPs = []netip.Addr{ext4}, []netip.Addr{lb4}
+		s.Ports[0].NodePort, s.Ports[1].NodePort = 30080, 30080
+	}))
+	frontends := []netip.AddrPort{netip.AddrPortFrom(vip4, 80), netip.AddrPortFrom(vip6, 80), netip.AddrPortFrom(ext4, 80),
+		netip.AddrPortFrom(lb4, 80), netip.AddrPortFrom(netnstest.NodeIPv4(), 30080), netip.AddrPortFrom(netnstest.NodeIPv6(), 30080)}
+	asks := []struct {
+		proto string
+		opts  []netnstest.AskOption
+	}{{"tcp", nil}, {"udp", nil}, {"udp", []netnstest.AskOption{netnstest.Unconnected()}}}
+	for _, dst := range frontends {
+		for _, a := range asks {
+			what := fmt.Sprintf("node %s %s %v", a.proto, dst, a.opts != nil)
+			var peer netip.AddrPort
+			r, err := w.ask(w.tp.Node, a.proto, dst, append(a.opts, netnstest.Peer(&peer))...)
+			require.NoError(t, err, what)
+			i := hostIndex(r.Host)
+			require.Contains(t, []int{0, 1, 2}, i, what)
+			gw := w.tp.Backends[i].Gateway4
+			if dst.Addr().Is6() {
+				gw = w.tp.Backends[i].Gateway6
+			}
+			assert.Equal(t, gw, r.Client.Addr(), "%s: the node's address on the endpoint's link", what)
+			assert.Equal(t, dst, peer, "%s: the peer the socket sees", what)
+		}
+	}
+	pod := w.tp.Backends[podHost]
+	for _, dst := range frontends[:2] {
+		for _, a := range asks {
+			var peer netip.AddrPort
+			r, err := w.ask(pod, a.proto, dst, append(a.opts, netnstest.Peer(&peer))...)
+			require.NoError(t, err)
+			own := pod.IPv4
+			if dst.Addr().Is6() {
+				own = pod.IPv6
+			}
+			assert.Equal(t, own, r.Client.Addr(), "pod %s %s: its own address", a.proto, dst)
+			assert.Equal(t, dst, peer)
+		}
+	}
+	_, err := w.tp.Node.Ask(context.Background(), "tcp", frontends[0])
+	assert.ErrorIs(t, err, syscall.ENETUNREACH, "a socket outside the cgroup is not translated")
+}
+
+func hostIndex(name string) int {
+	var i int
+	if _, err := fmt.Sscanf(name, "backend-%d", &i); err != nil {
+		return -1
+	}
+	return i
+}
+
+// TestSpreadFollowsWeights: new connections spread evenly, and in
+// proportion to weights, within bounds a correct random spread leaves with
+// probability below 1e-6; a drained endpoint takes none.
+func TestSpreadFollowsWeights(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	for _, tc := range []struct {
+		name    string
+		weights []uint16
+	}{{"even", []uint16{1, 1, 1}}, {"weighted", []uint16{1, 2, 3}}, {"drained", []uint16{0, 1, 1}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var list []servicelb.Endpoint
+			shares := map[string]float64{}
+			for i, wt := range tc.weights {
+				e := eps("elsewhere", i)
+				for j := range e {
+					e[j].Weight = servicelb.Weight(wt)
+				}
+				list = append(list, e...)
+				if wt > 0 {
+					shares[fmt.Sprintf("backend-%d", i)] = float64(wt)
+				}
+			}
+			w.sync(t, node(), service(list))
+			n := 600
+			counts := w.tp.Node.Count(t, "tcp", dst, n, netnstest.InCgroup(w.cg))
+			require.NoError(t, netnstest.WithinBounds(counts, netnstest.WeightedShares(shares), n))
+		})
+	}
+}
+
+// TestRejectAndDrop: a port without endpoints fails connect and send with
+// ECONNREFUSED at once; one whose Local policy leaves it no endpoint on
+// this node fails them with EPERM, as a drop on the way out does.
+func TestRejectAndDrop(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	check := func(want syscall.Errno) {
+		t.Helper()
+		for _, a := range []struct {
+			proto string
+			opts  []netnstest.AskOption
+		}{{"tcp", nil}, {"udp", nil}, {"udp", []netnstest.AskOption{netnstest.Unconnected()}}} {
+			for _, h := range []*netnstest.Host{w.tp.Node, w.tp.Backends[podHost]} {
+				_, err := w.ask(h, a.proto, dst, a.opts...)
+				var ae *netnstest.AskError
+				require.ErrorAs(t, err, &ae)
+				assert.True(t, ae.AtSocket, "%s %s: %v", h.Name, a.proto, err)
+				assert.ErrorIs(t, err, want, "%s %s", h.Name, a.proto)
+			}
+		}
+	}
+	w.sync(t, node(), service(nil))
+	check(syscall.ECONNREFUSED)
+	w.sync(t, node(), service(eps("elsewhere", 0), func(s *servicelb.Service) { s.InternalTrafficPolicy = servicelb.PolicyLocal }))
+	check(syscall.EPERM)
+}
+
+// TestLocalPolicy: the internal Local policy takes the node's own
+// endpoints only.
+func TestLocalPolicy(t *testing.T) {
+	w := newWorld(t)
+	list := append(eps("node", 0), eps("elsewhere", 1, 2)...)
+	w.sync(t, node(), service(list, func(s *servicelb.Service) { s.InternalTrafficPolicy = servicelb.PolicyLocal }))
+	counts := w.tp.Backends[podHost].Count(t, "tcp", netip.AddrPortFrom(vip4, 80), 40, netnstest.InCgroup(w.cg))
+	assert.Equal(t, map[string]int{"backend-0": 40}, counts)
+}
+
+// TestAffinityPinsAndExpires: with ClientIP affinity a client (its
+// network namespace) stays with the endpoint it reached while its flows
+// come less than the timeout apart, even when the weights now favour
+// another endpoint 4095 to 1; once the timeout passed, it is pinned anew,
+// by the weights.
+func TestAffinityPinsAndExpires(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	sticky := func(s *servicelb.Service) {
+		s.Affinity = servicelb.SessionAffinity{ClientIP: true, Timeout: 2 * time.Second}
+	}
+	w.sync(t, node(), service(eps("elsewhere", 0), sticky))
+	r, err := w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err)
+	require.Equal(t, "backend-0", r.Host)
+	favour1 := append(eps("elsewhere", 0), eps("elsewhere", 1)...)
+	for i := range favour1[2:] {
+		favour1[2+i].Weight = servicelb.Weight(65535)
+	}
+	w.sync(t, node(), service(favour1, sticky))
+	for range 5 {
+		assert.Equal(t, map[string]int{"backend-0": 4}, w.tp.Node.Count(t, "tcp", dst, 4, netnstest.InCgroup(w.cg)), "pinned")
+		time.Sleep(500 * time.Millisecond)
+	}
+	counts := w.tp.Backends[podHost].Count(t, "tcp", dst, 4, netnstest.InCgroup(w.cg))
+	assert.Equal(t, map[string]int{"backend-1": 4}, counts, "another client is pinned by the weights")
+	time.Sleep(2500 * time.Millisecond)
+	assert.Equal(t, map[string]int{"backend-1": 4}, w.tp.Node.Count(t, "tcp", dst, 4, netnstest.InCgroup(w.cg)), "pinned anew after the timeout")
+}
+
+// TestRestartAdoptsWithoutAGap: a Proxier closed without Cleanup leaves
+// its hooks attached and its maps pinned, so sockets are balanced with no
+// process holding them; a new Proxier adopts the same links and sets,
+// writes nothing for an unchanged state, and balances what changes next.
+func TestRestartAdoptsWithoutAGap(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	w.sync(t, node(), service(eps("elsewhere", 0, 1)))
+	before, err := w.p.Dump(context.Background())
+	require.NoError(t, err)
+	links := linkIDs(t, w.env)
+	require.NoError(t, w.p.Close())
+	counts := w.tp.Node.Count(t, "tcp", dst, 20, netnstest.InCgroup(w.cg))
+	assert.Equal(t, 20, counts["backend-0"]+counts["backend-1"], "balanced while no process holds the hooks: %v", counts)
+
+	w.p = newSocketLB(t, w.env, w.tp.Node.NS, false)
+	w.sync(t, node(), service(eps("elsewhere", 0, 1)))
+	after, err := w.p.Dump(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "the adopted maps are as they were")
+	assert.Equal(t, links, linkIDs(t, w.env), "the same links, their programs replaced in place")
+	w.sync(t, node(), service(eps("elsewhere", 2)))
+	assert.Equal(t, map[string]int{"backend-2": 10}, w.tp.Node.Count(t, "tcp", dst, 10, netnstest.InCgroup(w.cg)))
+}
+
+// linkIDs returns the ids of the pinned links.
+func linkIDs(t *testing.T, e *bpfenv.Env) map[string]link.ID {
+	t.Helper()
+	out := map[string]link.ID{}
+	paths, err := filepath.Glob(filepath.Join(e.BPFFS, "kproxy", "link_*"))
+	require.NoError(t, err)
+	require.Len(t, paths, 8)
+	for _, p := range paths {
+		l, err := link.LoadPinnedLink(p, nil)
+		require.NoError(t, err)
+		info, err := l.Info()
+		require.NoError(t, err)
+		out[filepath.Base(p)] = info.ID
+		l.Close()
+	}
+	return out
+}
+
+// TestCleanupLeavesNothing: Cleanup detaches every hook (the cgroup
+// holds no program), removes every pin and the pin directory; Close then
+// frees the maps.
+func TestCleanupLeavesNothing(t *testing.T) {
+	w := newWorld(t)
+	w.sync(t, node(), service(eps("elsewhere", 0)))
+	var mapIDs []ebpf.MapID
+	for _, name := range []string{"kp_frontends", "kp_sets", "kp_slots", "kp_revnat"} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(w.env.BPFFS, "kproxy", name), nil)
+		require.NoError(t, err)
+		info, err := m.Info()
+		require.NoError(t, err)
+		id, _ := info.ID()
+		mapIDs = append(mapIDs, id)
+		m.Close()
+	}
+	require.NotEmpty(t, attachedPrograms(t, w.env.Cgroup))
+	require.NoError(t, w.p.Cleanup(context.Background()))
+	assert.Empty(t, attachedPrograms(t, w.env.Cgroup))
+	assert.NoDirExists(t, filepath.Join(w.env.BPFFS, "kproxy"))
+	_, err := w.ask(w.tp.Node, "tcp", netip.AddrPortFrom(vip4, 80))
+	assert.ErrorIs(t, err, syscall.ENETUNREACH, "no longer translated")
+	require.NoError(t, w.p.Close())
+	// The kernel frees programs, and then their maps, in deferred work.
+	for _, id := range mapIDs {
+		assert.Eventually(t, func() bool {
+			m, err := ebpf.NewMapFromID(id)
+			if err == nil {
+				m.Close()
+			}
+			return errors.Is(err, os.ErrNotExist)
+		}, 10*time.Second, 10*time.Millisecond, "map %d outlived Close", id)
+	}
+}
+
+// attachedPrograms lists the programs attached to a cgroup at the hooks
+// the Proxier uses.
+func attachedPrograms(t *testing.T, cgroup string) []ebpf.ProgramID {
+	t.Helper()
+	var out []ebpf.ProgramID
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect,
+		ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCGroupUDP6Recvmsg,
+		ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInet6GetPeername} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: at})
+		require.NoError(t, err)
+		for _, p := range res.Programs {
+			out = append(out, p.ID)
+		}
+	}
+	return out
+}
+
+func cgroupFD(t *testing.T, dir string) int {
+	f, err := os.Open(dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+// TestRepairs: a hook someone detached, a pin someone removed and a map
+// entry someone deleted are put back by the next sync.
+func TestRepairs(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	st := w.sync(t, node(), service(eps("elsewhere", 0)))
+	pin := filepath.Join(w.env.BPFFS, "kproxy", "link_connect4")
+	l, err := link.LoadPinnedLink(pin, nil)
+	require.NoError(t, err)
+	require.NoError(t, l.Unpin())
+	require.NoError(t, l.Detach())
+	l.Close()
+	_, err = w.ask(w.tp.Node, "tcp", dst)
+	require.Error(t, err, "detached")
+	require.NoError(t, w.p.Sync(context.Background(), st))
+	_, err = w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err, "attached again")
+	assert.FileExists(t, pin)
+
+	m, err := ebpf.LoadPinnedMap(filepath.Join(w.env.BPFFS, "kproxy", "kp_frontends"), nil)
+	require.NoError(t, err)
+	defer m.Close()
+	var k [20]byte
+	it := m.Iterate()
+	var v [12]byte
+	require.True(t, it.Next(&k, &v))
+	require.NoError(t, m.Delete(k))
+	require.NoError(t, w.p.Sync(context.Background(), st), "an unchanged state verifies the maps in depth")
+	require.NoError(t, m.Lookup(k, &v), "the entry is back")
+}
+
+// TestProbeNamesWhatIsMissing: a cgroup directory that is not cgroup v2,
+// and a pin path not on a bpf filesystem, are refused before anything is
+// loaded or attached, each with a FeatureError naming it.
+func TestProbeNamesWhatIsMissing(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		o       kebpf.Options
+		feature string
+	}{
+		{kebpf.Options{Cgroup: t.TempDir()}, "cgroup v2"},
+		{kebpf.Options{Cgroup: e.Cgroup, PinPath: filepath.Join(t.TempDir(), "pins")}, "bpffs"},
+	} {
+		_, err := kebpf.New(tc.o)
+		var fe *kebpf.FeatureError
+		require.ErrorAs(t, err, &fe)
+		assert.Equal(t, tc.feature, fe.Feature)
+		assert.ErrorIs(t, err, kebpf.ErrNotSupported)
+	}
+	assert.Empty(t, attachedPrograms(t, e.Cgroup))
+	require.NoError(t, kebpf.Probe(kebpf.Options{Cgroup: e.Cgroup, PinPath: e.BPFFS}))
+	assert.False(t, errors.Is(kebpf.Probe(kebpf.Options{Cgroup: e.Cgroup}), kebpf.ErrNotSupported))
+}
+
+// TestCleanupTouchesNothingElse: two Proxiers on one cgroup, with pin
+// directories of their own (one holding a file that is not a pin):
+// cleaning one up leaves the other's hooks and pins, and the foreign file
+// with its directory; the other still balances.
+func TestCleanupTouchesNothingElse(t *testing.T) {
+	w := newWorld(t)
+	w.sync(t, node(), service(eps("elsewhere", 0)))
+	foreign := filepath.Join(w.env.BPFFS, "kproxy", "someone-elses")
+	require.NoError(t, os.Mkdir(foreign, 0o700))
+	other, err := kebpf.New(kebpf.Options{Cgroup: w.env.Cgroup, PinPath: filepath.Join(w.env.BPFFS, "other"), NetNS: w.tp.Node.NS})
+	require.NoError(t, err)
+	defer other.Close()
+	st, err := servicelb.NewState(node(), service(eps("elsewhere", 1), func(s *servicelb.Service) {
+		s.Name, s.ClusterIPs = "default/other", []netip.Addr{netip.MustParseAddr("10.96.0.20")}
+	}))
+	require.NoError(t, err)
+	require.NoError(t, other.Sync(context.Background(), st))
+	require.Len(t, attachedPrograms(t, w.env.Cgroup), 16)
+
+	require.NoError(t, w.p.Cleanup(context.Background()))
+	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8, "the other Proxier's hooks stay")
+	assert.DirExists(t, foreign)
+	pins, err := filepath.Glob(filepath.Join(w.env.BPFFS, "other", "*"))
+	require.NoError(t, err)
+	assert.Len(t, pins, 16, "the other Proxier's pins stay")
+	r, err := w.ask(w.tp.Node, "tcp", netip.MustParseAddrPort("10.96.0.20:80"))
+	require.NoError(t, err)
+	assert.Equal(t, "backend-1", r.Host)
+	require.NoError(t, other.Cleanup(context.Background()))
+	assert.Empty(t, attachedPrograms(t, w.env.Cgroup))
+	require.NoError(t, os.Remove(foreign))
+}

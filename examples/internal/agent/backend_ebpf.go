@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/ebpf"
+	"github.com/kproxy-dev/kproxy/nftables"
+)
+
+// openEBPF opens the ebpf backend: socket hooks on --cgroup for the
+// node's and its workloads' own connections, paired with the nftables
+// backend for traffic from other hosts and the flows the hooks leave to
+// it. ebpf.New checks the kernel first and names what is missing.
+func openEBPF(o BackendOptions) (Dataplane, error) {
+	if o.Cgroup == "" {
+		return nil, fmt.Errorf("%w: --cgroup: name the cgroup v2 directory whose sockets the hooks balance", ErrOptions)
+	}
+	ns := callers(o.NetNS)
+	nft, err := nftables.New(nftables.Options{NetNS: ns, Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	p, err := ebpf.New(ebpf.Options{Cgroup: o.Cgroup, PinPath: o.PinPath, NetNS: ns, Packets: nft, Logger: o.Logger})
+	if err != nil {
+		nft.Close()
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// renderEBPF renders the maps and the nftables table without touching
+// the kernel.
+func renderEBPF(o BackendOptions) (Renderer, error) {
+	nft, err := nftables.New(nftables.Options{NetNS: callers(o.NetNS), Logger: o.Logger, NoConntrackCleanup: true})
+	if err != nil {
+		return nil, err
+	}
+	cg := o.Cgroup
+	if cg == "" {
+		cg = "(--cgroup)"
+	}
+	return ebpf.ForRendering(ebpf.Options{Cgroup: cg, PinPath: o.PinPath, Packets: nft})
+}
+
+// callers returns the zero handle, which every backend's options take for
+// the caller's own namespace, for netns.None().
+func callers(ns netns.NsHandle) netns.NsHandle {
+	if !ns.IsOpen() {
+		return 0
+	}
+	return ns
+}

@@ -1,0 +1,216 @@
+// Package bpfenv makes what a test, a benchmark or a sandbox needs to
+// attach BPF programs without touching the host's own: a private mount of
+// the cgroup v2 hierarchy with a child cgroup of its own to attach to, and
+// a private bpf filesystem to pin in. It never attaches anything to a
+// cgroup it did not make, and never uses the host's /sys/fs/bpf.
+//
+// Everything is named "<prefix>-<pid>-<n>": the mount points in the
+// temporary directory ("...-cgroup2", "...-bpf") and the child cgroups,
+// made right under the hierarchy's root. Env.Close removes them; New
+// first removes those of earlier processes that are no longer running (a
+// crashed run), recognised by the prefix and the pid, and never touches
+// those of running processes or anything else.
+//
+// The mounts are made private (no propagation), so that they appear in
+// no other mount namespace. A child cgroup can only be removed once no
+// process is in it: end the processes started in it first.
+package bpfenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Env is a private cgroup v2 mount with a child cgroup, and a private bpf
+// filesystem.
+type Env struct {
+	// Root is the mount point of the cgroup v2 hierarchy.
+	Root string
+	// Cgroup is the child cgroup made for the caller, under Root.
+	Cgroup string
+	// BPFFS is the mount point of the bpf filesystem.
+	BPFFS string
+
+	prefix string
+	extra  []string // more child cgroups, from NewCgroup
+}
+
+var seq atomic.Uint64
+
+func name(prefix string, pid int) string {
+	return fmt.Sprintf("%s-%d-%d", prefix, pid, seq.Add(1))
+}
+
+// New mounts the cgroup v2 hierarchy and a bpf filesystem in the
+// temporary directory, makes a child cgroup, and returns them. It needs
+// root (CAP_SYS_ADMIN). prefix names everything it makes.
+func New(prefix string) (*Env, error) {
+	if _, err := Reap(prefix); err != nil {
+		return nil, err
+	}
+	base := filepath.Join(os.TempDir(), name(prefix, os.Getpid()))
+	e := &Env{Root: base + "-cgroup2", BPFFS: base + "-bpf", prefix: prefix}
+	if err := mount(e.Root, "cgroup2"); err != nil {
+		return nil, fmt.Errorf("bpfenv: cgroup2: %w", err)
+	}
+	var errs []error
+	reapCgroups(prefix, e.Root, &errs)
+	if err := mount(e.BPFFS, "bpf"); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("bpfenv: bpffs: %w", err)
+	}
+	cg, err := e.NewCgroup()
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.Cgroup = cg
+	return e, nil
+}
+
+// NewCgroup makes another child cgroup under Root, removed by Close.
+func (e *Env) NewCgroup() (string, error) {
+	dir := filepath.Join(e.Root, name(e.prefix, os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", fmt.Errorf("bpfenv: child cgroup: %w", err)
+	}
+	e.extra = append(e.extra, dir)
+	return dir, nil
+}
+
+func mount(dir, fstype string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount(fstype, dir, fstype, 0, ""); err != nil {
+		os.Remove(dir)
+		return fmt.Errorf("mount %s on %s: %w", fstype, dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		unmount(dir)
+		return fmt.Errorf("make %s private: %w", dir, err)
+	}
+	return nil
+}
+
+func unmount(dir string) error {
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// rmCgroup removes a child cgroup, waiting a little for processes that
+// just ended to leave it.
+func rmCgroup(dir string) error {
+	var err error
+	for range 50 {
+		if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("remove cgroup %s: %w", dir, err)
+}
+
+// Close removes the child cgroups, then unmounts both filesystems
+// (unmounting the bpf filesystem drops what is pinned in it) and removes
+// the mount points.
+func (e *Env) Close() error {
+	var errs []error
+	for i := len(e.extra) - 1; i >= 0; i-- {
+		errs = append(errs, rmCgroup(e.extra[i]))
+	}
+	e.extra = nil
+	for _, dir := range []string{e.Root, e.BPFFS} {
+		if dir != "" {
+			errs = append(errs, unmount(dir))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// alive reports whether a process runs.
+func alive(pid int) bool {
+	return pid == os.Getpid() || unix.Kill(pid, 0) == nil || errors.Is(unix.Kill(pid, 0), unix.EPERM)
+}
+
+// pidOf returns the pid in a name "<prefix>-<pid>-...".
+func pidOf(prefix, n string) (int, bool) {
+	rest, ok := strings.CutPrefix(n, prefix+"-")
+	if !ok {
+		return 0, false
+	}
+	p, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(p)
+	return pid, err == nil && pid > 0
+}
+
+// Reap removes what processes that are gone left with this prefix: their
+// mount points in the temporary directory (their child cgroups first) and
+// returns what it removed.
+func Reap(prefix string) ([]string, error) {
+	ents, err := os.ReadDir(os.TempDir())
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, ent := range ents {
+		pid, ok := pidOf(prefix, ent.Name())
+		if !ok || alive(pid) {
+			continue
+		}
+		dir := filepath.Join(os.TempDir(), ent.Name())
+		if strings.HasSuffix(ent.Name(), "-cgroup2") {
+			removed = append(removed, reapCgroups(prefix, dir, &errs)...)
+		}
+		if err := unmount(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, dir)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// reapCgroups removes the child cgroups under a cgroup v2 mount whose
+// names carry the prefix and the pid of a process that is gone.
+func reapCgroups(prefix, root string, errs *[]error) []string {
+	var out []string
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	for _, ent := range ents {
+		pid, ok := pidOf(prefix, ent.Name())
+		if !ok || !ent.IsDir() || alive(pid) {
+			continue
+		}
+		dir := filepath.Join(root, ent.Name())
+		if err := rmCgroup(dir); err != nil {
+			*errs = append(*errs, err)
+			continue
+		}
+		out = append(out, dir)
+	}
+	return out
+}

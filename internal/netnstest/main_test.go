@@ -1,0 +1,6 @@
+package netnstest
+
+import "testing"
+
+// TestMain lets StartCgroup run its asker from this test binary.
+func TestMain(m *testing.M) { Main(m) }

@@ -1,0 +1,50 @@
+package xtables
+
+import "github.com/kproxy-dev/kproxy/servicelb"
+
+// The flows of a node's pods, as servicelb.NodeConfig.LocalMatch
+// describes them for one family, in rules: kube-proxy's IfLocal and
+// IfNotLocal matches. A source prefix is -s CIDR, a bridge -i cbr0, an
+// interface name prefix -i veth+. A locally generated flow has no input
+// interface: -i never matches it and ! -i always does, in any chain.
+
+// Pods returns r restricted to the pods' flows: one rule per source
+// prefix, or one rule with the input interface; none when m recognises no
+// flow. r's own source or input interface is replaced.
+func Pods(m servicelb.LocalMatch, r Rule) []Rule {
+	if m.Interface != "" {
+		r.In, r.NotIn = ifaceName(m), false
+		return []Rule{r}
+	}
+	out := make([]Rule, 0, len(m.CIDRs))
+	for _, c := range m.CIDRs {
+		r.Src, r.NotSrc = c, false
+		out = append(out, r)
+	}
+	return out
+}
+
+// NotPods returns r restricted to the flows that are not the pods', when
+// one rule can say it: ! -i with an interface, ! -s with one source
+// prefix. It reports false for several prefixes (a rule cannot be outside
+// all of them: a chain of returns must) and when m recognises no flow.
+func NotPods(m servicelb.LocalMatch, r Rule) (Rule, bool) {
+	switch {
+	case m.Interface != "":
+		r.In, r.NotIn = ifaceName(m), true
+	case len(m.CIDRs) == 1:
+		r.Src, r.NotSrc = m.CIDRs[0], true
+	default:
+		return r, false
+	}
+	return r, true
+}
+
+// ifaceName returns the interface as -i takes it: a name prefix ends in
+// '+'.
+func ifaceName(m servicelb.LocalMatch) string {
+	if m.Prefix {
+		return m.Interface + "+"
+	}
+	return m.Interface
+}
