@@ -49,11 +49,13 @@
 //
 // For each connection it accepts (each first datagram of a UDP client),
 // the proxy tells the flow's origin from its source address as servicelb
-// defines origins: a pod when the source lies in NodeConfig.ClusterCIDRs,
-// else the node when the source is the flow's own destination, a loopback
-// address or one of NodeConfig's NodeIPs and LocalIPs (the addresses a
-// process of the node sends from), else outside. The verdict of that
-// origin for the kind of frontend the listener serves says what follows:
+// defines origins: a pod when the source lies in the prefixes of the
+// node's local-traffic detection (NodeConfig.LocalMatch: the cluster
+// CIDRs, or the node's own pod CIDRs), else the node when the source is
+// the flow's own destination, a loopback address or one of NodeConfig's
+// NodeIPs and LocalIPs (the addresses a process of the node sends from),
+// else outside. The verdict of that origin for the kind of frontend the
+// listener serves says what follows:
 //
 //   - Forward: the proxy picks an endpoint of the verdict's set (the
 //     cluster or the local endpoints), the one the client is pinned to
@@ -159,7 +161,10 @@
 // (servicelb.FeatureServiceCIDRs); a port of a held cluster IP that no
 // service has is refused by the kernel as any closed port. The origin of
 // a flow is told by its source address alone, so a node process that
-// sends from an address not in NodeConfig counts as outside. Every byte
+// sends from an address not in NodeConfig counts as outside, and a node
+// that detects its pods by interface (servicelb.LocalByBridgeInterface,
+// LocalByInterfaceNamePrefix) is refused (servicelb.FeatureLocalByInterface).
+// Every byte
 // crosses the proxy: each connection costs two sockets, and a stream
 // through it costs the kernel two TCP connections' work.
 package userspace

@@ -103,16 +103,17 @@ func (p *Proxier) stopThread() {
 
 // Capabilities says what the proxy serves: every protocol and feature but
 // source preservation (an endpoint sees the proxy's address), packet
-// verdicts (a TCP or SCTP flow it rejects or drops is reset) and the drop
-// of unallocated service addresses (it holds addresses, it routes no
-// prefixes); the schedulers random (the default, weighted) and rr and wrr
-// (smooth weighted round robin); any number of endpoints.
+// verdicts (a TCP or SCTP flow it rejects or drops is reset), the drop of
+// unallocated service addresses (it holds addresses, it routes no
+// prefixes) and pods told by their interface (it tells origins by the
+// source address alone); the schedulers random (the default, weighted)
+// and rr and wrr (smooth weighted round robin); any number of endpoints.
 func (p *Proxier) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{
 		Backend:    "userspace",
 		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom, servicelb.SchedulerRoundRobin, servicelb.SchedulerWeightedRR},
 		Features: servicelb.AllFeatures &^ (servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts |
-			servicelb.FeatureServiceCIDRs),
+			servicelb.FeatureServiceCIDRs | servicelb.FeatureLocalByInterface),
 	}
 }
 

@@ -13,12 +13,16 @@ import (
 // node is what the data path needs of the NodeConfig: how to tell the
 // origin of a flow. It is replaced whole when the node changes.
 type node struct {
-	clusterCIDRs []netip.Prefix
-	addrs        map[netip.Addr]bool
+	// pods are the sources of the node's pods' flows: the prefixes of
+	// its local-traffic detection (the cluster CIDRs, or the node's pod
+	// CIDRs), in both families.
+	pods  []netip.Prefix
+	addrs map[netip.Addr]bool
 }
 
 func newNode(n servicelb.NodeConfig) *node {
-	nd := &node{clusterCIDRs: slices.Clone(n.ClusterCIDRs), addrs: map[netip.Addr]bool{}}
+	pods := slices.Concat(n.LocalMatch(servicelb.IPv4).CIDRs, n.LocalMatch(servicelb.IPv6).CIDRs)
+	nd := &node{pods: pods, addrs: map[netip.Addr]bool{}}
 	for _, a := range n.NodeIPs {
 		nd.addrs[a] = true
 	}
@@ -29,12 +33,14 @@ func newNode(n servicelb.NodeConfig) *node {
 }
 
 // origin tells where a flow from src to the proxy's address local comes
-// from, as servicelb defines origins: a pod when src lies in the cluster
-// CIDRs; else the node when src is an address of the node (the flow's
-// own destination, a loopback address, or one of the node's addresses in
-// NodeIPs and LocalIPs); else outside.
+// from, as servicelb defines origins: a pod when src lies in the
+// prefixes of the node's local-traffic detection (NodeConfig.LocalMatch:
+// the cluster CIDRs, or the node's pod CIDRs); else the node when src is
+// an address of the node (the flow's own destination, a loopback
+// address, or one of the node's addresses in NodeIPs and LocalIPs); else
+// outside.
 func (nd *node) origin(src, local netip.Addr) servicelb.Origin {
-	for _, p := range nd.clusterCIDRs {
+	for _, p := range nd.pods {
 		if p.Contains(src) {
 			return servicelb.FromPod
 		}

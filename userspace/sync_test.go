@@ -326,6 +326,21 @@ func TestOrigins(t *testing.T) {
 	}
 }
 
+// TestOriginsNodeCIDR: under the NodeCIDR detection, the node's own pod
+// CIDRs tell its pods; a source elsewhere in the cluster CIDRs (another
+// node's pod) comes from outside.
+func TestOriginsNodeCIDR(t *testing.T) {
+	nd := newNode(servicelb.NodeConfig{
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")},
+		DetectLocal: servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR,
+			NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}},
+	})
+	vip := netip.MustParseAddr("10.96.0.1")
+	assert.Equal(t, servicelb.FromPod, nd.origin(netip.MustParseAddr("10.244.1.7"), vip))
+	assert.Equal(t, servicelb.FromPod, nd.origin(netip.MustParseAddr("fd00:244:1::7"), netip.MustParseAddr("fd00:96::1")))
+	assert.Equal(t, servicelb.FromOutside, nd.origin(netip.MustParseAddr("10.244.2.7"), vip))
+}
+
 // TestDecideSourceRanges: a load-balancer frontend drops the flows of
 // sources outside its ranges; the port's other frontends do not.
 func TestDecideSourceRanges(t *testing.T) {
@@ -350,7 +365,8 @@ func TestCapabilities(t *testing.T) {
 	var p Proxier
 	c := p.Capabilities()
 	assert.Equal(t, "userspace", c.Backend)
-	for _, f := range []servicelb.Features{servicelb.FeaturePreserveSource, servicelb.FeaturePacketVerdicts, servicelb.FeatureServiceCIDRs} {
+	for _, f := range []servicelb.Features{servicelb.FeaturePreserveSource, servicelb.FeaturePacketVerdicts, servicelb.FeatureServiceCIDRs,
+		servicelb.FeatureLocalByInterface} {
 		assert.False(t, c.Features.Has(f), f.String())
 	}
 	for _, f := range []servicelb.Features{servicelb.FeatureAffinity, servicelb.FeatureAffinityExpiry, servicelb.FeatureWeights,
