@@ -13,6 +13,8 @@ import (
 // *ListenError), or a context error, so that callers test the kind with
 // errors.Is.
 var (
+	// ErrNotSupported: the system cannot run the proxy (it needs Linux).
+	ErrNotSupported = errors.New("not supported on this system (the userspace proxy needs Linux)")
 	// ErrInvalidOptions: an Options field is not valid.
 	ErrInvalidOptions = errors.New("invalid options")
 	// ErrClosed: the Proxier was closed.

@@ -1,4 +1,4 @@
-//go:build !vm
+//go:build linux && !vm
 
 // The guest of the VM tests has no strace.
 
