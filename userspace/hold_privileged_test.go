@@ -153,3 +153,24 @@ func TestConnectTimeout(t *testing.T) {
 	assert.Equal(t, uint64(2), stats(t, p, servicelb.ServicePortKey{Service: "ns/web", Family: servicelb.IPv4}).DialErrors,
 		"two of four connections met the silent endpoint first")
 }
+
+// TestHeldAddressListedAsNodes: a node config that lists an address the
+// proxy holds among the node's own (a listing of every address of the
+// namespace, the proxy's link included) leaves it held and served.
+func TestHeldAddressListedAsNodes(t *testing.T) {
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	tp.Backends[0].Serve(t, "tcp", tcpTarget)
+	p, err := New(Options{NetNS: tp.Node.NS, HoldAddresses: true})
+	require.NoError(t, err)
+	defer p.Close()
+	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
+		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}}
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{LocalIPs: addrs("10.96.0.10")}, s))
+	marked, _ := linkAddrs(t, tp.Node, DefaultAddressProtocol)
+	assert.Equal(t, addrs("10.96.0.10"), marked)
+	r, err := tp.Client.Ask(context.Background(), "tcp", netip.MustParseAddrPort("10.96.0.10:80"))
+	require.NoError(t, err)
+	assert.Equal(t, "backend-0", r.Host)
+}

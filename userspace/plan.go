@@ -36,10 +36,16 @@ type planner struct {
 	nodeAddrs map[netip.Addr]bool
 }
 
-func newPlanner(o *Options, n servicelb.NodeConfig) planner {
+// newPlanner returns the planner of node n. The addresses in own are
+// those the proxy holds: a node config that lists one of them (from a
+// listing of the namespace's addresses that took the proxy's link in)
+// does not make it the node's, which would release it and flap.
+func newPlanner(o *Options, n servicelb.NodeConfig, own map[netip.Addr]bool) planner {
 	pl := planner{o: o, nodeAddrs: map[netip.Addr]bool{}}
 	for _, a := range slices.Concat(n.NodeIPs, n.LocalIPs) {
-		pl.nodeAddrs[a] = true
+		if !own[a] {
+			pl.nodeAddrs[a] = true
+		}
 	}
 	return pl
 }
@@ -85,7 +91,7 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	if err := caps.CheckNode(&n); err != nil {
 		return "", err
 	}
-	pl := newPlanner(&p.o, n)
+	pl := newPlanner(&p.o, n, nil)
 	var b strings.Builder
 	var errs []error
 	taken := map[listenKey]string{}

@@ -180,7 +180,11 @@ func (p *Proxier) openAll(opens []opening, failed map[string]error, fail func(st
 // of them for a whole write, else those whose decision changed.
 func (p *Proxier) plan(want []*servicelb.ServicePort, full bool, fail func(string, error)) []job {
 	caps := p.Capabilities()
-	pl := newPlanner(&p.o, p.nodeCfg)
+	var own map[netip.Addr]bool
+	if p.held != nil {
+		own = p.held.ours
+	}
+	pl := newPlanner(&p.o, p.nodeCfg, own)
 	jobs := make([]job, 0, len(want))
 	for _, sp := range want {
 		ps := p.ports[sp.Key]
