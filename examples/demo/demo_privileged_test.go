@@ -62,6 +62,11 @@ func TestDemo(t *testing.T) {
 					t.Errorf("before: %s answered %v of 150, want a fair share on both addresses", name, c)
 				}
 			}
+			for i, tab := range tables {
+				if c := tab["error"]; c != [2]int{0, 0} {
+					t.Errorf("table %d: %v requests failed, want none", i+1, c)
+				}
+			}
 			if c := tables[1]["backend-2"]; c != [2]int{0, 0} {
 				t.Errorf("after removing backend-2 it still answered %v", c)
 			}
