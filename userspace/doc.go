@@ -32,7 +32,11 @@
 //     Options.AddressProtocol), so that a restarted proxy adopts them and
 //     Cleanup removes them and nothing else. An address someone else put
 //     on the node serves as well and stays theirs. Node ports listen on
-//     the node addresses, which the node has anyway.
+//     the node addresses, which the node has anyway. The held addresses
+//     are not the node's: leave the link out of the listing that makes
+//     NodeConfig.LocalIPs (nodeaddr.Options.ExcludeInterfaces), or node
+//     ports listen on them too (an address the proxy holds that the node
+//     config lists stays held).
 //   - Without privileges, the proxy listens where it may: node ports on
 //     the node's own addresses and on 127.0.0.1 (NodeConfig's
 //     LocalhostNodePorts), and the addresses and ports Options.Listen
