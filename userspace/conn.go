@@ -83,7 +83,13 @@ func (p *Proxier) serveStream(l *listener, cf *os.File, peer netip.AddrPort) {
 	defer p.wg.Done()
 	b := l.binding.Load()
 	ps := b.port
-	d := ps.decide(p.node.Load(), b.kind, peer.Addr(), l.key.at.Addr())
+	in := func() string {
+		if l.key.proto == servicelb.SCTP {
+			return p.routes.iface(peer.Addr())
+		}
+		return tcpIface(cf, peer.Addr().Is6())
+	}
+	d := ps.decide(p.node.Load(), b.kind, peer.Addr(), l.key.at.Addr(), in)
 	if !d.action.Forwards() {
 		ps.stats.refused.Add(1)
 		reset(cf)

@@ -58,7 +58,12 @@
 // CIDRs, or the node's own pod CIDRs), else the node when the source is
 // the flow's own destination, a loopback address or one of NodeConfig's
 // NodeIPs and LocalIPs (the addresses a process of the node sends from),
-// else outside. The verdict of that origin for the kind of frontend the
+// else outside. A node that tells its pods by interface
+// (servicelb.LocalByBridgeInterface, LocalByInterfaceNamePrefix) has them
+// told by the interface a flow came in on: the one of a TCP connection's
+// first packet, of a UDP client's first datagram, and for SCTP, whose
+// sockets do not tell it, the one the node routes the client's address
+// through. The verdict of that origin for the kind of frontend the
 // listener serves says what follows:
 //
 //   - Forward: the proxy picks an endpoint of the verdict's set (the
@@ -165,10 +170,7 @@
 // (servicelb.FeatureServiceCIDRs); a port of a held cluster IP that no
 // service has is refused by the kernel as any closed port. The origin of
 // a flow is told by its source address alone, so a node process that
-// sends from an address not in NodeConfig counts as outside, and a node
-// that detects its pods by interface (servicelb.LocalByBridgeInterface,
-// LocalByInterfaceNamePrefix) is refused (servicelb.FeatureLocalByInterface).
-// Every byte
+// sends from an address not in NodeConfig counts as outside. Every byte
 // crosses the proxy: each connection costs two sockets, and a stream
 // through it costs the kernel two TCP connections' work.
 package userspace

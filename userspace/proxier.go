@@ -29,6 +29,8 @@ type Proxier struct {
 	log   *slog.Logger
 	socks sockets
 	pipes pipePool
+	// routes tells the interfaces of SCTP flows.
+	routes routes
 	// node tells origins apart, for the data path.
 	node atomic.Pointer[node]
 	// broken counts the listeners whose goroutine failed since the last
@@ -76,6 +78,7 @@ func New(o Options) (*Proxier, error) {
 	p := &Proxier{o: o, log: log, pipes: pipePool{size: pipeSize}, now: time.Now,
 		ports: map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
 	p.node.Store(newNode(servicelb.NodeConfig{}))
+	p.routes.socks = &p.socks
 	if otherNS(o.NetNS) {
 		if p.socks.ns, err = startNSThread(o.NetNS); err != nil {
 			return nil, fmt.Errorf("userspace: %w", err)
@@ -107,15 +110,14 @@ func (p *Proxier) stopThread() {
 // source preservation (an endpoint sees the proxy's address), packet
 // verdicts (a TCP or SCTP flow it rejects or drops is reset), the drop of
 // unallocated service addresses (it holds addresses, it routes no
-// prefixes) and pods told by their interface (it tells origins by the
-// source address alone); the schedulers random (the default, weighted)
-// and rr and wrr (smooth weighted round robin); any number of endpoints.
+// prefixes); the schedulers random (the default, weighted) and rr and wrr
+// (smooth weighted round robin); any number of endpoints.
 func (p *Proxier) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{
 		Backend:    "userspace",
 		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom, servicelb.SchedulerRoundRobin, servicelb.SchedulerWeightedRR},
 		Features: servicelb.AllFeatures &^ (servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts |
-			servicelb.FeatureServiceCIDRs | servicelb.FeatureLocalByInterface),
+			servicelb.FeatureServiceCIDRs),
 	}
 }
 
@@ -164,6 +166,7 @@ func (p *Proxier) Close() error {
 	p.eng.Close()
 	p.stopAll()
 	p.pipes.close()
+	p.routes.close()
 	var err error
 	if p.rt != nil {
 		err = p.rt.close()

@@ -20,11 +20,17 @@ type node struct {
 	// CIDRs), in both families.
 	pods  []netip.Prefix
 	addrs map[netip.Addr]bool
+	// iface is the interface (ifacePrefix: the start of the name of the
+	// interfaces) the node's pods' flows come in on, when it tells them
+	// so.
+	iface       string
+	ifacePrefix bool
 }
 
 func newNode(n servicelb.NodeConfig) *node {
 	pods := slices.Concat(n.LocalMatch(servicelb.IPv4).CIDRs, n.LocalMatch(servicelb.IPv6).CIDRs)
-	nd := &node{pods: pods, addrs: map[netip.Addr]bool{}}
+	m := n.LocalMatch(servicelb.IPv4) // an interface serves both families
+	nd := &node{pods: pods, addrs: map[netip.Addr]bool{}, iface: m.Interface, ifacePrefix: m.Prefix}
 	for _, a := range n.NodeIPs {
 		nd.addrs[a] = true
 	}
@@ -37,11 +43,15 @@ func newNode(n servicelb.NodeConfig) *node {
 // origin tells where a flow from src to the proxy's address local comes
 // from, as servicelb defines origins: a pod when src lies in the
 // prefixes of the node's local-traffic detection (NodeConfig.LocalMatch:
-// the cluster CIDRs, or the node's pod CIDRs); else the node when src is
-// an address of the node (the flow's own destination, a loopback
-// address, or one of the node's addresses in NodeIPs and LocalIPs); else
-// outside.
-func (nd *node) origin(src, local netip.Addr) servicelb.Origin {
+// the cluster CIDRs, or the node's pod CIDRs) or when it came in on the
+// pods' interface (in names it, called only for a node that tells pods
+// so; nil when unknown); else the node when src is an address of the
+// node (the flow's own destination, a loopback address, or one of the
+// node's addresses in NodeIPs and LocalIPs); else outside.
+func (nd *node) origin(src, local netip.Addr, in func() string) servicelb.Origin {
+	if nd.iface != "" && in != nil && nd.isPodIface(in()) {
+		return servicelb.FromPod
+	}
 	for _, p := range nd.pods {
 		if p.Contains(src) {
 			return servicelb.FromPod
@@ -129,11 +139,12 @@ type decision struct {
 }
 
 // decide returns the verdict for a new flow from src to a frontend of
-// kind k at local. A flow from outside a load-balancer frontend's source
+// kind k at local, which came in on the interface in names (see
+// node.origin). A flow from outside a load-balancer frontend's source
 // ranges is dropped.
-func (ps *portState) decide(nd *node, k servicelb.FrontendKind, src, local netip.Addr) decision {
+func (ps *portState) decide(nd *node, k servicelb.FrontendKind, src, local netip.Addr, in func() string) decision {
 	t := ps.tab.Load()
-	v := t.sp.Verdicts(k).Of(nd.origin(src, local))
+	v := t.sp.Verdicts(k).Of(nd.origin(src, local, in))
 	d := decision{action: v.Action, t: t}
 	switch v.Action {
 	case servicelb.ToCluster:

@@ -157,7 +157,14 @@ func setupListener(fd int, p servicelb.Protocol, at netip.AddrPort) error {
 			return os.NewSyscallError("setsockopt IPV6_V6ONLY", err)
 		}
 	}
-	if p != servicelb.UDP {
+	if p == servicelb.UDP {
+		// Each datagram tells the interface it came in on, for a node
+		// that tells its pods so.
+		level, _, ask := pktinfo(at.Addr().Is6())
+		if err := unix.SetsockoptInt(fd, level, ask, 1); err != nil {
+			return os.NewSyscallError("setsockopt pktinfo", err)
+		}
+	} else {
 		// A restarted proxy binds again while the connections of the old
 		// one are in TIME_WAIT.
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {

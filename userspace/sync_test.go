@@ -324,8 +324,31 @@ func TestOrigins(t *testing.T) {
 		{"192.0.2.9", servicelb.FromNode},
 		{"198.51.100.7", servicelb.FromOutside},
 	} {
-		assert.Equal(t, tc.want, nd.origin(netip.MustParseAddr(tc.src), vip), tc.src)
+		assert.Equal(t, tc.want, nd.origin(netip.MustParseAddr(tc.src), vip, nil), tc.src)
 	}
+}
+
+// TestOriginsByInterface: under the interface detections, a flow that
+// came in on the pods' interface (or one whose name starts with the
+// prefix) is a pod's, whatever its address; others are told by address.
+func TestOriginsByInterface(t *testing.T) {
+	vip, pod := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("10.244.1.7")
+	on := func(name string) func() string { return func() string { return name } }
+	bridge := newNode(servicelb.NodeConfig{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		DetectLocal: servicelb.DetectLocal{Mode: servicelb.LocalByBridgeInterface, BridgeInterface: "cbr0"}})
+	assert.Equal(t, servicelb.FromPod, bridge.origin(pod, vip, on("cbr0")))
+	assert.Equal(t, servicelb.FromOutside, bridge.origin(pod, vip, on("cbr01")), "the cluster CIDRs do not count")
+	assert.Equal(t, servicelb.FromOutside, bridge.origin(pod, vip, on("")), "an unknown interface")
+	assert.Equal(t, servicelb.FromNode, bridge.origin(netip.MustParseAddr("127.0.0.1"), vip, on("lo")))
+	prefix := newNode(servicelb.NodeConfig{
+		DetectLocal: servicelb.DetectLocal{Mode: servicelb.LocalByInterfaceNamePrefix, InterfaceNamePrefix: "veth"}})
+	assert.Equal(t, servicelb.FromPod, prefix.origin(pod, vip, on("veth12ab")))
+	assert.Equal(t, servicelb.FromPod, prefix.origin(netip.MustParseAddr("fd00::7"), vip, on("veth0")))
+	assert.Equal(t, servicelb.FromOutside, prefix.origin(pod, vip, on("eth0")))
+	called := false
+	byAddr := newNode(servicelb.NodeConfig{})
+	byAddr.origin(pod, vip, func() string { called = true; return "" })
+	assert.False(t, called, "the interface is looked up only for a node that tells pods by it")
 }
 
 // TestOriginsNodeCIDR: under the NodeCIDR detection, the node's own pod
@@ -338,9 +361,9 @@ func TestOriginsNodeCIDR(t *testing.T) {
 			NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}},
 	})
 	vip := netip.MustParseAddr("10.96.0.1")
-	assert.Equal(t, servicelb.FromPod, nd.origin(netip.MustParseAddr("10.244.1.7"), vip))
-	assert.Equal(t, servicelb.FromPod, nd.origin(netip.MustParseAddr("fd00:244:1::7"), netip.MustParseAddr("fd00:96::1")))
-	assert.Equal(t, servicelb.FromOutside, nd.origin(netip.MustParseAddr("10.244.2.7"), vip))
+	assert.Equal(t, servicelb.FromPod, nd.origin(netip.MustParseAddr("10.244.1.7"), vip, nil))
+	assert.Equal(t, servicelb.FromPod, nd.origin(netip.MustParseAddr("fd00:244:1::7"), netip.MustParseAddr("fd00:96::1"), nil))
+	assert.Equal(t, servicelb.FromOutside, nd.origin(netip.MustParseAddr("10.244.2.7"), vip, nil))
 }
 
 // TestDecideSourceRanges: a load-balancer frontend drops the flows of
@@ -356,9 +379,9 @@ func TestDecideSourceRanges(t *testing.T) {
 	nd := newNode(servicelb.NodeConfig{})
 	in, out := netip.MustParseAddr("198.51.100.3"), netip.MustParseAddr("192.0.2.3")
 	lb := sp.LoadBalancerIPs[0]
-	assert.Equal(t, servicelb.ToCluster, ps.decide(nd, servicelb.LoadBalancerFrontend, in, lb).action)
-	assert.Equal(t, servicelb.Drop, ps.decide(nd, servicelb.LoadBalancerFrontend, out, lb).action)
-	assert.Equal(t, servicelb.ToCluster, ps.decide(nd, servicelb.ClusterIPFrontend, out, sp.ClusterIP).action)
+	assert.Equal(t, servicelb.ToCluster, ps.decide(nd, servicelb.LoadBalancerFrontend, in, lb, nil).action)
+	assert.Equal(t, servicelb.Drop, ps.decide(nd, servicelb.LoadBalancerFrontend, out, lb, nil).action)
+	assert.Equal(t, servicelb.ToCluster, ps.decide(nd, servicelb.ClusterIPFrontend, out, sp.ClusterIP, nil).action)
 }
 
 // TestCapabilities: what the proxy declares, and that the errors of a
@@ -367,12 +390,11 @@ func TestCapabilities(t *testing.T) {
 	var p Proxier
 	c := p.Capabilities()
 	assert.Equal(t, "userspace", c.Backend)
-	for _, f := range []servicelb.Features{servicelb.FeaturePreserveSource, servicelb.FeaturePacketVerdicts, servicelb.FeatureServiceCIDRs,
-		servicelb.FeatureLocalByInterface} {
+	for _, f := range []servicelb.Features{servicelb.FeaturePreserveSource, servicelb.FeaturePacketVerdicts, servicelb.FeatureServiceCIDRs} {
 		assert.False(t, c.Features.Has(f), f.String())
 	}
 	for _, f := range []servicelb.Features{servicelb.FeatureAffinity, servicelb.FeatureAffinityExpiry, servicelb.FeatureWeights,
-		servicelb.FeatureSourceRanges, servicelb.FeatureLocalhostNodePorts} {
+		servicelb.FeatureSourceRanges, servicelb.FeatureLocalhostNodePorts, servicelb.FeatureLocalByInterface} {
 		assert.True(t, c.Features.Has(f), f.String())
 	}
 	assert.Zero(t, c.MaxEndpoints)

@@ -109,12 +109,13 @@ func (p *Proxier) udpLoop(l *listener) {
 	defer p.wg.Done()
 	defer close(l.done)
 	buf := make([]byte, maxDatagram)
+	oob := make([]byte, 64) // IP_PKTINFO, IPV6_PKTINFO
 	for {
-		var n int
+		var n, oobn int
 		var from unix.Sockaddr
 		var rerr error
 		err := l.rc.Read(func(fd uintptr) bool {
-			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+			n, oobn, _, from, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
 			return rerr != unix.EAGAIN
 		})
 		if err != nil {
@@ -126,7 +127,12 @@ func (p *Proxier) udpLoop(l *listener) {
 		client := addrPort(from)
 		s := l.udp.get(client)
 		if s == nil {
-			if s = p.newSession(l, client, from); s == nil {
+			in := func() string {
+				var name string
+				_ = l.rc.Control(func(fd uintptr) { name = ifaceName(int(fd), pktinfoIndex(oob[:oobn], l.key.at.Addr().Is6())) })
+				return name
+			}
+			if s = p.newSession(l, client, from, in); s == nil {
 				continue
 			}
 		}
@@ -136,11 +142,12 @@ func (p *Proxier) udpLoop(l *listener) {
 
 // newSession decides a new client's flow and, when it forwards, connects
 // a socket to an endpoint and starts the session's goroutine; else the
-// datagram is dropped (a UDP reject is the kernel's: no listener).
-func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockaddr) *session {
+// datagram is dropped (a UDP reject is the kernel's: no listener). in
+// names the interface the datagram came in on.
+func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockaddr, in func() string) *session {
 	b := l.binding.Load()
 	ps := b.port
-	d := ps.decide(p.node.Load(), b.kind, client.Addr(), l.key.at.Addr())
+	d := ps.decide(p.node.Load(), b.kind, client.Addr(), l.key.at.Addr(), in)
 	if !d.action.Forwards() {
 		ps.stats.refused.Add(1)
 		return nil
