@@ -3,6 +3,8 @@ module github.com/kproxy-dev/kproxy
 go 1.26.0
 
 require (
+	// Pure Go: loads the ebpf package's programs with no C compiler.
+	github.com/cilium/ebpf v0.22.0
 	github.com/google/go-cmp v0.7.0
 	github.com/google/nftables v0.3.0
 	// Current tagged releases: the netlink transport of conntrack and ipset.
@@ -23,5 +25,3 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 )
-
-require github.com/cilium/ebpf v0.22.0 // indirect

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // MaxAttempts bounds how often one call dumps a family's table when the
@@ -65,7 +65,7 @@ type Client struct {
 func New(o Options) (*Client, error) {
 	var c *netlink.Conn
 	open := func() (err error) {
-		c, err = netlink.Dial(unix.NETLINK_NETFILTER, nil)
+		c, err = netlink.Dial(netlinkNetfilter, nil)
 		return err
 	}
 	ns := o.NetNS
@@ -103,9 +103,9 @@ func (c *Client) Close() error {
 func inetFamily(f servicelb.Family) (uint8, error) {
 	switch f {
 	case servicelb.IPv4:
-		return unix.AF_INET, nil
+		return afInet, nil
 	case servicelb.IPv6:
-		return unix.AF_INET6, nil
+		return afInet6, nil
 	}
 	return 0, fmt.Errorf("%w: %v", ErrInvalidFamily, f)
 }
@@ -244,7 +244,7 @@ func (c *Client) removeMatching(ctx context.Context, fam uint8, ix index, entrie
 		if ctx.Err() != nil {
 			break
 		}
-		if err := c.t.remove(fam, e); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := c.t.remove(fam, e); err != nil && !errors.Is(err, syscall.ENOENT) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", e.flow, err))
 			continue
 		}

@@ -10,13 +10,12 @@ import (
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // ctnetlink message types and attributes (linux/netfilter/nfnetlink_conntrack.h).
 const (
-	ctMsgGet    = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1
-	ctMsgDelete = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2
+	ctMsgGet    = nfnlSubsysCtnetlink<<8 | 1
+	ctMsgDelete = nfnlSubsysCtnetlink<<8 | 2
 
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
@@ -60,7 +59,7 @@ type entry struct {
 // of every protocol that has them (SCTP and DCCP as well as TCP and UDP).
 type ctTable struct{ c *netlink.Conn }
 
-func nfgenmsg(fam uint8) []byte { return []byte{fam, unix.NFNETLINK_V0, 0, 0} }
+func nfgenmsg(fam uint8) []byte { return []byte{fam, nfnetlinkV0, 0, 0} }
 
 func (t *ctTable) dump(fam uint8) ([]entry, error) {
 	msgs, err := t.c.Execute(netlink.Message{
@@ -92,7 +91,7 @@ func (t *ctTable) dump(fam uint8) ([]entry, error) {
 func (t *ctTable) remove(fam uint8, e entry) error {
 	ae := netlink.NewAttributeEncoder()
 	ae.ByteOrder = binary.BigEndian
-	ae.Bytes(unix.NLA_F_NESTED|ctaTupleOrig, e.orig)
+	ae.Bytes(nlaFNested|ctaTupleOrig, e.orig)
 	if e.hasZone {
 		ae.Uint16(ctaZone, e.flow.Zone)
 	}
@@ -122,7 +121,7 @@ func (t *ctTable) close() error { return t.c.Close() }
 // parseEntry parses the attributes of one flow of family fam.
 func parseEntry(fam uint8, b []byte) (entry, error) {
 	e := entry{flow: Flow{Family: servicelb.IPv4}}
-	if fam == unix.AF_INET6 {
+	if fam == afInet6 {
 		e.flow.Family = servicelb.IPv6
 	}
 	ad, err := netlink.NewAttributeDecoder(b)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"golang.org/x/sys/unix"
 )
 
 // Tuple is one direction of a flow.
@@ -41,15 +40,15 @@ func (f Flow) String() string {
 
 func protoName(p uint8) string {
 	switch p {
-	case unix.IPPROTO_TCP:
+	case protoTCP:
 		return "tcp"
-	case unix.IPPROTO_UDP:
+	case protoUDP:
 		return "udp"
-	case unix.IPPROTO_SCTP:
+	case protoSCTP:
 		return "sctp"
-	case unix.IPPROTO_ICMP:
+	case protoICMP:
 		return "icmp"
-	case unix.IPPROTO_ICMPV6:
+	case protoICMPv6:
 		return "icmpv6"
 	}
 	return fmt.Sprintf("proto(%d)", p)

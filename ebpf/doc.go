@@ -148,6 +148,15 @@
 //     that endpoint goes: no conntrack entry holds it, so none is deleted.
 //     (Destroying such sockets, bpf_sock_destroy from a socket iterator
 //     on 6.5 and later, is a later step.)
+//   - A socket in another network namespace is a pod's
+//     (servicelb.FromPod) under the default local-traffic detection, by
+//     cluster CIDR, whose premise is that pods take their addresses from
+//     the cluster CIDRs. The other modes tell pods by the node's pod CIDR
+//     or by the interface a packet comes in on, which a socket does not
+//     show: under them the hooks give a pod's socket its verdict only
+//     where the pod and outside verdicts agree, and leave the rest to the
+//     packet path, which tells them apart (servicelb's
+//     NodeConfig.PodsByNamespace).
 //   - Affinity pins are per network namespace and per set: the node's
 //     processes share one pin; a client's pins through the socket hooks
 //     and through the packet path are kept apart.

@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -168,8 +170,8 @@ func (p *Proxier) pinLink(l link.Link, h hook) error {
 }
 
 // Apply writes what the changed service ports need, and nothing else.
-func (k *kernel) Apply(_ context.Context, _ *servicelb.State, ch *servicelb.Changes) (bool, error) {
-	s, err := k.model.plan(ch, &k.caps)
+func (k *kernel) Apply(_ context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+	s, err := k.model.plan(st, ch, &k.caps)
 	if err != nil {
 		return false, err
 	}

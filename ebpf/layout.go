@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -186,26 +188,6 @@ func newFEKey(a netip.Addr, port uint16, p servicelb.Protocol) feKey {
 func (k feKey) String() string {
 	proto := map[uint8]string{6: "tcp", 17: "udp"}[k.Proto]
 	return netip.AddrPortFrom(addrOf(k.Addr), portOf(k.Port)).String() + "/" + proto
-}
-
-// Sizes bounds the maps (their max_entries). The hash maps are not
-// preallocated: they take memory as they fill, besides an array of 16
-// bytes per entry they may hold (the kernel's buckets). The LRU maps are
-// preallocated.
-type Sizes struct {
-	// Frontends bounds the frontends of every service port, of both
-	// families, and the sets; default 1<<16.
-	Frontends uint32
-	// Slots bounds the slots of every set (one per endpoint of weight 1),
-	// and the endpoints of the sets with affinity; default 1<<18.
-	Slots uint32
-	// Affinity bounds the ClientIP pins (an LRU: the least recently used
-	// goes first); default 1<<14.
-	Affinity uint32
-	// Reverse bounds the sockets whose peer is shown as the service's
-	// address (an LRU; a socket whose entry went shows the endpoint's
-	// address); default 1<<16.
-	Reverse uint32
 }
 
 func (s Sizes) withDefaults() Sizes {

@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -10,17 +12,20 @@ import (
 )
 
 // model is what the Proxier wrote: the plan of each service port, and the
-// set ids in use.
+// set ids in use; byNamespace is the node's PodsByNamespace the plans
+// were made with.
 type model struct {
-	ports map[servicelb.ServicePortKey]*portPlan
-	ids   *ids
+	ports       map[servicelb.ServicePortKey]*portPlan
+	ids         *ids
+	byNamespace bool
 }
 
 // buildModel plans every port of st, checked against caps. Sets keep the
 // ids and slot layouts found (by name) in found, the maps' content, when
 // given: what a restarted Proxier adopts.
 func buildModel(st *servicelb.State, caps *servicelb.Capabilities, found *content) (*model, error) {
-	m := &model{ports: map[servicelb.ServicePortKey]*portPlan{}, ids: newIDs()}
+	node := st.Node()
+	m := &model{ports: map[servicelb.ServicePortKey]*portPlan{}, ids: newIDs(), byNamespace: node.PodsByNamespace()}
 	prev := adopted(found)
 	for _, id := range prev.ids {
 		m.ids.used[id] = true
@@ -31,7 +36,7 @@ func buildModel(st *servicelb.State, caps *servicelb.Capabilities, found *conten
 			errs = append(errs, err)
 			continue
 		}
-		pp, err := planPort(sp, prev.port(sp.Key), m.ids)
+		pp, err := planPort(sp, m.byNamespace, prev.port(sp.Key), m.ids)
 		if err != nil {
 			return nil, err
 		}
@@ -176,15 +181,19 @@ func parseSetName(s string) (servicelb.ServicePortKey, role, bool) {
 // one step. The ids it takes are taken from the model's already: commit
 // or abandon the step before planning another.
 type step struct {
-	d     *delta
-	ports map[servicelb.ServicePortKey]*portPlan
-	freed []uint32
+	d           *delta
+	ports       map[servicelb.ServicePortKey]*portPlan
+	freed       []uint32
+	byNamespace bool
 }
 
-// plan plans the changes over m. Only the ids it takes change m; abandon
+// plan plans the changes ch that lead to st over m: the ports ch names,
+// or every port when the node's PodsByNamespace changed, which every
+// port's pod entries follow. Only the ids it takes change m; abandon
 // gives them back.
-func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step, error) {
-	s := &step{d: &delta{}, ports: map[servicelb.ServicePortKey]*portPlan{}}
+func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb.Capabilities) (*step, error) {
+	node := st.Node()
+	s := &step{d: &delta{}, ports: map[servicelb.ServicePortKey]*portPlan{}, byNamespace: node.PodsByNamespace()}
 	m.ids.track()
 	var errs []error
 	change := func(old *portPlan, sp *servicelb.ServicePort, key servicelb.ServicePortKey) {
@@ -195,7 +204,7 @@ func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step
 				return
 			}
 			var err error
-			if next, err = planPort(sp, old, m.ids); err != nil {
+			if next, err = planPort(sp, s.byNamespace, old, m.ids); err != nil {
 				errs = append(errs, err)
 				return
 			}
@@ -207,11 +216,17 @@ func (m *model) plan(ch *servicelb.Changes, caps *servicelb.Capabilities) (*step
 	for _, sp := range ch.Removed {
 		change(m.ports[sp.Key], nil, sp.Key)
 	}
-	for _, c := range ch.Changed {
-		change(m.ports[c.Old.Key], c.New, c.New.Key)
-	}
-	for _, sp := range ch.Added {
-		change(m.ports[sp.Key], sp, sp.Key)
+	if s.byNamespace != m.byNamespace {
+		for _, sp := range st.Ports() {
+			change(m.ports[sp.Key], sp, sp.Key)
+		}
+	} else {
+		for _, c := range ch.Changed {
+			change(m.ports[c.Old.Key], c.New, c.New.Key)
+		}
+		for _, sp := range ch.Added {
+			change(m.ports[sp.Key], sp, sp.Key)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		m.abandon()
@@ -238,5 +253,6 @@ func (m *model) commit(s *step) {
 	for _, id := range s.freed {
 		m.ids.free(id)
 	}
+	m.byNamespace = s.byNamespace
 	m.ids.track()
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -16,15 +18,6 @@ const (
 )
 
 func (r role) String() string { return [...]string{"cluster", "local"}[r] }
-
-// maxSlots is the number of slots a set of endpoints with unequal weights
-// is spread over: weights are honoured to about 1/maxSlots of a set's
-// flows. Endpoints of equal weight take one slot each.
-const maxSlots = 4096
-
-// MaxEndpoints bounds the endpoints of a set (a service port's cluster
-// or local endpoints).
-const MaxEndpoints = maxSlots
 
 // socketAction is what the hooks do with a new flow from origin o to a
 // frontend of kind k: servicelb's verdict where a socket can give it
@@ -58,6 +51,21 @@ func socketAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, o service
 	return actForward, roleCluster
 }
 
+// podAction is socketAction for a socket in a pod's namespace. When the
+// node does not tell pods by their namespace (servicelb's
+// NodeConfig.PodsByNamespace), the packet path may see such a flow as a
+// pod's or as one from outside; the socket gives the verdict only when
+// the two agree, and passes the flow otherwise.
+func podAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, byNamespace bool) (action, role) {
+	if !byNamespace {
+		vs := sp.Verdicts(k)
+		if vs.Of(servicelb.FromPod) != vs.Of(servicelb.FromOutside) {
+			return actPass, 0
+		}
+	}
+	return socketAction(sp, k, servicelb.FromPod)
+}
+
 // carried reports whether the hooks carry a protocol: TCP and UDP. SCTP
 // flows are left to the packet path.
 func carried(p servicelb.Protocol) bool { return p == servicelb.TCP || p == servicelb.UDP }
@@ -71,8 +79,9 @@ type frontendPlan struct {
 }
 
 // planFrontends returns the entries of a service port's frontends, and
-// which of its sets they use.
-func planFrontends(sp *servicelb.ServicePort) ([]frontendPlan, [2]bool) {
+// which of its sets they use; byNamespace is the node's
+// PodsByNamespace.
+func planFrontends(sp *servicelb.ServicePort, byNamespace bool) ([]frontendPlan, [2]bool) {
 	var used [2]bool
 	if !carried(sp.Port.Protocol) {
 		return nil, used
@@ -80,7 +89,7 @@ func planFrontends(sp *servicelb.ServicePort) ([]frontendPlan, [2]bool) {
 	var out []frontendPlan
 	for _, f := range sp.Frontends() {
 		na, nr := socketAction(sp, f.Kind, servicelb.FromNode)
-		pa, pr := socketAction(sp, f.Kind, servicelb.FromPod)
+		pa, pr := podAction(sp, f.Kind, byNamespace)
 		if na == actPass && pa == actPass {
 			continue
 		}
@@ -226,8 +235,8 @@ func setName(k servicelb.ServicePortKey, r role) string { return k.String() + " 
 // planPort returns what sp holds in the maps. Its sets keep the ids and
 // slot layouts of old (the port's plan before a change, or what a
 // restarted process found in the kernel); new sets take ids from a.
-func planPort(sp *servicelb.ServicePort, old *portPlan, a *ids) (*portPlan, error) {
-	fes, used := planFrontends(sp)
+func planPort(sp *servicelb.ServicePort, byNamespace bool, old *portPlan, a *ids) (*portPlan, error) {
+	fes, used := planFrontends(sp, byNamespace)
 	pp := &portPlan{frontends: make(map[feKey]feVal, len(fes)), kinds: make(map[feKey]servicelb.FrontendKind, len(fes))}
 	for r, bs := range [2][]servicelb.Backend{sp.Cluster, sp.Local} {
 		if !used[r] {

@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -64,6 +66,31 @@ func TestSocketAction(t *testing.T) {
 			a, r := socketAction(sp, tc.kind, tc.origin)
 			assert.Equal(t, tc.act, a)
 			assert.Equal(t, tc.role, r)
+		})
+	}
+}
+
+// TestPodAction: a pod's socket takes its verdict at the socket when
+// the node tells pods by their namespace, or when the pod and outside
+// verdicts agree; otherwise the packet path decides which it is.
+func TestPodAction(t *testing.T) {
+	pod := servicelb.Verdict{Action: servicelb.ToCluster}
+	outside := servicelb.Verdict{Action: servicelb.ToCluster, Masquerade: true}
+	for _, tc := range []struct {
+		name        string
+		outside     servicelb.Verdict
+		byNamespace bool
+		act         action
+	}{
+		{"by namespace", outside, true, actForward},
+		{"verdicts differ", outside, false, actPass},
+		{"verdicts agree", pod, false, actForward},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := &servicelb.ServicePort{}
+			sp.Internal[servicelb.FromPod], sp.Internal[servicelb.FromOutside] = pod, tc.outside
+			a, _ := podAction(sp, servicelb.ClusterIPFrontend, tc.byNamespace)
+			assert.Equal(t, tc.act, a)
 		})
 	}
 }
@@ -206,7 +233,7 @@ func TestIncrementalEqualsFresh(t *testing.T) {
 			kernel := m.content(7)
 			for i := 1; i < len(walk); i++ {
 				ch := servicelb.Diff(walk[i-1], walk[i])
-				s, err := m.plan(&ch, &caps)
+				s, err := m.plan(walk[i], &ch, &caps)
 				require.NoError(t, err, "step %d", i)
 				require.NoError(t, s.d.run(kernel, func() {
 					require.NoError(t, whole(kernel), "step %d: a lookup meets a half-written service", i)
@@ -236,7 +263,7 @@ func TestAdoptionKeepsTheMaps(t *testing.T) {
 	kernel := m.content(7)
 	for i := 1; i < len(walk); i++ {
 		ch := servicelb.Diff(walk[i-1], walk[i])
-		s, err := m.plan(&ch, &caps)
+		s, err := m.plan(walk[i], &ch, &caps)
 		require.NoError(t, err)
 		require.NoError(t, s.d.run(kernel, nil))
 		m.commit(s)

@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -11,41 +13,6 @@ import (
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
 )
-
-// ErrNotSupported: the kernel or the system lacks something the Proxier
-// needs. New returns a *FeatureError that wraps it, naming the feature,
-// before it attaches anything.
-var ErrNotSupported = errors.New("not supported")
-
-// FeatureError names a missing kernel or system feature.
-type FeatureError struct {
-	// Feature is what is missing, such as "cgroup v2" or
-	// "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".
-	Feature string
-	// Hint says what provides it.
-	Hint string
-	// Err is the underlying error, if any.
-	Err error
-}
-
-func (e *FeatureError) Error() string {
-	msg := fmt.Sprintf("ebpf: missing %s: %s", e.Feature, e.Hint)
-	if e.Err != nil {
-		msg += ": " + e.Err.Error()
-	}
-	return msg
-}
-
-// Unwrap returns ErrNotSupported and the underlying error.
-func (e *FeatureError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrNotSupported}
-	}
-	return []error{ErrNotSupported, e.Err}
-}
-
-// ErrInvalidOptions: Options that cannot work.
-var ErrInvalidOptions = errors.New("invalid options")
 
 // probeFS checks that path is a directory on a filesystem of the given
 // magic number.

@@ -1,3 +1,5 @@
+//go:build linux
+
 package ebpf
 
 import (
@@ -10,7 +12,6 @@ import (
 	"slices"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -22,40 +23,6 @@ import (
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
-
-// Options configure a Proxier.
-type Options struct {
-	// Cgroup is the cgroup v2 directory the hooks are attached to: the
-	// sockets of every process in it and below are balanced. An agent
-	// passes the root of its workloads' cgroups (the whole node's is the
-	// root of the hierarchy). Required.
-	Cgroup string
-	// PinPath, when set, is a directory on a bpf filesystem that the
-	// Proxier owns: it pins its maps and links there, so that they
-	// outlive the process, and a new Proxier with the same PinPath adopts
-	// them without a moment unbalanced. Empty means no pins: the hooks
-	// are detached when the Proxier is closed.
-	PinPath string
-	// NetNS is the node's network namespace: sockets in it are the node's
-	// own (servicelb.FromNode), sockets in any other are pods'
-	// (servicelb.FromPod). Zero means the caller's.
-	NetNS netns.NsHandle
-	// Packets, when set, is the packet-path Proxier (package nftables'
-	// in the node's namespace) that serves what sockets do not: traffic
-	// from other hosts, and the flows the hooks leave alone (see the
-	// package documentation). The Proxier then syncs, cleans up, closes
-	// and renders it too, and its Capabilities are the pair's.
-	Packets servicelb.Proxier
-	// Sizes bound the maps.
-	Sizes Sizes
-	// Logger receives state changes at Info and per-sync detail at Debug;
-	// nil discards.
-	Logger *slog.Logger
-	// VerifyInterval is the least time between two deep checks of the
-	// maps by syncs that change something (every entry read back); zero
-	// means one minute.
-	VerifyInterval time.Duration
-}
 
 // Proxier balances the connections and datagrams of the sockets in a
 // cgroup at the socket layer. It implements servicelb.Proxier and
@@ -104,10 +71,6 @@ func New(o Options) (*Proxier, error) {
 	}
 	return p, nil
 }
-
-// ErrRenderOnly: a Sync, Cleanup or Dump of a Proxier made by
-// ForRendering.
-var ErrRenderOnly = errors.New("ebpf: a Proxier for rendering only holds no kernel state")
 
 // ForRendering returns a Proxier that renders (Render, Capabilities) and
 // touches nothing: it needs no privileges and probes nothing, for dry
@@ -250,8 +213,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities { return p.caps }
 
 // socketFeatures are the features the hooks give themselves. They tell a
 // pod's socket from the node's by its network namespace inside the
-// attached cgroup, whatever the node's local-traffic detection says of
-// packets: every mode is theirs (FeatureLocalByInterface included).
+// attached cgroup; under a local-traffic detection by interface they
+// leave to the packet path the pods' flows whose verdict depends on it,
+// so every mode is theirs (FeatureLocalByInterface included).
 const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | servicelb.FeaturePreserveSource |
 	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+	"syscall"
 )
 
 // Options configure a Client.
@@ -64,7 +64,7 @@ func New(o Options) (*Client, error) {
 	if o.NetNS != 0 && o.NetNS != netns.None() {
 		cfg.NetNS = int(o.NetNS)
 	}
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	conn, err := netlink.Dial(netlinkNetfilter, cfg)
 	if err != nil {
 		return nil, &OpError{Op: "open", Err: err}
 	}
@@ -130,7 +130,7 @@ func (c *Client) protocol(ctx context.Context) (uint8, error) {
 	})
 	if err != nil {
 		// Without the ip_set module nfnetlink answers EINVAL for its subsystem.
-		if isNetlinkErr(err, unix.EPROTONOSUPPORT) || isNetlinkErr(err, unix.ENOENT) || isNetlinkErr(err, unix.EINVAL) {
+		if isNetlinkErr(err, syscall.EPROTONOSUPPORT) || isNetlinkErr(err, syscall.ENOENT) || isNetlinkErr(err, syscall.EINVAL) {
 			return 0, fmt.Errorf("%w: %w", ErrNotSupported, err)
 		}
 		return 0, err

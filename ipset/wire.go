@@ -11,7 +11,8 @@ import (
 
 // The ipset netlink protocol (include/uapi/linux/netfilter/ipset/ip_set.h).
 const (
-	subsysIPSet = 6 // NFNL_SUBSYS_IPSET
+	netlinkNetfilter = 12 // NETLINK_NETFILTER
+	subsysIPSet      = 6  // NFNL_SUBSYS_IPSET
 
 	protocolMin   = 6 // the oldest protocol the kernel accepts
 	protocolIndex = 7 // the protocol whose list replies carry the set index

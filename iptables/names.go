@@ -1,3 +1,5 @@
+//go:build linux
+
 package iptables
 
 import (
@@ -9,7 +11,6 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// DefaultChainPrefix starts the name of every chain a Proxier owns.
 const DefaultChainPrefix = "KPROXY-"
 
 // maxPrefixLen keeps the longest chain name, prefix + "SVC-" + 16, within

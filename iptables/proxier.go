@@ -1,3 +1,5 @@
+//go:build linux
+
 package iptables
 
 import (
@@ -51,8 +53,10 @@ func New(o Options) (*Proxier, error) {
 	if err := o.normalize(); err != nil {
 		return nil, err
 	}
-	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, conn: o.conn, log: o.Logger}
-	if px.conn == nil {
+	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}
+	if c, ok := o.conn.(xtables.Conn); ok {
+		px.conn = c
+	} else {
 		c, err := nfnl.Open(nfnl.Options{NetNS: int(o.NetNS)})
 		if err != nil {
 			return nil, fmt.Errorf("iptables: %w", err)

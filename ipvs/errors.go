@@ -12,6 +12,10 @@ import (
 // ErrCapacity), or a context error, so that callers test the kind with
 // errors.Is.
 var (
+	// ErrNotSupported: IPVS is Linux's. On other systems the package
+	// builds so that programs importing it compile, and New, Render and
+	// every method return ErrNotSupported.
+	ErrNotSupported = errors.New("ipvs: not supported on this system")
 	// ErrInvalidOptions: an Options field is not valid.
 	ErrInvalidOptions = errors.New("invalid options")
 	// ErrConflict: a virtual server a service needs exists and belongs to

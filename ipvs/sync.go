@@ -1,7 +1,8 @@
+//go:build linux
+
 package ipvs
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -378,9 +379,4 @@ func sortedKeys(m map[vsKey]*VirtualServer) []vsKey {
 	keys := slices.Collect(maps.Keys(m))
 	slices.SortFunc(keys, compareKeys)
 	return keys
-}
-
-func compareKeys(a, b vsKey) int {
-	return cmp.Or(cmp.Compare(a.fwmark, b.fwmark), cmp.Compare(a.family, b.family),
-		a.addr.Compare(b.addr), cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
 }

@@ -12,4 +12,8 @@ var (
 	ErrInvalidOptions = errors.New("invalid nftables options")
 	// ErrClosed: the Proxier was closed.
 	ErrClosed = errors.New("nftables proxier closed")
+	// ErrNotSupported: nf_tables is Linux's. On other systems the package
+	// builds, so that an agent's other parts build anywhere, and New,
+	// Render and every method return ErrNotSupported.
+	ErrNotSupported = errors.New("nftables: not supported on this system")
 )

@@ -259,3 +259,13 @@ func TestCheckNode(t *testing.T) {
 	assert.Equal(t, nodeCIDR.DetectLocal, b.State().Node().DetectLocal, "a refused SetNode changed the node")
 	assert.Contains(t, AllFeatures.String(), "local-by-interface")
 }
+
+// TestPodsByNamespace: only the cluster-CIDR mode (the default) calls
+// every flow from a pod's namespace a pod's.
+func TestPodsByNamespace(t *testing.T) {
+	for mode, want := range map[LocalMode]bool{"": true, LocalByClusterCIDR: true, LocalByNodeCIDR: false,
+		LocalByBridgeInterface: false, LocalByInterfaceNamePrefix: false} {
+		n := NodeConfig{DetectLocal: DetectLocal{Mode: mode}}
+		assert.Equal(t, want, n.PodsByNamespace(), "mode %q", mode)
+	}
+}

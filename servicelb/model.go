@@ -436,6 +436,16 @@ func (n *NodeConfig) LocalMatch(f Family) LocalMatch {
 	return LocalMatch{}
 }
 
+// PodsByNamespace reports whether the node's local-traffic detection
+// calls every flow from a pod's own network namespace on this node a
+// pod's (FromPod), whatever its address and the interface it comes in
+// on: under LocalByClusterCIDR, whose premise is that pods take their
+// addresses from the cluster CIDRs. The other modes tell pods by the
+// node's pod CIDRs or by an interface, which a hook that sees only the
+// socket's namespace cannot know: to it, such a flow may be FromPod or
+// FromOutside.
+func (n *NodeConfig) PodsByNamespace() bool { return n.LocalMode() == LocalByClusterCIDR }
+
 // DetectsLocal reports whether the node tells the flows of its pods apart
 // in family f.
 func (n *NodeConfig) DetectsLocal(f Family) bool {

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package bpfenv makes what a test, a benchmark or a sandbox needs to
 // attach BPF programs without touching the host's own: a private mount of
 // the cgroup v2 hierarchy with a child cgroup of its own to attach to, and

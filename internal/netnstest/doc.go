@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package netnstest builds throwaway network topologies for tests that
 // need a real kernel: a node that runs the code under test, a client
 // outside the cluster and backend hosts, each in its own network

@@ -1,3 +1,5 @@
+//go:build linux
+
 package nfnl
 
 // Values from the kernel's uapi headers linux/netfilter/nfnetlink.h and

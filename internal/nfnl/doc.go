@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package nfnl writes and reads nf_tables rulesets over netlink, for the
 // backends that program nf_tables: the native nftables backend and the
 // iptables backend (which writes iptables-nft's encoding).

@@ -1,6 +1,3 @@
-// Package nsutil runs code inside a network namespace without moving the
-// caller's thread: sockets, listeners and /proc/sys files opened by the
-// code belong to that namespace and stay there after it returns.
 package nsutil
 
 import (
@@ -12,10 +9,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// ErrGoexit reports a function that ended its goroutine with
-// runtime.Goexit (for example t.FailNow) instead of returning.
-var ErrGoexit = errors.New("function called runtime.Goexit (t.FailNow?) instead of returning")
 
 // Do runs f on a fresh goroutine locked to its OS thread and switched
 // into ns. The thread is switched back afterwards; if that fails the

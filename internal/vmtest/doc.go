@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package vmtest runs the module's vm-tagged tests inside a qemu guest that
 // boots Debian's cloud kernel, which has what the development machines'
 // kernel lacks (IPVS, dummy links, SCTP). `make test-vm` drives it through

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package xtables writes iptables rules through nf_tables netlink, in
 // exactly the encoding iptables-nft 1.8.9 uses, so that iptables-nft-save,
 // iptables -S, -C and -D treat them as their own. It is the machinery of

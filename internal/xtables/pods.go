@@ -1,3 +1,5 @@
+//go:build linux
+
 package xtables
 
 import "github.com/kproxy-dev/kproxy/servicelb"

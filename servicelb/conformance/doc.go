@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package conformance proves a servicelb.Proxier with real packets: one
 // table of scenarios (Scenarios), each a shape of Service and what new
 // flows from each origin must then do, run against any backend by Run in a

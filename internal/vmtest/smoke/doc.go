@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package smoke holds the vm-tagged test that proves the test guest booted
 // by `make test-vm` has every kernel feature and tool the dataplanes need:
 // dummy and veth links, IPVS with its schedulers, ipset, nf_tables with the

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command vmrun runs the module's vm-tagged tests in a qemu guest booting
 // Debian's cloud kernel (see docs/vm-tests.md). `make test-vm` calls it.
 //

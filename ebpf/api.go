@@ -1,0 +1,116 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Options configure a Proxier.
+type Options struct {
+	// Cgroup is the cgroup v2 directory the hooks are attached to: the
+	// sockets of every process in it and below are balanced. An agent
+	// passes the root of its workloads' cgroups (the whole node's is the
+	// root of the hierarchy). Required.
+	Cgroup string
+	// PinPath, when set, is a directory on a bpf filesystem that the
+	// Proxier owns: it pins its maps and links there, so that they
+	// outlive the process, and a new Proxier with the same PinPath adopts
+	// them without a moment unbalanced. Empty means no pins: the hooks
+	// are detached when the Proxier is closed.
+	PinPath string
+	// NetNS is the node's network namespace: sockets in it are the node's
+	// own (servicelb.FromNode), sockets in any other are pods'
+	// (servicelb.FromPod; see Limits in the package documentation for
+	// the local-traffic detection modes other than the cluster CIDR).
+	// Zero means the caller's.
+	NetNS netns.NsHandle
+	// Packets, when set, is the packet-path Proxier (package nftables'
+	// in the node's namespace) that serves what sockets do not: traffic
+	// from other hosts, and the flows the hooks leave alone (see the
+	// package documentation). The Proxier then syncs, cleans up, closes
+	// and renders it too, and its Capabilities are the pair's.
+	Packets servicelb.Proxier
+	// Sizes bound the maps.
+	Sizes Sizes
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// VerifyInterval is the least time between two deep checks of the
+	// maps by syncs that change something (every entry read back); zero
+	// means one minute.
+	VerifyInterval time.Duration
+}
+
+// ErrRenderOnly: a Sync, Cleanup or Dump of a Proxier made by
+// ForRendering.
+var ErrRenderOnly = errors.New("ebpf: a Proxier for rendering only holds no kernel state")
+
+// Sizes bounds the maps (their max_entries). The hash maps are not
+// preallocated: they take memory as they fill, besides an array of 16
+// bytes per entry they may hold (the kernel's buckets). The LRU maps are
+// preallocated.
+type Sizes struct {
+	// Frontends bounds the frontends of every service port, of both
+	// families, and the sets; default 1<<16.
+	Frontends uint32
+	// Slots bounds the slots of every set (one per endpoint of weight 1),
+	// and the endpoints of the sets with affinity; default 1<<18.
+	Slots uint32
+	// Affinity bounds the ClientIP pins (an LRU: the least recently used
+	// goes first); default 1<<14.
+	Affinity uint32
+	// Reverse bounds the sockets whose peer is shown as the service's
+	// address (an LRU; a socket whose entry went shows the endpoint's
+	// address); default 1<<16.
+	Reverse uint32
+}
+
+// ErrNotSupported: the kernel or the system lacks something the Proxier
+// needs. New returns a *FeatureError that wraps it, naming the feature,
+// before it attaches anything.
+var ErrNotSupported = errors.New("not supported")
+
+// FeatureError names a missing kernel or system feature.
+type FeatureError struct {
+	// Feature is what is missing, such as "cgroup v2" or
+	// "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".
+	Feature string
+	// Hint says what provides it.
+	Hint string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *FeatureError) Error() string {
+	msg := fmt.Sprintf("ebpf: missing %s: %s", e.Feature, e.Hint)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns ErrNotSupported and the underlying error.
+func (e *FeatureError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrNotSupported}
+	}
+	return []error{ErrNotSupported, e.Err}
+}
+
+// ErrInvalidOptions: Options that cannot work.
+var ErrInvalidOptions = errors.New("invalid options")
+
+// maxSlots is the number of slots a set of endpoints with unequal weights
+// is spread over: weights are honoured to about 1/maxSlots of a set's
+// flows. Endpoints of equal weight take one slot each.
+const maxSlots = 4096
+
+// MaxEndpoints bounds the endpoints of a set (a service port's cluster
+// or local endpoints).
+const MaxEndpoints = maxSlots

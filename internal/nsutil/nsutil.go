@@ -1,0 +1,13 @@
+// Package nsutil runs code inside a network namespace without moving the
+// caller's thread: sockets, listeners and /proc/sys files opened by the
+// code belong to that namespace and stay there after it returns.
+package nsutil
+
+import "errors"
+
+// ErrGoexit reports a function that ended its goroutine with
+// runtime.Goexit (for example t.FailNow) instead of returning.
+var ErrGoexit = errors.New("function called runtime.Goexit (t.FailNow?) instead of returning")
+
+// ErrNotSupported: network namespaces are Linux's.
+var ErrNotSupported = errors.New("network namespaces are not supported on this system")

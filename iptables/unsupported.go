@@ -1,0 +1,41 @@
+//go:build !linux
+
+package iptables
+
+import (
+	"context"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Proxier programs iptables rules through nf_tables; on this system it
+// cannot.
+type Proxier struct{}
+
+// Render returns ErrNotSupported.
+func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSupported }
+
+// New returns ErrNotSupported.
+func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+
+// Close does nothing.
+func (px *Proxier) Close() error { return nil }
+
+// Capabilities returns none.
+func (px *Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{Backend: "iptables"}
+}
+
+// Sync returns ErrNotSupported.
+func (px *Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
+
+// Cleanup returns ErrNotSupported.
+func (px *Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+
+// Render returns ErrNotSupported.
+func (px *Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+
+// RenderFamily returns ErrNotSupported.
+func (px *Proxier) RenderFamily(*servicelb.State, servicelb.Family) (string, error) {
+	return "", ErrNotSupported
+}

@@ -1,0 +1,38 @@
+//go:build !linux
+
+package ipvs
+
+import (
+	"context"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Proxier programs IPVS; on this system it cannot.
+type Proxier struct{}
+
+// New returns ErrNotSupported.
+func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+
+// Render returns ErrNotSupported.
+func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSupported }
+
+// Close does nothing.
+func (p *Proxier) Close() error { return nil }
+
+// Capabilities names the backend only.
+func (p *Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{Backend: "ipvs"}
+}
+
+// Render returns ErrNotSupported.
+func (p *Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+
+// Sync returns ErrNotSupported.
+func (p *Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
+
+// Cleanup returns ErrNotSupported.
+func (p *Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+
+// Drain returns ErrNotSupported.
+func (p *Proxier) Drain(context.Context) (int, error) { return 0, ErrNotSupported }

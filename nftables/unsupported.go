@@ -1,0 +1,35 @@
+//go:build !linux
+
+package nftables
+
+import (
+	"context"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Proxier programs an nf_tables table; on this system it cannot.
+type Proxier struct{}
+
+// New returns ErrNotSupported.
+func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+
+// Render returns ErrNotSupported.
+func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSupported }
+
+// Close does nothing.
+func (p *Proxier) Close() error { return nil }
+
+// Capabilities returns none.
+func (p *Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{Backend: "nftables"}
+}
+
+// Render returns ErrNotSupported.
+func (p *Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+
+// Cleanup returns ErrNotSupported.
+func (p *Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+
+// Sync returns ErrNotSupported.
+func (p *Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
