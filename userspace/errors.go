@@ -14,7 +14,7 @@ import (
 // errors.Is.
 var (
 	// ErrNotSupported: the system cannot run the proxy (it needs Linux).
-	ErrNotSupported = errors.New("not supported on this system (the userspace proxy needs Linux)")
+	ErrNotSupported = errors.New("userspace: not supported on this system")
 	// ErrInvalidOptions: an Options field is not valid.
 	ErrInvalidOptions = errors.New("invalid options")
 	// ErrClosed: the Proxier was closed.
