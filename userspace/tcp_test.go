@@ -47,8 +47,8 @@ func TestTCPForwards(t *testing.T) {
 	// The byte counters move once bytes have been sent on, which may be
 	// after they arrived.
 	want := PortStats{Key: key(1, "tcp"), Protocol: servicelb.TCP, Active: 1, Accepted: 1, BytesIn: 5, BytesOut: uint64(len(line) + 5)}
-	require.Eventually(t, func() bool { return stats(t, p, key(1, "tcp")) == want }, 5*time.Second, 10*time.Millisecond,
-		"stats %+v, want %+v", stats(t, p, key(1, "tcp")), want)
+	assert.EventuallyWithT(t, func(c *assert.CollectT) { assert.Equal(c, want, stats(t, p, key(1, "tcp"))) },
+		5*time.Second, 10*time.Millisecond)
 }
 
 // TestSpread: new connections spread over the endpoints in proportion to
