@@ -220,9 +220,11 @@ const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | se
 	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface
 
 // passedFeatures are the features whose flows the hooks leave to the
-// packet path.
+// packet path. The hooks' own refusals (ECONNREFUSED, EPERM at the
+// socket) come before any packet, so the pair's verdicts are the packet
+// path's (FeaturePacketVerdicts).
 const passedFeatures = servicelb.FeatureExternal | servicelb.FeatureSourceRanges | servicelb.FeatureServiceCIDRs |
-	servicelb.FeatureLocalhostNodePorts
+	servicelb.FeatureLocalhostNodePorts | servicelb.FeaturePacketVerdicts
 
 func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 	c := servicelb.Capabilities{

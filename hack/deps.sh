@@ -15,6 +15,7 @@ check depmod kmod
 check cpio cpio
 check systemd-analyze systemd
 check setpriv util-linux
+check strace strace
 [ -x /bin/busybox ] || need="$need busybox-static"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" != 0 ]; then

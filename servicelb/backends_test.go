@@ -18,7 +18,7 @@ import (
 
 // backendPackages are the dataplanes: they may read a State only through
 // its ServicePorts and node.
-var backendPackages = []string{"../nftables", "../iptables", "../ipvs", "../ebpf"}
+var backendPackages = []string{"../nftables", "../iptables", "../ipvs", "../ebpf", "../userspace"}
 
 // TestBackendsReadOnlyServicePorts type-checks every backend and fails on
 // any use of what a ServicePort does not carry: a raw Service or Endpoint

@@ -13,6 +13,7 @@ import (
 	"github.com/kproxy-dev/kproxy/ipvs"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/userspace"
 )
 
 // TestCapabilityErrorsAgree renders, without a kernel, a service with a
@@ -132,13 +133,17 @@ func TestBackendsRenderEveryDetection(t *testing.T) {
 	require.NoError(t, err)
 	defer ipt.Close()
 	var ipvsProxier *ipvs.Proxier
+	us, err := userspace.New(userspace.Options{})
+	require.NoError(t, err)
+	defer us.Close()
 	backends := map[string]struct {
 		caps   servicelb.Capabilities
 		render func(*servicelb.State) (string, error)
 	}{
-		"nftables": {nft.Capabilities(), nft.Render},
-		"iptables": {ipt.Capabilities(), ipt.Render},
-		"ipvs":     {ipvsProxier.Capabilities(), func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) }},
+		"nftables":  {nft.Capabilities(), nft.Render},
+		"iptables":  {ipt.Capabilities(), ipt.Render},
+		"ipvs":      {ipvsProxier.Capabilities(), func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) }},
+		"userspace": {us.Capabilities(), us.Render},
 	}
 	pfx := netip.MustParsePrefix
 	for name, b := range backends {

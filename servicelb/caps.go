@@ -43,7 +43,9 @@ const (
 	// FeatureWeights: endpoint weights spread new flows in proportion.
 	FeatureWeights
 	// FeaturePreserveSource: forwarded flows that are not masqueraded
-	// reach the endpoint with the client's own address.
+	// reach the endpoint with the client's own address. A backend
+	// without it forwards every flow from the node's own address, as if
+	// masqueraded (package userspace: the endpoint sees the proxy).
 	FeaturePreserveSource
 	// FeatureExternal: traffic that arrives from other hosts (node ports,
 	// external and load-balancer IPs) is served.
@@ -66,10 +68,19 @@ const (
 	// LocalByInterfaceNamePrefix). A node that asks for it from a backend
 	// without it is refused: its pods' flows would count as outside's.
 	FeatureLocalByInterface
+	// FeaturePacketVerdicts: verdicts act on a flow's first packet, as a
+	// packet filter's do: a rejected TCP or SCTP flow gets an ICMP
+	// (ICMPv6) port unreachable and a dropped one no answer at all. A
+	// proxy that terminates connections (package userspace) lacks it:
+	// the kernel resets a TCP connection (aborts an SCTP association) to
+	// a port nothing listens on, and the proxy resets one it has accepted
+	// but must not forward. UDP is rejected and dropped alike either way.
+	FeaturePacketVerdicts
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
-		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts | FeatureLocalByInterface
+		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts |
+		FeatureLocalByInterface | FeaturePacketVerdicts
 )
 
 // Has reports whether every feature of f is in fs.
@@ -82,7 +93,7 @@ var featureNames = []struct {
 	{FeatureSourceRanges, "source-ranges"}, {FeatureAffinity, "affinity"}, {FeatureWeights, "weights"},
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
 	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
-	{FeatureLocalByInterface, "local-by-interface"},
+	{FeatureLocalByInterface, "local-by-interface"}, {FeaturePacketVerdicts, "packet-verdicts"},
 }
 
 // String lists the features by name, such as "affinity,weights".

@@ -155,7 +155,9 @@
 //
 //   - A port no endpoint serves anywhere rejects every flow at once with an
 //     ICMP (ICMPv6) port unreachable, which a TCP client sees as a refused
-//     connection.
+//     connection. (A backend that terminates connections instead of
+//     translating packets resets the TCP and SCTP flows it rejects or
+//     drops; it says so by lacking FeaturePacketVerdicts.)
 //   - Traffic to the cluster IP takes the set of the internal traffic
 //     policy, from every origin, and is dropped when that set is empty
 //     (another node may serve it). It is masqueraded from outside and from

@@ -39,7 +39,7 @@ func rows(out string) []map[string][2]int {
 // the traffic shifted, everything torn down.
 func TestDemo(t *testing.T) {
 	testutil.RequireRoot(t)
-	for _, backend := range append([]string{"nftables", "iptables", "ebpf"}, vmBackends...) {
+	for _, backend := range append([]string{"nftables", "iptables", "ebpf", "userspace"}, vmBackends...) {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -60,6 +60,11 @@ func TestDemo(t *testing.T) {
 				name := fmt.Sprintf("backend-%d", i)
 				if c := tables[0][name]; c[0] < 20 || c[1] < 20 {
 					t.Errorf("before: %s answered %v of 150, want a fair share on both addresses", name, c)
+				}
+			}
+			for i, tab := range tables {
+				if c := tab["error"]; c != [2]int{0, 0} {
+					t.Errorf("table %d: %v requests failed, want none", i+1, c)
 				}
 			}
 			if c := tables[1]["backend-2"]; c != [2]int{0, 0} {

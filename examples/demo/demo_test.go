@@ -28,7 +28,7 @@ func TestDryRun(t *testing.T) {
 func TestBadFlags(t *testing.T) {
 	var errOut bytes.Buffer
 	if code := run(context.Background(), []string{"--backend", "bogus", "--dry-run"}, &bytes.Buffer{}, &errOut); code != 1 ||
-		!strings.Contains(errOut.String(), `--backend "bogus": want one of ebpf, iptables, ipvs, nftables`) {
+		!strings.Contains(errOut.String(), `--backend "bogus": want one of ebpf, iptables, ipvs, nftables, userspace`) {
 		t.Errorf("bad backend: exit %d, %q", code, errOut.String())
 	}
 	if code := run(context.Background(), []string{"--services", "/nonexistent.yaml", "--dry-run"}, &bytes.Buffer{}, &bytes.Buffer{}); code != 1 {

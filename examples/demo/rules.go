@@ -45,6 +45,8 @@ func showRules(ctx context.Context, out io.Writer, a *agent.Agent, backend strin
 		title = "Rules installed, as the backend renders them"
 		if l, ok := listers[backend]; ok {
 			title += " (install " + l[0] + " to read them back from the kernel)"
+		} else if backend == "userspace" {
+			title = "What the backend serves, as it renders it (it installs no rules: its listeners take the traffic)"
 		}
 	}
 	lines := relevant(backend, text, svcs)

@@ -65,7 +65,14 @@
 // backend's Capabilities decide which scenarios apply: a scenario that
 // needs a feature the backend does not declare (servicelb.Features), or a
 // scheduler hint it does not honour, is logged as not applicable instead
-// of run. Options.Protocols adds SCTP where the kernel has it;
+// of run. The features also say how two kinds of check read: for a backend
+// without servicelb.FeaturePreserveSource (a proxy: the endpoint sees the
+// node), a check that wants the client's address kept wants the node's;
+// for one without servicelb.FeaturePacketVerdicts (a proxy that terminates
+// connections), a TCP or SCTP check that wants an ICMP port unreachable
+// wants a reset, with no ICMP error and no endpoint answering, and one
+// that wants silence accepts such a reset too. Run logs both at the
+// start. Options.Protocols adds SCTP where the kernel has it;
 // Options.Run selects scenarios by name; the timeouts grow under
 // emulation.
 //

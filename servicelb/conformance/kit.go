@@ -107,6 +107,9 @@ func Run(t *testing.T, b Backend, o Options) {
 	}
 	l := newLab(t, b, o)
 	caps := l.p.Capabilities()
+	for _, a := range adaptations(&caps) {
+		t.Logf("%s: %s", b.Name, a)
+	}
 	for i, sc := range Scenarios() {
 		if only != nil && !only.MatchString(sc.Name) {
 			continue
@@ -126,6 +129,8 @@ type lab struct {
 	o  Options
 	tp *netnstest.Topology
 	p  servicelb.Proxier
+	// caps are the backend's, as the first proxier declared them.
+	caps servicelb.Capabilities
 	// cg runs the asks of the node and the pod, with Backend.Cgroup.
 	cg *netnstest.Cgroup
 	// added are the client's extra addresses so far.
@@ -157,6 +162,7 @@ func newLab(t *testing.T, b Backend, o Options) *lab {
 		l.cg = netnstest.StartCgroup(t, b.Cgroup)
 	}
 	l.p = b.New(t, tp.Node.NS)
+	l.caps = l.p.Capabilities()
 	t.Cleanup(func() { l.close() })
 	return l
 }
@@ -348,10 +354,12 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 	dst := e.resolve(c.To, f, p)
 	what := fmt.Sprintf("%s %s from %s to %s %s", f, p.Lower(), c.From, c.To, dst)
 	w := c.Want
-	switch w.kind {
-	case reach:
+	switch {
+	case w.kind == reach:
 		l.expectReach(t, a, p, dst, c, what)
-	case refused:
+	case l.resets(p):
+		l.expectReset(t, a, p, dst, c, what)
+	case w.kind == refused:
 		err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
 		var ae *netnstest.AskError
 		if !(errors.Is(err, netnstest.ErrRefused) || errors.Is(err, netnstest.ErrFiltered)) || !errors.As(err, &ae) {
@@ -361,7 +369,7 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 		} else if ae.ICMP == nil || !ae.ICMP.PortUnreachable() {
 			t.Errorf("%s: refused by %v, want an ICMP port unreachable", what, refusalText(ae))
 		}
-	case dropped:
+	case w.kind == dropped:
 		err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
 		var ae *netnstest.AskError
 		// A datagram the node drops as it leaves fails its send at once.
@@ -370,6 +378,44 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 			t.Errorf("%s: %v, want dropped (no answer)", what, errText(err))
 		}
 	}
+}
+
+// resets reports whether the backend resets the flows of protocol p that
+// a verdict rejects or drops (it lacks servicelb.FeaturePacketVerdicts,
+// and p is TCP or SCTP) instead of answering with an ICMP error or not at
+// all.
+func (l *lab) resets(p servicelb.Protocol) bool {
+	return !l.caps.Features.Has(servicelb.FeaturePacketVerdicts) && p != servicelb.UDP
+}
+
+// expectReset checks that a flow is refused by a reset (an SCTP abort),
+// with no ICMP error and no endpoint answering; a flow that must be
+// dropped may also go unanswered (what the node does not take in is
+// dropped by the network, not reset).
+func (l *lab) expectReset(t *testing.T, a asker, p servicelb.Protocol, dst netip.AddrPort, c Check, what string) {
+	t.Helper()
+	err := l.ask1(a, p, dst, c.Session, l.o.DropTimeout, netnstest.WatchICMP())
+	var ae *netnstest.AskError
+	switch {
+	case c.Want.kind == dropped && errors.Is(err, netnstest.ErrTimeout):
+	case !errors.Is(err, netnstest.ErrRefused) || !errors.As(err, &ae):
+		t.Errorf("%s: %v, want refused with a reset (the backend lacks %s)", what, errText(err), servicelb.FeaturePacketVerdicts)
+	case ae.ICMP != nil:
+		t.Errorf("%s: refused by %v, want a reset (the backend lacks %s)", what, ae.ICMP, servicelb.FeaturePacketVerdicts)
+	}
+}
+
+// adaptations says how the checks change for a backend that lacks a
+// feature some checks describe: one line each.
+func adaptations(c *servicelb.Capabilities) []string {
+	var out []string
+	if !c.Features.Has(servicelb.FeaturePreserveSource) {
+		out = append(out, fmt.Sprintf("lacks %s: checks that want the client's address kept want the node's instead", servicelb.FeaturePreserveSource))
+	}
+	if !c.Features.Has(servicelb.FeaturePacketVerdicts) {
+		out = append(out, fmt.Sprintf("lacks %s: TCP and SCTP checks that want an ICMP error want a reset instead, and those that want silence a reset or silence", servicelb.FeaturePacketVerdicts))
+	}
+	return out
 }
 
 func errText(err error) string {
@@ -424,7 +470,11 @@ func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip
 			return
 		}
 		counts[i]++
-		if msg := l.sourceMismatch(a, w.source, i, r.Client.Addr()); msg != "" {
+		source := w.source
+		if source == preserved && !l.caps.Features.Has(servicelb.FeaturePreserveSource) {
+			source = masqueraded
+		}
+		if msg := l.sourceMismatch(a, source, i, r.Client.Addr()); msg != "" {
 			t.Errorf("%s: answered by %s seeing the client as %s: %s", what, r.Host, r.Client.Addr(), msg)
 			return
 		}

@@ -56,3 +56,26 @@ func TestScenarioTable(t *testing.T) {
 		}
 	}
 }
+
+// TestAdaptations: a backend without FeaturePreserveSource or
+// FeaturePacketVerdicts has the checks those features describe read
+// otherwise, and says so; one with every feature reads them as written.
+func TestAdaptations(t *testing.T) {
+	all := fake.AllCapabilities()
+	assert.Empty(t, adaptations(&all))
+	l := &lab{caps: all}
+	for _, p := range []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP} {
+		assert.False(t, l.resets(p), p)
+	}
+
+	proxy := all
+	proxy.Features &^= servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts
+	lines := adaptations(&proxy)
+	require.Len(t, lines, 2)
+	assert.Contains(t, lines[0], "preserve-source")
+	assert.Contains(t, lines[1], "packet-verdicts")
+	l = &lab{caps: proxy}
+	assert.True(t, l.resets(servicelb.TCP))
+	assert.True(t, l.resets(servicelb.SCTP))
+	assert.False(t, l.resets(servicelb.UDP), "UDP is rejected and dropped alike")
+}

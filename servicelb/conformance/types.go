@@ -239,17 +239,20 @@ const (
 func Reach(endpoints ...int) Outcome { return Outcome{kind: reach, backends: endpoints} }
 
 // Refused says every flow is refused at once with an ICMP (ICMPv6) port
-// unreachable, TCP included.
+// unreachable, TCP included (a reset, for TCP and SCTP, on a backend
+// without servicelb.FeaturePacketVerdicts).
 func Refused() Outcome { return Outcome{kind: refused} }
 
-// Dropped says every flow goes unanswered.
+// Dropped says every flow goes unanswered (or, for TCP and SCTP on a
+// backend without servicelb.FeaturePacketVerdicts, is reset).
 func Dropped() Outcome { return Outcome{kind: dropped} }
 
 // Masqueraded adds that the endpoint sees the node's address on its link
 // as the client.
 func (o Outcome) Masqueraded() Outcome { o.source = masqueraded; return o }
 
-// Preserved adds that the endpoint sees the client's own address.
+// Preserved adds that the endpoint sees the client's own address (the
+// node's, on a backend without servicelb.FeaturePreserveSource).
 func (o Outcome) Preserved() Outcome { o.source = preserved; return o }
 
 // Spread adds that every endpoint given answers some of 40 flows.

@@ -19,6 +19,7 @@ import (
 	"github.com/kproxy-dev/kproxy/ipvs"
 	"github.com/kproxy-dev/kproxy/nodeaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/userspace"
 )
 
 // Source feeds services into the runner: a file, Kubernetes, Consul.
@@ -141,15 +142,20 @@ func (a *Agent) tuneConntrack() error {
 }
 
 // addrOptions says whose addresses are the node's: the agent's
-// namespace, but the addresses of an IPVS proxier's dummy link.
+// namespace, but the addresses of an IPVS proxier's dummy link or of the
+// loopback a userspace proxier holds service addresses on.
 func (a *Agent) addrOptions() nodeaddr.Options {
 	ns := a.ns
 	if !ns.IsOpen() {
 		ns = 0
 	}
 	o := nodeaddr.Options{NetNS: ns, Logger: a.log}
-	if a.cfg.Backend == "ipvs" {
+	switch a.cfg.Backend {
+	case "ipvs":
 		o.ExcludeInterfaces = []string{ipvs.DefaultInterface}
+	case "userspace":
+		// The proxy holds the service addresses on the loopback.
+		o.ExcludeInterfaces = []string{userspace.DefaultLink}
 	}
 	return o
 }

@@ -70,7 +70,7 @@ func TestNode(t *testing.T) {
 }
 
 func TestBackendSelection(t *testing.T) {
-	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of ebpf, iptables, ipvs, nftables") {
+	if _, err := Open("bogus", BackendOptions{NetNS: netns.None()}); err == nil || !strings.Contains(err.Error(), "want one of ebpf, iptables, ipvs, nftables, userspace") {
 		t.Errorf("Open(bogus) = %v", err)
 	}
 	// Whatever this kernel has, an error names the backend and what is

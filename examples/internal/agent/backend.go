@@ -97,6 +97,7 @@ var backends = map[string]backend{
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
 	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},
+	"userspace": {probe: probeUserspace, open: openUserspace},
 }
 
 // BackendNames returns the accepted --backend values.

@@ -24,7 +24,7 @@ import (
 
 // Config holds the flags every agent shares.
 type Config struct {
-	// Backend is the dataplane: nftables, iptables, ipvs or ebpf.
+	// Backend is the dataplane: nftables, iptables, ipvs, ebpf or userspace.
 	Backend string
 	// Cgroup is the cgroup v2 directory the ebpf backend attaches its
 	// socket hooks to: the root of the workloads' cgroups.
@@ -94,7 +94,7 @@ type Config struct {
 
 // RegisterFlags defines the shared flags on fs, with their defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables, ipvs or ebpf (socket hooks paired with nftables)")
+	fs.StringVar(&c.Backend, "backend", "nftables", "dataplane backend: nftables, iptables, ipvs, ebpf (socket hooks paired with nftables) or userspace (listeners, no rules)")
 	fs.StringVar(&c.Cgroup, "cgroup", "", "ebpf: the cgroup v2 directory whose processes' sockets are balanced (the root of the workloads' cgroups)")
 	fs.StringVar(&c.BPFPinPath, "bpf-pin-path", "/sys/fs/bpf/kproxy", "ebpf: directory on a bpf filesystem for the maps and hooks, adopted on restart (empty: no pins)")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")

@@ -34,7 +34,7 @@ func TestProgramHelpAndBadFlags(t *testing.T) {
 		t.Errorf("--help exit %d", code)
 	}
 	for _, want := range []string{"x: does things", "  --backend", "  --dry-run", "  --metrics-bind-address", "  --cleanup", "  --config", "  --version",
-		"  --log-format", "  --profiling", "nftables, iptables, ipvs or ebpf"} {
+		"  --log-format", "  --profiling", "nftables, iptables, ipvs, ebpf", "or userspace"} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}

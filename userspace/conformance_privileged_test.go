@@ -1,0 +1,30 @@
+//go:build privileged
+
+package userspace_test
+
+import (
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/conformance"
+	"github.com/kproxy-dev/kproxy/userspace"
+)
+
+// TestConformance runs the conformance kit over TCP and UDP (SCTP in the
+// VM: conformance_vm_test.go), with the service addresses held on the
+// node's loopback.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformanceBackend(), conformance.Options{})
+}
+
+func conformanceBackend() conformance.Backend {
+	return conformance.Backend{Name: "userspace", New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
+		p, err := userspace.New(userspace.Options{NetNS: ns, HoldAddresses: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}}
+}

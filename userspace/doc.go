@@ -1,0 +1,176 @@
+// Package userspace is a servicelb.Proxier that serves service ports from
+// user space, in the manner of kube-proxy's first mode: it listens on a
+// socket per frontend, and copies each connection it accepts (each UDP
+// client's datagrams) to an endpoint over a connection of its own. It
+// writes no packet filter rules and needs no privilege of its own, so it
+// programs load balancing where nothing else can: rootless containers, CI
+// runners, developer laptops, sandboxes, kernels without nf_tables.
+//
+// What a flow to a service means (which endpoints take it from which
+// origin, reject or drop, source ranges, affinity, which flows are stale)
+// is decided by package servicelb and documented there; each
+// servicelb.ServicePort carries its verdicts, and this package carries
+// them out for each new connection or UDP session. Capabilities says what
+// it cannot do (see Limits).
+//
+// # Where it listens
+//
+// A frontend of a service port (its cluster IP, external IPs and
+// load-balancer IPs with the port, the node addresses with the node port)
+// is served by a listener on its own address and port, unless
+// Options.Listen puts it elsewhere (ListenAt: one address and port per
+// service port) or leaves it out. Such a listener can only be opened on
+// an address the namespace has:
+//
+//   - With Options.HoldAddresses (CAP_NET_ADMIN in the namespace), the
+//     proxy puts every such address that is not a node address on
+//     Options.Link (the loopback by default, or a dummy link it creates),
+//     so that the kernel takes traffic to a cluster IP, an external or
+//     load-balancer IP in locally, from other hosts, the node's pods and
+//     the node itself alike, and the listener accepts it: no packet is
+//     rewritten. The addresses are marked as the proxy's (their protocol,
+//     Options.AddressProtocol), so that a restarted proxy adopts them and
+//     Cleanup removes them and nothing else. An address someone else put
+//     on the node serves as well and stays theirs. Node ports listen on
+//     the node addresses, which the node has anyway. The held addresses
+//     are not the node's: leave the link out of the listing that makes
+//     NodeConfig.LocalIPs (nodeaddr.Options.ExcludeInterfaces), or node
+//     ports listen on them too (an address the proxy holds that the node
+//     config lists stays held).
+//   - Without privileges, the proxy listens where it may: node ports on
+//     the node's own addresses and on 127.0.0.1 (NodeConfig's
+//     LocalhostNodePorts), and the addresses and ports Options.Listen
+//     gives, such as 127.0.0.1 and a port of its own per service port
+//     (ListenAt). A port below net.ipv4.ip_unprivileged_port_start needs
+//     CAP_NET_BIND_SERVICE.
+//
+// A frontend it cannot listen on (an address the node lacks, a port
+// someone else holds) leaves its service out: Sync returns a
+// *servicelb.PartialError naming it (a *ListenError inside) and serves
+// the rest.
+//
+// # What happens to a new flow
+//
+// For each connection it accepts (each first datagram of a UDP client),
+// the proxy tells the flow's origin from its source address as servicelb
+// defines origins: a pod when the source lies in the prefixes of the
+// node's local-traffic detection (NodeConfig.LocalMatch: the cluster
+// CIDRs, or the node's own pod CIDRs), else the node when the source is
+// the flow's own destination, a loopback address or one of NodeConfig's
+// NodeIPs and LocalIPs (the addresses a process of the node sends from),
+// else outside. A node that tells its pods by interface
+// (servicelb.LocalByBridgeInterface, LocalByInterfaceNamePrefix) has them
+// told by the interface a flow came in on: the one of a TCP connection's
+// first packet, of a UDP client's first datagram, and for SCTP, whose
+// sockets do not tell it, the one the node routes the client's address
+// through. The verdict of that origin for the kind of frontend the
+// listener serves says what follows:
+//
+//   - Forward: the proxy picks an endpoint of the verdict's set (the
+//     cluster or the local endpoints), the one the client is pinned to
+//     under ClientIP affinity or else by the scheduler: weighted random
+//     by default and for "random", smooth weighted round robin for "wrr"
+//     (every endpoint takes exactly its weight of each cycle of new
+//     flows) and plain round robin for "rr". Endpoints of weight 0 are
+//     never in a set. It connects within Options.ConnectTimeout and, when
+//     the endpoint refuses or does not answer, tries another, up to
+//     Options.DialAttempts; a pin to an endpoint that failed is dropped.
+//     A connection whose every attempt failed is reset.
+//   - Reject: a port that no endpoint serves anywhere has no listener,
+//     its address stays held, and the kernel refuses its flows at once:
+//     a TCP client gets a reset (an SCTP one an abort), a UDP client an
+//     ICMP port unreachable.
+//   - Drop: a TCP or SCTP connection has been accepted by the time the
+//     proxy sees it, so it is reset; a UDP datagram is discarded.
+//     Connections from outside a load-balancer frontend's source ranges
+//     are dropped so too.
+//
+// A pin lasts while its client opens new flows less than the affinity
+// timeout apart.
+//
+// # Copying
+//
+// TCP: both directions of a connection are moved with splice(2) through a
+// pipe, from one socket to the other, so the bytes never enter user
+// space; a direction holds a pipe only while bytes are in it, so an idle
+// connection holds two sockets and two parked goroutines and nothing
+// more. The end of one direction is passed on (a half-close: the other
+// direction goes on), a reset on either side resets both, and a
+// connection that moves nothing either way for Options.IdleTimeout is
+// closed. Keepalives run on both sides.
+//
+// UDP: one socket per listener, bound to the frontend's own address, so
+// that replies come from the address the client sent to. Each client
+// address and port is a session with a socket connected to the endpoint
+// it reached; the endpoint's replies go back to the client from the
+// listener. A session ends after Options.UDPIdleTimeout without a
+// datagram either way (30 s by default, where kube-proxy's userspace mode
+// had 250 ms, which cut any protocol slower to answer), when its endpoint
+// refuses (an ICMP port unreachable), or when its endpoint stops serving;
+// a listener holds at most Options.MaxUDPSessions.
+//
+// SCTP: as TCP, but message by message (each with its stream and payload
+// protocol identifier), where the kernel has SCTP.
+//
+// # Changes
+//
+// Sync applies servicelb.Diff of the last state and the new one (the sync
+// loop is internal/syncer's, shared by every backend): only the listeners
+// and endpoint tables of the ports that changed are touched. A listener
+// whose address, port and protocol stay is kept, and points at the port's
+// new decision at once, even when it passes to another service port; a
+// new endpoint set, a new policy, affinity or source range costs no
+// socket operation. A connection or session goes on with the endpoint it
+// reached: new flows never go to an endpoint no longer selected, while a
+// TCP or SCTP connection to an endpoint that stopped serving its port (or
+// to a port that went away) runs until it ends, or for
+// Options.DrainTimeout when set, and a UDP session to it ends at once
+// (the flows servicelb calls stale). Endpoints that still serve (drained
+// to weight 0, terminating, deselected by a policy) keep theirs.
+//
+// Every sync checks in process that every listener still serves; the
+// periodic sync (and one at most every minute otherwise) also reads the
+// held addresses back, and a listener that failed or an address someone
+// removed is restored by writing the whole state again.
+//
+// # Lifecycle, ownership, privileges
+//
+//	p, err := userspace.New(userspace.Options{HoldAddresses: true})
+//	defer p.Close()
+//	err = p.Sync(ctx, state)     // as often as the state changes
+//	text, err := p.Render(state) // what it would serve, as text
+//	stats := p.Stats()           // connections, bytes, dial errors per port
+//	err = p.Cleanup(ctx)         // closes everything, removes its addresses
+//
+// New starts nothing. The proxy owns its listeners, connections and UDP
+// sessions (all in the process: they end with it, so a restart drops the
+// connections under way, which no kernel state carries), the addresses on
+// Options.Link that carry its mark, and the dummy link it created. Close
+// ends every listener, connection and goroutine and leaves the addresses
+// for the next proxy; Cleanup also removes them (and the dummy link); a
+// later Sync serves again. Nothing else in the namespace is touched:
+// no routes, sysctls or packet filter rules.
+//
+// Privileges: none without HoldAddresses (and a NetNS of the caller's
+// own); CAP_NET_ADMIN in the target namespace with it, on Linux 5.18 or
+// later (address marks); CAP_SYS_ADMIN to enter a namespace other than
+// the caller's (Options.NetNS); the sockets are made in it, by a thread
+// that stays there.
+//
+// # Limits
+//
+// The endpoint sees the proxy's address, never the client's: servicelb's
+// masquerade verdicts hold for every flow, and no policy can keep the
+// client's address (Capabilities lacks servicelb.FeaturePreserveSource).
+// A flow the verdicts drop or reject is reset, for TCP and SCTP, where a
+// packet filter answers with an ICMP error or not at all
+// (servicelb.FeaturePacketVerdicts). Traffic to an address of
+// NodeConfig.ServiceCIDRs that is no cluster IP is routed as the node
+// routes it: the proxy holds addresses, not prefixes
+// (servicelb.FeatureServiceCIDRs); a port of a held cluster IP that no
+// service has is refused by the kernel as any closed port. The origin of
+// a flow is told by its source address alone, so a node process that
+// sends from an address not in NodeConfig counts as outside. Every byte
+// crosses the proxy: each connection costs two sockets, and a stream
+// through it costs the kernel two TCP connections' work.
+package userspace

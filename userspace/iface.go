@@ -1,0 +1,213 @@
+//go:build linux
+
+package userspace
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The interface a flow came in on, for a node that tells its pods by
+// interface (servicelb.LocalByBridgeInterface, LocalByInterfaceNamePrefix),
+// as a packet filter's iifname does. It is looked up only for such a node,
+// once per connection or UDP session:
+//
+//   - TCP: the kernel keeps the interface of a connection's first packet
+//     in the accepted socket, and tells it as the IP_PKTINFO (IPV6_PKTINFO)
+//     of IP_PKTOPTIONS (IPV6_2292PKTOPTIONS).
+//   - UDP: each datagram's IP_PKTINFO (IPV6_PKTINFO), which the listener
+//     asks for.
+//   - SCTP, whose sockets tell no interface: the interface the node routes
+//     the client's address through (a route lookup), which is the one its
+//     packets come in on where routing is symmetric, as rp_filter assumes.
+
+// isPodIface reports whether the interface named name is one of the
+// node's pods' under its detection; false when name is unknown.
+func (nd *node) isPodIface(name string) bool {
+	switch {
+	case nd.iface == "" || name == "":
+		return false
+	case nd.ifacePrefix:
+		return strings.HasPrefix(name, nd.iface)
+	}
+	return name == nd.iface
+}
+
+// ifaceName returns the name of interface index in the namespace of
+// socket fd, or "".
+func ifaceName(fd, index int) string {
+	if index <= 0 {
+		return ""
+	}
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return ""
+	}
+	ifr.SetUint32(uint32(index))
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr); err != nil {
+		return ""
+	}
+	return ifr.Name()
+}
+
+// pktinfo returns the level and type of the packet information control
+// message of a family, and the option that asks for it.
+func pktinfo(v6 bool) (level, typ, ask int) {
+	if v6 {
+		return unix.IPPROTO_IPV6, unix.IPV6_PKTINFO, unix.IPV6_RECVPKTINFO
+	}
+	return unix.IPPROTO_IP, unix.IP_PKTINFO, unix.IP_PKTINFO
+}
+
+// pktinfoIndex reads the interface index out of control messages, or 0.
+func pktinfoIndex(oob []byte, v6 bool) int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	level, typ, _ := pktinfo(v6)
+	for _, m := range msgs {
+		if int(m.Header.Level) != level || int(m.Header.Type) != typ {
+			continue
+		}
+		switch {
+		case !v6 && len(m.Data) >= unix.SizeofInet4Pktinfo: // ipi_ifindex first
+			return int(int32(binary.NativeEndian.Uint32(m.Data[0:4])))
+		case v6 && len(m.Data) >= unix.SizeofInet6Pktinfo: // after the address
+			return int(binary.NativeEndian.Uint32(m.Data[16:20]))
+		}
+	}
+	return 0
+}
+
+// tcpIface returns the name of the interface the first packet of an
+// accepted TCP connection came in on, or "".
+func tcpIface(f *os.File, v6 bool) string {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	var name string
+	_ = rc.Control(func(fd uintptr) {
+		level, _, ask := pktinfo(v6)
+		opt := unix.IP_PKTOPTIONS
+		if v6 {
+			opt = unix.IPV6_2292PKTOPTIONS
+		}
+		if unix.SetsockoptInt(int(fd), level, ask, 1) != nil {
+			return
+		}
+		var buf [64]byte
+		n := uint32(len(buf))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt),
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+		// Off again: with it on, an IPv6 socket keeps a copy of the
+		// options of every packet it takes in.
+		_ = unix.SetsockoptInt(int(fd), level, ask, 0)
+		if e == 0 && int(n) <= len(buf) {
+			name = ifaceName(int(fd), pktinfoIndex(buf[:n], v6))
+		}
+	})
+	return name
+}
+
+// routes looks up the interface the node routes an address through, for
+// SCTP flows, on a route netlink socket of the namespace opened at the
+// first lookup.
+type routes struct {
+	mu    sync.Mutex
+	socks *sockets
+	rt    *rtnl
+	err   error
+}
+
+// iface returns the name of the interface the namespace routes to a
+// through, or "".
+func (r *routes) iface(a netip.Addr) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rt == nil && r.err == nil {
+		r.rt, r.err = openRTNL(r.socks)
+	}
+	if r.err != nil {
+		return ""
+	}
+	index, err := r.rt.routeOIF(a)
+	if err != nil {
+		return ""
+	}
+	return ifaceName(r.rt.fd, index)
+}
+
+func (r *routes) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rt != nil {
+		r.rt.close()
+		r.rt = nil
+	}
+	r.err = nil
+}
+
+// routeOIF asks the kernel which interface it routes packets to a
+// through.
+func (r *rtnl) routeOIF(a netip.Addr) (int, error) {
+	b, at := r.header(nil, unix.RTM_GETROUTE, unix.NLM_F_REQUEST)
+	fam, bits := byte(unix.AF_INET), byte(32)
+	if a.Is6() {
+		fam, bits = unix.AF_INET6, 128
+	}
+	b = append(b, fam, bits, 0, 0, 0, 0, 0, 0) // struct rtmsg
+	b = binary.NativeEndian.AppendUint32(b, 0) // rtm_flags
+	b = attr(b, unix.RTA_DST, a.AsSlice())
+	b = finish(b, at)
+	seq := r.seq
+	if err := unix.Sendto(r.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, os.NewSyscallError("sendto netlink", err)
+	}
+	for {
+		msgs, err := r.receive()
+		if err != nil {
+			return 0, err
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != seq {
+				continue
+			}
+			if m.Header.Type == unix.NLMSG_ERROR {
+				if len(m.Data) >= 4 {
+					if code := int32(binary.NativeEndian.Uint32(m.Data)); code != 0 {
+						return 0, os.NewSyscallError("netlink get route", syscall.Errno(-code))
+					}
+				}
+				return 0, nil
+			}
+			return routeAttrOIF(m.Data), nil
+		}
+	}
+}
+
+// routeAttrOIF reads RTA_OIF out of an RTM_NEWROUTE message, or 0.
+func routeAttrOIF(data []byte) int {
+	if len(data) < unix.SizeofRtMsg {
+		return 0
+	}
+	for b := data[unix.SizeofRtMsg:]; len(b) >= 4; {
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < 4 || l > len(b) {
+			break
+		}
+		if binary.NativeEndian.Uint16(b[2:4]) == unix.RTA_OIF && l >= 8 {
+			return int(binary.NativeEndian.Uint32(b[4:8]))
+		}
+		b = b[min(len(b), (l+3)&^3):]
+	}
+	return 0
+}

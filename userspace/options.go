@@ -1,0 +1,154 @@
+package userspace
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Defaults of Options.
+const (
+	DefaultLink            = "lo"
+	DefaultAddressProtocol = 0x6b // 'k'
+	DefaultConnectTimeout  = time.Second
+	DefaultDialAttempts    = 4
+	DefaultIdleTimeout     = 24 * time.Hour
+	DefaultUDPIdleTimeout  = 30 * time.Second
+	DefaultMaxUDPSessions  = 16384
+)
+
+// Options configure a Proxier. The zero value is usable: no privileges,
+// every frontend served on its own address and port in the caller's
+// network namespace (which works for the frontends whose addresses the
+// node already has: node ports on node addresses), kube-proxy's timeouts.
+type Options struct {
+	// NetNS is the network namespace whose traffic the proxy serves: its
+	// listeners and the connections to endpoints are made there. Zero (or
+	// netns.None()) means the caller's. Another namespace needs
+	// CAP_SYS_ADMIN to enter.
+	NetNS netns.NsHandle
+	// HoldAddresses puts every address the proxy listens on that is not
+	// the node's own (cluster IPs, external and load-balancer IPs) on
+	// Link, so that the kernel takes traffic to it in locally, where the
+	// listeners accept it. It needs CAP_NET_ADMIN in NetNS and Linux 5.18
+	// or later (the addresses are marked as the proxy's with
+	// AddressProtocol).
+	HoldAddresses bool
+	// Link is the link that holds the addresses: DefaultLink, the
+	// namespace's loopback, or the name of a dummy link, which the proxy
+	// creates where the kernel has dummy links and Cleanup deletes.
+	Link string
+	// AddressProtocol marks the addresses the proxy holds (the address's
+	// protocol, IFA_PROTO; `ip address` shows it as "proto"), so that a
+	// restarted proxy adopts them and Cleanup removes them and nothing
+	// else; default DefaultAddressProtocol. Two proxies in one namespace
+	// need different marks.
+	AddressProtocol uint8
+	// Listen says where the proxy listens for each frontend of a service
+	// port: ok false leaves the frontend unserved. Nil listens on every
+	// frontend's own address and port. See ListenAt for the unprivileged
+	// case of one configured address and port per service port.
+	Listen ListenFunc
+	// ConnectTimeout bounds each attempt to connect to an endpoint;
+	// default DefaultConnectTimeout.
+	ConnectTimeout time.Duration
+	// DialAttempts bounds the endpoints a new connection tries, each
+	// after the one before refused it or did not answer in
+	// ConnectTimeout; default DefaultDialAttempts.
+	DialAttempts int
+	// IdleTimeout closes a TCP or SCTP connection through the proxy that
+	// moved no data either way for that long; default
+	// DefaultIdleTimeout (kube-proxy's conntrack timeout for established
+	// TCP), negative for none. Keepalives (on both sides) find dead
+	// peers sooner.
+	IdleTimeout time.Duration
+	// UDPIdleTimeout ends a UDP session (a client address and port and
+	// the endpoint it reached) that carried no datagram either way for
+	// that long; default DefaultUDPIdleTimeout.
+	UDPIdleTimeout time.Duration
+	// MaxUDPSessions bounds the UDP sessions of one listener; datagrams
+	// of new clients beyond it are dropped. Default DefaultMaxUDPSessions.
+	MaxUDPSessions int
+	// DrainTimeout bounds how long a TCP or SCTP connection to an
+	// endpoint that stopped serving its port (or to a service port that
+	// went away) keeps running; zero lets it run until it ends, as the
+	// kernel's backends do.
+	DrainTimeout time.Duration
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards. Nothing is logged per connection.
+	Logger *slog.Logger
+	// Hooks are called on events, for metrics.
+	Hooks Hooks
+}
+
+// Hooks are called from the proxy's goroutines; each is optional and must
+// be quick. Counters are read with Proxier.Stats.
+type Hooks struct {
+	// DialError is called when connecting to an endpoint fails; the
+	// connection then tries another, up to Options.DialAttempts.
+	DialError func(key servicelb.ServicePortKey, endpoint netip.AddrPort, err error)
+}
+
+// ListenFunc says where the proxy listens for frontend f of service port
+// sp (whose protocol is sp.Port.Protocol): at, or nowhere when ok is
+// false. It must give the same answer for the same frontend every time.
+// Two frontends must not share an address and port of one protocol: the
+// second service is left out with servicelb.ErrFrontendTaken.
+type ListenFunc func(sp *servicelb.ServicePort, f servicelb.Frontend) (at netip.AddrPort, ok bool)
+
+// ListenAt returns a ListenFunc that serves each service port named in m
+// at its address and port, for the port's first frontend (its cluster IP
+// when it has one), and serves no other frontend: the unprivileged setup
+// of a developer laptop or a CI runner, where the proxy binds addresses
+// the host already has (127.0.0.1 and a port of its own per service
+// port). Flows to such a listener follow the verdicts of the frontend it
+// stands for.
+func ListenAt(m map[servicelb.ServicePortKey]netip.AddrPort) ListenFunc {
+	return func(sp *servicelb.ServicePort, f servicelb.Frontend) (netip.AddrPort, bool) {
+		at, ok := m[sp.Key]
+		if !ok {
+			return netip.AddrPort{}, false
+		}
+		fs := sp.Frontends()
+		return at, len(fs) > 0 && fs[0] == f
+	}
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Link == "" {
+		o.Link = DefaultLink
+	}
+	if o.AddressProtocol == 0 {
+		o.AddressProtocol = DefaultAddressProtocol
+	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
+	}
+	if o.DialAttempts == 0 {
+		o.DialAttempts = DefaultDialAttempts
+	}
+	switch {
+	case o.IdleTimeout == 0:
+		o.IdleTimeout = DefaultIdleTimeout
+	case o.IdleTimeout < 0:
+		o.IdleTimeout = 0
+	}
+	if o.UDPIdleTimeout == 0 {
+		o.UDPIdleTimeout = DefaultUDPIdleTimeout
+	}
+	if o.MaxUDPSessions == 0 {
+		o.MaxUDPSessions = DefaultMaxUDPSessions
+	}
+	switch {
+	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0:
+		return o, fmt.Errorf("userspace: %w: negative timeout or bound", ErrInvalidOptions)
+	case len(o.Link) >= 16:
+		return o, fmt.Errorf("userspace: %w: link name %q longer than 15 bytes", ErrInvalidOptions, o.Link)
+	}
+	return o, nil
+}

@@ -1,0 +1,237 @@
+//go:build linux
+
+package userspace
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/syncer"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Proxier serves service ports from user space. It implements
+// servicelb.Proxier and servicelb.Renderer. Its methods are safe for
+// concurrent use.
+type Proxier struct {
+	o     Options
+	log   *slog.Logger
+	socks sockets
+	pipes pipePool
+	// routes tells the interfaces of SCTP flows.
+	routes routes
+	// node tells origins apart, for the data path.
+	node atomic.Pointer[node]
+	// broken counts the listeners whose goroutine failed since the last
+	// sync that wrote the whole state; dirty is set when a sync failed
+	// part way. Either makes the next sync write the whole state.
+	broken atomic.Int32
+	dirty  atomic.Bool
+	// now is the clock of affinity pins; tests replace it.
+	now func() time.Time
+
+	mu        sync.Mutex
+	eng       *syncer.Engine
+	nodeCfg   servicelb.NodeConfig
+	ports     map[servicelb.ServicePortKey]*portState
+	listeners map[listenKey]*listener
+	held      *holder // nil without HoldAddresses
+	rt        *rtnl
+	closed    bool
+
+	// wg counts the proxy's goroutines: listeners, connections, sessions.
+	wg sync.WaitGroup
+	// conns are the open connections, for Close.
+	connMu  sync.Mutex
+	conns   map[*conn]struct{}
+	closing bool
+}
+
+var (
+	_ servicelb.Proxier  = (*Proxier)(nil)
+	_ servicelb.Renderer = (*Proxier)(nil)
+)
+
+// New returns a Proxier for the options. It changes nothing: the first
+// Sync opens the listeners (and, with HoldAddresses, adopts the addresses
+// an earlier proxy left marked).
+func New(o Options) (*Proxier, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxier{o: o, log: log, pipes: pipePool{size: pipeSize}, now: time.Now,
+		ports: map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
+	p.node.Store(newNode(servicelb.NodeConfig{}))
+	p.routes.socks = &p.socks
+	if otherNS(o.NetNS) {
+		if p.socks.ns, err = startNSThread(o.NetNS); err != nil {
+			return nil, fmt.Errorf("userspace: %w", err)
+		}
+	}
+	if o.HoldAddresses {
+		if p.rt, err = openRTNL(&p.socks); err != nil {
+			p.stopThread()
+			return nil, fmt.Errorf("userspace: %w", err)
+		}
+		p.held = newHolder(p.rt, o.NetNS, o.Link, o.AddressProtocol)
+	}
+	p.eng = syncer.New((*engine)(p), syncer.Options{Name: "userspace", Logger: log, Capabilities: p.Capabilities()})
+	return p, nil
+}
+
+// otherNS reports whether a namespace option names a namespace: zero
+// and netns.None() mean the caller's.
+func otherNS(ns netns.NsHandle) bool { return ns != 0 && ns.IsOpen() }
+
+func (p *Proxier) stopThread() {
+	if p.socks.ns != nil {
+		p.socks.ns.stop()
+		p.socks.ns = nil
+	}
+}
+
+// Capabilities says what the proxy serves: every protocol and feature but
+// source preservation (an endpoint sees the proxy's address), packet
+// verdicts (a TCP or SCTP flow it rejects or drops is reset), the drop of
+// unallocated service addresses (it holds addresses, it routes no
+// prefixes); the schedulers random (the default, weighted) and rr and wrr
+// (smooth weighted round robin); any number of endpoints.
+func (p *Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{
+		Backend:    "userspace",
+		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom, servicelb.SchedulerRoundRobin, servicelb.SchedulerWeightedRR},
+		Features: servicelb.AllFeatures &^ (servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts |
+			servicelb.FeatureServiceCIDRs),
+	}
+}
+
+// Sync makes the listeners (and held addresses) match st. See the package
+// documentation.
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.eng.Sync(ctx, st)
+}
+
+// Cleanup closes every listener and connection and removes the addresses
+// the proxy holds (and its dummy link). A later Sync serves again.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.eng.Forget()
+	p.stopAll()
+	p.connMu.Lock()
+	p.closing = false
+	p.connMu.Unlock()
+	if p.held == nil {
+		return nil
+	}
+	if err := p.held.removeAll(); err != nil {
+		return fmt.Errorf("userspace: cleanup: %w", err)
+	}
+	p.held.index = 0
+	p.log.Info("cleaned up")
+	return nil
+}
+
+// Close closes every listener and connection and returns when the
+// proxy's goroutines have. It leaves the held addresses, for a later
+// Proxier to adopt.
+func (p *Proxier) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	p.eng.Close()
+	p.stopAll()
+	p.pipes.close()
+	p.routes.close()
+	var err error
+	if p.rt != nil {
+		err = p.rt.close()
+	}
+	p.stopThread()
+	return err
+}
+
+// stopAll closes the listeners, aborts the connections and waits for
+// every goroutine.
+func (p *Proxier) stopAll() {
+	for _, l := range p.listeners {
+		l.close()
+	}
+	for _, ps := range p.ports {
+		ps.gone.Store(true)
+	}
+	p.listeners = map[listenKey]*listener{}
+	p.ports = map[servicelb.ServicePortKey]*portState{}
+	p.connMu.Lock()
+	p.closing = true
+	open := make([]*conn, 0, len(p.conns))
+	for c := range p.conns {
+		open = append(open, c)
+	}
+	p.connMu.Unlock()
+	for _, c := range open {
+		c.abort()
+	}
+	p.wg.Wait()
+	p.broken.Store(0)
+	if p.held != nil {
+		p.held.refs = map[netip.Addr]int{}
+	}
+}
+
+// Stats returns the counters of every service port served, ordered by
+// key.
+func (p *Proxier) Stats() []PortStats {
+	p.mu.Lock()
+	out := make([]PortStats, 0, len(p.ports))
+	for _, ps := range p.ports {
+		out = append(out, ps.stats.snapshot(ps.key, ps.proto))
+	}
+	p.mu.Unlock()
+	slices.SortFunc(out, func(a, b PortStats) int { return a.Key.Compare(b.Key) })
+	return out
+}
+
+// leftOut returns the error that leaves a service out for one of its
+// ports.
+func leftOut(sp *servicelb.ServicePort, field string, err error) error {
+	if errors.Is(err, errListenTaken) || errors.Is(err, unix.EADDRINUSE) {
+		err = fmt.Errorf("%w: %w", servicelb.ErrFrontendTaken, err)
+	}
+	return &servicelb.ValidationError{Service: sp.Key.Service, Field: field, Err: err}
+}
+
+func portField(sp *servicelb.ServicePort) string {
+	return fmt.Sprintf("ports[%q]", cmp.Or(sp.Port.Name, fmt.Sprint(sp.Port.Port)))
+}
+
+// activeConns returns the number of TCP and SCTP connections open.
+func (p *Proxier) activeConns() int64 {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	return int64(len(p.conns))
+}

@@ -1,0 +1,56 @@
+package userspace
+
+import (
+	"sync/atomic"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// PortStats are the counters of one service port since the proxy began
+// to serve it.
+type PortStats struct {
+	Key      servicelb.ServicePortKey
+	Protocol servicelb.Protocol
+	// Active is the number of TCP and SCTP connections open through the
+	// port, and of its UDP sessions.
+	Active int64
+	// Accepted counts the connections and UDP sessions forwarded to an
+	// endpoint.
+	Accepted uint64
+	// BytesIn counts the bytes from clients to endpoints, BytesOut those
+	// from endpoints to clients (UDP payloads included).
+	BytesIn, BytesOut uint64
+	// DialErrors counts the failed attempts to connect to an endpoint.
+	DialErrors uint64
+	// Refused counts the flows a verdict dropped that the proxy reset
+	// (TCP, SCTP) or discarded (UDP), those from outside a load-balancer
+	// frontend's source ranges included, and the connections whose every
+	// attempt to reach an endpoint failed.
+	Refused uint64
+	// Drained counts the connections closed because their endpoint
+	// stopped serving (after Options.DrainTimeout) and the UDP sessions
+	// closed for it at once.
+	Drained uint64
+	// SessionsDropped counts the datagrams of new UDP clients dropped
+	// because the listener's sessions were at Options.MaxUDPSessions.
+	SessionsDropped uint64
+}
+
+// portStats are a service port's counters, updated from the data path.
+type portStats struct {
+	active                       atomic.Int64
+	accepted                     atomic.Uint64
+	bytesIn, bytesOut            atomic.Uint64
+	dialErrors, refused, drained atomic.Uint64
+	sessionsDropped              atomic.Uint64
+}
+
+func (s *portStats) snapshot(k servicelb.ServicePortKey, p servicelb.Protocol) PortStats {
+	return PortStats{
+		Key: k, Protocol: p,
+		Active: s.active.Load(), Accepted: s.accepted.Load(),
+		BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
+		DialErrors: s.dialErrors.Load(), Refused: s.refused.Load(), Drained: s.drained.Load(),
+		SessionsDropped: s.sessionsDropped.Load(),
+	}
+}

@@ -1,0 +1,258 @@
+//go:build linux
+
+package userspace
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxDatagram is the largest UDP payload the proxy carries.
+const maxDatagram = 1 << 16
+
+// buffers are the datagram buffers of the sessions: a session holds one
+// only while a datagram is in it, never while it waits.
+var buffers = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
+// sessions are the UDP sessions of one listener, by client address and
+// port.
+type sessions struct {
+	mu     sync.Mutex
+	m      map[netip.AddrPort]*session
+	closed bool
+}
+
+func newSessions() *sessions { return &sessions{m: map[netip.AddrPort]*session{}} }
+
+// session is one UDP client of a listener: a socket connected to the
+// endpoint it reached, which its datagrams go out through and its
+// replies come back on, to be sent to the client from the listener, so
+// that they come from the address the client sent to.
+type session struct {
+	l        *listener
+	ps       *portState
+	client   netip.AddrPort
+	clientSA unix.Sockaddr
+	to       netip.AddrPort
+	s        side
+	act      activity
+	ended    bool // guarded by l.udp.mu
+}
+
+func (ss *sessions) get(client netip.AddrPort) *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.m[client]
+}
+
+func (ss *sessions) len() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.m)
+}
+
+// add adds a session; false once the listener is closed.
+func (ss *sessions) add(s *session) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	ss.m[s.client] = s
+	return true
+}
+
+// remove removes s, and reports whether it was there.
+func (ss *sessions) remove(s *session) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s.ended {
+		return false
+	}
+	s.ended = true
+	delete(ss.m, s.client)
+	return true
+}
+
+// closeIf ends the sessions that match; their goroutines return.
+func (ss *sessions) closeIf(match func(*session) bool) int {
+	ss.mu.Lock()
+	var out []*session
+	for _, s := range ss.m {
+		if match(s) {
+			out = append(out, s)
+		}
+	}
+	ss.mu.Unlock()
+	for _, s := range out {
+		s.s.f.Close()
+	}
+	return len(out)
+}
+
+// closeAll ends every session, for good.
+func (ss *sessions) closeAll() {
+	ss.mu.Lock()
+	ss.closed = true
+	ss.mu.Unlock()
+	ss.closeIf(func(*session) bool { return true })
+}
+
+// udpLoop reads a UDP listener's datagrams and sends each on through its
+// client's session, made at its first datagram.
+func (p *Proxier) udpLoop(l *listener) {
+	defer p.wg.Done()
+	defer close(l.done)
+	buf := make([]byte, maxDatagram)
+	oob := make([]byte, 64) // IP_PKTINFO, IPV6_PKTINFO
+	for {
+		var n, oobn int
+		var from unix.Sockaddr
+		var rerr error
+		err := l.rc.Read(func(fd uintptr) bool {
+			n, oobn, _, from, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil {
+			return // closed
+		}
+		if rerr != nil {
+			continue
+		}
+		client := addrPort(from)
+		s := l.udp.get(client)
+		if s == nil {
+			in := func() string {
+				var name string
+				_ = l.rc.Control(func(fd uintptr) { name = ifaceName(int(fd), pktinfoIndex(oob[:oobn], l.key.at.Addr().Is6())) })
+				return name
+			}
+			if s = p.newSession(l, client, from, in); s == nil {
+				continue
+			}
+		}
+		s.forward(buf[:n])
+	}
+}
+
+// newSession decides a new client's flow and, when it forwards, connects
+// a socket to an endpoint and starts the session's goroutine; else the
+// datagram is dropped (a UDP reject is the kernel's: no listener). in
+// names the interface the datagram came in on.
+func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockaddr, in func() string) *session {
+	b := l.binding.Load()
+	ps := b.port
+	d := ps.decide(p.node.Load(), b.kind, client.Addr(), l.key.at.Addr(), in)
+	if !d.action.Forwards() {
+		ps.stats.refused.Add(1)
+		return nil
+	}
+	if l.udp.len() >= p.o.MaxUDPSessions {
+		ps.stats.sessionsDropped.Add(1)
+		return nil
+	}
+	f, to, err := p.dial(ps, d, client.Addr())
+	if err != nil {
+		ps.stats.refused.Add(1)
+		return nil
+	}
+	sd, err := newSide(f)
+	if err != nil {
+		f.Close()
+		return nil
+	}
+	s := &session{l: l, ps: ps, client: client, clientSA: sa, to: to, s: sd}
+	s.act.idle = p.o.UDPIdleTimeout
+	if !l.udp.add(s) {
+		f.Close()
+		return nil
+	}
+	ps.stats.accepted.Add(1)
+	ps.stats.active.Add(1)
+	s.act.touch()
+	_ = f.SetReadDeadline(time.Now().Add(s.act.idle))
+	p.wg.Add(1)
+	go p.sessionLoop(s)
+	// A sync that ran since the decision closes the sessions to
+	// endpoints that stopped serving; this one was not there yet.
+	if ps.gone.Load() || !serving(ps.tab.Load().sp, to.Addr()) {
+		f.Close()
+		return nil
+	}
+	return s
+}
+
+// forward sends one datagram of the client to the endpoint. A datagram
+// that finds the socket's buffer full is dropped, as the network would;
+// an error the endpoint reported (an ICMP port unreachable for an
+// earlier datagram) ends the session, so that the client's next
+// datagram finds an endpoint again.
+func (s *session) forward(b []byte) {
+	var werr error
+	err := s.s.rc.Control(func(fd uintptr) { _, werr = unix.Write(int(fd), b) })
+	switch {
+	case err != nil, werr == unix.EAGAIN:
+	case werr != nil:
+		s.ps.stats.dialErrors.Add(1)
+		s.s.f.Close()
+	default:
+		s.ps.stats.bytesIn.Add(uint64(len(b)))
+		s.act.touch()
+	}
+}
+
+// sessionLoop sends the endpoint's replies to the client from the
+// listener until the session idles for Options.UDPIdleTimeout, the
+// endpoint refuses, or the session is closed.
+func (p *Proxier) sessionLoop(s *session) {
+	defer p.wg.Done()
+	defer s.end()
+	for {
+		var bp *[]byte
+		var n int
+		var rerr error
+		err := s.s.rc.Read(func(fd uintptr) bool {
+			bp = buffers.Get().(*[]byte)
+			n, rerr = unix.Read(int(fd), *bp)
+			if rerr == unix.EAGAIN {
+				buffers.Put(bp)
+				bp = nil
+				return false
+			}
+			return true
+		})
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if s.act.expired(s.s, true) {
+				return
+			}
+			continue
+		case err != nil:
+			return
+		case rerr != nil:
+			buffers.Put(bp)
+			s.ps.stats.dialErrors.Add(1)
+			return
+		}
+		var werr error
+		_ = s.l.rc.Control(func(fd uintptr) { werr = unix.Sendto(int(fd), (*bp)[:n], 0, s.clientSA) })
+		buffers.Put(bp)
+		if werr == nil {
+			s.ps.stats.bytesOut.Add(uint64(n))
+			s.act.touch()
+		}
+	}
+}
+
+// end removes the session and closes its socket.
+func (s *session) end() {
+	if s.l.udp.remove(s) {
+		s.ps.stats.active.Add(-1)
+	}
+	s.s.f.Close()
+}

@@ -1,0 +1,189 @@
+//go:build linux
+
+package userspace
+
+import (
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+func udpClient(t *testing.T) *net.UDPConn {
+	t.Helper()
+	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+// TestUDPSession: a client's datagrams reach one endpoint, and its
+// replies come from the address the client sent to; each client is a
+// session of its own, counted while it lasts.
+func TestUDPSession(t *testing.T) {
+	w := newWorld(t, 3)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0), ep(1), ep(2))))
+	at := w.at(key(1, "udp"))
+	c := udpClient(t)
+	first, from := sendUDP(t, c, at, "one")
+	assert.Equal(t, at, from, "the reply came from another address")
+	for range 10 {
+		name, _ := sendUDP(t, c, at, "more")
+		assert.Equal(t, first, name, "a session's datagrams went to another endpoint")
+	}
+	seen := map[string]bool{}
+	for range 30 {
+		// Each client keeps its port to the end: a closed one's port
+		// may come again, as the same session.
+		name, _ := sendUDP(t, udpClient(t), at, "hello")
+		seen[name] = true
+	}
+	assert.Len(t, seen, 3, "new clients spread")
+	// The counters move once a datagram is sent on, which may be after
+	// its answer is back.
+	want := PortStats{Key: key(1, "udp"), Protocol: servicelb.UDP, Active: 31, Accepted: 31,
+		BytesIn: uint64(len("one") + 10*len("more") + 30*len("hello"))}
+	want.BytesOut = want.BytesIn + 31*uint64(len("ep-0 ")) + 10*uint64(len("ep-0 "))
+	assert.EventuallyWithT(t, func(c *assert.CollectT) { assert.Equal(c, want, stats(t, p, key(1, "udp"))) },
+		5*time.Second, 10*time.Millisecond)
+}
+
+// TestUDPIdleTimeout: a session ends after the idle timeout; the
+// client's next datagram starts a new one.
+func TestUDPIdleTimeout(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{UDPIdleTimeout: 200 * time.Millisecond})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	at := w.at(key(1, "udp"))
+	c := udpClient(t)
+	sendUDP(t, c, at, "one")
+	for range 6 { // kept alive past the timeout by its datagrams
+		time.Sleep(100 * time.Millisecond)
+		sendUDP(t, c, at, "again")
+	}
+	assert.Equal(t, uint64(1), stats(t, p, key(1, "udp")).Accepted)
+	require.Eventually(t, func() bool { return stats(t, p, key(1, "udp")).Active == 0 }, 3*time.Second, 20*time.Millisecond)
+	sendUDP(t, c, at, "back")
+	assert.Equal(t, uint64(2), stats(t, p, key(1, "udp")).Accepted)
+}
+
+// TestUDPDefaultIdleTimeout: without an option a session lasts 30 s, not
+// kube-proxy's 250 ms.
+func TestUDPDefaultIdleTimeout(t *testing.T) {
+	o, err := Options{}.withDefaults()
+	require.NoError(t, err)
+	assert.Equal(t, 30*time.Second, o.UDPIdleTimeout)
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	c := udpClient(t)
+	sendUDP(t, c, w.at(key(1, "udp")), "one")
+	time.Sleep(time.Second)
+	sendUDP(t, c, w.at(key(1, "udp")), "two")
+	assert.Equal(t, uint64(1), stats(t, p, key(1, "udp")).Accepted, "a second of silence ended the session")
+}
+
+// TestUDPStaleSessions: a session to an endpoint that stopped serving
+// ends at the sync (the client's next datagram goes to a serving one);
+// one to an endpoint drained to weight 0 goes on.
+func TestUDPStaleSessions(t *testing.T) {
+	w := newWorld(t, 3)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	at := w.at(key(1, "udp"))
+	c := udpClient(t)
+	name, _ := sendUDP(t, c, at, "x")
+	require.Equal(t, "ep-0", name)
+
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, weighted(0, ep(0)), ep(1))))
+	name, _ = sendUDP(t, c, at, "x")
+	assert.Equal(t, "ep-0", name, "a drained endpoint lost its session")
+	name, _ = askUDP(t, at)
+	assert.Equal(t, "ep-1", name, "a new client went to a drained endpoint")
+
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(2))))
+	name, _ = sendUDP(t, c, at, "x")
+	assert.Equal(t, "ep-2", name, "the session to a removed endpoint went on")
+	assert.Equal(t, uint64(2), stats(t, p, key(1, "udp")).Drained)
+}
+
+// TestUDPNoEndpoints: a UDP port without endpoints has no socket: the
+// kernel answers with an ICMP port unreachable.
+func TestUDPNoEndpoints(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1)))
+	c, err := net.Dial("udp", w.at(key(1, "udp")).String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte("anyone?"))
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 64))
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+}
+
+// TestUDPDrop: a datagram the verdict drops is discarded, silently.
+func TestUDPDrop(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{})
+	s := service(1, ep(0))
+	s.InternalTrafficPolicy = servicelb.PolicyLocal
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{NodeName: "here"}, s))
+	c, err := net.Dial("udp", w.at(key(1, "udp")).String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte("anyone?"))
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	_, err = c.Read(make([]byte, 64))
+	assert.True(t, isTimeout(err), "want silence, got %v", err)
+	assert.Equal(t, uint64(1), stats(t, p, key(1, "udp")).Refused)
+}
+
+// TestUDPSessionBound: beyond MaxUDPSessions, new clients' datagrams are
+// dropped while the sessions under way go on.
+func TestUDPSessionBound(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{MaxUDPSessions: 2})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	at := w.at(key(1, "udp"))
+	a, b := udpClient(t), udpClient(t)
+	sendUDP(t, a, at, "a")
+	sendUDP(t, b, at, "b")
+	third, err := net.Dial("udp", at.String())
+	require.NoError(t, err)
+	defer third.Close()
+	_, err = third.Write([]byte("c"))
+	require.NoError(t, err)
+	third.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	_, err = third.Read(make([]byte, 64))
+	assert.True(t, isTimeout(err), "a third session: %v", err)
+	sendUDP(t, a, at, "a again")
+	assert.Equal(t, uint64(1), stats(t, p, key(1, "udp")).SessionsDropped)
+}
+
+// TestUDPEndpointRefuses: an endpoint that answers with an ICMP port
+// unreachable ends the session: the next datagram finds another.
+func TestUDPEndpointRefuses(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(5))))
+	at := w.at(key(1, "udp"))
+	c := udpClient(t)
+	_, err := c.WriteToUDPAddrPort([]byte("x"), at)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s := stats(t, p, key(1, "udp"))
+		return s.Accepted == 1 && s.Active == 0 && s.DialErrors == 1
+	}, 3*time.Second, 10*time.Millisecond, "the session did not end")
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	name, _ := sendUDP(t, c, at, "y")
+	assert.Equal(t, "ep-0", name)
+}

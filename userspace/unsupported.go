@@ -1,0 +1,42 @@
+//go:build !linux
+
+package userspace
+
+import (
+	"context"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Proxier serves service ports from user space. On this system it does
+// nothing: New returns ErrNotSupported.
+type Proxier struct{}
+
+var (
+	_ servicelb.Proxier  = (*Proxier)(nil)
+	_ servicelb.Renderer = (*Proxier)(nil)
+)
+
+// New returns ErrNotSupported: the proxy needs Linux (splice(2), the
+// namespace's sockets and addresses).
+func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+
+// Capabilities names the backend and declares nothing.
+func (*Proxier) Capabilities() servicelb.Capabilities {
+	return servicelb.Capabilities{Backend: "userspace"}
+}
+
+// Sync returns ErrNotSupported.
+func (*Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
+
+// Cleanup returns ErrNotSupported.
+func (*Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+
+// Close does nothing.
+func (*Proxier) Close() error { return nil }
+
+// Render returns ErrNotSupported.
+func (*Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+
+// Stats returns nothing.
+func (*Proxier) Stats() []PortStats { return nil }
