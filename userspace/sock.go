@@ -172,7 +172,7 @@ func setupListener(fd int, p servicelb.Protocol, at netip.AddrPort) error {
 		}
 	}
 	if err := unix.Bind(fd, sockaddr(at)); err != nil {
-		return os.NewSyscallError("bind", err)
+		return bindError(at, err)
 	}
 	if p != servicelb.UDP {
 		if err := unix.Listen(fd, listenBacklog); err != nil {
@@ -284,3 +284,26 @@ func reset(f *os.File) {
 	}
 	f.Close()
 }
+
+// bindError is the error of a bind of at: a port below the kernel's
+// unprivileged start refused for lack of privilege wants
+// CAP_NET_BIND_SERVICE, not CAP_NET_ADMIN, and says so while it still
+// matches servicelb.ErrPermission.
+func bindError(at netip.AddrPort, err error) error {
+	if errors.Is(err, unix.EACCES) {
+		return &bindPermissionError{at: at, err: os.NewSyscallError("bind", err)}
+	}
+	return os.NewSyscallError("bind", err)
+}
+
+type bindPermissionError struct {
+	at  netip.AddrPort
+	err error
+}
+
+func (e *bindPermissionError) Error() string {
+	return fmt.Sprintf("%s %v: port %d needs CAP_NET_BIND_SERVICE (or a lower net.ipv4.ip_unprivileged_port_start)",
+		e.at, e.err, e.at.Port())
+}
+
+func (e *bindPermissionError) Unwrap() []error { return []error{e.err, servicelb.ErrPermission} }
