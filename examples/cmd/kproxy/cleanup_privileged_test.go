@@ -106,9 +106,12 @@ func owned(t *testing.T, sb *sandbox.Sandbox, e bpfEnv) map[string]bool {
 	servers, _ := in(t, sb, "ipvsadm", "-Ln")
 	pins, err := filepath.Glob(filepath.Join(e.pins, "*"))
 	require.NoError(t, err)
+	// The userspace backend holds the services' addresses on the loopback.
+	lo, _ := in(t, sb, "ip", "address", "show", "dev", "lo")
 	return map[string]bool{
-		"nftables": table,
-		"iptables": iptables,
+		"userspace": strings.Contains(lo, " 10.96.0.10/"),
+		"nftables":  table,
+		"iptables":  iptables,
 		"ipvs": dummy || strings.Contains(sets, "kproxy-ipvs-") || strings.Contains(save+save6, "KPROXY-IPVS-") ||
 			strings.Contains(servers, "TCP  10.96.0.10:80"),
 		"ebpf": len(pins) > 0 || e.hooks(t) > 0,
@@ -155,7 +158,9 @@ func syncBackend(t *testing.T, sb *sandbox.Sandbox, e bpfEnv, name string) {
 	require.NoError(t, d.Sync(ctx, st))
 }
 
-func ourBackends() []string { return append([]string{"nftables", "iptables", "ebpf"}, vmBackends...) }
+func ourBackends() []string {
+	return append([]string{"nftables", "iptables", "ebpf", "userspace"}, vmBackends...)
+}
 
 // kproxy --cleanup removes what every backend owns in the namespace (the
 // nftables table, the iptables chains and jumps, the IPVS virtual servers,
@@ -166,7 +171,7 @@ func TestCleanup(t *testing.T) {
 	e := newBPFEnv(t)
 	// ebpf first: its packet path's table is the nftables backend's,
 	// which the nftables backend then adopts.
-	order := []string{"ebpf", "nftables", "iptables"}
+	order := []string{"ebpf", "nftables", "iptables", "userspace"}
 	order = append(order, vmBackends...)
 	for _, b := range order {
 		syncBackend(t, sb, e, b)
@@ -222,7 +227,9 @@ func TestCleanup(t *testing.T) {
 func TestSwitchBackend(t *testing.T) {
 	sb := newSandbox(t)
 	e := newBPFEnv(t)
-	order := append([]string{"iptables"}, vmBackends...)
+	// userspace first: its listeners end with its process (--once), so
+	// no traffic is asked of it, but the addresses it held must go.
+	order := append([]string{"userspace", "iptables"}, vmBackends...)
 	order = append(order, "ebpf", "nftables")
 	for i, b := range order {
 		args := []string{"--source", "file", "--file", servicesFile(t), "--backend", b, "--once",
@@ -238,6 +245,9 @@ func TestSwitchBackend(t *testing.T) {
 		}
 		for other, left := range have {
 			assert.False(t, left && !slices.Contains(keep, other), "%s: %s's objects there", b, other)
+		}
+		if b == "userspace" {
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		_, err := sb.Eventually(ctx, "http://10.96.0.11:80/", 3, func(c sandbox.Counts) bool { return c["backend-1"] == 3 })
