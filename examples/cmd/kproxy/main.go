@@ -1,6 +1,6 @@
 // Command kproxy is a node proxy that can take kube-proxy's place: it
-// load-balances services with kproxy's nftables, iptables, ipvs or ebpf
-// backend (--backend), fed from one source (--source):
+// load-balances services with kproxy's nftables, iptables, ipvs, ebpf or
+// userspace backend (--backend), fed from one source (--source):
 //
 //   - kubernetes (the default): Services and EndpointSlices, as
 //     kube-proxy, through a kubeconfig (--kubeconfig) or the in-cluster
