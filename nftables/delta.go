@@ -26,6 +26,12 @@ type delta struct {
 	addSets  []setID
 }
 
+// objects reports whether the delta adds or deletes chains or sets, the
+// objects the table's use count counts.
+func (d *delta) objects() bool {
+	return len(d.create) > 0 || len(d.delete) > 0 || len(d.addSets) > 0 || len(d.delSets) > 0
+}
+
 func newDelta() *delta {
 	return &delta{delElems: map[setID][]elem{}, addElems: map[setID][]elem{}}
 }
@@ -92,7 +98,7 @@ func (d *delta) elems(set setID, old, cur []elem) {
 func (d *delta) intervals(set setID, old, cur []elem) {
 	same := len(old) == len(cur)
 	for i := 0; same && i < len(old); i++ {
-		same = old[i].id() == cur[i].id() && old[i].same(&cur[i])
+		same = old[i].equal(&cur[i])
 	}
 	if same {
 		return
