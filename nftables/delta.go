@@ -26,6 +26,12 @@ type delta struct {
 	addSets  []setID
 }
 
+// objects reports whether the delta adds or deletes chains or sets, the
+// objects the table's use count counts.
+func (d *delta) objects() bool {
+	return len(d.create) > 0 || len(d.delete) > 0 || len(d.addSets) > 0 || len(d.delSets) > 0
+}
+
 func newDelta() *delta {
 	return &delta{delElems: map[setID][]elem{}, addElems: map[setID][]elem{}}
 }
@@ -83,19 +89,57 @@ func (d *delta) elems(set setID, old, cur []elem) {
 }
 
 // intervals diffs the elements of an interval set that one owner (a port,
-// or the node) holds: if anything differs, all of the old ones go and all
-// of the new ones come, since the kernel refuses to split an interval that
-// stays in place.
+// or the node) holds, interval by interval: an interval (a start element
+// and the end element after it, if any) that stays with the same bounds
+// and value stays in place; every other one goes whole and the new ones
+// come whole, since the kernel refuses to split or stretch an interval
+// that stays. So an endpoint replaced in place moves two elements of its
+// slot out and two in, not the whole slot.
 func (d *delta) intervals(set setID, old, cur []elem) {
 	same := len(old) == len(cur)
 	for i := 0; same && i < len(old); i++ {
-		same = old[i].id() == cur[i].id() && old[i].same(&cur[i])
+		same = old[i].equal(&cur[i])
 	}
 	if same {
 		return
 	}
-	d.delElems[set] = append(d.delElems[set], old...)
-	d.addElems[set] = append(d.addElems[set], cur...)
+	was := make(map[string]bool, len(old)/2)
+	eachInterval(old, func(iv []elem) { was[intervalID(iv)] = true })
+	now := make(map[string]bool, len(cur)/2)
+	eachInterval(cur, func(iv []elem) {
+		id := intervalID(iv)
+		now[id] = true
+		if !was[id] {
+			d.addElems[set] = append(d.addElems[set], iv...)
+		}
+	})
+	eachInterval(old, func(iv []elem) {
+		if !now[intervalID(iv)] {
+			d.delElems[set] = append(d.delElems[set], iv...)
+		}
+	})
+}
+
+// eachInterval calls f for each interval of es, in order: a start element
+// with the end element that follows it, or alone when none does.
+func eachInterval(es []elem, f func(iv []elem)) {
+	for i := 0; i < len(es); {
+		n := 1
+		if es[i].flags&nfnl.ElemIntervalEnd == 0 && i+1 < len(es) && es[i+1].flags&nfnl.ElemIntervalEnd != 0 {
+			n = 2
+		}
+		f(es[i : i+n])
+		i += n
+	}
+}
+
+// intervalID identifies an interval with its value.
+func intervalID(iv []elem) string {
+	id := iv[0].id() + "\x00" + string(iv[0].data) + "\x00" + iv[0].chain
+	if len(iv) > 1 {
+		id += "\x00" + iv[1].id()
+	}
+	return id
 }
 
 // elemMaps diffs two maps of sets to elements.

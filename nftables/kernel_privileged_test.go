@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -308,5 +310,72 @@ func TestAdoptsRenamedSet(t *testing.T) {
 	mustSync(t, newProxier(t, h, nftables.Options{}), st)
 	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 		t.Errorf("adopted table differs from a fresh one (-fresh +adopted):\n%s", diff)
+	}
+}
+
+// TestEndpointReplacedInPlace replaces the first, a middle and the last of
+// a port's weighted endpoints in turn, each by an address that sorts in
+// its place, then changes a weight (which moves every bucket boundary of
+// the slot) and adds an endpoint: after each sync the table equals a fresh
+// one's, and a replacement in place commits a batch of the few elements
+// that moved, not the whole slot.
+func TestEndpointReplacedInPlace(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h, fresh := netnstest.NewHost(t, "inplace"), netnstest.NewHost(t, "fresh")
+	eps := make([]servicelb.Endpoint, 40)
+	for i := range eps {
+		eps[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + 5*i)}), Ready: true, Weight: servicelb.Weight(uint16(1 + i%3))}
+	}
+	svc := func(eps []servicelb.Endpoint) servicelb.Service {
+		return servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{clusterIP4},
+			Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+			Endpoints: eps}
+	}
+	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, svc(eps)))
+	steps := []struct {
+		name    string
+		edit    func(eps []servicelb.Endpoint) []servicelb.Endpoint
+		inPlace bool
+	}{
+		{"first replaced", func(e []servicelb.Endpoint) []servicelb.Endpoint {
+			e[0].Addr = netip.MustParseAddr("10.244.1.9")
+			return e
+		}, true},
+		{"middle replaced", func(e []servicelb.Endpoint) []servicelb.Endpoint {
+			e[17].Addr = netip.MustParseAddr("10.244.1.96")
+			return e
+		}, true},
+		{"last replaced", func(e []servicelb.Endpoint) []servicelb.Endpoint {
+			e[39].Addr = netip.MustParseAddr("10.244.2.3")
+			return e
+		}, true},
+		{"weight changed", func(e []servicelb.Endpoint) []servicelb.Endpoint { e[5].Weight = servicelb.Weight(7); return e }, false},
+		{"endpoint added", func(e []servicelb.Endpoint) []servicelb.Endpoint {
+			return append(e, servicelb.Endpoint{Addr: netip.MustParseAddr("10.244.2.4"), Ready: true})
+		}, false},
+		{"added one replaced", func(e []servicelb.Endpoint) []servicelb.Endpoint {
+			e[40].Addr = netip.MustParseAddr("10.244.2.5")
+			return e
+		}, true},
+	}
+	for _, s := range steps {
+		eps = s.edit(slices.Clone(eps))
+		st := mustState(t, servicelb.NodeConfig{}, svc(eps))
+		var sent int
+		ctx := nfnl.WithTap(testCtx(t), func(f []byte) { sent += len(f) })
+		require.NoError(t, p.Sync(ctx, st), s.name)
+		q := newProxier(t, fresh, nftables.Options{NoConntrackCleanup: true})
+		mustSync(t, q, st)
+		if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
+			t.Fatalf("%s: table differs from a fresh apply (-fresh +incremental):\n%s", s.name, diff)
+		}
+		require.NoError(t, q.Cleanup(testCtx(t)))
+		// The whole slot is 82 elements of about 40 bytes each.
+		if s.inPlace {
+			assert.Less(t, sent, 1000, "%s: bytes committed", s.name)
+		} else {
+			assert.Greater(t, sent, 2000, "%s: bytes committed", s.name)
+		}
 	}
 }

@@ -266,6 +266,12 @@ func (e *elem) id() string {
 // same reports whether two elements with the same id hold the same value.
 func (e *elem) same(o *elem) bool { return e.chain == o.chain && bytes.Equal(e.data, o.data) }
 
+// equal reports whether two elements have the same id and value, without
+// building their ids.
+func (e *elem) equal(o *elem) bool {
+	return e.flags == o.flags && bytes.Equal(e.key, o.key) && bytes.Equal(e.keyEnd, o.keyEnd) && e.same(o)
+}
+
 // hash hashes everything that identifies the element and its value.
 func (e *elem) hash(seed maphash.Seed) uint64 {
 	var h maphash.Hash

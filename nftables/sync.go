@@ -93,7 +93,7 @@ func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 	if err != nil {
 		return fmt.Errorf("read table: %w", err)
 	}
-	if err := k.commit(ctx, b); err != nil {
+	if err := k.commit(ctx, b, true); err != nil {
 		return err
 	}
 	k.model, k.verifiedOK = next, false
@@ -108,10 +108,11 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 		return false, err
 	}
 	b := &nfnl.Batch{}
-	if err := s.delta(k.model).batch(k.opts.Table, b); err != nil {
+	d := s.delta(k.model)
+	if err := d.batch(k.opts.Table, b); err != nil {
 		return false, err
 	}
-	if err := k.commit(ctx, b); err != nil {
+	if err := k.commit(ctx, b, d.objects()); err != nil {
 		return false, err
 	}
 	s.apply(k.model)
@@ -122,9 +123,11 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 
 // commit sends b and records what the table holds after it: the
 // generation, known to be the Proxier's own when it follows the one the
-// sync's check saw (nobody committed in between), and the table's object
-// count, for the next cheap check.
-func (k *kernel) commit(ctx context.Context, b *nfnl.Batch) error {
+// sync's check saw (nobody committed in between), and, when b adds or
+// deletes chains or sets (objects), the table's object count, for the
+// next cheap check. Elements and rules leave the count as it was, so a
+// change of elements alone costs no read.
+func (k *kernel) commit(ctx context.Context, b *nfnl.Batch, objects bool) error {
 	if b.Len() == 0 {
 		return nil
 	}
@@ -133,6 +136,9 @@ func (k *kernel) commit(ctx context.Context, b *nfnl.Batch) error {
 		return err
 	}
 	k.gen, k.genOK = after.ID, after.ID == k.seen+1
+	if !objects {
+		return nil
+	}
 	t, err := k.conn.Table(ctx, nfnl.Inet, k.opts.Table)
 	if err != nil {
 		return fmt.Errorf("read table after commit: %w", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,10 +36,14 @@ type driver struct {
 	n, m    int
 	svcs    []servicelb.Service
 	st      *servicelb.State
+	// b is kept across changes, as a servicelb.Runner keeps its Builder:
+	// a change then costs what it changes, not a walk of every service.
+	b       *servicelb.Builder
 	p       proxier
 	digest  string
 	changes int // one-endpoint changes made so far
 	added   int // services added so far
+	cpuProf *os.File
 }
 
 func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
@@ -58,7 +63,7 @@ func newDriver(backend string, n, m int) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.st = st
+	d.st, d.b = st, st.Edit()
 	d.p, err = newProxier(backend, 0)
 	return d, err
 }
@@ -66,7 +71,8 @@ func newDriver(backend string, n, m int) (*driver, error) {
 // do runs one command: sync; change K MS (up to K one-endpoint changes,
 // or fewer once MS milliseconds are spent, at least 3); service K MS (K
 // services added, then removed, one sync each); mem; floor-element K;
-// floor-cold.
+// floor-cold; cpuprofile FILE (starts, or stops without FILE);
+// heapprofile FILE.
 func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	arg := func(i, def int) int {
 		if len(f) > i {
@@ -101,6 +107,10 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 		return map[string]any{"ms": ms}, err
 	case "floor-cold":
 		return d.coldFloor(ctx)
+	case "cpuprofile":
+		return nil, d.cpuProfile(f[1:])
+	case "heapprofile":
+		return nil, heapProfile(f[1:])
 	}
 	return nil, fmt.Errorf("unknown command %q", f[0])
 }
@@ -126,11 +136,10 @@ func budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) 
 }
 
 func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) error) (time.Duration, error) {
-	b := d.st.Edit()
-	if err := edit(b); err != nil {
+	if err := edit(d.b); err != nil {
 		return 0, err
 	}
-	st := b.State()
+	st := d.b.State()
 	t0 := time.Now()
 	if err := d.p.Sync(ctx, st); err != nil {
 		return 0, err
@@ -298,4 +307,48 @@ func inNewNS(f func(ns netns.NsHandle) error) error {
 		defer ns.Close()
 		return f(ns)
 	})
+}
+
+// cpuProfile starts a CPU profile into the file args names, or with no
+// argument stops the one running.
+func (d *driver) cpuProfile(args []string) error {
+	if d.cpuProf != nil {
+		pprof.StopCPUProfile()
+		err := d.cpuProf.Close()
+		d.cpuProf = nil
+		if len(args) == 0 {
+			return err
+		}
+	}
+	if len(args) == 0 {
+		return nil
+	}
+	f, err := os.Create(args[0])
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	d.cpuProf = f
+	return nil
+}
+
+// heapProfile writes the live heap, after a collection, into the file
+// args names.
+func heapProfile(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("heapprofile FILE")
+	}
+	f, err := os.Create(args[0])
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
