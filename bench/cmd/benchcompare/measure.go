@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kproxy-dev/kproxy/bench/internal/workload"
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
 )
 
 // proxier is one side of the comparison.
@@ -79,10 +79,10 @@ func (c config) driver(pr proxier, sz size) []string {
 // measure runs one proxier at one size in a topology of its own.
 func (c config) measure(pr proxier, sz size) *result {
 	r := &result{Proxier: pr, N: sz.n, M: sz.m}
-	all := workload.Generate(sz.n, sz.m)
+	all := benchwork.Generate(sz.n, sz.m)
 	var probedEPs []netip.Addr
 	var vips, direct []string
-	for _, i := range workload.Probed(sz.n) {
+	for _, i := range benchwork.Probed(sz.n) {
 		vips = append(vips, netip.AddrPortFrom(all[i].VIP, 80).String())
 		for _, e := range all[i].Endpoints {
 			probedEPs = append(probedEPs, e.Addr)
@@ -91,7 +91,7 @@ func (c config) measure(pr proxier, sz size) *result {
 			}
 		}
 	}
-	want := workload.Digest(all)
+	want := benchwork.Digest(all)
 	all = nil
 	t, err := newTopo(probedEPs)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/kproxy-dev/kproxy/bench/internal/workload"
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
 )
 
 // topo is three network namespaces of the bench's own: the node (where a
@@ -51,7 +51,7 @@ func (t *topo) build(eps []netip.Addr) error {
 		{"ip", "-n", t.node, "link", "add", "to-client", "type", "veth", "peer", "name", "eth0", "netns", t.client},
 		{"ip", "-n", t.node, "link", "add", "to-backend", "type", "veth", "peer", "name", "eth0", "netns", t.backend},
 		{"ip", "-n", t.node, "addr", "add", "198.51.100.1/24", "dev", "to-client"},
-		{"ip", "-n", t.node, "addr", "add", workload.NodeIP + "/24", "dev", "to-backend"},
+		{"ip", "-n", t.node, "addr", "add", benchwork.NodeIP + "/24", "dev", "to-backend"},
 		{"ip", "-n", t.client, "addr", "add", "198.51.100.2/24", "dev", "eth0"},
 		{"ip", "-n", t.backend, "addr", "add", "192.0.2.2/24", "dev", "eth0"},
 	}
@@ -61,10 +61,10 @@ func (t *topo) build(eps []netip.Addr) error {
 	steps = append(steps,
 		[]string{"ip", "-n", t.node, "link", "set", "to-client", "up"},
 		[]string{"ip", "-n", t.node, "link", "set", "to-backend", "up"},
-		[]string{"ip", "-n", t.client, "route", "add", workload.ServiceCIDR, "via", "198.51.100.1"},
-		[]string{"ip", "-n", t.client, "route", "add", workload.ClusterCIDR, "via", "198.51.100.1"},
-		[]string{"ip", "-n", t.backend, "route", "add", "default", "via", workload.NodeIP},
-		[]string{"ip", "-n", t.node, "route", "add", workload.ClusterCIDR, "via", "192.0.2.2"},
+		[]string{"ip", "-n", t.client, "route", "add", benchwork.ServiceCIDR, "via", "198.51.100.1"},
+		[]string{"ip", "-n", t.client, "route", "add", benchwork.ClusterCIDR, "via", "198.51.100.1"},
+		[]string{"ip", "-n", t.backend, "route", "add", "default", "via", benchwork.NodeIP},
+		[]string{"ip", "-n", t.node, "route", "add", benchwork.ClusterCIDR, "via", "192.0.2.2"},
 		[]string{"ip", "netns", "exec", t.node, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
 	)
 	for _, a := range eps {

@@ -22,7 +22,7 @@ import (
 	utiliptables "k8s.io/kubernetes/pkg/util/iptables"
 	"k8s.io/utils/ptr"
 
-	"github.com/kproxy-dev/kproxy/bench/internal/workload"
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
 )
 
 // provider is what both of kube-proxy's proxiers offer.
@@ -39,7 +39,7 @@ type provider interface {
 type driver struct {
 	p       provider
 	n, m    int
-	svcs    []workload.Service
+	svcs    []benchwork.Service
 	slices  []*discovery.EndpointSlice
 	digest  string
 	changes int
@@ -47,10 +47,10 @@ type driver struct {
 }
 
 func newDriver(ctx context.Context, backend string, n, m int) (*driver, error) {
-	d := &driver{n: n, m: m, svcs: workload.Generate(n, m)}
-	d.digest = workload.Digest(d.svcs)
-	detect := proxyutil.NewDetectLocalByCIDR(workload.ClusterCIDR)
-	nodeIP := net.ParseIP(workload.NodeIP)
+	d := &driver{n: n, m: m, svcs: benchwork.Generate(n, m)}
+	d.digest = benchwork.Digest(d.svcs)
+	detect := proxyutil.NewDetectLocalByCIDR(benchwork.ClusterCIDR)
+	nodeIP := net.ParseIP(benchwork.NodeIP)
 	rec := &events.FakeRecorder{}
 	// A sync period of an hour: every sync the driver times is one it
 	// asks for.
@@ -59,12 +59,12 @@ func newDriver(ctx context.Context, backend string, n, m int) (*driver, error) {
 	case "nftables":
 		metrics.RegisterMetrics(config.ProxyModeNFTables)
 		d.p, err = nftables.NewProxier(ctx, v1.IPv4Protocol, time.Hour, 0, false, 14,
-			detect, workload.Node, nodeIP, rec, nil, nil, false)
+			detect, benchwork.Node, nodeIP, rec, nil, nil, false)
 	case "iptables":
 		metrics.RegisterMetrics(config.ProxyModeIPTables)
 		d.p, err = iptables.NewProxier(ctx, v1.IPv4Protocol, utiliptables.New(utiliptables.ProtocolIPv4),
 			utilsysctl.New(), time.Hour, 0, false, false, 14,
-			detect, workload.Node, nodeIP, rec, nil, nil, false)
+			detect, benchwork.Node, nodeIP, rec, nil, nil, false)
 	default:
 		err = fmt.Errorf("unknown backend %q", backend)
 	}
@@ -80,9 +80,9 @@ func newDriver(ctx context.Context, backend string, n, m int) (*driver, error) {
 	return d, nil
 }
 
-func serviceObject(s workload.Service) *v1.Service {
+func serviceObject(s benchwork.Service) *v1.Service {
 	return &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: workload.Namespace, Name: s.Name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: benchwork.Namespace, Name: s.Name},
 		Spec: v1.ServiceSpec{
 			Type:       v1.ServiceTypeClusterIP,
 			ClusterIP:  s.VIP.String(),
@@ -95,7 +95,7 @@ func serviceObject(s workload.Service) *v1.Service {
 	}
 }
 
-func endpointSlice(s workload.Service) *discovery.EndpointSlice {
+func endpointSlice(s benchwork.Service) *discovery.EndpointSlice {
 	eps := make([]discovery.Endpoint, len(s.Endpoints))
 	for j, e := range s.Endpoints {
 		eps[j] = discovery.Endpoint{
@@ -106,7 +106,7 @@ func endpointSlice(s workload.Service) *discovery.EndpointSlice {
 	}
 	return &discovery.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: workload.Namespace, Name: s.Name + "-1",
+			Namespace: benchwork.Namespace, Name: s.Name + "-1",
 			Labels: map[string]string{discovery.LabelServiceName: s.Name},
 		},
 		AddressType: discovery.AddressTypeIPv4,
@@ -148,10 +148,10 @@ func (d *driver) resync() (time.Duration, error) { return timed(d.p.OnServiceSyn
 
 func (d *driver) changeSamples(k, ms int) ([]float64, error) {
 	return budget(k, ms, func(int) (time.Duration, error) {
-		i, j := workload.ChangeTarget(d.changes, d.n, d.m)
+		i, j := benchwork.ChangeTarget(d.changes, d.n, d.m)
 		s := d.svcs[i]
 		s.Endpoints = slices.Clone(s.Endpoints)
-		s.Endpoints[j].Addr = workload.EndpointIP(workload.BaseReplacements, d.changes)
+		s.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, d.changes)
 		d.changes++
 		d.svcs[i] = s
 		old := d.slices[i]
@@ -162,9 +162,9 @@ func (d *driver) changeSamples(k, ms int) ([]float64, error) {
 }
 
 func (d *driver) serviceSamples(k, ms int) (add, del []float64, err error) {
-	var added []workload.Service
+	var added []benchwork.Service
 	add, err = budget(k, ms, func(int) (time.Duration, error) {
-		s := workload.Added(d.added, d.m)
+		s := benchwork.Added(d.added, d.m)
 		d.added++
 		added = append(added, s)
 		d.p.OnServiceAdd(serviceObject(s))

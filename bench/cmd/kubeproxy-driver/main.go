@@ -10,6 +10,8 @@
 package main
 
 import (
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
+
 	"bufio"
 	"context"
 	"encoding/json"
@@ -81,7 +83,7 @@ func (d *driver) do(f []string) (map[string]any, error) {
 		if err != nil {
 			return nil, err
 		}
-		mem, err := memory()
+		mem, err := benchwork.Memory()
 		mem["ms"] = ms
 		return mem, err
 	case "change":
@@ -93,7 +95,7 @@ func (d *driver) do(f []string) (map[string]any, error) {
 	case "mem":
 		runtime.GC()
 		debug.FreeOSMemory()
-		return memory()
+		return benchwork.Memory()
 	}
 	return nil, fmt.Errorf("unknown command %q", f[0])
 }
@@ -114,29 +116,4 @@ func budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) 
 		out = append(out, float64(d.Nanoseconds())/1e6)
 	}
 	return out, nil
-}
-
-// memory reads the process's resident set (VmRSS) and its peak (VmHWM).
-// The tools the proxier runs (nft, iptables-restore) are processes of
-// their own, not counted here.
-func memory() (map[string]any, error) {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string]any{}
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		for _, k := range []string{"VmRSS", "VmHWM"} {
-			if v, ok := strings.CutPrefix(s.Text(), k+":"); ok {
-				kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-				if err != nil {
-					return nil, err
-				}
-				out[strings.ToLower(k[2:])+"_kib"] = kb
-			}
-		}
-	}
-	return out, s.Err()
 }

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -12,11 +11,11 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/iptables"
@@ -57,8 +56,8 @@ func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
 }
 
 func newDriver(backend string, n, m int) (*driver, error) {
-	d := &driver{backend: backend, n: n, m: m, svcs: workload(n, m)}
-	d.digest = digest(d.svcs)
+	d := &driver{backend: backend, n: n, m: m}
+	d.svcs, d.digest = workload(n, m)
 	st, err := servicelb.NewState(benchNode(), d.svcs...)
 	if err != nil {
 		return nil, err
@@ -89,7 +88,7 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 			return nil, err
 		}
 		ms := msSince(t0)
-		mem, err := memory()
+		mem, err := benchwork.Memory()
 		mem["ms"] = ms
 		return mem, err
 	case "change":
@@ -101,7 +100,7 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	case "mem":
 		runtime.GC()
 		debug.FreeOSMemory()
-		return memory()
+		return benchwork.Memory()
 	case "floor-element":
 		ms, err := elementFloor(ctx, arg(1, 100))
 		return map[string]any{"ms": ms}, err
@@ -152,10 +151,10 @@ func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) erro
 // changeSamples replaces one endpoint of one service per sync.
 func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error) {
 	return budget(k, ms, func(int) (time.Duration, error) {
-		i, j := changeTarget(d.changes, d.n, d.m)
+		i, j := benchwork.ChangeTarget(d.changes, d.n, d.m)
 		s := d.svcs[i]
 		s.Endpoints = slices.Clone(s.Endpoints)
-		s.Endpoints[j].Addr = endpointIP(100, d.changes)
+		s.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, d.changes)
 		d.changes++
 		d.svcs[i] = s
 		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
@@ -168,11 +167,7 @@ func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []floa
 	add, err = budget(k, ms, func(int) (time.Duration, error) {
 		x := d.added
 		d.added++
-		eps := make([]servicelb.Endpoint, d.m)
-		for j := range eps {
-			eps[j] = servicelb.Endpoint{Addr: endpointIP(110, x*d.m+j), Ready: true, Serving: true, NodeName: nodeOf(x, j, d.m)}
-		}
-		s := service("add-"+strconv.Itoa(x), clusterIP(1<<19+x), eps)
+		s := service(benchwork.Added(x, d.m))
 		names = append(names, s.Name)
 		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
 	})
@@ -188,29 +183,6 @@ func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []floa
 		})
 	})
 	return add, del, err
-}
-
-// memory reads the process's resident set (VmRSS) and its peak (VmHWM).
-func memory() (map[string]any, error) {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	out := map[string]any{}
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		for _, k := range []string{"VmRSS", "VmHWM"} {
-			if v, ok := strings.CutPrefix(s.Text(), k+":"); ok {
-				kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-				if err != nil {
-					return nil, err
-				}
-				out[strings.ToLower(k[2:])+"_kib"] = kb
-			}
-		}
-	}
-	return out, s.Err()
 }
 
 // elementFloor is the median time of the cheapest element commit the

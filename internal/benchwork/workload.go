@@ -1,19 +1,25 @@
-// Package workload generates the services both sides of the comparison
-// load, by the same formula as kproxy's driver (internal/cmd/kproxy-bench
-// in the core module): each driver prints the digest of what it hands its
-// proxier, and the bench checks that they agree.
+// Package benchwork generates the services both sides of the comparison
+// with kube-proxy load (make bench-compare): kproxy's driver
+// (internal/cmd/kproxy-bench) and kube-proxy's (the bench module's
+// cmd/kubeproxy-driver) build their objects from it, each prints the
+// digest of the workload it was asked for, and the bench checks that they
+// agree. It imports the standard library alone, so that the bench module
+// takes nothing else of the core with it.
 //
 // n ClusterIP services of one TCP port (80 to 8080), each with m ready
 // endpoints of addresses of their own; the first endpoint of every tenth
 // service is on this node (node-0), the others are spread over 99 more.
-package workload
+package benchwork
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 )
 
 // Namespace holds every service.
@@ -116,4 +122,29 @@ func ChangeTarget(k, n, m int) (svc, ep int) {
 		svc = (svc + 1) % n
 	}
 	return svc, k % m
+}
+
+// Memory reads the calling process's resident set (VmRSS) and its peak
+// (VmHWM), in KiB, keyed rss_kib and hwm_kib. Processes the proxier runs
+// (nft, iptables-restore) are their own, not counted here.
+func Memory() (map[string]any, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]any{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		for _, k := range []string{"VmRSS", "VmHWM"} {
+			if v, ok := strings.CutPrefix(s.Text(), k+":"); ok {
+				kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+				if err != nil {
+					return nil, err
+				}
+				out[strings.ToLower(k[2:])+"_kib"] = kb
+			}
+		}
+	}
+	return out, s.Err()
 }
