@@ -177,6 +177,9 @@ func (r *rule) matches(raw []nfnl.RawExpr) bool {
 	if !nfnl.SameExprs(nfnl.Inet, raw, r.exprs) {
 		return false
 	}
+	if r.own {
+		return true // a port's own rule keeps no bytes (see rule.raw)
+	}
 	k := make([]nfnl.RawExpr, len(raw))
 	for i, x := range raw {
 		k[i] = nfnl.RawExpr{Name: x.Name, Data: bytes.Clone(x.Data)}

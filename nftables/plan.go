@@ -259,9 +259,9 @@ type balancer struct {
 // rule matches the terms, then balances.
 func (b balancer) rule(match ...term) *rule {
 	if b.chain != "" {
-		return mk(append(match, goTo(b.chain))...)
+		return mkOwn(append(match, goTo(b.chain))...)
 	}
-	return mk(append(match, b.dnat...)...)
+	return mkOwn(append(match, b.dnat...)...)
 }
 
 // balancers plans the load balancing over the endpoint sets that the
@@ -337,10 +337,10 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 	for i, b := range bs {
 		ep := endpointID(b.AddrPort())
 		eps[i] = chainPlan{name: fmt.Sprintf("%s/%d", chain, i), rules: []*rule{
-			mk(affinityUpdate(f, set, slot, ep, to)),
-			mk(l4proto(proto), dnatTo(f, b.AddrPort())),
+			mkOwn(affinityUpdate(f, set, slot, ep, to)),
+			mkOwn(l4proto(proto), dnatTo(f, b.AddrPort())),
 		}}
-		rs = append(rs, mk(affinityHit(f, set, slot, ep), goTo(eps[i].name)))
+		rs = append(rs, mkOwn(affinityHit(f, set, slot, ep), goTo(eps[i].name)))
 	}
 	var remaining uint32
 	for _, b := range bs {
@@ -351,7 +351,7 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 		if i < len(bs)-1 {
 			terms = append([]term{randomBelow(remaining, uint32(b.Weight))}, terms...)
 		}
-		rs = append(rs, mk(terms...))
+		rs = append(rs, mkOwn(terms...))
 		remaining -= uint32(b.Weight)
 	}
 	return rs, eps
