@@ -31,6 +31,9 @@ func (p *planner) content(m *model) *content {
 		for set, e := range pp.elems {
 			counts[set] += len(e)
 		}
+		for _, r := range pp.backends {
+			counts[r.set] += 2 * len(r.bs)
+		}
 	}
 	for set, n := range counts {
 		c.elems[set] = make([]elem, 0, n)
@@ -44,6 +47,9 @@ func (p *planner) content(m *model) *content {
 	c.chains = append(c.chains, m.node.chains...)
 	for _, pp := range m.sortedPorts() {
 		add(pp.elems)
+		for _, r := range pp.backends {
+			c.elems[r.set] = append(c.elems[r.set], backendElems(r.slot, r.bs, bucketCounts(r.bs))...)
+		}
 		c.chains = append(c.chains, pp.chains...)
 	}
 	for _, r := range slices.SortedFunc(maps.Keys(m.refs), compareRefs) {

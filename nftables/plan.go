@@ -37,13 +37,44 @@ type nodePlan struct {
 type portPlan struct {
 	key    servicelb.ServicePortKey
 	chains []chainPlan
-	// elems holds the port's elements by set. Elements that several ports
-	// may need (refs) are kept apart and counted by the model.
-	elems map[setID][]elem
-	refs  []ref
-	slots []slotKey
+	// elems holds the port's elements by set, but for its slots' ranges in
+	// the backends maps (backends), made from the port's backends when a
+	// diff or a verify needs them. Elements that several ports may need
+	// (refs) are kept apart and counted by the model.
+	elems    map[setID][]elem
+	backends []slotRange
+	refs     []ref
+	slots    []slotKey
 	// shards are the backends maps the port's rules read.
 	shards []setID
+}
+
+// slotRange is a load-balancing slot's range in a backends map, kept as
+// the backends it spreads over (the ServicePort's own slice).
+type slotRange struct {
+	set  setID
+	slot uint32
+	bs   []servicelb.Backend
+}
+
+// allElems returns the port's elements by set, its slots' ranges with
+// them.
+func (pp *portPlan) allElems() map[setID][]elem {
+	if len(pp.backends) == 0 {
+		return pp.elems
+	}
+	out := make(map[setID][]elem, len(pp.elems)+len(pp.backends))
+	for set, es := range pp.elems {
+		out[set] = es
+	}
+	for _, r := range pp.backends {
+		es := backendElems(r.slot, r.bs, bucketCounts(r.bs))
+		if prev := out[r.set]; prev != nil {
+			es = append(slices.Clip(prev), es...)
+		}
+		out[r.set] = es
+	}
+	return out
 }
 
 // ref is an element that several service ports may need: a cluster IP
@@ -308,12 +339,11 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 	set := shardSet(f, slot)
 	pp.shards = append(pp.shards, set)
 	if len(bs) > 0 {
-		counts := bucketCounts(bs)
-		if counts == nil {
+		if bucketCounts(bs) == nil {
 			// Capabilities.CheckPort refuses such a port first.
 			return balancer{}, capacityError(sp.Key, "endpoints", fmt.Sprintf("%d endpoints in one set, at most %d", len(bs), buckets))
 		}
-		pp.elems[set] = append(pp.elems[set], backendElems(slot, bs, counts)...)
+		pp.backends = append(pp.backends, slotRange{set: set, slot: slot, bs: bs})
 	}
 	return balancer{dnat: []term{l4proto(proto), dnatMap(f, slot*bucketStride, set.name())}}, nil
 }
