@@ -61,7 +61,9 @@ func (p *planner) content(m *model) *content {
 // create writes the whole content into a batch: sets, chains, rules and
 // elements, in that order.
 func (c *content) create(table string, b *nfnl.Batch) error {
-	b.Grow(c.size())
+	size, msgs := c.size()
+	b.Grow(size)
+	b.GrowMessages(msgs)
 	for _, d := range c.sets {
 		b.AddSet(d.set)
 	}
@@ -77,17 +79,20 @@ func (c *content) create(table string, b *nfnl.Batch) error {
 	return nil
 }
 
-// size estimates the bytes of the batch that creates the content, so that
-// the batch grows once.
-func (c *content) size() int {
-	n := 300 * len(c.sets)
+// size estimates the bytes and the messages of the batch that creates the
+// content, so that the batch grows once.
+func (c *content) size() (bytes, msgs int) {
+	bytes = 300 * len(c.sets)
+	msgs = len(c.sets) + len(c.chains)
 	for _, ch := range c.chains {
-		n += 100 + 250*len(ch.rules)
+		bytes += 100 + 250*len(ch.rules)
+		msgs += len(ch.rules)
 	}
 	for _, es := range c.elems {
-		n += 64 * len(es)
+		bytes += 64 * len(es)
+		msgs += 1 + len(es)/256 // a message holds some hundreds
 	}
-	return n
+	return bytes, msgs
 }
 
 // addElements adds elements to a set, converting them a chunk at a time.
