@@ -28,8 +28,8 @@ func (p *planner) content(m *model) *content {
 	}
 	counts := map[setID]int{}
 	for _, pp := range m.ports {
-		for set, e := range pp.elems {
-			counts[set] += len(e)
+		for _, x := range pp.elems {
+			counts[x.set] += len(x.es)
 		}
 		for _, r := range pp.backends {
 			counts[r.set] += 2 * len(r.bs)
@@ -46,7 +46,9 @@ func (p *planner) content(m *model) *content {
 	add(m.node.elems)
 	c.chains = append(c.chains, m.node.chains...)
 	for _, pp := range m.sortedPorts() {
-		add(pp.elems)
+		for _, x := range pp.elems {
+			c.elems[x.set] = append(c.elems[x.set], x.es...)
+		}
 		for _, r := range pp.backends {
 			c.elems[r.set] = append(c.elems[r.set], backendElems(r.slot, r.bs, bucketCounts(r.bs))...)
 		}

@@ -41,7 +41,7 @@ type portPlan struct {
 	// the backends maps (backends), made from the port's backends when a
 	// diff or a verify needs them. Elements that several ports may need
 	// (refs) are kept apart and counted by the model.
-	elems    map[setID][]elem
+	elems    []setElems
 	backends []slotRange
 	refs     []ref
 	slots    []slotKey
@@ -57,15 +57,30 @@ type slotRange struct {
 	bs   []servicelb.Backend
 }
 
+// setElems are a port's elements in one set. A port has elements in few
+// sets: a list of them takes much less room than a map.
+type setElems struct {
+	set setID
+	es  []elem
+}
+
+// add appends es to the port's elements in set.
+func (pp *portPlan) add(set setID, es ...elem) {
+	for i := range pp.elems {
+		if pp.elems[i].set == set {
+			pp.elems[i].es = append(pp.elems[i].es, es...)
+			return
+		}
+	}
+	pp.elems = append(pp.elems, setElems{set: set, es: es})
+}
+
 // allElems returns the port's elements by set, its slots' ranges with
 // them.
 func (pp *portPlan) allElems() map[setID][]elem {
-	if len(pp.backends) == 0 {
-		return pp.elems
-	}
 	out := make(map[setID][]elem, len(pp.elems)+len(pp.backends))
-	for set, es := range pp.elems {
-		out[set] = es
+	for _, x := range pp.elems {
+		out[x.set] = x.es
 	}
 	for _, r := range pp.backends {
 		es := backendElems(r.slot, r.bs, bucketCounts(r.bs))
@@ -236,7 +251,7 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 		return nil, err
 	}
 	k := sp.Key
-	pp := &portPlan{key: k, elems: make(map[setID][]elem, 2)}
+	pp := &portPlan{key: k}
 	origins := p.originRules(n, sp.Family)
 	var kinds []entryChain
 	if sp.ClusterIP.IsValid() {
@@ -410,7 +425,7 @@ func entries(pp *portPlan, sp *servicelb.ServicePort) {
 			add(a, sp.Port.NodePort, ext)
 		}
 	}
-	pp.elems[fixedSet(kindServices, f)] = ents
+	pp.add(fixedSet(kindServices, f), ents...)
 	firewall(pp, sp)
 }
 
@@ -425,9 +440,9 @@ func firewall(pp *portPlan, sp *servicelb.ServicePort) {
 	allowed := disjoint(slices.Clone(sp.SourceRanges))
 	fw, pass := fixedSet(kindFirewall, f), fixedSet(kindFirewallPass, f)
 	for _, a := range sp.LoadBalancerIPs {
-		pp.elems[fw] = append(pp.elems[fw], elem{key: entryBytes(a, proto, port)})
+		pp.add(fw, elem{key: entryBytes(a, proto, port)})
 		for _, src := range allowed {
-			pp.elems[pass] = append(pp.elems[pass], firewallElem(a, proto, port, src))
+			pp.add(pass, firewallElem(a, proto, port, src))
 		}
 	}
 }
