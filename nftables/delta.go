@@ -160,10 +160,10 @@ func (d *delta) port(old, cur *portPlan) {
 	var oc, cc []chainPlan
 	var oe, ce map[setID][]elem
 	if old != nil {
-		oc, oe = old.chains, old.elems
+		oc, oe = old.chains, old.allElems()
 	}
 	if cur != nil {
-		cc, ce = cur.chains, cur.elems
+		cc, ce = cur.chains, cur.allElems()
 	}
 	d.chains(oc, cc)
 	d.elemMaps(oe, ce)

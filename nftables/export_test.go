@@ -109,7 +109,7 @@ func portDrift(a, b *portPlan) string {
 		return "missing from the model"
 	}
 	text := func(pp *portPlan) string {
-		return chainsText(pp.chains) + elemsText(pp.elems) + fmt.Sprint(pp.refs, pp.slots, pp.shards)
+		return chainsText(pp.chains) + elemsText(pp.allElems()) + fmt.Sprint(pp.refs, pp.slots, pp.shards)
 	}
 	if x, y := text(a), text(b); x != y {
 		return fmt.Sprintf("model %q, fresh %q", x, y)

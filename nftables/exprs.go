@@ -25,19 +25,27 @@ type rule struct {
 	text  string
 	exprs []expr.Any
 	// raw is the rule's encoding, made once (encode) and reused by every
-	// batch that writes the rule.
+	// batch that writes the rule. A port's own rule (own) keeps no
+	// encoding: a batch writes it once, when its chain is written, and
+	// the chain goes by name, so the bytes would stay only to use memory.
 	raw []nfnl.RawExpr
+	own bool
 	// kernel is the rule as the kernel dumped it, once it read back as
-	// planned: later checks compare bytes (matches).
+	// planned: later checks compare bytes (matches). A port's own rule
+	// keeps none either.
 	kernel []nfnl.RawExpr
 }
 
-// encode encodes the rule's expressions, once.
+// encode encodes the rule's expressions, once for a shared rule, each
+// time for a port's own.
 func (r *rule) encode() ([]nfnl.RawExpr, error) {
 	if r.raw == nil {
 		raw, err := nfnl.EncodeExprs(nfnl.Inet, r.exprs)
 		if err != nil {
 			return nil, fmt.Errorf("rule %q: %w", r.text, err)
+		}
+		if r.own {
+			return raw, nil
 		}
 		r.raw = raw
 	}
@@ -60,6 +68,13 @@ func mk(terms ...term) *rule {
 		r.exprs = append(r.exprs, t.exprs...)
 	}
 	r.text = strings.Join(words, " ")
+	return r
+}
+
+// mkOwn makes a rule of one port's own, which no other port shares.
+func mkOwn(terms ...term) *rule {
+	r := mk(terms...)
+	r.own = true
 	return r
 }
 

@@ -177,6 +177,9 @@ func (r *rule) matches(raw []nfnl.RawExpr) bool {
 	if !nfnl.SameExprs(nfnl.Inet, raw, r.exprs) {
 		return false
 	}
+	if r.own {
+		return true // a port's own rule keeps no bytes (see rule.raw)
+	}
 	k := make([]nfnl.RawExpr, len(raw))
 	for i, x := range raw {
 		k[i] = nfnl.RawExpr{Name: x.Name, Data: bytes.Clone(x.Data)}
@@ -237,10 +240,14 @@ func (p *Proxier) elemDigest(ctx context.Context, set string) (int, uint64, erro
 	return n, sum, err
 }
 
-func digest(seed maphash.Seed, es []elem) (int, uint64) {
+func digest(seed maphash.Seed, parts [][]elem) (int, uint64) {
+	var n int
 	var sum uint64
-	for i := range es {
-		sum += es[i].hash(seed)
+	for _, es := range parts {
+		for i := range es {
+			sum += es[i].hash(seed)
+		}
+		n += len(es)
 	}
-	return len(es), sum
+	return n, sum
 }

@@ -37,13 +37,59 @@ type nodePlan struct {
 type portPlan struct {
 	key    servicelb.ServicePortKey
 	chains []chainPlan
-	// elems holds the port's elements by set. Elements that several ports
-	// may need (refs) are kept apart and counted by the model.
-	elems map[setID][]elem
-	refs  []ref
-	slots []slotKey
+	// elems holds the port's elements by set, but for its slots' ranges in
+	// the backends maps (backends), made from the port's backends when a
+	// diff or a verify needs them. Elements that several ports may need
+	// (refs) are kept apart and counted by the model.
+	elems    []setElems
+	backends []slotRange
+	refs     []ref
+	slots    []slotKey
 	// shards are the backends maps the port's rules read.
 	shards []setID
+}
+
+// slotRange is a load-balancing slot's range in a backends map, kept as
+// the backends it spreads over (the ServicePort's own slice).
+type slotRange struct {
+	set  setID
+	slot uint32
+	bs   []servicelb.Backend
+}
+
+// setElems are a port's elements in one set. A port has elements in few
+// sets: a list of them takes much less room than a map.
+type setElems struct {
+	set setID
+	es  []elem
+}
+
+// add appends es to the port's elements in set.
+func (pp *portPlan) add(set setID, es ...elem) {
+	for i := range pp.elems {
+		if pp.elems[i].set == set {
+			pp.elems[i].es = append(pp.elems[i].es, es...)
+			return
+		}
+	}
+	pp.elems = append(pp.elems, setElems{set: set, es: es})
+}
+
+// allElems returns the port's elements by set, its slots' ranges with
+// them.
+func (pp *portPlan) allElems() map[setID][]elem {
+	out := make(map[setID][]elem, len(pp.elems)+len(pp.backends))
+	for _, x := range pp.elems {
+		out[x.set] = x.es
+	}
+	for _, r := range pp.backends {
+		es := backendElems(r.slot, r.bs, bucketCounts(r.bs))
+		if prev := out[r.set]; prev != nil {
+			es = append(slices.Clip(prev), es...)
+		}
+		out[r.set] = es
+	}
+	return out
 }
 
 // ref is an element that several service ports may need: a cluster IP
@@ -205,7 +251,7 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 		return nil, err
 	}
 	k := sp.Key
-	pp := &portPlan{key: k, elems: make(map[setID][]elem, 2)}
+	pp := &portPlan{key: k}
 	origins := p.originRules(n, sp.Family)
 	var kinds []entryChain
 	if sp.ClusterIP.IsValid() {
@@ -259,9 +305,9 @@ type balancer struct {
 // rule matches the terms, then balances.
 func (b balancer) rule(match ...term) *rule {
 	if b.chain != "" {
-		return mk(append(match, goTo(b.chain))...)
+		return mkOwn(append(match, goTo(b.chain))...)
 	}
-	return mk(append(match, b.dnat...)...)
+	return mkOwn(append(match, b.dnat...)...)
 }
 
 // balancers plans the load balancing over the endpoint sets that the
@@ -308,12 +354,11 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 	set := shardSet(f, slot)
 	pp.shards = append(pp.shards, set)
 	if len(bs) > 0 {
-		counts := bucketCounts(bs)
-		if counts == nil {
+		if bucketCounts(bs) == nil {
 			// Capabilities.CheckPort refuses such a port first.
 			return balancer{}, capacityError(sp.Key, "endpoints", fmt.Sprintf("%d endpoints in one set, at most %d", len(bs), buckets))
 		}
-		pp.elems[set] = append(pp.elems[set], backendElems(slot, bs, counts)...)
+		pp.backends = append(pp.backends, slotRange{set: set, slot: slot, bs: bs})
 	}
 	return balancer{dnat: []term{l4proto(proto), dnatMap(f, slot*bucketStride, set.name())}}, nil
 }
@@ -337,10 +382,10 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 	for i, b := range bs {
 		ep := endpointID(b.AddrPort())
 		eps[i] = chainPlan{name: fmt.Sprintf("%s/%d", chain, i), rules: []*rule{
-			mk(affinityUpdate(f, set, slot, ep, to)),
-			mk(l4proto(proto), dnatTo(f, b.AddrPort())),
+			mkOwn(affinityUpdate(f, set, slot, ep, to)),
+			mkOwn(l4proto(proto), dnatTo(f, b.AddrPort())),
 		}}
-		rs = append(rs, mk(affinityHit(f, set, slot, ep), goTo(eps[i].name)))
+		rs = append(rs, mkOwn(affinityHit(f, set, slot, ep), goTo(eps[i].name)))
 	}
 	var remaining uint32
 	for _, b := range bs {
@@ -351,7 +396,7 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 		if i < len(bs)-1 {
 			terms = append([]term{randomBelow(remaining, uint32(b.Weight))}, terms...)
 		}
-		rs = append(rs, mk(terms...))
+		rs = append(rs, mkOwn(terms...))
 		remaining -= uint32(b.Weight)
 	}
 	return rs, eps
@@ -380,7 +425,7 @@ func entries(pp *portPlan, sp *servicelb.ServicePort) {
 			add(a, sp.Port.NodePort, ext)
 		}
 	}
-	pp.elems[fixedSet(kindServices, f)] = ents
+	pp.add(fixedSet(kindServices, f), ents...)
 	firewall(pp, sp)
 }
 
@@ -395,9 +440,9 @@ func firewall(pp *portPlan, sp *servicelb.ServicePort) {
 	allowed := disjoint(slices.Clone(sp.SourceRanges))
 	fw, pass := fixedSet(kindFirewall, f), fixedSet(kindFirewallPass, f)
 	for _, a := range sp.LoadBalancerIPs {
-		pp.elems[fw] = append(pp.elems[fw], elem{key: entryBytes(a, proto, port)})
+		pp.add(fw, elem{key: entryBytes(a, proto, port)})
 		for _, src := range allowed {
-			pp.elems[pass] = append(pp.elems[pass], firewallElem(a, proto, port, src))
+			pp.add(pass, firewallElem(a, proto, port, src))
 		}
 	}
 }

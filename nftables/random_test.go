@@ -147,7 +147,7 @@ func fakeOf(c *content) *fakeTable {
 	ft := &fakeTable{sets: map[string]map[string]elem{}, chains: map[string][]string{}}
 	for _, d := range c.sets {
 		es := map[string]elem{}
-		for _, e := range c.elems[d.id] {
+		for _, e := range c.setElems(d.id) {
 			es[e.id()] = e
 		}
 		ft.sets[d.set.Name] = es

@@ -21,7 +21,7 @@ func (c *content) render(table string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", table)
 	for _, d := range c.sets {
-		renderSet(d, c.elems[d.id], &b)
+		renderSet(d, c.setElems(d.id), &b)
 	}
 	for _, ch := range c.chains {
 		fmt.Fprintf(&b, "\tchain %s {\n", ch.name)

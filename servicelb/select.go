@@ -82,10 +82,23 @@ func endpointPort(e *Endpoint, p Port) (uint16, bool) {
 // serving returns the addresses of the endpoints of family f that serve
 // port p (ready, or serving), whatever their weight, sorted.
 func serving(s *Service, p Port, f Family) []netip.Addr {
-	var out []netip.Addr
+	is := func(e *Endpoint) bool {
+		_, ok := endpointPort(e, p)
+		return ok && FamilyOf(e.Addr) == f && (e.Ready || e.Serving)
+	}
+	n := 0
 	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if _, ok := endpointPort(e, p); ok && FamilyOf(e.Addr) == f && (e.Ready || e.Serving) {
+		if is(&s.Endpoints[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	// The service port keeps the slice: sized once, it holds no spare room.
+	out := make([]netip.Addr, 0, n)
+	for i := range s.Endpoints {
+		if e := &s.Endpoints[i]; is(e) {
 			out = append(out, e.Addr)
 		}
 	}
@@ -96,22 +109,33 @@ func serving(s *Service, p Port, f Family) []netip.Addr {
 // pick returns the ready candidates that keep says yes to or, when there
 // are none, the serving terminating ones.
 func pick(cs []candidate, keep func(*candidate) bool) []Backend {
-	var ready, fallback []Backend
+	ready, fallback := 0, 0
 	for i := range cs {
 		c := &cs[i]
 		if !keep(c) {
 			continue
 		}
 		if c.Ready {
-			ready = append(ready, c.Backend)
+			ready++
 		} else if c.serving {
-			fallback = append(fallback, c.Backend)
+			fallback++
 		}
 	}
-	if len(ready) > 0 {
-		return ready
+	n, want := ready, func(c *candidate) bool { return c.Ready }
+	if ready == 0 {
+		n, want = fallback, func(c *candidate) bool { return !c.Ready && c.serving }
 	}
-	return fallback
+	if n == 0 {
+		return nil
+	}
+	// The service port keeps the slice: sized once, it holds no spare room.
+	out := make([]Backend, 0, n)
+	for i := range cs {
+		if c := &cs[i]; keep(c) && want(c) {
+			out = append(out, c.Backend)
+		}
+	}
+	return out
 }
 
 // selectCluster applies topology hints to the cluster-wide choice, as
@@ -211,10 +235,13 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		sp.SourceRanges = allowedSources(node, s, sp)
 	}
 	sp.decide(node, s)
-	for _, b := range sp.Backends() {
-		sp.Hairpin = append(sp.Hairpin, b.Addr)
+	if bs := sp.Backends(); len(bs) > 0 {
+		sp.Hairpin = make([]netip.Addr, len(bs))
+		for i, b := range bs {
+			sp.Hairpin[i] = b.Addr
+		}
+		sp.Hairpin = slices.Compact(sp.Hairpin)
 	}
-	sp.Hairpin = slices.Compact(sp.Hairpin)
 	return sp
 }
 

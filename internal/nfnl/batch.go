@@ -84,6 +84,11 @@ func (b *Batch) Grow(n int) {
 	b.enc.b = slices.Grow(b.enc.b, n)
 }
 
+// GrowMessages makes room for n more messages in the batch's record of
+// them: a large batch built without it copies that record many times
+// over as it grows.
+func (b *Batch) GrowMessages(n int) { b.ops = slices.Grow(b.ops, n) }
+
 // Err returns the first mistake made while building the batch.
 func (b *Batch) Err() error { return b.enc.err }
 

@@ -171,23 +171,25 @@ func (tx *Tx) Changes() bool {
 	return false
 }
 
-// sizeHint guesses the size of the batch for tx, to allocate it at once:
+// sizeHint guesses the size of the batch for tx and its number of
+// messages, to allocate both at once:
 // rules take up to about 1 KiB (a DNAT rule with comment and affinity),
 // and room reserved but never written costs address space, not memory.
-func (tx *Tx) sizeHint() int {
-	n := 0
+func (tx *Tx) sizeHint() (bytes, msgs int) {
 	for _, tt := range tx.tables {
-		n += 64 * (len(tt.set) + len(tt.del))
+		msgs += len(tt.set) + len(tt.del)
 		for _, rules := range tt.set {
-			n += 1024 * len(rules)
+			msgs += len(rules)
+			bytes += 1024 * len(rules)
 		}
 		for _, k := range tt.keyed {
 			for _, rules := range k.set {
-				n += 1024 * len(rules)
+				msgs += len(rules)
+				bytes += 1024 * len(rules)
 			}
 		}
 	}
-	return n
+	return bytes + 64*msgs, msgs
 }
 
 // NewTx returns an empty transaction.
@@ -264,7 +266,9 @@ func (a *Applier) Commit(ctx context.Context, tx *Tx) (CommitStats, error) {
 		return CommitStats{}, ErrNotLoaded
 	}
 	b := newBuilder()
-	b.m.b.Grow(tx.sizeHint())
+	bytes, msgs := tx.sizeHint()
+	b.m.b.Grow(bytes)
+	b.m.b.GrowMessages(msgs)
 	for _, t := range sortedTables(tx.tables) {
 		st := a.tables[t]
 		if st == nil {
