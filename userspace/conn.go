@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -74,7 +75,7 @@ func (p *Proxier) acceptLoop(l *listener) {
 		}
 		setStreamOptions(nfd, l.key.proto)
 		p.wg.Add(1)
-		go p.serveStream(l, os.NewFile(uintptr(nfd), ""), addrPort(sa))
+		go p.serveStream(l, os.NewFile(uintptr(nfd), ""), sockaddr.To(sa))
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
+
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -117,23 +119,6 @@ func family(a netip.Addr) int {
 	return unix.AF_INET6
 }
 
-func sockaddr(ap netip.AddrPort) unix.Sockaddr {
-	if ap.Addr().Is4() {
-		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
-	}
-	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
-}
-
-func addrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
-}
-
 // listenBacklog is the queue of connections not accepted yet (the kernel
 // caps it at net.core.somaxconn).
 const listenBacklog = 4096
@@ -171,7 +156,7 @@ func setupListener(fd int, p servicelb.Protocol, at netip.AddrPort) error {
 			return os.NewSyscallError("setsockopt SO_REUSEADDR", err)
 		}
 	}
-	if err := unix.Bind(fd, sockaddr(at)); err != nil {
+	if err := unix.Bind(fd, sockaddr.From(at)); err != nil {
 		return bindError(at, err)
 	}
 	if p != servicelb.UDP {
@@ -198,7 +183,7 @@ func (s *sockets) connect(p servicelb.Protocol, to netip.AddrPort, timeout time.
 	if p != servicelb.UDP {
 		setStreamOptions(fd, p)
 	}
-	err = unix.Connect(fd, sockaddr(to))
+	err = unix.Connect(fd, sockaddr.From(to))
 	if err != nil && err != unix.EINPROGRESS {
 		unix.Close(fd)
 		return nil, os.NewSyscallError("connect", err)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 )
 
 // maxDatagram is the largest UDP payload the proxy carries.
@@ -124,7 +126,7 @@ func (p *Proxier) udpLoop(l *listener) {
 		if rerr != nil {
 			continue
 		}
-		client := addrPort(from)
+		client := sockaddr.To(from)
 		s := l.udp.get(client)
 		if s == nil {
 			in := func() string {

@@ -20,6 +20,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Namespace holds every service.
@@ -147,4 +148,22 @@ func Memory() (map[string]any, error) {
 		}
 	}
 	return out, s.Err()
+}
+
+// Budget runs f up to k times, or fewer once ms milliseconds are spent
+// (at least 3 runs), and returns the time of each run in milliseconds.
+func Budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) {
+	var out []float64
+	start := time.Now()
+	for i := range k {
+		if i >= 3 && time.Since(start) > time.Duration(ms)*time.Millisecond {
+			break
+		}
+		d, err := f(i)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, float64(d.Nanoseconds())/1e6)
+	}
+	return out, nil
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 )
 
 // The kinds of failed asks, for errors.Is.
@@ -321,7 +323,7 @@ func peerOf(c syscall.Conn) netip.AddrPort {
 	var peer netip.AddrPort
 	rc.Control(func(fd uintptr) {
 		if sa, err := unix.Getpeername(int(fd)); err == nil {
-			peer = addrPort(sa)
+			peer = sockaddr.To(sa)
 		}
 	})
 	return peer

@@ -11,29 +11,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 )
 
 // SCTP has no support in package net: the echo server uses one-to-one
 // (SOCK_STREAM) SCTP sockets made with x/sys/unix (see stream.go).
-
-// sockaddr converts an address and port to a unix.Sockaddr.
-func sockaddr(ap netip.AddrPort) unix.Sockaddr {
-	if ap.Addr().Is4() {
-		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
-	}
-	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
-}
-
-// addrPort converts a unix.Sockaddr back.
-func addrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
-}
 
 // listenSCTP opens a listening SCTP socket on every address of one family.
 func listenSCTP(v6 bool, port uint16) (*os.File, error) {
@@ -49,7 +32,7 @@ func listenSCTP(v6 bool, port uint16) (*os.File, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("sctp SO_REUSEADDR: %w", err)
 	}
-	if err := unix.Bind(fd, sockaddr(wild)); err != nil {
+	if err := unix.Bind(fd, sockaddr.From(wild)); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("sctp bind %s: %w", wild, err)
 	}
@@ -115,5 +98,5 @@ func (h *Host) answerSCTP(c *os.File) {
 	if err != nil {
 		return
 	}
-	c.Write(h.reply(addrPort(peer)))
+	c.Write(h.reply(sockaddr.To(peer)))
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 )
 
 // Stream asks (TCP and SCTP) use non-blocking sockets made with x/sys/unix
@@ -74,12 +76,12 @@ func dialStream(proto string, dst, from netip.AddrPort) (*os.File, error) {
 		if from.Port() != 0 {
 			unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
 		}
-		if err := unix.Bind(fd, sockaddr(from)); err != nil {
+		if err := unix.Bind(fd, sockaddr.From(from)); err != nil {
 			unix.Close(fd)
 			return nil, fmt.Errorf("%s bind %s: %w", proto, from, err)
 		}
 	}
-	if err := unix.Connect(fd, sockaddr(dst)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+	if err := unix.Connect(fd, sockaddr.From(dst)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		unix.Close(fd)
 		return nil, atSocket(fmt.Errorf("%s connect %s: %w", proto, dst, err))
 	}
@@ -172,7 +174,7 @@ func localPort(f *os.File) uint16 {
 	var port uint16
 	rc.Control(func(fd uintptr) {
 		if sa, err := unix.Getsockname(int(fd)); err == nil {
-			port = addrPort(sa).Port()
+			port = sockaddr.To(sa).Port()
 		}
 	})
 	return port

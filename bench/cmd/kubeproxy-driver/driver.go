@@ -147,7 +147,7 @@ func (d *driver) coldSync() (float64, error) {
 func (d *driver) resync() (time.Duration, error) { return timed(d.p.OnServiceSynced) }
 
 func (d *driver) changeSamples(k, ms int) ([]float64, error) {
-	return budget(k, ms, func(int) (time.Duration, error) {
+	return benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		i, j := benchwork.ChangeTarget(d.changes, d.n, d.m)
 		s := d.svcs[i]
 		s.Endpoints = slices.Clone(s.Endpoints)
@@ -163,7 +163,7 @@ func (d *driver) changeSamples(k, ms int) ([]float64, error) {
 
 func (d *driver) serviceSamples(k, ms int) (add, del []float64, err error) {
 	var added []benchwork.Service
-	add, err = budget(k, ms, func(int) (time.Duration, error) {
+	add, err = benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		s := benchwork.Added(d.added, d.m)
 		d.added++
 		added = append(added, s)
@@ -174,7 +174,7 @@ func (d *driver) serviceSamples(k, ms int) (add, del []float64, err error) {
 	if err != nil {
 		return add, nil, err
 	}
-	del, err = budget(len(added), 1<<30, func(i int) (time.Duration, error) {
+	del, err = benchwork.Budget(len(added), 1<<30, func(i int) (time.Duration, error) {
 		d.p.OnServiceDelete(serviceObject(added[i]))
 		d.p.OnEndpointSliceDelete(endpointSlice(added[i]))
 		return d.resync()

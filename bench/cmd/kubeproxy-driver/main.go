@@ -22,7 +22,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -98,22 +97,4 @@ func (d *driver) do(f []string) (map[string]any, error) {
 		return benchwork.Memory()
 	}
 	return nil, fmt.Errorf("unknown command %q", f[0])
-}
-
-// budget runs f up to k times, or fewer once ms milliseconds are spent
-// (at least 3), and returns the time of each run.
-func budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) {
-	var out []float64
-	start := time.Now()
-	for i := range k {
-		if i >= 3 && time.Since(start) > time.Duration(ms)*time.Millisecond {
-			break
-		}
-		d, err := f(i)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, float64(d.Nanoseconds())/1e6)
-	}
-	return out, nil
 }

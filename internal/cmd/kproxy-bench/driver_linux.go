@@ -116,24 +116,6 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 
 func msSince(t time.Time) float64 { return float64(time.Since(t).Nanoseconds()) / 1e6 }
 
-// budget runs f up to k times, or fewer once ms milliseconds are spent
-// (at least 3), and returns the time of each run.
-func budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) {
-	var out []float64
-	start := time.Now()
-	for i := range k {
-		if i >= 3 && time.Since(start) > time.Duration(ms)*time.Millisecond {
-			break
-		}
-		d, err := f(i)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, float64(d.Nanoseconds())/1e6)
-	}
-	return out, nil
-}
-
 func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) error) (time.Duration, error) {
 	if err := edit(d.b); err != nil {
 		return 0, err
@@ -150,7 +132,7 @@ func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) erro
 
 // changeSamples replaces one endpoint of one service per sync.
 func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error) {
-	return budget(k, ms, func(int) (time.Duration, error) {
+	return benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		i, j := benchwork.ChangeTarget(d.changes, d.n, d.m)
 		s := d.svcs[i]
 		s.Endpoints = slices.Clone(s.Endpoints)
@@ -164,7 +146,7 @@ func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error
 // serviceSamples adds k services one sync each, then deletes them.
 func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []float64, err error) {
 	var names []string
-	add, err = budget(k, ms, func(int) (time.Duration, error) {
+	add, err = benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		x := d.added
 		d.added++
 		s := service(benchwork.Added(x, d.m))
@@ -174,7 +156,7 @@ func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []floa
 	if err != nil {
 		return add, nil, err
 	}
-	del, err = budget(len(names), 1<<30, func(i int) (time.Duration, error) {
+	del, err = benchwork.Budget(len(names), 1<<30, func(i int) (time.Duration, error) {
 		return d.apply(ctx, func(b *servicelb.Builder) error {
 			if !b.Delete(names[i]) {
 				return fmt.Errorf("no service %s", names[i])
@@ -207,7 +189,7 @@ func elementFloor(ctx context.Context, k int) (float64, error) {
 		_, _ = conn.Commit(ctx, &b)
 	}()
 	el := []nfnl.Element{{Key: []byte{10, 1, 2, 3}}}
-	s, err := budget(k, 1<<30, func(int) (time.Duration, error) {
+	s, err := benchwork.Budget(k, 1<<30, func(int) (time.Duration, error) {
 		var b nfnl.Batch
 		b.AddElements(nfnl.IPv4, "kproxy-bench-floor", "s", el)
 		b.DelElements(nfnl.IPv4, "kproxy-bench-floor", "s", el)
