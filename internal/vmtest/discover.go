@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -30,6 +31,11 @@ type Package struct {
 	Dir        string
 	Rel        string   // directory relative to the module root, slash-separated
 	Files      []string // the test files that need the vm tag (helpers included)
+	// HostTests are the tests, fuzz tests and examples declared in test
+	// files that build without the vm tag too: ordinary tests, which the
+	// host's runs cover, compiled into the binary along with the vm tests.
+	// The guest skips them unless the run selects tests itself.
+	HostTests []string
 }
 
 // BinaryName is the test binary's file name: the package's directory
@@ -63,14 +69,25 @@ func platformTag(tag string) bool {
 	return strings.HasPrefix(tag, "go1.")
 }
 
-// declaresTests reports whether a Go test file declares a top-level test,
-// fuzz test or example function; a vm-tagged file of helpers only does
-// not make its package a vm test package.
-func declaresTests(src []byte) (bool, error) {
+// builtWithoutVM reports whether a file with this build constraint is
+// compiled into a test binary both with and without the vm tag: an
+// ordinary test file (no constraint, or platform tags only).
+func builtWithoutVM(expr constraint.Expr) bool {
+	if expr == nil {
+		return true
+	}
+	return expr.Eval(platformTag) && expr.Eval(func(tag string) bool { return platformTag(tag) || tag == Tag })
+}
+
+// declaredTests returns the top-level test, fuzz test and example
+// functions a Go test file declares; a vm-tagged file of helpers only
+// does not make its package a vm test package.
+func declaredTests(src []byte) ([]string, error) {
 	f, err := parser.ParseFile(token.NewFileSet(), "", src, parser.SkipObjectResolution)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
+	var names []string
 	for _, d := range f.Decls {
 		fn, ok := d.(*ast.FuncDecl)
 		if !ok || fn.Recv != nil {
@@ -78,11 +95,12 @@ func declaresTests(src []byte) (bool, error) {
 		}
 		for _, prefix := range []string{"Test", "Fuzz", "Example"} {
 			if rest, ok := strings.CutPrefix(fn.Name.Name, prefix); ok && (rest == "" || !unicode.IsLower(rune(rest[0]))) {
-				return true, nil
+				names = append(names, fn.Name.Name)
+				break
 			}
 		}
 	}
-	return false, nil
+	return names, nil
 }
 
 // FileConstraint returns the //go:build constraint of a Go source file, or
@@ -145,30 +163,37 @@ func FindPackages(ctx context.Context, dir string, patterns []string) ([]Package
 }
 
 func vmPackage(lp listedPackage) (*Package, error) {
-	var files []string
+	var files, hostTests []string
 	tests := false
 	for _, name := range append(append([]string{}, lp.TestGoFiles...), lp.XTestGoFiles...) {
-		src, err := os.ReadFile(filepath.Join(lp.Dir, name))
+		path := filepath.Join(lp.Dir, name)
+		src, err := os.ReadFile(path)
 		if err != nil {
 			return nil, err
 		}
 		expr, err := FileConstraint(bytes.NewReader(src))
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(lp.Dir, name), err)
+			return nil, fmt.Errorf("%s: %w", path, err)
 		}
-		if !NeedsVM(expr) {
+		vm, host := NeedsVM(expr), builtWithoutVM(expr)
+		if !vm && !host {
+			continue
+		}
+		declared, err := declaredTests(src)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if host {
+			hostTests = append(hostTests, declared...)
 			continue
 		}
 		files = append(files, name)
-		has, err := declaresTests(src)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(lp.Dir, name), err)
-		}
-		tests = tests || has
+		tests = tests || len(declared) > 0
 	}
 	if !tests {
 		return nil, nil
 	}
+	slices.Sort(hostTests)
 	rel := "."
 	if lp.Module != nil {
 		r, err := filepath.Rel(lp.Module.Dir, lp.Dir)
@@ -177,5 +202,5 @@ func vmPackage(lp listedPackage) (*Package, error) {
 		}
 		rel = filepath.ToSlash(r)
 	}
-	return &Package{ImportPath: lp.ImportPath, Dir: lp.Dir, Rel: rel, Files: files}, nil
+	return &Package{ImportPath: lp.ImportPath, Dir: lp.Dir, Rel: rel, Files: files, HostTests: hostTests}, nil
 }

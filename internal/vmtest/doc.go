@@ -11,7 +11,10 @@
 //
 //  1. FindPackages lists the packages (go list) and keeps those with test
 //     files whose //go:build constraint needs the vm tag (NeedsVM) and
-//     that declare a test, fuzz test or example.
+//     that declare a test, fuzz test or example. The tests declared in
+//     its other test files (ordinary tests, built without the vm tag too)
+//     are its HostTests: the guest skips them unless the run selects
+//     tests itself, since the host runs them and they need no kernel.
 //  2. KernelCache.Ensure resolves the versioned package that
 //     linux-image-cloud-amd64 depends on (apt-cache), downloads it
 //     (apt-get download), unpacks it (dpkg -x) and indexes its modules

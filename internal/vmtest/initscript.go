@@ -4,6 +4,7 @@ package vmtest
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -25,8 +26,9 @@ const ResultsDevice = "/dev/ttyS1"
 
 // GuestBinary is a test binary in the guest.
 type GuestBinary struct {
-	Name string // file name under /vmtest/bin
-	Dir  string // working directory (the package's directory, with testdata)
+	Name string   // file name under /vmtest/bin
+	Dir  string   // working directory (the package's directory, with testdata)
+	Args []string // given to this binary after InitConfig.Args
 }
 
 // InitConfig is what the guest's /init does.
@@ -66,11 +68,11 @@ mark boot "$(uname -r)"
 	for _, e := range c.Env {
 		fmt.Fprintf(&b, "export %s\n", shellQuoteAssign(e))
 	}
-	args := make([]string, len(c.Args))
-	for i, a := range c.Args {
-		args[i] = ShellQuote(a)
-	}
 	for _, bin := range c.Binaries {
+		var args []string
+		for _, a := range append(slices.Clip(c.Args), bin.Args...) {
+			args = append(args, ShellQuote(a))
+		}
 		fmt.Fprintf(&b, "mark begin %s\n", bin.Name)
 		fmt.Fprintf(&b, "cd %s\n", ShellQuote(bin.Dir))
 		fmt.Fprintf(&b, "{ /vmtest/bin/%s %s 2>&1; echo $? >/tmp/.rc; } | tee %s\n", bin.Name, strings.Join(args, " "), ResultsDevice)

@@ -13,7 +13,7 @@ import (
 func TestInitScript(t *testing.T) {
 	c := InitConfig{
 		Modules:  []string{"ip_vs", "dummy"},
-		Binaries: []GuestBinary{{Name: "ipvs.test", Dir: "/vmtest/src/ipvs"}, {Name: "x.test", Dir: "/vmtest/src/a b"}},
+		Binaries: []GuestBinary{{Name: "ipvs.test", Dir: "/vmtest/src/ipvs", Args: []string{"-test.skip=^(TestU)$"}}, {Name: "x.test", Dir: "/vmtest/src/a b"}},
 		Args:     []string{"-test.v", "-test.run", "Test A|it's"},
 		Env:      []string{"CI=true", "ODD=a b'c"},
 	}
@@ -23,7 +23,8 @@ func TestInitScript(t *testing.T) {
 		"for m in ip_vs dummy; do",
 		"export CI=true\n", `export ODD='a b'\''c'` + "\n",
 		"mark begin ipvs.test\ncd /vmtest/src/ipvs\n",
-		`/vmtest/bin/ipvs.test -test.v -test.run 'Test A|it'\''s' 2>&1`,
+		`/vmtest/bin/ipvs.test -test.v -test.run 'Test A|it'\''s' '-test.skip=^(TestU)$' 2>&1`,
+		`/vmtest/bin/x.test -test.v -test.run 'Test A|it'\''s' 2>&1`,
 		"cd '/vmtest/src/a b'",
 		"mark exit x.test",
 		"mark done\n", "poweroff -f\n",

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -238,6 +239,7 @@ func (c *Config) buildInitrd(ctx context.Context, k *Kernel, runDir string, pkgs
 func (c *Config) testsListing(runDir string, pkgs []Package) (*Listing, []string, error) {
 	l := NewListing("/")
 	init := InitConfig{Modules: DefaultModules, Args: TestArgs(c.TestArgs, c.Timeout), Env: c.Env, Shell: c.Shell}
+	selected := filtered(c.TestArgs)
 	var names []string
 	for _, p := range pkgs {
 		name := p.BinaryName()
@@ -248,7 +250,11 @@ func (c *Config) testsListing(runDir string, pkgs []Package) (*Listing, []string
 		if err := addTree(l, guestDir+"/testdata", filepath.Join(p.Dir, "testdata")); err != nil {
 			return nil, nil, err
 		}
-		init.Binaries = append(init.Binaries, GuestBinary{Name: name, Dir: guestDir})
+		bin := GuestBinary{Name: name, Dir: guestDir}
+		if !selected {
+			bin.Args = SkipHostTests(p.HostTests)
+		}
+		init.Binaries = append(init.Binaries, bin)
 	}
 	l.AddData("init", init.Script(), 0o755)
 	return l, names, nil
@@ -377,6 +383,21 @@ func filtered(args []string) bool {
 		}
 	}
 	return false
+}
+
+// SkipHostTests returns the test binary flag that skips the named
+// top-level tests (a package's HostTests: its ordinary tests, which the
+// host runs), or nothing when there are none. The guest's time goes to
+// what needs its kernel.
+func SkipHostTests(names []string) []string {
+	if len(names) == 0 {
+		return nil
+	}
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = regexp.QuoteMeta(n)
+	}
+	return []string{"-test.skip=^(" + strings.Join(quoted, "|") + ")$"}
 }
 
 // shortTestFlags are go test flags that test binaries know as -test.<name>.
