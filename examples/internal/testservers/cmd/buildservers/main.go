@@ -8,9 +8,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"time"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
@@ -25,14 +27,30 @@ func main() {
 	}
 }
 
+// run builds the servers side by side: each build has serial stretches
+// (module downloads, the link) that the other's compiling fills.
 func run(ctx context.Context) error {
-	for _, s := range []testservers.Server{testservers.KubeAPIServer, testservers.Consul} {
-		start := time.Now()
-		bin, err := s.Binary(ctx)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("%s %s: %s (%s)\n", s.Name, s.Version, bin, time.Since(start).Round(time.Millisecond))
+	servers := []testservers.Server{testservers.KubeAPIServer, testservers.Consul}
+	lines := make([]string, len(servers))
+	errs := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Go(func() {
+			start := time.Now()
+			bin, err := s.Binary(ctx)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			lines[i] = fmt.Sprintf("%s %s: %s (%s)", s.Name, s.Version, bin, time.Since(start).Round(time.Millisecond))
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, l := range lines {
+		fmt.Println(l)
 	}
 	etcd, err := testservers.EtcdBinary()
 	if err != nil {
