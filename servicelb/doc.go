@@ -49,13 +49,14 @@
 // *[ValidationError] naming the service and the field, wrapping one of the
 // Err* kinds, so that callers use errors.Is for the kind and errors.As for
 // the place. A node is invalid when it has an invalid address or prefix, a
-// node port range or masquerade bit out of range, an unknown local-traffic
-// detection mode, a mode without its parameter (cluster CIDRs for an
-// explicit ClusterCIDR, node CIDRs for NodeCIDR, the interface name or
-// prefix for the others) or with another mode's, or an interface name
-// that is not one (longer than [MaxInterfaceNameLen], a prefix longer than
-// [MaxInterfacePrefixLen], or characters other than letters, digits and
-// . _ -). A service is invalid when it has: an empty name, one with
+// node port range or masquerade bit out of range, NodePortPrimary beside
+// NodePortAddresses (kube-proxy's "primary" stands alone), an unknown
+// local-traffic detection mode, a mode without its parameter (cluster
+// CIDRs for an explicit ClusterCIDR, node CIDRs for NodeCIDR, the
+// interface name or prefix for the others) or with another mode's, or an
+// interface name that is not one (longer than [MaxInterfaceNameLen], a
+// prefix longer than [MaxInterfacePrefixLen], or characters other than
+// letters, digits and . _ -). A service is invalid when it has: an empty name, one with
 // characters other than letters, digits and . _ - /, or one longer than
 // [MaxNameLen] (so that every kernel object named after it fits the
 // kernel's limits); an invalid, unspecified, loopback, multicast, zoned or
