@@ -222,7 +222,11 @@
 // was caused ([Source.UpsertTriggered]), and hand every applied State to
 // what must follow the kernel, such as the health check node ports
 // ([State.HealthCheck] decides what they answer; package healthcheck
-// serves them).
+// serves them). Both also tell each address family the proxier programs
+// apart ([SyncResult.Families], [Health.Families]), as kube-proxy runs
+// and reports a proxier per family: a change counts in the families whose
+// endpoints it changed and, for any other change, in those the service is
+// served in.
 //
 // Package fake provides a recording Proxier and a manual Clock for tests.
 package servicelb

@@ -75,6 +75,37 @@ func (f Family) String() string {
 	return fmt.Sprintf("family(%d)", uint8(f))
 }
 
+// Name returns "IPv4" or "IPv6": the family as Kubernetes spells it (its
+// IPFamily values), which kube-proxy's metrics carry in their ip_family
+// label and its /healthz in the keys of its status.
+func (f Family) Name() string {
+	switch f {
+	case IPv4:
+		return "IPv4"
+	case IPv6:
+		return "IPv6"
+	}
+	return f.String()
+}
+
+// Families returns both address families, IPv4 first.
+func Families() []Family { return []Family{IPv4, IPv6} }
+
+// familySet is a set of address families.
+type familySet uint8
+
+// allFamilies holds both families.
+const allFamilies = familySet(1 | 2)
+
+func familyBit(f Family) familySet {
+	if f == IPv6 {
+		return 2
+	}
+	return 1
+}
+
+func (s familySet) has(f Family) bool { return s&familyBit(f) != 0 }
+
 // Bits returns the address length in bits (32 or 128).
 func (f Family) Bits() int {
 	if f == IPv6 {
