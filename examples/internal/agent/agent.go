@@ -195,6 +195,7 @@ func (a *Agent) openHealth(node servicelb.NodeConfig) error {
 	var err error
 	a.proxyHealth, err = healthcheck.NewProxy(healthcheck.ProxyOptions{
 		Health: a.health, Addr: a.cfg.HealthzBindAddress, NetNS: a.ns, Timeout: a.cfg.HealthTimeout(), Logger: a.log,
+		Answered: a.metrics.ProxyAnswered,
 	})
 	if err != nil {
 		return err
