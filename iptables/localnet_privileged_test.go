@@ -21,7 +21,9 @@ import (
 // node ports on localhost, and becomes 1 with LocalhostNodePorts (as
 // kube-proxy's iptables mode sets it); turning them off leaves it 1, for
 // others may need it. An IPv6-only proxier, which serves no IPv4 node
-// port on localhost, leaves it alone.
+// port on localhost, leaves it alone, and so does one whose node-port
+// addresses leave the loopback network out (kube-proxy turns its
+// localhostNodePorts off then).
 func TestRouteLocalnet(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
 	const name = "net.ipv4.conf.all.route_localnet"
@@ -31,12 +33,15 @@ func TestRouteLocalnet(t *testing.T) {
 		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}},
 	}
 	for _, tc := range []struct {
-		name     string
-		families []servicelb.Family
-		want     string // with localhost node ports
+		name      string
+		families  []servicelb.Family
+		addresses []netip.Prefix
+		want      string // with localhost node ports
 	}{
-		{"both families", nil, "1"},
-		{"IPv6 alone", []servicelb.Family{servicelb.IPv6}, "0"},
+		{"both families", nil, nil, "1"},
+		{"IPv6 alone", []servicelb.Family{servicelb.IPv6}, nil, "0"},
+		{"node-port addresses without loopback", nil, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "0"},
+		{"node-port addresses with loopback", nil, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("127.0.0.0/8")}, "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := netnstest.NewHost(t, "localnet")
@@ -50,7 +55,8 @@ func TestRouteLocalnet(t *testing.T) {
 				return v
 			}
 			px := newProxier(t, h, Options{Families: tc.families})
-			node := servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}}
+			node := servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")},
+				NodePortAddresses: tc.addresses}
 			sync := func(localhost bool) {
 				t.Helper()
 				node.LocalhostNodePorts = localhost

@@ -346,10 +346,13 @@ type NodeConfig struct {
 	NodePortPrimary bool `json:"nodePortPrimary,omitempty"`
 	// LocalhostNodePorts serves IPv4 node ports on 127.0.0.1 too, to the
 	// node's own clients, as kube-proxy's iptables mode does with
-	// localhostNodePorts. It needs FeatureLocalhostNodePorts (the iptables
-	// backend, which then sets net.ipv4.conf.all.route_localnet=1 in its
-	// namespace, so that such flows may leave the node once translated,
-	// and drops traffic to 127.0.0.0/8 that arrives from elsewhere).
+	// localhostNodePorts, unless NodePortAddresses or NodePortPrimary
+	// leave the loopback network out (see ServesLocalhost). It needs
+	// FeatureLocalhostNodePorts (the iptables backend, which then sets
+	// net.ipv4.conf.all.route_localnet=1 in its namespace, so that such
+	// flows may leave the node once translated, and drops traffic to
+	// 127.0.0.0/8 that arrives from elsewhere; the userspace backend,
+	// which listens there; the ebpf one over the iptables backend).
 	LocalhostNodePorts bool `json:"localhostNodePorts,omitempty"`
 	// NodePortRange bounds Port.NodePort; the zero range means
 	// DefaultNodePortRange.
@@ -545,11 +548,30 @@ func (n *NodeConfig) NodePortIPs(f Family) []netip.Addr {
 			out = append(out, a)
 		}
 	}
-	if n.LocalhostNodePorts && f == IPv4 {
+	if f == IPv4 && n.ServesLocalhost() {
 		out = append(out, Localhost)
 	}
 	return out
 }
+
+// ServesLocalhost reports whether node ports are served on Localhost:
+// with LocalhostNodePorts, unless the node ports of IPv4 are restricted
+// to addresses that leave out the loopback network, as kube-proxy turns
+// its localhostNodePorts off when nodePortAddresses does not hold
+// 127.0.0.0 ("primary" selecting the node IPs, CIDRs none of which is
+// loopback or holds 127.0.0.0).
+func (n *NodeConfig) ServesLocalhost() bool {
+	if !n.LocalhostNodePorts || (n.NodePortPrimary && len(n.IPs(IPv4)) > 0) {
+		return false
+	}
+	ps := prefixesOf(n.NodePortAddresses, IPv4)
+	return len(ps) == 0 || slices.ContainsFunc(ps, func(p netip.Prefix) bool {
+		return p.Addr().IsLoopback() || p.Contains(loopbackNet)
+	})
+}
+
+// loopbackNet is the address of IPv4's loopback network, 127.0.0.0.
+var loopbackNet = netip.AddrFrom4([4]byte{127, 0, 0, 0})
 
 // servesNodePorts returns which addresses of family f serve node ports,
 // told whether each is a node IP, by kube-proxy's rules for

@@ -2,6 +2,7 @@ package servicelb
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,9 +19,10 @@ func addrList(s ...string) []netip.Addr {
 
 // TestNodePortIPs: which addresses serve node ports, by kube-proxy's
 // nodePortAddresses: every local address by default, the addresses inside
-// CIDRs, the node's primary IPs with "primary", 127.0.0.1 with localhost
-// node ports; each family apart, so that a family without a CIDR (or,
-// with "primary", without a node IP) serves every address of it.
+// CIDRs, the node's primary IPs with "primary"; each family apart, so
+// that a family without a CIDR (or, with "primary", without a node IP)
+// serves every address of it; and 127.0.0.1 with localhost node ports,
+// unless the IPv4 selection leaves the loopback network out.
 func TestNodePortIPs(t *testing.T) {
 	base := NodeConfig{
 		NodeIPs:  addrList("192.0.2.1", "2001:db8::1"),
@@ -51,8 +53,19 @@ func TestNodePortIPs(t *testing.T) {
 		{"primary without an IPv6 node IP leaves IPv6 to every address", func(n *NodeConfig) {
 			n.NodePortPrimary, n.NodeIPs = true, addrList("192.0.2.1")
 		}, []string{"192.0.2.1"}, []string{"2001:db8:1::5"}},
-		{"localhost", func(n *NodeConfig) { n.NodePortPrimary, n.LocalhostNodePorts = true, true },
-			[]string{"192.0.2.1", "127.0.0.1"}, []string{"2001:db8::1"}},
+		{"localhost", func(n *NodeConfig) { n.LocalhostNodePorts = true },
+			append(slices.Clone(every4), "127.0.0.1"), every6},
+		{"localhost, and CIDRs that hold 127.0.0.0", func(n *NodeConfig) {
+			n.LocalhostNodePorts, n.NodePortAddresses = true, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.0/8")}
+		}, []string{"10.0.0.5", "127.0.0.1"}, every6},
+		{"localhost, and CIDRs that leave loopback out", func(n *NodeConfig) {
+			n.LocalhostNodePorts, n.NodePortAddresses = true, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		}, []string{"10.0.0.5"}, every6},
+		{"localhost, and IPv6 CIDRs alone", func(n *NodeConfig) {
+			n.LocalhostNodePorts, n.NodePortAddresses = true, []netip.Prefix{netip.MustParsePrefix("2001:db8:1::/48")}
+		}, append(slices.Clone(every4), "127.0.0.1"), []string{"2001:db8:1::5"}},
+		{"localhost, and primary", func(n *NodeConfig) { n.NodePortPrimary, n.LocalhostNodePorts = true, true },
+			[]string{"192.0.2.1"}, []string{"2001:db8::1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := base
@@ -60,6 +73,7 @@ func TestNodePortIPs(t *testing.T) {
 			require.NoError(t, ValidateNode(&n))
 			assert.Equal(t, addrList(tc.want4...), n.NodePortIPs(IPv4))
 			assert.Equal(t, addrList(tc.want6...), n.NodePortIPs(IPv6))
+			assert.Equal(t, slices.Contains(tc.want4, "127.0.0.1"), n.ServesLocalhost())
 		})
 	}
 }
