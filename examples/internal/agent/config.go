@@ -109,7 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Zone, "zone", "", "this node's topology zone, for topology hints")
 	fs.StringVar(&c.NodeIPs, "node-ips", "", "comma-separated primary addresses of the node (a Kubernetes Node's addresses)")
 	fs.StringVar(&c.NodePortAddresses, "nodeport-addresses", "", `comma-separated CIDRs selecting the local addresses that serve node ports (a family without one: every address of it), or "primary" alone for the --node-ips (default: every local address, followed as interfaces change)`)
-	fs.BoolVar(&c.LocalhostNodePorts, "localhost-nodeports", false, "serve node ports on 127.0.0.1 too, as kube-proxy's iptables mode (iptables backend only; sets route_localnet)")
+	fs.BoolVar(&c.LocalhostNodePorts, "localhost-nodeports", false, "serve node ports on 127.0.0.1 too, as kube-proxy's iptables mode, while --nodeport-addresses holds the loopback network (iptables and userspace backends; iptables sets route_localnet)")
 	fs.IntVar(&c.Conntrack.MaxPerCore, "conntrack-max-per-core", 0, "set nf_conntrack_max to this many per CPU (kube-proxy: 32768); 0 leaves it alone")
 	fs.IntVar(&c.Conntrack.Min, "conntrack-min", 0, "with --conntrack-max-per-core, the least nf_conntrack_max (kube-proxy: 131072)")
 	fs.DurationVar(&c.Conntrack.TCPEstablishedTimeout, "conntrack-tcp-timeout-established", 0, "set the conntrack timeout of established TCP flows (kube-proxy: 24h); 0 leaves it alone")
