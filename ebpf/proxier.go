@@ -207,8 +207,8 @@ func (p *Proxier) closeKernel() {
 // Capabilities says what the Proxier can express. Alone: TCP and UDP,
 // the random scheduler (weighted), affinity with expiry, weights, the
 // client's own address, at most MaxEndpoints endpoints per set. With
-// Options.Packets: what both can, the packet path serving the rest (see
-// the package documentation).
+// Options.Packets: what both can, in the packet path's families, the
+// packet path serving the rest (see the package documentation).
 func (p *Proxier) Capabilities() servicelb.Capabilities { return p.caps }
 
 // socketFeatures are the features the hooks give themselves. They tell a
@@ -245,6 +245,7 @@ func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 		c.MaxEndpoints = min(c.MaxEndpoints, pc.MaxEndpoints)
 	}
 	c.Features = pc.Features & (socketFeatures | passedFeatures)
+	c.Families = pc.Families
 	return c
 }
 

@@ -111,6 +111,50 @@ func TestProxyAnswers(t *testing.T) {
 	}
 }
 
+// TestProxyFamilyStatus: both answers hold kube-proxy's status of each
+// address family: a family whose change waited the bound is unhealthy,
+// and so is the proxy; each answer is counted by its code.
+func TestProxyFamilyStatus(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	applied := now.Add(-time.Hour)
+	h := servicelb.Health{Ready: true, AppliedAt: applied, QueuedAt: now.Add(-2 * time.Minute), Families: []servicelb.FamilyHealth{
+		{Family: servicelb.IPv4, LastQueuedAt: now.Add(-3 * time.Hour)},
+		{Family: servicelb.IPv6, QueuedAt: now.Add(-2 * time.Minute), LastQueuedAt: now.Add(-time.Second)},
+	}}
+	type answer struct {
+		path string
+		code int
+	}
+	var answers []answer
+	p, err := NewProxy(ProxyOptions{
+		Health:   func() servicelb.Health { return h },
+		Now:      func() time.Time { return now },
+		Answered: func(path string, code int) { answers = append(answers, answer{path, code}) },
+	})
+	require.NoError(t, err)
+	get := func(path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec
+	}
+	status := `"status":{"IPv4":{"lastUpdated":"2026-01-01T11:00:00Z","healthy":true},"IPv6":{"lastUpdated":"2026-01-01T11:00:00Z","healthy":false}}`
+	rec := get("/healthz")
+	assert.Equal(t, 503, rec.Code)
+	assert.Equal(t, `{"lastUpdated":"2026-01-01T11:00:00Z","currentTime":"2026-01-01T12:00:00Z","nodeEligible":true,"healthy":false,`+status+`}`, rec.Body.String())
+	rec = get("/livez")
+	assert.Equal(t, 503, rec.Code)
+	assert.Equal(t, `{"lastUpdated":"2026-01-01T11:00:00Z","currentTime":"2026-01-01T12:00:00Z","healthy":false,`+status+`}`, rec.Body.String())
+
+	h.QueuedAt, h.Families[1].QueuedAt = time.Time{}, time.Time{}
+	rec = get("/livez")
+	assert.Equal(t, 200, rec.Code)
+	assert.Equal(t, `{"lastUpdated":"2026-01-01T12:00:00Z","currentTime":"2026-01-01T12:00:00Z","healthy":true,`+
+		`"status":{"IPv4":{"lastUpdated":"2026-01-01T11:00:00Z","healthy":true},"IPv6":{"lastUpdated":"2026-01-01T11:00:00Z","healthy":true}}}`, rec.Body.String())
+	get("/healthz")
+	get("/")
+	assert.Equal(t, []answer{{"/healthz", 503}, {"/livez", 503}, {"/livez", 200}, {"/healthz", 200}}, answers, "every answer of the two, and nothing else")
+}
+
 func TestProxyOptions(t *testing.T) {
 	_, err := NewProxy(ProxyOptions{})
 	assert.ErrorContains(t, err, "Health is required")

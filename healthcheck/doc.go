@@ -64,13 +64,22 @@
 // answers 200 then, so that a slow start is not taken for a hang. Both
 // answer JSON, with kube-proxy's headers and fields:
 //
-//	{"lastUpdated":"2026-01-01T00:00:00Z","currentTime":"2026-01-01T00:00:00Z","nodeEligible":true,"healthy":true}
+//	{"lastUpdated":"2026-01-01T00:00:00Z","currentTime":"2026-01-01T00:00:00Z","nodeEligible":true,"healthy":true,
+//	 "status":{"IPv4":{"lastUpdated":"2026-01-01T00:00:00Z","healthy":true},"IPv6":{"lastUpdated":"2026-01-01T00:00:00Z","healthy":true}}}
 //
 // where lastUpdated is the current time while the answer is 200 (as
 // kube-proxy's, for compatibility) and the end of the last successful
 // sync otherwise, healthy is the proxy's health without the node's
-// eligibility, and nodeEligible is left out of /livez. A health check node
-// port's serviceProxyHealthy is the proxy's liveness (Proxy.Live).
+// eligibility, and nodeEligible is left out of /livez. status holds, as
+// kube-proxy's holds one per proxier, each address family the Health
+// reports (servicelb.Health.Families: those the proxier programs), named
+// as Kubernetes names them: healthy while no change that touched the
+// family has waited Timeout or longer, and lastUpdated the end of the last
+// successful sync, which programs every family. ProxyOptions.Answered
+// counts the answers by status code, for kube-proxy's
+// kubeproxy_proxy_healthz_total and kubeproxy_proxy_livez_total. A health
+// check node port's serviceProxyHealthy is the proxy's liveness
+// (Proxy.Live).
 //
 // # Namespaces, privileges, what it owns
 //

@@ -45,6 +45,10 @@ type ProxyOptions struct {
 	NodeEligible func() bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Answered, when set, is told about every answer to /healthz and
+	// /livez with its status code, for metrics (kube-proxy's
+	// proxy_healthz_total and proxy_livez_total). It must not block.
+	Answered func(path string, code int)
 	// Logger receives the server's start at Info; nil discards.
 	Logger *slog.Logger
 }
@@ -98,6 +102,26 @@ type proxyStatus struct {
 	CurrentTime  time.Time `json:"currentTime"`
 	NodeEligible *bool     `json:"nodeEligible,omitempty"`
 	Healthy      bool      `json:"healthy"`
+	// Status is the health of each address family, by its name.
+	Status map[string]familyStatus `json:"status,omitempty"`
+}
+
+// familyStatus is the health of one address family.
+type familyStatus struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+// familyStatus returns the health of each family of h, or nil.
+func (p *Proxy) familyStatus(h servicelb.Health, now time.Time) map[string]familyStatus {
+	if len(h.Families) == 0 {
+		return nil
+	}
+	out := make(map[string]familyStatus, len(h.Families))
+	for _, f := range h.Families {
+		out[f.Family.Name()] = familyStatus{LastUpdated: h.AppliedAt, Healthy: !f.Stalled(now, p.o.Timeout)}
+	}
+	return out
 }
 
 // ServeHTTP answers /healthz and /livez; other paths are not found.
@@ -121,6 +145,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ok {
 		st.LastUpdated = now
 	}
+	st.Status = p.familyStatus(h, now)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	code := http.StatusServiceUnavailable
@@ -128,8 +153,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code = http.StatusOK
 	}
 	w.WriteHeader(code)
-	body, _ := json.Marshal(&st) // cannot fail: times and bools
+	body, _ := json.Marshal(&st) // cannot fail: times, bools and strings
 	_, _ = w.Write(body)
+	if p.o.Answered != nil {
+		p.o.Answered(r.URL.Path, code)
+	}
 }
 
 // Run listens on Addr in NetNS and serves until ctx ends, then closes the

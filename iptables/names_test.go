@@ -5,6 +5,7 @@ package iptables
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -68,5 +69,26 @@ func TestOptions(t *testing.T) {
 		if _, err := New(o); !errors.Is(err, ErrInvalidOptions) {
 			t.Errorf("New(%+v): %v, want ErrInvalidOptions", o, err)
 		}
+	}
+}
+
+// TestCapabilitiesFamilies: the Proxier declares the families it
+// programs, both by default.
+func TestCapabilitiesFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		families, want []servicelb.Family
+	}{
+		{nil, []servicelb.Family{servicelb.IPv4, servicelb.IPv6}},
+		{[]servicelb.Family{servicelb.IPv6}, []servicelb.Family{servicelb.IPv6}},
+	} {
+		px, err := New(Options{Families: tc.families, conn: offlineConn{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := px.Capabilities()
+		if got := c.AddressFamilies(); !slices.Equal(got, tc.want) {
+			t.Errorf("Options.Families %v: Capabilities().AddressFamilies() = %v, want %v", tc.families, got, tc.want)
+		}
+		px.Close()
 	}
 }

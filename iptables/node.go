@@ -104,7 +104,7 @@ func (p *planner) nodeRules() nodeRules {
 			jumpRule(external, n.fixed(chainExternalServices), true),
 		},
 	}
-	if p.node.LocalhostNodePorts && p.family == servicelb.IPv4 {
+	if p.family == servicelb.IPv4 && p.node.ServesLocalhost() {
 		p.localhostFirewall(&nr)
 	}
 	return nr

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 
@@ -106,12 +107,14 @@ func (px *Proxier) Close() error {
 
 // Capabilities says what the Proxier expresses: random spreading in
 // proportion to the endpoints' weights (the default hint and "random"),
-// TCP, UDP and SCTP, any number of endpoints, and every feature.
+// TCP, UDP and SCTP, any number of endpoints, and every feature, in the
+// families of Options.Families.
 func (px *Proxier) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{
 		Backend:    "iptables",
 		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom},
 		Features:   servicelb.AllFeatures,
+		Families:   slices.Clone(px.opts.Families),
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -166,7 +167,7 @@ func (g randomServices) node() servicelb.NodeConfig {
 	case 4:
 		n.ClusterCIDRs = prefixes("10.244.0.0/16")
 	case 5:
-		n.NodePortAddresses = prefixes("198.51.100.0/24")
+		servicetest.NodePorts(g.r, &n)
 	case 6:
 		n.Zone = "z1"
 	}

@@ -98,11 +98,12 @@ func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
 }
 
 // routeLocalnet sets net.ipv4.conf.all.route_localnet in the Proxier's
-// namespace when the node serves node ports on localhost: without it the
-// kernel drops a flow from 127.0.0.1 once it is translated to an endpoint
-// on another host. It never clears the setting, which others may need.
+// namespace when the node serves node ports on localhost
+// (NodeConfig.ServesLocalhost): without it the kernel drops a flow from
+// 127.0.0.1 once it is translated to an endpoint on another host. It
+// never clears the setting, which others may need.
 func (px *Proxier) routeLocalnet(st *servicelb.State) error {
-	if !st.Node().LocalhostNodePorts || !slices.Contains(px.opts.Families, servicelb.IPv4) {
+	if n := st.Node(); !n.ServesLocalhost() || !slices.Contains(px.opts.Families, servicelb.IPv4) {
 		return nil
 	}
 	ns := px.opts.NetNS

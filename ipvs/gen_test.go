@@ -62,10 +62,8 @@ func (g *gen) node() servicelb.NodeConfig {
 	if g.chance(0.3) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	}
-	if g.chance(0.2) {
-		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("fd00:c::/64")}
-	}
 	n.DetectLocal = servicetest.DetectLocal(g.r)
+	servicetest.NodePorts(g.r, &n)
 	n.MasqueradeAll = g.chance(0.15)
 	if g.chance(0.1) {
 		n.MasqueradeBit = 13

@@ -186,9 +186,6 @@ func (w *randomWorld) node() servicelb.NodeConfig {
 	if w.chance(0.6) {
 		n.NodeIPs = append(n.NodeIPs, worldNode6)
 	}
-	if w.chance(0.2) {
-		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
-	}
 	if w.chance(0.7) {
 		n.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
 	}
@@ -199,6 +196,7 @@ func (w *randomWorld) node() servicelb.NodeConfig {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
 	}
 	n.DetectLocal = servicetest.DetectLocal(w.r)
+	servicetest.NodePorts(w.r, &n)
 	n.MasqueradeAll = w.chance(0.2)
 	if w.chance(0.2) {
 		n.MasqueradeBit = byte(w.pick(20))

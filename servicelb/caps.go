@@ -27,6 +27,21 @@ type Capabilities struct {
 	MaxEndpoints int
 	// Features are the parts of the semantics the backend implements.
 	Features Features
+	// Families lists the address families the backend programs, IPv4
+	// first; nil means both. The service ports of another family are not
+	// programmed. A Runner reports its syncs and its health by these
+	// families (SyncResult.Families, Health.Families), as kube-proxy
+	// reports those of its proxier of each family.
+	Families []Family
+}
+
+// AddressFamilies returns the families the backend programs: Families,
+// or both.
+func (c *Capabilities) AddressFamilies() []Family {
+	if len(c.Families) == 0 {
+		return Families()
+	}
+	return c.Families
 }
 
 // Features is a set of semantic features a backend implements.

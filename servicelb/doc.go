@@ -49,13 +49,14 @@
 // *[ValidationError] naming the service and the field, wrapping one of the
 // Err* kinds, so that callers use errors.Is for the kind and errors.As for
 // the place. A node is invalid when it has an invalid address or prefix, a
-// node port range or masquerade bit out of range, an unknown local-traffic
-// detection mode, a mode without its parameter (cluster CIDRs for an
-// explicit ClusterCIDR, node CIDRs for NodeCIDR, the interface name or
-// prefix for the others) or with another mode's, or an interface name
-// that is not one (longer than [MaxInterfaceNameLen], a prefix longer than
-// [MaxInterfacePrefixLen], or characters other than letters, digits and
-// . _ -). A service is invalid when it has: an empty name, one with
+// node port range or masquerade bit out of range, NodePortPrimary beside
+// NodePortAddresses (kube-proxy's "primary" stands alone), an unknown
+// local-traffic detection mode, a mode without its parameter (cluster
+// CIDRs for an explicit ClusterCIDR, node CIDRs for NodeCIDR, the
+// interface name or prefix for the others) or with another mode's, or an
+// interface name that is not one (longer than [MaxInterfaceNameLen], a
+// prefix longer than [MaxInterfacePrefixLen], or characters other than
+// letters, digits and . _ -). A service is invalid when it has: an empty name, one with
 // characters other than letters, digits and . _ - /, or one longer than
 // [MaxNameLen] (so that every kernel object named after it fits the
 // kernel's limits); an invalid, unspecified, loopback, multicast, zoned or
@@ -221,7 +222,11 @@
 // was caused ([Source.UpsertTriggered]), and hand every applied State to
 // what must follow the kernel, such as the health check node ports
 // ([State.HealthCheck] decides what they answer; package healthcheck
-// serves them).
+// serves them). Both also tell each address family the proxier programs
+// apart ([SyncResult.Families], [Health.Families]), as kube-proxy runs
+// and reports a proxier per family: a change counts in the families whose
+// endpoints it changed and, for any other change, in those the service is
+// served in.
 //
 // Package fake provides a recording Proxier and a manual Clock for tests.
 package servicelb

@@ -1,10 +1,12 @@
 package servicelb
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -72,6 +74,37 @@ func (f Family) String() string {
 	}
 	return fmt.Sprintf("family(%d)", uint8(f))
 }
+
+// Name returns "IPv4" or "IPv6": the family as Kubernetes spells it (its
+// IPFamily values), which kube-proxy's metrics carry in their ip_family
+// label and its /healthz in the keys of its status.
+func (f Family) Name() string {
+	switch f {
+	case IPv4:
+		return "IPv4"
+	case IPv6:
+		return "IPv6"
+	}
+	return f.String()
+}
+
+// Families returns both address families, IPv4 first.
+func Families() []Family { return []Family{IPv4, IPv6} }
+
+// familySet is a set of address families.
+type familySet uint8
+
+// allFamilies holds both families.
+const allFamilies = familySet(1 | 2)
+
+func familyBit(f Family) familySet {
+	if f == IPv6 {
+		return 2
+	}
+	return 1
+}
+
+func (s familySet) has(f Family) bool { return s&familyBit(f) != 0 }
 
 // Bits returns the address length in bits (32 or 128).
 func (f Family) Bits() int {
@@ -291,26 +324,35 @@ type NodeConfig struct {
 	// leaves them out, and source ranges admit the node by them.
 	NodeIPs []netip.Addr `json:"nodeIPs,omitempty"`
 	// LocalIPs are the other addresses of the node's interfaces, as
-	// package nodeaddr follows them. With neither NodePortAddresses nor
-	// NodePortPrimary set, node ports are served on all of them too, as
-	// kube-proxy serves them on every local address; a Runner.SetNode with
-	// the new list serves an address added to an interface from the next
-	// sync on.
+	// package nodeaddr follows them. Where neither NodePortAddresses nor
+	// NodePortPrimary restricts a family, node ports are served on all of
+	// them too, as kube-proxy serves them on every local address; a
+	// Runner.SetNode with the new list serves an address added to an
+	// interface from the next sync on.
 	LocalIPs []netip.Addr `json:"localIPs,omitempty"`
-	// NodePortAddresses, when set, restricts node ports to the addresses
-	// of NodeIPs and LocalIPs inside the prefixes (kube-proxy's
-	// nodePortAddresses CIDRs; see ParseNodePortAddresses).
+	// NodePortAddresses, when set, restricts the node ports of each family
+	// it has prefixes of to the addresses of NodeIPs and LocalIPs inside
+	// them (kube-proxy's nodePortAddresses CIDRs; see
+	// ParseNodePortAddresses). As in kube-proxy, a family without a
+	// prefix is not restricted: its node ports are served on every
+	// address of it.
 	NodePortAddresses []netip.Prefix `json:"nodePortAddresses,omitempty"`
-	// NodePortPrimary, when set, serves node ports on NodeIPs, whatever
-	// NodePortAddresses says (kube-proxy's "primary" keyword); with no
-	// NodePortAddresses, on NodeIPs alone.
+	// NodePortPrimary, when set, restricts the node ports of each family
+	// NodeIPs has an address of to those NodeIPs (kube-proxy's "primary"
+	// keyword, which it turns into the node IPs' host prefixes: a family
+	// without a node IP is not restricted). It stands alone: a node with
+	// both NodePortPrimary and NodePortAddresses is refused, as kube-proxy
+	// refuses "primary" beside CIDRs.
 	NodePortPrimary bool `json:"nodePortPrimary,omitempty"`
 	// LocalhostNodePorts serves IPv4 node ports on 127.0.0.1 too, to the
 	// node's own clients, as kube-proxy's iptables mode does with
-	// localhostNodePorts. It needs FeatureLocalhostNodePorts (the iptables
-	// backend, which then sets net.ipv4.conf.all.route_localnet=1 in its
-	// namespace, so that such flows may leave the node once translated,
-	// and drops traffic to 127.0.0.0/8 that arrives from elsewhere).
+	// localhostNodePorts, unless NodePortAddresses or NodePortPrimary
+	// leave the loopback network out (see ServesLocalhost). It needs
+	// FeatureLocalhostNodePorts (the iptables backend, which then sets
+	// net.ipv4.conf.all.route_localnet=1 in its namespace, so that such
+	// flows may leave the node once translated, and drops traffic to
+	// 127.0.0.0/8 that arrives from elsewhere; the userspace backend,
+	// which listens there; the ebpf one over the iptables backend).
 	LocalhostNodePorts bool `json:"localhostNodePorts,omitempty"`
 	// NodePortRange bounds Port.NodePort; the zero range means
 	// DefaultNodePortRange.
@@ -494,48 +536,134 @@ var Localhost = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 // ports: NodeIPs first, in their order, then LocalIPs, then Localhost
 // (see the fields for which).
 func (n *NodeConfig) NodePortIPs(f Family) []netip.Addr {
-	all := len(n.NodePortAddresses) == 0 && !n.NodePortPrimary
+	serves := n.servesNodePorts(f)
 	var out []netip.Addr
 	for _, a := range n.NodeIPs {
-		if FamilyOf(a) == f && (all || n.NodePortPrimary || prefixesContain(n.NodePortAddresses, a)) {
+		if FamilyOf(a) == f && serves(a, true) && !slices.Contains(out, a) {
 			out = append(out, a)
 		}
 	}
 	for _, a := range n.LocalIPs {
-		if FamilyOf(a) == f && (all || prefixesContain(n.NodePortAddresses, a)) && !slices.Contains(out, a) {
+		if FamilyOf(a) == f && serves(a, false) && !slices.Contains(out, a) {
 			out = append(out, a)
 		}
 	}
-	if n.LocalhostNodePorts && f == IPv4 {
+	if f == IPv4 && n.ServesLocalhost() {
 		out = append(out, Localhost)
 	}
 	return out
 }
 
-// ParseNodePortAddresses parses kube-proxy's nodePortAddresses: CIDRs and
-// the keyword "primary", into NodeConfig's NodePortAddresses and
-// NodePortPrimary. An empty list selects every local address.
+// ServesLocalhost reports whether node ports are served on Localhost:
+// with LocalhostNodePorts, unless the node ports of IPv4 are restricted
+// to addresses that leave out the loopback network, as kube-proxy turns
+// its localhostNodePorts off when nodePortAddresses does not hold
+// 127.0.0.0 ("primary" selecting the node IPs, CIDRs none of which is
+// loopback or holds 127.0.0.0).
+func (n *NodeConfig) ServesLocalhost() bool {
+	if !n.LocalhostNodePorts || (n.NodePortPrimary && len(n.IPs(IPv4)) > 0) {
+		return false
+	}
+	ps := prefixesOf(n.NodePortAddresses, IPv4)
+	return len(ps) == 0 || slices.ContainsFunc(ps, func(p netip.Prefix) bool {
+		return p.Addr().IsLoopback() || p.Contains(loopbackNet)
+	})
+}
+
+// loopbackNet is the address of IPv4's loopback network, 127.0.0.0.
+var loopbackNet = netip.AddrFrom4([4]byte{127, 0, 0, 0})
+
+// servesNodePorts returns which addresses of family f serve node ports,
+// told whether each is a node IP, by kube-proxy's rules for
+// nodePortAddresses, which it applies to each family apart: "primary"
+// selects the node IPs of a family that has one, CIDRs the addresses
+// inside those of the family, and a family neither restricts is served on
+// every address.
+func (n *NodeConfig) servesNodePorts(f Family) func(a netip.Addr, nodeIP bool) bool {
+	if n.NodePortPrimary && len(n.IPs(f)) > 0 {
+		return func(_ netip.Addr, nodeIP bool) bool { return nodeIP }
+	}
+	if ps := prefixesOf(n.NodePortAddresses, f); len(ps) > 0 {
+		return func(a netip.Addr, _ bool) bool { return prefixesContain(ps, a) }
+	}
+	return func(netip.Addr, bool) bool { return true }
+}
+
+// NodePortPrimaryKeyword is the entry of kube-proxy's nodePortAddresses
+// that selects the node's primary addresses (NodeConfig.NodePortPrimary).
+const NodePortPrimaryKeyword = "primary"
+
+// ParseNodePortAddresses parses kube-proxy's nodePortAddresses into
+// NodeConfig's NodePortAddresses and NodePortPrimary, by kube-proxy's
+// rules: either the keyword "primary" alone, or CIDRs, each read as
+// kube-proxy reads them (Kubernetes' ParseCIDRSloppy: IPv4 numbers may
+// have leading zeros, and host bits are dropped, so that 10.0.0.1/8 is
+// 10.0.0.0/8). An empty list selects every local address. Each bad entry
+// is a *ValidationError naming it: one that is no CIDR wraps
+// ErrInvalidPrefix, "primary" beside CIDRs ErrInvalidNode.
 func ParseNodePortAddresses(list []string) ([]netip.Prefix, bool, error) {
 	var prefixes []netip.Prefix
 	primary := false
 	var errs []error
 	for i, s := range list {
-		if s == "primary" {
+		field := fmt.Sprintf("nodePortAddresses[%d]", i)
+		if s == NodePortPrimaryKeyword {
+			if len(list) > 1 && !primary {
+				errs = append(errs, invalidf("", field, s, ErrInvalidNode, "%q stands alone, not beside CIDRs", s))
+			}
 			primary = true
 			continue
 		}
-		p, err := netip.ParsePrefix(s)
+		p, err := parsePrefixSloppy(s)
 		if err == nil {
 			err = checkPrefix(p)
 		}
 		if err != nil {
-			errs = append(errs, invalidf("", fmt.Sprintf("nodePortAddresses[%d]", i), s, ErrInvalidPrefix,
-				"want a CIDR or \"primary\""))
+			errs = append(errs, invalidf("", field, s, ErrInvalidPrefix, "want a CIDR or %q", NodePortPrimaryKeyword))
 			continue
 		}
 		prefixes = append(prefixes, p)
 	}
-	return prefixes, primary, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, false, err
+	}
+	return prefixes, primary, nil
+}
+
+// parsePrefixSloppy parses a CIDR as Kubernetes' ParseCIDRSloppy does:
+// the numbers of an IPv4 address (a whole one, or the end of an IPv6 one)
+// and the prefix length may have leading zeros, read as decimal; host
+// bits are dropped.
+func parsePrefixSloppy(s string) (netip.Prefix, error) {
+	addr, bits, ok := strings.Cut(s, "/")
+	if !ok {
+		return netip.Prefix{}, errors.New("no prefix length")
+	}
+	// The IPv4 numbers: the whole address, or the end of an IPv6 one.
+	if i := strings.LastIndexByte(addr, ':') + 1; strings.Contains(addr[i:], ".") {
+		addr = addr[:i] + dropLeadingZeros(addr[i:], ".")
+	}
+	p, err := netip.ParsePrefix(addr + "/" + dropLeadingZeros(bits, ""))
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return p.Masked(), nil
+}
+
+// dropLeadingZeros removes the leading zeros of each number of s, the
+// numbers split at sep (none: s is one number); a number of zeros alone
+// keeps one.
+func dropLeadingZeros(s, sep string) string {
+	parts := []string{s}
+	if sep != "" {
+		parts = strings.Split(s, sep)
+	}
+	for i, n := range parts {
+		if t := strings.TrimLeft(n, "0"); t != n {
+			parts[i] = cmp.Or(t, "0")
+		}
+	}
+	return strings.Join(parts, sep)
 }
 
 // IPs returns the node addresses of family f.

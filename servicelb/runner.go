@@ -139,8 +139,25 @@ type SyncResult struct {
 	// the node. The proxier says so with MarkFullSync; the Runner's syncs
 	// before its first success are full whatever the proxier says.
 	Full bool
+	// Families holds what the sync did in each address family the
+	// proxier programs (Capabilities.AddressFamilies), in that order:
+	// every sync programs them all, as a sync of each of kube-proxy's
+	// per-family proxiers would.
+	Families []FamilySync
 	// Err is the proxier's error.
 	Err error
+}
+
+// FamilySync is what one sync did in one address family.
+type FamilySync struct {
+	Family Family
+	// Triggered holds, sorted, the times of SyncResult.Triggered whose
+	// changes touched the family, as kube-proxy's proxier of the family
+	// takes them: a change to the service's endpoints of the family, or
+	// any other change to a service served in the family (before or
+	// after it). A change of endpoints of both families counts in both.
+	// Nil when SyncResult.Triggered is nil.
+	Triggered []time.Time
 }
 
 // syncReportKey keys the syncReport in the context a Runner passes to
@@ -180,6 +197,28 @@ type Health struct {
 	// LeftOut are the services the proxier left out of the last sync
 	// (see PartialError), each with its error; the rest is applied.
 	LeftOut map[string]error
+	// Families holds the changes waiting in each address family the
+	// proxier programs, in the order of Capabilities.AddressFamilies,
+	// with the changes that touched it as SyncResult.Families counts
+	// them. A change of the node touches every family.
+	Families []FamilyHealth
+}
+
+// FamilyHealth reports the changes of one address family.
+type FamilyHealth struct {
+	Family Family
+	// QueuedAt is when the oldest change of the family not yet applied
+	// was made; zero when every change of it is applied.
+	QueuedAt time.Time
+	// LastQueuedAt is when the latest change of the family was made,
+	// applied or not; zero before the first.
+	LastQueuedAt time.Time
+}
+
+// Stalled reports whether a change of the family has waited timeout or
+// longer to be applied, as Health.Stalled.
+func (h FamilyHealth) Stalled(now time.Time, timeout time.Duration) bool {
+	return !h.QueuedAt.IsZero() && now.Sub(h.QueuedAt) >= timeout
 }
 
 // Healthy reports whether the runner is ready and no change has waited
@@ -233,8 +272,14 @@ type Runner struct {
 	// firstSync is closed by the first successful sync.
 	firstSync chan struct{}
 
-	// triggers hold when the changes of each dirty service were caused.
-	triggers map[string][]time.Time
+	// triggers hold when the changes of each dirty service were caused,
+	// and the families they touched.
+	triggers map[string][]trigger
+	// families are the proxier's; famQueued holds, by familyIndex, when
+	// the oldest change of each not yet applied was made, and famLast
+	// when the latest was.
+	families           []Family
+	famQueued, famLast [2]time.Time
 	// pending counts the dirty services by kind, inflightKinds those
 	// the running sync applies, and total the changes ever taken.
 	pending, inflightKinds [numKinds]int
@@ -269,9 +314,11 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
 		wake: make(chan struct{}, 1), firstSync: make(chan struct{}),
 		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]changeKind{},
-		triggers: map[string][]time.Time{},
+		triggers: map[string][]trigger{},
 		clashVer: b.clashVer,
 	}
+	caps := p.Capabilities()
+	r.families = slices.Clone(caps.AddressFamilies())
 	if r.clock == nil {
 		r.clock = realClock{}
 	}
@@ -335,7 +382,27 @@ func (r *Runner) Health() Health {
 		Pending:   len(r.dirty) + r.inflight,
 		LastError: r.lastErr,
 		LeftOut:   maps.Clone(r.leftOut),
+		Families:  r.familyHealth(),
 	}
+}
+
+// familyHealth returns the changes waiting in each of the proxier's
+// families; r.mu is held.
+func (r *Runner) familyHealth() []FamilyHealth {
+	out := make([]FamilyHealth, len(r.families))
+	for i, f := range r.families {
+		j := familyIndex(f)
+		out[i] = FamilyHealth{Family: f, QueuedAt: r.famQueued[j], LastQueuedAt: r.famLast[j]}
+	}
+	return out
+}
+
+// familyIndex indexes the Runner's arrays by family.
+func familyIndex(f Family) int {
+	if f == IPv6 {
+		return 1
+	}
+	return 0
 }
 
 // allSynced reports whether at least one source is registered and every
@@ -392,8 +459,8 @@ func kindOf(old, cur *Service) changeKind {
 }
 
 // changed records a change of kind k to the named service, caused at at
-// (zero: now); r.mu is held.
-func (r *Runner) changed(name string, k changeKind, at time.Time) {
+// (zero: now), that touched the families fams; r.mu is held.
+func (r *Runner) changed(name string, k changeKind, at time.Time, fams familySet) {
 	now := r.clock.Now()
 	r.mark(name, k)
 	for i := range numKinds {
@@ -404,13 +471,89 @@ func (r *Runner) changed(name string, k changeKind, at time.Time) {
 	if at.IsZero() {
 		at = now
 	}
-	if !slices.ContainsFunc(r.triggers[name], at.Equal) {
-		r.triggers[name] = append(r.triggers[name], at)
+	r.addTrigger(name, trigger{at: at, fams: fams})
+	r.queue(now, fams)
+}
+
+// trigger is when a change was caused, and the families it touched.
+type trigger struct {
+	at   time.Time
+	fams familySet
+}
+
+// addTrigger records a cause of the named service's changes, each time
+// once with every family it touched; r.mu is held.
+func (r *Runner) addTrigger(name string, t trigger) {
+	ts := r.triggers[name]
+	if i := slices.IndexFunc(ts, func(o trigger) bool { return o.at.Equal(t.at) }); i >= 0 {
+		ts[i].fams |= t.fams
+		return
 	}
+	r.triggers[name] = append(ts, t)
+}
+
+// queue records a change made at now that touched the families fams;
+// r.mu is held.
+func (r *Runner) queue(now time.Time, fams familySet) {
 	if r.queuedAt.IsZero() {
 		r.queuedAt = now
 	}
+	for _, f := range Families() {
+		if fams.has(f) {
+			i := familyIndex(f)
+			if r.famQueued[i].IsZero() {
+				r.famQueued[i] = now
+			}
+			r.famLast[i] = now
+		}
+	}
 	r.fresh = true
+}
+
+// changeFamilies returns the families a change of kind k from the entry
+// old to cur (either nil for a service absent) touched, as kube-proxy's
+// proxier of each family takes a change: a family whose endpoints
+// changed, and for any other change every family the service is served
+// in, before or after.
+func changeFamilies(old, cur *entry, k changeKind) familySet {
+	var fams familySet
+	if k&serviceChange != 0 {
+		fams |= old.families() | cur.families()
+	}
+	if k&endpointChange != 0 {
+		for _, f := range Families() {
+			if !reflect.DeepEqual(old.endpointsOf(f), cur.endpointsOf(f)) {
+				fams |= familyBit(f)
+			}
+		}
+	}
+	return fams
+}
+
+// families returns the families the service is served in: those of its
+// service ports; none for a nil entry.
+func (e *entry) families() familySet {
+	var fams familySet
+	if e != nil {
+		for _, sp := range e.ports {
+			fams |= familyBit(sp.Family)
+		}
+	}
+	return fams
+}
+
+// endpointsOf returns the service's endpoints of family f, in order; nil
+// for a nil entry.
+func (e *entry) endpointsOf(f Family) []Endpoint {
+	var out []Endpoint
+	if e != nil {
+		for _, ep := range e.svc.Endpoints {
+			if FamilyOf(ep.Addr) == f {
+				out = append(out, ep)
+			}
+		}
+	}
+	return out
 }
 
 // mark adds kind k to the named service's pending changes; r.mu is held.
@@ -516,9 +659,9 @@ func minTime(a, b time.Time) time.Time {
 func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	r.mu.Lock()
 	st := r.b.State()
-	batch, queued, triggers, node := r.dirty, r.queuedAt, r.triggers, r.nodeDirty
+	batch, queued, triggers, node, famQueued := r.dirty, r.queuedAt, r.triggers, r.nodeDirty, r.famQueued
 	r.dirty, r.queuedAt, r.fresh, r.inflight, r.nodeDirty = map[string]changeKind{}, time.Time{}, false, len(batch), false
-	r.triggers = map[string][]time.Time{}
+	r.triggers, r.famQueued = map[string][]trigger{}, [2]time.Time{}
 	r.inflightKinds, r.pending = r.pending, [numKinds]int{}
 	r.mu.Unlock()
 
@@ -531,8 +674,15 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	}
 	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued,
 		Full: rep.full.Load() || !r.succeeded, Err: err}
+	res.Families = make([]FamilySync, len(r.families))
+	for i, f := range r.families {
+		res.Families[i].Family = f
+	}
 	if err == nil {
-		res.Triggered = sortedTimes(triggers)
+		res.Triggered = sortedTimes(triggers, allFamilies)
+		for i := range res.Families {
+			res.Families[i].Triggered = sortedTimes(triggers, familyBit(res.Families[i].Family))
+		}
 	}
 
 	r.mu.Lock()
@@ -554,14 +704,13 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 		}
 		r.nodeDirty = r.nodeDirty || node
 		for name, ts := range triggers {
-			for _, at := range ts {
-				if !slices.ContainsFunc(r.triggers[name], at.Equal) {
-					r.triggers[name] = append(r.triggers[name], at)
-				}
+			for _, t := range ts {
+				r.addTrigger(name, t)
 			}
 		}
-		if !queued.IsZero() && (r.queuedAt.IsZero() || queued.Before(r.queuedAt)) {
-			r.queuedAt = queued
+		r.queuedAt = earliest(r.queuedAt, queued)
+		for i := range r.famQueued {
+			r.famQueued[i] = earliest(r.famQueued[i], famQueued[i])
 		}
 		l.failures++
 		l.retryAt = start.Add(backoff(r.opts.RetryInterval, r.opts.MaxSyncInterval, l.failures))
@@ -586,14 +735,27 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	r.reportPending(pending, stats)
 }
 
-// sortedTimes returns every time of m, sorted.
-func sortedTimes(m map[string][]time.Time) []time.Time {
+// sortedTimes returns, sorted, the times of m whose changes touched a
+// family of fams; every time with allFamilies.
+func sortedTimes(m map[string][]trigger, fams familySet) []time.Time {
 	var out []time.Time
 	for _, ts := range m {
-		out = append(out, ts...)
+		for _, t := range ts {
+			if fams == allFamilies || t.fams&fams != 0 {
+				out = append(out, t.at)
+			}
+		}
 	}
 	slices.SortFunc(out, time.Time.Compare)
 	return out
+}
+
+// earliest returns the earlier of two times, zero meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 // splitPartial takes a PartialError out of a Sync's error: the services
@@ -700,10 +862,7 @@ func (r *Runner) SetNode(node NodeConfig) error {
 		return err
 	}
 	r.nodeDirty = true
-	if r.queuedAt.IsZero() {
-		r.queuedAt = r.clock.Now()
-	}
-	r.fresh = true
+	r.queue(r.clock.Now(), allFamilies)
 	r.endBatch()
 	return nil
 }
@@ -735,20 +894,23 @@ func (s *Source) upsert(svc *Service, at time.Time) error {
 	if o, ok := r.owner[svc.Name]; ok && o != s {
 		return &ValidationError{Service: svc.Name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
 	}
-	var before *Service
-	if e := r.b.w.get(svc.Name); e != nil {
-		before = e.svc
-	}
+	before := r.b.w.get(svc.Name)
 	changed, err := r.b.upsert(*svc)
 	if err != nil {
 		return err
 	}
 	for _, name := range changed {
-		k := serviceChange
+		cur := r.b.w.get(name)
+		k, fams := serviceChange, cur.families()
 		if name == svc.Name {
-			k = kindOf(before, r.b.w.get(name).svc)
+			var old *Service
+			if before != nil {
+				old = before.svc
+			}
+			k = kindOf(old, cur.svc)
+			fams = changeFamilies(before, cur, k)
 		}
-		r.changed(name, k, at)
+		r.changed(name, k, at, fams)
 	}
 	r.owner[svc.Name], s.owned[svc.Name] = s, true
 	return nil
@@ -774,14 +936,12 @@ func (s *Source) delete(name string) error {
 	if o, ok := r.owner[name]; ok && o != s {
 		return &ValidationError{Service: name, Field: "name", Err: fmt.Errorf("%w %q", ErrSourceConflict, o.name)}
 	}
-	var before *Service
-	if e := r.b.w.get(name); e != nil {
-		before = e.svc
-	}
+	before := r.b.w.get(name)
 	if others, ok := r.b.delete(name); ok {
-		r.changed(name, kindOf(before, nil), time.Time{})
+		k := kindOf(before.svc, nil)
+		r.changed(name, k, time.Time{}, changeFamilies(before, nil, k))
 		for _, o := range others {
-			r.changed(o, serviceChange, time.Time{})
+			r.changed(o, serviceChange, time.Time{}, r.b.w.get(o).families())
 		}
 	}
 	delete(r.owner, name)

@@ -46,6 +46,10 @@ func ValidateNode(n *NodeConfig) error {
 			}
 		}
 	}
+	if n.NodePortPrimary && len(n.NodePortAddresses) > 0 {
+		errs = append(errs, invalidf("", "nodePortPrimary", nil, ErrInvalidNode,
+			"set with nodePortAddresses: %q stands alone, as in kube-proxy", NodePortPrimaryKeyword))
+	}
 	if r := n.NodePortRange; r != (PortRange{}) && (r.Min == 0 || r.Min > r.Max) {
 		errs = append(errs, invalidf("", "nodePortRange", r, ErrInvalidNode, "want 1 <= min <= max"))
 	}

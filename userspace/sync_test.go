@@ -279,11 +279,12 @@ func TestFrontendsOnTheirOwnAddresses(t *testing.T) {
 	for i := range s.Ports {
 		s.Ports[i].NodePort = np
 	}
-	// The node's address is no address of this host: node ports are
-	// served on 127.0.0.1 alone.
+	// The node's address is no address of this host, and the node-port
+	// addresses hold the loopback network alone: node ports are served
+	// on 127.0.0.1 alone.
 	node := servicelb.NodeConfig{
 		NodeIPs:            []netip.Addr{netip.MustParseAddr("203.0.113.1")},
-		NodePortAddresses:  []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		NodePortAddresses:  []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 		LocalhostNodePorts: true,
 		NodePortRange:      servicelb.PortRange{Min: 1024, Max: 65535},
 	}

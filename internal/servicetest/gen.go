@@ -72,7 +72,8 @@ func v6(prefix uint16, last byte) netip.Addr {
 // Node returns a random node: named, in a zone or not, with node IPs of
 // one or both families, cluster CIDRs of none, one or both, now and then
 // another local-traffic detection (node CIDRs of one or both families, a
-// bridge, an interface name prefix), service CIDRs and masquerade-all.
+// bridge, an interface name prefix), service CIDRs and masquerade-all,
+// and node ports served where NodePorts says.
 func (g *Gen) Node() servicelb.NodeConfig {
 	n := servicelb.NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{v4(192, 0, 2, 1)}}
 	if g.chance(0.2) {
@@ -95,7 +96,32 @@ func (g *Gen) Node() servicelb.NodeConfig {
 	}
 	n.DetectLocal = DetectLocal(g.rng)
 	n.MasqueradeAll = g.chance(0.15)
+	NodePorts(g.rng, &n)
 	return n
+}
+
+// NodePorts varies where node n serves node ports, as an agent following
+// the node's addresses (package nodeaddr) and kube-proxy's
+// nodePortAddresses would: other local addresses of either family
+// (NodeConfig.LocalIPs), some or none, and node ports on every address,
+// on those CIDRs of one or both families select, or on the node IPs
+// ("primary").
+func NodePorts(r *rand.Rand, n *servicelb.NodeConfig) {
+	n.LocalIPs = nil
+	for _, a := range []netip.Addr{v4(198, 51, 100, 7), v4(172, 18, 0, 5), v6(0xc, 7), v6(0x1a, 5)} {
+		if r.IntN(2) == 0 {
+			n.LocalIPs = append(n.LocalIPs, a)
+		}
+	}
+	n.NodePortAddresses, n.NodePortPrimary = nil, false
+	switch r.IntN(5) {
+	case 0:
+		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	case 1:
+		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("172.18.0.0/16"), netip.MustParsePrefix("fd00:c::/64")}
+	case 2:
+		n.NodePortPrimary = true
+	}
 }
 
 // DetectLocal returns a random local-traffic detection: the default (by

@@ -95,6 +95,12 @@ func WithNodePort() Opt {
 	}
 }
 
+// WithHealthCheckNodePort gives the service its health check node port
+// (Env.HealthCheckNodePortOf).
+func WithHealthCheckNodePort() Opt {
+	return func(e *Env, s *servicelb.Service, i int) { s.HealthCheckNodePort = e.HealthCheckNodePortOf(i) }
+}
+
 // WithExternalIP gives the service its external IPs of both families.
 func WithExternalIP() Opt {
 	return func(e *Env, s *servicelb.Service, i int) {

@@ -36,8 +36,10 @@
 // check asks from the outside client (Outside, OutsideAt), a pod (Pod,
 // BridgedPod), the node (Node) or an endpoint (Endpoint, for hairpin, or
 // as a host of the cluster CIDRs that is no pod of the node), to a frontend
-// (ClusterIP, NodePort, ExternalIP, LoadBalancerIP, Unallocated), over
-// each family and protocol, and expects Reach (with Masqueraded,
+// (ClusterIP, NodePort, ExternalIP, LoadBalancerIP, Unallocated; or
+// HealthCheckNodePort, which the node itself serves, as an agent serves a
+// service's health check beside the proxier), over each family and
+// protocol, and expects Reach (with Masqueraded,
 // Preserved, Spread, Sticky or Shares), Refused (an ICMP port unreachable,
 // for TCP too) or Dropped.
 //

@@ -213,6 +213,68 @@ func nodePortScenarios() []Scenario {
 			One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, WithNodePort()),
 			Check{From: Node, To: LocalhostNodePort, Families: []servicelb.Family{servicelb.IPv4}, Want: Reach(0, 1).Masqueraded()},
 			c(Outside, NodePort, Reach(0, 1)))),
+		addressAdded(),
+		{Name: "node-port/health-check-node-port", Follows: "iptables (*Proxier).syncProxyRules: KUBE-NODEPORTS in the filter table accepts each " +
+			"healthCheckNodePort (\"health check node port\"), from INPUT; healthcheck.ServiceHealthServer listens on it",
+			Stages: []Stage{{
+				Before: serveHealthCheckNodePort,
+				Services: One(func() []servicelb.Endpoint { return Join(Local(0), RemoteEps(1)) },
+					WithNodePort(), ExternalLocal(), WithHealthCheckNodePort()),
+				Expect: []Check{
+					{Proto: servicelb.TCP, Custom: healthCheckNodePortAnswers},
+					c(Outside, NodePort, Reach(0).Preserved()),
+				},
+			}}},
+	}
+}
+
+// addressAdded is the scenario of an address added to the node while the
+// proxier runs, as package nodeaddr reports it to an agent, which hands
+// the Runner a node with the address among its LocalIPs.
+func addressAdded() Scenario {
+	services := One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, WithNodePort())
+	return Scenario{Name: "node-port/address-added-while-running", Follows: followNodePortAddresses +
+		", again at every sync: an address added to an interface serves node ports from the next sync on, with no restart",
+		Stages: []Stage{
+			{
+				// The address is on the node, but not yet in its config:
+				// its node port is the node's own stack's, which has no
+				// UDP socket there.
+				Before:   AddLocalIP,
+				Services: services,
+				Expect: []Check{c(Outside, NodePort, Reach(0, 1)),
+					{From: Outside, To: LocalNodePort, Proto: servicelb.UDP, Want: Refused()}},
+			},
+			{
+				Node: func(n *servicelb.NodeConfig, e *Env) {
+					n.LocalIPs = []netip.Addr{e.LocalIP(servicelb.IPv4), e.LocalIP(servicelb.IPv6)}
+				},
+				Services: services,
+				Expect:   []Check{c(Outside, LocalNodePort, Reach(0, 1)), c(Outside, NodePort, Reach(0, 1))},
+			},
+		}}
+}
+
+// serveHealthCheckNodePort serves TCP echo on the node itself on the
+// scenario's health check node port, as an agent serves the port's
+// health check (package healthcheck) beside the proxier.
+func serveHealthCheckNodePort(t *testing.T, e *Env) {
+	e.NodeHost().Serve(t, "tcp", e.HealthCheckNodePortOf(0))
+}
+
+// healthCheckNodePortAnswers checks that the outside client, a load
+// balancer's prober, reaches the node's own server on the health check
+// node port through the proxier's rules.
+func healthCheckNodePortAnswers(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
+	t.Helper()
+	r, err := e.Ask(t, Outside, HealthCheckNodePort, f, p)
+	if err != nil {
+		t.Errorf("%s %s from outside to the health check node port %s: %v, want the node's own server to answer",
+			f, p.Lower(), e.resolve(HealthCheckNodePort, f, p), err)
+		return
+	}
+	if r.Host != e.NodeHost().Name {
+		t.Errorf("%s %s from outside to the health check node port: answered by %s, want the node's own server", f, p.Lower(), r.Host)
 	}
 }
 

@@ -172,6 +172,7 @@ const (
 	toUnallocated
 	toLocalNodePort
 	toLocalhostNodePort
+	toHealthCheckNodePort
 )
 
 // The frontends of service 0; Of picks another service.
@@ -189,6 +190,10 @@ var (
 	// LocalhostNodePort is the node port on 127.0.0.1 (IPv4 only), for
 	// the node's own clients.
 	LocalhostNodePort = Target{kind: toLocalhostNodePort}
+	// HealthCheckNodePort is the service's health check node port (see
+	// Env.HealthCheckNodePortOf) on the node's address: no frontend of
+	// the proxier's, a port the node itself serves.
+	HealthCheckNodePort = Target{kind: toHealthCheckNodePort}
 )
 
 // Of returns the same frontend of service i of the scenario.
@@ -199,7 +204,7 @@ func (t Target) OnPort(p uint16) Target { t.port = p; return t }
 
 func (t Target) String() string {
 	name := [...]string{"cluster IP", "node port", "external IP", "load-balancer IP", "unallocated service IP",
-		"node port on another local address", "node port on localhost"}[t.kind]
+		"node port on another local address", "node port on localhost", "health check node port"}[t.kind]
 	if t.svc > 0 {
 		name += fmt.Sprintf(" of service %d", t.svc)
 	}
@@ -382,6 +387,10 @@ func (e *Env) ServiceCIDRs() []netip.Prefix {
 // NodePortOf returns service i's node port: the same for every protocol.
 func (e *Env) NodePortOf(i int) uint16 { return uint16(30000 + e.idx*8 + i) }
 
+// HealthCheckNodePortOf returns service i's health check node port (i
+// from 0 to 3), among the scenario's node ports.
+func (e *Env) HealthCheckNodePortOf(i int) uint16 { return e.NodePortOf(7 - i) }
+
 // ServicePort is the port of every service of the scenarios.
 const ServicePort = 80
 
@@ -432,6 +441,8 @@ func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.
 		a, port = e.LocalIP(f), e.NodePortOf(t.svc)
 	case toLocalhostNodePort:
 		a, port = servicelb.Localhost, e.NodePortOf(t.svc)
+	case toHealthCheckNodePort:
+		a, port = e.NodeIP(f), e.HealthCheckNodePortOf(t.svc)
 	}
 	if t.port != 0 {
 		port = t.port

@@ -200,7 +200,7 @@ func TestDeployRBAC(t *testing.T) {
 	saClient, err := kubernetes.NewForConfig(saCfg)
 	require.NoError(t, err)
 
-	want := []rule{{"", "nodes", "get"}, {"", "services", "list"}, {"", "services", "watch"},
+	want := []rule{{"", "nodes", "list"}, {"", "nodes", "watch"}, {"", "services", "list"}, {"", "services", "watch"},
 		{"discovery.k8s.io", "endpointslices", "list"}, {"discovery.k8s.io", "endpointslices", "watch"}}
 	assert.ElementsMatch(t, want, granted(t, saClient, "default"), "granted exactly what kproxy uses")
 	assert.ElementsMatch(t, want, granted(t, saClient, "kube-system"))
@@ -214,7 +214,7 @@ func TestDeployRBAC(t *testing.T) {
 	require.NoError(t, os.WriteFile(config, []byte(data["config.yaml"]), 0o644))
 	runWithRole := func(d time.Duration) (int, string, string) {
 		// The DaemonSet's command line, with the node reading its pod
-		// CIDRs (nodes get) and the kubeconfig of this API server.
+		// CIDRs (nodes list) and the kubeconfig of this API server.
 		return runFor(t, d, "--config", config, "--kubeconfig", kubeconfig, "--node-name", "deploy-node",
 			"--detect-local-mode", "NodeCIDR", "--dry-run", "--once")
 	}

@@ -245,7 +245,7 @@ func (k *kubeSource) start(s agent.Setup) (agent.Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kubesource.Source{Client: c, ProxyName: k.proxyName, Logger: s.Logger}, nil
+	return &kubesource.Source{Client: c, ProxyName: k.proxyName, NodeName: s.Config.NodeName, Logger: s.Logger}, nil
 }
 
 // consulSource is --source consul.

@@ -35,6 +35,16 @@ type Source interface {
 // Reporter is told about an object a source skipped, and why.
 type Reporter func(object string, err error)
 
+// NodeWatcher is a Source that also follows this node's own object, as
+// kube-proxy watches its Node: while NodeEligible says the node may not
+// take traffic (it is being deleted, say), the proxy's /healthz answers
+// 503, with nodeEligible false, so that load balancers stop sending it
+// traffic before it goes.
+type NodeWatcher interface {
+	Source
+	NodeEligible() bool
+}
+
 // Options configure an Agent.
 type Options struct {
 	Config Config
@@ -65,6 +75,9 @@ type Agent struct {
 	proxyHealth *healthcheck.Proxy
 	services    *healthcheck.Services
 	healthErrs  map[string]string // ports not opened, by service: reported once
+	// watchers are the sources that judge the node's eligibility, set by
+	// Run before it serves the proxy's health.
+	watchers []NodeWatcher
 
 	first     chan error // the first sync's result, for --once
 	firstOnce sync.Once
@@ -195,6 +208,7 @@ func (a *Agent) openHealth(node servicelb.NodeConfig) error {
 	var err error
 	a.proxyHealth, err = healthcheck.NewProxy(healthcheck.ProxyOptions{
 		Health: a.health, Addr: a.cfg.HealthzBindAddress, NetNS: a.ns, Timeout: a.cfg.HealthTimeout(), Logger: a.log,
+		Answered: a.metrics.ProxyAnswered, NodeEligible: a.nodeEligible,
 	})
 	if err != nil {
 		return err
@@ -347,6 +361,17 @@ func (a *Agent) hooks() servicelb.Hooks {
 	return h
 }
 
+// nodeEligible reports whether every source that follows the node finds
+// it eligible for traffic; true without one.
+func (a *Agent) nodeEligible() bool {
+	for _, w := range a.watchers {
+		if !w.NodeEligible() {
+			return false
+		}
+	}
+	return true
+}
+
 func (a *Agent) health() servicelb.Health {
 	if a.runner == nil {
 		return servicelb.Health{}
@@ -388,6 +413,12 @@ func (a *Agent) Close() {
 func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	a.watchers = nil
+	for _, s := range sources {
+		if w, ok := s.(NodeWatcher); ok {
+			a.watchers = append(a.watchers, w)
+		}
+	}
 	var wg sync.WaitGroup
 	if a.cfg.MetricsAddr != "" && !a.cfg.DryRun {
 		if err := a.serveMetrics(ctx, &wg); err != nil {

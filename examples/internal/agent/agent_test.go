@@ -225,30 +225,41 @@ func (failing) Run(context.Context, *servicelb.Source, Reporter) error {
 	return errors.New("it broke")
 }
 
-// TestNodePortAndConntrackFlags: --nodeport-addresses takes CIDRs and
-// "primary", --localhost-nodeports and the --conntrack-* flags reach the
-// node config and the tuning; a bad value names its flag.
+// TestNodePortAndConntrackFlags: --nodeport-addresses takes CIDRs, read
+// as kube-proxy reads them (host bits dropped, leading zeros allowed), or
+// "primary" alone; --localhost-nodeports and the --conntrack-* flags reach
+// the node config and the tuning; a bad value names its flag.
 func TestNodePortAndConntrackFlags(t *testing.T) {
 	var c Config
 	fs := newFlagSet()
 	c.RegisterFlags(fs)
-	require.NoError(t, fs.Parse([]string{"--node-ips=10.0.0.1", "--nodeport-addresses=primary, 192.0.2.0/24", "--localhost-nodeports",
+	require.NoError(t, fs.Parse([]string{"--node-ips=10.0.0.1", "--nodeport-addresses=10.0.0.1/8, 192.0.02.0/24", "--localhost-nodeports",
 		"--conntrack-max-per-core=32768", "--conntrack-min=131072", "--conntrack-tcp-timeout-established=24h",
 		"--conntrack-tcp-timeout-close-wait=1h", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s", "--conntrack-udp-timeout-stream=2m"}))
 	n, err := c.Node()
 	require.NoError(t, err)
-	assert.True(t, n.NodePortPrimary)
-	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, n.NodePortAddresses)
+	assert.False(t, n.NodePortPrimary)
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24")}, n.NodePortAddresses)
 	assert.True(t, n.LocalhostNodePorts)
 	assert.Equal(t, conntrack.Tuning{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: 24 * time.Hour,
 		TCPCloseWaitTimeout: time.Hour, TCPBeLiberal: true, UDPTimeout: 30 * time.Second, UDPStreamTimeout: 2 * time.Minute}, c.Conntrack)
+
+	c = Config{}
+	fs = newFlagSet()
+	c.RegisterFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--node-ips=10.0.0.1", "--nodeport-addresses=primary"}))
+	n, err = c.Node()
+	require.NoError(t, err)
+	assert.True(t, n.NodePortPrimary)
+	assert.Empty(t, n.NodePortAddresses)
 
 	for _, bad := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--nodeport-addresses=10.0.0.1/8"}, "--nodeport-addresses"},
+		{[]string{"--nodeport-addresses=10.0.0.1"}, "--nodeport-addresses"},
 		{[]string{"--nodeport-addresses=primray"}, "--nodeport-addresses"},
+		{[]string{"--nodeport-addresses=primary, 192.0.2.0/24"}, "--nodeport-addresses"},
 		{[]string{"--conntrack-udp-timeout=1500ms"}, "--conntrack-*"},
 	} {
 		var c Config

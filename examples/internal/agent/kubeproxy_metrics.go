@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -8,22 +9,35 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// kubeProxyMetrics are kube-proxy's metrics under their own names, types
-// and buckets (kube-proxy's pkg/proxy/metrics), so that its dashboards and
-// alerts work unchanged.
+// kubeProxyMetrics are kube-proxy's metrics under their own names, types,
+// buckets and labels (kube-proxy's pkg/proxy/metrics), so that its
+// dashboards and alerts work unchanged. kube-proxy runs a proxier per
+// address family and labels what each does with its ip_family ("IPv4",
+// "IPv6"); a kproxy sync programs every family of the backend, so each
+// sync counts in each of them, and each change in the families it touched
+// (servicelb.SyncResult.Families).
 type kubeProxyMetrics struct {
-	syncDuration, fullSync, partialSync prometheus.Histogram
-	lastSync                            prometheus.Gauge
-	programming                         prometheus.Histogram
+	syncDuration, fullSync, partialSync *prometheus.HistogramVec
+	lastSync                            *prometheus.GaugeVec
+	programming                         *prometheus.HistogramVec
 	noLocal                             *prometheus.GaugeVec
+	healthz, livez                      *prometheus.CounterVec
 
 	mu      sync.Mutex
 	changes servicelb.ChangeStats
-	// applied is the last state applied, noLocal's counts of it by
-	// traffic policy.
-	applied            *servicelb.State
-	internal, external int
+	// applied is the last state applied, noLocalCount's counts of it.
+	applied      *servicelb.State
+	noLocalCount map[noLocalKey]int
 }
+
+// noLocalKey is a series of kubeproxy_sync_proxy_rules_no_local_endpoints_total.
+type noLocalKey struct {
+	policy string // "internal" or "external"
+	family servicelb.Family
+}
+
+// ipFamily is kube-proxy's label of a proxier's address family.
+const ipFamily = "ip_family"
 
 // syncBuckets are kube-proxy's buckets for sync durations: 1 ms to 16 s.
 var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
@@ -46,20 +60,27 @@ func mergeBuckets(bs ...[]float64) []float64 {
 	return out
 }
 
-func newKubeProxyMetrics(reg *prometheus.Registry) *kubeProxyMetrics {
+// newKubeProxyMetrics registers kube-proxy's metrics; health reports the
+// runner's state for the time the last change of each family was queued.
+func newKubeProxyMetrics(reg *prometheus.Registry, health func() servicelb.Health) *kubeProxyMetrics {
 	const ns = "kubeproxy"
-	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
-		return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets})
+	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets}, []string{ipFamily})
 	}
 	m := &kubeProxyMetrics{
 		syncDuration: histogram("sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", syncBuckets),
 		fullSync:     histogram("sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs", syncBuckets),
 		partialSync:  histogram("sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs", syncBuckets),
-		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "sync_proxy_rules_last_timestamp_seconds",
-			Help: "The last time proxy rules were successfully synced"}),
+		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "sync_proxy_rules_last_timestamp_seconds",
+			Help: "The last time proxy rules were successfully synced"}, []string{ipFamily}),
 		programming: histogram("network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds", programmingBuckets),
 		noLocal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "sync_proxy_rules_no_local_endpoints_total",
-			Help: "Number of services with a Local traffic policy and no endpoints"}, []string{"traffic_policy"}),
+			Help: "Number of services with a Local traffic policy and no endpoints"}, []string{"traffic_policy", ipFamily}),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "proxy_healthz_total",
+			Help: "Cumulative proxy healthz HTTP status"}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "proxy_livez_total",
+			Help: "Cumulative proxy livez HTTP status"}, []string{"code"}),
+		noLocalCount: map[noLocalKey]int{},
 	}
 	stat := func(f func(servicelb.ChangeStats) float64) func() float64 {
 		return func() float64 {
@@ -68,7 +89,9 @@ func newKubeProxyMetrics(reg *prometheus.Registry) *kubeProxyMetrics {
 			return f(m.changes)
 		}
 	}
-	reg.MustRegister(m.syncDuration, m.fullSync, m.partialSync, m.lastSync, m.programming, m.noLocal,
+	reg.MustRegister(m.syncDuration, m.fullSync, m.partialSync, m.lastSync, m.programming, m.noLocal, m.healthz, m.livez,
+		lastQueued{health: health, desc: prometheus.NewDesc(ns+"_sync_proxy_rules_last_queued_timestamp_seconds",
+			"The last time a sync of proxy rules was queued", []string{ipFamily}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "sync_proxy_rules_endpoint_changes_pending",
 			Help: "Pending proxy rules Endpoint changes"}, stat(func(s servicelb.ChangeStats) float64 { return float64(s.EndpointsPending) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Name: "sync_proxy_rules_endpoint_changes_total",
@@ -78,28 +101,50 @@ func newKubeProxyMetrics(reg *prometheus.Registry) *kubeProxyMetrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Name: "sync_proxy_rules_service_changes_total",
 			Help: "Cumulative proxy rules Service changes"}, stat(func(s servicelb.ChangeStats) float64 { return float64(s.Services) })),
 	)
-	for _, p := range []string{"internal", "external"} {
-		m.noLocal.WithLabelValues(p).Set(0)
-	}
 	return m
 }
 
-// synced records a sync attempt: its duration, full or partial, and for a
-// success its end and the latency of each change it applied.
+// lastQueued is kube-proxy's sync_proxy_rules_last_queued_timestamp_seconds:
+// for each family, when a change of it was last queued (0 before any).
+type lastQueued struct {
+	desc   *prometheus.Desc
+	health func() servicelb.Health
+}
+
+func (c lastQueued) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c lastQueued) Collect(ch chan<- prometheus.Metric) {
+	for _, f := range c.health().Families {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, unixSeconds(f.LastQueuedAt), f.Family.Name())
+	}
+}
+
+// synced records a sync attempt in each family it programmed: its
+// duration, full or partial, and for a success its end, the latency of
+// each change it applied in the family, and the family's services with
+// no local endpoint for their Local policy.
 func (m *kubeProxyMetrics) synced(r servicelb.SyncResult) {
 	d := r.Duration.Seconds()
-	m.syncDuration.Observe(d)
-	if r.Full {
-		m.fullSync.Observe(d)
-	} else {
-		m.partialSync.Observe(d)
-	}
-	if r.Err != nil {
-		return
-	}
-	m.lastSync.Set(unixSeconds(r.End()))
-	for _, t := range r.Triggered {
-		m.programming.Observe(r.End().Sub(t).Seconds())
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, fs := range r.Families {
+		family := fs.Family.Name()
+		m.syncDuration.WithLabelValues(family).Observe(d)
+		if r.Full {
+			m.fullSync.WithLabelValues(family).Observe(d)
+		} else {
+			m.partialSync.WithLabelValues(family).Observe(d)
+		}
+		if r.Err != nil {
+			continue
+		}
+		m.lastSync.WithLabelValues(family).Set(unixSeconds(r.End()))
+		for _, t := range fs.Triggered {
+			m.programming.WithLabelValues(family).Observe(r.End().Sub(t).Seconds())
+		}
+		for _, policy := range []string{"internal", "external"} {
+			m.noLocal.WithLabelValues(policy, family).Set(float64(m.noLocalCount[noLocalKey{policy, fs.Family}]))
+		}
 	}
 }
 
@@ -115,19 +160,20 @@ func (m *kubeProxyMetrics) changed(s servicelb.ChangeStats) {
 }
 
 // stateApplied counts, in the cost of what changed, the service ports that
-// drop traffic of a Local policy for want of a local endpoint, by policy:
-// those whose cluster IP drops (internal), and those whose node ports,
-// external and load-balancer IPs drop traffic from outside (external).
+// drop traffic of a Local policy for want of a local endpoint, by policy
+// and family: those whose cluster IP drops (internal), and those whose
+// node ports, external and load-balancer IPs drop traffic from outside
+// (external). The next synced publishes the counts.
 func (m *kubeProxyMetrics) stateApplied(st *servicelb.State) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ch := servicelb.Diff(m.applied, st)
 	count := func(sp *servicelb.ServicePort, d int) {
 		if sp.ClusterIP.IsValid() && sp.Internal.Of(servicelb.FromOutside).Action == servicelb.Drop {
-			m.internal += d
+			m.noLocalCount[noLocalKey{"internal", sp.Family}] += d
 		}
 		if sp.ExternallyAccessible() && sp.External.Of(servicelb.FromOutside).Action == servicelb.Drop {
-			m.external += d
+			m.noLocalCount[noLocalKey{"external", sp.Family}] += d
 		}
 	}
 	for _, sp := range ch.Removed {
@@ -141,6 +187,15 @@ func (m *kubeProxyMetrics) stateApplied(st *servicelb.State) {
 		count(c.New, 1)
 	}
 	m.applied = st
-	m.noLocal.WithLabelValues("internal").Set(float64(m.internal))
-	m.noLocal.WithLabelValues("external").Set(float64(m.external))
+}
+
+// proxyAnswered counts an answer of the proxy's /healthz or /livez by its
+// status code, as kube-proxy's proxy_healthz_total and proxy_livez_total.
+func (m *kubeProxyMetrics) proxyAnswered(path string, code int) {
+	switch path {
+	case "/healthz":
+		m.healthz.WithLabelValues(strconv.Itoa(code)).Inc()
+	case "/livez":
+		m.livez.WithLabelValues(strconv.Itoa(code)).Inc()
+	}
 }

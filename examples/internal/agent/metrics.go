@@ -73,7 +73,7 @@ func NewMetrics(backend string, health func() servicelb.Health) *Metrics {
 	m.Registry.MustRegister(m.syncDuration, m.programming, m.lastSync, m.syncFailures,
 		m.serviceChanges, m.pending, m.invalid, queued,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.kube = newKubeProxyMetrics(m.Registry)
+	m.kube = newKubeProxyMetrics(m.Registry, health)
 	return m
 }
 
@@ -105,6 +105,10 @@ func (m *Metrics) Hooks() servicelb.Hooks {
 		Applied: m.kube.stateApplied,
 	}
 }
+
+// ProxyAnswered counts an answer of the proxy's health server (see
+// healthcheck.ProxyOptions.Answered).
+func (m *Metrics) ProxyAnswered(path string, code int) { m.kube.proxyAnswered(path, code) }
 
 // Invalid counts an object a source rejected.
 func (m *Metrics) Invalid(source string) { m.invalid.WithLabelValues(source).Inc() }

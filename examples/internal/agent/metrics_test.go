@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,10 +68,47 @@ func parseExposition(t *testing.T, text string) exposition {
 	return e
 }
 
+// labelNames returns the names of the labels of a sample's line, "le"
+// left out, sorted.
+func labelNames(sample string) []string {
+	_, labels, ok := strings.Cut(sample, "{")
+	if !ok {
+		return nil
+	}
+	var names []string
+	for pair := range strings.SplitSeq(strings.TrimSuffix(labels, "}"), ",") {
+		if name, _, _ := strings.Cut(pair, "="); name != "le" {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// kubeProxyLabels are the labels of each of kube-proxy's metrics the agent
+// keeps (kube-proxy v1.33 and later).
+var kubeProxyLabels = map[string][]string{
+	"kubeproxy_sync_proxy_rules_duration_seconds":              {"ip_family"},
+	"kubeproxy_sync_full_proxy_rules_duration_seconds":         {"ip_family"},
+	"kubeproxy_sync_partial_proxy_rules_duration_seconds":      {"ip_family"},
+	"kubeproxy_sync_proxy_rules_last_timestamp_seconds":        {"ip_family"},
+	"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds": {"ip_family"},
+	"kubeproxy_network_programming_duration_seconds":           {"ip_family"},
+	"kubeproxy_sync_proxy_rules_endpoint_changes_pending":      nil,
+	"kubeproxy_sync_proxy_rules_endpoint_changes_total":        nil,
+	"kubeproxy_sync_proxy_rules_service_changes_pending":       nil,
+	"kubeproxy_sync_proxy_rules_service_changes_total":         nil,
+	"kubeproxy_sync_proxy_rules_no_local_endpoints_total":      {"ip_family", "traffic_policy"},
+	"kubeproxy_proxy_healthz_total":                            {"code"},
+	"kubeproxy_proxy_livez_total":                              {"code"},
+}
+
 // TestKubeProxyMetrics scrapes the agent's /metrics over HTTP and finds
-// every metric of kube-proxy's that it keeps, with kube-proxy's type and
-// buckets, and kproxy's own beside them; and the proxy's health on its
-// own address.
+// every metric of kube-proxy's that it keeps, with kube-proxy's type,
+// buckets and labels: what kube-proxy's proxier of each family reports,
+// labelled ip_family, from an IPv4 service and a dual-stack one; and
+// kproxy's own beside them; and the proxy's health on its own address,
+// counted by code.
 func TestKubeProxyMetrics(t *testing.T) {
 	cfg := defaults()
 	cfg.MinSyncInterval, cfg.NodeName = 10*time.Millisecond, "n1"
@@ -78,6 +117,7 @@ func TestKubeProxyMetrics(t *testing.T) {
 	a, src := startAgent(t, cfg, p, io.Discard)
 
 	elsewhere := servicelb.Endpoint{Addr: netip.MustParseAddr("10.1.0.9"), Ready: true, Serving: true, NodeName: "n2"}
+	elsewhere6 := servicelb.Endpoint{Addr: netip.MustParseAddr("fd00:1::9"), Ready: true, Serving: true, NodeName: "n2"}
 	ext := servicelb.Service{
 		Name: "ns/ext", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
 		Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
@@ -88,8 +128,13 @@ func TestKubeProxyMetrics(t *testing.T) {
 		Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
 		InternalTrafficPolicy: servicelb.PolicyLocal, Endpoints: []servicelb.Endpoint{elsewhere},
 	}
+	dual := servicelb.Service{
+		Name: "ns/dual", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.13"), netip.MustParseAddr("fd00:96::13")},
+		Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
+		InternalTrafficPolicy: servicelb.PolicyLocal, Endpoints: []servicelb.Endpoint{elsewhere, elsewhere6},
+	}
 	cause := time.Now().Add(-2 * time.Second)
-	require.NoError(t, src.UpsertTriggered(cause, web, ext, internal))
+	require.NoError(t, src.UpsertTriggered(cause, web, ext, internal, dual))
 	src.Synced()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -102,24 +147,35 @@ func TestKubeProxyMetrics(t *testing.T) {
 	require.NoError(t, err)
 	a.reporter("test")("ns/bad", errors.New("bad"))
 
+	for _, path := range []string{"/healthz", "/livez"} {
+		code, body := httpGet(t, "http://"+cfg.HealthzBindAddress+path)
+		assert.Equal(t, 200, code, path)
+		assert.Contains(t, body, `"healthy":true`, path)
+		assert.Contains(t, body, `"status":{"IPv4":{`, path)
+		assert.Contains(t, body, `"IPv6":{`, path)
+	}
+
 	var e exposition
 	require.Eventually(t, func() bool { // the hooks run after Sync returns
 		_, body := httpGet(t, "http://"+cfg.MetricsAddr+"/metrics")
 		e = parseExposition(t, body)
-		return e.samples["kubeproxy_network_programming_duration_seconds_count"] == 4
+		return e.samples[`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`] == 5
 	}, 5*time.Second, 10*time.Millisecond)
 
 	for name, typ := range map[string]string{
-		"kubeproxy_sync_proxy_rules_duration_seconds":         "histogram",
-		"kubeproxy_sync_full_proxy_rules_duration_seconds":    "histogram",
-		"kubeproxy_sync_partial_proxy_rules_duration_seconds": "histogram",
-		"kubeproxy_sync_proxy_rules_last_timestamp_seconds":   "gauge",
-		"kubeproxy_network_programming_duration_seconds":      "histogram",
-		"kubeproxy_sync_proxy_rules_endpoint_changes_pending": "gauge",
-		"kubeproxy_sync_proxy_rules_endpoint_changes_total":   "counter",
-		"kubeproxy_sync_proxy_rules_service_changes_pending":  "gauge",
-		"kubeproxy_sync_proxy_rules_service_changes_total":    "counter",
-		"kubeproxy_sync_proxy_rules_no_local_endpoints_total": "gauge",
+		"kubeproxy_sync_proxy_rules_duration_seconds":              "histogram",
+		"kubeproxy_sync_full_proxy_rules_duration_seconds":         "histogram",
+		"kubeproxy_sync_partial_proxy_rules_duration_seconds":      "histogram",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds":        "gauge",
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds": "gauge",
+		"kubeproxy_network_programming_duration_seconds":           "histogram",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending":      "gauge",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total":        "counter",
+		"kubeproxy_sync_proxy_rules_service_changes_pending":       "gauge",
+		"kubeproxy_sync_proxy_rules_service_changes_total":         "counter",
+		"kubeproxy_sync_proxy_rules_no_local_endpoints_total":      "gauge",
+		"kubeproxy_proxy_healthz_total":                            "counter",
+		"kubeproxy_proxy_livez_total":                              "counter",
 
 		"kproxy_sync_proxy_rules_duration_seconds":              "histogram",
 		"kproxy_network_programming_duration_seconds":           "histogram",
@@ -132,38 +188,67 @@ func TestKubeProxyMetrics(t *testing.T) {
 	} {
 		assert.Equal(t, typ, e.types[name], name)
 	}
-	for sample, want := range map[string]float64{
-		"kubeproxy_sync_proxy_rules_duration_seconds_count":                              2,
-		"kubeproxy_sync_full_proxy_rules_duration_seconds_count":                         1,
-		"kubeproxy_sync_partial_proxy_rules_duration_seconds_count":                      1,
-		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"}`:                2,
-		`kubeproxy_network_programming_duration_seconds_bucket{le="0"}`:                  0,
-		`kubeproxy_network_programming_duration_seconds_bucket{le="1"}`:                  1,
-		`kubeproxy_network_programming_duration_seconds_bucket{le="300"}`:                4,
-		"kubeproxy_sync_proxy_rules_service_changes_total":                               3,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_total":                              4,
-		"kubeproxy_sync_proxy_rules_service_changes_pending":                             0,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_pending":                            0,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"}`: 1,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"}`: 1,
-		`kproxy_invalid_objects_total{source="test"}`:                                    1,
-	} {
-		got, ok := e.samples[sample]
-		if assert.True(t, ok, "no sample %s", sample) {
-			assert.Equal(t, want, got, sample)
+	for sample := range e.samples {
+		name, _, _ := strings.Cut(sample, "{")
+		if !strings.HasPrefix(name, "kubeproxy_") {
+			continue
+		}
+		family := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		want, ok := kubeProxyLabels[family]
+		if !ok {
+			want, ok = kubeProxyLabels[name]
+		}
+		if assert.True(t, ok, "a metric of kube-proxy's not listed: %s", sample) {
+			assert.Equal(t, want, labelNames(sample), "the labels of %s", sample)
 		}
 	}
-	assert.InDelta(t, float64(time.Now().Unix()), e.samples["kubeproxy_sync_proxy_rules_last_timestamp_seconds"], 10)
+
+	byFamily := func(name string, v4, v6 float64) map[string]float64 {
+		i := strings.IndexAny(name, "{")
+		if i < 0 {
+			return map[string]float64{name + `{ip_family="IPv4"}`: v4, name + `{ip_family="IPv6"}`: v6}
+		}
+		return map[string]float64{name[:i] + `{ip_family="IPv4",` + name[i+1:]: v4, name[:i] + `{ip_family="IPv6",` + name[i+1:]: v6}
+	}
+	want := map[string]float64{
+		"kubeproxy_sync_proxy_rules_service_changes_total":    4,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total":   5,
+		"kubeproxy_sync_proxy_rules_service_changes_pending":  0,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending": 0,
+		`kubeproxy_proxy_healthz_total{code="200"}`:           1,
+		`kubeproxy_proxy_livez_total{code="200"}`:             1,
+		`kproxy_invalid_objects_total{source="test"}`:         1,
+	}
+	for _, m := range []map[string]float64{
+		byFamily("kubeproxy_sync_proxy_rules_duration_seconds_count", 2, 2),
+		byFamily("kubeproxy_sync_full_proxy_rules_duration_seconds_count", 1, 1),
+		byFamily("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", 1, 1),
+		byFamily(`kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"}`, 2, 2),
+		byFamily("kubeproxy_network_programming_duration_seconds_count", 5, 1),
+		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="0"}`, 0, 0),
+		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="1"}`, 1, 0),
+		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="300"}`, 5, 1),
+		byFamily(`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"}`, 2, 1),
+		byFamily(`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"}`, 1, 0),
+	} {
+		maps.Copy(want, m)
+	}
+	for sample, v := range want {
+		got, ok := e.samples[sample]
+		if assert.True(t, ok, "no sample %s", sample) {
+			assert.Equal(t, v, got, sample)
+		}
+	}
+	for _, f := range []string{"IPv4", "IPv6"} {
+		for _, name := range []string{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"} {
+			sample := name + `{ip_family="` + f + `"}`
+			assert.InDelta(t, float64(time.Now().Unix()), e.samples[sample], 10, sample)
+		}
+	}
 	for le := range strings.SplitSeq("0 0.25 0.5 1 59 60 115 120 300", " ") {
-		assert.Contains(t, e.samples, fmt.Sprintf(`kubeproxy_network_programming_duration_seconds_bucket{le="%s"}`, le), "kube-proxy's bucket %s", le)
+		assert.Contains(t, e.samples, fmt.Sprintf(`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="%s"}`, le), "kube-proxy's bucket %s", le)
 	}
 	assert.Len(t, programmingBuckets, 81)
-
-	for _, path := range []string{"/healthz", "/livez"} {
-		code, body := httpGet(t, "http://"+cfg.HealthzBindAddress+path)
-		assert.Equal(t, 200, code, path)
-		assert.Contains(t, body, `"healthy":true`, path)
-	}
 }
 
 // With Profiling, Go's profiles are served on the metrics address beside
@@ -193,7 +278,7 @@ func TestProfiling(t *testing.T) {
 			}
 			code, body = httpGet(t, url+"/metrics")
 			assert.Equal(t, http.StatusOK, code)
-			assert.Contains(t, body, "kubeproxy_sync_proxy_rules_duration_seconds")
+			assert.True(t, strings.Contains(body, "kubeproxy_sync_proxy_rules_service_changes_total"), "kube-proxy's metrics on /metrics")
 		})
 	}
 }

@@ -75,7 +75,7 @@ featureGates: {SomeGate: true}
 detectLocalMode: BridgeInterface
 detectLocal: {bridgeInterface: cbr0, interfaceNamePrefix: veth}
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/48
-nodePortAddresses: [192.0.2.0/24, primary]
+nodePortAddresses: [192.0.2.0/24, 2001:db8::/64]
 oomScoreAdj: -999
 configSyncPeriod: 15m
 portRange: ""
@@ -122,7 +122,7 @@ func TestTranslateIPTables(t *testing.T) {
 		"detectLocalMode -> --detect-local-mode":                                 "BridgeInterface",
 		"detectLocal.bridgeInterface -> --pod-bridge-interface":                  "cbr0",
 		"clusterCIDR -> --cluster-cidrs":                                         "10.244.0.0/16,fd00:10:244::/48",
-		"nodePortAddresses -> --nodeport-addresses":                              "192.0.2.0/24,primary",
+		"nodePortAddresses -> --nodeport-addresses":                              "192.0.2.0/24,2001:db8::/64",
 		"iptables.masqueradeBit -> --masquerade-bit":                             "13",
 		"iptables.masqueradeAll -> --masquerade-all":                             "true",
 		"iptables.localhostNodePorts -> --localhost-nodeports":                   "false",

@@ -32,9 +32,39 @@ func TestNodeCIDRs(t *testing.T) {
 	got, err = NodeCIDRs(ctx, c, "old")
 	require.NoError(t, err)
 	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}, got)
-	for name, want := range map[string]string{"none": "no spec.podCIDRs", "bad": "spec.podCIDRs", "missing": "get node"} {
+	for name, want := range map[string]string{"none": "no spec.podCIDRs", "bad": "spec.podCIDRs", "missing": "node missing not found"} {
 		_, err := NodeCIDRs(ctx, c, name)
 		require.Error(t, err, name)
 		assert.Contains(t, err.Error(), want, name)
+	}
+}
+
+// TestIneligible: a node may take traffic unless it is not found, being
+// deleted, or tainted ToBeDeletedByClusterAutoscaler (whatever the
+// effect), as kube-proxy's /healthz judges it.
+func TestIneligible(t *testing.T) {
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name string
+		node *corev1.Node
+		want string
+	}{
+		{"a node", &corev1.Node{}, ""},
+		{"other taints", &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+			{Key: "node.kubernetes.io/unschedulable", Effect: corev1.TaintEffectNoSchedule}}}}, ""},
+		{"not found", nil, "no Node object"},
+		{"being deleted", &corev1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}}, "being deleted"},
+		{"tainted by the autoscaler", &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+			{Key: "other", Effect: corev1.TaintEffectNoSchedule},
+			{Key: ToBeDeletedTaint, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule}}}}, "tainted ToBeDeletedByClusterAutoscaler"},
+		{"tainted PreferNoSchedule", &corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+			{Key: ToBeDeletedTaint, Effect: corev1.TaintEffectPreferNoSchedule}}}}, "tainted"},
+	} {
+		got := Ineligible(tc.node)
+		if tc.want == "" {
+			assert.Empty(t, got, tc.name)
+		} else {
+			assert.Contains(t, got, tc.want, tc.name)
+		}
 	}
 }

@@ -344,3 +344,76 @@ func TestAPIServerHealthCheck(t *testing.T) {
 		}, 2*time.Second, 20*time.Millisecond)
 	}
 }
+
+// TestAPIServerNodeEligible runs an agent as node of a Node object of the
+// API server: its /healthz answers 503 with nodeEligible false while the
+// Node is missing, tainted ToBeDeletedByClusterAutoscaler or being
+// deleted, and 200 otherwise; /livez answers 200 throughout.
+func TestAPIServerNodeEligible(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	var tag [3]byte
+	_, _ = rand.Read(tag[:])
+	name := "eligible-" + hex.EncodeToString(tag[:])
+	nodes := c.CoreV1().Nodes()
+	const finalizer = "kproxy.dev/test"
+	t.Cleanup(func() {
+		if n, err := nodes.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			n.Finalizers = nil
+			_, _ = nodes.Update(ctx, n, metav1.UpdateOptions{})
+		}
+		_ = nodes.Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	w := e2e.StartPackets(t, "nftables", &Source{Client: c, NodeName: name}, func(cfg *agent.Config) { cfg.NodeName = name })
+	type health struct {
+		NodeEligible *bool `json:"nodeEligible"`
+		Healthy      bool  `json:"healthy"`
+	}
+	// expect waits for /healthz to answer code, the proxy itself healthy
+	// (its first sync done) and the node eligible or not.
+	expect := func(what string, code int, eligible bool) {
+		t.Helper()
+		t.Log(what)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			a, err := w.Health(ctx, e2e.HealthzPort, "/healthz")
+			if !assert.NoError(c, err) {
+				return
+			}
+			var h health
+			if !assert.NoError(c, json.Unmarshal([]byte(a.Body), &h), a.Body) || !assert.NotNil(c, h.NodeEligible, a.Body) {
+				return
+			}
+			assert.Equal(c, code, a.Code, a.Body)
+			assert.Equal(c, eligible, *h.NodeEligible, a.Body)
+			assert.True(c, h.Healthy, "the proxy itself healthy: %s", a.Body)
+		}, 20*time.Second, 50*time.Millisecond, what)
+		w.ExpectHealth(t, 2*time.Second, e2e.HealthzPort, "/livez", http.StatusOK)
+	}
+	update := func(edit func(n *corev1.Node)) {
+		t.Helper()
+		n, err := nodes.Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		edit(n)
+		_, err = nodes.Update(ctx, n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+
+	expect("no Node of this name", http.StatusServiceUnavailable, false)
+	_, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: []string{finalizer}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	expect("the Node created", http.StatusOK, true)
+	update(func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ToBeDeletedTaint, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule})
+	})
+	expect("the Node tainted ToBeDeletedByClusterAutoscaler", http.StatusServiceUnavailable, false)
+	update(func(n *corev1.Node) { n.Spec.Taints = nil })
+	expect("the taint removed", http.StatusOK, true)
+	require.NoError(t, nodes.Delete(ctx, name, metav1.DeleteOptions{}))
+	expect("the Node being deleted (its finalizer holds it)", http.StatusServiceUnavailable, false)
+	update(func(n *corev1.Node) { n.Finalizers = nil })
+	require.Eventually(t, func() bool {
+		_, err := nodes.Get(ctx, name, metav1.GetOptions{})
+		return err != nil
+	}, 20*time.Second, 50*time.Millisecond)
+	expect("the Node gone", http.StatusServiceUnavailable, false)
+}

@@ -37,7 +37,14 @@ type Source struct {
 	// a name, only services labelled with it are handled; without, only
 	// services without the label.
 	ProxyName string
-	// Logger receives skipped services at Debug; nil discards.
+	// NodeName, when set, names this node: Run watches its Node object
+	// (list and watch on nodes, the one object alone), and NodeEligible
+	// reports whether the node may take traffic, as kube-proxy's
+	// /healthz does. Empty: no Node is watched, and the node is always
+	// eligible.
+	NodeName string
+	// Logger receives skipped services at Debug and changes of the node's
+	// eligibility at Info; nil discards.
 	Logger *slog.Logger
 
 	mu       sync.Mutex
@@ -47,9 +54,16 @@ type Source struct {
 	services cache.Indexer
 	slices   cache.Indexer
 	invalid  map[string]string // services reported invalid, by their error text
+	// nodes holds the Node of NodeName once Run watches it; ineligible
+	// is why the node was last found not eligible ("": it was).
+	nodes      cache.Store
+	ineligible string
 }
 
-var _ agent.Source = (*Source)(nil)
+var (
+	_ agent.Source      = (*Source)(nil)
+	_ agent.NodeWatcher = (*Source)(nil)
+)
 
 const byService = "service"
 
@@ -98,6 +112,14 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	if _, err := sliceInf.AddEventHandler(s.handler(s.sliceKey, func(obj any) time.Time { return sliceTriggerTime(obj, s.started) })); err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
+	if s.NodeName != "" {
+		nodeFactory, err := s.watchNode()
+		if err != nil {
+			return err
+		}
+		nodeFactory.Start(ctx.Done())
+		defer nodeFactory.Shutdown()
+	}
 	svcFactory.Start(ctx.Done())
 	sliceFactory.Start(ctx.Done())
 	defer svcFactory.Shutdown()
@@ -113,6 +135,65 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	s.Logger.Info("kubernetes informers synced", "services", len(s.services.ListKeys()), "proxyName", s.ProxyName)
 	<-ctx.Done()
 	return nil
+}
+
+// watchNode prepares the informer of this node's Node object, as
+// kube-proxy watches its own: by a field selector on its name.
+func (s *Source) watchNode() (informers.SharedInformerFactory, error) {
+	f := informers.NewSharedInformerFactoryWithOptions(s.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = nodeSelector(s.NodeName) }))
+	inf := f.Core().V1().Nodes().Informer()
+	if err := inf.SetWatchErrorHandler(s.watchError("nodes")); err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	changed := func(any) { s.nodeChanged() }
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: changed, UpdateFunc: func(_, cur any) { changed(cur) }, DeleteFunc: changed,
+	}); err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	s.mu.Lock()
+	s.nodes, s.ineligible = inf.GetStore(), Ineligible(nil)
+	s.mu.Unlock()
+	return f, nil
+}
+
+// NodeEligible reports whether the node may take traffic: with a
+// NodeName, whether its Node object is there, not being deleted and not
+// tainted ToBeDeletedByClusterAutoscaler (see Ineligible); false until
+// Run has seen it. Without a NodeName, true.
+func (s *Source) NodeEligible() bool {
+	if s.NodeName == "" {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nodes != nil && Ineligible(s.node()) == ""
+}
+
+// node returns this node's Node object, or nil; s.mu is held.
+func (s *Source) node() *corev1.Node {
+	obj, ok, err := s.nodes.GetByKey(s.NodeName)
+	if err != nil || !ok {
+		return nil
+	}
+	n, _ := obj.(*corev1.Node)
+	return n
+}
+
+// nodeChanged logs a change of the node's eligibility.
+func (s *Source) nodeChanged() {
+	s.mu.Lock()
+	why, was := Ineligible(s.node()), s.ineligible
+	s.ineligible = why
+	s.mu.Unlock()
+	switch {
+	case why == was:
+	case why == "":
+		s.Logger.Info("the node is eligible for traffic", "node", s.NodeName)
+	default:
+		s.Logger.Info("the node is not eligible for traffic: /healthz answers 503", "node", s.NodeName, "reason", why)
+	}
 }
 
 // watchError logs a failed list or watch of a resource (a permission
