@@ -94,7 +94,10 @@
 //     weight is not zero, and it serves the port: its port is the one it
 //     names for the port's name in [Endpoint.Ports], else (unless
 //     [Endpoint.OnlyNamedPorts]) the port's TargetPort, else the port
-//     itself. The same address and port listed twice counts once.
+//     itself. The same address and port listed twice counts once: as
+//     kube-proxy's endpoint slice cache, the first listed stays, unless a
+//     later one runs on this node (an endpoint that two sources list,
+//     one of them as local, is local).
 //   - Ready endpoints are preferred. Only when no candidate is ready do
 //     endpoints that are still serving while terminating take traffic, so
 //     that a rolling update never leaves a service without backends while

@@ -39,7 +39,10 @@ type candidate struct {
 }
 
 // candidates returns the endpoints of family f that can serve port p, one
-// per address and port (a ready duplicate wins), drained ones left out.
+// per address and port, drained ones left out. Of two endpoints listed
+// with one address and port, the first stays unless the later one is on
+// this node, as kube-proxy's endpoint slice cache keeps them: a local
+// duplicate wins whatever its conditions.
 func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 	var out []candidate
 	index := map[netip.AddrPort]int{}
@@ -55,7 +58,7 @@ func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 			serving: e.Ready || (e.Serving && e.Terminating),
 		}
 		if j, dup := index[c.AddrPort()]; dup {
-			if !out[j].Ready && c.Ready {
+			if c.Local {
 				out[j] = c
 			}
 			continue

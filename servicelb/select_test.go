@@ -179,10 +179,27 @@ func TestSelection(t *testing.T) {
 			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "local"},
 		},
 		{
-			name:    "duplicates count once, ready wins",
-			eps:     []Endpoint{ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n2", "rs")},
+			name:    "duplicates count once, the first stays",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n2", "rs")},
 			cluster: []string{"10.0.0.1"}, local: []string{},
 			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "cluster"},
+		},
+		{
+			name:    "a later remote duplicate does not replace the first, ready or not",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n3", "rs")},
+			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, verdict: [2]string{"reject", "reject"},
+		},
+		{
+			name:    "a local duplicate wins",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n1", "rs"), ep("10.0.0.1", "n3", "rs")},
+			etp:     PolicyLocal,
+			cluster: []string{"10.0.0.1"}, local: []string{"10.0.0.1"},
+			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "local"},
+		},
+		{
+			name:    "a local duplicate wins whatever its conditions",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n1", "")},
+			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, verdict: [2]string{"reject", "reject"},
 		},
 		{
 			name:    "other family ignored",

@@ -53,6 +53,7 @@ const (
 	followHairpin    = "iptables (*Proxier).syncProxyRules: KUBE-SEP chain, -s endpoint -j KUBE-MARK-MASQ"
 	followTopology   = "proxy.CategorizeEndpoints and topologyModeFromHints"
 	followStale      = "conntrack.CleanStaleEntries"
+	followDuplicates = "proxy (*EndpointSliceCache).addEndpoints: one endpoint per address and port, the first kept unless a later one is local"
 	followClusterIPs = "nftables (*Proxier).setupNFTables: cluster-ips-check, reject to undefined ports of cluster IPs, drop to unallocated service CIDR addresses"
 )
 
@@ -120,9 +121,15 @@ func clusterIPScenarios() []Scenario {
 		},
 			Check{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1).Spread()},
 			Check{From: Outside, To: ClusterIP, Proto: servicelb.UDP, Want: Reach(1)}),
-		one("cluster-ip/duplicate-endpoints", followCategorize, One(func() []servicelb.Endpoint {
-			return Join(NotServing(RemoteEps(0)), RemoteEps(0), RemoteEps(1))
-		}), c(Outside, ClusterIP, Reach(0, 1).Spread())),
+		// Endpoint 0 is listed remote, then local: the local one stays, and
+		// takes outside traffic under the external Local policy. Endpoint
+		// 2 is listed not serving, then ready: the first stays, and 2
+		// takes no traffic.
+		one("cluster-ip/duplicate-endpoints", followDuplicates, One(func() []servicelb.Endpoint {
+			return Join(RemoteEps(0), Local(0), RemoteEps(1), NotServing(RemoteEps(2)), RemoteEps(2))
+		}, WithNodePort(), ExternalLocal()),
+			c(Outside, ClusterIP, Reach(0, 1).Spread()),
+			c(Outside, NodePort, Reach(0).Preserved())),
 		needs(servicelb.FeatureServiceCIDRs, one("cluster-ip/undefined-port-rejected", followClusterIPs, One(all),
 			c(Outside, ClusterIP.OnPort(81), Refused()), c(Node, ClusterIP.OnPort(81), Refused()),
 			c(Outside, ClusterIP, Reach(0, 1, 2)))),
