@@ -103,45 +103,6 @@ func TestVerdicts(t *testing.T) {
 	}
 }
 
-// TestTopologyModes: node and zone hints are judged separately, as
-// kube-proxy's topologyModeFromHints does (F4).
-func TestTopologyModes(t *testing.T) {
-	node := NodeConfig{NodeName: "n1", Zone: "a"}
-	e1, e2, e3 := ep("10.0.0.1", "n1", "rs"), ep("10.0.0.2", "n2", "rs"), ep("10.0.0.3", "n3", "rs")
-	for _, tt := range []struct {
-		name string
-		eps  []Endpoint
-		want []string
-	}{
-		{"zone mode when a ready endpoint lacks a node hint",
-			[]Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, nil), hinted(e3, []string{"a"}, nil)},
-			[]string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}},
-		{"zone mode picks this zone, not the node-hinted endpoint of another zone",
-			[]Endpoint{hinted(e1, []string{"b"}, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
-			[]string{"10.0.0.2"}},
-		{"no topology with node hints on some and zone hints on others",
-			[]Endpoint{hinted(e1, nil, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
-			[]string{"10.0.0.1", "10.0.0.2"}},
-		{"node mode when every ready endpoint has a node hint",
-			[]Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, []string{"n2"})},
-			[]string{"10.0.0.1"}},
-		{"node hints for other nodes only: zone mode",
-			[]Endpoint{hinted(e1, []string{"b"}, []string{"n2"}), hinted(e2, []string{"a"}, []string{"n3"})},
-			[]string{"10.0.0.2"}},
-		{"not-ready endpoints' hints do not count",
-			[]Endpoint{hinted(e1, []string{"a"}, nil), hinted(e2, []string{"b"}, nil), ep("10.0.0.3", "n3", "")},
-			[]string{"10.0.0.1"}},
-		{"terminating fallback ignores hints",
-			[]Endpoint{hinted(ep("10.0.0.1", "n1", "st"), []string{"b"}, nil), hinted(ep("10.0.0.2", "n2", "st"), []string{"a"}, nil)},
-			[]string{"10.0.0.1", "10.0.0.2"}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			s := Service{Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: TCP, Port: 80}}, Endpoints: tt.eps}
-			assert.Equal(t, tt.want, addrs(compile(t, node, s).Cluster))
-		})
-	}
-}
-
 // TestOnlyNamedPorts: an endpoint that names its ports serves only those
 // (F6: an EndpointSlice's endpoints serve the slice's ports).
 func TestOnlyNamedPorts(t *testing.T) {

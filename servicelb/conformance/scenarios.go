@@ -447,6 +447,12 @@ func topologyScenarios() []Scenario {
 		oneNode("topology/hints-leave-the-local-set-alone", followTopology, zone, hinted(func() []servicelb.Endpoint {
 			return Join(Hinted(z("zone-b"), nil, Local(0)), Hinted(z("zone-a"), nil, RemoteEps(1)))
 		}, WithNodePort(), ExternalLocal()), c(Outside, NodePort, Reach(0)), c(Outside, ClusterIP, Reach(1))),
+		// Only endpoint 0, of another zone, has a node hint (for this
+		// node): node hints do not apply, zone hints do.
+		oneNode("topology/partial-node-hints-zone-wins", followTopology+" (PreferSameZone when a ready endpoint lacks a node hint)", zone,
+			hinted(func() []servicelb.Endpoint {
+				return Join(Hinted(z("zone-b"), z(NodeName), Local(0)), Hinted(z("zone-a"), nil, RemoteEps(1, 2)))
+			}), every(ClusterIP, Reach(1, 2).Spread())...),
 	}
 }
 
