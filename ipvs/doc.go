@@ -66,12 +66,12 @@
 // Options.SetPrefix + base + "-4" or "-6":
 //
 //   - mangle PREROUTING and OUTPUT (before routing, NAT and IPVS): flows
-//     to an address of NodeConfig.ServiceCIDRs that is not local (no
-//     cluster IP) are dropped; the node's flows to a load-balancer
-//     frontend from sources outside its source ranges are dropped (IPVS
-//     takes the node's flows before the filter table sees them); the
-//     origins are marked as above; then flows to a frontend whose outside
-//     verdict drops (set drop) are dropped unless marked;
+//     to an address of the service CIDRs (NodeConfig.DroppedServiceCIDRs)
+//     that is not local (no cluster IP) are dropped; the node's flows to
+//     a load-balancer frontend from sources outside its source ranges are
+//     dropped (IPVS takes the node's flows before the filter table sees
+//     them); the origins are marked as above; then flows to a frontend
+//     whose outside verdict drops (set drop) are dropped unless marked;
 //   - nat: flows are tagged with the node's masquerade mark by origin, as
 //     the frontend's verdicts say (sets masq for every origin, masq-pod,
 //     masq-node, masq-outside for one), and masqueraded on the way out,

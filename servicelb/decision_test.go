@@ -149,7 +149,9 @@ func TestSourceRanges(t *testing.T) {
 		{"none", nil, nil, nil},
 		{"node outside the ranges", []string{"198.51.100.0/24"}, []netip.Prefix{pfx("198.51.100.0/24")}, nil},
 		{"node inside: the VIP too", []string{"192.0.2.0/24"}, []netip.Prefix{pfx("192.0.2.0/24"), pfx("203.0.113.10/32")}, nil},
-		{"every address", []string{"0.0.0.0/0", "2001:db8::/32"}, nil, []netip.Prefix{pfx("2001:db8::/32"), pfx("2001:db8:9::10/128")}},
+		{"every address", []string{"0.0.0.0/0", "2001:db8::/32"}, nil, []netip.Prefix{pfx("2001:db8::/32")}},
+		{"one range inside another, the VIP inside a range", []string{"192.0.2.0/24", "192.0.2.128/25", "203.0.113.0/24"},
+			[]netip.Prefix{pfx("192.0.2.0/24"), pfx("203.0.113.0/24")}, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st, err := NewState(node, svc(tt.ranges...))
@@ -158,6 +160,23 @@ func TestSourceRanges(t *testing.T) {
 			assert.Equal(t, tt.v6, st.Port(ServicePortKey{"ns/lb", "", IPv6}).SourceRanges, "IPv6")
 		})
 	}
+}
+
+// TestDroppedServiceCIDRs: the service CIDRs of a family, none inside
+// another, ordered, as every backend drops the flows to their addresses
+// that no frontend takes; the cluster CIDRs that tell pods resolve alike.
+func TestDroppedServiceCIDRs(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	n := NodeConfig{
+		ServiceCIDRs: []netip.Prefix{pfx("fd00:96::/112"), pfx("10.96.128.0/17"), pfx("10.96.0.0/16"), pfx("10.0.0.0/24"), pfx("fd00:96::/120")},
+		ClusterCIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("10.244.0.0/16"), pfx("10.1.0.0/16")},
+	}
+	require.NoError(t, ValidateNode(&n))
+	assert.Equal(t, []netip.Prefix{pfx("10.0.0.0/24"), pfx("10.96.0.0/16")}, n.DroppedServiceCIDRs(IPv4))
+	assert.Equal(t, []netip.Prefix{pfx("fd00:96::/112")}, n.DroppedServiceCIDRs(IPv6))
+	assert.Nil(t, (&NodeConfig{}).DroppedServiceCIDRs(IPv4))
+	assert.Equal(t, []netip.Prefix{pfx("10.1.0.0/16"), pfx("10.244.0.0/16")}, n.LocalMatch(IPv4).CIDRs)
+	assert.Equal(t, pfx("fd00:96::/112"), n.ServiceCIDRs[0], "the node's own list is left as it is")
 }
 
 // TestHairpinAndServing: every endpoint a verdict may forward to is a

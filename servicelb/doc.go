@@ -186,9 +186,11 @@
 //     load-balancer IPs are admitted as sources too (the node reaching a
 //     load-balancer IP it holds). Ranges of one family never close the
 //     other family.
-//   - A flow to a cluster IP on a port no service has is rejected, and with
-//     NodeConfig.ServiceCIDRs one to an address of the service CIDRs that
-//     is no cluster IP is dropped (kube-proxy's cluster-ips-check).
+//   - A flow to a cluster IP (a ServicePort's ClusterIP) on a port no
+//     service port has is rejected, and with NodeConfig.ServiceCIDRs one
+//     to an address of the service CIDRs that is no cluster IP is dropped
+//     (kube-proxy's cluster-ips-check). Backends read the service CIDRs
+//     only as [NodeConfig.DroppedServiceCIDRs] resolves them for a family.
 //     Traffic to external and load-balancer IPs on other ports is not the
 //     proxier's; a backend that must hold those addresses on the node
 //     rejects it.

@@ -251,7 +251,8 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 // allowedSources returns the sources allowed to reach a port's
 // load-balancer IPs, as kube-proxy's firewall chain admits them: the
 // service's ranges of the port's family and, when a node address lies in
-// them, the load-balancer IPs as sources too. No ranges of the family, or
+// them, the load-balancer IPs as sources too, none inside another. No
+// ranges of the family, or
 // a range that holds every address, allow every source: nil.
 func allowedSources(node *NodeConfig, s *Service, sp *ServicePort) []netip.Prefix {
 	ranges := prefixesOf(s.SourceRanges, sp.Family)
@@ -264,8 +265,7 @@ func allowedSources(node *NodeConfig, s *Service, sp *ServicePort) []netip.Prefi
 			out = append(out, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	slices.SortFunc(out, comparePrefixes)
-	return slices.Compact(out)
+	return disjointPrefixes(out)
 }
 
 func comparePrefixes(a, b netip.Prefix) int {
