@@ -22,6 +22,21 @@ func Scenarios() []Scenario {
 		detectLocalScenarios())
 }
 
+// NoSCTPChecks names the scenarios with a stage whose checks are all of
+// TCP or UDP (an even spread measured over TCP, UDP sessions, affinity
+// timed over TCP): a run over SCTP alone leaves them out, and its
+// Options.NotApplicable lists them.
+func NoSCTPChecks() []string {
+	return []string{
+		"cluster-ip/even-shares", "cluster-ip/weights", "cluster-ip/only-named-ports",
+		"affinity/per-client", "affinity/lasts-while-renewed-then-expires",
+		"stale-flows/endpoint-removed", "stale-flows/serving-terminating-endpoint-keeps-its-flows",
+		"stale-flows/drained-endpoint-keeps-its-flows", "stale-flows/deselected-by-policy-keeps-its-flows",
+		"stale-flows/restart-reconciles-the-table",
+		"scheduler/maglev-spreads-one-clients-connections",
+	}
+}
+
 // c builds a check.
 func c(from From, to Target, want Outcome) Check { return Check{From: from, To: to, Want: want} }
 
