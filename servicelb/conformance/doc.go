@@ -99,11 +99,12 @@
 // A backend that balances at the socket layer (package ebpf) sees the
 // flows of the processes in a cgroup, not packets: Backend.Cgroup names
 // the cgroup v2 directory its hooks are attached to, and the asks of the
-// node and of the pod then come from a process inside it (see
-// netnstest.StartCgroup; the test binary's TestMain calls
-// netnstest.Main). A refusal at the socket (ECONNREFUSED before any
-// packet is sent) counts as Refused for those asks, as a drop at the
-// socket (EPERM) counts as Dropped for every ask.
+// node and of the pod then come from a process inside it: the test binary
+// itself, started again into the cgroup, which becomes the asker when the
+// test's TestMain calls Main (in any module: Main is all a backend of
+// another module needs besides Run). A refusal at the socket
+// (ECONNREFUSED before any packet is sent) counts as Refused for those
+// asks, as a drop at the socket (EPERM) counts as Dropped for every ask.
 //
 // A failed check names the scenario, the family, protocol, origin and
 // frontend, and what happened instead (the endpoint that answered, the

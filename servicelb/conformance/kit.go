@@ -41,7 +41,7 @@ type Backend struct {
 	// the hooks do not see. For those asks a refusal at the socket (a
 	// connect failing at once with ECONNREFUSED, no packet sent) counts
 	// as Refused, as a drop at the socket (EPERM) counts as Dropped. The
-	// package's TestMain must call netnstest.Main.
+	// package's TestMain must call Main.
 	Cgroup string
 }
 
