@@ -9,9 +9,10 @@
 // origin, masquerade, reject or drop, source ranges, affinity, stale
 // flows) is decided by servicelb and documented there: each
 // servicelb.ServicePort carries its verdicts, and this package renders
-// them. Capabilities says what it renders: every feature, the IPVS
-// schedulers, any protocol and number of endpoints; Sync refuses a port
-// beyond them with servicelb's own error.
+// them. Capabilities says what it renders: every feature but affinity
+// expiry (IPVS keeps a pin while its connections live) and node ports on
+// localhost, the IPVS schedulers, any protocol and number of endpoints;
+// Sync refuses a port beyond them with servicelb's own error.
 //
 // # Virtual servers
 //
