@@ -13,10 +13,11 @@ import (
 
 // TestConformance runs the conformance kit on the pairing of the socket
 // hooks with the nftables backend: the node's and the pod's asks come
-// from a process in the hooks' cgroup.
+// from a process in the hooks' cgroup. The pair serves what nftables
+// serves: no node ports on localhost, no maglev hint.
 func TestConformance(t *testing.T) {
 	e := newEnv(t)
 	conformance.Run(t, conformance.Backend{Name: "ebpf+nftables", Cgroup: e.Cgroup,
 		New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier { return newSocketLB(t, e, ns, true) },
-	}, conformance.Options{})
+	}, conformance.Options{NotApplicable: []string{"node-port/localhost", "scheduler/maglev-spreads-one-clients-connections"}})
 }

@@ -122,8 +122,9 @@
 // MaxEndpoints endpoints per set; services with source ranges, SCTP ports
 // or other hints are refused (servicelb.ErrUnsupported). With
 // Options.Packets, what both halves can: the packet path's protocols and
-// features (traffic from outside, source ranges, the service CIDRs), the
-// hints both honour, the smaller bound.
+// features (traffic from outside, source ranges, the service CIDRs, the
+// undefined ports of cluster IPs), the hints both honour, the smaller
+// bound.
 //
 // # What it owns
 //

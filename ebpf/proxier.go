@@ -224,7 +224,7 @@ const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | se
 // socket) come before any packet, so the pair's verdicts are the packet
 // path's (FeaturePacketVerdicts).
 const passedFeatures = servicelb.FeatureExternal | servicelb.FeatureSourceRanges | servicelb.FeatureServiceCIDRs |
-	servicelb.FeatureLocalhostNodePorts | servicelb.FeaturePacketVerdicts
+	servicelb.FeatureUndefinedPorts | servicelb.FeatureLocalhostNodePorts | servicelb.FeaturePacketVerdicts
 
 func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 	c := servicelb.Capabilities{

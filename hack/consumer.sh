@@ -1,15 +1,22 @@
 #!/bin/sh
-# A consumer's view of the module graph: a module that imports only
-# servicelb and nftables must not pull lint tools, Kubernetes or
-# HashiCorp modules into its build (`go list -m all`). Runs against this
-# checkout through a replace directive.
+# Consumers' views of the module, each a module of its own outside this
+# one, through a replace directive to this checkout:
+#  - a module that imports only servicelb and nftables must not pull lint
+#    tools, Kubernetes or HashiCorp modules into its build (`go list -m all`);
+#  - a third-party backend's conformance test (conformance.Run, with
+#    conformance.Main as its TestMain, for a backend with socket hooks)
+#    must build: it is vetted and compiled (go test -c), not run.
 set -eu
 GO=${GO:-go}
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cat >"$dir/go.mod" <<MOD
-module example.com/consumer
+
+# module NAME DIR: a go.mod for a consumer module in DIR.
+module() {
+	mkdir -p "$2"
+	cat >"$2/go.mod" <<MOD
+module $1
 
 go 1.26.0
 
@@ -17,7 +24,10 @@ require github.com/kproxy-dev/kproxy v0.0.0
 
 replace github.com/kproxy-dev/kproxy => $root
 MOD
-cat >"$dir/main.go" <<'SRC'
+}
+
+module example.com/consumer "$dir/consumer"
+cat >"$dir/consumer/main.go" <<'SRC'
 package main
 
 import (
@@ -32,14 +42,67 @@ func main() {
 	fmt.Println(out, err)
 }
 SRC
-cd "$dir"
-GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
-GOWORK=off $GO build ./...
-mods=$(GOWORK=off $GO list -m all)
-bad=$(echo "$mods" | grep -E 'honnef.co|golangci|staticcheck|golang.org/x/vuln|k8s.io|sigs.k8s.io|hashicorp' || true)
-if [ -n "$bad" ]; then
-	echo "a consumer of servicelb and nftables lists:" >&2
-	echo "$bad" >&2
-	exit 1
-fi
-echo "consumer module graph: $(echo "$mods" | wc -l) modules, no tools, k8s.io or hashicorp"
+(
+	cd "$dir/consumer"
+	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
+	GOWORK=off $GO build ./...
+	mods=$(GOWORK=off $GO list -m all)
+	bad=$(echo "$mods" | grep -E 'honnef.co|golangci|staticcheck|golang.org/x/vuln|k8s.io|sigs.k8s.io|hashicorp' || true)
+	if [ -n "$bad" ]; then
+		echo "a consumer of servicelb and nftables lists:" >&2
+		echo "$bad" >&2
+		exit 1
+	fi
+	echo "consumer module graph: $(echo "$mods" | wc -l) modules, no tools, k8s.io or hashicorp"
+)
+
+module example.com/backend "$dir/backend"
+cat >"$dir/backend/backend.go" <<'SRC'
+// Package backend stands for a third party's dataplane: a Proxier of its
+// own, here one that hands everything to nftables.
+package backend
+
+import "github.com/kproxy-dev/kproxy/nftables"
+
+// Proxier is the backend under test.
+type Proxier struct{ *nftables.Proxier }
+SRC
+cat >"$dir/backend/conformance_test.go" <<'SRC'
+//go:build linux
+
+package backend_test
+
+import (
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"example.com/backend"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/servicelb/conformance"
+)
+
+func TestMain(m *testing.M) { conformance.Main(m) }
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Backend{
+		Name:   "backend",
+		Cgroup: "/sys/fs/cgroup/backend-test",
+		New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
+			p, err := nftables.New(nftables.Options{NetNS: ns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return backend.Proxier{Proxier: p}
+		},
+	}, conformance.Options{NotApplicable: []string{"node-port/localhost", "scheduler/maglev-spreads-one-clients-connections"}})
+}
+SRC
+(
+	cd "$dir/backend"
+	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
+	GOWORK=off $GO vet ./...
+	GOWORK=off $GO test -c -o "$dir/backend.test" .
+	echo "a third-party backend's conformance test builds outside the module"
+)

@@ -76,7 +76,8 @@
 // need no match for the origins it forwards. Therefore, in filter
 // P-SERVICES after the ports' rules, one rule per service and cluster IP
 // rejects what is left of its flows (ports no service has), and the last
-// rules drop the rest of NodeConfig.ServiceCIDRs. Node port rules match
+// rules drop the rest of the service CIDRs, as
+// NodeConfig.DroppedServiceCIDRs lists them. Node port rules match
 // the node port alone when it is served on every node port address (the
 // filter rules on every local address, -m addrtype --dst-type LOCAL, as
 // kube-proxy's), else each node address that serves it.

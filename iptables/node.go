@@ -68,12 +68,10 @@ func (p *planner) nodeRules() nodeRules {
 			Matches: []xtables.Match{xtables.Comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")},
 			Target:  xtables.Jump(n.fixed(chainNodePorts))})
 	}
-	for _, c := range p.node.ServiceCIDRs {
-		if servicelb.FamilyOf(c.Addr()) == p.family {
-			nr.tails[filterServices] = append(nr.tails[filterServices], xtables.Rule{Dst: c,
-				Matches: []xtables.Match{xtables.Comment("drop traffic to unallocated cluster IPs")},
-				Target:  xtables.Drop})
-		}
+	for _, c := range p.node.DroppedServiceCIDRs(p.family) {
+		nr.tails[filterServices] = append(nr.tails[filterServices], xtables.Rule{Dst: c,
+			Matches: []xtables.Match{xtables.Comment("drop traffic to unallocated cluster IPs")},
+			Target:  xtables.Drop})
 	}
 	portals := "kubernetes service portals"
 	external := "kubernetes externally-visible service portals"

@@ -37,8 +37,7 @@ func TestRandomPlans(t *testing.T) {
 	}
 	for run := range runs {
 		t.Run(fmt.Sprint(run), func(t *testing.T) {
-			g := randomServices{rand.New(rand.NewPCG(seed, uint64(run)))}
-			randomPlans(t, g, 600, cov)
+			randomPlans(t, servicetest.New(randomOptions(servicetest.Options{Seed: seed + uint64(run)})), 600, cov)
 			if t.Failed() {
 				t.Logf("reproduce with KPROXY_TEST_SEED=%d", seed)
 			}
@@ -46,7 +45,7 @@ func TestRandomPlans(t *testing.T) {
 	}
 	t.Logf("coverage: %v", cov)
 	for _, shape := range []string{"reject", "drop", "pod short-circuit", "node in source ranges", "IPv6 source ranges",
-		"node port on some node addresses", "health check", "affinity", "weights", "refused"} {
+		"node port on some node addresses", "node port on localhost", "health check", "affinity", "weights", "refused"} {
 		require.Positive(t, cov[shape], "shape %q never generated", shape)
 	}
 }
@@ -58,23 +57,34 @@ func FuzzPlans(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		randomPlans(t, randomServices{rand.New(servicetest.Source(data))}, 60, map[string]int{})
+		randomPlans(t, servicetest.New(randomOptions(servicetest.Options{Source: servicetest.Source(data)})), 60, map[string]int{})
 	})
 }
 
+// randomOptions are the options of the random states of the rules'
+// tests: a dozen services, node ports on localhost (which these rules
+// alone serve), the random scheduler and one the rules refuse ("rr").
+func randomOptions(o servicetest.Options) servicetest.Options {
+	o.Services = 12
+	o.Schedulers = []servicelb.Scheduler{servicelb.SchedulerRandom, servicelb.SchedulerRoundRobin}
+	o.LocalhostNodePorts = true
+	return o
+}
+
 // randomPlans runs one sequence of steps, counting in cov the shapes of
-// the ports it plans.
-func randomPlans(t *testing.T, g randomServices, steps int, cov map[string]int) {
+// the ports it plans. A change the Proxier's capabilities refuse is taken
+// back.
+func randomPlans(t *testing.T, g *servicetest.Gen, steps int, cov map[string]int) {
 	px := newOffline(t, Options{})
-	b, err := servicelb.NewBuilder(richNode())
+	b, err := servicelb.NewBuilder(g.Node())
 	require.NoError(t, err)
 	prev := b.State()
 	fresh, err := px.content(prev)
 	require.NoError(t, err)
 	model := tableModel(fresh)
-	services := map[string]servicelb.Service{}
 	for step := range steps {
-		undo := g.change(t, b, services, step)
+		kind, err := g.Step(b)
+		require.NoError(t, err, "step %d (%s)", step, kind)
 		st := b.State()
 		ch := servicelb.Diff(prev, st)
 		want, wantErr := px.content(st)
@@ -89,14 +99,14 @@ func randomPlans(t *testing.T, g randomServices, steps int, cov map[string]int) 
 				require.ErrorIs(t, wantErr, servicelb.ErrUnsupported, "step %d: fresh", step)
 				require.Empty(t, rec, "step %d: a refused change recorded changes", step)
 				cov["refused"]++
-				undo()
+				b = prev.Edit()
 				continue
 			}
 			model = model.clone()
 			rec.apply(model)
 		}
 		if diff := cmp.Diff(tableModel(want).lines(), model.lines()); diff != "" {
-			t.Fatalf("step %d: incremental content differs from a fresh one (-fresh +incremental):\n%s", step, diff)
+			t.Fatalf("step %d (%s): incremental content differs from a fresh one (-fresh +incremental):\n%s", step, kind, diff)
 		}
 		for _, c := range model.chains() {
 			require.True(t, px.n.owns(c), "step %d: chain %s not owned", step, c)
@@ -106,35 +116,6 @@ func randomPlans(t *testing.T, g randomServices, steps int, cov map[string]int) 
 		require.Contains(t, text, "COMMIT", "step %d: Render", step)
 		covered(cov, &ch, st)
 		prev = st
-	}
-}
-
-// change makes one random change to b: now and then a node change, else
-// a service deleted or upserted. It returns how to take an upsert back.
-func (g randomServices) change(t *testing.T, b *servicelb.Builder, services map[string]servicelb.Service, step int) func() {
-	switch r := g.pick(100); {
-	case r < 3:
-		require.NoError(t, b.SetNode(g.node()), "step %d", step)
-		return nil
-	case r < 25:
-		name := fmt.Sprintf("ns%d/svc%d", step%3, g.pick(12))
-		b.Delete(name)
-		delete(services, name)
-		return nil
-	}
-	i := g.pick(12)
-	s := g.service(i)
-	old, had := services[s.Name]
-	require.NoError(t, b.Upsert(s), "step %d", step)
-	services[s.Name] = s
-	return func() {
-		if had {
-			require.NoError(t, b.Upsert(old))
-			services[s.Name] = old
-		} else {
-			b.Delete(s.Name)
-			delete(services, s.Name)
-		}
 	}
 }
 
@@ -157,6 +138,7 @@ func covered(cov map[string]int, ch *servicelb.Changes, st *servicelb.State) {
 			{"node in source ranges", slices.ContainsFunc(sp.SourceRanges, netip.Prefix.IsSingleIP)},
 			{"IPv6 source ranges", len(sp.SourceRanges) > 0 && sp.Family == servicelb.IPv6},
 			{"node port on some node addresses", len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.NodePortIPs(sp.Family))},
+			{"node port on localhost", slices.Contains(sp.NodeIPs, servicelb.Localhost)},
 			{"health check", sp.HealthCheckNodePort != 0},
 			{"affinity", sp.Affinity > 0},
 			{"weights", slices.ContainsFunc(sp.Cluster, func(b servicelb.Backend) bool { return b.Weight != 1 })},

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -35,13 +36,13 @@ func TestRandomTransitions(t *testing.T) {
 		seed = s
 	}
 	t.Logf("seed %d", seed)
-	g := randomServices{rand.New(rand.NewPCG(seed, 1))}
+	g := servicetest.New(randomOptions(servicetest.Options{Seed: seed}))
 	h := netnstest.NewHost(t, "iptrand")
 	px := newProxier(t, h, Options{})
 	cc := &countingConn{Conn: px.conn}
 	px.conn, px.ap = cc, newApplier(px, cc)
 
-	b, err := servicelb.NewBuilder(richNode())
+	b, err := servicelb.NewBuilder(g.Node())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,20 +52,8 @@ func TestRandomTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for step := range 300 {
-		switch r := g.pick(100); {
-		case r < 3:
-			if err := b.SetNode(g.node()); err != nil {
-				t.Fatal(err)
-			}
-		case r < 25:
-			b.Delete(fmt.Sprintf("ns%d/svc%d", step%3, g.pick(12)))
-		default:
-			i := g.pick(12)
-			s := g.service(i)
-			s.Name = fmt.Sprintf("ns%d/svc%d", i%3, i)
-			if err := b.Upsert(s); err != nil && !errors.Is(err, servicelb.ErrUnsupported) {
-				t.Fatalf("step %d: %v", step, err)
-			}
+		if kind, err := g.Step(b); err != nil && !errors.Is(err, servicelb.ErrUnsupported) {
+			t.Fatalf("step %d (%s): %v", step, kind, err)
 		}
 		before := cc.batches
 		if err := px.Sync(ctx, b.State()); err != nil {

@@ -9,9 +9,10 @@
 // origin, masquerade, reject or drop, source ranges, affinity, stale
 // flows) is decided by servicelb and documented there: each
 // servicelb.ServicePort carries its verdicts, and this package renders
-// them. Capabilities says what it renders: every feature, the IPVS
-// schedulers, any protocol and number of endpoints; Sync refuses a port
-// beyond them with servicelb's own error.
+// them. Capabilities says what it renders: every feature but affinity
+// expiry (IPVS keeps a pin while its connections live) and node ports on
+// localhost, the IPVS schedulers, any protocol and number of endpoints;
+// Sync refuses a port beyond them with servicelb's own error.
 //
 // # Virtual servers
 //
@@ -66,12 +67,12 @@
 // Options.SetPrefix + base + "-4" or "-6":
 //
 //   - mangle PREROUTING and OUTPUT (before routing, NAT and IPVS): flows
-//     to an address of NodeConfig.ServiceCIDRs that is not local (no
-//     cluster IP) are dropped; the node's flows to a load-balancer
-//     frontend from sources outside its source ranges are dropped (IPVS
-//     takes the node's flows before the filter table sees them); the
-//     origins are marked as above; then flows to a frontend whose outside
-//     verdict drops (set drop) are dropped unless marked;
+//     to an address of the service CIDRs (NodeConfig.DroppedServiceCIDRs)
+//     that is not local (no cluster IP) are dropped; the node's flows to
+//     a load-balancer frontend from sources outside its source ranges are
+//     dropped (IPVS takes the node's flows before the filter table sees
+//     them); the origins are marked as above; then flows to a frontend
+//     whose outside verdict drops (set drop) are dropped unless marked;
 //   - nat: flows are tagged with the node's masquerade mark by origin, as
 //     the frontend's verdicts say (sets masq for every origin, masq-pod,
 //     masq-node, masq-outside for one), and masqueraded on the way out,

@@ -15,6 +15,7 @@ import (
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -137,7 +138,7 @@ func TestKernelEqualsRender(t *testing.T) {
 // walk is a random walk of states through one proxier.
 type walk struct {
 	t   *testing.T
-	g   *gen
+	g   *servicetest.Gen
 	b   *servicelb.Builder
 	h   *netnstest.Host
 	o   Options
@@ -150,9 +151,11 @@ type walk struct {
 }
 
 // next returns the state after a random change: a service added, changed
-// or removed, or the node changed (see gen).
+// or removed, or the node changed (see servicetest.Gen.Step).
 func (w *walk) next() (*servicelb.State, bool) {
-	w.g.change(w.b, 8)
+	if _, err := w.g.Step(w.b); err != nil {
+		w.t.Fatal(err)
+	}
 	st := w.b.State()
 	return st, st != w.cur
 }
@@ -166,7 +169,7 @@ func (w *walk) step(i int) {
 	if !ok {
 		return
 	}
-	if w.g.pick(20) == 0 {
+	if w.g.IntN(20) == 0 {
 		// A restart: a new Proxier adopts what the old one left.
 		w.p.Close()
 		w.p = w.newProxier()
@@ -208,8 +211,8 @@ func TestRandomTransitions(t *testing.T) {
 	netnstest.Require(t, vmFeatures...)
 	seed := uint64(rand.Int64())
 	t.Logf("seed %d", seed)
-	g := newGen(seed)
-	b, err := servicelb.NewBuilder(g.node())
+	g := randomStates(seed)
+	b, err := servicelb.NewBuilder(g.Node())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,9 +182,9 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	return Render(st, p.opts)
 }
 
-// Capabilities returns what the proxier expresses: every feature, the
-// IPVS schedulers (rr, wrr, lc, wlc, sh, dh, sed, nq, mh) and every
-// protocol.
+// Capabilities returns what the proxier expresses: every feature but
+// affinity expiry and node ports on localhost, the IPVS schedulers (rr,
+// wrr, lc, wlc, sh, dh, sed, nq, mh) and every protocol.
 func (p *Proxier) Capabilities() servicelb.Capabilities { return capabilities() }
 
 var _ servicelb.Proxier = (*Proxier)(nil)

@@ -131,7 +131,7 @@ func TestIncrementalPlanEqualsFresh(t *testing.T) {
 				seeds = 2 // in the VM, whose emulation is slow: the host runs all
 			}
 			for seed := range seeds {
-				w := walkPlans(t, newGen(seed), &o, 100)
+				w := walkPlans(t, randomStates(seed), &o, 100)
 				steps, refused, steered, moved = steps+w.steps, refused+w.refused, steered+w.steered, moved+w.moved
 			}
 			t.Logf("%d incremental steps, %d refused, %d with steers, %d moved marks", steps, refused, steered, moved)
@@ -150,24 +150,36 @@ func FuzzPlans(f *testing.F) {
 	o, err := Options{FWMarkMask: 0x00030000}.withDefaults()
 	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		walkPlans(t, genFrom(servicetest.Source(data)), &o, 40)
+		walkPlans(t, servicetest.New(randomOptions(servicetest.Options{Source: servicetest.Source(data)})), &o, 40)
 	})
+}
+
+// randomOptions are the options of the random states of the proxier's
+// tests: every scheduler hint, "random" among them, which IPVS refuses.
+func randomOptions(o servicetest.Options) servicetest.Options {
+	o.Schedulers = servicelb.Schedulers()
+	return o
+}
+
+func randomStates(seed uint64) *servicetest.Gen {
+	return servicetest.New(randomOptions(servicetest.Options{Seed: seed}))
 }
 
 type walkStats struct{ steps, refused, steered, moved int }
 
 // walkPlans walks n random changes of g through a plan and a mirror.
-func walkPlans(t *testing.T, g *gen, o *Options, n int) walkStats {
+func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 	t.Helper()
 	var w walkStats
-	b, err := servicelb.NewBuilder(g.node())
+	b, err := servicelb.NewBuilder(g.Node())
 	require.NoError(t, err)
 	applied := b.State()
 	plan, err := planState(applied, o)
 	require.NoError(t, err)
 	m := mirrorOf(plan)
 	for i := range n {
-		g.change(b, 8)
+		_, err := g.Step(b)
+		require.NoError(t, err, "step %d", i)
 		next := b.State()
 		fresh, ferr := planState(next, o)
 		ch := servicelb.Diff(applied, next)

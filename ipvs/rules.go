@@ -3,8 +3,6 @@
 package ipvs
 
 import (
-	"net/netip"
-
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -168,7 +166,7 @@ func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent 
 	unmarked := xtables.Mark{Value: 0, Mask: n.o.FWMarkMask}
 	drop := rule(xtables.Drop, n.match(setDrop, dst, dst), unmarked)
 	var pre, out, classify []xtables.Rule
-	for _, p := range prefixesOf(node.ServiceCIDRs, n.f) {
+	for _, p := range node.DroppedServiceCIDRs(n.f) {
 		r := rule(xtables.Drop, xtables.AddrType{Dst: xtables.AddrTypeLocal, NotDst: true}, xtables.Conntrack{States: xtables.CtNew})
 		r.Dst = p
 		pre, out = append(pre, r), append(out, r)
@@ -203,17 +201,6 @@ func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent 
 func invert(s xtables.Set) xtables.Set {
 	s.Invert = true
 	return s
-}
-
-// prefixesOf returns the prefixes of family f.
-func prefixesOf(ps []netip.Prefix, f servicelb.Family) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range ps {
-		if servicelb.FamilyOf(p.Addr()) == f {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // steerRules returns the rules of the plan's ports of family f in the

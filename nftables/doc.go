@@ -65,7 +65,8 @@
 //     ports, external IPs and load-balancer IPs;
 //   - rejects what remains for a cluster IP (set cluster-ips4/6, every
 //     cluster IP of the state: a port no service has) and drops what
-//     remains for NodeConfig.ServiceCIDRs (set service-cidrs4/6).
+//     remains for the service CIDRs (set service-cidrs4/6, as
+//     NodeConfig.DroppedServiceCIDRs lists them).
 //
 // An entry chain renders the verdicts of its kind of frontend
 // (ServicePort.Internal or External). It tells origins apart as servicelb

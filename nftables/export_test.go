@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -117,18 +118,6 @@ func portDrift(a, b *portPlan) string {
 	return ""
 }
 
-// RandomWorld makes the random states of the kernel's random test (see
-// randomWorld).
-type RandomWorld struct{ w *randomWorld }
-
-// NewRandomWorld returns a world of pool services, random from seed.
-func NewRandomWorld(seed uint64, pool int) RandomWorld {
-	return RandomWorld{newRandomWorld(seed, pool)}
-}
-
-// Builder returns a builder on a random node with half the pool's
-// services.
-func (rw RandomWorld) Builder() (*servicelb.Builder, error) { return rw.w.builder() }
-
-// Step changes b at random and returns the kind of change.
-func (rw RandomWorld) Step(b *servicelb.Builder) (string, error) { return rw.w.step(b) }
+// RandomOptions are the options of the random states of the table's
+// tests (see randomOptions).
+func RandomOptions(o servicetest.Options) servicetest.Options { return randomOptions(o) }

@@ -180,8 +180,8 @@ func (p *planner) node(n *servicelb.NodeConfig) (nodePlan, error) {
 		elems: map[setID][]elem{},
 	}
 	for _, f := range families {
-		np.elems[fixedSet(kindPodCIDRs, f)] = cidrElems(prefixesOf(n.LocalMatch(f).CIDRs, f))
-		np.elems[fixedSet(kindServiceCIDRs, f)] = cidrElems(prefixesOf(n.ServiceCIDRs, f))
+		np.elems[fixedSet(kindPodCIDRs, f)] = cidrElems(n.LocalMatch(f).CIDRs)
+		np.elems[fixedSet(kindServiceCIDRs, f)] = cidrElems(n.DroppedServiceCIDRs(f))
 	}
 	return np, nil
 }
@@ -205,35 +205,6 @@ func servicesRules() []*rule {
 		svc = append(svc, mk(inSet(f, false, false, fixedSet(kindServiceCIDRs, f).name()), drop()))
 	}
 	return svc
-}
-
-func prefixesOf(ps []netip.Prefix, f servicelb.Family) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range ps {
-		if servicelb.FamilyOf(p.Addr()) == f {
-			out = append(out, p.Masked())
-		}
-	}
-	return disjoint(out)
-}
-
-// disjoint drops prefixes that another one contains: the kernel refuses
-// overlapping intervals.
-func disjoint(ps []netip.Prefix) []netip.Prefix {
-	slices.SortFunc(ps, func(a, b netip.Prefix) int {
-		if a.Bits() != b.Bits() {
-			return a.Bits() - b.Bits()
-		}
-		return a.Addr().Compare(b.Addr())
-	})
-	var out []netip.Prefix
-	for _, p := range ps {
-		if !slices.ContainsFunc(out, func(q netip.Prefix) bool { return q.Contains(p.Addr()) }) {
-			out = append(out, p)
-		}
-	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-	return out
 }
 
 func cidrElems(ps []netip.Prefix) []elem {
@@ -437,11 +408,10 @@ func firewall(pp *portPlan, sp *servicelb.ServicePort) {
 		return
 	}
 	f, proto, port := sp.Family, sp.Port.Protocol, sp.Port.Port
-	allowed := disjoint(slices.Clone(sp.SourceRanges))
 	fw, pass := fixedSet(kindFirewall, f), fixedSet(kindFirewallPass, f)
 	for _, a := range sp.LoadBalancerIPs {
 		pp.add(fw, elem{key: entryBytes(a, proto, port)})
-		for _, src := range allowed {
+		for _, src := range sp.SourceRanges {
 			pp.add(pass, firewallElem(a, proto, port, src))
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 )
 
@@ -25,8 +26,8 @@ func TestRandomTransitions(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -nftables.seed %d)", seed, seed)
-	w := nftables.NewRandomWorld(seed, 60)
-	b, err := w.Builder()
+	w := servicetest.New(nftables.RandomOptions(servicetest.Options{Seed: seed, Services: 60}))
+	b, err := w.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

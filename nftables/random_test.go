@@ -33,30 +33,14 @@ func TestRandomPlans(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -nftables.planseed %d)", seed, seed)
-	requireDistinctSlots(t, newRandomWorld(seed, 40))
+	requireDistinctSlots(t, randomStates(seed))
 	kinds := map[string]int{}
 	rounds := uint64(4)
 	if testing.Short() {
 		rounds = 1 // in the VM, whose emulation is slow: the host runs all
 	}
 	for round := range rounds {
-		w := newRandomWorld(seed+round, 40)
-		b, err := w.builder()
-		require.NoError(t, err)
-		p := newPlanner("kproxy", DefaultAffinitySize)
-		st := b.State()
-		m, err := p.build(st)
-		require.NoError(t, err)
-		for i := range 300 {
-			kind, err := w.step(b)
-			require.NoError(t, err, "change %d (%s)", i, kind)
-			kinds[kind]++
-			next := b.State()
-			if err := checkStep(p, m, st, next); err != nil {
-				t.Fatalf("round %d, change %d (%s): %v", round, i, kind, err)
-			}
-			st = next
-		}
+		walkPlans(t, randomStates(seed+round), 300, kinds)
 	}
 	t.Logf("changes: %v", kinds)
 }
@@ -68,37 +52,61 @@ func FuzzPlans(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		w := worldFrom(servicetest.Source(data), 40)
-		b, err := w.builder()
-		require.NoError(t, err)
-		p := newPlanner("kproxy", DefaultAffinitySize)
-		st := b.State()
-		m, err := p.build(st)
-		require.NoError(t, err)
-		for i := range 40 {
-			kind, err := w.step(b)
-			require.NoError(t, err, "change %d (%s)", i, kind)
-			next := b.State()
-			if err := checkStep(p, m, st, next); err != nil {
-				t.Fatalf("change %d (%s): %v", i, kind, err)
-			}
-			// m is next's model now: its text renders (Render's path).
-			require.Contains(t, p.content(m).render("kproxy"), "table inet kproxy", "change %d (%s): render", i, kind)
-			st = next
-		}
+		walkPlans(t, servicetest.New(randomOptions(servicetest.Options{Source: servicetest.Source(data)})), 40, map[string]int{})
 	})
 }
 
+// randomOptions are the options of the random states of the table's
+// tests, from o's seed or source: the services of a pool of 40 (60 for
+// the kernel's test), the schedulers the table honours.
+func randomOptions(o servicetest.Options) servicetest.Options {
+	if o.Services == 0 {
+		o.Services = 40
+	}
+	o.Schedulers = []servicelb.Scheduler{servicelb.SchedulerRandom}
+	return o
+}
+
+func randomStates(seed uint64) *servicetest.Gen {
+	return servicetest.New(randomOptions(servicetest.Options{Seed: seed}))
+}
+
+// walkPlans walks steps changes of g from a Builder holding half its
+// services, and checks each step (checkStep), rendering each model as
+// Render does; kinds counts the changes by kind.
+func walkPlans(t *testing.T, g *servicetest.Gen, steps int, kinds map[string]int) {
+	t.Helper()
+	b, err := g.Start()
+	require.NoError(t, err)
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	st := b.State()
+	m, err := p.build(st)
+	require.NoError(t, err)
+	for i := range steps {
+		kind, err := g.Step(b)
+		require.NoError(t, err, "change %d (%s)", i, kind)
+		kinds[kind]++
+		next := b.State()
+		if err := checkStep(p, m, st, next); err != nil {
+			t.Fatalf("change %d (%s): %v", i, kind, err)
+		}
+		// m is next's model now: its text renders (Render's path).
+		require.Contains(t, p.content(m).render("kproxy"), "table inet kproxy", "change %d (%s): render", i, kind)
+		st = next
+	}
+}
+
 // requireDistinctSlots checks that no two load-balancing chains of the
-// world's services have the same home slot: then a model and a fresh build
-// give every chain the same slot, whatever the order the chains came in.
-func requireDistinctSlots(t *testing.T, w *randomWorld) {
+// generator's services have the same home slot: then a model and a fresh
+// build give every chain the same slot, whatever the order the chains
+// came in.
+func requireDistinctSlots(t *testing.T, g *servicetest.Gen) {
 	seen := map[[2]uint32]slotKey{}
-	for i := range w.pool {
+	for i := range g.Services() {
 		for j := range 3 {
 			for _, f := range families {
 				for _, local := range []bool{false, true} {
-					k := slotKey{port: servicelb.ServicePortKey{Service: w.name(i), Port: fmt.Sprintf("p%d", j), Family: f}, local: local}
+					k := slotKey{port: servicelb.ServicePortKey{Service: g.Name(i), Port: fmt.Sprintf("p%d", j), Family: f}, local: local}
 					h := [2]uint32{uint32(famIndex(f)), k.home()}
 					o, clash := seen[h]
 					require.False(t, clash, "%v and %v share a home slot", o, k)

@@ -27,7 +27,9 @@ var backendPackages = []string{"../nftables", "../iptables", "../ipvs", "../ebpf
 // compares in full, and no two backends can decide a semantic apart. Of
 // the node, the local-traffic detection is read only as resolved by
 // NodeConfig.LocalMatch, never from its raw fields (ClusterCIDRs,
-// DetectLocal), so that every backend recognises the same pods.
+// DetectLocal), so that every backend recognises the same pods; the
+// service CIDRs only as NodeConfig.DroppedServiceCIDRs resolves them,
+// never from ServiceCIDRs, so that every backend drops the same addresses.
 func TestBackendsReadOnlyServicePorts(t *testing.T) {
 	pkgs := listExports(t, backendPackages)
 	exports := map[string]string{}
@@ -76,7 +78,7 @@ func forbidden(obj types.Object) string {
 	case *types.Var:
 		if o.IsField() {
 			owner := fieldOwner(o)
-			if raw(owner) || (owner == "NodeConfig" && (o.Name() == "ClusterCIDRs" || o.Name() == "DetectLocal")) {
+			if raw(owner) || (owner == "NodeConfig" && rawNodeField(o.Name())) {
 				return "servicelb." + owner + "." + o.Name()
 			}
 		}
@@ -92,6 +94,16 @@ func forbidden(obj types.Object) string {
 		}
 	}
 	return ""
+}
+
+// rawNodeField reports whether a NodeConfig field is one that servicelb
+// resolves for the backends (LocalMatch, DroppedServiceCIDRs).
+func rawNodeField(name string) bool {
+	switch name {
+	case "ClusterCIDRs", "DetectLocal", "ServiceCIDRs":
+		return true
+	}
+	return false
 }
 
 // raw reports whether a servicelb type is part of the raw input model.

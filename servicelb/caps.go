@@ -65,9 +65,9 @@ const (
 	// FeatureExternal: traffic that arrives from other hosts (node ports,
 	// external and load-balancer IPs) is served.
 	FeatureExternal
-	// FeatureServiceCIDRs: traffic to an unallocated address of
-	// NodeConfig.ServiceCIDRs is dropped, and to an undefined port of a
-	// cluster IP rejected.
+	// FeatureServiceCIDRs: traffic to an address of the service CIDRs
+	// that no service port holds is dropped
+	// (NodeConfig.DroppedServiceCIDRs).
 	FeatureServiceCIDRs
 	// FeatureAffinityExpiry: a pin ends when the affinity timeout passes
 	// without a new flow from its client, whatever of the client's flows
@@ -91,11 +91,17 @@ const (
 	// a port nothing listens on, and the proxy resets one it has accepted
 	// but must not forward. UDP is rejected and dropped alike either way.
 	FeaturePacketVerdicts
+	// FeatureUndefinedPorts: traffic to a cluster IP (a ServicePort's
+	// ClusterIP) on a port no service port of it has is rejected. A
+	// packet filter rejects it by rule; a proxy that holds the cluster IPs
+	// as the node's own addresses has the kernel refuse it, as at any
+	// closed port.
+	FeatureUndefinedPorts
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
 		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts |
-		FeatureLocalByInterface | FeaturePacketVerdicts
+		FeatureLocalByInterface | FeaturePacketVerdicts | FeatureUndefinedPorts
 )
 
 // Has reports whether every feature of f is in fs.
@@ -109,6 +115,7 @@ var featureNames = []struct {
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
 	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
 	{FeatureLocalByInterface, "local-by-interface"}, {FeaturePacketVerdicts, "packet-verdicts"},
+	{FeatureUndefinedPorts, "undefined-ports"},
 }
 
 // String lists the features by name, such as "affinity,weights".

@@ -103,45 +103,6 @@ func TestVerdicts(t *testing.T) {
 	}
 }
 
-// TestTopologyModes: node and zone hints are judged separately, as
-// kube-proxy's topologyModeFromHints does (F4).
-func TestTopologyModes(t *testing.T) {
-	node := NodeConfig{NodeName: "n1", Zone: "a"}
-	e1, e2, e3 := ep("10.0.0.1", "n1", "rs"), ep("10.0.0.2", "n2", "rs"), ep("10.0.0.3", "n3", "rs")
-	for _, tt := range []struct {
-		name string
-		eps  []Endpoint
-		want []string
-	}{
-		{"zone mode when a ready endpoint lacks a node hint",
-			[]Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, nil), hinted(e3, []string{"a"}, nil)},
-			[]string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}},
-		{"zone mode picks this zone, not the node-hinted endpoint of another zone",
-			[]Endpoint{hinted(e1, []string{"b"}, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
-			[]string{"10.0.0.2"}},
-		{"no topology with node hints on some and zone hints on others",
-			[]Endpoint{hinted(e1, nil, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
-			[]string{"10.0.0.1", "10.0.0.2"}},
-		{"node mode when every ready endpoint has a node hint",
-			[]Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, []string{"n2"})},
-			[]string{"10.0.0.1"}},
-		{"node hints for other nodes only: zone mode",
-			[]Endpoint{hinted(e1, []string{"b"}, []string{"n2"}), hinted(e2, []string{"a"}, []string{"n3"})},
-			[]string{"10.0.0.2"}},
-		{"not-ready endpoints' hints do not count",
-			[]Endpoint{hinted(e1, []string{"a"}, nil), hinted(e2, []string{"b"}, nil), ep("10.0.0.3", "n3", "")},
-			[]string{"10.0.0.1"}},
-		{"terminating fallback ignores hints",
-			[]Endpoint{hinted(ep("10.0.0.1", "n1", "st"), []string{"b"}, nil), hinted(ep("10.0.0.2", "n2", "st"), []string{"a"}, nil)},
-			[]string{"10.0.0.1", "10.0.0.2"}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			s := Service{Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: TCP, Port: 80}}, Endpoints: tt.eps}
-			assert.Equal(t, tt.want, addrs(compile(t, node, s).Cluster))
-		})
-	}
-}
-
 // TestOnlyNamedPorts: an endpoint that names its ports serves only those
 // (F6: an EndpointSlice's endpoints serve the slice's ports).
 func TestOnlyNamedPorts(t *testing.T) {
@@ -188,7 +149,9 @@ func TestSourceRanges(t *testing.T) {
 		{"none", nil, nil, nil},
 		{"node outside the ranges", []string{"198.51.100.0/24"}, []netip.Prefix{pfx("198.51.100.0/24")}, nil},
 		{"node inside: the VIP too", []string{"192.0.2.0/24"}, []netip.Prefix{pfx("192.0.2.0/24"), pfx("203.0.113.10/32")}, nil},
-		{"every address", []string{"0.0.0.0/0", "2001:db8::/32"}, nil, []netip.Prefix{pfx("2001:db8::/32"), pfx("2001:db8:9::10/128")}},
+		{"every address", []string{"0.0.0.0/0", "2001:db8::/32"}, nil, []netip.Prefix{pfx("2001:db8::/32")}},
+		{"one range inside another, the VIP inside a range", []string{"192.0.2.0/24", "192.0.2.128/25", "203.0.113.0/24"},
+			[]netip.Prefix{pfx("192.0.2.0/24"), pfx("203.0.113.0/24")}, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st, err := NewState(node, svc(tt.ranges...))
@@ -197,6 +160,23 @@ func TestSourceRanges(t *testing.T) {
 			assert.Equal(t, tt.v6, st.Port(ServicePortKey{"ns/lb", "", IPv6}).SourceRanges, "IPv6")
 		})
 	}
+}
+
+// TestDroppedServiceCIDRs: the service CIDRs of a family, none inside
+// another, ordered, as every backend drops the flows to their addresses
+// that no frontend takes; the cluster CIDRs that tell pods resolve alike.
+func TestDroppedServiceCIDRs(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	n := NodeConfig{
+		ServiceCIDRs: []netip.Prefix{pfx("fd00:96::/112"), pfx("10.96.128.0/17"), pfx("10.96.0.0/16"), pfx("10.0.0.0/24"), pfx("fd00:96::/120")},
+		ClusterCIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("10.244.0.0/16"), pfx("10.1.0.0/16")},
+	}
+	require.NoError(t, ValidateNode(&n))
+	assert.Equal(t, []netip.Prefix{pfx("10.0.0.0/24"), pfx("10.96.0.0/16")}, n.DroppedServiceCIDRs(IPv4))
+	assert.Equal(t, []netip.Prefix{pfx("fd00:96::/112")}, n.DroppedServiceCIDRs(IPv6))
+	assert.Nil(t, (&NodeConfig{}).DroppedServiceCIDRs(IPv4))
+	assert.Equal(t, []netip.Prefix{pfx("10.1.0.0/16"), pfx("10.244.0.0/16")}, n.LocalMatch(IPv4).CIDRs)
+	assert.Equal(t, pfx("fd00:96::/112"), n.ServiceCIDRs[0], "the node's own list is left as it is")
 }
 
 // TestHairpinAndServing: every endpoint a verdict may forward to is a

@@ -76,7 +76,10 @@
 // everything else; a backend checks each port it plans with
 // [Capabilities.CheckPort], so the error is the same on every backend. A
 // node the backend cannot serve ([Capabilities.CheckNode]) is refused by
-// NewRunner and by every Sync.
+// NewRunner and by every Sync. The features also decide which scenarios
+// of the conformance kit (package conformance) apply to a backend; its
+// conformance test names those that do not, so that a feature it loses
+// fails the test instead of leaving scenarios unrun.
 //
 // Two services may ask for one frontend (the same address, protocol and
 // port, or the same node port). They are both served; the frontend stays
@@ -95,7 +98,10 @@
 //     weight is not zero, and it serves the port: its port is the one it
 //     names for the port's name in [Endpoint.Ports], else (unless
 //     [Endpoint.OnlyNamedPorts]) the port's TargetPort, else the port
-//     itself. The same address and port listed twice counts once.
+//     itself. The same address and port listed twice counts once: as
+//     kube-proxy's endpoint slice cache, the first listed stays, unless a
+//     later one runs on this node (an endpoint that two sources list,
+//     one of them as local, is local).
 //   - Ready endpoints are preferred. Only when no candidate is ready do
 //     endpoints that are still serving while terminating take traffic, so
 //     that a rolling update never leaves a service without backends while
@@ -184,9 +190,11 @@
 //     load-balancer IPs are admitted as sources too (the node reaching a
 //     load-balancer IP it holds). Ranges of one family never close the
 //     other family.
-//   - A flow to a cluster IP on a port no service has is rejected, and with
-//     NodeConfig.ServiceCIDRs one to an address of the service CIDRs that
-//     is no cluster IP is dropped (kube-proxy's cluster-ips-check).
+//   - A flow to a cluster IP (a ServicePort's ClusterIP) on a port no
+//     service port has is rejected, and with NodeConfig.ServiceCIDRs one
+//     to an address of the service CIDRs that is no cluster IP is dropped
+//     (kube-proxy's cluster-ips-check). Backends read the service CIDRs
+//     only as [NodeConfig.DroppedServiceCIDRs] resolves them for a family.
 //     Traffic to external and load-balancer IPs on other ports is not the
 //     proxier's; a backend that must hold those addresses on the node
 //     rejects it.

@@ -368,8 +368,9 @@ type NodeConfig struct {
 	// other traffic; the zero value detects by ClusterCIDRs.
 	DetectLocal DetectLocal `json:"detectLocal,omitzero"`
 	// ServiceCIDRs hold every cluster IP. When set, traffic to an address
-	// in them that is no service's cluster IP is dropped. (Traffic to a
-	// cluster IP on a port no service has is rejected either way.)
+	// in them that is no service's cluster IP is dropped (backends read
+	// them as DroppedServiceCIDRs resolves them). Traffic to a cluster IP
+	// on a port no service has is rejected either way.
 	ServiceCIDRs []netip.Prefix `json:"serviceCIDRs,omitempty"`
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool `json:"masqueradeAll,omitempty"`
@@ -441,7 +442,8 @@ type DetectLocal struct {
 // A flow the node itself sends has no input interface, so with Interface
 // it is never a pod's; with CIDRs it is when its source lies in them.
 type LocalMatch struct {
-	// CIDRs, when not empty, hold the sources of the pods' flows.
+	// CIDRs, when not empty, hold the sources of the pods' flows: none
+	// inside another, ordered by address.
 	CIDRs []netip.Prefix
 	// Interface, when not empty, is the interface the pods' flows come in
 	// on or, with Prefix, the start of its name.
@@ -467,15 +469,26 @@ func (n *NodeConfig) LocalMatch(f Family) LocalMatch {
 	d := &n.DetectLocal
 	switch n.LocalMode() {
 	case LocalByClusterCIDR:
-		return LocalMatch{CIDRs: prefixesOf(n.ClusterCIDRs, f)}
+		return LocalMatch{CIDRs: disjointPrefixes(prefixesOf(n.ClusterCIDRs, f))}
 	case LocalByNodeCIDR:
-		return LocalMatch{CIDRs: prefixesOf(d.NodeCIDRs, f)}
+		return LocalMatch{CIDRs: disjointPrefixes(prefixesOf(d.NodeCIDRs, f))}
 	case LocalByBridgeInterface:
 		return LocalMatch{Interface: d.BridgeInterface}
 	case LocalByInterfaceNamePrefix:
 		return LocalMatch{Interface: d.InterfaceNamePrefix, Prefix: true}
 	}
 	return LocalMatch{}
+}
+
+// DroppedServiceCIDRs returns the prefixes of family f in which a new
+// flow to an address that is no frontend of a service port is dropped:
+// NodeConfig.ServiceCIDRs of the family, none inside another, ordered by
+// address (kube-proxy's cluster-ips-check). A flow to a cluster IP that a
+// service port holds, on a port none has, is rejected instead (see
+// FeatureUndefinedPorts), as is one to a cluster IP outside them. They
+// are the only part of the service CIDRs backends read.
+func (n *NodeConfig) DroppedServiceCIDRs(f Family) []netip.Prefix {
+	return disjointPrefixes(prefixesOf(n.ServiceCIDRs, f))
 }
 
 // PodsByNamespace reports whether the node's local-traffic detection
@@ -693,10 +706,33 @@ func addrsOf(as []netip.Addr, f Family) []netip.Addr {
 	return out
 }
 
+// prefixesOf returns the prefixes of family f, in a slice of their own.
 func prefixesOf(ps []netip.Prefix, f Family) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range ps {
 		if FamilyOf(p.Addr()) == f {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// disjointPrefixes returns the prefixes of ps that no other one of them
+// contains, masked and ordered by address: the same addresses, as a
+// kernel's interval set holds them (it refuses overlapping intervals). It
+// may reorder ps.
+func disjointPrefixes(ps []netip.Prefix) []netip.Prefix {
+	for i := range ps {
+		ps[i] = ps[i].Masked()
+	}
+	// Two prefixes are nested or apart. Ordered by address, the shorter
+	// of two with one address first, a prefix inside a kept one comes
+	// right after it or after others inside it: the last kept one is the
+	// only one to check.
+	slices.SortFunc(ps, comparePrefixes)
+	var out []netip.Prefix
+	for _, p := range ps {
+		if n := len(out); n == 0 || !out[n-1].Contains(p.Addr()) {
 			out = append(out, p)
 		}
 	}

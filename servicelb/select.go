@@ -39,7 +39,10 @@ type candidate struct {
 }
 
 // candidates returns the endpoints of family f that can serve port p, one
-// per address and port (a ready duplicate wins), drained ones left out.
+// per address and port, drained ones left out. Of two endpoints listed
+// with one address and port, the first stays unless the later one is on
+// this node, as kube-proxy's endpoint slice cache keeps them: a local
+// duplicate wins whatever its conditions.
 func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 	var out []candidate
 	index := map[netip.AddrPort]int{}
@@ -55,7 +58,7 @@ func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 			serving: e.Ready || (e.Serving && e.Terminating),
 		}
 		if j, dup := index[c.AddrPort()]; dup {
-			if !out[j].Ready && c.Ready {
+			if c.Local {
 				out[j] = c
 			}
 			continue
@@ -248,7 +251,8 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 // allowedSources returns the sources allowed to reach a port's
 // load-balancer IPs, as kube-proxy's firewall chain admits them: the
 // service's ranges of the port's family and, when a node address lies in
-// them, the load-balancer IPs as sources too. No ranges of the family, or
+// them, the load-balancer IPs as sources too, none inside another. No
+// ranges of the family, or
 // a range that holds every address, allow every source: nil.
 func allowedSources(node *NodeConfig, s *Service, sp *ServicePort) []netip.Prefix {
 	ranges := prefixesOf(s.SourceRanges, sp.Family)
@@ -261,8 +265,7 @@ func allowedSources(node *NodeConfig, s *Service, sp *ServicePort) []netip.Prefi
 			out = append(out, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	slices.SortFunc(out, comparePrefixes)
-	return slices.Compact(out)
+	return disjointPrefixes(out)
 }
 
 func comparePrefixes(a, b netip.Prefix) int {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
 )
 
 // ep builds an endpoint: addr, node, and conditions given as a string of
@@ -179,10 +180,27 @@ func TestSelection(t *testing.T) {
 			internal: []string{"10.0.0.2"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "local"},
 		},
 		{
-			name:    "duplicates count once, ready wins",
-			eps:     []Endpoint{ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n2", "rs")},
+			name:    "duplicates count once, the first stays",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n2", "rs")},
 			cluster: []string{"10.0.0.1"}, local: []string{},
 			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "cluster"},
+		},
+		{
+			name:    "a later remote duplicate does not replace the first, ready or not",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", ""), ep("10.0.0.1", "n3", "rs")},
+			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, verdict: [2]string{"reject", "reject"},
+		},
+		{
+			name:    "a local duplicate wins",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n1", "rs"), ep("10.0.0.1", "n3", "rs")},
+			etp:     PolicyLocal,
+			cluster: []string{"10.0.0.1"}, local: []string{"10.0.0.1"},
+			internal: []string{"10.0.0.1"}, external: []string{"10.0.0.1"}, verdict: [2]string{"cluster", "local"},
+		},
+		{
+			name:    "a local duplicate wins whatever its conditions",
+			eps:     []Endpoint{ep("10.0.0.1", "n2", "rs"), ep("10.0.0.1", "n1", "")},
+			cluster: []string{}, local: []string{}, internal: []string{}, external: []string{}, verdict: [2]string{"reject", "reject"},
 		},
 		{
 			name:    "other family ignored",
@@ -216,6 +234,78 @@ func TestSelection(t *testing.T) {
 			if got != tt.verdict {
 				t.Errorf("verdicts from outside (cluster IP, node port) = %v, want %v", got, tt.verdict)
 			}
+		})
+	}
+}
+
+// TestTopologyModes: node and zone hints are judged apart, as kube-proxy's
+// topologyModeFromHints does: the node's own endpoints (PreferSameNode)
+// when every ready candidate has a node hint and one names this node; else
+// its zone's (PreferSameZone) when every ready candidate has a zone hint
+// and one names this zone; else every endpoint. The EndpointSlice
+// controller writes node and zone hints for trafficDistribution
+// PreferSameNode, zone hints for PreferSameZone (and PreferClose).
+func TestTopologyModes(t *testing.T) {
+	zoned := NodeConfig{NodeName: "n1", Zone: "a"}
+	e1, e2, e3 := ep("10.0.0.1", "n1", "rs"), ep("10.0.0.2", "n2", "rs"), ep("10.0.0.3", "n3", "rs")
+	for _, tt := range []struct {
+		name string
+		node *NodeConfig // default zoned
+		eps  []Endpoint
+		want []string
+	}{
+		{name: "PreferSameNode: every ready endpoint has a node hint, one for this node",
+			eps:  []Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, []string{"n2"})},
+			want: []string{"10.0.0.1"}},
+		{name: "PreferSameNode without a zone on the node",
+			node: &NodeConfig{NodeName: "n1"},
+			eps:  []Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, []string{"n2"})},
+			want: []string{"10.0.0.1"}},
+		{name: "PreferSameNode goes by the hint, not by where the endpoint runs",
+			eps:  []Endpoint{hinted(e1, nil, []string{"n3"}), hinted(e2, nil, []string{"n1"})},
+			want: []string{"10.0.0.2"}},
+		{name: "PreferSameNode with no endpoint for this node: zone mode",
+			eps:  []Endpoint{hinted(e1, []string{"b"}, []string{"n2"}), hinted(e2, []string{"a"}, []string{"n3"})},
+			want: []string{"10.0.0.2"}},
+		{name: "node hints for other nodes only and a zone hint missing: no topology",
+			eps:  []Endpoint{hinted(e1, []string{"a"}, []string{"n2"}), hinted(e2, nil, []string{"n3"})},
+			want: []string{"10.0.0.1", "10.0.0.2"}},
+		{name: "zone mode when a ready endpoint lacks a node hint",
+			eps:  []Endpoint{hinted(e1, []string{"a"}, []string{"n1"}), hinted(e2, []string{"a"}, nil), hinted(e3, []string{"a"}, nil)},
+			want: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}},
+		{name: "zone mode picks this zone, not the node-hinted endpoint of another zone",
+			eps:  []Endpoint{hinted(e1, []string{"b"}, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
+			want: []string{"10.0.0.2"}},
+		{name: "no topology with node hints on some and zone hints on others",
+			eps:  []Endpoint{hinted(e1, nil, []string{"n1"}), hinted(e2, []string{"a"}, nil)},
+			want: []string{"10.0.0.1", "10.0.0.2"}},
+		{name: "PreferSameZone: an endpoint hinted for several zones",
+			eps:  []Endpoint{hinted(e1, []string{"b"}, nil), hinted(e2, []string{"b", "a"}, nil), hinted(e3, []string{"c"}, nil)},
+			want: []string{"10.0.0.2"}},
+		{name: "PreferSameZone on a node without a zone: no topology",
+			node: &NodeConfig{NodeName: "n1"},
+			eps:  []Endpoint{hinted(e1, []string{"a"}, nil), hinted(e2, []string{"b"}, nil)},
+			want: []string{"10.0.0.1", "10.0.0.2"}},
+		{name: "not-ready endpoints' hints do not count",
+			eps:  []Endpoint{hinted(e1, []string{"a"}, nil), hinted(e2, []string{"b"}, nil), ep("10.0.0.3", "n3", "")},
+			want: []string{"10.0.0.1"}},
+		{name: "a not-ready endpoint without a node hint leaves node mode alone",
+			eps:  []Endpoint{hinted(e1, nil, []string{"n1"}), hinted(e2, nil, []string{"n2"}), ep("10.0.0.3", "n3", "")},
+			want: []string{"10.0.0.1"}},
+		{name: "a drained endpoint's hints do not count",
+			eps:  []Endpoint{weighted(hinted(e1, nil, []string{"n1"}), 0), hinted(e2, nil, []string{"n2"}), hinted(e3, nil, []string{"n3"})},
+			want: []string{"10.0.0.2", "10.0.0.3"}},
+		{name: "terminating fallback ignores hints",
+			eps:  []Endpoint{hinted(ep("10.0.0.1", "n1", "st"), []string{"b"}, nil), hinted(ep("10.0.0.2", "n2", "st"), []string{"a"}, nil)},
+			want: []string{"10.0.0.1", "10.0.0.2"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			node := zoned
+			if tt.node != nil {
+				node = *tt.node
+			}
+			s := Service{Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: TCP, Port: 80}}, Endpoints: tt.eps}
+			assert.Equal(t, tt.want, addrs(compile(t, node, s).Cluster))
 		})
 	}
 }

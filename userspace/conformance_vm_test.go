@@ -24,5 +24,6 @@ func TestConformanceSCTP(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
-	}}, conformance.Options{Protocols: []servicelb.Protocol{servicelb.SCTP}, DropTimeout: time.Second, AskTimeout: 5 * time.Second})
+	}}, conformance.Options{Protocols: []servicelb.Protocol{servicelb.SCTP}, DropTimeout: time.Second, AskTimeout: 5 * time.Second,
+		NotApplicable: append(conformance.NoSCTPChecks(), "cluster-ip/unallocated-service-address-dropped", "left-out/endpoint-capacity")})
 }

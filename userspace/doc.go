@@ -168,7 +168,10 @@
 // NodeConfig.ServiceCIDRs that is no cluster IP is routed as the node
 // routes it: the proxy holds addresses, not prefixes
 // (servicelb.FeatureServiceCIDRs); a port of a held cluster IP that no
-// service has is refused by the kernel as any closed port. The origin of
+// service has is refused by the kernel as any closed port
+// (servicelb.FeatureUndefinedPorts, declared with HoldAddresses and no
+// Listen: where the proxy does not hold the cluster IPs, such a flow goes
+// wherever the node routes it). The origin of
 // a flow is told by its source address alone, so a node process that
 // sends from an address not in NodeConfig counts as outside. Every byte
 // crosses the proxy: each connection costs two sockets, and a stream

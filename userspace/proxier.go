@@ -110,14 +110,20 @@ func (p *Proxier) stopThread() {
 // source preservation (an endpoint sees the proxy's address), packet
 // verdicts (a TCP or SCTP flow it rejects or drops is reset), the drop of
 // unallocated service addresses (it holds addresses, it routes no
-// prefixes); the schedulers random (the default, weighted) and rr and wrr
-// (smooth weighted round robin); any number of endpoints.
+// prefixes), and the refusal of undefined ports of cluster IPs unless it
+// holds the cluster IPs where they listen (Options.HoldAddresses without
+// Options.Listen: the kernel refuses a port nothing listens on); the
+// schedulers random (the default, weighted) and rr and wrr (smooth
+// weighted round robin); any number of endpoints.
 func (p *Proxier) Capabilities() servicelb.Capabilities {
+	lacks := servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts | servicelb.FeatureServiceCIDRs
+	if !p.o.HoldAddresses || p.o.Listen != nil {
+		lacks |= servicelb.FeatureUndefinedPorts
+	}
 	return servicelb.Capabilities{
 		Backend:    "userspace",
 		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom, servicelb.SchedulerRoundRobin, servicelb.SchedulerWeightedRR},
-		Features: servicelb.AllFeatures &^ (servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts |
-			servicelb.FeatureServiceCIDRs),
+		Features:   servicelb.AllFeatures &^ lacks,
 	}
 }
 

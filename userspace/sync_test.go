@@ -391,9 +391,14 @@ func TestCapabilities(t *testing.T) {
 	var p Proxier
 	c := p.Capabilities()
 	assert.Equal(t, "userspace", c.Backend)
-	for _, f := range []servicelb.Features{servicelb.FeaturePreserveSource, servicelb.FeaturePacketVerdicts, servicelb.FeatureServiceCIDRs} {
+	for _, f := range []servicelb.Features{servicelb.FeaturePreserveSource, servicelb.FeaturePacketVerdicts, servicelb.FeatureServiceCIDRs,
+		servicelb.FeatureUndefinedPorts} {
 		assert.False(t, c.Features.Has(f), f.String())
 	}
+	held := Proxier{o: Options{HoldAddresses: true}}
+	assert.True(t, held.Capabilities().Features.Has(servicelb.FeatureUndefinedPorts), "the kernel refuses the closed ports of held cluster IPs")
+	elsewhere := Proxier{o: Options{HoldAddresses: true, Listen: ListenAt(nil)}}
+	assert.False(t, elsewhere.Capabilities().Features.Has(servicelb.FeatureUndefinedPorts), "Options.Listen may leave the cluster IPs unheld")
 	for _, f := range []servicelb.Features{servicelb.FeatureAffinity, servicelb.FeatureAffinityExpiry, servicelb.FeatureWeights,
 		servicelb.FeatureSourceRanges, servicelb.FeatureLocalhostNodePorts, servicelb.FeatureLocalByInterface} {
 		assert.True(t, c.Features.Has(f), f.String())

@@ -1,13 +1,15 @@
 // Package servicetest makes random servicelb states for the backends'
 // property tests: walks of states, each a random change of the last, that
-// vary every field a ServicePort carries, so that "incremental equals
-// fresh" tests of every planner draw from one corpus.
+// vary every field a ServicePort carries, so that the "incremental equals
+// fresh" tests of every planner (nftables, iptables, ipvs, ebpf) and the
+// fuzzing of servicelb's Diff draw from one corpus.
 package servicetest
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -19,7 +21,8 @@ type Options struct {
 	Seed uint64
 	// Source, when set, is drawn from instead (see Source, for fuzzing).
 	Source rand.Source
-	// Services bounds the number of services of a state; default 8.
+	// Services is the number of service names the changes pick from
+	// (Name); default 8.
 	Services int
 	// Schedulers are the hints services may carry besides the default;
 	// nil means none.
@@ -29,11 +32,16 @@ type Options struct {
 	Protocols []servicelb.Protocol
 	// MaxEndpoints bounds the endpoints of a service; default 6.
 	MaxEndpoints int
+	// LocalhostNodePorts lets nodes serve node ports on 127.0.0.1, which
+	// only a backend with servicelb.FeatureLocalhostNodePorts expresses.
+	LocalhostNodePorts bool
 }
 
 // Gen makes random nodes, services and changes. Addresses come from small
-// pools, so that services share endpoints, external IPs clash, and
-// changes often put back what an earlier one took away.
+// pools, so that services share endpoints, frontends clash (two services
+// on one external IP, cluster IP or node port, a virtual address on a node
+// address at another service's node port), and changes often put back
+// what an earlier one took away. Every node and service it makes is valid.
 type Gen struct {
 	rng *rand.Rand
 	o   Options
@@ -57,9 +65,21 @@ func New(o Options) *Gen {
 	return &Gen{rng: rand.New(src), o: o}
 }
 
+// IntN returns a random number in [0, n) from the generator's source, for
+// a test's own choices (so that a fuzzer's data steers them too).
+func (g *Gen) IntN(n int) int { return g.rng.IntN(n) }
+
+// Name returns the name of service i: "ns<i%3>/s<i>".
+func (g *Gen) Name(i int) string { return fmt.Sprintf("ns%d/s%d", i%3, i) }
+
+// Services returns the number of service names (Options.Services).
+func (g *Gen) Services() int { return g.o.Services }
+
 func (g *Gen) chance(p float64) bool { return g.rng.Float64() < p }
 
 func (g *Gen) pick(n int) int { return g.rng.IntN(n) }
+
+func oneOf[T any](g *Gen, xs ...T) T { return xs[g.pick(len(xs))] }
 
 func v4(a, b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{a, b, c, d}) }
 
@@ -69,66 +89,87 @@ func v6(prefix uint16, last byte) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-// Node returns a random node: named, in a zone or not, with node IPs of
-// one or both families, cluster CIDRs of none, one or both, now and then
+// The node's addresses: its primary ones (NodeIPs), a second IPv4 one,
+// and other local addresses (LocalIPs).
+var (
+	NodeIPv4       = v4(198, 51, 100, 1)
+	NodeIPv6       = v6(0xc, 1)
+	nodeIPv4Second = v4(192, 0, 2, 1)
+	localIPs       = []netip.Addr{v4(198, 51, 100, 9), v4(172, 18, 0, 1), v6(0xc, 9)}
+)
+
+// Node returns a random node: named or not (endpoints on "n1" are local),
+// in a zone or not; node IPs of one or both families, other local
+// addresses, node port addresses that select some of them, the primary
+// keyword, node ports on localhost (Options.LocalhostNodePorts); cluster
+// CIDRs of none, one or both families (some inside others), now and then
 // another local-traffic detection (node CIDRs of one or both families, a
-// bridge, an interface name prefix), service CIDRs and masquerade-all,
-// and node ports served where NodePorts says.
+// bridge, an interface name prefix); service CIDRs (some inside others);
+// masquerade-all and another masquerade bit.
 func (g *Gen) Node() servicelb.NodeConfig {
-	n := servicelb.NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{v4(192, 0, 2, 1)}}
-	if g.chance(0.2) {
+	n := servicelb.NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{NodeIPv4}}
+	if g.chance(0.15) {
 		n.NodeName = ""
 	}
 	if g.chance(0.5) {
 		n.Zone = "z1"
 	}
-	if g.chance(0.6) {
-		n.NodeIPs = append(n.NodeIPs, v6(0xc, 1))
+	if g.chance(0.3) {
+		n.NodeIPs = append(n.NodeIPs, nodeIPv4Second)
 	}
+	if g.chance(0.6) {
+		n.NodeIPs = append(n.NodeIPs, NodeIPv6)
+	}
+	g.nodePorts(&n)
 	if g.chance(0.8) {
 		n.ClusterCIDRs = append(n.ClusterCIDRs, netip.MustParsePrefix("10.244.0.0/16"))
+		if g.chance(0.15) {
+			n.ClusterCIDRs = append(n.ClusterCIDRs, netip.MustParsePrefix(oneOf(g, "10.244.1.0/24", "10.245.0.0/16")))
+		}
 	}
 	if g.chance(0.6) {
 		n.ClusterCIDRs = append(n.ClusterCIDRs, netip.MustParsePrefix("fd00:244::/32"))
 	}
-	if g.chance(0.3) {
+	if g.chance(0.4) {
 		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
+		if g.chance(0.5) {
+			n.ServiceCIDRs = append(n.ServiceCIDRs, netip.MustParsePrefix(oneOf(g, "10.96.0.0/24", "fd00:96::/120", "10.97.0.0/16")))
+		}
 	}
 	n.DetectLocal = DetectLocal(g.rng)
 	n.MasqueradeAll = g.chance(0.15)
-	NodePorts(g.rng, &n)
+	if g.chance(0.15) {
+		n.MasqueradeBit = oneOf[uint8](g, 5, 12, 13)
+	}
 	return n
 }
 
-// NodePorts varies where node n serves node ports, as an agent following
-// the node's addresses (package nodeaddr) and kube-proxy's
-// nodePortAddresses would: other local addresses of either family
-// (NodeConfig.LocalIPs), some or none, and node ports on every address,
-// on those CIDRs of one or both families select, or on the node IPs
-// ("primary").
-func NodePorts(r *rand.Rand, n *servicelb.NodeConfig) {
-	n.LocalIPs = nil
-	for _, a := range []netip.Addr{v4(198, 51, 100, 7), v4(172, 18, 0, 5), v6(0xc, 7), v6(0x1a, 5)} {
-		if r.IntN(2) == 0 {
+// nodePorts chooses where the node serves node ports: every local
+// address, some selected by prefixes, the primary ones, localhost.
+func (g *Gen) nodePorts(n *servicelb.NodeConfig) {
+	for _, a := range localIPs {
+		if g.chance(0.35) {
 			n.LocalIPs = append(n.LocalIPs, a)
 		}
 	}
-	n.NodePortAddresses, n.NodePortPrimary = nil, false
-	switch r.IntN(5) {
+	switch g.pick(8) {
 	case 0:
 		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
 	case 1:
-		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("172.18.0.0/16"), netip.MustParsePrefix("fd00:c::/64")}
+		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("fd00:c::/64")}
 	case 2:
-		n.NodePortPrimary = true
+		n.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("172.18.0.0/16")}
+	case 3:
+		n.NodePortPrimary = true // alone: kube-proxy refuses it beside CIDRs
 	}
+	n.LocalhostNodePorts = g.o.LocalhostNodePorts && g.chance(0.2)
 }
 
 // DetectLocal returns a random local-traffic detection: the default (by
-// cluster CIDRs) most of the time, else node CIDRs of one or both
-// families, a bridge or an interface name prefix, each of two.
+// cluster CIDRs) half the time, else node CIDRs of one or both families,
+// a bridge or an interface name prefix, each of two.
 func DetectLocal(r *rand.Rand) servicelb.DetectLocal {
-	switch r.IntN(8) {
+	switch r.IntN(6) {
 	case 0:
 		d := servicelb.DetectLocal{Mode: servicelb.LocalByNodeCIDR, NodeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
 		if r.IntN(2) == 0 {
@@ -143,42 +184,74 @@ func DetectLocal(r *rand.Rand) servicelb.DetectLocal {
 	return servicelb.DetectLocal{}
 }
 
-// Service returns a random valid service named name.
-func (g *Gen) Service(name string) servicelb.Service {
-	s := servicelb.Service{Name: name}
-	i := byte(g.pick(6))
+// Service returns a random valid version of service i (named Name(i)).
+// Its cluster IPs and some of its other addresses are its own; some are
+// shared with other services.
+func (g *Gen) Service(i int) servicelb.Service {
+	s := servicelb.Service{Name: g.Name(i)}
 	if g.chance(0.85) {
-		s.ClusterIPs = append(s.ClusterIPs, v4(10, 96, 0, 10+i))
+		s.ClusterIPs = append(s.ClusterIPs, v4(10, 96, byte(i/200), byte(10+i%200)))
+		if g.chance(0.05) {
+			s.ClusterIPs[0] = v4(10, 96, 250, 1) // shared
+		}
 	}
 	if g.chance(0.5) {
-		s.ClusterIPs = append(s.ClusterIPs, v6(0x96, 10+i))
+		s.ClusterIPs = append(s.ClusterIPs, v6(0x96, byte(10+i)))
 	}
-	if g.chance(0.3) {
-		s.ExternalIPs = append(s.ExternalIPs, v4(198, 51, 100, byte(10+g.pick(3))))
-	}
-	if g.chance(0.2) {
-		s.ExternalIPs = append(s.ExternalIPs, v6(0xe, byte(10+g.pick(3))))
-	}
-	if g.chance(0.3) {
-		s.LoadBalancerIPs = []netip.Addr{v4(203, 0, 113, 10+i)}
-		if g.chance(0.5) {
-			s.LoadBalancerIPs = append(s.LoadBalancerIPs, v6(0xb, 10+i))
-		}
-		s.SourceRanges = g.ranges()
-		if g.chance(0.4) {
-			s.HealthCheckNodePort = uint16(30900 + g.pick(4))
-		}
-	}
+	g.frontends(&s, i)
 	g.ports(&s)
+	if g.chance(0.08) {
+		// A virtual address on a node address, at a node port another
+		// service may have.
+		s.Ports[0].Protocol, s.Ports[0].Port = servicelb.TCP, nodePort(g.pick(12), 0)
+		s.ExternalIPs = appendNew(s.ExternalIPs, oneOf(g, NodeIPv4, nodeIPv4Second))
+	}
 	g.policies(&s)
-	s.Endpoints = g.endpoints(&s)
+	if (s.ExternalTrafficPolicy == servicelb.PolicyLocal || len(s.LoadBalancerIPs) > 0) && g.chance(0.4) {
+		s.HealthCheckNodePort = uint16(30900 + g.pick(4))
+	}
+	s.Endpoints = g.endpoints(&s, i)
 	return s
 }
 
-// ranges returns random source ranges, of either family, one of them
-// holding the node's IPv4 address now and then.
+// appendNew appends a unless as holds it.
+func appendNew(as []netip.Addr, a netip.Addr) []netip.Addr {
+	if slices.Contains(as, a) {
+		return as
+	}
+	return append(as, a)
+}
+
+// frontends gives service i external IPs (shared, its own, a node
+// address), load-balancer IPs (in Proxy mode now and then) and source
+// ranges.
+func (g *Gen) frontends(s *servicelb.Service, i int) {
+	if g.chance(0.3) {
+		s.ExternalIPs = appendNew(s.ExternalIPs, oneOf(g, v4(198, 51, 100, byte(10+g.pick(3))), v4(203, 0, 114, byte(100+i%100)), NodeIPv4))
+	}
+	if g.chance(0.2) {
+		s.ExternalIPs = appendNew(s.ExternalIPs, oneOf(g, v6(0xe, byte(10+g.pick(3))), NodeIPv6))
+	}
+	if g.chance(0.35) {
+		s.LoadBalancerIPs = []netip.Addr{v4(203, 0, 113, byte(10+i%200))}
+		if g.chance(0.05) {
+			s.LoadBalancerIPs[0] = v4(203, 0, 113, 250) // shared
+		}
+		if g.chance(0.5) {
+			s.LoadBalancerIPs = append(s.LoadBalancerIPs, v6(0xb, byte(10+i)))
+		}
+		s.SourceRanges = g.ranges()
+	}
+	if g.chance(0.15) {
+		s.ProxiedLoadBalancerIPs = []netip.Addr{v4(203, 0, 112, byte(10+i%200))}
+	}
+}
+
+// ranges returns random source ranges of either family: one holding the
+// node's addresses, one holding every address, one inside another, one
+// holding the load-balancer IPs.
 func (g *Gen) ranges() []netip.Prefix {
-	pool := []string{"198.51.100.0/24", "192.0.2.0/24", "0.0.0.0/0", "2001:db8::/32", "fd00:c::/64", "203.0.113.0/25"}
+	pool := []string{"198.51.100.0/24", "198.51.100.0/28", "192.0.2.0/25", "0.0.0.0/0", "2001:db8::/32", "fd00:c::/64", "203.0.113.0/25"}
 	var out []netip.Prefix
 	for _, p := range pool {
 		if g.chance(0.2) {
@@ -188,9 +261,13 @@ func (g *Gen) ranges() []netip.Prefix {
 	return out
 }
 
+// nodePort returns the j-th node port of slot k: services that draw one
+// slot share its node ports.
+func nodePort(k, j int) uint16 { return uint16(30000 + 3*k + j) }
+
 func (g *Gen) ports(s *servicelb.Service) {
-	n := 1 + g.pick(3)
-	for j := range n {
+	k := g.pick(12)
+	for j := range 1 + g.pick(3) {
 		p := servicelb.Port{
 			Name:     fmt.Sprintf("p%d", j),
 			Protocol: g.o.Protocols[g.pick(len(g.o.Protocols))],
@@ -200,49 +277,66 @@ func (g *Gen) ports(s *servicelb.Service) {
 			p.TargetPort = uint16(8080 + g.pick(2))
 		}
 		if g.chance(0.4) {
-			p.NodePort = uint16(30000 + g.pick(12))
+			p.NodePort = nodePort(k, j)
 		}
 		s.Ports = append(s.Ports, p)
 	}
 }
 
 func (g *Gen) policies(s *servicelb.Service) {
+	s.InternalTrafficPolicy, s.ExternalTrafficPolicy = "", ""
 	if g.chance(0.3) {
 		s.InternalTrafficPolicy = servicelb.PolicyLocal
 	}
 	if g.chance(0.4) {
 		s.ExternalTrafficPolicy = servicelb.PolicyLocal
 	}
+	s.Affinity = servicelb.SessionAffinity{}
 	if g.chance(0.25) {
 		s.Affinity = servicelb.SessionAffinity{ClientIP: true}
 		if g.chance(0.5) {
 			s.Affinity.Timeout = time.Duration(1+g.pick(600)) * time.Second
 		}
 	}
+	s.Scheduler = ""
 	if len(g.o.Schedulers) > 0 && g.chance(0.3) {
 		s.Scheduler = g.o.Schedulers[g.pick(len(g.o.Schedulers))]
 	}
 }
 
-// endpoints returns random endpoints of both families, local or not, in
-// every condition, with weights, hints and named ports.
-func (g *Gen) endpoints(s *servicelb.Service) []servicelb.Endpoint {
+// endpoints returns random endpoints of service i: of both families, on
+// shared addresses and on its own, local or not, in every condition, with
+// weights, hints, named ports, and now and then an address and port
+// listed twice.
+func (g *Gen) endpoints(s *servicelb.Service, i int) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for range g.pick(g.o.MaxEndpoints + 1) {
+		if len(out) > 0 && g.chance(0.08) {
+			e := out[g.pick(len(out))]
+			e.NodeName, e.Ready = oneOf(g, "n1", "n2"), g.chance(0.5)
+			out = append(out, e)
+			continue
+		}
 		h := byte(1 + g.pick(8))
 		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: g.chance(0.75)}
-		if g.chance(0.35) {
+		switch g.pick(10) {
+		case 0, 1, 2:
 			e.Addr = v6(0x244, h)
+		case 3:
+			e.Addr = v4(10, 245, byte(i), byte(1+g.pick(250)))
 		}
 		e.Serving = e.Ready || g.chance(0.5)
 		e.Terminating = !e.Ready && g.chance(0.6)
-		e.NodeName = []string{"n1", "n2", "n3"}[g.pick(3)]
-		e.Zone = []string{"z1", "z2"}[g.pick(2)]
+		e.NodeName = oneOf(g, "n1", "n2", "n3", "")
+		e.Zone = oneOf(g, "z1", "z2", "")
 		if g.chance(0.3) {
-			e.Hints.ForZones = []string{[]string{"z1", "z2"}[g.pick(2)]}
+			e.Hints.ForZones = []string{oneOf(g, "z1", "z2")}
+			if g.chance(0.2) {
+				e.Hints.ForZones = []string{"z1", "z2"}
+			}
 		}
 		if g.chance(0.2) {
-			e.Hints.ForNodes = []string{[]string{"n1", "n2"}[g.pick(2)]}
+			e.Hints.ForNodes = []string{oneOf(g, "n1", "n2")}
 		}
 		if g.chance(0.25) {
 			e.Weight = servicelb.Weight(uint16(g.pick(4)))
@@ -256,10 +350,24 @@ func (g *Gen) endpoints(s *servicelb.Service) []servicelb.Endpoint {
 	return out
 }
 
+// Start returns a Builder on a random node with the first half of the
+// services.
+func (g *Gen) Start() (*servicelb.Builder, error) {
+	b, err := servicelb.NewBuilder(g.Node())
+	if err != nil {
+		return nil, err
+	}
+	for i := range g.o.Services / 2 {
+		if err := b.Upsert(g.Service(i)); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
 // Walk returns n states, each one random change away from the last, all
-// from one Builder as a Runner makes them: services upserted, changed in
-// one field, deleted, and now and then the node changed. The first state
-// is empty.
+// from one Builder as a Runner makes them (see Step). The first state is
+// empty; changes the Builder refuses are left out.
 func (g *Gen) Walk(n int) ([]*servicelb.State, error) {
 	b, err := servicelb.NewBuilder(g.Node())
 	if err != nil {
@@ -267,7 +375,7 @@ func (g *Gen) Walk(n int) ([]*servicelb.State, error) {
 	}
 	out := []*servicelb.State{b.State()}
 	for len(out) < n {
-		g.step(b)
+		g.Step(b)
 		if st := b.State(); st != out[len(out)-1] {
 			out = append(out, st)
 		}
@@ -275,40 +383,74 @@ func (g *Gen) Walk(n int) ([]*servicelb.State, error) {
 	return out, nil
 }
 
-// step makes one random change; changes validation refuses are dropped.
-func (g *Gen) step(b *servicelb.Builder) {
-	name := fmt.Sprintf("ns/s%d", g.pick(g.o.Services))
+// The kinds of change Step makes.
+const (
+	ChangeNode      = "node"
+	ChangeDelete    = "delete"
+	ChangeEndpoints = "endpoints"
+	ChangeTweak     = "tweak"
+	ChangeUpsert    = "upsert"
+)
+
+// Step makes one random change to b: now and then a new node, else a
+// service deleted, its endpoints changed (some kept, some added), one
+// thing of it changed, or a new version of it. It returns the kind of
+// change and the Builder's error: only a Builder that requires
+// capabilities (Builder.Require) refuses one of its changes, with
+// servicelb.ErrUnsupported or ErrCapacity.
+func (g *Gen) Step(b *servicelb.Builder) (string, error) {
+	i := g.pick(g.o.Services)
+	name := g.Name(i)
+	old, ok := b.State().Service(name)
 	switch r := g.rng.Float64(); {
-	case r < 0.05:
-		_ = b.SetNode(g.Node())
+	case r < 0.06:
+		return ChangeNode, b.SetNode(g.Node())
 	case r < 0.25:
 		b.Delete(name)
-	case r < 0.55 && b.Has(name):
-		s, _ := b.State().Service(name)
-		_ = b.Upsert(g.tweak(*s))
-	default:
-		_ = b.Upsert(g.Service(name))
+		return ChangeDelete, nil
+	case r < 0.45 && ok:
+		s := *old
+		eps := s.Endpoints
+		if len(eps) > 0 && g.chance(0.5) {
+			eps = eps[1:]
+		}
+		s.Endpoints = append(slices.Clone(eps), g.endpoints(&s, i)...)
+		return ChangeEndpoints, b.Upsert(s)
+	case r < 0.65 && ok:
+		return ChangeTweak, b.Upsert(g.tweak(*old, i))
 	}
+	return ChangeUpsert, b.Upsert(g.Service(i))
 }
 
-// tweak changes one thing of a service: its endpoints, a policy, a port.
-func (g *Gen) tweak(s servicelb.Service) servicelb.Service {
-	switch g.pick(5) {
+// tweak changes one thing of service i: its endpoints, its policies, its
+// ports, its source ranges, its load-balancer IPs, one endpoint's
+// conditions, weight or node.
+func (g *Gen) tweak(s servicelb.Service, i int) servicelb.Service {
+	switch g.pick(6) {
 	case 0:
-		s.Endpoints = g.endpoints(&s)
+		s.Endpoints = g.endpoints(&s, i)
 	case 1:
 		g.policies(&s)
 	case 2:
 		s.Ports = nil
 		g.ports(&s)
-		s.Endpoints = g.endpoints(&s)
+		s.Endpoints = g.endpoints(&s, i)
 	case 3:
 		s.SourceRanges = g.ranges()
+	case 4:
+		if len(s.LoadBalancerIPs) > 0 {
+			s.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs[:len(s.LoadBalancerIPs)-1])
+		} else {
+			s.LoadBalancerIPs = []netip.Addr{v4(203, 0, 113, byte(10+i%200))}
+		}
 	default:
 		if len(s.Endpoints) > 0 {
-			eps := append([]servicelb.Endpoint(nil), s.Endpoints...)
+			eps := slices.Clone(s.Endpoints)
 			e := &eps[g.pick(len(eps))]
 			e.Ready, e.Weight = !e.Ready, servicelb.Weight(uint16(g.pick(3)))
+			if g.chance(0.5) {
+				e.NodeName = oneOf(g, "n1", "n2")
+			}
 			s.Endpoints = eps
 		}
 	}

@@ -2,6 +2,8 @@ package servicetest
 
 import (
 	"math/rand/v2"
+	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,10 +13,14 @@ import (
 )
 
 // TestWalkCoversTheServicePort: a walk of a few hundred states reaches
-// every shape the property tests need: each verdict, both families,
-// source ranges, affinity, health check ports, clashes, node changes.
+// every shape the property tests need: each verdict, both families and
+// every protocol, source ranges, affinity, health check ports, schedulers,
+// clashes, node changes, node ports on some of the node's addresses, on
+// its other local addresses and on localhost, load-balancer IPs in Proxy
+// mode, every local-traffic detection, nested service CIDRs, endpoints
+// listed twice, hairpin and serving endpoints.
 func TestWalkCoversTheServicePort(t *testing.T) {
-	states, err := New(Options{Seed: 1, Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}}).Walk(400)
+	states, err := New(Options{Seed: 1, Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}, LocalhostNodePorts: true}).Walk(400)
 	require.NoError(t, err)
 	require.Len(t, states, 400)
 	seen := map[string]bool{}
@@ -27,34 +33,61 @@ func TestWalkCoversTheServicePort(t *testing.T) {
 				seen["node change"] = true
 			}
 		}
-		for _, sp := range st.Ports() {
-			seen[sp.Family.String()] = true
-			seen[sp.Port.Protocol.Lower()] = true
-			for _, vs := range []servicelb.Verdicts{sp.Internal, sp.External} {
-				for _, o := range servicelb.Origins() {
-					seen[vs.Of(o).String()] = true
+		node := st.Node()
+		seen["detect "+string(node.LocalMode())] = true
+		if len(node.ServiceCIDRs) > len(node.DroppedServiceCIDRs(servicelb.IPv4))+len(node.DroppedServiceCIDRs(servicelb.IPv6)) {
+			seen["nested service CIDRs"] = true
+		}
+		if node.NodePortPrimary {
+			seen["primary"] = true
+		}
+		for _, s := range st.Services() {
+			if len(s.ProxiedLoadBalancerIPs) > 0 {
+				seen["proxied load-balancer IPs"] = true
+			}
+			addrs := map[netip.Addr]bool{}
+			for _, e := range s.Endpoints {
+				if addrs[e.Addr] {
+					seen["endpoint listed twice"] = true
 				}
+				addrs[e.Addr] = true
 			}
-			if len(sp.SourceRanges) > 0 {
-				seen["ranges"] = true
-			}
-			if sp.Affinity > 0 {
-				seen["affinity"] = true
-			}
-			if sp.HealthCheckNodePort > 0 {
-				seen["health"] = true
-			}
-			if sp.Scheduler != "" {
-				seen["scheduler"] = true
-			}
-			if len(sp.NodeIPs) > 0 {
-				seen["node port"] = true
-			}
+		}
+		for _, sp := range st.Ports() {
+			seePort(seen, &node, sp)
 		}
 	}
 	for _, want := range []string{"conflict", "node change", "ipv4", "ipv6", "tcp", "udp", "sctp", "reject", "drop",
-		"cluster", "cluster+masq", "local", "local+masq", "ranges", "affinity", "health", "scheduler", "node port"} {
+		"cluster", "cluster+masq", "local", "local+masq", "ranges", "affinity", "health", "scheduler", "node port",
+		"node port on some node addresses", "node port on another local address", "node port on localhost", "primary",
+		"proxied load-balancer IPs", "nested service CIDRs", "endpoint listed twice", "hairpin", "serving not selected",
+		"detect ClusterCIDR", "detect NodeCIDR", "detect BridgeInterface", "detect InterfaceNamePrefix"} {
 		assert.True(t, seen[want], "no %s in the walk", want)
+	}
+}
+
+// seePort notes the shapes of one service port.
+func seePort(seen map[string]bool, node *servicelb.NodeConfig, sp *servicelb.ServicePort) {
+	seen[sp.Family.String()] = true
+	seen[sp.Port.Protocol.Lower()] = true
+	for _, vs := range []servicelb.Verdicts{sp.Internal, sp.External} {
+		for _, o := range servicelb.Origins() {
+			seen[vs.Of(o).String()] = true
+		}
+	}
+	for what, ok := range map[string]bool{
+		"ranges":                             len(sp.SourceRanges) > 0,
+		"affinity":                           sp.Affinity > 0,
+		"health":                             sp.HealthCheckNodePort > 0,
+		"scheduler":                          sp.Scheduler != "",
+		"node port":                          len(sp.NodeIPs) > 0,
+		"node port on some node addresses":   len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.IPs(sp.Family))+len(node.LocalIPs),
+		"node port on another local address": slices.ContainsFunc(sp.NodeIPs, func(a netip.Addr) bool { return slices.Contains(node.LocalIPs, a) }),
+		"node port on localhost":             slices.Contains(sp.NodeIPs, servicelb.Localhost),
+		"hairpin":                            len(sp.Hairpin) > 0,
+		"serving not selected":               len(sp.Serving) > len(sp.Hairpin),
+	} {
+		seen[what] = seen[what] || ok
 	}
 }
 

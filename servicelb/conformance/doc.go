@@ -58,16 +58,36 @@
 //				}
 //				return p
 //			},
-//		}, conformance.Options{})
+//		}, conformance.Options{NotApplicable: []string{
+//			"node-port/localhost", // mine serves no node ports on 127.0.0.1
+//		}})
 //	}
 //
 // It needs root and a kernel with network namespaces, veth, bridges and
 // whatever the backend itself needs; it creates namespaces named "kpt-<pid>-..."
-// and removes them, and never touches the caller's namespace. The
-// backend's Capabilities decide which scenarios apply: a scenario that
-// needs a feature the backend does not declare (servicelb.Features), or a
-// scheduler hint it does not honour, is logged as not applicable instead
-// of run. The features also say how two kinds of check read: for a backend
+// and removes them, and never touches the caller's namespace.
+//
+// # Scenarios that do not apply
+//
+// The backend's Capabilities decide which scenarios apply: a scenario
+// that needs a feature the backend does not declare (servicelb.Features),
+// or a scheduler hint it does not honour (or, for the scenarios of a
+// refused hint or of a bound on endpoints, that the backend honours every
+// hint or has no bound), is not applicable and is not run. So is a
+// scenario with a stage none of whose checks runs over Options.Protocols,
+// such as one that measures a spread over TCP in a run over SCTP alone
+// (NoSCTPChecks names those): a stage never passes with nothing checked.
+//
+// The backend's test declares which scenarios it expects to be left out,
+// by name, in Options.NotApplicable, and Run fails when the scenarios
+// left out differ: a scenario newly left out (the backend lost a feature
+// flag, a check lost its protocol) or one listed that now applies, each
+// with why, followed by the list left out now, to copy once the change is
+// meant. Scenarios Options.Run does not select do not count. To start,
+// run with an empty list and copy the list the failure prints, checking
+// each reason against what the backend means to leave out.
+//
+// The features also say how two kinds of check read: for a backend
 // without servicelb.FeaturePreserveSource (a proxy: the endpoint sees the
 // node), a check that wants the client's address kept wants the node's;
 // for one without servicelb.FeaturePacketVerdicts (a proxy that terminates
@@ -81,11 +101,12 @@
 // A backend that balances at the socket layer (package ebpf) sees the
 // flows of the processes in a cgroup, not packets: Backend.Cgroup names
 // the cgroup v2 directory its hooks are attached to, and the asks of the
-// node and of the pod then come from a process inside it (see
-// netnstest.StartCgroup; the test binary's TestMain calls
-// netnstest.Main). A refusal at the socket (ECONNREFUSED before any
-// packet is sent) counts as Refused for those asks, as a drop at the
-// socket (EPERM) counts as Dropped for every ask.
+// node and of the pod then come from a process inside it: the test binary
+// itself, started again into the cgroup, which becomes the asker when the
+// test's TestMain calls Main (in any module: Main is all a backend of
+// another module needs besides Run). A refusal at the socket
+// (ECONNREFUSED before any packet is sent) counts as Refused for those
+// asks, as a drop at the socket (EPERM) counts as Dropped for every ask.
 //
 // A failed check names the scenario, the family, protocol, origin and
 // frontend, and what happened instead (the endpoint that answered, the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -40,7 +41,7 @@ type Backend struct {
 	// the hooks do not see. For those asks a refusal at the socket (a
 	// connect failing at once with ECONNREFUSED, no packet sent) counts
 	// as Refused, as a drop at the socket (EPERM) counts as Dropped. The
-	// package's TestMain must call netnstest.Main.
+	// package's TestMain must call Main.
 	Cgroup string
 }
 
@@ -52,6 +53,15 @@ type Options struct {
 	// Run, when set, is a regular expression: only the scenarios whose
 	// names match run.
 	Run string
+	// NotApplicable names the scenarios the backend expects to be left
+	// out: those its capabilities exclude (a feature it lacks, a
+	// scheduler hint it does not honour), and those with a stage none of
+	// whose checks runs over Protocols (a TCP-only check in an SCTP run).
+	// Run fails when the scenarios it leaves out, among those Run
+	// selects, are not exactly these: a scenario newly left out (a lost
+	// feature) or one that now applies fails the test, and names what
+	// changed.
+	NotApplicable []string
 	// DropTimeout is how long an ask that must be dropped waits for an
 	// answer; default 400ms. AskTimeout bounds the others; default 2s.
 	// Raise both under emulation.
@@ -97,8 +107,10 @@ const (
 // Run drives the backend through every scenario that applies to it (see
 // Scenarios), each as a subtest, in one throwaway topology: it needs root
 // and the kernel features the backend needs. A scenario that needs a
-// feature or scheduler the backend does not declare is logged as not
-// applicable and not run.
+// feature or scheduler the backend does not declare, or that has a stage
+// none of whose checks runs over Options.Protocols, is not applicable: it
+// is logged and not run, and the scenarios left out so must be the ones
+// Options.NotApplicable names, or the test fails.
 func Run(t *testing.T, b Backend, o Options) {
 	o = o.withDefaults()
 	var only *regexp.Regexp
@@ -110,17 +122,70 @@ func Run(t *testing.T, b Backend, o Options) {
 	for _, a := range adaptations(&caps) {
 		t.Logf("%s: %s", b.Name, a)
 	}
-	for i, sc := range Scenarios() {
-		if only != nil && !only.MatchString(sc.Name) {
+	scs := Scenarios()
+	selected := func(sc *Scenario) bool { return only == nil || only.MatchString(sc.Name) }
+	left := leftOut(scs, &caps, o.Protocols, selected)
+	if err := checkLeftOut(scs, o.NotApplicable, left, selected); err != nil {
+		t.Errorf("%s: %v", b.Name, err)
+	}
+	for i, sc := range scs {
+		if !selected(&sc) {
 			continue
 		}
-		if why := sc.inapplicable(&caps); why != "" {
+		if why := left[sc.Name]; why != "" {
 			t.Logf("%s: not applicable to %s: %s", sc.Name, b.Name, why)
 			continue
 		}
 		t.Run(sc.Name, func(t *testing.T) { l.run(t, i+1, &sc) })
 	}
 	require.NoError(t, l.p.Cleanup(context.Background()), "Cleanup")
+}
+
+// leftOut returns the selected scenarios that do not apply to a backend
+// with capabilities c in a run over protos, with why.
+func leftOut(scs []Scenario, c *servicelb.Capabilities, protos []servicelb.Protocol, selected func(*Scenario) bool) map[string]string {
+	out := map[string]string{}
+	for i := range scs {
+		if sc := &scs[i]; selected(sc) {
+			if why := sc.inapplicable(c, protos); why != "" {
+				out[sc.Name] = why
+			}
+		}
+	}
+	return out
+}
+
+// checkLeftOut compares the scenarios left out with those the backend
+// expects to be (Options.NotApplicable), among the selected ones, and
+// says what differs: a scenario left out that is not expected to be (with
+// why), one expected that runs, or a name that is no scenario's.
+func checkLeftOut(scs []Scenario, want []string, left map[string]string, selected func(*Scenario) bool) error {
+	known := map[string]bool{}
+	var errs []error
+	for i := range scs {
+		sc := &scs[i]
+		known[sc.Name] = true
+		if !selected(sc) {
+			continue
+		}
+		why, out := left[sc.Name]
+		switch expected := slices.Contains(want, sc.Name); {
+		case out && !expected:
+			errs = append(errs, fmt.Errorf("%s is not applicable (%s), and Options.NotApplicable does not list it", sc.Name, why))
+		case !out && expected:
+			errs = append(errs, fmt.Errorf("%s applies, and Options.NotApplicable lists it", sc.Name))
+		}
+	}
+	for _, name := range want {
+		if !known[name] {
+			errs = append(errs, fmt.Errorf("Options.NotApplicable lists %q, which is no scenario", name))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(left))
+	return fmt.Errorf("the scenarios left out are not the expected ones:\n%w\n(left out now: %#v)", errors.Join(errs...), names)
 }
 
 // lab is the topology and the proxier under test.
@@ -283,7 +348,7 @@ func (l *lab) tasks(t *testing.T, c Check) []task {
 	}
 	protos := l.o.Protocols
 	if c.Proto != "" {
-		if !slices.Contains(protos, c.Proto) {
+		if !c.runsOver(protos) {
 			return nil
 		}
 		protos = []servicelb.Protocol{c.Proto}

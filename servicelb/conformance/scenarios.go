@@ -22,6 +22,21 @@ func Scenarios() []Scenario {
 		detectLocalScenarios())
 }
 
+// NoSCTPChecks names the scenarios with a stage whose checks are all of
+// TCP or UDP (an even spread measured over TCP, UDP sessions, affinity
+// timed over TCP): a run over SCTP alone leaves them out, and its
+// Options.NotApplicable lists them.
+func NoSCTPChecks() []string {
+	return []string{
+		"cluster-ip/even-shares", "cluster-ip/weights", "cluster-ip/only-named-ports",
+		"affinity/per-client", "affinity/lasts-while-renewed-then-expires",
+		"stale-flows/endpoint-removed", "stale-flows/serving-terminating-endpoint-keeps-its-flows",
+		"stale-flows/drained-endpoint-keeps-its-flows", "stale-flows/deselected-by-policy-keeps-its-flows",
+		"stale-flows/restart-reconciles-the-table",
+		"scheduler/maglev-spreads-one-clients-connections",
+	}
+}
+
 // c builds a check.
 func c(from From, to Target, want Outcome) Check { return Check{From: from, To: to, Want: want} }
 
@@ -53,6 +68,7 @@ const (
 	followHairpin    = "iptables (*Proxier).syncProxyRules: KUBE-SEP chain, -s endpoint -j KUBE-MARK-MASQ"
 	followTopology   = "proxy.CategorizeEndpoints and topologyModeFromHints"
 	followStale      = "conntrack.CleanStaleEntries"
+	followDuplicates = "proxy (*EndpointSliceCache).addEndpoints: one endpoint per address and port, the first kept unless a later one is local"
 	followClusterIPs = "nftables (*Proxier).setupNFTables: cluster-ips-check, reject to undefined ports of cluster IPs, drop to unallocated service CIDR addresses"
 )
 
@@ -120,13 +136,19 @@ func clusterIPScenarios() []Scenario {
 		},
 			Check{From: Outside, To: ClusterIP, Proto: servicelb.TCP, Want: Reach(0, 1).Spread()},
 			Check{From: Outside, To: ClusterIP, Proto: servicelb.UDP, Want: Reach(1)}),
-		one("cluster-ip/duplicate-endpoints", followCategorize, One(func() []servicelb.Endpoint {
-			return Join(NotServing(RemoteEps(0)), RemoteEps(0), RemoteEps(1))
-		}), c(Outside, ClusterIP, Reach(0, 1).Spread())),
-		needs(servicelb.FeatureServiceCIDRs, one("cluster-ip/undefined-port-rejected", followClusterIPs, One(all),
+		// Endpoint 0 is listed remote, then local: the local one stays, and
+		// takes outside traffic under the external Local policy. Endpoint
+		// 2 is listed not serving, then ready: the first stays, and 2
+		// takes no traffic.
+		one("cluster-ip/duplicate-endpoints", followDuplicates, One(func() []servicelb.Endpoint {
+			return Join(RemoteEps(0), Local(0), RemoteEps(1), NotServing(RemoteEps(2)), RemoteEps(2))
+		}, WithNodePort(), ExternalLocal()),
+			c(Outside, ClusterIP, Reach(0, 1).Spread()),
+			c(Outside, NodePort, Reach(0).Preserved())),
+		needs(servicelb.FeatureUndefinedPorts, one("cluster-ip/undefined-port-rejected", followClusterIPs, One(all),
 			c(Outside, ClusterIP.OnPort(81), Refused()), c(Node, ClusterIP.OnPort(81), Refused()),
 			c(Outside, ClusterIP, Reach(0, 1, 2)))),
-		needs(servicelb.FeatureServiceCIDRs, oneNode("cluster-ip/unallocated-service-address-dropped", followClusterIPs,
+		needs(servicelb.FeatureServiceCIDRs|servicelb.FeatureUndefinedPorts, oneNode("cluster-ip/unallocated-service-address-dropped", followClusterIPs,
 			func(n *servicelb.NodeConfig, e *Env) { n.ServiceCIDRs = e.ServiceCIDRs() }, One(all),
 			c(Outside, Unallocated, Dropped()), c(Pod, Unallocated, Dropped()),
 			c(Outside, ClusterIP.OnPort(81), Refused()), c(Outside, ClusterIP, Reach(0, 1, 2)))),
@@ -502,6 +524,12 @@ func topologyScenarios() []Scenario {
 		oneNode("topology/hints-leave-the-local-set-alone", followTopology, zone, hinted(func() []servicelb.Endpoint {
 			return Join(Hinted(z("zone-b"), nil, Local(0)), Hinted(z("zone-a"), nil, RemoteEps(1)))
 		}, WithNodePort(), ExternalLocal()), c(Outside, NodePort, Reach(0)), c(Outside, ClusterIP, Reach(1))),
+		// Only endpoint 0, of another zone, has a node hint (for this
+		// node): node hints do not apply, zone hints do.
+		oneNode("topology/partial-node-hints-zone-wins", followTopology+" (PreferSameZone when a ready endpoint lacks a node hint)", zone,
+			hinted(func() []servicelb.Endpoint {
+				return Join(Hinted(z("zone-b"), z(NodeName), Local(0)), Hinted(z("zone-a"), nil, RemoteEps(1, 2)))
+			}), every(ClusterIP, Reach(1, 2).Spread())...),
 	}
 }
 

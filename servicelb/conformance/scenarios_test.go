@@ -3,7 +3,10 @@
 package conformance
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -78,4 +81,56 @@ func TestAdaptations(t *testing.T) {
 	assert.True(t, l.resets(servicelb.TCP))
 	assert.True(t, l.resets(servicelb.SCTP))
 	assert.False(t, l.resets(servicelb.UDP), "UDP is rejected and dropped alike")
+}
+
+// TestNotApplicableChecked: the scenarios a backend's capabilities or the
+// run's protocols leave out must be the ones it expects; a scenario newly
+// left out, one that now applies and a name that is no scenario's each
+// fail the run, and scenarios Options.Run does not select do not count.
+func TestNotApplicableChecked(t *testing.T) {
+	scs := Scenarios()
+	all := func(*Scenario) bool { return true }
+	caps := fake.AllCapabilities()
+	caps.Features &^= servicelb.FeatureWeights
+	left := leftOut(scs, &caps, []servicelb.Protocol{servicelb.TCP, servicelb.UDP}, all)
+	want := []string{"cluster-ip/weights", "left-out/endpoint-capacity", "left-out/one-bad-among-a-thousand", "left-out/unsupported-scheduler"}
+	assert.ElementsMatch(t, want, slices.Collect(maps.Keys(left)))
+	assert.Equal(t, "needs weights, which the backend lacks", left["cluster-ip/weights"])
+	require.NoError(t, checkLeftOut(scs, want, left, all))
+
+	err := checkLeftOut(scs, want[1:], left, all)
+	require.Error(t, err, "a scenario newly left out")
+	assert.Contains(t, err.Error(), "cluster-ip/weights is not applicable (needs weights, which the backend lacks), and Options.NotApplicable does not list it")
+	err = checkLeftOut(scs, append(slices.Clone(want), "cluster-ip/even-shares"), left, all)
+	require.Error(t, err, "a scenario listed that applies")
+	assert.Contains(t, err.Error(), "cluster-ip/even-shares applies, and Options.NotApplicable lists it")
+	err = checkLeftOut(scs, append(slices.Clone(want), "cluster-ip/no-such"), left, all)
+	require.Error(t, err, "a name that is no scenario's")
+	assert.Contains(t, err.Error(), `"cluster-ip/no-such", which is no scenario`)
+
+	clusterIP := func(sc *Scenario) bool { return strings.HasPrefix(sc.Name, "cluster-ip/") }
+	left = leftOut(scs, &caps, []servicelb.Protocol{servicelb.TCP, servicelb.UDP}, clusterIP)
+	assert.Equal(t, []string{"cluster-ip/weights"}, slices.Collect(maps.Keys(left)))
+	require.NoError(t, checkLeftOut(scs, want, left, clusterIP), "the unselected scenarios the list names do not count")
+}
+
+// TestProtocolsLeaveStagesEmpty: in a run over SCTP alone, a scenario
+// with a stage whose checks are all of other protocols is not applicable,
+// so that it cannot pass with nothing checked; the scenarios with a check
+// over every protocol apply.
+func TestProtocolsLeaveStagesEmpty(t *testing.T) {
+	caps := fake.AllCapabilities()
+	caps.Schedulers = []servicelb.Scheduler{servicelb.SchedulerMaglev}
+	caps.MaxEndpoints = 10
+	left := leftOut(Scenarios(), &caps, []servicelb.Protocol{servicelb.SCTP}, func(*Scenario) bool { return true })
+	assert.Equal(t, "stage 0 has no check over [SCTP]", left["cluster-ip/even-shares"])
+	assert.Equal(t, "stage 0 has no check over [SCTP]", left["stale-flows/endpoint-removed"])
+	assert.NotContains(t, left, "cluster-ip/spread-and-masquerade")
+	assert.NotContains(t, left, "cluster-ip/endpoint-changes", "a stage without checks by design is no stage left empty")
+	for name, why := range left {
+		assert.Contains(t, why, "no check over [SCTP]", name)
+	}
+	assert.ElementsMatch(t, NoSCTPChecks(), slices.Collect(maps.Keys(left)), "NoSCTPChecks")
+	assert.Empty(t, leftOut(Scenarios(), &caps, []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP},
+		func(*Scenario) bool { return true }))
 }

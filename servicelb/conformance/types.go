@@ -5,6 +5,7 @@ package conformance
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,11 +34,12 @@ type Scenario struct {
 	Stages  []Stage
 }
 
-// inapplicable says why the scenario does not apply to a backend, or "".
-func (sc *Scenario) inapplicable(c *servicelb.Capabilities) string {
+// inapplicable says why the scenario does not apply to a backend with
+// capabilities c in a run over protos, or "".
+func (sc *Scenario) inapplicable(c *servicelb.Capabilities, protos []servicelb.Protocol) string {
 	switch {
 	case !c.Features.Has(sc.Needs):
-		return fmt.Sprintf("needs %s, the backend has %s", sc.Needs, c.Features)
+		return fmt.Sprintf("needs %s, which the backend lacks", sc.Needs&^c.Features)
 	case sc.Scheduler != "" && !c.AcceptsScheduler(sc.Scheduler):
 		return fmt.Sprintf("needs scheduler %q", sc.Scheduler)
 	case sc.Refuses && unsupportedScheduler(c) == "":
@@ -45,7 +47,18 @@ func (sc *Scenario) inapplicable(c *servicelb.Capabilities) string {
 	case sc.Bounded && c.MaxEndpoints == 0:
 		return "the backend has no bound on endpoints"
 	}
+	for i, st := range sc.Stages {
+		if len(st.Expect) > 0 && !slices.ContainsFunc(st.Expect, func(c Check) bool { return c.runsOver(protos) }) {
+			return fmt.Sprintf("stage %d has no check over %v", i, protos)
+		}
+	}
 	return ""
+}
+
+// runsOver reports whether the check runs in a run over protos: it names
+// no protocol, or one of them.
+func (c Check) runsOver(protos []servicelb.Protocol) bool {
+	return c.Proto == "" || slices.Contains(protos, c.Proto)
 }
 
 // unsupportedScheduler returns a scheduler hint c does not honour, or "".
