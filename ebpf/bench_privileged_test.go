@@ -8,16 +8,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
 	"github.com/kproxy-dev/kproxy/internal/bpfenv"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/servicetest"
@@ -162,33 +159,14 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 	small.Cleanup(context.Background())
 }
 
-// kernelMemory returns the kernel's unreclaimable slab, per-CPU and
-// vmalloc memory (/proc/meminfo), where BPF maps and nf_tables objects
-// live: read before and after a sync, its difference is what the sync
-// made the kernel keep (give or take what the rest of the machine did
-// meanwhile).
-func kernelMemory() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
+// kernelMemory is benchwork.KernelMemory, failing the benchmark on an
+// error.
+func kernelMemory(b *testing.B) int64 {
+	n, err := benchwork.KernelMemory()
 	if err != nil {
-		return 0
+		b.Fatal(err)
 	}
-	var total int64
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && (f[0] == "SUnreclaim:" || f[0] == "Percpu:" || f[0] == "VmallocUsed:") {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			total += kb << 10
-		}
-	}
-	return total
-}
-
-func heap() int64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
+	return n
 }
 
 // BenchmarkSteadyMemory loads 10k services x 10 endpoints with each
@@ -201,11 +179,11 @@ func BenchmarkSteadyMemory(b *testing.B) {
 	st, _ := scaleState(b, 10000, 10)
 	measure := func(open func(h *netnstest.Host) servicelb.Proxier) (int64, int64) {
 		h := netnstest.NewHost(b, "benchmem")
-		h0, k0 := heap(), kernelMemory()
+		h0, k0 := benchwork.Heap(), kernelMemory(b)
 		p := open(h)
 		timed(b, p, st)
 		time.Sleep(time.Second) // freed objects reach the kernel's counters
-		h1, k1 := heap(), kernelMemory()
+		h1, k1 := benchwork.Heap(), kernelMemory(b)
 		runtime.KeepAlive(p)
 		p.Cleanup(context.Background())
 		p.(io.Closer).Close()
@@ -292,22 +270,12 @@ func newDataPath(b *testing.B, e *bpfenv.Env) *dataPath {
 // started) into the cgroup, so that the sockets it makes meet the hooks,
 // and back to where it was when the benchmark ends.
 func enterCgroup(b *testing.B, e *bpfenv.Env) {
-	self, err := os.ReadFile("/proc/self/cgroup")
+	back, err := e.Enter()
 	if err != nil {
 		b.Fatal(err)
 	}
-	var back string
-	for _, line := range strings.Split(string(self), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			back = filepath.Join(e.Root, p)
-		}
-	}
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(e.Cgroup, "cgroup.procs"), pid, 0o644); err != nil {
-		b.Fatal(err)
-	}
 	b.Cleanup(func() {
-		if err := os.WriteFile(filepath.Join(back, "cgroup.procs"), pid, 0o644); err != nil {
+		if err := back(); err != nil {
 			b.Error(err)
 		}
 	})

@@ -89,3 +89,28 @@ func TestReap(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestEnter: Enter moves this process into the child cgroup, and the
+// function it returns moves it back; the cgroup can then be removed.
+func TestEnter(t *testing.T) {
+	requireRoot(t)
+	e, err := New("kproxy-test")
+	require.NoError(t, err)
+	home, err := e.current()
+	require.NoError(t, err)
+	require.DirExists(t, home)
+	back, err := e.Enter()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = back(); e.Close() })
+	now, err := e.current()
+	require.NoError(t, err)
+	assert.Equal(t, e.Cgroup, now)
+	procs, err := os.ReadFile(filepath.Join(e.Cgroup, "cgroup.procs"))
+	require.NoError(t, err)
+	assert.Contains(t, strings.Fields(string(procs)), itoa(os.Getpid()))
+	require.NoError(t, back())
+	now, err = e.current()
+	require.NoError(t, err)
+	assert.Equal(t, home, now)
+	require.NoError(t, e.Close())
+}
