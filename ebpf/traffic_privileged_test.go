@@ -308,9 +308,10 @@ func linkIDs(t *testing.T, e *bpfenv.Env) map[string]link.ID {
 
 // TestCleanupLeavesNothing: Cleanup detaches every hook (the cgroup
 // holds no program), removes every pin and the pin directory; Close then
-// frees the maps.
+// frees the maps. The root cgroup never meets a hook.
 func TestCleanupLeavesNothing(t *testing.T) {
 	w := newWorld(t)
+	rootBefore := attachedPrograms(t, w.env.Root)
 	w.sync(t, node(), service(eps("elsewhere", 0)))
 	var mapIDs []ebpf.MapID
 	for _, name := range []string{"kp_frontends", "kp_sets", "kp_slots", "kp_revnat"} {
@@ -322,9 +323,16 @@ func TestCleanupLeavesNothing(t *testing.T) {
 		mapIDs = append(mapIDs, id)
 		m.Close()
 	}
-	require.NotEmpty(t, attachedPrograms(t, w.env.Cgroup))
+	ours := attachedPrograms(t, w.env.Cgroup)
+	require.Len(t, ours, 8)
+	// The root of the hierarchy (the host's root cgroup, through the
+	// private mount) never holds the Proxier's programs: its list is
+	// what it was before the test (nothing, where nothing else attaches
+	// there).
+	assert.Equal(t, rootBefore, attachedPrograms(t, w.env.Root), "the root cgroup's hooks")
 	require.NoError(t, w.p.Cleanup(context.Background()))
 	assert.Empty(t, attachedPrograms(t, w.env.Cgroup))
+	assert.Equal(t, rootBefore, attachedPrograms(t, w.env.Root), "the root cgroup's hooks")
 	assert.NoDirExists(t, filepath.Join(w.env.BPFFS, "kproxy"))
 	_, err := w.ask(w.tp.Node, "tcp", netip.AddrPortFrom(vip4, 80))
 	assert.ErrorIs(t, err, syscall.ENETUNREACH, "no longer translated")
@@ -345,24 +353,9 @@ func TestCleanupLeavesNothing(t *testing.T) {
 // the Proxier uses.
 func attachedPrograms(t *testing.T, cgroup string) []ebpf.ProgramID {
 	t.Helper()
-	var out []ebpf.ProgramID
-	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect,
-		ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCGroupUDP6Recvmsg,
-		ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInet6GetPeername} {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: at})
-		require.NoError(t, err)
-		for _, p := range res.Programs {
-			out = append(out, p.ID)
-		}
-	}
-	return out
-}
-
-func cgroupFD(t *testing.T, dir string) int {
-	f, err := os.Open(dir)
+	ids, err := kebpf.Attached(cgroup)
 	require.NoError(t, err)
-	t.Cleanup(func() { f.Close() })
-	return int(f.Fd())
+	return ids
 }
 
 // TestRepairs: a hook someone detached, a pin someone removed and a map
