@@ -249,17 +249,23 @@ func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 }
 
 // Sync makes the maps (and Options.Packets) match st. See the package
-// documentation for what it writes and when.
+// documentation for what it writes and when. The two halves of one Sync
+// run under one lock: a concurrent Sync runs both of its halves before
+// or after them, never between, so that the maps and the packet path
+// never hold two different states once the Syncs return.
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
-	if p.maps == nil && !p.eng.Closed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.eng.Closed() {
+		return fmt.Errorf("ebpf: sync: %w", servicelb.ErrClosed)
+	}
+	if p.maps == nil {
 		return ErrRenderOnly
 	}
 	var perr error
 	if p.opts.Packets != nil {
 		perr = p.opts.Packets.Sync(ctx, st)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	return joinPartial(perr, p.eng.Sync(ctx, st))
 }
 
@@ -287,8 +293,8 @@ func joinPartial(a, b error) error {
 // over.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	err := p.cleanup()
-	p.mu.Unlock()
 	if p.opts.Packets != nil {
 		err = errors.Join(err, p.opts.Packets.Cleanup(ctx))
 	}
