@@ -89,7 +89,10 @@
 //
 // New checks the kernel (Probe: a *FeatureError naming what is missing,
 // before anything is attached), creates the maps or opens those pinned
-// under Options.PinPath, and loads the programs. The first Sync (run by
+// under Options.PinPath, and loads the programs. Maps pinned with another
+// layout (by another version, or with other Options.Sizes) are not
+// adopted: New fails with a *PinError (ErrPinIncompatible) naming the
+// pin and the way out, RemovePins, and leaves them as they are. The first Sync (run by
 // internal/syncer's Engine, as for every backend) reads the maps, adopts
 // the sets it finds there by name with their slots, writes what differs
 // (in batches of 4096 entries: a cold sync of 10k services of 10

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -36,8 +37,8 @@ func (k *kmaps) close() {
 
 // openMaps creates the maps, or, with a pin directory, opens those pinned
 // there by an earlier process (and creates and pins the others). A pinned
-// map of another layout is an error: the Proxier never deletes a map it
-// cannot read.
+// map of another layout is a *PinError: the Proxier never deletes a map
+// it cannot read.
 func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
 	got := map[string]*ebpf.Map{}
 	fail := func(err error) (*kmaps, error) {
@@ -54,6 +55,9 @@ func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
 			opts.PinPath = pinDir
 		}
 		m, err := ebpf.NewMapWithOptions(spec, opts)
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return fail(&PinError{Path: filepath.Join(pinDir, name), PinPath: pinDir, Err: err})
+		}
 		if err != nil {
 			return fail(fmt.Errorf("map %s: %w", name, err))
 		}

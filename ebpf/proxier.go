@@ -56,7 +56,9 @@ var (
 // New probes the kernel (see Probe), then creates the maps or adopts
 // those pinned under Options.PinPath, and loads the programs. It attaches
 // nothing: the first Sync fills the maps, then attaches the hooks (or
-// gives adopted links the new programs, atomically).
+// gives adopted links the new programs, atomically). A pinned map it
+// cannot adopt, of another layout, is a *PinError that names it and
+// the way out (RemovePins), and New leaves every pin as it was.
 func New(o Options) (*Proxier, error) {
 	p, err := newProxier(o)
 	if err != nil {
@@ -67,6 +69,9 @@ func New(o Options) (*Proxier, error) {
 	}
 	if err := p.open(); err != nil {
 		p.closeKernel()
+		if pe := (*PinError)(nil); errors.As(err, &pe) {
+			return nil, pe
+		}
 		return nil, fmt.Errorf("ebpf: %w", err)
 	}
 	return p, nil

@@ -476,3 +476,50 @@ func TestRemovePins(t *testing.T) {
 	assert.NoError(t, kebpf.RemovePins(dir))
 	assert.NoError(t, kebpf.RemovePins(""))
 }
+
+// TestPinsOfAnotherLayout: maps pinned with other Sizes (or by another
+// version) make New fail with a *PinError that names the pin and
+// RemovePins, and touch nothing: the hooks pinned there keep balancing.
+// After RemovePins, New starts afresh.
+func TestPinsOfAnotherLayout(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	require.NoError(t, w.p.Cleanup(context.Background()))
+	require.NoError(t, w.p.Close())
+	pins := filepath.Join(w.env.BPFFS, "layout")
+	o := kebpf.Options{Cgroup: w.env.Cgroup, PinPath: pins, NetNS: w.tp.Node.NS, Sizes: kebpf.Sizes{Frontends: 1 << 10}}
+	small, err := kebpf.New(o)
+	require.NoError(t, err)
+	st, err := servicelb.NewState(node(), service(eps("elsewhere", 0)))
+	require.NoError(t, err)
+	require.NoError(t, small.Sync(context.Background(), st))
+	require.NoError(t, small.Close())
+	before, err := filepath.Glob(filepath.Join(pins, "*"))
+	require.NoError(t, err)
+
+	o.Sizes = kebpf.Sizes{}
+	_, err = kebpf.New(o)
+	var pe *kebpf.PinError
+	require.ErrorAs(t, err, &pe)
+	assert.ErrorIs(t, err, kebpf.ErrPinIncompatible)
+	assert.ErrorIs(t, err, ebpf.ErrMapIncompatible)
+	assert.Equal(t, filepath.Join(pins, "kp_frontends"), pe.Path)
+	assert.Equal(t, pins, pe.PinPath)
+	assert.Contains(t, err.Error(), "RemovePins")
+	assert.Contains(t, err.Error(), "MaxEntries: 1024 changed to 65536")
+	after, err := filepath.Glob(filepath.Join(pins, "*"))
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "the pins are as they were")
+	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8)
+	r, err := w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err, "the pinned hooks still balance")
+	assert.Equal(t, "backend-0", r.Host)
+
+	require.NoError(t, kebpf.RemovePins(pe.PinPath))
+	w.p, err = kebpf.New(o)
+	require.NoError(t, err)
+	require.NoError(t, w.p.Sync(context.Background(), st))
+	r, err = w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err)
+	assert.Equal(t, "backend-0", r.Host)
+}
