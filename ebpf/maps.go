@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // kmaps are the Proxier's BPF maps.
@@ -139,6 +140,25 @@ func (k *kmaps) read() (*content, error) {
 		return nil, fmt.Errorf("read map %s: %w", mapConfig, err)
 	}
 	return c, nil
+}
+
+// readHooks reads what the hooks wrote in the LRU maps, bounded by
+// sizes.
+func (k *kmaps) readHooks(sizes Sizes) (*hookContent, error) {
+	h := &hookContent{sizes: sizes}
+	var err error
+	if h.affinity, err = readAll[affKey, affVal](k.affinity); err != nil {
+		return nil, err
+	}
+	if h.reverse, err = readAll[revKey, endpoint](k.reverse); err != nil {
+		return nil, err
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, err
+	}
+	h.now = uint64(ts.Nano())
+	return h, nil
 }
 
 // put writes entries: one syscall for one, batches for more.

@@ -345,7 +345,9 @@ func (p *Proxier) cleanup() error {
 
 // Render returns what the maps would hold for st, as text (see Dump),
 // and after it the packet path's rendering when Options.Packets renders.
-// It needs no privileges and touches no kernel state.
+// Every map is listed; the hooks' own (the affinity pins and reverse
+// translations) are empty, as they are until sockets connect. It needs
+// no privileges and touches no kernel state.
 func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	if err := st.Check(); err != nil {
 		return "", err
@@ -358,7 +360,7 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	text := formatContent(m.content(0), m.annotations())
+	text := formatContent(m.content(0), &hookContent{sizes: p.opts.Sizes}, m.annotations())
 	if r, ok := p.opts.Packets.(servicelb.Renderer); ok {
 		more, err := r.Render(st)
 		if err != nil {
@@ -369,7 +371,11 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	return text, nil
 }
 
-// Dump reads the maps and lists what they hold, as Render does.
+// Dump reads the maps and lists what they hold, as Render does, with
+// what the hooks wrote: each ClientIP affinity pin (by client network
+// namespace and set, with the set's name and how long it has been idle)
+// and each socket's reverse translation (with the service port whose
+// address it shows, when this Proxier has synced).
 func (p *Proxier) Dump(ctx context.Context) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -383,9 +389,13 @@ func (p *Proxier) Dump(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("ebpf: dump: %w", err)
 	}
+	h, err := p.maps.readHooks(p.opts.Sizes)
+	if err != nil {
+		return "", fmt.Errorf("ebpf: dump: %w", err)
+	}
 	var notes map[feKey]string
 	if p.model != nil {
 		notes = p.model.annotations()
 	}
-	return formatContent(c, notes), nil
+	return formatContent(c, h, notes), nil
 }

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -261,6 +263,16 @@ func TestAffinityPinsAndExpires(t *testing.T) {
 	assert.Equal(t, map[string]int{"backend-1": 4}, counts, "another client is pinned by the weights")
 	time.Sleep(2500 * time.Millisecond)
 	assert.Equal(t, map[string]int{"backend-1": 4}, w.tp.Node.Count(t, "tcp", dst, 4, netnstest.InCgroup(w.cg)), "pinned anew after the timeout")
+
+	// Dump lists the pins, the node's and the pod's, and the sockets'
+	// reverse translations, each with its service port (the TCP and the
+	// UDP one of the address: a translation does not say which).
+	dump, err := w.p.Dump(context.Background())
+	require.NoError(t, err)
+	be1 := regexp.QuoteMeta(netnstest.BackendIPv4(1).String())
+	assert.Regexp(t, `(?m)^  netns \d+ \(node\) set \d+ -> `+be1+`:8080 idle \S+  # default/web:tcp/ipv4 cluster$`, dump)
+	assert.Regexp(t, `(?m)^  netns \d+ set \d+ -> `+be1+`:8080 idle \S+  # default/web:tcp/ipv4 cluster$`, dump)
+	assert.Regexp(t, `(?m)^  socket \d+ `+be1+`:8080 shows 10\.96\.0\.10:80  # default/web:tcp/ipv4 cluster IP \| default/web:udp/ipv4 cluster IP$`, dump)
 }
 
 // TestRestartAdoptsWithoutAGap: a Proxier closed without Cleanup leaves
@@ -282,10 +294,17 @@ func TestRestartAdoptsWithoutAGap(t *testing.T) {
 	w.sync(t, node(), service(eps("elsewhere", 0, 1)))
 	after, err := w.p.Dump(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, before, after, "the adopted maps are as they were")
+	assert.Equal(t, ownMaps(before), ownMaps(after), "the adopted maps are as they were")
 	assert.Equal(t, links, linkIDs(t, w.env), "the same links, their programs replaced in place")
 	w.sync(t, node(), service(eps("elsewhere", 2)))
 	assert.Equal(t, map[string]int{"backend-2": 10}, w.tp.Node.Count(t, "tcp", dst, 10, netnstest.InCgroup(w.cg)))
+}
+
+// ownMaps cuts from a Dump what the hooks write themselves, which the
+// sockets' flows change.
+func ownMaps(dump string) string {
+	own, _, _ := strings.Cut(dump, "map kp_affinity:")
+	return own
 }
 
 // linkIDs returns the ids of the pinned links.
