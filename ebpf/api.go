@@ -41,9 +41,10 @@ type Options struct {
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger
-	// VerifyInterval is the least time between two deep checks of the
-	// maps by syncs that change something (every entry read back); zero
-	// means one minute.
+	// VerifyInterval is the least time between two deep checks by syncs
+	// that change something (the pins looked up, every map entry read
+	// back); a sync that changes nothing checks deeply. Zero means one
+	// minute.
 	VerifyInterval time.Duration
 }
 

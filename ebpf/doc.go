@@ -113,11 +113,15 @@
 // replaced one (the new endpoint takes the old one's slot); with ClientIP
 // affinity, an endpoint's membership of the set is one more write for
 // one added or removed, two more for one replaced. An endpoint in both a
-// port's cluster and local sets costs that in each. Every sync checks
-// cheaply that the hooks are attached to the cgroup and the pins in place;
-// at most every Options.VerifyInterval (and whenever the state has not
-// changed) it reads the maps back, and any difference makes it write the
-// whole content again.
+// port's cluster and local sets costs that in each.
+//
+// Every sync checks cheaply that the hooks are attached to the cgroup
+// (one syscall a hook); at most every Options.VerifyInterval, and
+// whenever the state has not changed (a caller's periodic sync), it
+// checks that the maps and links are pinned and reads the maps back, and
+// any difference makes it write the whole content again: a hook someone
+// detached is attached again by the next sync, a pin or an entry someone
+// removed by the next deep one.
 //
 // Close releases the file descriptors: with a PinPath the hooks and maps
 // stay for the next process; without, the hooks are detached. Cleanup
