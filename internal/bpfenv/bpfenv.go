@@ -209,7 +209,10 @@ func pidOf(prefix, n string) (int, bool) {
 
 // Reap removes what processes that are gone left with this prefix: their
 // mount points in the temporary directory (their child cgroups first) and
-// returns what it removed.
+// returns what it removed. Unmounting a bpf filesystem drops its pins,
+// and with the pin of a link the link itself, which detaches its program
+// from the cgroup it was attached to, even a cgroup that cannot be
+// removed yet because a process is still in it (an error says which).
 func Reap(prefix string) ([]string, error) {
 	ents, err := os.ReadDir(os.TempDir())
 	if err != nil {
