@@ -51,4 +51,6 @@ func ExampleProxier_Render() {
 	// map kp_members: 0 entries
 	// map kp_names: 1 entries
 	//   1 "default/web:http/ipv4 cluster"
+	// map kp_affinity: 0 entries (LRU of 16384, written by the hooks)
+	// map kp_revnat: 0 entries (LRU of 65536, written by the hooks)
 }

@@ -118,3 +118,32 @@ func TestCapabilities(t *testing.T) {
 	assert.Equal(t, MaxEndpoints, pair.MaxEndpoints)
 	assert.Equal(t, []servicelb.Scheduler{servicelb.SchedulerRandom}, pair.Schedulers)
 }
+
+// TestFormatHooks lists what the hooks wrote, as Dump does: affinity
+// pins by client namespace (the node's marked) and set, with the set's
+// name and idle time, and reverse translations by socket, with the
+// service port whose address they show (a TCP one, a UDP one, or none
+// known).
+func TestFormatHooks(t *testing.T) {
+	caps := capabilities(packetPath{})
+	m, err := buildModel(renderState(t), &caps, nil)
+	require.NoError(t, err)
+	c := m.content(4097)
+	const now = 100 * uint64(time.Second)
+	h := &hookContent{now: now, sizes: Sizes{}.withDefaults(),
+		affinity: map[affKey]affVal{
+			{Cookie: 4097, Set: 1}:  {endpoint: ep("10.244.1.3:8080"), Last: now - uint64(2500*time.Millisecond)},
+			{Cookie: 12289, Set: 2}: {endpoint: ep("[fd00:244:1::2]:8080"), Last: now - uint64(29*time.Second)},
+			{Cookie: 12289, Set: 1}: {endpoint: ep("10.244.2.2:8080"), Last: now},
+		},
+		reverse: map[revKey]endpoint{
+			{Cookie: 8193, endpoint: ep("10.244.1.2:8080")}:      ep("10.96.0.10:80"),
+			{Cookie: 8200, endpoint: ep("10.244.2.53:53")}:       ep("10.96.0.53:53"),
+			{Cookie: 8194, endpoint: ep("10.244.1.3:8080")}:      ep("192.0.2.1:30080"),
+			{Cookie: 9000, endpoint: ep("10.244.9.9:8080")}:      ep("10.96.9.9:80"),
+			{Cookie: 8193, endpoint: ep("10.244.1.3:8080")}:      ep("10.96.0.10:80"),
+			{Cookie: 8300, endpoint: ep("[fd00:244:1::2]:8080")}: ep("[fd00:96::10]:80"),
+		},
+	}
+	checkGolden(t, "dump.golden", formatContent(c, h, m.annotations()))
+}

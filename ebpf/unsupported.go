@@ -5,6 +5,8 @@ package ebpf
 import (
 	"context"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -45,3 +47,6 @@ func (p *Proxier) Dump(context.Context) (string, error) { return "", errSystem }
 
 // RemovePins returns ErrNotSupported.
 func RemovePins(string) error { return ErrNotSupported }
+
+// Attached returns ErrNotSupported.
+func Attached(string) ([]ebpf.ProgramID, error) { return nil, errSystem }
