@@ -163,7 +163,7 @@ func TestStaleFlows(t *testing.T) {
 		{"service removed", one, state(), all("[]")},
 		{"new service with endpoints", state(), one, all("[10.0.0.1]")},
 		{"new service without endpoints", state(), empty, []string{}},
-		// F5: a serving, terminating endpoint is deselected once another
+		// A serving, terminating endpoint is deselected once another
 		// is ready; its flows stay.
 		{"terminating endpoint deselected but serving", state(svc(terminating("10.0.0.1"))),
 			state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), []string{}},

@@ -348,7 +348,7 @@ func TestRunnerOptions(t *testing.T) {
 // TestRunnerRefusesWhatTheBackendCannotExpress: a service the backend
 // cannot serve (a scheduler hint it does not honour, more endpoints than it
 // holds) is refused at its source with ErrUnsupported or ErrCapacity and
-// left out; every other change still reaches the proxier (F1c).
+// left out; every other change still reaches the proxier.
 func TestRunnerRefusesWhatTheBackendCannotExpress(t *testing.T) {
 	p := &fake.Proxier{Caps: servicelb.Capabilities{Backend: "narrow", Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}, MaxEndpoints: 2}}
 	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{})

@@ -161,7 +161,7 @@ func TestValidateNode(t *testing.T) {
 
 // TestConflicts: a frontend two services ask for goes to one of them by
 // rule, whatever the order they arrive in, and the clash is reported; the
-// other keeps everything else, its cluster IP included (F9, F1a).
+// other keeps everything else, its cluster IP included.
 func TestConflicts(t *testing.T) {
 	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1"), a("192.0.2.2")}}
 	other := func(name string, edit func(*Service)) Service {
