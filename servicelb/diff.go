@@ -23,6 +23,18 @@ type PortChange struct {
 	Old, New *ServicePort
 }
 
+// EndpointsOnly reports whether the change touches the port's endpoints
+// alone: the sets it forwards to (Cluster, Local), their addresses
+// (Hairpin) and the serving endpoints (Serving) differ, and every other
+// field, the frontends and the verdicts among them, stays. A backend that
+// keeps its endpoints apart from the rules that reach them rewrites only
+// those for such a change.
+func (c PortChange) EndpointsOnly() bool {
+	x := *c.New
+	x.Cluster, x.Local, x.Hairpin, x.Serving = c.Old.Cluster, c.Old.Local, c.Old.Hairpin, c.Old.Serving
+	return samePort(&x, c.Old)
+}
+
 // Empty reports whether nothing changed.
 func (c *Changes) Empty() bool {
 	return !c.NodeChanged && len(c.Added) == 0 && len(c.Removed) == 0 && len(c.Changed) == 0

@@ -273,3 +273,54 @@ func TestStateOwnsItsData(t *testing.T) {
 		t.Errorf("defaults not applied: %+v", got)
 	}
 }
+
+// TestEndpointsOnly: a change of a port's endpoints that leaves its
+// verdicts alone is one of its endpoints alone; a change that also moves
+// a verdict, a frontend or any other field is not, even when the
+// endpoints change with it.
+func TestEndpointsOnly(t *testing.T) {
+	node := NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{a("192.0.2.1")}}
+	base := Service{
+		Name: "ns/web", ClusterIPs: []netip.Addr{a("10.96.0.1")},
+		Ports:                 []Port{{Name: "p", Protocol: TCP, Port: 80, NodePort: 30080}},
+		ExternalTrafficPolicy: PolicyLocal,
+		Endpoints: []Endpoint{
+			{Addr: a("10.0.0.1"), Ready: true, NodeName: "n1"},
+			{Addr: a("10.0.0.2"), Ready: true, NodeName: "n2"},
+		},
+	}
+	for _, tt := range []struct {
+		name string
+		edit func(*Service)
+		want bool
+	}{
+		{"an endpoint replaced", func(s *Service) { s.Endpoints[1].Addr = a("10.0.0.3") }, true},
+		{"an endpoint added", func(s *Service) {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.4"), Ready: true, NodeName: "n2"})
+		}, true},
+		{"a weight", func(s *Service) { s.Endpoints[1].Weight = Weight(3) }, true},
+		{"a serving endpoint beside ready ones", func(s *Service) {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Serving: true, Terminating: true})
+		}, true},
+		{"the last local endpoint gone: the external verdict drops", func(s *Service) { s.Endpoints = s.Endpoints[1:] }, false},
+		{"every endpoint gone: the verdicts reject", func(s *Service) { s.Endpoints = nil }, false},
+		{"a port number with an endpoint", func(s *Service) {
+			s.Ports = []Port{{Name: "p", Protocol: TCP, Port: 81, NodePort: 30080}}
+			s.Endpoints[1].Addr = a("10.0.0.3")
+		}, false},
+		{"affinity", func(s *Service) { s.Affinity = SessionAffinity{ClientIP: true} }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.Endpoints = slices.Clone(base.Endpoints)
+			tt.edit(&s)
+			c := Diff(mustNewState(t, node, base), mustNewState(t, node, s))
+			if len(c.Changed) != 1 || len(c.Added)+len(c.Removed) != 0 {
+				t.Fatalf("want one port changed, got %+v", c)
+			}
+			if got := c.Changed[0].EndpointsOnly(); got != tt.want {
+				t.Errorf("EndpointsOnly() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
