@@ -155,18 +155,112 @@ func (d *delta) elemMaps(old, cur map[setID][]elem) {
 }
 
 // port adds the difference between two fragments of one port (nil for a
-// port that is new or gone).
+// port that is new or gone). What the two share (a port whose endpoints
+// alone changed keeps its chains and its frontends' elements) is not
+// compared.
 func (d *delta) port(old, cur *portPlan) {
 	var oc, cc []chainPlan
-	var oe, ce map[setID][]elem
+	var oe, ce []setElems
+	var ob, cb []slotRange
 	if old != nil {
-		oc, oe = old.chains, old.allElems()
+		oc, oe, ob = old.chains, old.elems, old.backends
 	}
 	if cur != nil {
-		cc, ce = cur.chains, cur.allElems()
+		cc, ce, cb = cur.chains, cur.elems, cur.backends
 	}
-	d.chains(oc, cc)
-	d.elemMaps(oe, ce)
+	if !sameSlice(oc, cc) {
+		d.chains(oc, cc)
+	}
+	if !sameSlice(oe, ce) {
+		d.setElems(oe, ce)
+	}
+	d.slots(ob, cb)
+}
+
+// sameSlice reports whether a and b are one slice.
+func sameSlice[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// setElems diffs a port's elements outside the backends maps.
+func (d *delta) setElems(old, cur []setElems) {
+	find := func(xs []setElems, set setID) []elem {
+		for _, x := range xs {
+			if x.set == set {
+				return x.es
+			}
+		}
+		return nil
+	}
+	for _, x := range cur {
+		d.elems(x.set, find(old, x.set), x.es)
+	}
+	for _, x := range old {
+		if find(cur, x.set) == nil {
+			d.elems(x.set, x.es, nil)
+		}
+	}
+}
+
+// slots diffs the ranges of a port's load-balancing slots, slot by slot:
+// a range that stays with the same bounds and endpoint stays in place.
+func (d *delta) slots(old, cur []slotRange) {
+	find := func(xs []slotRange, r *slotRange) *slotRange {
+		for i := range xs {
+			if xs[i].set == r.set && xs[i].slot == r.slot {
+				return &xs[i]
+			}
+		}
+		return nil
+	}
+	for i := range cur {
+		d.slot(cur[i].set, cur[i].slot, find(old, &cur[i]), &cur[i])
+	}
+	for i := range old {
+		if find(cur, &old[i]) == nil {
+			d.slot(old[i].set, old[i].slot, &old[i], nil)
+		}
+	}
+}
+
+// slot adds the difference between two spreads of one slot (nil for
+// none): its ranges in ascending order, merged by their first bucket. A
+// range whose bounds stay and whose endpoint changes changes its start
+// element alone, which holds the endpoint. The kernel refuses to split
+// or stretch a range that stays, so a range whose bounds change goes
+// whole and comes back whole.
+func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
+	var o, c ranges
+	if old != nil {
+		o = rangesOf(old.bs)
+	}
+	if cur != nil {
+		c = rangesOf(cur.bs)
+	}
+	base := slot * bucketStride
+	del := func(i int) { d.delElems[set] = append(d.delElems[set], o.elems(base, i)...) }
+	add := func(i int) { d.addElems[set] = append(d.addElems[set], c.elems(base, i)...) }
+	i, j := 0, 0
+	for i < o.len() || j < c.len() {
+		switch {
+		case j == c.len() || i < o.len() && o.lo[i] < c.lo[j]:
+			del(i)
+			i++
+		case i == o.len() || c.lo[j] < o.lo[i]:
+			add(j)
+			j++
+		case o.lo[i+1] != c.lo[j+1]:
+			del(i)
+			add(j)
+			i, j = i+1, j+1
+		default:
+			if o.bs[i].AddrPort() != c.bs[j].AddrPort() {
+				d.delElems[set] = append(d.delElems[set], o.elems(base, i)[0])
+				d.addElems[set] = append(d.addElems[set], c.elems(base, j)[0])
+			}
+			i, j = i+1, j+1
+		}
+	}
 }
 
 // delta works out what a step changes in the table.

@@ -111,7 +111,11 @@
 // where each endpoint holds a range of buckets sized by its weight. So a
 // change of endpoints that leaves the verdicts alone is a change of map
 // elements only: no rule changes, and the kernel skips the validation of
-// the whole table that any rule change costs. A change of verdicts (a
+// the whole table that any rule change costs. Such a change is planned
+// from the port's plan before, without planning its rules again, and
+// moves only the ranges that changed: a range that keeps its bounds and
+// gets another endpoint (an endpoint replaced in its place) changes its
+// first element alone, which holds the endpoint. A change of verdicts (a
 // port that gains its first endpoint, or loses its last local one)
 // rewrites the port's entry chains. Weights are honoured to 1/4095 of a
 // port's traffic. Slots are derived from a hash of the service port's

@@ -92,6 +92,16 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 		}
 		targets = slices.Clone(ch.Added)
 		for _, c := range ch.Changed {
+			if old := m.ports[c.New.Key]; old != nil && c.EndpointsOnly() {
+				pp, ok, err := p.endpoints(old, c.New, s.slots)
+				if err != nil {
+					return nil, err
+				}
+				if ok {
+					s.changed = append(s.changed, [2]*portPlan{old, pp})
+					continue
+				}
+			}
 			targets = append(targets, c.New)
 		}
 	}
@@ -121,14 +131,19 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 }
 
 // count works out the new counts of the shared elements and shards that
-// the step moves.
+// the step moves. A changed port moves only the elements it gained or
+// lost: a port's refs are sorted (refsOf), so the two lists merge.
 func (s *step) count(m *model) {
+	moveRef := func(r ref, d int) {
+		n, ok := s.refs[r]
+		if !ok {
+			n = m.refs[r]
+		}
+		s.refs[r] = n + d
+	}
 	move := func(pp *portPlan, d int) {
 		for _, r := range pp.refs {
-			if _, ok := s.refs[r]; !ok {
-				s.refs[r] = m.refs[r]
-			}
-			s.refs[r] += d
+			moveRef(r, d)
 		}
 		for _, x := range pp.shards {
 			if _, ok := s.shards[x]; !ok {
@@ -144,9 +159,36 @@ func (s *step) count(m *model) {
 		move(pp, 1)
 	}
 	for _, c := range s.changed {
-		move(c[0], -1)
-		move(c[1], 1)
+		old, cur := c[0].refs, c[1].refs
+		for len(old) > 0 || len(cur) > 0 {
+			switch d := cmpFirst(old, cur); {
+			case d < 0:
+				moveRef(old[0], -1)
+				old = old[1:]
+			case d > 0:
+				moveRef(cur[0], 1)
+				cur = cur[1:]
+			default:
+				old, cur = old[1:], cur[1:]
+			}
+		}
+		if !slices.Equal(c[0].shards, c[1].shards) {
+			move(&portPlan{shards: c[0].shards}, -1)
+			move(&portPlan{shards: c[1].shards}, 1)
+		}
 	}
+}
+
+// cmpFirst compares the first refs of two sorted lists, an empty list's
+// coming last.
+func cmpFirst(a, b []ref) int {
+	switch {
+	case len(a) == 0:
+		return 1
+	case len(b) == 0:
+		return -1
+	}
+	return compareRefs(a[0], b[0])
 }
 
 // apply makes m the model of the step's target state.

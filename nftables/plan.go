@@ -50,11 +50,13 @@ type portPlan struct {
 }
 
 // slotRange is a load-balancing slot's range in a backends map, kept as
-// the backends it spreads over (the ServicePort's own slice).
+// the backends it spreads over (the ServicePort's own slice): those of
+// the port's local set when local, else of its cluster set.
 type slotRange struct {
-	set  setID
-	slot uint32
-	bs   []servicelb.Backend
+	set   setID
+	slot  uint32
+	local bool
+	bs    []servicelb.Backend
 }
 
 // setElems are a port's elements in one set. A port has elements in few
@@ -245,6 +247,38 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 	return pp, nil
 }
 
+// endpoints plans a port whose change touches its endpoints alone
+// (servicelb.PortChange.EndpointsOnly) from its plan before: its chains
+// and its elements in the dispatch and firewall sets stay as they were
+// (the same values, shared), its slots keep their keys, and only the
+// ranges of its slots and its hairpin elements follow the endpoints. It
+// reports false for a port with affinity, whose chains hold its
+// endpoints: that one is planned whole.
+func (p *planner) endpoints(old *portPlan, sp *servicelb.ServicePort, slots *slotTxn) (*portPlan, bool, error) {
+	if sp.Affinity > 0 {
+		return nil, false, nil
+	}
+	if err := p.caps.CheckPort(sp); err != nil {
+		return nil, false, err
+	}
+	pp := &portPlan{key: old.key, chains: old.chains, elems: old.elems, slots: old.slots, shards: old.shards, refs: refsOf(sp)}
+	for _, k := range old.slots {
+		bs := sp.Targets(servicelb.Verdict{Action: servicelb.ToCluster})
+		if k.local {
+			bs = sp.Targets(servicelb.Verdict{Action: servicelb.ToLocal})
+		}
+		if len(bs) == 0 {
+			continue
+		}
+		slot, err := slots.get(k)
+		if err != nil {
+			return nil, false, err
+		}
+		pp.backends = append(pp.backends, slotRange{set: shardSet(sp.Family, slot), slot: slot, local: k.local, bs: bs})
+	}
+	return pp, true, nil
+}
+
 // entryChain is the chain of one kind of frontend (the cluster IP, or
 // the external ones) and the verdicts it renders.
 type entryChain struct {
@@ -254,6 +288,8 @@ type entryChain struct {
 
 // refsOf returns the shared elements a port needs: its cluster IP, and
 // the hairpin pairs of the endpoints its verdicts may forward to.
+// They come sorted (compareRefs): the cluster IP's set before the
+// hairpin set, and the hairpin addresses as sorted as ServicePort.Hairpin.
 func refsOf(sp *servicelb.ServicePort) []ref {
 	out := make([]ref, 0, 1+len(sp.Hairpin))
 	if sp.ClusterIP.IsValid() {
@@ -329,7 +365,7 @@ func (p *planner) lb(pp *portPlan, sp *servicelb.ServicePort, key slotKey, bs []
 			// Capabilities.CheckPort refuses such a port first.
 			return balancer{}, capacityError(sp.Key, "endpoints", fmt.Sprintf("%d endpoints in one set, at most %d", len(bs), buckets))
 		}
-		pp.backends = append(pp.backends, slotRange{set: set, slot: slot, bs: bs})
+		pp.backends = append(pp.backends, slotRange{set: set, slot: slot, local: key.local, bs: bs})
 	}
 	return balancer{dnat: []term{l4proto(proto), dnatMap(f, slot*bucketStride, set.name())}}, nil
 }

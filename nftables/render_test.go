@@ -9,11 +9,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -388,4 +391,50 @@ func TestNames(t *testing.T) {
 			t.Errorf("%q accepted", name)
 		}
 	}
+}
+
+// TestEndpointChangeKeepsThePortsRules: a change of a port's endpoints
+// alone plans no rule again: the port's plan keeps the chains of the plan
+// before, an endpoint replaced in its place changes one element of the
+// backends map, and planning the change with its delta costs a few
+// allocations for that endpoint, not some for each endpoint of the port.
+func TestEndpointChangeKeepsThePortsRules(t *testing.T) {
+	ips := make([]string, 50)
+	for i := range ips {
+		ips[i] = fmt.Sprintf("10.244.1.%d", 2*i+2)
+	}
+	svc := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.1"),
+		Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}}, Endpoints: eps("", ips...)}
+	b, err := servicelb.NewBuilder(testNode)
+	require.NoError(t, err)
+	require.NoError(t, b.Upsert(svc))
+	a := b.State()
+	svc.Endpoints = slices.Clone(svc.Endpoints)
+	svc.Endpoints[20].Addr = netip.MustParseAddr("10.244.1.43")
+	require.NoError(t, b.Upsert(svc))
+	next := b.State()
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	m, err := p.build(a)
+	require.NoError(t, err)
+	ch := servicelb.Diff(a, next)
+	s, err := p.plan(m, &ch, next)
+	require.NoError(t, err)
+	require.Len(t, s.changed, 1)
+	old, cur := s.changed[0][0], s.changed[0][1]
+	require.True(t, sameSlice(old.chains, cur.chains), "the port's chains were planned again")
+	// The endpoint's range keeps its bounds: its start element, which
+	// holds the endpoint, is all that changes in the backends map.
+	d := s.delta(m)
+	for set, es := range d.delElems {
+		if set.kind() == kindBackends {
+			assert.Len(t, es, 1, "elements deleted from %s", set.name())
+			assert.Len(t, d.addElems[set], 1, "elements added to %s", set.name())
+			assert.Zero(t, es[0].flags&nfnl.ElemIntervalEnd, "the start element")
+		}
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		s, _ := p.plan(m, &ch, next)
+		s.delta(m)
+	})
+	assert.Less(t, allocs, 60.0, "allocations of planning a one-endpoint change")
 }
