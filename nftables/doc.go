@@ -29,11 +29,12 @@
 // (servicelb.Diff) and send only what the changed service ports need, in
 // one transaction: a failed sync leaves the previous table whole, and the
 // next sync retries the whole difference. An unchanged State sends nothing.
-// Before each sync a cheap check reads the ruleset generation (one small
-// round trip) and, if anyone else committed since the Proxier's own last
-// commit, the table's flags and use count: a deleted or dormant table, or
-// a chain or set too many or too few, is rewritten whole in one
-// transaction. At most every Options.VerifyInterval (and only when the
+// A sync's batch requires the ruleset generation to be the one the
+// Proxier's own last commit left, so that a change costs one round trip:
+// if anyone else committed since, the kernel refuses the batch, and the
+// sync reads the table's flags and use count before it sends the batch
+// again: a deleted or dormant table, or a chain or set too many or too
+// few, is rewritten whole in one transaction. At most every Options.VerifyInterval (and only when the
 // generation moved) a deep verify reads every chain, rule, set and element
 // back and rewrites the table if anything differs. A sync that loses a
 // race with another writer (an interrupted dump, a moved generation) is

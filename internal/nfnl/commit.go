@@ -35,6 +35,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 	if tap := tapOf(ctx); tap != nil {
 		tap(p)
 	}
+	traceRequest(ctx, RequestCommit)
 	err := c.send(ctx, p)
 	b.unframe()
 	if err != nil {
@@ -192,6 +193,7 @@ func (c *Conn) Generation(ctx context.Context) (Generation, error) {
 		return Generation{}, ErrClosed
 	}
 	seq := c.nextSeq(1)
+	traceRequest(ctx, RequestGeneration)
 	if err := c.sendGetGen(ctx, seq); err != nil {
 		return Generation{}, err
 	}

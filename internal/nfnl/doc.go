@@ -49,7 +49,8 @@
 // generation right after its own commit: a caller that remembers it learns
 // cheaply whether anyone else has committed since. Batch.RequireGeneration
 // makes a batch apply only if the generation is still the one the caller
-// read (ErrGenerationChanged otherwise).
+// read (ErrGenerationChanged otherwise). WithRequests counts a call's
+// round trips by kind, for tests.
 //
 // # Reading
 //
