@@ -11,46 +11,49 @@ import (
 
 // content is a whole table, in the order it is declared and created: sets
 // first, then chains. Each set's elements come in an order the kernel
-// accepts: every owner's intervals in ascending order.
+// accepts: every owner's intervals in ascending order. A verify and Render
+// make it; a write streams the same table into its batch without holding
+// it whole (planner.write).
 type content struct {
 	sets []setDef
 	// elems holds each set's elements as the parts their owners hold
-	// (the node, each port, the shared elements), in order: the content
-	// copies no element of the model.
+	// (the node, each port, the shared elements).
 	elems  map[setID][][]elem
 	chains []chainPlan
 }
 
-func (p *planner) content(m *model) *content {
-	c := &content{elems: map[setID][][]elem{}}
+// setDefs returns the definitions of the model's sets: the fixed ones,
+// then the backends maps its ports read.
+func (p *planner) setDefs(m *model) []setDef {
+	var defs []setDef
 	for _, f := range families {
-		c.sets = append(c.sets, fixedSets(p.table, f, p.affinitySize)...)
+		defs = append(defs, fixedSets(p.table, f, p.affinitySize)...)
 	}
 	for _, s := range slices.Sorted(maps.Keys(m.shards)) {
-		c.sets = append(c.sets, backendsDef(p.table, s))
+		defs = append(defs, backendsDef(p.table, s))
 	}
+	return defs
+}
+
+func (p *planner) content(m *model) *content {
+	c := &content{elems: map[setID][][]elem{}, sets: p.setDefs(m)}
 	for set, es := range m.node.elems {
 		c.add(set, es)
 	}
 	c.chains = append(c.chains, m.node.chains...)
 	for _, pp := range m.sortedPorts() {
-		for _, x := range pp.elems {
+		fr := p.fragment(pp, &m.cfg)
+		for _, x := range fr.elems {
 			c.add(x.set, x.es)
 		}
-		for _, r := range pp.backends {
+		for _, r := range fr.backends {
 			c.add(r.set, backendElems(r.slot, r.bs, bucketCounts(r.bs)))
 		}
-		c.chains = append(c.chains, pp.chains...)
+		c.chains = append(c.chains, fr.chains...)
 	}
-	counts := map[setID]int{}
-	for r := range m.refs {
-		counts[r.set]++
-	}
-	refs := make(map[setID][]elem, len(counts))
-	for set, n := range counts {
-		refs[set] = make([]elem, 0, n)
-	}
-	for _, r := range slices.SortedFunc(maps.Keys(m.refs), compareRefs) {
+	refs := map[setID][]elem{}
+	for k := range m.refs {
+		r := k.ref()
 		refs[r.set] = append(refs[r.set], r.elem())
 	}
 	for set, es := range refs {
@@ -69,65 +72,128 @@ func (c *content) add(set setID, es []elem) {
 // setElems returns a set's elements in one slice.
 func (c *content) setElems(set setID) []elem { return slices.Concat(c.elems[set]...) }
 
-// create writes the whole content into a batch: sets, chains, rules and
-// elements, in that order.
-func (c *content) create(table string, b *nfnl.Batch) error {
-	size, msgs := c.size()
+// write writes the whole table of m into a batch: sets, then the node's
+// chains and rules, then each port's, then the elements set by set. It
+// makes each port's fragment when it writes the port, and the elements of
+// each set when it writes the set, so that the batch is all it holds of a
+// large table.
+func (p *planner) write(m *model, b *nfnl.Batch) error {
+	size, msgs := m.size()
 	b.Grow(size)
 	b.GrowMessages(msgs)
-	for _, d := range c.sets {
+	defs := p.setDefs(m)
+	for _, d := range defs {
 		b.AddSet(d.set)
 	}
-	for _, ch := range c.chains {
-		b.AddChain(nfnl.Chain{Family: nfnl.Inet, Table: table, Name: ch.name, Hook: ch.hook})
-	}
-	if err := writeRules(table, c.chains, b); err != nil {
+	if err := writeChains(p.table, m.node.chains, b); err != nil {
 		return err
 	}
-	for _, d := range c.sets {
-		addElements(b, table, d.set.Name, c.elems[d.id])
+	ports := m.sortedPorts()
+	byShard := map[setID][]*portPlan{}
+	for _, pp := range ports {
+		fr := p.fragment(pp, &m.cfg)
+		if err := writeChains(p.table, fr.chains, b); err != nil {
+			return err
+		}
+		pp.eachShard(func(s setID) {
+			if ps := byShard[s]; len(ps) == 0 || ps[len(ps)-1] != pp {
+				byShard[s] = append(ps, pp)
+			}
+		})
+	}
+	// The dispatch map's and the firewall sets' elements, each port's in
+	// one pass over the ports.
+	writers := map[setID]*elemWriter{}
+	for _, d := range defs {
+		writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
+	}
+	for _, pp := range ports {
+		var fr fragment
+		entries(&fr, pp.sp)
+		for _, x := range fr.elems {
+			writers[x.set].add(x.es...)
+		}
+	}
+	for k := range m.refs {
+		writers[k.set].add(k.ref().elem())
+	}
+	for _, d := range defs {
+		w := writers[d.id]
+		switch d.id.kind() {
+		case kindBackends:
+			for _, pp := range byShard[d.id] {
+				for i := range pp.uses {
+					if pp.uses[i] && shardSet(pp.sp.Family, pp.slot[i]) == d.id {
+						w.add(backendElems(pp.slot[i], targets(pp.sp, i), bucketCounts(targets(pp.sp, i)))...)
+					}
+				}
+			}
+		default:
+			w.add(m.node.elems[d.id]...)
+		}
+		w.flush()
 	}
 	return nil
 }
 
-// size estimates the bytes and the messages of the batch that creates the
-// content, so that the batch grows once.
-func (c *content) size() (bytes, msgs int) {
-	bytes = 300 * len(c.sets)
-	msgs = len(c.sets) + len(c.chains)
-	for _, ch := range c.chains {
+// size estimates the bytes and the messages of the batch that writes m,
+// so that the batch grows once.
+func (m *model) size() (bytes, msgs int) {
+	sets := 16 + len(m.shards)
+	bytes, msgs = 300*sets, sets
+	for _, ch := range m.node.chains {
 		bytes += 100 + 250*len(ch.rules)
-		msgs += len(ch.rules)
+		msgs += 1 + len(ch.rules)
 	}
-	for _, parts := range c.elems {
-		n := 0
-		for _, es := range parts {
-			n += len(es)
+	elems := len(m.refs)
+	for _, pp := range m.ports {
+		// An entry chain of three rules and the port's frontends.
+		bytes += 1000
+		msgs += 4
+		elems += 1 + len(pp.sp.ExternalIPs) + len(pp.sp.LoadBalancerIPs) + len(pp.sp.NodeIPs)
+		for i := range pp.uses {
+			if pp.uses[i] {
+				elems += 2 * len(targets(pp.sp, i))
+			}
 		}
-		bytes += 64 * n
-		msgs += 1 + n/256 // a message holds some hundreds
 	}
+	bytes += 64 * elems
+	msgs += sets + elems/256 // a message holds some hundreds
 	return bytes, msgs
 }
 
-// addElements adds the parts of a set's elements, converting them a
-// chunk at a time.
-func addElements(b *nfnl.Batch, table, set string, parts [][]elem) {
-	const chunk = 1024
-	var buf []nfnl.Element
-	for _, es := range parts {
-		for i := range es {
-			if buf == nil {
-				buf = make([]nfnl.Element, 0, chunk)
-			}
-			buf = append(buf, es[i].element())
-			if len(buf) == chunk {
-				b.AddElements(nfnl.Inet, table, set, buf)
-				buf = buf[:0]
-			}
+// writeChains adds chains and their rules to a batch.
+func writeChains(table string, chains []chainPlan, b *nfnl.Batch) error {
+	for _, ch := range chains {
+		b.AddChain(nfnl.Chain{Family: nfnl.Inet, Table: table, Name: ch.name, Hook: ch.hook})
+	}
+	return writeRules(table, chains, b)
+}
+
+// elemWriter adds a set's elements to a batch a chunk at a time.
+type elemWriter struct {
+	b          *nfnl.Batch
+	table, set string
+	buf        []nfnl.Element
+}
+
+const elemChunk = 1024
+
+func (w *elemWriter) add(es ...elem) {
+	for i := range es {
+		if w.buf == nil {
+			w.buf = make([]nfnl.Element, 0, elemChunk)
+		}
+		w.buf = append(w.buf, es[i].element())
+		if len(w.buf) == elemChunk {
+			w.flush()
 		}
 	}
-	if len(buf) > 0 {
-		b.AddElements(nfnl.Inet, table, set, buf)
+}
+
+func (w *elemWriter) flush() {
+	if len(w.buf) > 0 {
+		w.b.AddElements(nfnl.Inet, w.table, w.set, w.buf)
+		w.buf = w.buf[:0]
 	}
 }

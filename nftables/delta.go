@@ -155,10 +155,8 @@ func (d *delta) elemMaps(old, cur map[setID][]elem) {
 }
 
 // port adds the difference between two fragments of one port (nil for a
-// port that is new or gone). What the two share (a port whose endpoints
-// alone changed keeps its chains and its frontends' elements) is not
-// compared.
-func (d *delta) port(old, cur *portPlan) {
+// port that is new or gone).
+func (d *delta) port(old, cur *fragment) {
 	var oc, cc []chainPlan
 	var oe, ce []setElems
 	var ob, cb []slotRange
@@ -168,18 +166,9 @@ func (d *delta) port(old, cur *portPlan) {
 	if cur != nil {
 		cc, ce, cb = cur.chains, cur.elems, cur.backends
 	}
-	if !sameSlice(oc, cc) {
-		d.chains(oc, cc)
-	}
-	if !sameSlice(oe, ce) {
-		d.setElems(oe, ce)
-	}
+	d.chains(oc, cc)
+	d.setElems(oe, ce)
 	d.slots(ob, cb)
-}
-
-// sameSlice reports whether a and b are one slice.
-func sameSlice[T any](a, b []T) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // setElems diffs a port's elements outside the backends maps.
@@ -263,7 +252,9 @@ func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
 	}
 }
 
-// delta works out what a step changes in the table.
+// delta works out what a step changes in the table. A port whose
+// endpoints alone changed moves only its slots' ranges: its chains and
+// its frontends' elements are the same in both fragments.
 func (s *step) delta(m *model) *delta {
 	d := newDelta()
 	if s.node != nil {
@@ -271,21 +262,25 @@ func (s *step) delta(m *model) *delta {
 		d.elemMaps(m.node.elems, s.node.elems)
 	}
 	for _, pp := range s.removed {
-		d.port(pp, nil)
+		d.port(s.p.fragment(pp, &m.cfg), nil)
 	}
 	for _, pp := range s.added {
-		d.port(nil, pp)
+		d.port(nil, s.p.fragment(pp, s.cfg))
 	}
 	for _, c := range s.changed {
-		d.port(c[0], c[1])
+		if c.endpoints {
+			d.slots(slotRanges(c.old), slotRanges(c.cur))
+			continue
+		}
+		d.port(s.p.fragment(c.old, &m.cfg), s.p.fragment(c.cur, s.cfg))
 	}
-	for _, r := range slices.SortedFunc(maps.Keys(s.refs), compareRefs) {
-		was, now := m.refs[r], s.refs[r]
+	for _, k := range slices.SortedFunc(maps.Keys(s.refs), compareRefKeys) {
+		was, now := m.refs[k], s.refs[k]
 		switch {
 		case was == 0 && now > 0:
-			d.addElems[r.set] = append(d.addElems[r.set], r.elem())
+			d.addElems[k.set] = append(d.addElems[k.set], k.ref().elem())
 		case was > 0 && now == 0:
-			d.delElems[r.set] = append(d.delElems[r.set], r.elem())
+			d.delElems[k.set] = append(d.delElems[k.set], k.ref().elem())
 		}
 	}
 	for _, x := range slices.Sorted(maps.Keys(s.shards)) {

@@ -92,7 +92,7 @@ func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 	if err != nil {
 		return err
 	}
-	b, err := (*Proxier)(k).replaceBatch(ctx, k.plan.content(next))
+	b, err := (*Proxier)(k).replaceBatch(ctx, next)
 	if err != nil {
 		return fmt.Errorf("read table: %w", err)
 	}

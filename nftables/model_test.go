@@ -1,0 +1,50 @@
+//go:build linux
+
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestModelHoldsLittleBesideTheState: the model of a State holds a port as
+// its ServicePort and its slots, not its chains and elements, so that what
+// it keeps beside the State is a small part of what the State holds.
+func TestModelHoldsLittleBesideTheState(t *testing.T) {
+	b, err := servicelb.NewBuilder(testNode)
+	require.NoError(t, err)
+	const n = 2000
+	for i := range n {
+		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+		for j := range 5 {
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(i >> 4), byte(i<<4 | j)}), Ready: true})
+		}
+		require.NoError(t, b.Upsert(s))
+	}
+	st := b.State()
+	heap := func() int64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	before := heap()
+	m, err := p.build(st)
+	require.NoError(t, err)
+	perPort := float64(heap()-before) / n
+	runtime.KeepAlive(m)
+	runtime.KeepAlive(st)
+	t.Logf("%.0f bytes per port", perPort)
+	assert.Less(t, perPort, 600.0, "bytes the model keeps per port of 5 endpoints")
+}
