@@ -42,7 +42,7 @@ func (p *planner) content(m *model) *content {
 	}
 	c.chains = append(c.chains, m.node.chains...)
 	for _, pp := range m.sortedPorts() {
-		fr := p.fragment(pp, &m.cfg)
+		fr := p.fragment(pp, m.cfg)
 		for _, x := range fr.elems {
 			c.add(x.set, x.es)
 		}
@@ -89,11 +89,20 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 		return err
 	}
 	ports := m.sortedPorts()
+	// Each port's chains and rules, then its elements in the dispatch map
+	// and the firewall sets, which refer to its chains.
+	writers := map[setID]*elemWriter{}
+	for _, d := range defs {
+		writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
+	}
 	byShard := map[setID][]*portPlan{}
 	for _, pp := range ports {
-		fr := p.fragment(pp, &m.cfg)
+		fr := p.fragment(pp, m.cfg)
 		if err := writeChains(p.table, fr.chains, b); err != nil {
 			return err
+		}
+		for _, x := range fr.elems {
+			writers[x.set].add(x.es...)
 		}
 		pp.eachShard(func(s setID) {
 			if ps := byShard[s]; len(ps) == 0 || ps[len(ps)-1] != pp {
@@ -101,21 +110,9 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 			}
 		})
 	}
-	// The dispatch map's and the firewall sets' elements, each port's in
-	// one pass over the ports.
-	writers := map[setID]*elemWriter{}
-	for _, d := range defs {
-		writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
-	}
-	for _, pp := range ports {
-		var fr fragment
-		entries(&fr, pp.sp)
-		for _, x := range fr.elems {
-			writers[x.set].add(x.es...)
-		}
-	}
 	for k := range m.refs {
-		writers[k.set].add(k.ref().elem())
+		w := writers[k.set]
+		w.add(w.refElem(k))
 	}
 	for _, d := range defs {
 		w := writers[d.id]
@@ -170,11 +167,14 @@ func writeChains(table string, chains []chainPlan, b *nfnl.Batch) error {
 	return writeRules(table, chains, b)
 }
 
-// elemWriter adds a set's elements to a batch a chunk at a time.
+// elemWriter adds a set's elements to a batch a chunk at a time. The
+// bytes of the elements it makes itself (refElem) live in its arena until
+// the chunk is written, which copies them into the batch.
 type elemWriter struct {
 	b          *nfnl.Batch
 	table, set string
 	buf        []nfnl.Element
+	arena      []byte
 }
 
 const elemChunk = 1024
@@ -191,9 +191,25 @@ func (w *elemWriter) add(es ...elem) {
 	}
 }
 
+// refElem returns the element of a shared element, its bytes in the
+// arena: valid until the writer's next flush.
+func (w *elemWriter) refElem(k refKey) elem {
+	if cap(w.arena)-len(w.arena) < 32 {
+		w.arena = make([]byte, 0, (elemChunk+1)*32)
+	}
+	at := len(w.arena)
+	r := k.ref()
+	w.arena = appendAddr(w.arena, r.addr)
+	if k.set.kind() == kindHairpin {
+		w.arena = appendAddr(w.arena, r.addr)
+	}
+	return elem{key: w.arena[at:len(w.arena):len(w.arena)]}
+}
+
 func (w *elemWriter) flush() {
 	if len(w.buf) > 0 {
 		w.b.AddElements(nfnl.Inet, w.table, w.set, w.buf)
 		w.buf = w.buf[:0]
+		w.arena = w.arena[:0]
 	}
 }

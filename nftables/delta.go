@@ -262,7 +262,7 @@ func (s *step) delta(m *model) *delta {
 		d.elemMaps(m.node.elems, s.node.elems)
 	}
 	for _, pp := range s.removed {
-		d.port(s.p.fragment(pp, &m.cfg), nil)
+		d.port(s.p.fragment(pp, m.cfg), nil)
 	}
 	for _, pp := range s.added {
 		d.port(nil, s.p.fragment(pp, s.cfg))
@@ -272,7 +272,7 @@ func (s *step) delta(m *model) *delta {
 			d.slots(slotRanges(c.old), slotRanges(c.cur))
 			continue
 		}
-		d.port(s.p.fragment(c.old, &m.cfg), s.p.fragment(c.cur, s.cfg))
+		d.port(s.p.fragment(c.old, m.cfg), s.p.fragment(c.cur, s.cfg))
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(s.refs), compareRefKeys) {
 		was, now := m.refs[k], s.refs[k]

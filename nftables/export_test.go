@@ -121,7 +121,7 @@ func portDrift(p *planner, ma, mb *model, a, b *portPlan) string {
 		return fmt.Sprintf("planned from another ServicePort: %v, fresh %v", a.sp, b.sp)
 	}
 	text := func(m *model, pp *portPlan) string {
-		fr := p.fragment(pp, &m.cfg)
+		fr := p.fragment(pp, m.cfg)
 		return chainsText(fr.chains) + elemsText(fr.allElems()) + fmt.Sprint(refsOf(pp.sp), pp.slot, pp.uses)
 	}
 	if x, y := text(ma, a), text(mb, b); x != y {

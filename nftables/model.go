@@ -14,8 +14,9 @@ import (
 // changes it only after a successful commit.
 type model struct {
 	node nodePlan
-	// cfg is the node the ports are planned for.
-	cfg   servicelb.NodeConfig
+	// cfg is the node the ports are planned for; it never changes (a
+	// node change replaces it).
+	cfg   *servicelb.NodeConfig
 	ports map[servicelb.ServicePortKey]*portPlan
 	// refs counts the ports that need each shared element.
 	refs map[refKey]int32
@@ -31,8 +32,9 @@ func newModel() *model {
 // build plans a whole State from scratch.
 func (p *planner) build(st *servicelb.State) (*model, error) {
 	m := newModel()
-	m.cfg = st.Node()
-	np, err := p.node(&m.cfg)
+	node := st.Node()
+	m.cfg = &node
+	np, err := p.node(m.cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +44,7 @@ func (p *planner) build(st *servicelb.State) (*model, error) {
 	m.ports = make(map[servicelb.ServicePortKey]*portPlan, len(ports))
 	plans := make([]portPlan, len(ports))
 	for i, sp := range ports {
-		pp, err := p.port(sp, &m.cfg, txn, nil)
+		pp, err := p.port(sp, m.cfg, txn, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -99,7 +101,7 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 			}
 		}
 	} else {
-		s.cfg = &m.cfg
+		s.cfg = m.cfg
 		for _, o := range ch.Removed {
 			s.removed = append(s.removed, m.ports[o.Key])
 		}
@@ -203,7 +205,7 @@ func cmpFirst(a, b []ref) int {
 // apply makes m the model of the step's target state.
 func (s *step) apply(m *model) {
 	if s.node != nil {
-		m.node, m.cfg = *s.node, *s.cfg
+		m.node, m.cfg = *s.node, s.cfg
 	}
 	for _, pp := range s.removed {
 		delete(m.ports, pp.sp.Key)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -47,4 +48,33 @@ func TestModelHoldsLittleBesideTheState(t *testing.T) {
 	runtime.KeepAlive(st)
 	t.Logf("%.0f bytes per port", perPort)
 	assert.Less(t, perPort, 600.0, "bytes the model keeps per port of 5 endpoints")
+}
+
+// TestWriteAllocations: a cold sync plans and writes the table of a port
+// with a few dozen allocations, its endpoints' elements included, not a
+// few for each element.
+func TestWriteAllocations(t *testing.T) {
+	b, err := servicelb.NewBuilder(testNode)
+	require.NoError(t, err)
+	const n = 500
+	for i := range n {
+		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+		for j := range 10 {
+			x := i*10 + j
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)}), Ready: true})
+		}
+		require.NoError(t, b.Upsert(s))
+	}
+	st := b.State()
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	allocs := testing.AllocsPerRun(3, func() {
+		m, err := p.build(st)
+		require.NoError(t, err)
+		var batch nfnl.Batch
+		require.NoError(t, p.write(m, &batch))
+	})
+	t.Logf("%.1f allocations per port", allocs/n)
+	assert.Less(t, allocs/n, 60.0, "allocations per port of 10 endpoints")
 }

@@ -167,8 +167,29 @@ type planner struct {
 	drop         *rule
 	// origins holds the rules the entry chains share, by family and way
 	// of recognising pods: made once for each that a node asks for.
+	// protos and tails hold, encoded, the terms every load-balancing rule
+	// of a protocol, or of a backends map, shares; ng encodes the draws.
 	mu      sync.Mutex
 	origins map[originKey]*originRules
+	protos  map[servicelb.Protocol]term
+	tails   map[setID]term
+	ng      *numgenCode
+	// podsNode and podsOf are the last node whose pods were asked for
+	// (podsOf reads every CIDR of the node), and its answer per family.
+	podsNode *servicelb.NodeConfig
+	podsAns  [2]pods
+}
+
+// pods returns how node n recognises its pods in family f (podsOf),
+// read once for the node a run of ports is planned for. n must not change
+// once planned for, as a model's and a step's node does not.
+func (p *planner) pods(n *servicelb.NodeConfig, f servicelb.Family) pods {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.podsNode != n {
+		p.podsNode, p.podsAns = n, [2]pods{podsOf(n, servicelb.IPv4), podsOf(n, servicelb.IPv6)}
+	}
+	return p.podsAns[famIndex(f)]
 }
 
 type originKey struct {
@@ -181,13 +202,40 @@ const origins = len(servicelb.Verdicts{})
 
 func newPlanner(table string, affinitySize uint32) *planner {
 	return &planner{table: table, affinitySize: affinitySize, caps: capabilities(), drop: mk(drop()),
-		origins: map[originKey]*originRules{}}
+		origins: map[originKey]*originRules{}, protos: map[servicelb.Protocol]term{}, tails: map[setID]term{},
+		ng: newNumgenCode()}
+}
+
+// l4proto returns "meta l4proto p", encoded once.
+func (p *planner) l4proto(proto servicelb.Protocol) term {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.protos[proto]
+	if !ok {
+		t = encoded(l4proto(proto))
+		p.protos[proto] = t
+	}
+	return t
+}
+
+// tail returns dnatTail of a backends map, encoded once, with the map's
+// name for text.
+func (p *planner) tail(set setID) term {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.tails[set]
+	if !ok {
+		t = dnatTail(set.family(), set.name())
+		t.text = set.name()
+		p.tails[set] = t
+	}
+	return t
 }
 
 // originRules returns the shared rules of the entry chains of family f on
 // node n. Planning is safe for concurrent use (Render runs beside Sync).
 func (p *planner) originRules(n *servicelb.NodeConfig, f servicelb.Family) *originRules {
-	k := originKey{f, podsOf(n, f)}
+	k := originKey{f, p.pods(n, f)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	o := p.origins[k]
@@ -274,7 +322,7 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 		return portPlan{}, err
 	}
 	pp := portPlan{sp: sp}
-	pp.uses = balanced(sp, podsOf(n, sp.Family).detects())
+	pp.uses = balanced(sp, p.pods(n, sp.Family).detects())
 	for i, used := range pp.uses {
 		if !used {
 			continue
@@ -301,9 +349,17 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 // node recognises any flow as a pod's.
 func balanced(sp *servicelb.ServicePort, pods bool) [2]bool {
 	var out [2]bool
-	for _, c := range entryKinds(sp) {
-		for _, o := range routes(c.verdicts, pods) {
-			switch c.verdicts[o].Action {
+	var vs [2]servicelb.Verdicts
+	n := 0
+	if sp.ClusterIP.IsValid() {
+		vs[n], n = sp.Internal, n+1
+	}
+	if sp.ExternallyAccessible() {
+		vs[n], n = sp.External, n+1
+	}
+	for _, v := range vs[:n] {
+		for _, o := range routes(v, pods) {
+			switch v[o].Action {
 			case servicelb.ToCluster:
 				out[0] = true
 			case servicelb.ToLocal:
@@ -329,17 +385,18 @@ type entryChain struct {
 	verdicts servicelb.Verdicts
 }
 
-// entryKinds returns the port's entry chains: its cluster IP's, its
-// external frontends'.
-func entryKinds(sp *servicelb.ServicePort) []entryChain {
-	kinds := make([]entryChain, 0, 2)
+// entryKinds returns the port's entry chains, the first n of kinds: its
+// cluster IP's, its external frontends'.
+func entryKinds(sp *servicelb.ServicePort) (kinds [2]entryChain, n int) {
 	if sp.ClusterIP.IsValid() {
-		kinds = append(kinds, entryChain{chainInternal(sp.Key), sp.Internal})
+		kinds[n] = entryChain{chainInternal(sp.Key), sp.Internal}
+		n++
 	}
 	if sp.ExternallyAccessible() {
-		kinds = append(kinds, entryChain{chainExternal(sp.Key), sp.External})
+		kinds[n] = entryChain{chainExternal(sp.Key), sp.External}
+		n++
 	}
-	return kinds
+	return kinds, n
 }
 
 // fragment makes a planned port's chains and elements for node n.
@@ -347,7 +404,8 @@ func (p *planner) fragment(pp *portPlan, n *servicelb.NodeConfig) *fragment {
 	sp := pp.sp
 	fr := &fragment{}
 	origins := p.originRules(n, sp.Family)
-	kinds := entryKinds(sp)
+	all, nk := entryKinds(sp)
+	kinds := all[:nk]
 	fr.chains = make([]chainPlan, len(kinds), len(kinds)+1)
 	var lbs [2]balancer
 	for i, used := range pp.uses {
@@ -358,7 +416,7 @@ func (p *planner) fragment(pp *portPlan, n *servicelb.NodeConfig) *fragment {
 	for i, c := range kinds {
 		fr.chains[i] = chainPlan{name: c.name, rules: p.entryRules(origins, c.verdicts, &lbs)}
 	}
-	entries(fr, sp)
+	entries(fr, sp, kinds)
 	return fr
 }
 
@@ -384,7 +442,8 @@ func refsOf(sp *servicelb.ServicePort) []ref {
 // chainNames calls f with the name of each chain of a planned port, as
 // its fragment makes them.
 func chainNames(pp *portPlan, f func(name string)) {
-	for _, c := range entryKinds(pp.sp) {
+	kinds, n := entryKinds(pp.sp)
+	for _, c := range kinds[:n] {
 		f(c.name)
 	}
 	if pp.sp.Affinity == 0 {
@@ -415,10 +474,12 @@ type balancer struct {
 
 // rule matches the terms, then balances.
 func (b balancer) rule(match ...term) *rule {
+	terms := make([]term, 0, len(match)+len(b.dnat)+1)
+	terms = append(terms, match...)
 	if b.chain != "" {
-		return mkOwn(append(match, goTo(b.chain))...)
+		return mkOwn(append(terms, goTo(b.chain))...)
 	}
-	return mkOwn(append(match, b.dnat...)...)
+	return mkOwn(append(terms, b.dnat...)...)
 }
 
 // lb plans the load balancing over bs in the slot. Without affinity it is
@@ -437,7 +498,8 @@ func (p *planner) lb(fr *fragment, sp *servicelb.ServicePort, key slotKey, slot 
 	if len(bs) > 0 {
 		fr.backends = append(fr.backends, slotRange{set: set, slot: slot, bs: bs})
 	}
-	return balancer{dnat: []term{l4proto(proto), dnatMap(f, slot*bucketStride, set.name())}}
+	tail := p.tail(set)
+	return balancer{dnat: []term{p.l4proto(proto), dnatMap(f, slot*bucketStride, tail.text, p.ng, tail)}}
 }
 
 // capacityError refuses a service port the table has no room for.
@@ -480,18 +542,18 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 }
 
 // entries plans the port's elements in the dispatch map and the
-// firewall sets.
-func entries(fr *fragment, sp *servicelb.ServicePort) {
-	f, k, proto, port := sp.Family, sp.Key, sp.Port.Protocol, sp.Port.Port
+// firewall sets; kinds are the port's entry chains (entryKinds).
+func entries(fr *fragment, sp *servicelb.ServicePort, kinds []entryChain) {
+	f, proto, port := sp.Family, sp.Port.Protocol, sp.Port.Port
 	ents := make([]elem, 0, len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs)+1)
 	add := func(a netip.Addr, port uint16, chain string) {
 		ents = append(ents, elem{key: entryBytes(a, proto, port), chain: chain})
 	}
 	if sp.ClusterIP.IsValid() {
-		add(sp.ClusterIP, port, chainInternal(k))
+		add(sp.ClusterIP, port, kinds[0].name)
 	}
 	if sp.ExternallyAccessible() {
-		ext := chainExternal(k)
+		ext := kinds[len(kinds)-1].name
 		for _, a := range sp.ExternalIPs {
 			add(a, port, ext)
 		}

@@ -363,10 +363,21 @@ func hairpinElem(a netip.Addr) elem {
 func backendElems(slot uint32, bs []servicelb.Backend, counts []uint32) []elem {
 	base := slot * bucketStride
 	out := make([]elem, 0, 2*len(bs))
+	// The elements' bytes share one buffer: each range's start key, end
+	// key and data.
+	buf := make([]byte, 0, len(bs)*(8+addrLen(servicelb.FamilyOf(bs[0].Addr))+4))
 	lo := uint32(0)
 	for i, b := range bs {
-		out = append(out, rangeElems(base, lo, lo+counts[i], b)...)
-		lo += counts[i]
+		end := lo + counts[i]
+		at := len(buf)
+		buf = binary.BigEndian.AppendUint32(buf, base+lo)
+		buf = binary.BigEndian.AppendUint32(buf, base+end)
+		buf = appendAddr(buf, b.Addr)
+		buf = append(binary.BigEndian.AppendUint16(buf, b.Port), 0, 0)
+		out = append(out,
+			elem{key: buf[at : at+4 : at+4], data: buf[at+8 : len(buf) : len(buf)]},
+			elem{key: buf[at+4 : at+8 : at+8], flags: nfnl.ElemIntervalEnd})
+		lo = end
 	}
 	return out
 }

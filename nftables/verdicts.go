@@ -59,6 +59,8 @@ type originRules struct {
 	pods  pods
 	marks [1 << origins][]*rule
 	ends  [origins][2]*rule
+	// match holds, encoded, the terms that match each origin.
+	match [origins][]term
 }
 
 func newOriginRules(f servicelb.Family, d pods) *originRules {
@@ -68,6 +70,10 @@ func newOriginRules(f servicelb.Family, d pods) *originRules {
 	}
 	for _, origin := range servicelb.Origins() {
 		match := originTerms(f, d, origin)
+		for i := range match {
+			match[i] = encoded(match[i])
+		}
+		o.match[origin] = match
 		o.ends[origin][0] = mk(append(match, drop())...)
 		o.ends[origin][1] = mk(append(match, reject(contextFamily(f, d, origin)))...)
 	}
@@ -90,9 +96,9 @@ func (p *planner) entryRules(o *originRules, vs servicelb.Verdicts, lbs *[2]bala
 		a := vs[origin].Action
 		switch {
 		case a == servicelb.ToCluster:
-			rs = append(rs, lbs[0].rule(originTerms(o.f, o.pods, origin)...))
+			rs = append(rs, lbs[0].rule(o.match[origin]...))
 		case a == servicelb.ToLocal:
-			rs = append(rs, lbs[1].rule(originTerms(o.f, o.pods, origin)...))
+			rs = append(rs, lbs[1].rule(o.match[origin]...))
 		case a == servicelb.Reject:
 			rs = append(rs, o.ends[origin][1])
 		default:
