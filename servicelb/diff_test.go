@@ -3,8 +3,10 @@ package servicelb
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -322,5 +324,54 @@ func TestEndpointsOnly(t *testing.T) {
 				t.Errorf("EndpointsOnly() = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestSamePortSeesEveryField: a change of any field of a ServicePort makes
+// it another port, so that Diff reports it; a field added to ServicePort
+// fails this test until samePort compares it.
+func TestSamePortSeesEveryField(t *testing.T) {
+	base := ServicePort{Key: ServicePortKey{Service: "ns/a", Port: "p", Family: IPv4}, Port: Port{Name: "p", Protocol: TCP, Port: 80},
+		Family: IPv4, ClusterIP: a("10.96.0.1")}
+	edits := map[string]func(*ServicePort){
+		"Key":                 func(sp *ServicePort) { sp.Key.Port = "q" },
+		"Port":                func(sp *ServicePort) { sp.Port.TargetPort = 8080 },
+		"Family":              func(sp *ServicePort) { sp.Family = IPv6 },
+		"ClusterIP":           func(sp *ServicePort) { sp.ClusterIP = a("10.96.0.2") },
+		"ExternalIPs":         func(sp *ServicePort) { sp.ExternalIPs = []netip.Addr{a("203.0.113.1")} },
+		"LoadBalancerIPs":     func(sp *ServicePort) { sp.LoadBalancerIPs = []netip.Addr{a("203.0.113.2")} },
+		"NodeIPs":             func(sp *ServicePort) { sp.NodeIPs = []netip.Addr{a("192.0.2.1")} },
+		"Cluster":             func(sp *ServicePort) { sp.Cluster = []Backend{{Addr: a("10.0.0.1"), Port: 80, Weight: 1}} },
+		"Local":               func(sp *ServicePort) { sp.Local = []Backend{{Addr: a("10.0.0.1"), Port: 80, Weight: 1}} },
+		"Internal":            func(sp *ServicePort) { sp.Internal[FromPod].Action = ToCluster },
+		"External":            func(sp *ServicePort) { sp.External[FromNode].Masquerade = true },
+		"SourceRanges":        func(sp *ServicePort) { sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")} },
+		"Affinity":            func(sp *ServicePort) { sp.Affinity = time.Hour },
+		"Scheduler":           func(sp *ServicePort) { sp.Scheduler = SchedulerRoundRobin },
+		"HealthCheckNodePort": func(sp *ServicePort) { sp.HealthCheckNodePort = 30100 },
+		"Hairpin":             func(sp *ServicePort) { sp.Hairpin = []netip.Addr{a("10.0.0.1")} },
+		"Serving":             func(sp *ServicePort) { sp.Serving = []netip.Addr{a("10.0.0.1")} },
+	}
+	typ := reflect.TypeFor[ServicePort]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		edit, ok := edits[name]
+		if !ok {
+			t.Errorf("field %s: no edit here; make samePort compare it, then add one", name)
+			continue
+		}
+		sp := base
+		edit(&sp)
+		if samePort(&base, &sp) || samePort(&sp, &base) {
+			t.Errorf("field %s: a change is not seen", name)
+		}
+	}
+	if len(edits) != typ.NumField() {
+		t.Errorf("%d edits for %d fields", len(edits), typ.NumField())
+	}
+	same := base
+	same.ExternalIPs = []netip.Addr{}
+	if !samePort(&base, &same) {
+		t.Error("an empty list differs from none")
 	}
 }
