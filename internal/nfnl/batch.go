@@ -29,22 +29,73 @@ type Batch struct {
 	echoed map[int]Rule
 }
 
-// op describes one message of a batch, for error reports and String.
+// op describes one message of a batch, for error reports and String. A
+// large batch holds one for each of hundreds of thousands of messages, so
+// it is kept small: its words as codes, its detail as a number.
 type op struct {
-	off    int
-	verb   string
-	kind   string
+	off    uint32
+	verb   opVerb
+	kind   opKind
 	family Family
-	table  string
-	name   string
-	detail string
+	// n is a rule's handle, or the number of elements of a message of
+	// elements.
+	n           uint64
+	table, name string
+}
+
+type opVerb uint8
+
+const (
+	verbAdd opVerb = iota
+	verbDelete
+	verbFlush
+	verbInsert
+	verbReplace
+)
+
+func (v opVerb) String() string {
+	switch v {
+	case verbDelete:
+		return "delete"
+	case verbFlush:
+		return "flush"
+	case verbInsert:
+		return "insert"
+	case verbReplace:
+		return "replace"
+	}
+	return "add"
+}
+
+type opKind uint8
+
+const (
+	kindTable opKind = iota
+	kindChain
+	kindRule
+	kindSet
+	kindElements
+)
+
+func (k opKind) String() string {
+	switch k {
+	case kindChain:
+		return "chain"
+	case kindRule:
+		return "rule"
+	case kindSet:
+		return "set"
+	case kindElements:
+		return "elements"
+	}
+	return "table"
 }
 
 func (o op) String() string {
 	var b strings.Builder
-	b.WriteString(o.verb)
+	b.WriteString(o.verb.String())
 	b.WriteByte(' ')
-	b.WriteString(o.kind)
+	b.WriteString(o.kind.String())
 	b.WriteByte(' ')
 	b.WriteString(o.family.String())
 	if o.table != "" {
@@ -55,10 +106,11 @@ func (o op) String() string {
 		b.WriteByte(' ')
 		b.WriteString(o.name)
 	}
-	if o.detail != "" {
-		b.WriteString(" (")
-		b.WriteString(o.detail)
-		b.WriteByte(')')
+	switch {
+	case o.kind == kindElements:
+		fmt.Fprintf(&b, " (%s)", describeElems(int(o.n)))
+	case o.kind == kindRule && o.n != 0:
+		fmt.Fprintf(&b, " (handle %d)", o.n)
 	}
 	return b.String()
 }
@@ -123,14 +175,14 @@ func (b *Batch) begin(typ uint16, flags uint16, fam Family, o op) int {
 	if len(b.enc.b) == 0 {
 		b.enc.b = make([]byte, batchReserve, 4096)
 	}
-	o.off = len(b.enc.b)
+	o.off = uint32(len(b.enc.b))
 	b.ops = append(b.ops, o)
 	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
 }
 
 // AddTable creates table t, or does nothing if it exists.
 func (b *Batch) AddTable(t Table) {
-	m := b.begin(msgNewTable, nlmCreate, t.Family, op{verb: "add", kind: "table", family: t.Family, table: t.Name})
+	m := b.begin(msgNewTable, nlmCreate, t.Family, op{verb: verbAdd, kind: kindTable, family: t.Family, table: t.Name})
 	b.enc.str(attrTableName, t.Name)
 	b.enc.u32(attrTableFlags, t.Flags)
 	if len(t.UserData) > 0 {
@@ -142,7 +194,7 @@ func (b *Batch) AddTable(t Table) {
 // DelTable deletes a table and everything in it; the commit fails with
 // ENOENT if it does not exist.
 func (b *Batch) DelTable(fam Family, name string) {
-	m := b.begin(msgDelTable, 0, fam, op{verb: "delete", kind: "table", family: fam, table: name})
+	m := b.begin(msgDelTable, 0, fam, op{verb: verbDelete, kind: kindTable, family: fam, table: name})
 	b.enc.str(attrTableName, name)
 	b.enc.endMessage(m)
 }
@@ -150,14 +202,14 @@ func (b *Batch) DelTable(fam Family, name string) {
 // FlushTable deletes every rule of every chain of a table, leaving its
 // chains, sets and elements.
 func (b *Batch) FlushTable(fam Family, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "flush", kind: "table", family: fam, table: name})
+	m := b.begin(msgDelRule, 0, fam, op{verb: verbFlush, kind: kindTable, family: fam, table: name})
 	b.enc.str(attrRuleTable, name)
 	b.enc.endMessage(m)
 }
 
 // AddChain creates chain c, or does nothing if it exists with the same hook.
 func (b *Batch) AddChain(c Chain) {
-	m := b.begin(msgNewChain, nlmCreate, c.Family, op{verb: "add", kind: "chain", family: c.Family, table: c.Table, name: c.Name})
+	m := b.begin(msgNewChain, nlmCreate, c.Family, op{verb: verbAdd, kind: kindChain, family: c.Family, table: c.Table, name: c.Name})
 	b.enc.str(attrChainTable, c.Table)
 	b.enc.str(attrChainName, c.Name)
 	if h := c.Hook; h != nil {
@@ -181,7 +233,7 @@ func (b *Batch) AddChain(c Chain) {
 
 // DelChain deletes an empty, unreferenced chain.
 func (b *Batch) DelChain(fam Family, table, name string) {
-	m := b.begin(msgDelChain, 0, fam, op{verb: "delete", kind: "chain", family: fam, table: table, name: name})
+	m := b.begin(msgDelChain, 0, fam, op{verb: verbDelete, kind: kindChain, family: fam, table: table, name: name})
 	b.enc.str(attrChainTable, table)
 	b.enc.str(attrChainName, name)
 	b.enc.endMessage(m)
@@ -189,7 +241,7 @@ func (b *Batch) DelChain(fam Family, table, name string) {
 
 // FlushChain deletes every rule of a chain.
 func (b *Batch) FlushChain(fam Family, table, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "flush", kind: "chain", family: fam, table: table, name: name})
+	m := b.begin(msgDelRule, 0, fam, op{verb: verbFlush, kind: kindChain, family: fam, table: table, name: name})
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, name)
 	b.enc.endMessage(m)
@@ -197,20 +249,17 @@ func (b *Batch) FlushChain(fam Family, table, name string) {
 
 // AddRule appends r to its chain, or adds it after the rule whose handle is
 // r.Position.
-func (b *Batch) AddRule(r Rule) { b.rule(r, nlmCreate|nlmAppend, "add") }
+func (b *Batch) AddRule(r Rule) { b.rule(r, nlmCreate|nlmAppend, verbAdd) }
 
 // InsertRule prepends r to its chain, or inserts it before the rule whose
 // handle is r.Position.
-func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, "insert") }
+func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, verbInsert) }
 
 // ReplaceRule replaces the rule whose handle is r.Handle with r.
-func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, "replace") }
+func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, verbReplace) }
 
-func (b *Batch) rule(r Rule, flags uint16, verb string) {
-	o := op{verb: verb, kind: "rule", family: r.Family, table: r.Table, name: r.Chain}
-	if r.Handle != 0 {
-		o.detail = fmt.Sprintf("handle %d", r.Handle)
-	}
+func (b *Batch) rule(r Rule, flags uint16, verb opVerb) {
+	o := op{verb: verb, kind: kindRule, family: r.Family, table: r.Table, name: r.Chain, n: r.Handle}
 	m := b.begin(msgNewRule, flags, r.Family, o)
 	b.enc.str(attrRuleTable, r.Table)
 	b.enc.str(attrRuleChain, r.Chain)
@@ -262,10 +311,10 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 // once the batch is committed, as NLM_F_ECHO does: with its handle. After
 // a successful Commit, Echoed returns it. Echo ignores other messages.
 func (b *Batch) Echo(i int) {
-	if i < 0 || i >= len(b.ops) || b.ops[i].kind != "rule" || b.ops[i].verb == "delete" {
+	if i < 0 || i >= len(b.ops) || b.ops[i].kind != kindRule || b.ops[i].verb == verbDelete {
 		return
 	}
-	off := b.ops[i].off + 6
+	off := int(b.ops[i].off) + 6
 	flags := uint16(b.enc.b[off]) | uint16(b.enc.b[off+1])<<8
 	flags |= nlmEcho
 	b.enc.b[off], b.enc.b[off+1] = byte(flags), byte(flags>>8)
@@ -280,7 +329,7 @@ func (b *Batch) Echoed(i int) (Rule, bool) {
 
 // DelRule deletes the rule with the given handle.
 func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "delete", kind: "rule", family: fam, table: table, name: chain, detail: fmt.Sprintf("handle %d", handle)})
+	m := b.begin(msgDelRule, 0, fam, op{verb: verbDelete, kind: kindRule, family: fam, table: table, name: chain, n: handle})
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, chain)
 	b.enc.u64(attrRuleHandle, handle)
@@ -290,7 +339,7 @@ func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
 // AddSet creates set s, or does nothing if a set of that name exists with
 // the same definition (the commit fails with EEXIST if it differs).
 func (b *Batch) AddSet(s Set) {
-	m := b.begin(msgNewSet, nlmCreate, s.Family, op{verb: "add", kind: "set", family: s.Family, table: s.Table, name: s.Name})
+	m := b.begin(msgNewSet, nlmCreate, s.Family, op{verb: verbAdd, kind: kindSet, family: s.Family, table: s.Table, name: s.Name})
 	b.enc.str(attrSetTable, s.Table)
 	b.enc.str(attrSetName, s.Name)
 	b.enc.u32(attrSetFlags, s.Flags)
@@ -330,7 +379,7 @@ func (b *Batch) AddSet(s Set) {
 
 // DelSet deletes a set that no rule refers to.
 func (b *Batch) DelSet(fam Family, table, name string) {
-	m := b.begin(msgDelSet, 0, fam, op{verb: "delete", kind: "set", family: fam, table: table, name: name})
+	m := b.begin(msgDelSet, 0, fam, op{verb: verbDelete, kind: kindSet, family: fam, table: table, name: name})
 	b.enc.str(attrSetTable, table)
 	b.enc.str(attrSetName, name)
 	b.enc.endMessage(m)
@@ -338,7 +387,7 @@ func (b *Batch) DelSet(fam Family, table, name string) {
 
 // FlushSet deletes every element of a set.
 func (b *Batch) FlushSet(fam Family, table, name string) {
-	m := b.begin(msgDelSetElem, 0, fam, op{verb: "flush", kind: "set", family: fam, table: table, name: name})
+	m := b.begin(msgDelSetElem, 0, fam, op{verb: verbFlush, kind: kindSet, family: fam, table: table, name: name})
 	b.enc.str(attrElemListTable, table)
 	b.enc.str(attrElemListSet, name)
 	b.enc.endMessage(m)
@@ -351,17 +400,17 @@ const elemChunk = 60 << 10
 // AddElements adds elements to a set. An element that exists with the same
 // data is left alone; one with other data fails the commit with EBUSY.
 func (b *Batch) AddElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgNewSetElem, nlmCreate, "add", fam, table, set, elems)
+	b.elements(msgNewSetElem, nlmCreate, verbAdd, fam, table, set, elems)
 }
 
 // DelElements deletes elements (by key) from a set.
 func (b *Batch) DelElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgDelSetElem, 0, "delete", fam, table, set, elems)
+	b.elements(msgDelSetElem, 0, verbDelete, fam, table, set, elems)
 }
 
-func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set string, elems []Element) {
+func (b *Batch) elements(typ, flags uint16, verb opVerb, fam Family, table, set string, elems []Element) {
 	for len(elems) > 0 {
-		o := op{verb: verb, kind: "elements", family: fam, table: table, name: set}
+		o := op{verb: verb, kind: kindElements, family: fam, table: table, name: set}
 		m := b.begin(typ, flags, fam, o)
 		b.enc.str(attrElemListTable, table)
 		b.enc.str(attrElemListSet, set)
@@ -373,7 +422,7 @@ func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set 
 		}
 		b.enc.endNest(n)
 		b.enc.endMessage(m)
-		b.ops[len(b.ops)-1].detail = describeElems(i)
+		b.ops[len(b.ops)-1].n = uint64(i)
 		elems = elems[i:]
 	}
 }

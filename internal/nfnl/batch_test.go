@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/google/nftables/expr"
 )
@@ -28,19 +29,30 @@ func TestBatchDescribesMessages(t *testing.T) {
 	b.AddRule(Rule{Family: Inet, Table: "kproxy", Chain: "services", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}})
 	b.DelRule(Inet, "kproxy", "services", 7)
 	b.FlushSet(IPv4, "nat", "s")
+	b.ReplaceRule(Rule{Family: Inet, Table: "kproxy", Chain: "services", Handle: 9, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
+	b.AddElements(IPv4, "nat", "s", []Element{{Key: []byte{10, 0, 0, 1}}, {Key: []byte{10, 0, 0, 2}}})
+	b.DelElements(IPv4, "nat", "s", []Element{{Key: []byte{10, 0, 0, 1}}})
 	want := strings.Join([]string{
 		"add table inet kproxy",
 		"add chain inet kproxy services",
 		"add rule inet kproxy services",
 		"delete rule inet kproxy services (handle 7)",
 		"flush set ip nat s",
+		"replace rule inet kproxy services (handle 9)",
+		"add elements ip nat s (2 elements)",
+		"delete elements ip nat s (1 element)",
 		"",
 	}, "\n")
 	if got := b.String(); got != want {
 		t.Errorf("String() =\n%s\nwant\n%s", got, want)
 	}
-	if b.Len() != 5 || len(messagesOf(t, &b)) != 5 {
-		t.Errorf("Len() = %d, want 5 messages", b.Len())
+	if b.Len() != 8 || len(messagesOf(t, &b)) != 8 {
+		t.Errorf("Len() = %d, want 8 messages", b.Len())
+	}
+	// A batch of hundreds of thousands of messages keeps a record of
+	// each: a small one.
+	if size := unsafe.Sizeof(op{}); size > 48 {
+		t.Errorf("a message's record takes %d bytes", size)
 	}
 	if got := b.Describe(9); got != "message 9" {
 		t.Errorf("Describe(9) = %q", got)

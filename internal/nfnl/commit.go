@@ -53,7 +53,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 func (b *Batch) frame(base uint32) []byte {
 	buf := b.enc.b
 	for i, o := range b.ops {
-		binary.LittleEndian.PutUint32(buf[o.off+8:], base+1+uint32(i))
+		binary.LittleEndian.PutUint32(buf[int(o.off)+8:], base+1+uint32(i))
 	}
 	start := nlaHdrLen + 4
 	if b.check {
