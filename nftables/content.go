@@ -154,7 +154,10 @@ func (m *model) size() (bytes, msgs int) {
 			}
 		}
 	}
-	bytes += 64 * elems
+	// An element takes some 20 to 50 bytes; the batch holds what it
+	// holds at once, so an estimate much over it would take memory it
+	// never uses.
+	bytes += 32 * elems
 	msgs += sets + elems/256 // a message holds some hundreds
 	return bytes, msgs
 }

@@ -78,3 +78,31 @@ func TestWriteAllocations(t *testing.T) {
 	t.Logf("%.1f allocations per port", allocs/n)
 	assert.Less(t, allocs/n, 60.0, "allocations per port of 10 endpoints")
 }
+
+// TestWriteSizesItsBatch: a cold sync grows its batch once, to about what
+// the table takes: no more than half again, which a large table would
+// hold in memory it never uses, and not less, which would copy it.
+func TestWriteSizesItsBatch(t *testing.T) {
+	for _, eps := range []int{5, 50} {
+		b, err := servicelb.NewBuilder(testNode)
+		require.NoError(t, err)
+		for i := range 500 {
+			s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+				ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+				Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+			for j := range eps {
+				x := i*eps + j
+				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64 + byte(x>>16), byte(x >> 8), byte(x)}), Ready: true})
+			}
+			require.NoError(t, b.Upsert(s))
+		}
+		p := newPlanner("kproxy", DefaultAffinitySize)
+		m, err := p.build(b.State())
+		require.NoError(t, err)
+		var batch nfnl.Batch
+		require.NoError(t, p.write(m, &batch))
+		size, _ := m.size()
+		assert.GreaterOrEqual(t, size, batch.Size(), "%d endpoints a port: estimate", eps)
+		assert.Less(t, float64(size), 1.5*float64(batch.Size()), "%d endpoints a port: estimate", eps)
+	}
+}
