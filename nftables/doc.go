@@ -101,10 +101,11 @@
 // # Load balancing without per-service sets
 //
 // The number of named sets is constant: the kernel finds a named set by
-// walking a list, and binds every rule that reads a map to it, walking
-// those bindings on each element it adds. Each set of endpoints a port
-// forwards to (cluster, local) owns a slot of 4096 keys in one of 256
-// interval maps per family (backends4-NN, chosen by slot), and the rule
+// walking a list, binds every rule that reads a map to it, walking those
+// bindings on each element it adds, and walks a changed map whole after
+// each commit. Each set of endpoints a port forwards to (cluster, local)
+// owns a slot of 4096 keys in one of 512 interval maps per family
+// (backends4-NN, chosen by slot), and the rule
 // that balances reads
 //
 //	meta l4proto tcp dnat ip to numgen random mod 4095 offset <slot*4096> map @backends4-NN

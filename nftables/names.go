@@ -83,9 +83,12 @@ const (
 	// shards is the number of backends maps per family. Every rule that
 	// reads a map is bound to it, and the kernel walks a map's bindings
 	// each time it adds an element with data, and each time it binds a
-	// new rule: spreading slots over a constant number of maps keeps those
-	// walks short at any scale.
-	shards = 256
+	// new rule, and walks a whole map to rebuild its lookup after a commit
+	// that changed it; but it finds a map by name by walking the table's
+	// list of sets. Spreading slots over a constant number of maps keeps
+	// those walks short at any scale; 512 weighs them against each other
+	// at tens of thousands of ports.
+	shards = 512
 )
 
 // slotKey names a load-balancing chain.
