@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -350,4 +351,68 @@ func TestCleanupNotPresent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNothingOwned)
 	assert.ErrorContains(t, err, "ipvs: cleanup: nothing of the backend can be there: no ip_vs")
 	assert.False(t, probed)
+}
+
+// source is a Source that delivers its services and says it is synced as
+// soon as it runs. onName, when set, runs the first time the agent asks
+// its name.
+type source struct {
+	name   string
+	svcs   []servicelb.Service
+	onName func()
+	once   sync.Once
+}
+
+func (s *source) Name() string {
+	if s.onName != nil {
+		s.once.Do(s.onName)
+	}
+	return s.name
+}
+
+func (s *source) Run(ctx context.Context, dst *servicelb.Source, _ Reporter) error {
+	for _, svc := range s.svcs {
+		if err := dst.Upsert(svc); err != nil {
+			return err
+		}
+	}
+	dst.Synced()
+	<-ctx.Done()
+	return nil
+}
+
+// An agent registers every source before its runner and its sources run,
+// so that no sync applies a state that lacks a source's services. The
+// first source here delivers at once; the agent asks the second's name
+// only after the runner had time to sync what the first delivered, were
+// it running already.
+func TestSourcesRegisteredBeforeRun(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr, cfg.MinSyncInterval = "", time.Millisecond
+	p := &fake.Proxier{}
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	require.NoError(t, err)
+	defer a.Close()
+	api := web
+	api.Name, api.ClusterIPs = "ns/api", []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	first := &source{name: "first", svcs: []servicelb.Service{web}}
+	second := &source{name: "second", svcs: []servicelb.Service{api}, onName: func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_, _ = p.WaitSyncs(ctx, 1)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, first, second) }()
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_, err = p.WaitSyncs(wait, 1)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, err)
+	for i, rec := range p.Records() {
+		_, hasWeb := rec.State.Service("ns/web")
+		_, hasAPI := rec.State.Service("ns/api")
+		assert.True(t, hasWeb && hasAPI, "sync %d applied %d services, not both sources'", i+1, rec.State.Len())
+	}
 }
