@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -72,12 +71,6 @@ func (e *engineSide) Apply(ctx context.Context, st *servicelb.State, ch *service
 		return true, e.Write(ctx, st)
 	}
 	return false, (*Proxier)(e).syncChanges(ctx, st, ch)
-}
-
-// retryable reports whether err lost a race with another writer of the
-// netfilter tables.
-func retryable(err error) bool {
-	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged) || errors.Is(err, xtables.ErrGenChanged)
 }
 
 // syncFull plans st in full and converges on it, reading the kernel first

@@ -49,7 +49,9 @@
 // generation right after its own commit: a caller that remembers it learns
 // cheaply whether anyone else has committed since. Batch.RequireGeneration
 // makes a batch apply only if the generation is still the one the caller
-// read (ErrGenerationChanged otherwise).
+// read (ErrGenerationChanged otherwise). LostRace tells that error, and a
+// dump that a commit interrupted, from the kernel's other refusals: the
+// backends' sync engine retries those steps at once.
 //
 // # Reading
 //

@@ -22,6 +22,16 @@ var (
 	ErrClosed = errors.New("connection closed")
 )
 
+// LostRace reports whether err is a race lost with another writer of the
+// ruleset: a dump a commit interrupted (ErrDumpInterrupted), or a batch
+// refused because the generation moved since it was read
+// (ErrGenerationChanged). Nothing was applied, and the same step tried
+// again a moment later usually succeeds: the backends' sync engine
+// retries such a step within the same sync.
+func LostRace(err error) bool {
+	return errors.Is(err, ErrDumpInterrupted) || errors.Is(err, ErrGenerationChanged)
+}
+
 // MessageError is the kernel's answer to one failed message of a batch.
 type MessageError struct {
 	// Index is the message's position in the batch (0-based); -1 for the
