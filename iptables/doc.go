@@ -101,10 +101,21 @@
 // chains) tells whether someone else removed chains or jumps; at most
 // every Options.VerifyInterval, when the generation moved, a deep verify
 // reads every owned rule back. Either finding a difference makes the
-// Proxier read its chains back and repair them in one transaction. A
-// batch the kernel refuses because the generation moved under it is
-// retried at once. The sync loop is internal/syncer's, shared by all
-// three backends.
+// Proxier read its chains back and repair them in one transaction. The
+// sync loop is internal/syncer's, shared by all the backends.
+//
+// Other writers of the same tables (iptables, a firewall manager, a CNI
+// plugin) keep their chains and rules: the Proxier touches only its own.
+// A step of a sync that loses a race with one of them (a dump their
+// commit interrupted, a batch refused because the ruleset generation
+// moved under it) is retried at once within the same Sync: at most 8
+// attempts, with pauses of 1, 2, 4 ... 64 ms between them, 127 ms in all.
+// Within each attempt, a repair that reads the tables and writes the
+// difference starts over up to 3 times when the generation moves between
+// its read and its write, and the dump of one chain is repeated up to 8
+// times when a commit interrupts it. Only then does Sync fail, with the
+// last error, and the caller's backoff (the Runner's RetryInterval) take
+// over; nothing of the failed attempts was applied.
 //
 // Unless Options.NoConntrackCleanup, each successful Sync deletes the
 // conntrack flows that servicelb calls stale: after the first sync and
