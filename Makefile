@@ -25,7 +25,7 @@ export CI
 CORE     := ./...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
-# Lint also sees the soak (internal/soak), whose files build only with
+# Lint also sees the soak (internal/soak), whose run builds only with
 # its tag.
 TAGS_LINT := $(TAGS_ALL),soak
 

@@ -1,9 +1,11 @@
-//go:build soak
-
 // Package soak is kproxy's chaos soak: a long run of one backend under a
 // stream of changes, with traffic flowing, while faults are injected at
 // random. It is run by `make soak`, once per backend, and never by `make
-// test`: every file of the package builds only with the tag soak.
+// test`: the soak builds only with the tag soak. Its logic that needs
+// neither root nor a kernel (the ledger that sorts failures out and
+// judges the proxier's growth, the world of services and changes, the
+// canonical forms of the kernel's listings) builds without the tag, and
+// `make test-unit` runs its tests.
 //
 //	go test -tags soak -count=1 -timeout 0 -v -run TestSoak ./internal/soak \
 //		-args -soak.backend=nftables -soak.duration=10m

@@ -17,19 +17,6 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// faultKind names a kind of fault.
-type faultKind string
-
-// The kinds of faults. See the package documentation.
-const (
-	faultFlush         faultKind = "flush"
-	faultDeleteChain   faultKind = "delete-chain"
-	faultDeleteElement faultKind = "delete-element"
-	faultDormant       faultKind = "dormant"
-	faultForeignWriter faultKind = "foreign-writer"
-	faultRestart       faultKind = "restart"
-)
-
 // Foreign writer: commits of another program to nf_tables in the node.
 const (
 	foreignEvery = 100 * time.Millisecond

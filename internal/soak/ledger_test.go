@@ -1,5 +1,3 @@
-//go:build soak
-
 package soak
 
 import (
@@ -10,6 +8,19 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+)
+
+// faultKind names a kind of fault.
+type faultKind string
+
+// The kinds of faults. See the package documentation.
+const (
+	faultFlush         faultKind = "flush"
+	faultDeleteChain   faultKind = "delete-chain"
+	faultDeleteElement faultKind = "delete-element"
+	faultDormant       faultKind = "dormant"
+	faultForeignWriter faultKind = "foreign-writer"
+	faultRestart       faultKind = "restart"
 )
 
 // What failed.

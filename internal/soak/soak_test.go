@@ -33,35 +33,6 @@ var (
 	flagVerify    = flag.Duration("soak.verify-interval", 0, "the backend's Options.VerifyInterval; 0 means its default")
 )
 
-// Shape of the soak.
-const (
-	backendHosts = 20
-	httpPort     = 80   // the service port of the short echo
-	httpTarget   = 8080 // where the backends serve it
-	linePort     = 81   // the service port of the line echo
-	lineTarget   = 8081
-	nodeName     = "node"
-	// askTimeout bounds a fresh connection and a session's echo.
-	askTimeout = 2 * time.Second
-	// windowTail is how long a fault's window lasts after the first
-	// successful sync after its repair.
-	windowTail = 2 * time.Second
-	// removedGrace excuses a session failure whose endpoint left its
-	// service this recently.
-	removedGrace = 5 * time.Second
-	// repairTimeout is how long a fault may stay unrepaired before it is a
-	// failure of the soak.
-	repairTimeout = 3 * time.Minute
-	// restartEvery is the least time between two restarts.
-	restartEvery = time.Minute
-	// settleTime is how long the soak waits after the final sync before
-	// it compares the kernel state.
-	settleTime = 3 * time.Second
-)
-
-// serviceCIDR holds every cluster IP.
-var serviceCIDR = netip.MustParsePrefix("172.16.0.0/12")
-
 // TestMain runs the proxier process when the test binary is run again as
 // one (see proxier_test.go), and the tests otherwise.
 func TestMain(m *testing.M) {
@@ -234,4 +205,24 @@ func (s *soak) between(lo, hi time.Duration) time.Duration {
 	s.rngMu.Lock()
 	defer s.rngMu.Unlock()
 	return lo + time.Duration(s.rng.Int64N(int64(hi-lo)+1))
+}
+
+// changeLoop makes -soak.rate changes a second until ctx ends, catching
+// up after a slow moment rather than dropping changes.
+func (s *soak) changeLoop(ctx context.Context) {
+	start := time.Now()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	made := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		due := int(time.Since(start).Seconds() * *flagRate)
+		for ; made < due && ctx.Err() == nil; made++ {
+			s.world.change()
+		}
+	}
 }

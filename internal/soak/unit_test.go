@@ -1,10 +1,6 @@
-//go:build soak
-
 package soak
 
 import (
-	"math/rand/v2"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -150,46 +146,4 @@ func TestLineDiff(t *testing.T) {
 	missing, extra := lineDiff("a\nb\nb\nc", "b\nc\nd\nc")
 	assert.Equal(t, []string{"a", "b"}, missing)
 	assert.Equal(t, []string{"c", "d"}, extra)
-}
-
-func TestAddressing(t *testing.T) {
-	assert.Equal(t, netip.MustParseAddr("172.16.0.1"), clusterIP(0))
-	assert.Equal(t, netip.MustParseAddr("172.16.1.0"), clusterIP(255))
-	assert.True(t, serviceCIDR.Contains(clusterIP(1<<16)))
-	a, ok := backendAddr("backend-19")
-	assert.True(t, ok)
-	assert.Equal(t, netip.MustParseAddr("10.244.20.2"), a)
-	_, ok = backendAddr("backend-20")
-	assert.False(t, ok)
-	_, ok = backendAddr("client")
-	assert.False(t, ok)
-	assert.Equal(t, "KPROXY-SVC-X", jumpTarget(`-A KPROXY-SERVICES -d 172.16.0.1/32 -m comment --comment "a b" -j KPROXY-SVC-X`))
-}
-
-// TestWorldChanges: a change replaces one endpoint by a backend host the
-// service lacked, and remembers when the old one left.
-func TestWorldChanges(t *testing.T) {
-	w := newWorld(rand.New(rand.NewPCG(1, 2)), 50, 10)
-	before := w.services()
-	for range 200 {
-		w.change()
-	}
-	after := w.services()
-	assert.Equal(t, 200, w.changeCount())
-	changed := 0
-	for i := range after {
-		seen := map[netip.Addr]bool{}
-		for _, e := range after[i].Endpoints {
-			require.False(t, seen[e.Addr], "service %d lists %s twice", i, e.Addr)
-			seen[e.Addr] = true
-		}
-		require.Len(t, after[i].Endpoints, 10)
-		for _, e := range before[i].Endpoints {
-			if !seen[e.Addr] {
-				changed++
-				assert.True(t, w.removedWithin(i, e.Addr, time.Now(), time.Minute), "removal of %s from %d not recorded", e.Addr, i)
-			}
-		}
-	}
-	assert.Positive(t, changed)
 }
