@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -202,7 +203,8 @@ func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
 }
 
 // refusing is a backend that refuses every state holding a service named
-// "bad", with an error naming it, as a capability check does.
+// "bad" with an endpoint 10.0.0.9, with an error naming it, as a
+// capability check does.
 type refusing struct {
 	fakeBackend
 	got []*servicelb.State
@@ -210,8 +212,10 @@ type refusing struct {
 
 func (r *refusing) refuse(st *servicelb.State) error {
 	r.got = append(r.got, st)
-	if _, ok := st.Service("bad"); ok {
-		return &servicelb.ValidationError{Service: "bad", Field: "scheduler", Err: servicelb.ErrUnsupported}
+	if s, ok := st.Service("bad"); ok && slices.ContainsFunc(s.Endpoints, func(e servicelb.Endpoint) bool {
+		return e.Addr == netip.MustParseAddr("10.0.0.9")
+	}) {
+		return &servicelb.ValidationError{Service: "bad", Field: "endpoints", Err: servicelb.ErrUnsupported}
 	}
 	return nil
 }
@@ -244,16 +248,36 @@ func TestServiceLeftOut(t *testing.T) {
 	assert.False(t, has, "the second try still holds the refused service")
 	assert.Equal(t, 1, e.Applied().Len(), "the rest was not applied")
 
-	// A change to another service is applied; the refused one is not tried.
+	// A change to another service is applied; the refused one is not
+	// tried, nor is it after an upsert that changes nothing of it.
 	require.NoError(t, b.Upsert(udpService("10.0.0.2")))
+	require.NoError(t, b.Upsert(bad))
 	r.got = nil
 	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
 	require.Len(t, r.got, 1)
-	// Once it changes it is tried again; fixed, it goes in.
+	_, has = r.got[0].Service("bad")
+	assert.False(t, has, "a service left out was tried again unchanged")
+
+	// Once it changes it is tried again: still refused, it stays out.
+	still := bad
+	still.Endpoints = append(udpService("10.0.0.7").Endpoints, bad.Endpoints...)
+	require.NoError(t, b.Upsert(still))
+	r.got = nil
+	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+	require.NotEmpty(t, r.got)
+	_, has = r.got[0].Service("bad")
+	assert.True(t, has, "the changed service was not tried again")
+	assert.Contains(t, pe.LeftOut, "bad")
+	_, has = e.Applied().Service("bad")
+	assert.False(t, has)
+
+	// Changed so that the backend takes it, it goes in.
 	fixed := bad
-	fixed.Name = "bad-fixed"
+	fixed.Endpoints = udpService("10.0.0.8").Endpoints
 	require.NoError(t, b.Upsert(fixed))
-	b.Delete("bad")
 	require.NoError(t, e.Sync(ctx, b.State()), "nothing left out any more")
 	assert.Equal(t, 2, e.Applied().Len())
+	got, ok := e.Applied().Service("bad")
+	require.True(t, ok)
+	assert.Equal(t, fixed.Endpoints[0].Addr, got.Endpoints[0].Addr)
 }
