@@ -26,8 +26,12 @@ const (
 	// repairTimeout is how long a fault may stay unrepaired before it is a
 	// failure of the soak.
 	repairTimeout = 3 * time.Minute
-	// restartEvery is the least time between two restarts.
-	restartEvery = time.Minute
+	// growthSpan is the least time the samples of the longest-lived
+	// proxier must span, after its first minute, for its growth to be
+	// held to the limits (-soak.max-rss-growth,
+	// -soak.max-goroutine-growth): over less, the slopes follow the
+	// garbage collector more than any leak.
+	growthSpan = 5 * time.Minute
 	// settleTime is how long the soak waits after the final sync before
 	// it compares the kernel state.
 	settleTime = 3 * time.Second

@@ -31,6 +31,9 @@ var (
 	flagSessions  = flag.Int("soak.sessions", 50, "long-lived sessions")
 	flagSeed      = flag.Uint64("soak.seed", 0, "random seed; 0 picks one, which the report prints")
 	flagVerify    = flag.Duration("soak.verify-interval", 0, "the backend's Options.VerifyInterval; 0 means its default")
+	flagRestarts  = flag.Duration("soak.restart-every", time.Minute, "the least time between two restarts of the proxier")
+	flagMaxRSS    = flag.Float64("soak.max-rss-growth", 64, "the most the proxier's resident set size may grow, in MiB an hour (judged over 5 minutes of samples or more)")
+	flagMaxGo     = flag.Float64("soak.max-goroutine-growth", 60, "the most the proxier's goroutines may grow, an hour (judged over 5 minutes of samples or more)")
 )
 
 // TestMain runs the proxier process when the test binary is run again as
@@ -186,6 +189,7 @@ func (s *soak) finish() {
 		backend: s.dp.name(), seed: s.seed, duration: end.Sub(s.start),
 		services: *flagServices, endpoints: *flagEndpoints, changes: s.world.changeCount(),
 		kinds: s.faultKinds(), equal: equal,
+		limits: growthLimits{rssMiB: *flagMaxRSS, goroutines: *flagMaxGo},
 	})
 	t.Log("soak report:\n" + rep.text)
 	for _, e := range rep.errors {
