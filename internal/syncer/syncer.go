@@ -52,13 +52,14 @@
 // When the backend refuses a sync with errors that each name a service
 // (servicelb.ServicesOf: a capability it lacks, more than it can hold, a
 // frontend someone else holds in the kernel), or the kernel refuses it and
-// the backend traces every part of the refusal to service ports
-// (Options.Traced: the messages of a batch written for them; see Refused),
-// the Engine syncs again without those services, in the same Sync: one
-// service never keeps the others from the kernel. A refusal of the whole
-// write that follows a change taken for drift counts as well; one that
-// touches anything of no service port (the table, the base chains, a
-// shared set) fails the Sync as before. Sync then returns a
+// the backend traces every part of the refusal to ports of services the
+// state has (Options.Traced: the messages of a batch written for them;
+// see Refused), the Engine syncs again without those services, in the
+// same Sync: one service never keeps the others from the kernel. A
+// refusal of the whole write that follows a change taken for drift counts
+// as well; one that touches anything of no service port (the table, the
+// base chains, a shared set), or the objects of a service the state no
+// longer has, fails the Sync as before. Sync then returns a
 // *servicelb.PartialError naming the services left out. A service left
 // out stays out, without being tried, until it changes or goes.
 package syncer
@@ -219,7 +220,7 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 		return err
 	})
 	for round := 0; err != nil && round < maxLeaveOutRounds; round++ {
-		bad := e.refusedServices(err)
+		bad := e.refusedServices(st, err)
 		if bad == nil {
 			break
 		}
@@ -250,10 +251,11 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 const maxLeaveOutRounds = 3
 
 // refusedServices returns the services err names, each with its part of
-// it: those a backend refused (servicelb.ServicesOf), or those whose
-// ports the kernel refused (Options.Traced); nil when some part of err
-// is about no service.
-func (e *Engine) refusedServices(err error) map[string]error {
+// it: those a backend refused (servicelb.ServicesOf), or those of st
+// whose ports the kernel refused (Options.Traced); nil when some part of
+// err is about no service, or about a service st no longer has (the
+// removal of its objects, which leaving it out would not help).
+func (e *Engine) refusedServices(st *servicelb.State, err error) map[string]error {
 	if bad := servicelb.ServicesOf(err); bad != nil || e.o.Traced == nil {
 		return bad
 	}
@@ -263,6 +265,9 @@ func (e *Engine) refusedServices(err error) map[string]error {
 	}
 	bad := map[string]error{}
 	for _, k := range slices.SortedFunc(maps.Keys(ports), servicelb.ServicePortKey.Compare) {
+		if _, ok := st.Service(k.Service); !ok {
+			return nil
+		}
 		bad[k.Service] = errors.Join(bad[k.Service], Refused(k, ports[k]))
 	}
 	return bad

@@ -318,13 +318,16 @@ type refusedByKernel struct {
 	fakeBackend
 	errno  syscall.Errno
 	shared error
-	got    []*servicelb.State
+	// gone refuses every batch for "bad", in the state or not, as the
+	// kernel refuses the removal of objects someone else uses.
+	gone bool
+	got  []*servicelb.State
 }
 
 func (r *refusedByKernel) refuse(kind string, st *servicelb.State) error {
 	r.calls = append(r.calls, kind)
 	r.got = append(r.got, st)
-	if _, ok := st.Service("bad"); !ok {
+	if _, ok := st.Service("bad"); !ok && !r.gone {
 		return nil
 	}
 	k := servicelb.ServicePortKey{Service: "bad", Port: "dns", Family: servicelb.IPv4}
@@ -400,6 +403,18 @@ func TestKernelRefusalLeavesOut(t *testing.T) {
 			assert.False(t, has)
 		})
 	}
+
+	t.Run("gone", func(t *testing.T) {
+		// The kernel refuses the removal of a service's objects: leaving
+		// out a service the state no longer has would not help.
+		r := &refusedByKernel{fakeBackend: *newFake(), errno: syscall.EBUSY}
+		e := New(r, Options{Name: "fake", Now: (&clock{}).now, Traced: traced})
+		r.gone = true
+		err := e.Sync(context.Background(), state(t, good))
+		require.ErrorIs(t, err, syscall.EBUSY)
+		var pe *servicelb.PartialError
+		assert.False(t, errors.As(err, &pe), "a refusal about a service gone left a service out: %v", err)
+	})
 
 	t.Run("shared", func(t *testing.T) {
 		r := &refusedByKernel{fakeBackend: *newFake(), errno: syscall.EINVAL, shared: errors.New("add set: invalid argument")}
