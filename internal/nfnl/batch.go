@@ -156,6 +156,15 @@ func (b *Batch) SetOwner(owner any) {
 	b.owners = append(b.owners, ownerSpan{off: end, owner: owner})
 }
 
+// Owner returns whose message i (0-based) is (SetOwner): nil when it is
+// no one's, or holds several owners' elements.
+func (b *Batch) Owner(i int) any {
+	if i < 0 || i >= len(b.ops) {
+		return nil
+	}
+	return b.ownerOf(i, 0)
+}
+
 // ownerAt returns the owner of the byte at off.
 func (b *Batch) ownerAt(off int) any {
 	i, found := slices.BinarySearchFunc(b.owners, off, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })

@@ -47,9 +47,10 @@ add elements inet t s (1 element)
 
 	owners := make([]any, b.Len())
 	for i := range owners {
-		owners[i] = b.ownerOf(i, 0)
+		owners[i] = b.Owner(i)
 	}
 	assert.Equal(t, []any{nil, "a", "a", "c", nil, nil, "c"}, owners, "a message of several owners' elements has none")
+	assert.Nil(t, b.Owner(7))
 
 	// The kernel points at an element: its owner. At the message's table
 	// or set, which every element shares: none.
