@@ -153,6 +153,20 @@
 // load-balanced sets of one family fail the same way with ErrCapacity.
 // New refuses a table name nft could not parse (ErrInvalidOptions).
 //
+// What the kernel refuses is traced to its service: every batch says
+// which service port each message is written for (a port's chains and
+// rules) and, in the messages of the shared sets and maps, each element.
+// When the kernel refuses a commit and every message it refused is a
+// service port's, those services are left out and the rest applied in the
+// same Sync, which returns a *servicelb.PartialError naming them (a
+// *servicelb.ValidationError wrapping servicelb.ErrRefused and the
+// kernel's error); they stay out, untried, until they change. A refused
+// change that looks like drift (ENOENT, EEXIST) is first repaired by a
+// whole write, and its services are left out only when that fails too. A
+// refusal of anything that is no port's (the table, the base and fixed
+// chains, the sets themselves, the elements ports share) fails the Sync,
+// which changes nothing.
+//
 // # What it owns, what Cleanup removes
 //
 // The inet table named by Options.Table, with every chain, set and element

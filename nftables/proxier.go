@@ -104,7 +104,7 @@ func newProxier(o Options) (*Proxier, error) {
 // options as they are.
 func (p *Proxier) newEngine() {
 	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: nfnl.LostRace,
-		Capabilities: p.Capabilities()}
+		Traced: nfnl.RefusedOwners[servicelb.ServicePortKey], Capabilities: p.Capabilities()}
 	if !p.opts.NoConntrackCleanup && p.opts.Conntrack != nil {
 		o.Cleaner = p.opts.Conntrack
 	}
