@@ -117,6 +117,21 @@
 // last error, and the caller's backoff (the Runner's RetryInterval) take
 // over; nothing of the failed attempts was applied.
 //
+// What the kernel refuses is traced to its service: every batch says
+// which service port each message is written for (a port's chains and
+// their rules, its rules in the shared chains) and which service (its
+// cluster IPs' rules in the filter table). When the kernel refuses a
+// commit and every message it refused is such a service's, those services
+// are left out and the rest applied in the same Sync, which returns a
+// *servicelb.PartialError naming them (a *servicelb.ValidationError
+// wrapping servicelb.ErrRefused and the kernel's error); they stay out,
+// untried, until they change. A refused change that looks like drift
+// (ENOENT, EEXIST) is first repaired by a whole write, and its services
+// are left out only when that fails too. A refusal of anything that is no
+// service's (the tables, the builtin and fixed chains, the jumps), or of
+// the removal of a service's chains, fails the Sync, which changes
+// nothing.
+//
 // Unless Options.NoConntrackCleanup, each successful Sync deletes the
 // conntrack flows that servicelb calls stale: after the first sync and
 // every repair, for every UDP and SCTP frontend of the state

@@ -79,7 +79,7 @@ func New(o Options) (*Proxier, error) {
 		Logger: o.Logger,
 	})
 	eo := syncer.Options{Name: "iptables", Logger: o.Logger, VerifyInterval: o.VerifyInterval, Retryable: nfnl.LostRace,
-		Capabilities: px.Capabilities()}
+		Traced: nfnl.RefusedOwners[servicelb.ServicePortKey], Capabilities: px.Capabilities()}
 	if px.opts.Conntrack != nil {
 		eo.Cleaner = px.opts.Conntrack
 	}
