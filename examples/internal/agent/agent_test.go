@@ -457,8 +457,8 @@ func TestLeftOutReported(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	defer a.Close()
-	refusal := &servicelb.ValidationError{Service: "ns/web", Field: `ports["http"]`,
-		Err: fmt.Errorf("%w: add rule inet kproxy x: no such file or directory", servicelb.ErrUnsupported)}
+	refusal := &servicelb.ValidationError{Service: "ns/web", Field: "ports", Value: "ns/web:http/ipv4",
+		Err: fmt.Errorf("%w: nfnl: commit: add rule inet kproxy svc4-ns/web/http: no such file or directory", servicelb.ErrRefused)}
 	p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}},
 		&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}})
 	src := a.Runner().Source("test")
@@ -498,5 +498,5 @@ func TestLeftOutReported(t *testing.T) {
 	assert.Contains(t, lines[0], "level=ERROR")
 	assert.Contains(t, lines[0], `msg="skipping invalid object"`)
 	assert.Contains(t, lines[0], "object=ns/web")
-	assert.Contains(t, lines[0], `ports[\"http\"]`)
+	assert.Contains(t, lines[0], "ports ns/web:http/ipv4: refused by the kernel")
 }
