@@ -52,8 +52,9 @@ func (e *engineSide) Check(ctx context.Context) (bool, error) {
 	return p.check(ctx, false)
 }
 
-// Verify also reads the link's addresses, the virtual servers and the
-// sets' headers: reads in proportion to the services, nothing sent.
+// Verify also reads the link's addresses, the virtual servers with their
+// real servers and the sets' headers: reads in proportion to the
+// services, nothing sent.
 func (e *engineSide) Verify(ctx context.Context) (bool, error) {
 	return (*Proxier)(e).check(ctx, true)
 }
@@ -190,8 +191,8 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 }
 
 // check tests that nobody removed or changed what the proxier owns: the
-// dummy link and, thorough, its addresses, the virtual servers and the
-// sets' headers (real servers and set entries by count). It reports false
+// dummy link and, thorough, its addresses, the virtual servers with their
+// real servers, and the sets' headers (set entries by count). It reports false
 // when something is gone or changed: the sync then reads the kernel again
 // and repairs it. Helper rules someone changed are restored at once.
 func (p *Proxier) check(ctx context.Context, thorough bool) (bool, error) {
@@ -247,7 +248,8 @@ func (p *Proxier) commitRules(ctx context.Context, d *delta) error {
 }
 
 // serversIntact reports whether every virtual server of the proxier is
-// still there, with its settings.
+// still there, with its settings and its real servers at their weights:
+// one read of the virtual servers, and one of each one's real servers.
 func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
 	servers, err := p.k.services(ctx)
 	if err != nil {
@@ -255,14 +257,37 @@ func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
 	}
 	n := 0
 	for _, vs := range servers {
-		if have := p.kern[vs.key()]; have != nil {
-			if !sameService(have, vs) {
-				return false, nil
-			}
-			n++
+		have := p.kern[vs.key()]
+		if have == nil {
+			continue
 		}
+		if !sameService(have, vs) {
+			return false, nil
+		}
+		if ok, err := p.realsIntact(ctx, have); err != nil || !ok {
+			return false, err
+		}
+		n++
 	}
 	return n == len(p.kern), nil
+}
+
+// realsIntact reports whether the kernel holds exactly vs's real servers,
+// at their weights.
+func (p *Proxier) realsIntact(ctx context.Context, vs *VirtualServer) (bool, error) {
+	got, err := p.k.reals(ctx, vs)
+	if err != nil {
+		return false, err
+	}
+	same := len(got) == len(vs.Real)
+	for _, r := range got {
+		i := vs.realIndex(r.AddrPort())
+		same = same && i >= 0 && vs.Real[i].Weight == r.Weight
+	}
+	if !same {
+		p.log.Info("ipvs: real servers changed by someone else", "server", vs.key().String(), "reals", len(got), "want", len(vs.Real))
+	}
+	return same, nil
 }
 
 // linkIntact reports whether the dummy link is still the one last seen,
