@@ -117,8 +117,15 @@
 // virtual servers, real servers and rules before it removes any, so that
 // no virtual address is ever without its servers nor a flow marked for a
 // missing one, and a service the proxier cannot apply is left out before
-// anything of it is sent. If a sync fails part way, the next one reads the
-// kernel again and completes the change.
+// anything of it is sent. A virtual or real server the kernel refuses
+// (an errno, such as EINVAL for a real server at a broadcast address of
+// the node) leaves its service out too: the sync reads the kernel again,
+// removes what it made of that service and applies the rest, in the same
+// Sync, which returns a *servicelb.PartialError naming it (a
+// *servicelb.ValidationError wrapping servicelb.ErrRefused and the
+// kernel's error); it stays out, untried, until it changes. If a sync
+// fails part way otherwise, the next one reads the kernel again and
+// completes the change.
 //
 // Other writers (ipvsadm, keepalived, iptables, a firewall manager) keep
 // their virtual servers, sets, chains and rules. A step of a sync that

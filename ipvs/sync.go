@@ -22,8 +22,9 @@ import (
 // Options.VerifyInterval, that nobody changed what the proxier owns. A
 // service the proxier cannot apply (servicelb.ErrUnsupported,
 // servicelb.ErrCapacity, ErrConflict) is left out before anything of it is
-// sent, and the rest applied: Sync then returns a
-// *servicelb.PartialError. IPVS is not transactional: Sync adds addresses,
+// sent, and one whose virtual or real servers the kernel refuses
+// (servicelb.ErrRefused) once they are, and the rest applied: Sync then
+// returns a *servicelb.PartialError. IPVS is not transactional: Sync adds addresses,
 // set entries, virtual servers and real servers before it removes any, so
 // that no virtual address is ever left without its servers; if it fails
 // part way, the next Sync reads the kernel and completes the change. Sync
