@@ -79,8 +79,8 @@ func New(o Options) (*Proxier, error) {
 		Owns:   func(_ xtables.TableName, chain string) bool { return px.n.owns(chain) },
 		Logger: o.Logger,
 	})
-	eo := syncer.Options{Name: "iptables", Logger: o.Logger, VerifyInterval: o.VerifyInterval, Retryable: retryable,
-		Capabilities: px.Capabilities()}
+	eo := syncer.Options{Name: "iptables", Logger: o.Logger, VerifyInterval: o.VerifyInterval, Retryable: nfnl.LostRace,
+		Traced: nfnl.RefusedOwners[servicelb.ServicePortKey], Capabilities: px.Capabilities()}
 	if px.opts.Conntrack != nil {
 		eo.Cleaner = px.opts.Conntrack
 	}

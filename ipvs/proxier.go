@@ -121,7 +121,7 @@ func New(o Options) (_ *Proxier, err error) {
 		}
 		p.cleaner, p.conntrack = ct, ct
 	}
-	eo := syncer.Options{Name: "ipvs", Logger: p.log, VerifyInterval: o.VerifyInterval, Retryable: retryable, After: p.drain,
+	eo := syncer.Options{Name: "ipvs", Logger: p.log, VerifyInterval: o.VerifyInterval, Retryable: nfnl.LostRace, After: p.drain,
 		Capabilities: p.Capabilities()}
 	if p.cleaner != nil {
 		eo.Cleaner = p.cleaner

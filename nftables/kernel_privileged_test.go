@@ -109,6 +109,26 @@ func TestForeignChangesRepaired(t *testing.T) {
 			}
 		})
 	}
+	// A base chain made again by someone with another hook or priority,
+	// and its rules: the counts a cheap check reads stay as they were, a
+	// deep verify sees the hook.
+	for _, tc := range []struct{ name, from, to string }{
+		{"base chain priority", "priority -100", "priority 0"},
+		{"base chain hook", "hook output", "hook prerouting"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listed := h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "nat-output")
+			require.Contains(t, listed, tc.from)
+			h.ExecInput(t, "flush chain inet kproxy nat-output\ndelete chain inet kproxy nat-output\n"+
+				strings.Replace(listed, tc.from, tc.to, 1), "nft", "-f", "-")
+			require.NotContains(t, h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "nat-output"), tc.from)
+			mustSync(t, p, st)
+			if diff := cmp.Diff(want, h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
+				t.Errorf("table not restored (-want +got):\n%s", diff)
+			}
+			assert.Contains(t, h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "nat-output"), tc.from)
+		})
+	}
 	t.Run("commit elsewhere", func(t *testing.T) {
 		h.Exec(t, "nft", "add", "table", "ip", "someone-else")
 		g := generation(t, h)

@@ -103,8 +103,8 @@ func newProxier(o Options) (*Proxier, error) {
 // newEngine makes the Engine that runs the Proxier's syncs, with the
 // options as they are.
 func (p *Proxier) newEngine() {
-	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: retryable,
-		Capabilities: p.Capabilities()}
+	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: nfnl.LostRace,
+		Traced: nfnl.RefusedOwners[servicelb.ServicePortKey], Capabilities: p.Capabilities()}
 	if !p.opts.NoConntrackCleanup && p.opts.Conntrack != nil {
 		o.Cleaner = p.opts.Conntrack
 	}

@@ -76,10 +76,13 @@
 // everything else; a backend checks each port it plans with
 // [Capabilities.CheckPort], so the error is the same on every backend. A
 // node the backend cannot serve ([Capabilities.CheckNode]) is refused by
-// NewRunner and by every Sync. The features also decide which scenarios
-// of the conformance kit (package conformance) apply to a backend; its
-// conformance test names those that do not, so that a feature it loses
-// fails the test instead of leaving scenarios unrun.
+// NewRunner and by every Sync. A service whose kernel objects the kernel
+// itself refuses as they are written (ErrRefused) is left out of that
+// Sync and the rest applied ([PartialError]), until it changes. The
+// features also decide which scenarios of the conformance kit (package
+// conformance) apply to a backend; its conformance test names those that
+// do not, so that a feature it loses fails the test instead of leaving
+// scenarios unrun.
 //
 // Two services may ask for one frontend (the same address, protocol and
 // port, or the same node port). They are both served; the frontend stays

@@ -3,6 +3,7 @@
 package nfnl
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -27,6 +28,25 @@ type Batch struct {
 	// echoed holds, after a commit, the rules the kernel echoed for the
 	// messages marked with Echo, by message index.
 	echoed map[int]Rule
+	// owners says whose each part of the batch is (SetOwner), from a
+	// byte offset on, in order.
+	owners []ownerSpan
+	// elems is the last message when it is a list of elements, which
+	// the next elements of its set go on filling.
+	elems elemsMessage
+}
+
+// ownerSpan makes the batch's bytes from off on belong to owner.
+type ownerSpan struct {
+	off   int
+	owner any
+}
+
+// elemsMessage locates a message of elements being filled.
+type elemsMessage struct {
+	msg  int // its index in ops, plus one; 0 for none
+	list int // the offset of its element list
+	n    int // its elements
 }
 
 // op describes one message of a batch, for error reports and String.
@@ -109,6 +129,98 @@ func (b *Batch) Describe(i int) string {
 		return fmt.Sprintf("message %d", i)
 	}
 	return b.ops[i].String()
+}
+
+// SetOwner makes what the batch holds from now on belong to owner, until
+// the next SetOwner: the messages added, and the elements, which a
+// message of one set's elements may hold for several owners. nil belongs
+// to no one, as does everything added before the first SetOwner. An
+// owner is a comparable value that means something to the caller, such
+// as the service port a message is written for: a message the kernel
+// refuses reports its owner (MessageError.Owner), and for a message of
+// elements, the owner of the element the kernel points at.
+func (b *Batch) SetOwner(owner any) {
+	end := max(len(b.enc.b), batchReserve)
+	n := len(b.owners)
+	switch {
+	case n == 0 && owner == nil:
+		return
+	case n > 0 && b.owners[n-1].owner == owner:
+		return
+	case n > 0 && b.owners[n-1].off == end:
+		b.owners = b.owners[:n-1]
+		if n > 1 && b.owners[n-2].owner == owner {
+			return
+		}
+	}
+	b.owners = append(b.owners, ownerSpan{off: end, owner: owner})
+}
+
+// Owner returns whose message i (0-based) is (SetOwner): nil when it is
+// no one's, or holds several owners' elements.
+func (b *Batch) Owner(i int) any {
+	if i < 0 || i >= len(b.ops) {
+		return nil
+	}
+	return b.ownerOf(i, 0)
+}
+
+// ownerAt returns the owner of the byte at off.
+func (b *Batch) ownerAt(off int) any {
+	i, found := slices.BinarySearchFunc(b.owners, off, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return nil
+	}
+	return b.owners[i].owner
+}
+
+// soleOwner returns the owner of every byte in [from, to), or nil when
+// they have several.
+func (b *Batch) soleOwner(from, to int) any {
+	o := b.ownerAt(from)
+	i, _ := slices.BinarySearchFunc(b.owners, from+1, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })
+	for ; i < len(b.owners) && b.owners[i].off < to; i++ {
+		if b.owners[i].owner != o {
+			return nil
+		}
+	}
+	return o
+}
+
+// msgEnd returns the offset of the end of message i.
+func (b *Batch) msgEnd(i int) int {
+	if i+1 < len(b.ops) {
+		return b.ops[i+1].off
+	}
+	return len(b.enc.b)
+}
+
+// contentStart returns the offset where the owned content of message i
+// begins: its first element, for a message of elements (the table and
+// set it names are every element's), else the message itself.
+func (b *Batch) contentStart(i int) int {
+	if b.ops[i].kind != "elements" {
+		return b.ops[i].off
+	}
+	if at := b.attrData(i, attrElemListElems); at >= 0 {
+		return at
+	}
+	return b.ops[i].off
+}
+
+// ownerOf returns the owner of message i, or of the part of it at attr
+// (an offset from its start that the kernel pointed at; 0 for none): the
+// element there, for a message of elements. nil when the part has no
+// owner, or the message several.
+func (b *Batch) ownerOf(i, attr int) any {
+	from, to := b.contentStart(i), b.msgEnd(i)
+	if at := b.ops[i].off + attr; attr > 0 && at >= from && at < to {
+		return b.ownerAt(at)
+	}
+	return b.soleOwner(from, to)
 }
 
 // RequireGeneration makes the batch apply only if the ruleset generation is
@@ -359,23 +471,44 @@ func (b *Batch) DelElements(fam Family, table, set string, elems []Element) {
 	b.elements(msgDelSetElem, 0, "delete", fam, table, set, elems)
 }
 
+// elements adds elems in messages of at most about elemChunk bytes of
+// elements each, going on filling the batch's last message when it is
+// one of the same verb and set: elements added in several calls (for
+// several owners, say) share messages as those of one call do.
 func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set string, elems []Element) {
 	for len(elems) > 0 {
-		o := op{verb: verb, kind: "elements", family: fam, table: table, name: set}
-		m := b.begin(typ, flags, fam, o)
-		b.enc.str(attrElemListTable, table)
-		b.enc.str(attrElemListSet, set)
-		n := b.enc.nest(attrElemListElems)
-		start, i := len(b.enc.b), 0
-		for i < len(elems) && (i == 0 || len(b.enc.b)-start < elemChunk) {
+		e := b.elems
+		if !b.fills(verb, fam, table, set) {
+			o := op{verb: verb, kind: "elements", family: fam, table: table, name: set}
+			b.begin(typ, flags, fam, o)
+			b.enc.str(attrElemListTable, table)
+			b.enc.str(attrElemListSet, set)
+			e = elemsMessage{msg: len(b.ops), list: b.enc.nest(attrElemListElems)}
+		}
+		start, i := e.list+nlaHdrLen, 0
+		for i < len(elems) && (e.n+i == 0 || len(b.enc.b)-start < elemChunk) {
 			b.element(&elems[i])
 			i++
 		}
-		b.enc.endNest(n)
-		b.enc.endMessage(m)
-		b.ops[len(b.ops)-1].detail = describeElems(i)
+		e.n += i
+		b.enc.endNest(e.list)
+		b.enc.endMessage(b.ops[e.msg-1].off)
+		b.ops[e.msg-1].detail = describeElems(e.n)
+		b.elems = e
 		elems = elems[i:]
 	}
+}
+
+// fills reports whether the batch's last message is one of elements of
+// the same verb and set, with room for more.
+func (b *Batch) fills(verb string, fam Family, table, set string) bool {
+	e := b.elems
+	if e.msg == 0 || e.msg != len(b.ops) {
+		return false
+	}
+	o := &b.ops[e.msg-1]
+	return o.verb == verb && o.family == fam && o.table == table && o.name == set &&
+		len(b.enc.b)-(e.list+nlaHdrLen) < elemChunk
 }
 
 func describeElems(n int) string {

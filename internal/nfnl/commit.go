@@ -30,6 +30,9 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 	if c.closed {
 		return Generation{}, ErrClosed
 	}
+	if refuse := ruleFaultOf(ctx); refuse != nil {
+		defer b.misnameRules(refuse)()
+	}
 	base := c.nextSeq(b.Len() + 3)
 	p := b.frame(base)
 	if tap := tapOf(ctx); tap != nil {
@@ -102,7 +105,7 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 				if errno == 0 || seq < base || seq >= probe {
 					continue
 				}
-				failed = append(failed, b.failure(int(seq-base)-1, errno, text))
+				failed = append(failed, b.failure(int(seq-base)-1, errno, text, badAttrOf(m)))
 				continue
 			}
 			if m.typ == subsysNFTables<<8|msgNewRule && m.seq > base && m.seq < probe {
@@ -132,7 +135,7 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 	}
 }
 
-func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
+func (b *Batch) failure(i int, errno syscall.Errno, text string, attr int) *MessageError {
 	e := &MessageError{Index: i, Errno: errno, Message: text}
 	switch {
 	case i < 0:
@@ -141,6 +144,7 @@ func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
 		e.Index, e.Op = -1, "end of batch"
 	default:
 		e.Op = b.ops[i].String()
+		e.Owner = b.ownerOf(i, attr)
 	}
 	return e
 }

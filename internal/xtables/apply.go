@@ -111,6 +111,11 @@ type TableContent struct {
 	Keyed map[string]map[string][]Rule
 	// Jumps are the owner's rules at the top of builtin chains.
 	Jumps map[string][]Rule
+	// ChainOwners and KeyOwners say whose whole chains and the keys of
+	// keyed chains are, by chain name and by key: what a refusal of the
+	// kernel names (nfnl.Batch.SetOwner). Those they leave out, and the
+	// jumps, are no one's.
+	ChainOwners, KeyOwners map[string]any
 }
 
 // Text returns the content as a table to render as iptables-save text.
@@ -147,6 +152,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // change and cannot fail; errors surface at Commit.
 type Tx struct {
 	tables map[Table]*txTable
+	owner  any
 }
 
 type txTable struct {
@@ -154,11 +160,15 @@ type txTable struct {
 	del   map[string]bool
 	keyed map[string]*txKeyed
 	jumps map[string][]Rule
+	// owners holds the owners of the chains set or deleted.
+	owners map[string]any
 }
 
 type txKeyed struct {
 	reset bool
 	set   map[string][]Rule
+	// owners holds the owners of the keys set.
+	owners map[string]any
 }
 
 // Changes reports whether tx changes anything.
@@ -198,7 +208,8 @@ func NewTx() *Tx { return &Tx{tables: map[Table]*txTable{}} }
 func (tx *Tx) table(t Table) *txTable {
 	tt := tx.tables[t]
 	if tt == nil {
-		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{}}
+		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{},
+			owners: map[string]any{}}
 		tx.tables[t] = tt
 	}
 	return tt
@@ -208,11 +219,26 @@ func (tx *Tx) table(t Table) *txTable {
 // are missing, even when nothing else changes in it.
 func (tx *Tx) Touch(t Table) { tx.table(t) }
 
+// SetOwner makes the chains and keys the next calls set or delete belong
+// to owner (nil: to no one), until the next SetOwner: a refusal of the
+// kernel names it (nfnl.Batch.SetOwner).
+func (tx *Tx) SetOwner(owner any) { tx.owner = owner }
+
+// own records the current owner of a chain or key.
+func (tx *Tx) own(owners map[string]any, name string) {
+	if tx.owner != nil {
+		owners[name] = tx.owner
+	} else {
+		delete(owners, name)
+	}
+}
+
 // SetChain makes chain name hold exactly rules, creating it if needed.
 func (tx *Tx) SetChain(t Table, name string, rules []Rule) {
 	tt := tx.table(t)
 	delete(tt.del, name)
 	tt.set[name] = rules
+	tx.own(tt.owners, name)
 }
 
 // DeleteChain removes chain name if it exists.
@@ -220,12 +246,13 @@ func (tx *Tx) DeleteChain(t Table, name string) {
 	tt := tx.table(t)
 	delete(tt.set, name)
 	tt.del[name] = true
+	tx.own(tt.owners, name)
 }
 
 func (tt *txTable) keyedChain(name string) *txKeyed {
 	k := tt.keyed[name]
 	if k == nil {
-		k = &txKeyed{set: map[string][]Rule{}}
+		k = &txKeyed{set: map[string][]Rule{}, owners: map[string]any{}}
 		tt.keyed[name] = k
 	}
 	return k
@@ -234,7 +261,9 @@ func (tt *txTable) keyedChain(name string) *txKeyed {
 // SetKeyed makes key's rules in keyed chain chain exactly rules (none
 // removes the key), creating the chain if needed.
 func (tx *Tx) SetKeyed(t Table, chain, key string, rules []Rule) {
-	tx.table(t).keyedChain(chain).set[key] = rules
+	k := tx.table(t).keyedChain(chain)
+	k.set[key] = rules
+	tx.own(k.owners, key)
 }
 
 // ResetKeyed makes keyed chain chain hold only the keys set in this

@@ -10,17 +10,24 @@ import (
 // asks, in an order the kernel accepts within one batch: rule deletions,
 // flushes, chain deletions, chain creations, whole chains, keyed rules,
 // jumps. State updates run only after the batch succeeds.
+//
+// Each message belongs to the owner of its chain or key (Tx.SetOwner); the
+// table, builtin and keyed chains and jumps to no one.
 func (b *builder) table(t Table, st *tableState, tt *txTable) error {
+	owner := func(name string) { b.m.b.SetOwner(tt.owners[name]) }
+	b.m.b.SetOwner(nil)
 	b.ensureTable(t, st)
 	for _, chain := range sortedKeys(tt.keyed) {
 		b.dropKeyed(t, st, chain, tt.keyed[chain])
 	}
+	b.m.b.SetOwner(nil)
 	for _, chain := range sortedKeys(tt.jumps) {
 		b.dropJumps(t, st, chain, tt.jumps[chain])
 	}
 	setNames, delNames := sortedKeys(tt.set), sortedKeys(tt.del)
 	for _, name := range setNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.flushChain(t, name)
 		}
 	}
@@ -28,19 +35,23 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 	// jump to one another.
 	for _, name := range delNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.flushChain(t, name)
 		}
 	}
 	for _, name := range delNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.delChain(t, name)
 			b.onSuccess = append(b.onSuccess, func() { delete(st.chains, name); delete(st.keyed, name); st.use-- })
 		}
 	}
 	for _, name := range slices.Concat(setNames, sortedKeys(tt.keyed)) {
+		owner(name)
 		b.ensureChain(t, st, name)
 	}
 	for _, name := range setNames {
+		owner(name)
 		for i := range tt.set[name] {
 			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, nil); err != nil {
 				return err
@@ -52,6 +63,7 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 			return err
 		}
 	}
+	b.m.b.SetOwner(nil)
 	for _, chain := range sortedKeys(tt.jumps) {
 		if err := b.placeJumps(t, st, chain, tt.jumps[chain]); err != nil {
 			return err
@@ -115,6 +127,7 @@ func (b *builder) dropKeyed(t Table, st *tableState, chain string, k *txKeyed) {
 			delete(k.set, key) // unchanged: keep it as it is
 			continue
 		}
+		b.m.b.SetOwner(k.owners[key])
 		for _, h := range e.handles {
 			b.m.delRule(t, chain, h)
 		}
@@ -172,6 +185,7 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 	for _, e := range added {
 		pos := successor(final, e)
 		rules := k.set[e.key]
+		b.m.b.SetOwner(k.owners[e.key])
 		e.sigs = make([]uint64, len(rules))
 		for i := range rules {
 			sig, err := b.addRule(t, chain, &rules[i], pos, &e.handles[i])

@@ -214,6 +214,7 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 	tx.Touch(t)
 	for name, rules := range want.Chains {
 		if !k.st.chains[name] || !sameSigs(dumpedSigs(k.rules[name]), sigsOf(t.Family, rules)) {
+			tx.SetOwner(want.ChainOwners[name])
 			tx.SetChain(t, name, rules)
 		}
 	}
@@ -224,9 +225,11 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 		}
 		tx.ResetKeyed(t, chain)
 		for key, rules := range keys {
+			tx.SetOwner(want.KeyOwners[key])
 			tx.SetKeyed(t, chain, key, rules)
 		}
 	}
+	tx.SetOwner(nil)
 	for name := range k.st.chains {
 		_, whole := want.Chains[name]
 		_, keyed := want.Keyed[name]

@@ -5,11 +5,14 @@ package xtables
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
@@ -132,9 +135,11 @@ func TestSignatureAsDumped(t *testing.T) {
 	}
 }
 
-// recorder is a Conn that applies nothing and records the batches.
+// recorder is a Conn that applies nothing and records the batches, and
+// whose each message is.
 type recorder struct {
 	batches []string
+	owners  [][]string
 	gen     uint32
 }
 
@@ -144,6 +149,13 @@ func (r *recorder) Generation(context.Context) (nfnl.Generation, error) {
 
 func (r *recorder) Commit(_ context.Context, b *nfnl.Batch) (nfnl.Generation, error) {
 	r.batches = append(r.batches, b.String())
+	var owners []string
+	for i := range b.Len() {
+		if o := b.Owner(i); o != nil {
+			owners = append(owners, fmt.Sprintf("%s: %v", b.Describe(i), o))
+		}
+	}
+	r.owners = append(r.owners, owners)
 	r.gen++
 	return nfnl.Generation{ID: r.gen}, nil
 }
@@ -185,4 +197,28 @@ func TestCommitOrder(t *testing.T) {
 	if a.Loaded() {
 		t.Error("loaded without learning handles")
 	}
+}
+
+// TestCommitOwners: the messages of a chain and of a key belong to their
+// owners, as TableContent says; those of the table, the builtin and keyed
+// chains and the jumps to no one.
+func TestCommitOwners(t *testing.T) {
+	rec := &recorder{gen: 1}
+	a := NewApplier(ApplierOptions{Conn: rec, Owns: func(_ TableName, c string) bool { return strings.HasPrefix(c, "K-") }})
+	tab := Table{IPv4, NAT}
+	want := &TableContent{
+		Chains:      map[string][]Rule{"K-A": {{Target: Return}, {Target: Return}}, "K-B": {{Target: Jump("K-A")}}, "K-N": {{Target: Return}}},
+		Keyed:       map[string]map[string][]Rule{"K-K": {"a": {{Target: Jump("K-A")}}, "b": {{Target: Jump("K-B")}}, "tail": {{Target: Return}}}},
+		Jumps:       map[string][]Rule{"PREROUTING": {{Target: Jump("K-K")}}},
+		ChainOwners: map[string]any{"K-A": "port a", "K-B": "port b"},
+		KeyOwners:   map[string]any{"a": "port a", "b": "port b"},
+	}
+	_, err := a.Reconcile(context.Background(), map[Table]*TableContent{tab: want})
+	require.NoError(t, err)
+	require.Len(t, rec.owners, 1)
+	assert.Equal(t, []string{
+		"add chain ip nat K-A: port a", "add chain ip nat K-B: port b",
+		"add rule ip nat K-A: port a", "add rule ip nat K-A: port a", "add rule ip nat K-B: port b",
+		"add rule ip nat K-K: port a", "add rule ip nat K-K: port b",
+	}, rec.owners[0])
 }

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -361,4 +363,151 @@ func TestCleanupNotPresent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNothingOwned)
 	assert.ErrorContains(t, err, "ipvs: cleanup: nothing of the backend can be there: no ip_vs")
 	assert.False(t, probed)
+}
+
+// source is a Source that delivers its services and says it is synced as
+// soon as it runs. onName, when set, runs the first time the agent asks
+// its name.
+type source struct {
+	name   string
+	svcs   []servicelb.Service
+	onName func()
+	once   sync.Once
+}
+
+func (s *source) Name() string {
+	if s.onName != nil {
+		s.once.Do(s.onName)
+	}
+	return s.name
+}
+
+func (s *source) Run(ctx context.Context, dst *servicelb.Source, _ Reporter) error {
+	for _, svc := range s.svcs {
+		if err := dst.Upsert(svc); err != nil {
+			return err
+		}
+	}
+	dst.Synced()
+	<-ctx.Done()
+	return nil
+}
+
+// An agent registers every source before its runner and its sources run,
+// so that no sync applies a state that lacks a source's services. The
+// first source here delivers at once; the agent asks the second's name
+// only after the runner had time to sync what the first delivered, were
+// it running already.
+func TestSourcesRegisteredBeforeRun(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr, cfg.MinSyncInterval = "", time.Millisecond
+	p := &fake.Proxier{}
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	require.NoError(t, err)
+	defer a.Close()
+	api := web
+	api.Name, api.ClusterIPs = "ns/api", []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	first := &source{name: "first", svcs: []servicelb.Service{web}}
+	second := &source{name: "second", svcs: []servicelb.Service{api}, onName: func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_, _ = p.WaitSyncs(ctx, 1)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, first, second) }()
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_, err = p.WaitSyncs(wait, 1)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, err)
+	for i, rec := range p.Records() {
+		_, hasWeb := rec.State.Service("ns/web")
+		_, hasAPI := rec.State.Service("ns/api")
+		assert.True(t, hasWeb && hasAPI, "sync %d applied %d services, not both sources'", i+1, rec.State.Len())
+	}
+}
+
+// logBuffer is a bytes.Buffer for a logger that the agent's goroutines
+// share.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A service the backend leaves out of a sync (a PartialError, the rest
+// applied) is reported once as an invalid object of the backend: the
+// kproxy_invalid_objects_total{source="backend"} counter, an error in the
+// log naming it, and Options.OnInvalid. A later sync that leaves the same
+// service out reports nothing new.
+func TestLeftOutReported(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr, cfg.MinSyncInterval = "", time.Millisecond
+	p := &fake.Proxier{}
+	var logs logBuffer
+	var reported []string
+	var mu sync.Mutex
+	a, err := New(Options{Config: cfg, Dataplane: p, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		OnInvalid: func(object string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reported = append(reported, object+": "+err.Error())
+		}})
+	require.NoError(t, err)
+	defer a.Close()
+	refusal := &servicelb.ValidationError{Service: "ns/web", Field: "ports", Value: "ns/web:http/ipv4",
+		Err: fmt.Errorf("%w: nfnl: commit: add rule inet kproxy svc4-ns/web/http: no such file or directory", servicelb.ErrRefused)}
+	p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}},
+		&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}})
+	src := a.Runner().Source("test")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	api := web
+	api.Name, api.ClusterIPs = "ns/api", []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	require.NoError(t, src.Upsert(web))
+	require.NoError(t, src.Upsert(api))
+	src.Synced()
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_, err = p.WaitSyncs(wait, 1)
+	require.NoError(t, err)
+	api.Endpoints = nil
+	require.NoError(t, src.Upsert(api))
+	_, err = p.WaitSyncs(wait, 2)
+	require.NoError(t, err)
+	// The hooks run after Sync returns: wait for the second sync's.
+	require.Eventually(t, func() bool { return a.health().AppliedAt.After(time.Time{}) && a.health().Pending == 0 },
+		5*time.Second, 5*time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.Metrics().invalid.WithLabelValues("backend")))
+	mu.Lock()
+	assert.Equal(t, []string{"ns/web: " + refusal.Error()}, reported)
+	mu.Unlock()
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "source=backend") {
+			lines = append(lines, l)
+		}
+	}
+	require.Len(t, lines, 1, "log:\n%s", logs.String())
+	assert.Contains(t, lines[0], "level=ERROR")
+	assert.Contains(t, lines[0], `msg="skipping invalid object"`)
+	assert.Contains(t, lines[0], "object=ns/web")
+	assert.Contains(t, lines[0], "ports ns/web:http/ipv4: refused by the kernel")
 }
