@@ -16,6 +16,7 @@ check cpio cpio
 check systemd-analyze systemd
 check setpriv util-linux
 check strace strace
+check python3 python3
 [ -x /bin/busybox ] || need="$need busybox-static"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
