@@ -4,7 +4,9 @@
 # through the Go module proxy like any module, so no other site is
 # needed), kept in .cache/vulndb. Fails when the code calls a vulnerable
 # function of a required module; findings in the standard library belong
-# to the toolchain that builds the program and are listed, not failed on.
+# to the toolchain that builds the program and are listed, not failed on,
+# as are advisories of required modules whose vulnerable code the
+# program does not call.
 # A scan that fails, or that reports nothing, fails the check too; both
 # modules are scanned in any case.
 set -eu
@@ -33,7 +35,7 @@ scan() { # dir, label; called where set -e does not apply
 	python3 - "$out" "$2" <<'PY'
 import json, sys
 dec, text, i = json.JSONDecoder(), open(sys.argv[1]).read(), 0
-called, config = {}, False
+called, other, config = {}, {}, False
 while True:
     while i < len(text) and text[i].isspace():
         i += 1
@@ -42,8 +44,14 @@ while True:
     msg, i = dec.raw_decode(text, i)
     config = config or "config" in msg
     f = msg.get("finding")
-    if f and f.get("trace") and f["trace"][0].get("function"):
-        called[f["osv"]] = f["trace"][0].get("module", "?")
+    if f and f.get("trace"):
+        top = f["trace"][0]
+        if top.get("function"):
+            called[f["osv"]] = top.get("module", "?")
+        elif top.get("module", "stdlib") != "stdlib":
+            level = "imported" if top.get("package") else "required"
+            if other.get(f["osv"], ("", ""))[1] != "imported":
+                other[f["osv"]] = (top["module"], level)
 if not config:
     print(f"{sys.argv[2]}: govulncheck reported nothing, not even its configuration: no scan to trust", file=sys.stderr)
     sys.exit(1)
@@ -52,6 +60,8 @@ mods = sorted(f"{k} ({m})" for k, m in called.items() if m != "stdlib")
 print(f"{sys.argv[2]}: called vulnerabilities in modules: {len(mods)}; in the standard library of this toolchain: {len(std)} {' '.join(std)}")
 for m in mods:
     print("  module:", m)
+for k in sorted(set(other) - set(called)):
+    print(f"  not called: {k} ({other[k][0]}, {other[k][1]})")
 sys.exit(1 if mods else 0)
 PY
 }

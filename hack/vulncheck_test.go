@@ -27,10 +27,12 @@ case "$PWD" in
 esac
 `
 
-// A clean scan's output, and one with a called vulnerability in a module.
+// A clean scan's output, one with a called vulnerability in a module,
+// and one with a vulnerable package imported but not called.
 const (
-	clean  = `echo '{"config":{"protocol_version":"v1.0.0","scanner_name":"govulncheck"}}'`
-	called = clean + `; echo '{"finding":{"osv":"GO-2099-0001","trace":[{"module":"example.com/m","function":"F"}]}}'`
+	clean    = `echo '{"config":{"protocol_version":"v1.0.0","scanner_name":"govulncheck"}}'`
+	called   = clean + `; echo '{"finding":{"osv":"GO-2099-0001","trace":[{"module":"example.com/m","function":"F"}]}}'`
+	imported = clean + `; echo '{"finding":{"osv":"GO-2099-0002","trace":[{"module":"example.com/n","package":"example.com/n/p"}]}}'`
 )
 
 // TestVulncheck runs hack/vulncheck.sh with a stub govulncheck: a scan that
@@ -55,6 +57,7 @@ func TestVulncheck(t *testing.T) {
 			says: "core: govulncheck reported nothing"},
 		{name: "examples fail", core: clean, examples: "exit 2", fail: true, says: "examples: govulncheck failed"},
 		{name: "called", core: called, examples: clean, fail: true, says: "module: GO-2099-0001 (example.com/m)"},
+		{name: "not called", core: clean, examples: imported, says: "not called: GO-2099-0002 (example.com/n, imported)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// A copy of the tree the script works in: itself under
