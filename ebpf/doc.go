@@ -87,9 +87,9 @@
 //	text, err := p.Render(state) // the maps as text, then the nft table
 //	err = p.Cleanup(ctx)         // detach, unpin; the nft table too
 //
-// New checks the kernel (Probe: a *FeatureError naming what is missing,
-// before anything is attached), creates the maps or opens those pinned
-// under Options.PinPath, and loads the programs. The first Sync (run by
+// New checks the kernel (Probe: a wrapped *FeatureError naming what is
+// missing, before anything is attached), creates the maps or opens those
+// pinned under Options.PinPath, and loads the programs. The first Sync (run by
 // internal/syncer's Engine, as for every backend) reads the maps, adopts
 // the sets it finds there by name with their slots, writes what differs
 // (in batches of 4096 entries: a cold sync of 10k services of 10

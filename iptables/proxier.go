@@ -41,7 +41,7 @@ var (
 // privileges: for dry runs, and to look at a state from any machine.
 func Render(st *servicelb.State, o Options) (string, error) {
 	if err := o.normalize(); err != nil {
-		return "", err
+		return "", fmt.Errorf("iptables: %w", err)
 	}
 	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}
 	return px.Render(st)
@@ -51,7 +51,7 @@ func Render(st *servicelb.State, o Options) (string, error) {
 // namespace and reads nothing until the first Sync.
 func New(o Options) (*Proxier, error) {
 	if err := o.normalize(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("iptables: %w", err)
 	}
 	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}
 	if c, ok := o.conn.(xtables.Conn); ok {

@@ -46,7 +46,7 @@ func TestNewPrivileges(t *testing.T) {
 	t.Run("own namespace without CAP_NET_ADMIN", func(t *testing.T) {
 		err := newIn(Options{NoConntrackCleanup: true}, privilege.NetAdmin)
 		require.ErrorIs(t, err, servicelb.ErrPermission)
-		assert.Contains(t, err.Error(), "ipvs needs CAP_NET_ADMIN, which")
+		assert.Contains(t, err.Error(), "ipvs: programming IPVS needs CAP_NET_ADMIN, which")
 		assert.NotContains(t, err.Error(), "CAP_SYS_ADMIN")
 	})
 	t.Run("own namespace without CAP_SYS_ADMIN", func(t *testing.T) {
@@ -58,6 +58,6 @@ func TestNewPrivileges(t *testing.T) {
 	t.Run("other namespace without CAP_SYS_ADMIN", func(t *testing.T) {
 		err := newIn(Options{NetNS: other.NS}, privilege.SysAdmin)
 		require.ErrorIs(t, err, servicelb.ErrPermission)
-		assert.Contains(t, err.Error(), "ipvs in another network namespace needs CAP_SYS_ADMIN, which")
+		assert.Contains(t, err.Error(), "ipvs: entering another network namespace needs CAP_SYS_ADMIN, which")
 	})
 }

@@ -83,7 +83,11 @@ type realKey struct {
 // than the calling thread's: without them the error wraps
 // servicelb.ErrPermission and names what is missing.
 func New(o Options) (_ *Proxier, err error) {
-	defer func() { err = privilege.Check(err) }()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("ipvs: %w", privilege.Check(err))
+		}
+	}()
 	o, err = o.withDefaults()
 	if err != nil {
 		return nil, err
@@ -113,10 +117,13 @@ func socketNS(ns netns.NsHandle) (netns.NsHandle, error) {
 	if err != nil {
 		return netns.None(), opErr("open current network namespace", "", err)
 	}
-	if own {
-		return netns.None(), privilege.Require("ipvs", privilege.NetAdmin)
+	if err := privilege.Require("programming IPVS", privilege.NetAdmin); err != nil {
+		return netns.None(), err
 	}
-	return ns, privilege.Require("ipvs in another network namespace", privilege.NetAdmin, privilege.SysAdmin)
+	if own {
+		return netns.None(), nil
+	}
+	return ns, privilege.Require("entering another network namespace", privilege.SysAdmin)
 }
 
 // open opens the proxier's sockets with the handle at (netns.None() for
@@ -240,6 +247,14 @@ func (p *Proxier) forget() {
 // and its helper sets and rules. It works without a previous Sync, so a new
 // Proxier can clean up after an old one.
 func (p *Proxier) Cleanup(ctx context.Context) error {
+	if err := p.cleanup(ctx); err != nil {
+		return fmt.Errorf("ipvs: cleanup: %w", err)
+	}
+	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
+	return nil
+}
+
+func (p *Proxier) cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.errIf(); err != nil {
@@ -261,7 +276,6 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.sets.cleanup(ctx); err != nil {
 		return err
 	}
-	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
 	return nil
 }
 

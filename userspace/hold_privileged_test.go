@@ -6,6 +6,7 @@ import (
 	"context"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +174,19 @@ func TestHeldAddressListedAsNodes(t *testing.T) {
 	r, err := tp.Client.Ask(context.Background(), "tcp", netip.MustParseAddrPort("10.96.0.10:80"))
 	require.NoError(t, err)
 	assert.Equal(t, "backend-0", r.Host)
+}
+
+// TestSyncErrorNamesBackendOnce: a Sync that fails says "userspace" once,
+// where the sync engine starts its error; the step that failed (a link of
+// the proxy's name that is not its kind) does not repeat it.
+func TestSyncErrorNamesBackendOnce(t *testing.T) {
+	h := netnstest.NewHost(t, "node")
+	h.Exec(t, "ip", "link", "add", "kpx-taken0", "type", "veth", "peer", "name", "kpx-taken1")
+	p, err := New(Options{NetNS: h.NS, HoldAddresses: true, Link: "kpx-taken0"})
+	require.NoError(t, err)
+	defer p.Close()
+	err = p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, holdService(1, ep(0))))
+	require.ErrorIs(t, err, ErrLinkConflict)
+	assert.Equal(t, 1, strings.Count(err.Error(), "userspace"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "userspace: sync: kpx-taken0: "), err.Error())
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -350,4 +351,27 @@ func TestCleanupNotPresent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNothingOwned)
 	assert.ErrorContains(t, err, "ipvs: cleanup: nothing of the backend can be there: no ip_vs")
 	assert.False(t, probed)
+}
+
+// An error about a backend names it once: a backend package's errors
+// start with its name, and the agent adds none to them (ebpf here: a
+// cgroup directory that is not cgroup v2, and pins that cannot be
+// removed).
+func TestBackendNamedOnce(t *testing.T) {
+	b := backends["ebpf"]
+	defer func() { backends["ebpf"] = b }()
+	b2 := b
+	b2.probe = func(netns.NsHandle) error { return nil } // nf_tables, for the packet path: not what fails here
+	backends["ebpf"] = b2
+	_, err := Open("ebpf", BackendOptions{NetNS: netns.None(), Cgroup: t.TempDir()})
+	require.ErrorIs(t, err, ErrUnsupported)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: missing cgroup v2: "), err.Error())
+
+	pins := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(pins, "link_connect4", "not-a-pin"), 0o755))
+	err = Cleanup(context.Background(), "ebpf", BackendOptions{PinPath: pins})
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: remove pins: unpin link_connect4: "), err.Error())
 }

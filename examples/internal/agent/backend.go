@@ -137,6 +137,11 @@ func Available(name string) error {
 
 // Open probes the kernel for the named backend's support and returns the
 // backend. The error names what is missing.
+//
+// Every error about a backend starts with its name, once: a backend
+// package's own errors do (its New, Cleanup and Sync), so the agent adds
+// nothing to them; the agent's own (the probes, missing flags) name the
+// backend themselves.
 func Open(name string, o BackendOptions) (Dataplane, error) {
 	b, err := lookup(name)
 	if err != nil {
@@ -148,11 +153,7 @@ func Open(name string, o BackendOptions) (Dataplane, error) {
 	if err := b.available(name); err != nil {
 		return nil, err
 	}
-	d, err := b.open(o)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return d, nil
+	return b.open(o)
 }
 
 // Renderer returns the named backend for rendering only: a dry run. It
@@ -168,11 +169,7 @@ func OpenRenderer(name string, o BackendOptions) (Renderer, error) {
 	if b.render != nil {
 		return b.render(o)
 	}
-	d, err := b.open(o)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return d, nil
+	return b.open(o)
 }
 
 // Cleanup removes everything the named backend owns in the namespace
@@ -194,10 +191,7 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 		if err := b.available(name); err != nil {
 			return err
 		}
-		if err := b.cleanup(ctx, o); err != nil {
-			return fmt.Errorf("%s: cleanup: %w", name, err)
-		}
-		return nil
+		return b.cleanup(ctx, o)
 	}
 	d, err := Open(name, o)
 	if err != nil {
@@ -205,12 +199,11 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 	}
 	err = d.Cleanup(ctx)
 	if c, ok := d.(io.Closer); ok {
-		err = errors.Join(err, c.Close())
+		if cerr := c.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("%s: close after cleanup: %w", name, cerr))
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("%s: cleanup: %w", name, err)
-	}
-	return nil
+	return err
 }
 
 // CleanupAll removes what every backend of this build owns in the
