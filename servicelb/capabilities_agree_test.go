@@ -95,33 +95,6 @@ func TestNodeRefusalsAgree(t *testing.T) {
 	assert.Contains(t, text, `-A KPROXY-LOCALNET-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`)
 }
 
-// TestRenderNeedsNoSocket: every backend renders a state from its options
-// alone, the same text as a Proxier's Render.
-func TestRenderNeedsNoSocket(t *testing.T) {
-	st, err := servicelb.NewState(servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
-		servicelb.Service{Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-			Ports:     []servicelb.Port{{Port: 80, NodePort: 30080}},
-			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}}})
-	require.NoError(t, err)
-	nft, err := nftables.New(nftables.Options{NoConntrackCleanup: true})
-	require.NoError(t, err)
-	defer nft.Close()
-	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
-	require.NoError(t, err)
-	defer ipt.Close()
-	for name, pair := range map[string][2]func(*servicelb.State) (string, error){
-		"nftables": {func(st *servicelb.State) (string, error) { return nftables.Render(st, nftables.Options{}) }, nft.Render},
-		"iptables": {func(st *servicelb.State) (string, error) { return iptables.Render(st, iptables.Options{}) }, ipt.Render},
-	} {
-		alone, err := pair[0](st)
-		require.NoError(t, err, name)
-		assert.Contains(t, alone, "10.96.0.10", name)
-		proxier, err := pair[1](st)
-		require.NoError(t, err, name)
-		assert.Equal(t, proxier, alone, name)
-	}
-}
-
 // TestBackendsRenderEveryDetection: every backend declares the detection
 // of pods by interface and renders a node in each local-traffic
 // detection mode.

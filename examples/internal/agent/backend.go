@@ -70,8 +70,8 @@ type backend struct {
 	probe func(netns.NsHandle) error
 	// open returns the backend; nil while this build has none.
 	open func(BackendOptions) (Dataplane, error)
-	// render returns a renderer that needs no kernel support, for dry
-	// runs; nil means open's backend renders.
+	// render returns a renderer that needs no kernel support and opens
+	// no socket, for dry runs; nil means open's backend renders.
 	render func(BackendOptions) (Renderer, error)
 	// cleanup removes what the backend owns without opening it, for a
 	// backend that cannot be opened with what a cleanup knows (ebpf needs
@@ -92,8 +92,8 @@ type backend struct {
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
-	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
-	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
+	"nftables": {probe: probeNFTables("nftables"), open: openNFTables, render: renderNFTables},
+	"iptables": {probe: probeNFTables("iptables"), open: openIPTables, render: renderIPTables},
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
 	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},

@@ -36,9 +36,9 @@ func openEBPF(o BackendOptions) (Dataplane, error) {
 }
 
 // renderEBPF renders the maps and the nftables table without touching
-// the kernel.
+// the kernel, or opening a socket.
 func renderEBPF(o BackendOptions) (Renderer, error) {
-	nft, err := nftables.New(nftables.Options{NetNS: callers(o.NetNS), Logger: o.Logger, NoConntrackCleanup: true})
+	nft, err := nftables.ForRendering(nftables.Options{Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
