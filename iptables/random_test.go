@@ -128,7 +128,7 @@ func (g randomServices) nodeIP(v4 bool) netip.Addr {
 func (g randomServices) endpoint(v4, v6 bool) servicelb.Endpoint {
 	k := byte(1 + g.pick(4))
 	e := servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, k, byte(2 + g.pick(3))}),
-		Ready: !g.one(5), Serving: !g.one(8), Terminating: g.one(5), NodeName: fmt.Sprintf("node-%c", 'a'+k-1),
+		Ready: new(!g.one(5)), Serving: new(!g.one(8)), Terminating: g.one(5), NodeName: fmt.Sprintf("node-%c", 'a'+k-1),
 		Zone: fmt.Sprintf("z%d", k%2)}
 	if v6 && (!v4 || g.one(2)) {
 		e.Addr = netip.MustParseAddr(fmt.Sprintf("fd00:244:%d::%d", k, 2+g.pick(3)))

@@ -161,12 +161,12 @@ func (g *gen) endpoints(s *servicelb.Service) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for range g.pick(7) {
 		h := byte(1 + g.pick(6))
-		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: g.chance(0.75)}
+		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: new(g.chance(0.75))}
 		if g.chance(0.4) {
 			e.Addr = v6(0x244, h)
 		}
-		e.Serving = e.Ready || g.chance(0.5)
-		e.Terminating = !e.Ready && g.chance(0.6)
+		e.Serving = new(e.IsReady() || g.chance(0.5))
+		e.Terminating = !e.IsReady() && g.chance(0.6)
 		e.NodeName = []string{"node", "node", "other"}[g.pick(3)]
 		e.Zone = []string{"z1", "z2"}[g.pick(2)]
 		if g.chance(0.3) {
@@ -234,7 +234,7 @@ func (g *gen) tweak(s servicelb.Service) servicelb.Service {
 		if len(s.Endpoints) > 0 {
 			eps := slices.Clone(s.Endpoints)
 			e := &eps[g.pick(len(eps))]
-			e.Ready, e.Weight = !e.Ready, servicelb.Weight(uint16(g.pick(3)))
+			e.Ready, e.Weight = new(!e.IsReady()), servicelb.Weight(uint16(g.pick(3)))
 			if g.chance(0.5) {
 				e.NodeName = []string{"node", "other"}[g.pick(2)]
 			}

@@ -58,7 +58,7 @@ func prefixes(ss ...string) []netip.Prefix {
 func eps(node string, ss ...string) []servicelb.Endpoint {
 	out := make([]servicelb.Endpoint, len(ss))
 	for i, s := range ss {
-		out[i] = servicelb.Endpoint{Addr: netip.MustParseAddr(s), Ready: true, NodeName: node}
+		out[i] = servicelb.Endpoint{Addr: netip.MustParseAddr(s), NodeName: node}
 	}
 	return out
 }
@@ -207,7 +207,7 @@ func TestRenderRefuses(t *testing.T) {
 	}
 	many := rr
 	for i := range buckets + 1 {
-		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Ready: true})
+		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})})
 	}
 	refused(state(t, testNode, many), servicelb.ErrCapacity)
 	many.Endpoints = many.Endpoints[:buckets]
@@ -396,7 +396,7 @@ func TestForRendering(t *testing.T) {
 	st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{
 		Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
-		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2")}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -144,7 +144,7 @@ func (w *randomWorld) ports(s *servicelb.Service, i int) {
 func (w *randomWorld) endpoints(i int) []servicelb.Endpoint {
 	var eps []servicelb.Endpoint
 	for range w.pick(6) {
-		e := servicelb.Endpoint{Ready: w.chance(0.8), Serving: w.chance(0.9), Terminating: w.chance(0.2)}
+		e := servicelb.Endpoint{Ready: new(w.chance(0.8)), Serving: new(w.chance(0.9)), Terminating: w.chance(0.2)}
 		e.NodeName = []string{"", "node", "other"}[w.pick(3)]
 		e.Zone = []string{"", "a", "b"}[w.pick(3)]
 		if w.chance(0.3) {

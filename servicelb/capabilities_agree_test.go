@@ -132,7 +132,7 @@ func TestBackendsRenderEveryDetection(t *testing.T) {
 				Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
 				ExternalTrafficPolicy: servicelb.PolicyLocal, ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 				Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
-				Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.2.2"), Ready: true, NodeName: "other"}},
+				Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.2.2"), NodeName: "other"}},
 			})
 			require.NoError(t, err)
 			_, err = b.render(st)

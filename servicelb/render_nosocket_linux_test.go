@@ -73,7 +73,7 @@ func renderState(t testing.TB) *servicelb.State {
 	st, err := servicelb.NewState(servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
 		servicelb.Service{Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 			Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
-			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}}})
+			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2")}}})
 	require.NoError(t, err)
 	return st
 }

@@ -111,7 +111,7 @@ func TestHeldAddressRepaired(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}}
 	st := mustState(t, servicelb.NodeConfig{}, s)
 	mustSync(t, p, st)
 	vip := netip.MustParseAddrPort("10.96.0.10:80")
@@ -137,8 +137,8 @@ func TestConnectTimeout(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true},
-			{Addr: netip.MustParseAddr("10.244.1.9"), Ready: true}},
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)},
+			{Addr: netip.MustParseAddr("10.244.1.9")}},
 		Scheduler: servicelb.SchedulerRoundRobin}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 	var errs []string
@@ -166,7 +166,7 @@ func TestHeldAddressListedAsNodes(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{LocalIPs: addrs("10.96.0.10")}, s))
 	marked, _ := linkAddrs(t, tp.Node, DefaultAddressProtocol)

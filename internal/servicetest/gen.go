@@ -204,12 +204,12 @@ func (g *Gen) endpoints(s *servicelb.Service) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for range g.pick(g.o.MaxEndpoints + 1) {
 		h := byte(1 + g.pick(8))
-		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: g.chance(0.75)}
+		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: new(g.chance(0.75))}
 		if g.chance(0.35) {
 			e.Addr = v6(0x244, h)
 		}
-		e.Serving = e.Ready || g.chance(0.5)
-		e.Terminating = !e.Ready && g.chance(0.6)
+		e.Serving = new(e.IsReady() || g.chance(0.5))
+		e.Terminating = !e.IsReady() && g.chance(0.6)
 		e.NodeName = []string{"n1", "n2", "n3"}[g.pick(3)]
 		e.Zone = []string{"z1", "z2"}[g.pick(2)]
 		if g.chance(0.3) {
@@ -282,7 +282,7 @@ func (g *Gen) tweak(s servicelb.Service) servicelb.Service {
 		if len(s.Endpoints) > 0 {
 			eps := append([]servicelb.Endpoint(nil), s.Endpoints...)
 			e := &eps[g.pick(len(eps))]
-			e.Ready, e.Weight = !e.Ready, servicelb.Weight(uint16(g.pick(3)))
+			e.Ready, e.Weight = new(!e.IsReady()), servicelb.Weight(uint16(g.pick(3)))
 			s.Endpoints = eps
 		}
 	}

@@ -113,7 +113,7 @@ func startAgent(t *testing.T, cfg Config, p *fake.Proxier, out io.Writer) (*Agen
 var web = servicelb.Service{
 	Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 	Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
-	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1"), Ready: true, Serving: true}},
+	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1")}},
 }
 
 func TestDryRunOnce(t *testing.T) {
