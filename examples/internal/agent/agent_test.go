@@ -147,6 +147,41 @@ func TestDryRunOnce(t *testing.T) {
 	}
 }
 
+// --once exits after the first sync whether it succeeded or not, as its
+// help says: a failed first sync is returned, not retried.
+func TestOnceFailedSync(t *testing.T) {
+	cfg := defaults()
+	cfg.Once = true
+	p := &fake.Proxier{}
+	boom := errors.New("boom")
+	p.FailNext(boom)
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	src := a.Runner().Source("test")
+	if err := src.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	src.Synced()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = a.Run(ctx)
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run returned %v, want the first sync's error", err)
+	}
+	if ctx.Err() != nil || len(p.Records()) != 1 {
+		t.Fatalf("--once retried the failed sync: %d syncs", len(p.Records()))
+	}
+	fs := newFlagSet()
+	var c Config
+	c.RegisterFlags(fs)
+	if usage := fs.Lookup("once").Usage; !strings.Contains(usage, "1 with its error if it failed") {
+		t.Errorf("--once's help does not say a failed first sync ends it: %q", usage)
+	}
+}
+
 func TestMetricsAndHealthz(t *testing.T) {
 	cfg := defaults()
 	cfg.MinSyncInterval = 10 * time.Millisecond
