@@ -165,7 +165,7 @@ func TestServicesFollowTheRunner(t *testing.T) {
 
 	t.Log("back on this node, terminating: still no ready endpoint here")
 	term := endpoint(0, node)
-	term.Ready, term.Terminating = new(false), true
+	term.Ready, term.Serving, term.Terminating = new(false), new(true), true
 	require.NoError(t, src.Upsert(lbService("default/web", 32000, term, endpoint(0, "other"))))
 	require.NoError(t, <-syncErrs)
 	waitApplied(t, p, "default/web", term)

@@ -48,7 +48,7 @@ func richServices() []servicelb.Service {
 	weighted := ep("10.244.3.2", "node-c")
 	weighted.Weight = servicelb.Weight(3)
 	terminating := ep("10.244.2.9", "node-b")
-	terminating.Ready, terminating.Terminating = new(false), true
+	terminating.Ready, terminating.Serving, terminating.Terminating = new(false), new(true), true
 	return []servicelb.Service{
 		{
 			Name:       "default/web",

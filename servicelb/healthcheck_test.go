@@ -23,7 +23,7 @@ func TestHealthCheck(t *testing.T) {
 		}
 		return e
 	}
-	terminating := func(e *servicelb.Endpoint) { e.Ready, e.Terminating = new(false), true }
+	terminating := func(e *servicelb.Endpoint) { e.Ready, e.Serving, e.Terminating = new(false), new(true), true }
 	lb := func(name string, hc uint16, eps ...servicelb.Endpoint) servicelb.Service {
 		return servicelb.Service{
 			Name:       name,

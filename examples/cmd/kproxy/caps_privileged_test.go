@@ -66,7 +66,17 @@ func TestCapabilities(t *testing.T) {
 			defer cancel()
 			_, err := sb.Eventually(ctx, "http://10.96.0.11:80/", 3, func(c sandbox.Counts) bool { return c["backend-1"] == 3 })
 			require.NoError(t, err, "traffic through the rules: %s", logs)
-			health, err := sb.Get(ctx, "http://"+sandbox.NodeAddr.String()+":10256/healthz")
+			// Healthy once the first sync is whole: IPVS, which is not
+			// transactional, carries traffic before its helper rules and
+			// sets are in.
+			var health string
+			for {
+				health, err = sb.Get(ctx, "http://"+sandbox.NodeAddr.String()+":10256/healthz")
+				if err == nil || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 			require.NoError(t, err, logs.String())
 			assert.Contains(t, health, `"healthy":true`)
 			if backend == "ipvs" {
