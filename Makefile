@@ -80,7 +80,8 @@ kproxy:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/kproxy ./examples/cmd/kproxy
 
 # The image of bin/kproxy as an OCI image layout, built without a container
-# runtime; push it with crane or skopeo (see examples/hack/image).
+# runtime, with the CA bundle of Debian's ca-certificates; push it with
+# crane or skopeo (see examples/hack/image).
 image: kproxy
 	$(GO) run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:$(VERSION) --version $(VERSION) --revision $(COMMIT)
 

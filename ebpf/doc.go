@@ -87,9 +87,9 @@
 //	text, err := p.Render(state) // the maps as text, then the nft table
 //	err = p.Cleanup(ctx)         // detach, unpin; the nft table too
 //
-// New checks the kernel (Probe: a *FeatureError naming what is missing,
-// before anything is attached), creates the maps or opens those pinned
-// under Options.PinPath, and loads the programs. Maps pinned with another
+// New checks the kernel (Probe: a wrapped *FeatureError naming what is
+// missing, before anything is attached), creates the maps or opens those
+// pinned under Options.PinPath, and loads the programs. Maps pinned with another
 // layout (by another version, or with other Options.Sizes) are not
 // adopted: New fails with a *PinError (ErrPinIncompatible) naming the
 // pin and the way out, RemovePins, and leaves them as they are.

@@ -81,7 +81,7 @@ func TestPinsRepairedByADeepVerify(t *testing.T) {
 		st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{Name: "default/web",
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
-			Endpoints:  []servicelb.Endpoint{{Addr: netip.MustParseAddr(addr), Ready: true}}})
+			Endpoints:  []servicelb.Endpoint{{Addr: netip.MustParseAddr(addr)}}})
 		require.NoError(t, err)
 		return st
 	}

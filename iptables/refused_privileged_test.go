@@ -28,7 +28,7 @@ func manyServices(n int) []servicelb.Service {
 			Name:       fmt.Sprintf("default/svc-%04d", i),
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
-			Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i / 250), byte(i%250 + 1)}), Ready: true}},
+			Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i / 250), byte(i%250 + 1)})}},
 		}
 	}
 	return out
@@ -57,7 +57,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	bad := servicelb.Service{
 		Name: "default/bad", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")},
 		Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
-		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9"), Ready: true}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9")}},
 	}
 	require.NoError(t, b.Upsert(bad))
 	ctx := context.Background()
@@ -80,10 +80,10 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	assert.Contains(t, err.Error(), `service "default/bad": ports default/bad:http/ipv4: refused by the kernel`)
 	checkRendered(t, h, px, withoutBad, "the 1,000 good services after the refusal")
 
-	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.8"), Ready: true}}
+	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.8")}}
 	require.NoError(t, b.Upsert(bad))
 	moved := good[3]
-	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3"), Ready: true}}
+	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3")}}
 	require.NoError(t, b.Upsert(moved))
 	batches = 0
 	err = px.Sync(refuse, b.State())
@@ -94,7 +94,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	assert.NotContains(t, v4, "10.96.9.9")
 
 	moved = good[7]
-	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7"), Ready: true}}
+	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7")}}
 	require.NoError(t, b.Upsert(moved))
 	batches = 0
 	err = px.Sync(refuse, b.State())
@@ -104,7 +104,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	assert.Contains(t, v4, "--to-destination 10.3.0.7:8080")
 	assert.NotContains(t, v4, "--to-destination 10.1.0.8:8080")
 
-	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10"), Ready: true}}
+	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
 	require.NoError(t, b.Upsert(bad))
 	require.NoError(t, px.Sync(ctx, b.State()))
 	checkRendered(t, h, px, b.State(), "after the refused service changed")

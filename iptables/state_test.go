@@ -27,7 +27,7 @@ func prefixes(ss ...string) []netip.Prefix {
 }
 
 func ep(addr, node string) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), Ready: true, Serving: true, NodeName: node}
+	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), NodeName: node}
 }
 
 // richNode is a dual-stack node with cluster and service CIDRs.
@@ -48,7 +48,7 @@ func richServices() []servicelb.Service {
 	weighted := ep("10.244.3.2", "node-c")
 	weighted.Weight = servicelb.Weight(3)
 	terminating := ep("10.244.2.9", "node-b")
-	terminating.Ready, terminating.Terminating = false, true
+	terminating.Ready, terminating.Serving, terminating.Terminating = new(false), new(true), true
 	return []servicelb.Service{
 		{
 			Name:       "default/web",

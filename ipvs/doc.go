@@ -160,8 +160,14 @@
 //
 // # Privileges
 //
-// CAP_NET_ADMIN in the target namespace (and CAP_SYS_ADMIN to reach a
-// namespace other than the caller's). The kernel needs the ip_vs module
+// CAP_NET_ADMIN in the target namespace. New enters the namespace only
+// when it is not the one of the thread that calls it, and that alone needs
+// CAP_SYS_ADMIN too; without a capability it needs, New fails with an
+// error wrapping servicelb.ErrPermission that names it. Sync writes the
+// sysctls the proxier needs (see Options.LeaveSysctls) through /proc/sys,
+// and only those whose value differs: where /proc/sys is read-only (in a
+// container), set them beforehand on the node (sysctl.d), and Sync only
+// reads them. The kernel needs the ip_vs module
 // and the scheduler modules (ip_vs_rr and so on) loaded, the dummy module,
 // ipset with the hash:ip, hash:ip,port, hash:ip,port,ip and hash:ip,port,net
 // types, nf_tables with nft_compat and the xt_set, xt_mark (match and MARK

@@ -29,7 +29,7 @@ func TestKernelRefusalLeavesOneServiceOut(t *testing.T) {
 	b, err := servicelb.NewBuilder(e.node)
 	require.NoError(t, err)
 	endpoint := func(a string) []servicelb.Endpoint {
-		return []servicelb.Endpoint{{Addr: netip.MustParseAddr(a), Ready: true, NodeName: "node"}}
+		return []servicelb.Endpoint{{Addr: netip.MustParseAddr(a), NodeName: "node"}}
 	}
 	good := make([]servicelb.Service, 1000)
 	for i := range good {

@@ -17,7 +17,9 @@
 //	err = p.Cleanup(ctx)       // deletes the table, and nothing else
 //
 // New opens a netlink socket in Options.NetNS (and a conntrack socket for
-// stale-flow cleanup) and sends nothing. The first Sync writes the whole
+// stale-flow cleanup) and sends nothing. Render (the package function, or
+// a Proxier from ForRendering, which renders and opens no socket) needs
+// neither. The first Sync writes the whole
 // table in one transaction; if a table of that name exists (left by an
 // earlier process), it is adopted: its rules are flushed, its sets emptied
 // and re-filled, chains and sets it should not have are deleted, all in the

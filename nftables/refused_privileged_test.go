@@ -29,7 +29,7 @@ func manyServices(n int) []servicelb.Service {
 			Name:       fmt.Sprintf("default/svc-%04d", i),
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
-			Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i / 250), byte(i%250 + 1)}), Ready: true}},
+			Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i / 250), byte(i%250 + 1)})}},
 		}
 	}
 	return out
@@ -55,7 +55,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	bad := servicelb.Service{
 		Name: "default/bad", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")},
 		Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
-		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9"), Ready: true}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9")}},
 	}
 	require.NoError(t, b.Upsert(bad))
 	refuse := nfnl.WithRuleFault(testCtx(t), func(o any) bool {
@@ -94,10 +94,10 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	// service: it stays out, and the good change goes in, in the same
 	// Sync. Three batches: the change, the whole table, the change
 	// without the refused service.
-	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.8"), Ready: true}}
+	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.8")}}
 	require.NoError(t, b.Upsert(bad))
 	moved := good[3]
-	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3"), Ready: true}}
+	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3")}}
 	require.NoError(t, b.Upsert(moved))
 	batches := 0
 	err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
@@ -112,7 +112,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	// An endpoint change of a good service reaches the kernel in the
 	// next sync; the refused service, unchanged, is not tried again.
 	moved = good[7]
-	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7"), Ready: true}}
+	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7")}}
 	require.NoError(t, b.Upsert(moved))
 	batches = 0
 	err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
@@ -124,7 +124,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	assert.NotContains(t, listed, good[7].Endpoints[0].Addr.String()+" . 8080")
 
 	// The refused service changes, and the kernel takes it: it goes in.
-	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10"), Ready: true}}
+	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
 	require.NoError(t, b.Upsert(bad))
 	require.NoError(t, p.Sync(testCtx(t), b.State()))
 	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)

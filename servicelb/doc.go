@@ -105,7 +105,10 @@
 //     kube-proxy's endpoint slice cache, the first listed stays, unless a
 //     later one runs on this node (an endpoint that two sources list,
 //     one of them as local, is local).
-//   - Ready endpoints are preferred. Only when no candidate is ready do
+//   - Ready endpoints are preferred ([Endpoint.IsReady]: an endpoint is
+//     ready unless its Ready says otherwise, as a Kubernetes EndpointSlice's
+//     absent condition is, in Go and in the JSON encoding alike; Serving
+//     left out is as Ready says). Only when no candidate is ready do
 //     endpoints that are still serving while terminating take traffic, so
 //     that a rolling update never leaves a service without backends while
 //     old instances can still answer. Endpoints neither ready nor serving

@@ -68,7 +68,7 @@ func newWorld(rng *rand.Rand, n, k int) *world {
 
 // endpoint is backend host b as an endpoint on the node.
 func endpoint(b int) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netnstest.BackendIPv4(b), Ready: true, Serving: true, NodeName: nodeName}
+	return servicelb.Endpoint{Addr: netnstest.BackendIPv4(b), NodeName: nodeName}
 }
 
 // change replaces one endpoint of a random service by a backend host the

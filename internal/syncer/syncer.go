@@ -62,6 +62,15 @@
 // longer has, fails the Sync as before. Sync then returns a
 // *servicelb.PartialError naming the services left out. A service left
 // out stays out, without being tried, until it changes or goes.
+//
+// # Errors
+//
+// A failed Sync's error starts with the backend's name (Options.Name) and
+// "sync:", once: what the Backend's methods return names no backend, so
+// that the name is never repeated. A validation error is returned as it
+// is: it names its service and field. A backend's other public methods
+// (New, Cleanup) start their errors with its name themselves, and callers
+// add none.
 package syncer
 
 import (

@@ -78,7 +78,7 @@ func udpService(eps ...string) servicelb.Service {
 	s := servicelb.Service{Name: "ns/dns", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}}
 	for _, e := range eps {
-		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr(e), Ready: true})
+		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr(e)})
 	}
 	return s
 }

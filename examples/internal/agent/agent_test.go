@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -114,7 +115,7 @@ func startAgent(t *testing.T, cfg Config, p *fake.Proxier, out io.Writer) (*Agen
 var web = servicelb.Service{
 	Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 	Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
-	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1"), Ready: true, Serving: true}},
+	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1")}},
 }
 
 func TestDryRunOnce(t *testing.T) {
@@ -145,6 +146,41 @@ func TestDryRunOnce(t *testing.T) {
 	}
 	if len(p.Records()) != 0 {
 		t.Error("a dry run synced the dataplane")
+	}
+}
+
+// --once exits after the first sync whether it succeeded or not, as its
+// help says: a failed first sync is returned, not retried.
+func TestOnceFailedSync(t *testing.T) {
+	cfg := defaults()
+	cfg.Once = true
+	p := &fake.Proxier{}
+	boom := errors.New("boom")
+	p.FailNext(boom)
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	src := a.Runner().Source("test")
+	if err := src.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	src.Synced()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = a.Run(ctx)
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run returned %v, want the first sync's error", err)
+	}
+	if ctx.Err() != nil || len(p.Records()) != 1 {
+		t.Fatalf("--once retried the failed sync: %d syncs", len(p.Records()))
+	}
+	fs := newFlagSet()
+	var c Config
+	c.RegisterFlags(fs)
+	if usage := fs.Lookup("once").Usage; !strings.Contains(usage, "1 with its error if it failed") {
+		t.Errorf("--once's help does not say a failed first sync ends it: %q", usage)
 	}
 }
 
@@ -510,4 +546,27 @@ func TestLeftOutReported(t *testing.T) {
 	assert.Contains(t, lines[0], `msg="skipping invalid object"`)
 	assert.Contains(t, lines[0], "object=ns/web")
 	assert.Contains(t, lines[0], "ports ns/web:http/ipv4: refused by the kernel")
+}
+
+// An error about a backend names it once: a backend package's errors
+// start with its name, and the agent adds none to them (ebpf here: a
+// cgroup directory that is not cgroup v2, and pins that cannot be
+// removed).
+func TestBackendNamedOnce(t *testing.T) {
+	b := backends["ebpf"]
+	defer func() { backends["ebpf"] = b }()
+	b2 := b
+	b2.probe = func(netns.NsHandle) error { return nil } // nf_tables, for the packet path: not what fails here
+	backends["ebpf"] = b2
+	_, err := Open("ebpf", BackendOptions{NetNS: netns.None(), Cgroup: t.TempDir()})
+	require.ErrorIs(t, err, ErrUnsupported)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: missing cgroup v2: "), err.Error())
+
+	pins := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(pins, "link_connect4", "not-a-pin"), 0o755))
+	err = Cleanup(context.Background(), "ebpf", BackendOptions{PinPath: pins})
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: remove pins: unpin link_connect4: "), err.Error())
 }
