@@ -145,11 +145,16 @@
 // New starts nothing. The proxy owns its listeners, connections and UDP
 // sessions (all in the process: they end with it, so a restart drops the
 // connections under way, which no kernel state carries), the addresses on
-// Options.Link that carry its mark, and the dummy link it created. Close
+// Options.Link that carry its mark, and the dummy link it created (which
+// carries the mark "kproxy-userspace" as its alias, so that a restarted
+// proxy, or another process's Cleanup, knows it as the proxy's). Close
 // ends every listener, connection and goroutine and leaves the addresses
-// for the next proxy; Cleanup also removes them (and the dummy link); a
-// later Sync serves again. Nothing else in the namespace is touched:
-// no routes, sysctls or packet filter rules.
+// for the next proxy; Cleanup also removes them (and the dummy link it
+// created: a link of that name someone else made stays, with their
+// addresses); a later Sync serves again. Nothing else in the namespace is
+// touched: no routes, sysctls or packet filter rules. The link and its
+// addresses are handled by package internal/rtnl, which the ipvs backend
+// shares.
 //
 // Privileges: none without HoldAddresses (and a NetNS of the caller's
 // own); CAP_NET_ADMIN in the target namespace with it, on Linux 5.18 or

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -47,7 +48,7 @@ type Proxier struct {
 	ports     map[servicelb.ServicePortKey]*portState
 	listeners map[listenKey]*listener
 	held      *holder // nil without HoldAddresses
-	rt        *rtnl
+	rt        *rtnl.Conn
 	closed    bool
 
 	// wg counts the proxy's goroutines: listeners, connections, sessions.
@@ -78,18 +79,18 @@ func New(o Options) (*Proxier, error) {
 	p := &Proxier{o: o, log: log, pipes: pipePool{size: pipeSize}, now: time.Now,
 		ports: map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
 	p.node.Store(newNode(servicelb.NodeConfig{}))
-	p.routes.socks = &p.socks
+	p.routes.ns = o.NetNS
 	if otherNS(o.NetNS) {
 		if p.socks.ns, err = startNSThread(o.NetNS); err != nil {
 			return nil, fmt.Errorf("userspace: %w", err)
 		}
 	}
 	if o.HoldAddresses {
-		if p.rt, err = openRTNL(&p.socks); err != nil {
+		if p.rt, err = rtnl.Open(o.NetNS); err != nil {
 			p.stopThread()
 			return nil, fmt.Errorf("userspace: %w", err)
 		}
-		p.held = newHolder(p.rt, o.NetNS, o.Link, o.AddressProtocol)
+		p.held = newHolder(p.rt, o.Link, o.AddressProtocol)
 	}
 	p.eng = syncer.New((*engine)(p), syncer.Options{Name: "userspace", Logger: log, Capabilities: p.Capabilities()})
 	return p, nil
@@ -130,7 +131,8 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 }
 
 // Cleanup closes every listener and connection and removes the addresses
-// the proxy holds (and its dummy link). A later Sync serves again.
+// the proxy holds (and the dummy link it created). A later Sync serves
+// again.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -148,7 +150,6 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.held.removeAll(); err != nil {
 		return fmt.Errorf("userspace: cleanup: %w", err)
 	}
-	p.held.index = 0
 	p.log.Info("cleaned up")
 	return nil
 }
@@ -169,7 +170,7 @@ func (p *Proxier) Close() error {
 	p.routes.close()
 	var err error
 	if p.rt != nil {
-		err = p.rt.close()
+		err = p.rt.Close()
 	}
 	p.stopThread()
 	return err
