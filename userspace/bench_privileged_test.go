@@ -50,7 +50,7 @@ func nsPaths(b *testing.B) (direct, proxied path, p *Proxier) {
 
 // clientDialer connects from the client's namespace: its sockets are
 // made by a thread there.
-func clientDialer(b *testing.B, h *netnstest.Host) func(servicelb.Protocol, netip.AddrPort) (net.Conn, error) {
+func clientDialer(b testing.TB, h *netnstest.Host) func(servicelb.Protocol, netip.AddrPort) (net.Conn, error) {
 	th, err := startNSThread(h.NS)
 	require.NoError(b, err)
 	b.Cleanup(th.stop)

@@ -130,9 +130,11 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	return p.eng.Sync(ctx, st)
 }
 
-// Cleanup closes every listener and connection and removes the addresses
-// the proxy holds (and the dummy link it created). A later Sync serves
-// again.
+// Cleanup closes every listener and connection, releases the pipes kept
+// for connections to come and removes the addresses the proxy holds (and
+// the dummy link it created). It keeps the namespace's thread and the
+// netlink socket, for a later Sync, which serves again; Close releases
+// them.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -141,6 +143,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	p.eng.Forget()
 	p.stopAll()
+	p.pipes.close() // the spare pipes: a later Sync makes new ones
 	p.connMu.Lock()
 	p.closing = false
 	p.connMu.Unlock()
