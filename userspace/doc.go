@@ -160,7 +160,8 @@
 // own); CAP_NET_ADMIN in the target namespace with it, on Linux 5.18 or
 // later (address marks); CAP_SYS_ADMIN to enter a namespace other than
 // the caller's (Options.NetNS); the sockets are made in it, by a thread
-// that stays there.
+// that stays there. New refuses an option whose capability the process
+// lacks, with an error that names it and wraps servicelb.ErrPermission.
 //
 // # Limits
 //
@@ -178,4 +179,38 @@
 // sends from an address not in NodeConfig counts as outside. Every byte
 // crosses the proxy: each connection costs two sockets, and a stream
 // through it costs the kernel two TCP connections' work.
+//
+// # Conformance
+//
+// The conformance kit (package servicelb/conformance) runs on the proxy
+// in two setups. Holding the service addresses: on the node's loopback
+// over TCP and UDP, and on a dummy link over SCTP (in a VM, whose kernel
+// has SCTP and dummy links). Without privileges: the proxy runs as uid
+// 65534 with no capability and holds nothing; a frontend on an address the
+// node has at a port of 1024 or more (node ports, and external IPs that
+// are node addresses) listens where it is, every other one (cluster,
+// external and load-balancer IPs; ports below
+// net.ipv4.ip_unprivileged_port_start) at the node's address of its family
+// and a port of its own (Options.Listen), and the kit asks there from the
+// same origins (conformance.Backend.Redirect): the proxy tells the origin
+// from the client's address and interface, and applies the verdicts of
+// the frontend the listener stands for. In both, a check that wants the
+// client's address kept wants the node's (servicelb.FeaturePreserveSource),
+// and a TCP or SCTP check that wants an ICMP error, or silence, wants a
+// reset (servicelb.FeaturePacketVerdicts). The scenarios that do not
+// apply, and why:
+//
+//   - cluster-ip/unallocated-service-address-dropped: the proxy holds
+//     addresses, not prefixes, so a flow to an address of
+//     NodeConfig.ServiceCIDRs that no service has is routed as the node
+//     routes it, not dropped (servicelb.FeatureServiceCIDRs).
+//   - cluster-ip/undefined-port-rejected: the kit asks it of backends with
+//     servicelb.FeatureServiceCIDRs. Holding the addresses, the proxy has
+//     the kernel refuse a port of a cluster IP that no service has, as any
+//     closed port; without privileges no cluster IP is on the node, and
+//     such a flow is routed away.
+//   - left-out/endpoint-capacity: the proxy has no bound on the endpoints
+//     of a port.
+//   - scheduler/maglev-spreads-one-clients-connections: the proxy honours
+//     the schedulers random, rr and wrr, not mh (Maglev).
 package userspace

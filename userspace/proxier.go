@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/privilege"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -66,11 +67,23 @@ var (
 
 // New returns a Proxier for the options. It changes nothing: the first
 // Sync opens the listeners (and, with HoldAddresses, adopts the addresses
-// an earlier proxy left marked).
+// an earlier proxy left marked). HoldAddresses without CAP_NET_ADMIN, and
+// a NetNS other than the caller's without CAP_SYS_ADMIN, fail at once with
+// an error that names the capability and wraps servicelb.ErrPermission.
 func New(o Options) (*Proxier, error) {
 	o, err := o.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if o.HoldAddresses {
+		if err := privilege.Require("userspace: Options.HoldAddresses", privilege.NetAdmin); err != nil {
+			return nil, err
+		}
+	}
+	if otherNS(o.NetNS) {
+		if err := privilege.Require("userspace: Options.NetNS (another network namespace)", privilege.SysAdmin); err != nil {
+			return nil, err
+		}
 	}
 	log := o.Logger
 	if log == nil {
