@@ -206,7 +206,8 @@ test-bench-smoke: deps bench-compare-build
 # stream and a 1 KB UDP round trip, each against a direct connection to
 # the endpoint in the same run (proxy/direct, medians); the memory of
 # 10,000 idle connections through the proxy (as many as the open-file
-# limit allows on the host, 10,000 in the VM, where root may raise it);
+# limit allows on the host, 10,000 in the VM, where root may raise it;
+# through namespaces also the kernel's sockets per connection);
 # a cold sync of 1,000 services and a one-endpoint change, listening on
 # loopback and holding addresses in a namespace. `make bench` runs them too.
 .PHONY: bench-userspace

@@ -1,7 +1,8 @@
 // Package ipvs is kproxy's IPVS dataplane: a servicelb.Proxier in the
 // manner of kube-proxy's IPVS mode. It programs IPVS through generic
-// netlink (github.com/moby/ipvs), the dummy link through rtnetlink
-// (github.com/vishvananda/netlink), its helper sets through the ipset
+// netlink (github.com/moby/ipvs), the dummy link and its addresses through
+// route netlink (package internal/rtnl, which the userspace backend
+// shares), its helper sets through the ipset
 // package and its helper rules through nf_tables netlink in iptables-nft's
 // encoding. It runs no binary of its own (but see Privileges).
 //
@@ -155,8 +156,12 @@
 // may run between syncs.
 //
 // Cleanup removes every virtual server the proxier owns, the dummy link
-// with its addresses, the helper rules and the helper sets. Close releases
-// the sockets and leaves the kernel state for a later Proxier.
+// with its addresses, the helper rules and the helper sets. It deletes
+// the link only when the proxier created it (such a link carries the mark
+// "kproxy-ipvs" as its alias, so that a later process knows it): from a
+// dummy link of that name someone else made, it removes the addresses and
+// leaves the link. Close releases the sockets and leaves the kernel state
+// for a later Proxier.
 //
 // # Privileges
 //

@@ -16,11 +16,11 @@ import (
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/internal/privilege"
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -41,8 +41,9 @@ type Proxier struct {
 	// nil means the next sync reads the kernel and converges from what it
 	// finds.
 	plan *statePlan
-	// link is the dummy link as last seen.
-	link netlink.Link
+	// link is the dummy link as last seen; its Index is 0 when unknown
+	// or missing.
+	link rtnl.Link
 	// kern holds the proxier's virtual servers as the kernel holds them,
 	// draining real servers (weight 0) included.
 	kern map[vsKey]*VirtualServer
@@ -238,7 +239,7 @@ func (p *Proxier) errIf() error {
 
 // forget makes the next Sync read the kernel again.
 func (p *Proxier) forget() {
-	p.plan, p.link = nil, nil
+	p.plan, p.link = nil, rtnl.Link{}
 }
 
 // Cleanup removes everything the proxier owns: its virtual servers (those
@@ -267,7 +268,7 @@ func (p *Proxier) cleanup(ctx context.Context) error {
 	if err := p.cleanupServers(ctx); err != nil {
 		return err
 	}
-	if err := p.k.deleteDummy(ctx); err != nil {
+	if err := p.k.removeDummy(ctx); err != nil {
 		return err
 	}
 	if err := p.rules.Cleanup(ctx, ruleTables()); err != nil {
@@ -282,11 +283,11 @@ func (p *Proxier) cleanup(ctx context.Context) error {
 // cleanupServers deletes the proxier's virtual servers.
 func (p *Proxier) cleanupServers(ctx context.Context) error {
 	ours := map[netip.Addr]bool{}
-	l, err := p.k.dummy(ctx)
+	l, ok, err := p.k.dummy(ctx)
 	if err != nil {
 		return err
 	}
-	if l != nil {
+	if ok {
 		prefixes, err := p.k.addresses(ctx, l)
 		if err != nil {
 			return err

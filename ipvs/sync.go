@@ -294,8 +294,8 @@ func (p *Proxier) realsIntact(ctx context.Context, vs *VirtualServer) (bool, err
 // linkIntact reports whether the dummy link is still the one last seen,
 // and with addrs, whether it has the addresses last put on it.
 func (p *Proxier) linkIntact(ctx context.Context, addrs bool) (bool, error) {
-	l, err := p.k.dummy(ctx)
-	if err != nil || l == nil || p.link == nil || l.Attrs().Index != p.link.Attrs().Index {
+	l, ok, err := p.k.dummy(ctx)
+	if err != nil || !ok || p.link.Index == 0 || l.Index != p.link.Index {
 		return false, err
 	}
 	if !addrs {
@@ -322,12 +322,12 @@ func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
 	if err := p.sets.load(ctx); err != nil {
 		return nil, err
 	}
-	l, err := p.k.dummy(ctx)
+	l, ok, err := p.k.dummy(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var prefixes []netip.Prefix
-	if l != nil {
+	if ok {
 		if prefixes, err = p.k.addresses(ctx, l); err != nil {
 			return nil, err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -21,19 +22,16 @@ import (
 // mark, and the others, read back with a netlink dump of its own.
 func linkAddrs(t *testing.T, h *netnstest.Host, proto uint8) (marked, other []netip.Addr) {
 	t.Helper()
-	th, err := startNSThread(h.NS)
+	rt, err := rtnl.Open(h.NS)
 	require.NoError(t, err)
-	defer th.stop()
-	rt, err := openRTNL(&sockets{ns: th})
-	require.NoError(t, err)
-	defer rt.close()
-	list, err := rt.dump(1) // lo
+	defer rt.Close()
+	list, err := rt.Addrs(1) // lo
 	require.NoError(t, err)
 	for _, x := range list {
-		if x.proto == proto {
-			marked = append(marked, x.a)
-		} else if !x.a.IsLoopback() {
-			other = append(other, x.a)
+		if a := x.Prefix.Addr(); x.Proto == proto {
+			marked = append(marked, a)
+		} else if !a.IsLoopback() {
+			other = append(other, a)
 		}
 	}
 	slices.SortFunc(marked, netip.Addr.Compare)

@@ -123,6 +123,9 @@ func New(o Options) (*Agent, error) {
 		return nil, err
 	}
 	a.metrics = NewMetrics(a.cfg.Backend, a.health)
+	if s, ok := a.dp.(portStatser); ok {
+		a.metrics.Registry.MustRegister(newPortStatsCollector(s))
+	}
 	if err := a.openHealth(node); err != nil {
 		a.Close()
 		return nil, err
@@ -274,7 +277,12 @@ func splitErrors(err error) []error {
 }
 
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
+	uo, err := a.cfg.Userspace.Options()
+	if err != nil {
+		return err
+	}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath,
+		Userspace: &uo}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
@@ -296,6 +304,10 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 			return err
 		}
 		a.dp = d
+		if a.cfg.Backend == "userspace" && unprivileged(bo) {
+			// Without privileges it could remove nothing of theirs.
+			break
+		}
 		a.others = &bo
 	}
 	return nil

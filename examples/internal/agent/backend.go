@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/userspace"
 )
 
 // Renderer shows states as a dataplane's own tools would, and says what
@@ -48,6 +49,10 @@ type BackendOptions struct {
 	// Cgroup and PinPath are the ebpf backend's (Config.Cgroup,
 	// Config.BPFPinPath).
 	Cgroup, PinPath string
+	// Userspace are the userspace backend's options (Config.Userspace);
+	// nil holds the services' addresses, with the package's defaults.
+	// NetNS and Logger are set from the fields above.
+	Userspace *userspace.Options
 }
 
 // ErrNoBackend: the backend is named right but this build has no
@@ -97,7 +102,7 @@ var backends = map[string]backend{
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
 	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},
-	"userspace": {probe: probeUserspace, open: openUserspace},
+	"userspace": {probe: probeUserspace, open: openUserspace, cleanup: cleanupUserspace},
 }
 
 // BackendNames returns the accepted --backend values.

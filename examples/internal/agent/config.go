@@ -89,6 +89,9 @@ type Config struct {
 	// NetNS; the zero value writes nothing.
 	Conntrack conntrack.Tuning
 
+	// Userspace are the userspace backend's settings.
+	Userspace UserspaceFlags
+
 	MinSyncInterval time.Duration
 	MaxSyncInterval time.Duration
 }
@@ -130,6 +133,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeCIDRs, "node-cidrs", "", "comma-separated pod CIDRs of this node, for --detect-local-mode=NodeCIDR")
 	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "the bridge this node's pods hang on, such as cbr0, for --detect-local-mode=BridgeInterface")
 	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "the start of the names of this node's interfaces to its pods, such as veth, for --detect-local-mode=InterfaceNamePrefix")
+	c.Userspace.register(fs)
 	fs.DurationVar(&c.MinSyncInterval, "min-sync-interval", time.Second, "least time between two syncs; changes meanwhile are applied together")
 	fs.DurationVar(&c.MaxSyncInterval, "max-sync-interval", servicelb.DefaultMaxSyncInterval, "most time between two syncs; each checks the kernel state in depth and restores it")
 }
