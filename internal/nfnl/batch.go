@@ -3,6 +3,7 @@
 package nfnl
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,8 +21,12 @@ import (
 // them take effect. Every message carries no ECHO and no ACK flag: the
 // kernel answers only for messages that fail.
 type Batch struct {
-	enc   encoder
-	ops   []op
+	enc encoder
+	// msgs holds where each message starts in enc.b: a batch of a large
+	// ruleset has hundreds of thousands of messages, so their
+	// descriptions, which only errors and String need, are read back from
+	// the messages themselves.
+	msgs  []int
 	genID uint32
 	check bool
 	// echoed holds, after a commit, the rules the kernel echoed for the
@@ -29,42 +34,8 @@ type Batch struct {
 	echoed map[int]Rule
 }
 
-// op describes one message of a batch, for error reports and String.
-type op struct {
-	off    int
-	verb   string
-	kind   string
-	family Family
-	table  string
-	name   string
-	detail string
-}
-
-func (o op) String() string {
-	var b strings.Builder
-	b.WriteString(o.verb)
-	b.WriteByte(' ')
-	b.WriteString(o.kind)
-	b.WriteByte(' ')
-	b.WriteString(o.family.String())
-	if o.table != "" {
-		b.WriteByte(' ')
-		b.WriteString(o.table)
-	}
-	if o.name != "" {
-		b.WriteByte(' ')
-		b.WriteString(o.name)
-	}
-	if o.detail != "" {
-		b.WriteString(" (")
-		b.WriteString(o.detail)
-		b.WriteByte(')')
-	}
-	return b.String()
-}
-
 // Len returns the number of messages in the batch.
-func (b *Batch) Len() int { return len(b.ops) }
+func (b *Batch) Len() int { return len(b.msgs) }
 
 // Size returns the number of bytes the batch's messages take.
 func (b *Batch) Size() int { return max(len(b.enc.b)-batchReserve, 0) }
@@ -87,7 +58,7 @@ func (b *Batch) Grow(n int) {
 // GrowMessages makes room for n more messages in the batch's record of
 // them: a large batch built without it copies that record many times
 // over as it grows.
-func (b *Batch) GrowMessages(n int) { b.ops = slices.Grow(b.ops, n) }
+func (b *Batch) GrowMessages(n int) { b.msgs = slices.Grow(b.msgs, n) }
 
 // Err returns the first mistake made while building the batch.
 func (b *Batch) Err() error { return b.enc.err }
@@ -95,8 +66,8 @@ func (b *Batch) Err() error { return b.enc.err }
 // String lists the batch's messages, one a line.
 func (b *Batch) String() string {
 	var s strings.Builder
-	for _, o := range b.ops {
-		s.WriteString(o.String())
+	for i := range b.msgs {
+		s.WriteString(b.Describe(i))
 		s.WriteByte('\n')
 	}
 	return s.String()
@@ -105,10 +76,10 @@ func (b *Batch) String() string {
 // Describe returns the description of message i (0-based), as used in
 // error reports, such as "add rule inet kproxy services".
 func (b *Batch) Describe(i int) string {
-	if i < 0 || i >= len(b.ops) {
+	if i < 0 || i >= len(b.msgs) {
 		return fmt.Sprintf("message %d", i)
 	}
-	return b.ops[i].String()
+	return describe(b.enc.b[b.msgs[i]:])
 }
 
 // RequireGeneration makes the batch apply only if the ruleset generation is
@@ -119,18 +90,17 @@ func (b *Batch) RequireGeneration(id uint32) {
 	b.genID, b.check = id, true
 }
 
-func (b *Batch) begin(typ uint16, flags uint16, fam Family, o op) int {
+func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
 	if len(b.enc.b) == 0 {
 		b.enc.b = make([]byte, batchReserve, 4096)
 	}
-	o.off = len(b.enc.b)
-	b.ops = append(b.ops, o)
+	b.msgs = append(b.msgs, len(b.enc.b))
 	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
 }
 
 // AddTable creates table t, or does nothing if it exists.
 func (b *Batch) AddTable(t Table) {
-	m := b.begin(msgNewTable, nlmCreate, t.Family, op{verb: "add", kind: "table", family: t.Family, table: t.Name})
+	m := b.begin(msgNewTable, nlmCreate, t.Family)
 	b.enc.str(attrTableName, t.Name)
 	b.enc.u32(attrTableFlags, t.Flags)
 	if len(t.UserData) > 0 {
@@ -142,7 +112,7 @@ func (b *Batch) AddTable(t Table) {
 // DelTable deletes a table and everything in it; the commit fails with
 // ENOENT if it does not exist.
 func (b *Batch) DelTable(fam Family, name string) {
-	m := b.begin(msgDelTable, 0, fam, op{verb: "delete", kind: "table", family: fam, table: name})
+	m := b.begin(msgDelTable, 0, fam)
 	b.enc.str(attrTableName, name)
 	b.enc.endMessage(m)
 }
@@ -150,14 +120,14 @@ func (b *Batch) DelTable(fam Family, name string) {
 // FlushTable deletes every rule of every chain of a table, leaving its
 // chains, sets and elements.
 func (b *Batch) FlushTable(fam Family, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "flush", kind: "table", family: fam, table: name})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, name)
 	b.enc.endMessage(m)
 }
 
 // AddChain creates chain c, or does nothing if it exists with the same hook.
 func (b *Batch) AddChain(c Chain) {
-	m := b.begin(msgNewChain, nlmCreate, c.Family, op{verb: "add", kind: "chain", family: c.Family, table: c.Table, name: c.Name})
+	m := b.begin(msgNewChain, nlmCreate, c.Family)
 	b.enc.str(attrChainTable, c.Table)
 	b.enc.str(attrChainName, c.Name)
 	if h := c.Hook; h != nil {
@@ -181,7 +151,7 @@ func (b *Batch) AddChain(c Chain) {
 
 // DelChain deletes an empty, unreferenced chain.
 func (b *Batch) DelChain(fam Family, table, name string) {
-	m := b.begin(msgDelChain, 0, fam, op{verb: "delete", kind: "chain", family: fam, table: table, name: name})
+	m := b.begin(msgDelChain, 0, fam)
 	b.enc.str(attrChainTable, table)
 	b.enc.str(attrChainName, name)
 	b.enc.endMessage(m)
@@ -189,7 +159,7 @@ func (b *Batch) DelChain(fam Family, table, name string) {
 
 // FlushChain deletes every rule of a chain.
 func (b *Batch) FlushChain(fam Family, table, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "flush", kind: "chain", family: fam, table: table, name: name})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, name)
 	b.enc.endMessage(m)
@@ -207,11 +177,7 @@ func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, "insert") }
 func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, "replace") }
 
 func (b *Batch) rule(r Rule, flags uint16, verb string) {
-	o := op{verb: verb, kind: "rule", family: r.Family, table: r.Table, name: r.Chain}
-	if r.Handle != 0 {
-		o.detail = fmt.Sprintf("handle %d", r.Handle)
-	}
-	m := b.begin(msgNewRule, flags, r.Family, o)
+	m := b.begin(msgNewRule, flags, r.Family)
 	b.enc.str(attrRuleTable, r.Table)
 	b.enc.str(attrRuleChain, r.Chain)
 	if r.Handle != 0 {
@@ -238,7 +204,7 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 	for i, e := range r.Exprs {
 		data, err := expr.Marshal(byte(r.Family), e)
 		if err != nil {
-			b.enc.fail(fmt.Errorf("%s: expression %d (%T): %w", o, i, e, err))
+			b.enc.fail(fmt.Errorf("%s rule %s %s %s: expression %d (%T): %w", verb, r.Family, r.Table, r.Chain, i, e, err))
 			continue
 		}
 		en := b.enc.nest(attrListElem)
@@ -262,10 +228,14 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 // once the batch is committed, as NLM_F_ECHO does: with its handle. After
 // a successful Commit, Echoed returns it. Echo ignores other messages.
 func (b *Batch) Echo(i int) {
-	if i < 0 || i >= len(b.ops) || b.ops[i].kind != "rule" || b.ops[i].verb == "delete" {
+	if i < 0 || i >= len(b.msgs) {
 		return
 	}
-	off := b.ops[i].off + 6
+	typ := binary.LittleEndian.Uint16(b.enc.b[b.msgs[i]+4:])
+	if typ != subsysNFTables<<8|msgNewRule {
+		return
+	}
+	off := b.msgs[i] + 6
 	flags := uint16(b.enc.b[off]) | uint16(b.enc.b[off+1])<<8
 	flags |= nlmEcho
 	b.enc.b[off], b.enc.b[off+1] = byte(flags), byte(flags>>8)
@@ -280,7 +250,7 @@ func (b *Batch) Echoed(i int) (Rule, bool) {
 
 // DelRule deletes the rule with the given handle.
 func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "delete", kind: "rule", family: fam, table: table, name: chain, detail: fmt.Sprintf("handle %d", handle)})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, chain)
 	b.enc.u64(attrRuleHandle, handle)
@@ -290,7 +260,7 @@ func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
 // AddSet creates set s, or does nothing if a set of that name exists with
 // the same definition (the commit fails with EEXIST if it differs).
 func (b *Batch) AddSet(s Set) {
-	m := b.begin(msgNewSet, nlmCreate, s.Family, op{verb: "add", kind: "set", family: s.Family, table: s.Table, name: s.Name})
+	m := b.begin(msgNewSet, nlmCreate, s.Family)
 	b.enc.str(attrSetTable, s.Table)
 	b.enc.str(attrSetName, s.Name)
 	b.enc.u32(attrSetFlags, s.Flags)
@@ -330,7 +300,7 @@ func (b *Batch) AddSet(s Set) {
 
 // DelSet deletes a set that no rule refers to.
 func (b *Batch) DelSet(fam Family, table, name string) {
-	m := b.begin(msgDelSet, 0, fam, op{verb: "delete", kind: "set", family: fam, table: table, name: name})
+	m := b.begin(msgDelSet, 0, fam)
 	b.enc.str(attrSetTable, table)
 	b.enc.str(attrSetName, name)
 	b.enc.endMessage(m)
@@ -338,7 +308,7 @@ func (b *Batch) DelSet(fam Family, table, name string) {
 
 // FlushSet deletes every element of a set.
 func (b *Batch) FlushSet(fam Family, table, name string) {
-	m := b.begin(msgDelSetElem, 0, fam, op{verb: "flush", kind: "set", family: fam, table: table, name: name})
+	m := b.begin(msgDelSetElem, 0, fam)
 	b.enc.str(attrElemListTable, table)
 	b.enc.str(attrElemListSet, name)
 	b.enc.endMessage(m)
@@ -351,18 +321,17 @@ const elemChunk = 60 << 10
 // AddElements adds elements to a set. An element that exists with the same
 // data is left alone; one with other data fails the commit with EBUSY.
 func (b *Batch) AddElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgNewSetElem, nlmCreate, "add", fam, table, set, elems)
+	b.elements(msgNewSetElem, nlmCreate, fam, table, set, elems)
 }
 
 // DelElements deletes elements (by key) from a set.
 func (b *Batch) DelElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgDelSetElem, 0, "delete", fam, table, set, elems)
+	b.elements(msgDelSetElem, 0, fam, table, set, elems)
 }
 
-func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set string, elems []Element) {
+func (b *Batch) elements(typ, flags uint16, fam Family, table, set string, elems []Element) {
 	for len(elems) > 0 {
-		o := op{verb: verb, kind: "elements", family: fam, table: table, name: set}
-		m := b.begin(typ, flags, fam, o)
+		m := b.begin(typ, flags, fam)
 		b.enc.str(attrElemListTable, table)
 		b.enc.str(attrElemListSet, set)
 		n := b.enc.nest(attrElemListElems)
@@ -373,7 +342,6 @@ func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set 
 		}
 		b.enc.endNest(n)
 		b.enc.endMessage(m)
-		b.ops[len(b.ops)-1].detail = describeElems(i)
 		elems = elems[i:]
 	}
 }
@@ -409,4 +377,93 @@ func (b *Batch) element(el *Element) {
 		b.enc.attr(attrElemUData, el.UserData)
 	}
 	b.enc.endNest(n)
+}
+
+// describe returns the description of the message at the start of m,
+// such as "add rule inet kproxy services (handle 7)": what it does, to
+// which kind of object, the family, the table and the object's name, and
+// a rule's handle or the number of elements.
+func describe(m []byte) string {
+	ms, err := splitMessages(m)
+	if err != nil || len(ms) == 0 {
+		return "malformed message"
+	}
+	typ, flags := ms[0].typ&0xff, ms[0].flags
+	fam, as, err := payload(ms[0].data)
+	if err != nil {
+		return "malformed message"
+	}
+	// Every kind of message names its table with attribute 1; chains
+	// are named by attribute 3, rules' chains, sets and element lists'
+	// sets by attribute 2.
+	nameAttr := uint16(attrRuleChain)
+	if typ >= msgNewChain && typ <= msgDelChain {
+		nameAttr = attrChainName
+	}
+	var table, name string
+	var handle uint64
+	elems := -1
+	for _, a := range as {
+		switch {
+		case a.typ == attrTableName:
+			table = a.str()
+		case a.typ == nameAttr && typ >= msgNewChain:
+			name = a.str()
+		case a.typ == attrRuleHandle && (typ == msgNewRule || typ == msgDelRule):
+			handle = a.u64()
+		case a.typ == attrElemListElems && typ >= msgNewSetElem:
+			list, _ := attributes(a.data)
+			elems = len(list)
+		}
+	}
+	verb, kind := "add", ""
+	switch typ {
+	case msgNewTable, msgDelTable:
+		kind = "table"
+	case msgNewChain, msgDelChain:
+		kind = "chain"
+	case msgNewRule, msgDelRule:
+		kind = "rule"
+	case msgNewSet, msgDelSet:
+		kind = "set"
+	case msgNewSetElem, msgDelSetElem:
+		kind = "elements"
+	default:
+		return fmt.Sprintf("message type %d", ms[0].typ)
+	}
+	switch {
+	case typ == msgNewRule && flags&nlmReplace != 0:
+		verb = "replace"
+	case typ == msgNewRule && flags&nlmAppend == 0:
+		verb = "insert"
+	case typ == msgDelRule && handle == 0 && name == "":
+		verb, kind = "flush", "table"
+	case typ == msgDelRule && handle == 0:
+		verb, kind = "flush", "chain"
+	case typ == msgDelSetElem && elems < 0:
+		verb, kind = "flush", "set"
+	case typ == msgDelTable || typ == msgDelChain || typ == msgDelRule || typ == msgDelSet || typ == msgDelSetElem:
+		verb = "delete"
+	}
+	var b strings.Builder
+	b.WriteString(verb)
+	b.WriteByte(' ')
+	b.WriteString(kind)
+	b.WriteByte(' ')
+	b.WriteString(fam.String())
+	if table != "" {
+		b.WriteByte(' ')
+		b.WriteString(table)
+	}
+	if name != "" {
+		b.WriteByte(' ')
+		b.WriteString(name)
+	}
+	switch {
+	case handle != 0:
+		fmt.Fprintf(&b, " (handle %d)", handle)
+	case elems >= 0:
+		b.WriteString(" (" + describeElems(elems) + ")")
+	}
+	return b.String()
 }

@@ -4,6 +4,8 @@ package nfnl
 
 import (
 	"encoding/binary"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -23,30 +25,83 @@ func messagesOf(t *testing.T, b *Batch) []message {
 
 func TestBatchDescribesMessages(t *testing.T) {
 	var b Batch
+	accept := VerdictAccept
 	b.AddTable(Table{Family: Inet, Name: "kproxy"})
 	b.AddChain(Chain{Family: Inet, Table: "kproxy", Name: "services"})
+	b.AddChain(Chain{Family: IPv4, Table: "nat", Name: "PREROUTING", Hook: &Hook{Num: HookPrerouting, Priority: -100, Type: "nat", Policy: &accept}})
 	b.AddRule(Rule{Family: Inet, Table: "kproxy", Chain: "services", Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}})
+	b.InsertRule(Rule{Family: Inet, Table: "kproxy", Chain: "services", Position: 3, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
+	b.ReplaceRule(Rule{Family: IPv6, Table: "filter", Chain: "INPUT", Handle: 12, Raw: []RawExpr{{Name: "counter"}}})
 	b.DelRule(Inet, "kproxy", "services", 7)
+	b.FlushChain(IPv4, "nat", "KUBE-SVC-X")
+	b.FlushTable(Inet, "kproxy")
+	b.DelChain(IPv4, "nat", "KUBE-SEP-Y")
+	b.AddSet(Set{Family: Inet, Table: "kproxy", Name: "services4", KeyType: 7, KeyLen: 4})
+	b.AddElements(Inet, "kproxy", "services4", []Element{{Key: []byte{1, 2, 3, 4}}, {Key: []byte{1, 2, 3, 5}}})
+	b.DelElements(Inet, "kproxy", "services4", []Element{{Key: []byte{1, 2, 3, 4}}})
 	b.FlushSet(IPv4, "nat", "s")
+	b.DelSet(Inet, "kproxy", "services4")
+	b.DelTable(IPv6, "kproxy")
 	want := strings.Join([]string{
 		"add table inet kproxy",
 		"add chain inet kproxy services",
+		"add chain ip nat PREROUTING",
 		"add rule inet kproxy services",
+		"insert rule inet kproxy services",
+		"replace rule ip6 filter INPUT (handle 12)",
 		"delete rule inet kproxy services (handle 7)",
+		"flush chain ip nat KUBE-SVC-X",
+		"flush table inet kproxy",
+		"delete chain ip nat KUBE-SEP-Y",
+		"add set inet kproxy services4",
+		"add elements inet kproxy services4 (2 elements)",
+		"delete elements inet kproxy services4 (1 element)",
 		"flush set ip nat s",
+		"delete set inet kproxy services4",
+		"delete table ip6 kproxy",
 		"",
 	}, "\n")
 	if got := b.String(); got != want {
 		t.Errorf("String() =\n%s\nwant\n%s", got, want)
 	}
-	if b.Len() != 5 || len(messagesOf(t, &b)) != 5 {
-		t.Errorf("Len() = %d, want 5 messages", b.Len())
+	if b.Len() != 16 || len(messagesOf(t, &b)) != 16 {
+		t.Errorf("Len() = %d, want 16 messages", b.Len())
 	}
-	if got := b.Describe(9); got != "message 9" {
-		t.Errorf("Describe(9) = %q", got)
+	if got := b.Describe(16); got != "message 16" {
+		t.Errorf("Describe(16) = %q", got)
 	}
 	if b.Err() != nil {
 		t.Errorf("Err() = %v", b.Err())
+	}
+}
+
+// A batch of a large ruleset holds hundreds of thousands of messages: its
+// record of them costs a few bytes each beyond the messages' own bytes.
+func TestBatchRecordsMessagesCheaply(t *testing.T) {
+	const n = 10000
+	build := func() *Batch {
+		b := &Batch{}
+		b.GrowMessages(n)
+		b.Grow(n * 64)
+		for i := range n {
+			b.DelRule(IPv4, "nat", "KUBE-SERVICES", uint64(i+1))
+		}
+		return b
+	}
+	var b *Batch
+	allocated := testing.AllocsPerRun(1, func() { b = build() })
+	if allocated > 8 {
+		t.Errorf("%v allocations for %d messages, want a handful", allocated, n)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	b = build()
+	runtime.ReadMemStats(&after)
+	if extra := int(after.TotalAlloc-before.TotalAlloc) - b.Size(); extra > 16*n {
+		t.Errorf("%d bytes allocated beyond the %d bytes of %d messages, want at most 16 a message", extra, b.Size(), n)
+	}
+	if got := b.Describe(n - 1); got != fmt.Sprintf("delete rule ip nat KUBE-SERVICES (handle %d)", n) {
+		t.Errorf("Describe(%d) = %q", n-1, got)
 	}
 }
 

@@ -51,8 +51,8 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 // numbering every message from base, and returns the bytes to send.
 func (b *Batch) frame(base uint32) []byte {
 	buf := b.enc.b
-	for i, o := range b.ops {
-		binary.LittleEndian.PutUint32(buf[o.off+8:], base+1+uint32(i))
+	for i, off := range b.msgs {
+		binary.LittleEndian.PutUint32(buf[off+8:], base+1+uint32(i))
 	}
 	start := nlaHdrLen + 4
 	if b.check {
@@ -73,7 +73,7 @@ func (b *Batch) frame(base uint32) []byte {
 	e := encoder{b: buf}
 	m := e.message(msgBatchEnd, nlmRequest, 0, subsysNFTables)
 	e.endMessage(m)
-	binary.LittleEndian.PutUint32(e.b[m+8:], base+uint32(len(b.ops))+1)
+	binary.LittleEndian.PutUint32(e.b[m+8:], base+uint32(len(b.msgs))+1)
 	b.enc.b = e.b
 	return e.b[start:]
 }
@@ -137,10 +137,10 @@ func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
 	switch {
 	case i < 0:
 		e.Index, e.Op = -1, "commit"
-	case i >= len(b.ops):
+	case i >= len(b.msgs):
 		e.Index, e.Op = -1, "end of batch"
 	default:
-		e.Op = b.ops[i].String()
+		e.Op = b.Describe(i)
 	}
 	return e
 }
