@@ -21,9 +21,17 @@ import (
 // them take effect. Every message carries no ECHO and no ACK flag: the
 // kernel answers only for messages that fail.
 type Batch struct {
-	enc encoder
-	// msgs holds where each message starts in enc.b: a batch of a large
-	// ruleset has hundreds of thousands of messages, so their
+	// enc writes into the chunk under way; chunks are the full ones
+	// before it, the first starting with room for BATCH_BEGIN, and starts
+	// where each begins in the batch. A large batch grows chunk by chunk,
+	// so that it is never copied whole as it grows, and Commit sends the
+	// chunks together in one datagram. A message never spans two chunks.
+	enc    encoder
+	chunks [][]byte
+	starts []int
+	sealed int // bytes in chunks
+	// msgs holds where each message starts in the batch: a batch of a
+	// large ruleset has hundreds of thousands of messages, so their
 	// descriptions, which only errors and String need, are read back from
 	// the messages themselves.
 	msgs  []int
@@ -34,21 +42,60 @@ type Batch struct {
 	echoed map[int]Rule
 }
 
+// Chunks of a batch: a chunk is full at chunkSize bytes, or at 1/128th of
+// the batch before it when that is more (so that even a batch of 2 GiB,
+// beyond which the kernel refuses any, takes far fewer chunks than the
+// 1024 buffers a sendmsg takes), and has chunkHeadroom bytes more room, so
+// that a message started below the limit fits without moving the chunk
+// (a message's expressions or elements take at most 64 KiB). The first
+// chunk grows from a few KiB, for small batches, and ends early, at
+// firstChunk bytes, unless Grow gave it room.
+const (
+	chunkSize     = 1 << 20
+	chunkHeadroom = 64 << 10
+	firstChunk    = 64 << 10
+)
+
+func (b *Batch) chunkLimit() int { return max(chunkSize, b.sealed/128) }
+
+// at returns the bytes of the chunk that holds the batch's byte at off,
+// from that byte on.
+func (b *Batch) at(off int) []byte {
+	if off >= b.sealed {
+		return b.enc.b[off-b.sealed:]
+	}
+	i, found := slices.BinarySearch(b.starts, off)
+	if !found {
+		i--
+	}
+	return b.chunks[i][off-b.starts[i]:]
+}
+
+// seal ends the chunk under way and starts another.
+func (b *Batch) seal() {
+	b.chunks = append(b.chunks, b.enc.b)
+	b.starts = append(b.starts, b.sealed)
+	b.sealed += len(b.enc.b)
+	b.enc.b = make([]byte, 0, b.chunkLimit()+chunkHeadroom)
+}
+
 // Len returns the number of messages in the batch.
 func (b *Batch) Len() int { return len(b.msgs) }
 
 // Size returns the number of bytes the batch's messages take.
-func (b *Batch) Size() int { return max(len(b.enc.b)-batchReserve, 0) }
+func (b *Batch) Size() int { return max(b.sealed+len(b.enc.b)-batchReserve, 0) }
 
 // batchReserve is room kept at the start of a batch's buffer for the
 // BATCH_BEGIN message (header, nfgenmsg and a generation attribute), so that
 // a commit sends the buffer without copying it.
 const batchReserve = nlmsgHdrLen + nfgenLen + nlaHdrLen + 4
 
-// Grow makes room for n more bytes of messages, so that a caller that
-// knows roughly how big a batch will be saves the copies of growing it.
+// Grow makes room for n more bytes of messages, up to the size of a
+// chunk, so that a caller that knows roughly how big a batch will be
+// saves the copies of growing it.
 func (b *Batch) Grow(n int) {
-	if len(b.enc.b) == 0 {
+	n = min(n, b.chunkLimit()) + chunkHeadroom
+	if len(b.enc.b) == 0 && b.sealed == 0 {
 		b.enc.b = make([]byte, batchReserve, batchReserve+n)
 		return
 	}
@@ -79,7 +126,7 @@ func (b *Batch) Describe(i int) string {
 	if i < 0 || i >= len(b.msgs) {
 		return fmt.Sprintf("message %d", i)
 	}
-	return describe(b.enc.b[b.msgs[i]:])
+	return describe(b.at(b.msgs[i]))
 }
 
 // RequireGeneration makes the batch apply only if the ruleset generation is
@@ -91,10 +138,14 @@ func (b *Batch) RequireGeneration(id uint32) {
 }
 
 func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
-	if len(b.enc.b) == 0 {
+	switch {
+	case len(b.enc.b) == 0 && b.sealed == 0:
 		b.enc.b = make([]byte, batchReserve, 4096)
+	case len(b.enc.b) >= b.chunkLimit(),
+		len(b.enc.b) >= firstChunk && cap(b.enc.b)-len(b.enc.b) < chunkHeadroom:
+		b.seal()
 	}
-	b.msgs = append(b.msgs, len(b.enc.b))
+	b.msgs = append(b.msgs, b.sealed+len(b.enc.b))
 	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
 }
 
@@ -231,14 +282,11 @@ func (b *Batch) Echo(i int) {
 	if i < 0 || i >= len(b.msgs) {
 		return
 	}
-	typ := binary.LittleEndian.Uint16(b.enc.b[b.msgs[i]+4:])
-	if typ != subsysNFTables<<8|msgNewRule {
+	m := b.at(b.msgs[i])
+	if binary.LittleEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
 		return
 	}
-	off := b.msgs[i] + 6
-	flags := uint16(b.enc.b[off]) | uint16(b.enc.b[off+1])<<8
-	flags |= nlmEcho
-	b.enc.b[off], b.enc.b[off+1] = byte(flags), byte(flags>>8)
+	binary.LittleEndian.PutUint16(m[6:], binary.LittleEndian.Uint16(m[6:])|nlmEcho)
 }
 
 // Echoed returns the rule the kernel echoed for message i, which Echo

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,7 +17,7 @@ import (
 // messages.
 func messagesOf(t *testing.T, b *Batch) []message {
 	t.Helper()
-	ms, err := splitMessages(b.enc.b[batchReserve:])
+	ms, err := splitMessages(slices.Concat(append(b.chunks, b.enc.b)...)[batchReserve:])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,13 +77,14 @@ func TestBatchDescribesMessages(t *testing.T) {
 }
 
 // A batch of a large ruleset holds hundreds of thousands of messages: its
-// record of them costs a few bytes each beyond the messages' own bytes.
+// record of them costs a few bytes each beyond the messages' own bytes
+// (and the headroom of the chunk that holds them).
 func TestBatchRecordsMessagesCheaply(t *testing.T) {
 	const n = 10000
 	build := func() *Batch {
 		b := &Batch{}
 		b.GrowMessages(n)
-		b.Grow(n * 64)
+		b.Grow(n * 60) // the size of these messages
 		for i := range n {
 			b.DelRule(IPv4, "nat", "KUBE-SERVICES", uint64(i+1))
 		}
@@ -97,11 +99,64 @@ func TestBatchRecordsMessagesCheaply(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	b = build()
 	runtime.ReadMemStats(&after)
-	if extra := int(after.TotalAlloc-before.TotalAlloc) - b.Size(); extra > 16*n {
+	if extra := int(after.TotalAlloc-before.TotalAlloc) - b.Size() - chunkHeadroom; extra > 16*n {
 		t.Errorf("%d bytes allocated beyond the %d bytes of %d messages, want at most 16 a message", extra, b.Size(), n)
 	}
 	if got := b.Describe(n - 1); got != fmt.Sprintf("delete rule ip nat KUBE-SERVICES (handle %d)", n) {
 		t.Errorf("Describe(%d) = %q", n-1, got)
+	}
+}
+
+// A large batch grows chunk by chunk instead of being copied whole as it
+// grows, and goes out as those chunks, each message whole in one of them,
+// numbered in order; messages in any chunk can be described and echoed.
+func TestLargeBatchGrowsByChunks(t *testing.T) {
+	const n = 40000
+	raw := []RawExpr{{Name: "counter", Data: make([]byte, 300)}}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var b Batch
+	for i := range n {
+		b.AddRule(Rule{Family: IPv4, Table: "nat", Chain: fmt.Sprintf("KUBE-SEP-%d", i), Raw: raw})
+	}
+	runtime.ReadMemStats(&after)
+	size := b.Size()
+	if size < 8*chunkSize {
+		t.Fatalf("batch of %d bytes is too small for this test", size)
+	}
+	if alloc := int(after.TotalAlloc - before.TotalAlloc); alloc > size*3/2 {
+		t.Errorf("%d bytes allocated for a batch of %d bytes, want at most 1.5 times its size", alloc, size)
+	}
+	b.Echo(n - 1)
+	if got, want := b.Describe(n-1), fmt.Sprintf("add rule ip nat KUBE-SEP-%d", n-1); got != want {
+		t.Errorf("Describe(%d) = %q, want %q", n-1, got, want)
+	}
+	bufs := b.frame(100)
+	if len(bufs) < 8 {
+		t.Errorf("%d buffers for %d bytes, want one a chunk", len(bufs), size)
+	}
+	var ms []message
+	for _, p := range bufs {
+		if len(p) > chunkSize+chunkHeadroom+nlmsgHdrLen+nfgenLen {
+			t.Errorf("buffer of %d bytes", len(p))
+		}
+		got, err := splitMessages(p) // no message spans two buffers
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, got...)
+	}
+	b.unframe()
+	if len(ms) != n+2 || ms[0].typ != msgBatchBegin || ms[n+1].typ != msgBatchEnd {
+		t.Fatalf("%d messages framed, want %d", len(ms), n+2)
+	}
+	for i, m := range ms {
+		if m.seq != 100+uint32(i) {
+			t.Fatalf("message %d has seq %d", i, m.seq)
+		}
+		if echo := m.flags&nlmEcho != 0; echo != (i == n) {
+			t.Errorf("message %d: echo flag %v", i, echo)
+		}
 	}
 }
 
@@ -161,7 +216,7 @@ func TestFrameNumbersMessages(t *testing.T) {
 	for _, check := range []bool{false, true} {
 		b.check, b.genID = check, 42
 		p := b.frame(100)
-		ms, err := splitMessages(p)
+		ms, err := splitMessages(slices.Concat(p...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +233,7 @@ func TestFrameNumbersMessages(t *testing.T) {
 		if check != (len(as) == 1 && as[0].typ == attrBatchGen && binary.BigEndian.Uint32(as[0].data) == 42) {
 			t.Errorf("check=%v: batch begin attributes %+v", check, as)
 		}
-		if b.Size() != len(b.enc.b)-batchReserve {
+		if b.Size() != b.sealed+len(b.enc.b)-batchReserve {
 			t.Errorf("unframe left %d bytes", len(b.enc.b))
 		}
 	}
