@@ -4,6 +4,7 @@ package iptables
 
 import (
 	"fmt"
+	"iter"
 	"reflect"
 	"slices"
 
@@ -80,16 +81,14 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 		pl := newPlanner(px.n, f, node, px.opts.dropMark())
 		natT, filterT := familyTables(f)
 		out[natT], out[filterT] = pl.nodeContent()
+		out[natT].Parts = pl.portChains(ports)
 		byService := map[string][]*servicelb.ServicePort{}
 		for _, sp := range ports {
 			if sp.Family != f {
 				continue
 			}
 			byService[sp.Key.Service] = append(byService[sp.Key.Service], sp)
-			r := pl.port(sp)
-			for _, c := range r.chains {
-				out[natT].Chains[c.Name] = c.Rules
-			}
+			r := pl.dispatchRules(pl.plan(sp))
 			for d := range numDispatch {
 				if len(r.dispatch[d]) > 0 {
 					t, chain := pl.dispatchTable(d)
@@ -105,6 +104,19 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 		}
 	}
 	return out, nil
+}
+
+// portChains yields the own chains of each port of the planner's family,
+// a port at a time, planned as they are asked for: a cold sync of many
+// ports never holds all their rules at once beside their encoding.
+func (p *planner) portChains(ports []*servicelb.ServicePort) iter.Seq[[]xtables.Chain] {
+	return func(yield func([]xtables.Chain) bool) {
+		for _, sp := range ports {
+			if sp.Family == p.family && !yield(p.chains(p.plan(sp))) {
+				return
+			}
+		}
+	}
 }
 
 // nodeContent returns the nat and filter content of the node's own rules,

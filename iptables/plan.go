@@ -252,25 +252,39 @@ func filterComment(s *portPlan, t xtables.Target) xtables.Comment {
 // port returns every rule service port sp owns.
 func (p *planner) port(sp *servicelb.ServicePort) portRules {
 	s := p.plan(sp)
+	r := p.dispatchRules(s)
+	r.chains = p.chains(s)
+	return r
+}
+
+// dispatchRules returns the port's rules in the dispatch chains.
+func (p *planner) dispatchRules(s *portPlan) portRules {
 	var r portRules
 	p.clusterIP(&r, s)
 	p.external(&r, s)
+	return r
+}
+
+// chains returns the port's own chains.
+func (p *planner) chains(s *portPlan) []xtables.Chain {
+	sp := s.sp
+	var out []xtables.Chain
 	if s.ext {
-		r.chains = append(r.chains, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
+		out = append(out, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
 	}
 	if s.fw {
-		r.chains = append(r.chains, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
+		out = append(out, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
 	}
 	seps := map[string]servicelb.Backend{}
 	for _, a := range []servicelb.Action{servicelb.ToCluster, servicelb.ToLocal} {
 		if s.uses(a) {
-			r.chains = append(r.chains, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
+			out = append(out, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
 		}
 	}
 	for name, b := range seps {
-		r.chains = append(r.chains, xtables.Chain{Name: name, Rules: p.sepRules(s, name, b)})
+		out = append(out, xtables.Chain{Name: name, Rules: p.sepRules(s, name, b)})
 	}
-	return r
+	return out
 }
 
 // clusterIP writes the rules for the port's cluster IP: in nat

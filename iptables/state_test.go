@@ -4,9 +4,13 @@ package iptables
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -129,4 +133,44 @@ func richState(t testing.TB) *servicelb.State {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// The chains of service ports are not held in the content of a state:
+// they are planned port by port as a sync asks for them (Parts), each
+// group the chains of one port, the same on every pass, so that a cold
+// sync of many ports never holds all their rules beside their encoding.
+func TestContentMakesPortChainsOnDemand(t *testing.T) {
+	px := newOffline(t, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	st := bigState(t, 3)
+	want, err := px.content(st)
+	require.NoError(t, err)
+	nat, _ := familyTables(servicelb.IPv4)
+	for name := range want[nat].Chains {
+		require.False(t, strings.Contains(name, "-SVC-") || strings.Contains(name, "-SEP-"), "port chain %s held in Chains", name)
+	}
+	pass := func() map[string][]xtables.Rule {
+		out := map[string][]xtables.Rule{}
+		groups := 0
+		for group := range want[nat].Parts {
+			groups++
+			for _, c := range group {
+				require.NotContains(t, out, c.Name, "chain made twice")
+				out[c.Name] = c.Rules
+			}
+		}
+		require.Equal(t, 3, groups, "one group a port")
+		return out
+	}
+	first := pass()
+	require.Len(t, first, 3*11, "an SVC and ten SEP chains a port")
+	require.Equal(t, first, pass(), "a second pass makes other chains")
+	var ports []xtables.Chain
+	node := st.Node()
+	pl := newPlanner(px.n, servicelb.IPv4, &node, px.opts.dropMark())
+	for _, sp := range st.Ports() {
+		ports = append(ports, pl.port(sp).chains...)
+	}
+	for _, c := range ports {
+		require.Equal(t, c.Rules, first[c.Name], "chain %s", c.Name)
+	}
 }

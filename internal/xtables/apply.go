@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 )
@@ -107,16 +109,42 @@ type ruleBlock struct {
 type TableContent struct {
 	// Chains are whole chains.
 	Chains map[string][]Rule
+	// Parts are more whole chains, in groups made on demand instead of
+	// held, so that the chains of a large table need not all exist at
+	// once beside their encoding: Reconcile and Verify range over Parts,
+	// again on every attempt, and keep no group past its yield. A group's
+	// chains are all created before any of their rules is written, so its
+	// rules may jump to its own chains, to Chains and keyed chains, and to
+	// the chains of earlier groups. A chain name appears once in Chains
+	// and Parts together.
+	Parts iter.Seq[[]Chain]
 	// Keyed are keyed chains: chain, then key, then the key's rules.
 	Keyed map[string]map[string][]Rule
 	// Jumps are the owner's rules at the top of builtin chains.
 	Jumps map[string][]Rule
 }
 
+// Whole returns the content's whole chains, those of Chains and those
+// Parts makes, by name.
+func (c *TableContent) Whole() map[string][]Rule {
+	out := maps.Clone(c.Chains)
+	if out == nil {
+		out = map[string][]Rule{}
+	}
+	if c.Parts != nil {
+		for group := range c.Parts {
+			for _, ch := range group {
+				out[ch.Name] = ch.Rules
+			}
+		}
+	}
+	return out
+}
+
 // Text returns the content as a table to render as iptables-save text.
 func (c *TableContent) Text(name TableName) *TableText {
 	t := &TableText{Name: name, Base: c.Jumps}
-	for n, rules := range c.Chains {
+	for n, rules := range c.Whole() {
 		t.Chains = append(t.Chains, Chain{Name: n, Rules: rules})
 	}
 	for n, keys := range c.Keyed {
@@ -154,6 +182,16 @@ type txTable struct {
 	del   map[string]bool
 	keyed map[string]*txKeyed
 	jumps map[string][]Rule
+	parts *txParts
+}
+
+// txParts are the chains of a TableContent's Parts to write: all but
+// those the kernel holds as they should be (same), after flushing those
+// it holds otherwise (flush).
+type txParts struct {
+	seq   iter.Seq[[]Chain]
+	same  map[string]bool
+	flush []string
 }
 
 type txKeyed struct {
@@ -164,7 +202,7 @@ type txKeyed struct {
 // Changes reports whether tx changes anything.
 func (tx *Tx) Changes() bool {
 	for _, tt := range tx.tables {
-		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 {
+		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 || tt.parts != nil {
 			return true
 		}
 	}
@@ -172,9 +210,9 @@ func (tx *Tx) Changes() bool {
 }
 
 // sizeHint guesses the size of the batch for tx and its number of
-// messages, to allocate both at once:
-// rules take up to about 1 KiB (a DNAT rule with comment and affinity),
-// and room reserved but never written costs address space, not memory.
+// messages, to allocate both at once (the batch a chunk at most, so that
+// a guess too big costs little): rules take up to about 1 KiB (a DNAT
+// rule with comment and affinity). The chains of Parts are not counted.
 func (tx *Tx) sizeHint() (bytes, msgs int) {
 	for _, tt := range tx.tables {
 		msgs += len(tt.set) + len(tt.del)

@@ -24,6 +24,11 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 			b.m.flushChain(t, name)
 		}
 	}
+	if tt.parts != nil {
+		for _, name := range tt.parts.flush {
+			b.m.flushChain(t, name)
+		}
+	}
 	// Every chain to delete is flushed before any is deleted: they may
 	// jump to one another.
 	for _, name := range delNames {
@@ -40,6 +45,11 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 	for _, name := range slices.Concat(setNames, sortedKeys(tt.keyed)) {
 		b.ensureChain(t, st, name)
 	}
+	if tt.parts != nil {
+		if err := b.writeParts(t, st, tt.parts); err != nil {
+			return err
+		}
+	}
 	for _, name := range setNames {
 		for i := range tt.set[name] {
 			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, nil); err != nil {
@@ -55,6 +65,31 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 	for _, chain := range sortedKeys(tt.jumps) {
 		if err := b.placeJumps(t, st, chain, tt.jumps[chain]); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// writeParts writes the chains of Parts that the kernel does not hold as
+// they should be, group by group: the group's chains created where
+// missing, then their rules. The rules are encoded as they come and not
+// kept.
+func (b *builder) writeParts(t Table, st *tableState, p *txParts) error {
+	for group := range p.seq {
+		for _, c := range group {
+			if !p.same[c.Name] {
+				b.ensureChain(t, st, c.Name)
+			}
+		}
+		for _, c := range group {
+			if p.same[c.Name] {
+				continue
+			}
+			for i := range c.Rules {
+				if _, err := b.addRule(t, c.Name, &c.Rules[i], position{}, nil); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
