@@ -69,11 +69,15 @@ type planner struct {
 	pods servicelb.LocalMatch
 	// nodePortIPs are the node addresses that serve node ports.
 	nodePortIPs []netip.Addr
+	// markMasq jumps to the chain that marks a flow for masquerade.
+	markMasq xtables.Target
+	// buf is scratch space for the text of comments.
+	buf []byte
 }
 
 func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, dropMark uint32) *planner {
 	return &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark,
-		nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f)}
+		nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f), markMasq: xtables.Jump(n.fixed(chainMarkMasq))}
 }
 
 func xfam(f servicelb.Family) xtables.Family {
@@ -268,14 +272,14 @@ func (p *planner) dispatchRules(s *portPlan) portRules {
 // chains returns the port's own chains.
 func (p *planner) chains(s *portPlan) []xtables.Chain {
 	sp := s.sp
-	var out []xtables.Chain
+	out := make([]xtables.Chain, 0, 4+len(sp.Cluster)+len(sp.Local))
 	if s.ext {
 		out = append(out, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
 	}
 	if s.fw {
 		out = append(out, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
 	}
-	seps := map[string]servicelb.Backend{}
+	seps := make(map[string]servicelb.Backend, len(sp.Cluster))
 	for _, a := range []servicelb.Action{servicelb.ToCluster, servicelb.ToLocal} {
 		if s.uses(a) {
 			out = append(out, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
@@ -386,7 +390,7 @@ func (p *planner) vipRule(s *portPlan, a netip.Addr, comment xtables.Comment, t 
 // the jump to SVL.
 func (p *planner) extRules(s *portPlan) []xtables.Rule {
 	vs := s.external
-	markMasq := xtables.Jump(p.n.fixed(chainMarkMasq))
+	markMasq := p.markMasq
 	dest := func(v servicelb.Verdict) xtables.Target {
 		if v.Action.Forwards() {
 			return xtables.Jump(p.policyChain(s.sp, v.Action))
@@ -450,9 +454,9 @@ func (p *planner) fwRules(s *portPlan) []xtables.Rule {
 // to seps.
 func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]servicelb.Backend) []xtables.Rule {
 	sp := s.sp
-	var out []xtables.Rule
+	var masq []xtables.Rule
 	if s.internalUses(a) {
-		out = append(out, p.masqRules(s)...)
+		masq = p.masqRules(s)
 	}
 	backends := sp.Targets(servicelb.Verdict{Action: a})
 	type ep struct {
@@ -463,10 +467,16 @@ func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]s
 	eps := make([]ep, len(backends))
 	total := 0
 	for i, b := range backends {
-		eps[i] = ep{b, p.n.sep(sp, b), xtables.Comment(s.name + " -> " + b.String())}
+		p.buf = b.AddrPort().AppendTo(append(append(p.buf[:0], s.name...), " -> "...))
+		eps[i] = ep{b, p.n.sep(sp, b), xtables.Comment(p.buf)}
 		seps[eps[i].sep] = b
 		total += int(b.Weight)
 	}
+	n := len(masq) + len(eps)
+	if sp.Affinity > 0 {
+		n += len(eps)
+	}
+	out := append(make([]xtables.Rule, 0, n), masq...)
 	if sp.Affinity > 0 {
 		for _, e := range eps {
 			out = append(out, xtables.Rule{Matches: []xtables.Match{e.comment,
@@ -475,12 +485,14 @@ func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]s
 		}
 	}
 	for i, e := range eps {
-		r := xtables.Rule{Matches: []xtables.Match{e.comment}, Target: xtables.Jump(e.sep)}
+		var ms []xtables.Match
 		if i < len(eps)-1 {
-			r.Matches = append(r.Matches, probability(int(e.b.Weight), total))
+			ms = []xtables.Match{e.comment, p.probability(int(e.b.Weight), total)}
+		} else {
+			ms = []xtables.Match{e.comment}
 		}
 		total -= int(e.b.Weight)
-		out = append(out, r)
+		out = append(out, xtables.Rule{Matches: ms, Target: xtables.Jump(e.sep)})
 	}
 	return out
 }
@@ -493,8 +505,9 @@ func affinitySeconds(sp *servicelb.ServicePort) uint32 {
 // probability returns the statistic match that takes weight w of the
 // remaining total, computed from kube-proxy's "%0.10f" text as iptables
 // would parse it.
-func probability(w, total int) xtables.Statistic {
-	f, _ := strconv.ParseFloat(fmt.Sprintf("%0.10f", float64(w)/float64(total)), 64)
+func (p *planner) probability(w, total int) xtables.Statistic {
+	p.buf = strconv.AppendFloat(p.buf[:0], float64(w)/float64(total), 'f', 10, 64)
+	f, _ := strconv.ParseFloat(string(p.buf), 64)
 	return xtables.Probability(f)
 }
 
@@ -503,16 +516,17 @@ func probability(w, total int) xtables.Statistic {
 // affinity, and DNAT to the endpoint.
 func (p *planner) sepRules(s *portPlan, chain string, b servicelb.Backend) []xtables.Rule {
 	comment := xtables.Comment(s.name)
-	dnat := xtables.Rule{Proto: s.proto, Matches: []xtables.Match{comment}, Target: xtables.DNAT{To: b.AddrPort()}}
+	var ms []xtables.Match
 	if s.sp.Affinity > 0 {
-		dnat.Matches = append(dnat.Matches, xtables.Recent{Name: chain, Mode: xtables.RecentSet})
+		ms = []xtables.Match{comment, xtables.Recent{Name: chain, Mode: xtables.RecentSet}, xtables.Port{Proto: s.proto}}
+	} else {
+		ms = []xtables.Match{comment, xtables.Port{Proto: s.proto}}
 	}
-	dnat.Matches = append(dnat.Matches, xtables.Port{Proto: s.proto})
-	var out []xtables.Rule
+	dnat := xtables.Rule{Proto: s.proto, Matches: ms, Target: xtables.DNAT{To: b.AddrPort()}}
 	if _, hairpin := slices.BinarySearchFunc(s.sp.Hairpin, b.Addr, netip.Addr.Compare); hairpin {
-		out = append(out, xtables.Rule{Src: host(b.Addr), Matches: []xtables.Match{comment}, Target: xtables.Jump(p.n.fixed(chainMarkMasq))})
+		return []xtables.Rule{{Src: host(b.Addr), Matches: []xtables.Match{comment}, Target: p.markMasq}, dnat}
 	}
-	return append(out, dnat)
+	return []xtables.Rule{dnat}
 }
 
 // clusterIPRules returns the rules that reject the flows to the cluster
@@ -556,7 +570,7 @@ func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 			offCluster = offCluster && want[o] == (servicelb.Origin(o) != servicelb.FromPod)
 		}
 	}
-	r := p.vipRule(s, s.sp.ClusterIP, xtables.Comment(s.name+" cluster IP"), xtables.Jump(p.n.fixed(chainMarkMasq)))
+	r := p.vipRule(s, s.sp.ClusterIP, xtables.Comment(s.name+" cluster IP"), p.markMasq)
 	switch {
 	case none:
 		return nil
