@@ -107,12 +107,15 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 }
 
 // portChains yields the own chains of each port of the planner's family,
-// a port at a time, planned as they are asked for: a cold sync of many
-// ports never holds all their rules at once beside their encoding.
+// a port at a time, planned as they are asked for and in room reused for
+// the next port: a cold sync of many ports never holds all their rules at
+// once beside their encoding, nor leaves them all behind as garbage.
 func (p *planner) portChains(ports []*servicelb.ServicePort) iter.Seq[[]xtables.Chain] {
 	return func(yield func([]xtables.Chain) bool) {
+		q := *p
+		q.buf, q.arena = nil, &arena{seps: map[string]servicelb.Backend{}}
 		for _, sp := range ports {
-			if sp.Family == p.family && !yield(p.chains(p.plan(sp))) {
+			if sp.Family == q.family && !yield(q.chains(q.plan(sp))) {
 				return
 			}
 		}

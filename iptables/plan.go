@@ -73,6 +73,54 @@ type planner struct {
 	markMasq xtables.Target
 	// buf is scratch space for the text of comments.
 	buf []byte
+	// arena, when set, holds the rules of the port chains planned last:
+	// planning the next port reuses it (see portChains).
+	arena *arena
+}
+
+// arena is room for the rules of one port's chains, reused port after
+// port, so that planning many ports in a row leaves little garbage.
+type arena struct {
+	rules   []xtables.Rule
+	matches []xtables.Match
+	chains  []xtables.Chain
+	seps    map[string]servicelb.Backend
+}
+
+// reset makes the arena's room free again; what was planned in it is
+// overwritten by the next port.
+func (a *arena) reset() {
+	clear(a.rules)
+	clear(a.matches)
+	a.rules, a.matches, a.chains = a.rules[:0], a.matches[:0], a.chains[:0]
+	clear(a.seps)
+}
+
+// carve returns n elements of room at the end of *buf, growing it (to a
+// new array, leaving what was carved before in place) when it is full.
+func carve[T any](buf *[]T, n int) []T {
+	if cap(*buf)-len(*buf) < n {
+		*buf = make([]T, 0, max(2*cap(*buf), n, 64))
+	}
+	i := len(*buf)
+	*buf = (*buf)[:i+n]
+	return (*buf)[i : i : i+n]
+}
+
+// rules returns an empty slice with room for n rules: the arena's, or new.
+func (p *planner) rules(n int) []xtables.Rule {
+	if p.arena == nil {
+		return make([]xtables.Rule, 0, n)
+	}
+	return carve(&p.arena.rules, n)
+}
+
+// matches returns ms in a slice of its own: the arena's, or new.
+func (p *planner) matches(ms ...xtables.Match) []xtables.Match {
+	if p.arena == nil {
+		return slices.Clone(ms)
+	}
+	return append(carve(&p.arena.matches, len(ms)), ms...)
 }
 
 func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, dropMark uint32) *planner {
@@ -272,14 +320,21 @@ func (p *planner) dispatchRules(s *portPlan) portRules {
 // chains returns the port's own chains.
 func (p *planner) chains(s *portPlan) []xtables.Chain {
 	sp := s.sp
-	out := make([]xtables.Chain, 0, 4+len(sp.Cluster)+len(sp.Local))
+	var out []xtables.Chain
+	var seps map[string]servicelb.Backend
+	if a := p.arena; a != nil {
+		a.reset()
+		out, seps = a.chains, a.seps
+	} else {
+		out = make([]xtables.Chain, 0, 4+len(sp.Cluster)+len(sp.Local))
+		seps = make(map[string]servicelb.Backend, len(sp.Cluster))
+	}
 	if s.ext {
 		out = append(out, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
 	}
 	if s.fw {
 		out = append(out, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
 	}
-	seps := make(map[string]servicelb.Backend, len(sp.Cluster))
 	for _, a := range []servicelb.Action{servicelb.ToCluster, servicelb.ToLocal} {
 		if s.uses(a) {
 			out = append(out, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
@@ -287,6 +342,9 @@ func (p *planner) chains(s *portPlan) []xtables.Chain {
 	}
 	for name, b := range seps {
 		out = append(out, xtables.Chain{Name: name, Rules: p.sepRules(s, name, b)})
+	}
+	if p.arena != nil {
+		p.arena.chains = out
 	}
 	return out
 }
@@ -476,20 +534,20 @@ func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]s
 	if sp.Affinity > 0 {
 		n += len(eps)
 	}
-	out := append(make([]xtables.Rule, 0, n), masq...)
+	out := append(p.rules(n), masq...)
 	if sp.Affinity > 0 {
 		for _, e := range eps {
-			out = append(out, xtables.Rule{Matches: []xtables.Match{e.comment,
-				xtables.Recent{Name: e.sep, Mode: xtables.RecentCheck, Seconds: affinitySeconds(sp), Reap: true}},
+			out = append(out, xtables.Rule{Matches: p.matches(e.comment,
+				xtables.Recent{Name: e.sep, Mode: xtables.RecentCheck, Seconds: affinitySeconds(sp), Reap: true}),
 				Target: xtables.Jump(e.sep)})
 		}
 	}
 	for i, e := range eps {
 		var ms []xtables.Match
 		if i < len(eps)-1 {
-			ms = []xtables.Match{e.comment, p.probability(int(e.b.Weight), total)}
+			ms = p.matches(e.comment, p.probability(int(e.b.Weight), total))
 		} else {
-			ms = []xtables.Match{e.comment}
+			ms = p.matches(e.comment)
 		}
 		total -= int(e.b.Weight)
 		out = append(out, xtables.Rule{Matches: ms, Target: xtables.Jump(e.sep)})
@@ -518,15 +576,15 @@ func (p *planner) sepRules(s *portPlan, chain string, b servicelb.Backend) []xta
 	comment := xtables.Comment(s.name)
 	var ms []xtables.Match
 	if s.sp.Affinity > 0 {
-		ms = []xtables.Match{comment, xtables.Recent{Name: chain, Mode: xtables.RecentSet}, xtables.Port{Proto: s.proto}}
+		ms = p.matches(comment, xtables.Recent{Name: chain, Mode: xtables.RecentSet}, xtables.Port{Proto: s.proto})
 	} else {
-		ms = []xtables.Match{comment, xtables.Port{Proto: s.proto}}
+		ms = p.matches(comment, xtables.Port{Proto: s.proto})
 	}
 	dnat := xtables.Rule{Proto: s.proto, Matches: ms, Target: xtables.DNAT{To: b.AddrPort()}}
 	if _, hairpin := slices.BinarySearchFunc(s.sp.Hairpin, b.Addr, netip.Addr.Compare); hairpin {
-		return []xtables.Rule{{Src: host(b.Addr), Matches: []xtables.Match{comment}, Target: p.markMasq}, dnat}
+		return append(p.rules(2), xtables.Rule{Src: host(b.Addr), Matches: p.matches(comment), Target: p.markMasq}, dnat)
 	}
-	return []xtables.Rule{dnat}
+	return append(p.rules(1), dnat)
 }
 
 // clusterIPRules returns the rules that reject the flows to the cluster

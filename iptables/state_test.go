@@ -4,6 +4,7 @@ package iptables
 
 import (
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -148,31 +149,30 @@ func TestContentMakesPortChainsOnDemand(t *testing.T) {
 	for name := range want[nat].Chains {
 		require.False(t, strings.Contains(name, "-SVC-") || strings.Contains(name, "-SEP-"), "port chain %s held in Chains", name)
 	}
-	pass := func() map[string][]xtables.Rule {
-		out := map[string][]xtables.Rule{}
-		groups := 0
-		for group := range want[nat].Parts {
-			groups++
-			for _, c := range group {
-				require.NotContains(t, out, c.Name, "chain made twice")
-				out[c.Name] = c.Rules
-			}
+	var names []string
+	groups := 0
+	for group := range want[nat].Parts {
+		groups++
+		for _, c := range group {
+			require.NotContains(t, names, c.Name, "chain made twice")
+			names = append(names, c.Name)
 		}
-		require.Equal(t, 3, groups, "one group a port")
-		return out
 	}
-	first := pass()
-	require.Len(t, first, 3*11, "an SVC and ten SEP chains a port")
-	require.Equal(t, first, pass(), "a second pass makes other chains")
-	var ports []xtables.Chain
+	require.Equal(t, 3, groups, "one group a port")
+	require.Len(t, names, 3*11, "an SVC and ten SEP chains a port")
 	node := st.Node()
 	pl := newPlanner(px.n, servicelb.IPv4, &node, px.opts.dropMark())
+	ports := map[string][]xtables.Rule{}
 	for _, sp := range st.Ports() {
-		ports = append(ports, pl.port(sp).chains...)
+		for _, c := range pl.port(sp).chains {
+			ports[c.Name] = c.Rules
+		}
 	}
-	for _, c := range ports {
-		require.Equal(t, c.Rules, first[c.Name], "chain %s", c.Name)
+	whole := want[nat].Whole()
+	for _, name := range names {
+		require.Equal(t, ports[name], whole[name], "chain %s", name)
 	}
+	require.Equal(t, whole, want[nat].Whole(), "a second pass makes other chains")
 }
 
 // Planning a port's chains makes few objects: a chain name is one string,
@@ -187,4 +187,28 @@ func TestPortChainsAllocateLittle(t *testing.T) {
 	allocs := testing.AllocsPerRun(20, func() { _ = pl.chains(pl.plan(sp)) })
 	t.Logf("%v allocations for a port of %d endpoints", allocs, len(sp.Cluster))
 	require.LessOrEqual(t, allocs, 160.0, "allocations to plan a port of 10 endpoints (31 rules)")
+}
+
+// A pass over the port chains of a state reuses one port's room for the
+// next: what it leaves behind is the names, comments and the matches'
+// values, not the rules.
+func TestPortChainsReuseRoom(t *testing.T) {
+	px := newOffline(t, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	const n = 50
+	want, err := px.content(bigState(t, n))
+	require.NoError(t, err)
+	nat, _ := familyTables(servicelb.IPv4)
+	var bytes runtime.MemStats
+	pass := func() {
+		for range want[nat].Parts {
+		}
+	}
+	pass()
+	runtime.ReadMemStats(&bytes)
+	before := bytes.TotalAlloc
+	pass()
+	runtime.ReadMemStats(&bytes)
+	perPort := (bytes.TotalAlloc - before) / n
+	t.Logf("%d bytes a port of 10 endpoints (31 rules)", perPort)
+	require.LessOrEqual(t, perPort, uint64(4500), "bytes allocated a port of 10 endpoints")
 }

@@ -112,7 +112,8 @@ type TableContent struct {
 	// Parts are more whole chains, in groups made on demand instead of
 	// held, so that the chains of a large table need not all exist at
 	// once beside their encoding: Reconcile and Verify range over Parts,
-	// again on every attempt, and keep no group past its yield. A group's
+	// again on every attempt, and keep no group past its yield (the
+	// producer may reuse a group's chains and rules for the next). A group's
 	// chains are all created before any of their rules is written, so its
 	// rules may jump to its own chains, to Chains and keyed chains, and to
 	// the chains of earlier groups. A chain name appears once in Chains
@@ -124,8 +125,8 @@ type TableContent struct {
 	Jumps map[string][]Rule
 }
 
-// Whole returns the content's whole chains, those of Chains and those
-// Parts makes, by name.
+// Whole returns the content's whole chains, those of Chains and copies of
+// those Parts makes, by name.
 func (c *TableContent) Whole() map[string][]Rule {
 	out := maps.Clone(c.Chains)
 	if out == nil {
@@ -134,7 +135,11 @@ func (c *TableContent) Whole() map[string][]Rule {
 	if c.Parts != nil {
 		for group := range c.Parts {
 			for _, ch := range group {
-				out[ch.Name] = ch.Rules
+				rules := slices.Clone(ch.Rules)
+				for i := range rules {
+					rules[i].Matches = slices.Clone(rules[i].Matches)
+				}
+				out[ch.Name] = rules
 			}
 		}
 	}
