@@ -184,36 +184,60 @@ func sameSigs(a, b []uint64) bool {
 // key order: in ascending key order, each before the first rule of the
 // next key that stays (placed by handle; inserting one after another
 // before the same rule keeps them in order), or at the end of the chain.
+// The keys that stay and the new ones are merged in one pass, and the
+// place of each new key found in one pass back, so that a chain of many
+// keys costs what it holds.
 func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) error {
-	old := st.keyed[chain]
 	final := &keyedChain{}
-	if old != nil && !k.reset {
-		for _, e := range old.entries {
-			if _, changed := k.set[e.key]; !changed {
-				final.entries = append(final.entries, e)
+	var stay []*keyedEntry
+	if old := st.keyed[chain]; old != nil && !k.reset {
+		stay = old.entries
+	}
+	keys := sortedKeys(k.set)
+	final.entries = make([]*keyedEntry, 0, len(stay)+len(keys))
+	for len(stay) > 0 || len(keys) > 0 {
+		if len(stay) > 0 {
+			if _, changed := k.set[stay[0].key]; changed {
+				stay = stay[1:]
+				continue
 			}
+		}
+		if len(keys) > 0 && len(k.set[keys[0]]) == 0 {
+			keys = keys[1:]
+			continue
+		}
+		if len(keys) == 0 || (len(stay) > 0 && stay[0].key < keys[0]) {
+			final.entries = append(final.entries, stay[0])
+			stay = stay[1:]
+			continue
+		}
+		key := keys[0]
+		keys = keys[1:]
+		final.entries = append(final.entries, &keyedEntry{key: key, handles: make([]uint64, len(k.set[key])), fresh: true})
+	}
+	// Where each new key's rules go: before the next key that stays.
+	pos := make([]position, len(final.entries))
+	next := position{}
+	for i := len(final.entries) - 1; i >= 0; i-- {
+		pos[i] = next
+		if e := final.entries[i]; !e.fresh && len(e.handles) > 0 {
+			next = position{kind: posBeforeHandle, handle: e.handles[0]}
 		}
 	}
 	var added []*keyedEntry
-	for _, key := range sortedKeys(k.set) {
-		if len(k.set[key]) == 0 {
+	for i, e := range final.entries {
+		if !e.fresh {
 			continue
 		}
-		e := &keyedEntry{key: key, handles: make([]uint64, len(k.set[key])), fresh: true}
-		i, _ := final.find(key)
-		final.entries = slices.Insert(final.entries, i, e)
 		added = append(added, e)
-	}
-	for _, e := range added {
-		pos := successor(final, e)
 		rules := k.set[e.key]
 		e.sigs = make([]uint64, len(rules))
-		for i := range rules {
-			sig, err := b.addRule(t, chain, &rules[i], pos, &e.handles[i])
+		for j := range rules {
+			sig, err := b.addRule(t, chain, &rules[j], pos[i], &e.handles[j])
 			if err != nil {
 				return err
 			}
-			e.sigs[i] = sig
+			e.sigs[j] = sig
 		}
 	}
 	b.onSuccess = append(b.onSuccess, func() {
@@ -223,18 +247,6 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 		st.keyed[chain] = final
 	})
 	return nil
-}
-
-// successor returns where e's rules go: before the first rule of the next
-// entry in final order that is already in the kernel, or at the end.
-func successor(final *keyedChain, e *keyedEntry) position {
-	i, _ := final.find(e.key)
-	for _, next := range final.entries[i+1:] {
-		if !next.fresh && len(next.handles) > 0 {
-			return position{kind: posBeforeHandle, handle: next.handles[0]}
-		}
-	}
-	return position{}
 }
 
 // dropJumps deletes the owner's rules in a builtin chain unless they are
