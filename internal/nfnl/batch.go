@@ -5,6 +5,7 @@ package nfnl
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -33,8 +34,10 @@ type Batch struct {
 	// msgs holds where each message starts in the batch: a batch of a
 	// large ruleset has hundreds of thousands of messages, so their
 	// descriptions, which only errors and String need, are read back from
-	// the messages themselves.
-	msgs  []int
+	// the messages themselves. The record doubles as it grows (append
+	// grows a large slice by a quarter, copying it many times over), and
+	// offsets take 32 bits: the kernel takes no datagram of 2 GiB.
+	msgs  []uint32
 	genID uint32
 	check bool
 	// echoed holds, after a commit, the rules the kernel echoed for the
@@ -126,7 +129,7 @@ func (b *Batch) Describe(i int) string {
 	if i < 0 || i >= len(b.msgs) {
 		return fmt.Sprintf("message %d", i)
 	}
-	return describe(b.at(b.msgs[i]))
+	return describe(b.at(int(b.msgs[i])))
 }
 
 // RequireGeneration makes the batch apply only if the ruleset generation is
@@ -145,7 +148,14 @@ func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
 		len(b.enc.b) >= firstChunk && cap(b.enc.b)-len(b.enc.b) < chunkHeadroom:
 		b.seal()
 	}
-	b.msgs = append(b.msgs, b.sealed+len(b.enc.b))
+	off := b.sealed + len(b.enc.b)
+	if uint64(off) > math.MaxUint32 {
+		b.enc.fail(fmt.Errorf("batch of more than 4 GiB"))
+	}
+	if len(b.msgs) == cap(b.msgs) {
+		b.msgs = slices.Grow(b.msgs, max(len(b.msgs), 64))
+	}
+	b.msgs = append(b.msgs, uint32(off))
 	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
 }
 
@@ -282,7 +292,7 @@ func (b *Batch) Echo(i int) {
 	if i < 0 || i >= len(b.msgs) {
 		return
 	}
-	m := b.at(b.msgs[i])
+	m := b.at(int(b.msgs[i]))
 	if binary.LittleEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
 		return
 	}

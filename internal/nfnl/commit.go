@@ -57,7 +57,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 // one buffer a chunk.
 func (b *Batch) frame(base uint32) [][]byte {
 	for i, off := range b.msgs {
-		binary.LittleEndian.PutUint32(b.at(off)[8:], base+1+uint32(i))
+		binary.LittleEndian.PutUint32(b.at(int(off))[8:], base+1+uint32(i))
 	}
 	start := nlaHdrLen + 4
 	if b.check {
