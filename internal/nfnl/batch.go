@@ -254,6 +254,9 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 		b.enc.u32(attrRuleID, r.ID)
 	}
 	n := b.enc.nest(attrRuleExprs)
+	if len(r.Exprs) == 0 && len(r.Raw) == 0 {
+		b.enc.b = append(b.enc.b, r.Encoded...)
+	}
 	if len(r.Exprs) == 0 {
 		for _, x := range r.Raw {
 			en := b.enc.nest(attrListElem)

@@ -180,6 +180,36 @@ func TestLargeBatchGrowsByChunks(t *testing.T) {
 	}
 }
 
+// A rule's expressions encoded elsewhere (Rule.Encoded) make the same
+// message as the same expressions given one by one (Rule.Raw).
+func TestRuleEncoded(t *testing.T) {
+	exprs := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: "KUBE-SVC-X"}}
+	raw, err := EncodeExprs(IPv4, exprs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var byRaw, byExprs Batch
+	byRaw.AddRule(Rule{Family: IPv4, Table: "nat", Chain: "KUBE-SERVICES", Raw: raw, Compat: &Compat{Proto: 6}})
+	byExprs.AddRule(Rule{Family: IPv4, Table: "nat", Chain: "KUBE-SERVICES", Exprs: exprs, Compat: &Compat{Proto: 6}})
+	var list []byte
+	for _, x := range raw {
+		var e encoder
+		n := e.nest(attrListElem)
+		e.str(attrExprName, x.Name)
+		e.attr(attrExprData|nlaNested, x.Data)
+		e.endNest(n)
+		list = append(list, e.b...)
+	}
+	var byEncoded Batch
+	byEncoded.AddRule(Rule{Family: IPv4, Table: "nat", Chain: "KUBE-SERVICES", Encoded: list, Compat: &Compat{Proto: 6}})
+	want := messagesOf(t, &byRaw)
+	for name, b := range map[string]*Batch{"Exprs": &byExprs, "Encoded": &byEncoded} {
+		if got := messagesOf(t, b); len(got) != 1 || string(got[0].data) != string(want[0].data) {
+			t.Errorf("rule written from %s differs from the rule written from Raw", name)
+		}
+	}
+}
+
 func TestBatchKeepsFirstMistake(t *testing.T) {
 	var b Batch
 	b.AddTable(Table{Family: Inet, Name: strings.Repeat("x", 70000)})

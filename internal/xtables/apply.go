@@ -416,7 +416,7 @@ func (b *builder) pt(t Table) *pendingTable {
 // addRule writes a rule and, with slot, records where its handle goes. It
 // returns the rule's signature.
 func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *uint64) (uint64, error) {
-	raw, err := b.m.addRule(t, chain, r, pos)
+	enc, err := b.m.addRule(t, chain, r, pos)
 	if err != nil {
 		return 0, fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
 	}
@@ -424,7 +424,9 @@ func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *ui
 	var sig uint64
 	if slot != nil {
 		p.rules = append(p.rules, pendingRule{alloc: p.allocs, msg: b.m.last(), slot: slot})
-		sig, _, _ = rawSig(raw)
+		if b.m.raw, err = splitExprs(b.m.raw[:0], enc); err == nil {
+			sig, _, _ = rawSig(b.m.raw)
+		}
 	}
 	p.allocs++
 	return sig, nil
