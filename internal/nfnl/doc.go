@@ -16,8 +16,9 @@
 // (InsertRule), after or before a rule handle (Rule.Position) or a rule
 // added earlier in the same batch (Rule.ID and Rule.PositionID), or replace
 // a rule by handle (ReplaceRule); DelRule deletes by handle. A rule without
-// Exprs is written from Rule.Raw, expressions encoded elsewhere (the
-// iptables backend's own encoder) or dumped.
+// Exprs is written from Rule.Raw, expressions encoded elsewhere or dumped,
+// or from Rule.Encoded, its whole expression list encoded elsewhere (the
+// iptables backend's own encoder), in one copy.
 //
 // Builder methods never fail. A mistake is kept (Batch.Err) and Commit then
 // refuses to send anything. Conn.Commit frames the messages between
