@@ -25,7 +25,7 @@ export CI
 CORE     := ./...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
-# Lint also sees the soak (internal/soak), whose files build only with
+# Lint also sees the soak (internal/soak), whose run builds only with
 # its tag.
 TAGS_LINT := $(TAGS_ALL),soak
 
@@ -80,7 +80,8 @@ kproxy:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/kproxy ./examples/cmd/kproxy
 
 # The image of bin/kproxy as an OCI image layout, built without a container
-# runtime; push it with crane or skopeo (see examples/hack/image).
+# runtime, with the CA bundle of Debian's ca-certificates; push it with
+# crane or skopeo (see examples/hack/image).
 image: kproxy
 	$(GO) run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:$(VERSION) --version $(VERSION) --revision $(COMMIT)
 
@@ -112,8 +113,10 @@ fuzz:
 # random (foreign flushes, deleted chains and elements, a dormant table, a
 # foreign writer, a killed and restarted proxier); then the kernel state
 # must equal a fresh apply. Each run ends with a report; a failed
-# connection outside the faults' windows fails it. SOAK_FLAGS adds flags
-# (e.g. -soak.seed=N to draw a run's services, changes and faults again).
+# connection outside the faults' windows, other than a session's to an
+# endpoint just removed, fails it, and so does the proxier's memory or
+# goroutines growing beyond the limits. SOAK_FLAGS adds flags (e.g. -soak.seed=N to
+# draw a run's services, changes and faults again).
 # See docs/soak.md.
 SOAK_BACKENDS ?= nftables iptables
 SOAK_DURATION ?= 10m

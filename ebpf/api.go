@@ -41,9 +41,10 @@ type Options struct {
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards.
 	Logger *slog.Logger
-	// VerifyInterval is the least time between two deep checks of the
-	// maps by syncs that change something (every entry read back); zero
-	// means one minute.
+	// VerifyInterval is the least time between two deep checks by syncs
+	// that change something (the pins looked up, every map entry read
+	// back); a sync that changes nothing checks deeply. Zero means one
+	// minute.
 	VerifyInterval time.Duration
 }
 
@@ -72,8 +73,8 @@ type Sizes struct {
 }
 
 // ErrNotSupported: the kernel or the system lacks something the Proxier
-// needs. New returns a *FeatureError that wraps it, naming the feature,
-// before it attaches anything.
+// needs. New returns an error wrapping a *FeatureError (errors.As) that
+// wraps it, naming the feature, before it attaches anything.
 var ErrNotSupported = errors.New("not supported")
 
 // FeatureError names a missing kernel or system feature.
@@ -88,7 +89,7 @@ type FeatureError struct {
 }
 
 func (e *FeatureError) Error() string {
-	msg := fmt.Sprintf("ebpf: missing %s: %s", e.Feature, e.Hint)
+	msg := fmt.Sprintf("missing %s: %s", e.Feature, e.Hint)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
@@ -102,6 +103,35 @@ func (e *FeatureError) Unwrap() []error {
 	}
 	return []error{ErrNotSupported, e.Err}
 }
+
+// ErrPinIncompatible: a map pinned under Options.PinPath was made with
+// another layout than the Proxier's (by another version of this package,
+// or with other Options.Sizes). New returns a *PinError that wraps it.
+var ErrPinIncompatible = errors.New("pinned map of another layout")
+
+// PinError says that a map pinned under Options.PinPath cannot be
+// adopted, and the way out: the Proxier never deletes a map it cannot
+// read, so the pins go with RemovePins (kproxy --cleanup) while no
+// Proxier uses them, which detaches the hooks they hold until the next
+// process's first Sync attaches its own (with Options.Packets, the packet
+// path serves the node's flows meanwhile).
+type PinError struct {
+	// Path is the pin, under PinPath.
+	Path string
+	// PinPath is the directory to give RemovePins.
+	PinPath string
+	// Err says what differs.
+	Err error
+}
+
+func (e *PinError) Error() string {
+	return fmt.Sprintf("ebpf: the map pinned at %s has another layout than this Proxier's (another version, or other Options.Sizes); "+
+		"remove the pins under %s with ebpf.RemovePins (kproxy --cleanup) while no Proxier uses them, then start again: %v",
+		e.Path, e.PinPath, e.Err)
+}
+
+// Unwrap returns ErrPinIncompatible and the underlying error.
+func (e *PinError) Unwrap() []error { return []error{ErrPinIncompatible, e.Err} }
 
 // ErrInvalidOptions: Options that cannot work.
 var ErrInvalidOptions = errors.New("invalid options")

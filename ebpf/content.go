@@ -18,6 +18,20 @@ type content struct {
 	cfg     cfgVal
 }
 
+// hookContent is what the hooks write themselves: the ClientIP
+// affinity pins (kp_affinity) and the reverse translations of sockets
+// (kp_revnat). The Proxier never writes them; Dump lists them.
+type hookContent struct {
+	affinity map[affKey]affVal
+	reverse  map[revKey]endpoint
+	// now is the time (CLOCK_MONOTONIC, ns, as the hooks stamp pins)
+	// they were read at.
+	now uint64
+	// sizes bound the maps: an LRU map full drops its least recently
+	// used entry for a new one.
+	sizes Sizes
+}
+
 func newContent() *content {
 	return &content{fe: map[feKey]feVal{}, sets: map[uint32]setVal{}, slots: map[slotKey]endpoint{},
 		members: map[memberKey]uint32{}, names: map[uint32]nameVal{}}

@@ -87,13 +87,17 @@
 //	text, err := p.Render(state) // the maps as text, then the nft table
 //	err = p.Cleanup(ctx)         // detach, unpin; the nft table too
 //
-// New checks the kernel (Probe: a *FeatureError naming what is missing,
-// before anything is attached), creates the maps or opens those pinned
-// under Options.PinPath, and loads the programs. The first Sync (run by
-// internal/syncer's Engine, as for every backend) reads the maps, adopts
-// the sets it finds there by name with their slots, writes what differs
-// (in batches of 4096 entries: a cold sync of 10k services of 10
-// endpoints is a few dozen syscalls), and
+// New checks the kernel (Probe: a wrapped *FeatureError naming what is
+// missing, before anything is attached), creates the maps or opens those
+// pinned under Options.PinPath, and loads the programs. Maps pinned with another
+// layout (by another version, or with other Options.Sizes) are not
+// adopted: New fails with a *PinError (ErrPinIncompatible) naming the
+// pin and the way out, RemovePins, and leaves them as they are.
+//
+// The first Sync (run by internal/syncer's Engine, as for every backend)
+// reads the maps, adopts the sets it finds there by name with their
+// slots, writes what differs (in batches of 4096 entries, one syscall
+// each: a cold sync of 10k services of 10 endpoints is 35 syscalls), and
 // only then attaches the hooks through bpf_link, pinning the links; links
 // pinned by an earlier process are given the new programs in place
 // (BPF_LINK_UPDATE), so a restarted agent never leaves a socket
@@ -101,12 +105,27 @@
 // (servicelb.Diff), each change ordered so that a lookup never meets half
 // of it: an endpoint's membership before its slots, slots before the count
 // that reaches them and after the count that no longer does, a set before
-// a frontend that names it, a frontend before the set it left. One
-// endpoint added or removed is two or three map writes. Every sync checks
-// cheaply that the hooks are attached to the cgroup and the pins in place;
-// at most every Options.VerifyInterval (and whenever the state has not
-// changed) it reads the maps back, and any difference makes it write the
-// whole content again.
+// a frontend that names it, a frontend before the set it left.
+//
+// One endpoint added to a set is two map writes (its slot, then the
+// set's count), one removed two or three (the endpoint in the last slot
+// moves into its slot, then the count, then the last slot goes), one
+// replaced one (the new endpoint takes the old one's slot); with ClientIP
+// affinity, an endpoint's membership of the set is one more write for
+// one added or removed, two more for one replaced. An endpoint in both a
+// port's cluster and local sets costs that in each.
+//
+// A sync that changes something sends its map writes and nothing else:
+// writes are right whatever someone did to the hooks or pins, and there
+// is no cheap way to look at eight hooks (a syscall each). Every sync of
+// an unchanged state (a caller's periodic sync), and at most every
+// Options.VerifyInterval a sync that changes something, checks in depth:
+// that the hooks are attached to the cgroup, that the maps and links are
+// pinned, and reads the maps back; any difference makes it write the
+// whole content again. So a hook someone detached, a pin or an entry
+// someone removed, is put back by the next periodic sync. Paired with a
+// packet path (Options.Packets), a detached hook costs speed until then,
+// not service: the packet path translates the node's flows too.
 //
 // Close releases the file descriptors: with a PinPath the hooks and maps
 // stay for the next process; without, the hooks are detached. Cleanup

@@ -26,8 +26,8 @@ func ExampleProxier_Render() {
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 			Endpoints: []servicelb.Endpoint{
-				{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true, Weight: servicelb.Weight(2)},
-				{Addr: netip.MustParseAddr("10.244.2.2"), Ready: true},
+				{Addr: netip.MustParseAddr("10.244.1.2"), Weight: servicelb.Weight(2)},
+				{Addr: netip.MustParseAddr("10.244.2.2")},
 			},
 		})
 	if err != nil {
@@ -51,4 +51,6 @@ func ExampleProxier_Render() {
 	// map kp_members: 0 entries
 	// map kp_names: 1 entries
 	//   1 "default/web:http/ipv4 cluster"
+	// map kp_affinity: 0 entries (LRU of 16384, written by the hooks)
+	// map kp_revnat: 0 entries (LRU of 65536, written by the hooks)
 }

@@ -3,7 +3,11 @@
 package ebpf_test
 
 import (
+	"context"
+	"log/slog"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -56,3 +60,34 @@ func newSocketLB(t testing.TB, e *bpfenv.Env, ns netns.NsHandle, paired bool) *e
 }
 
 var _ servicelb.Proxier = (*ebpf.Proxier)(nil)
+
+// records keeps the messages of log records.
+type records struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) has(s string) bool { return r.count(s) > 0 }
+
+// count returns how many messages hold s.
+func (r *records) count(s string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, m := range r.msgs {
+		if strings.Contains(m, s) {
+			n++
+		}
+	}
+	return n
+}

@@ -18,31 +18,47 @@ import (
 // maps hold and how to change them. The Engine calls it with p.mu held.
 type kernel Proxier
 
-// Check reports cheaply whether every hook is still attached to the
-// cgroup and, with a PinPath, every pin is in place.
+// Check reports what can be known of the kernel without a syscall: a
+// change of endpoints is map writes, which are right whatever else
+// someone did to the hooks or pins, so a sync that changes something
+// looks at nothing else and costs its writes alone. Verify, run by every
+// sync of an unchanged state (a caller's periodic sync) and at most every
+// VerifyInterval by the others, checks the hooks, the pins and the maps.
 func (k *kernel) Check(context.Context) (bool, error) {
+	return true, nil
+}
+
+// hooked reports whether every hook is still attached to the cgroup: one
+// syscall a hook.
+func (k *kernel) hooked() bool {
 	for i, l := range k.links {
 		if l == nil || !(*Proxier)(k).attached(l) {
 			k.log.Info("hook detached by someone else", "hook", hooks[i].name)
-			return false, nil
+			return false
 		}
 	}
+	return true
+}
+
+// pinned reports whether, with a PinPath, every map and link is pinned
+// there.
+func (k *kernel) pinned() bool {
 	if k.opts.PinPath == "" {
-		return true, nil
+		return true
 	}
 	for _, name := range mapNamesInOrder {
 		if _, err := os.Stat(filepath.Join(k.opts.PinPath, name)); err != nil {
 			k.log.Info("pin removed by someone else", "map", name)
-			return false, nil
+			return false
 		}
 	}
 	for _, h := range hooks {
 		if _, err := os.Stat((*Proxier)(k).linkPin(h)); err != nil {
 			k.log.Info("pin removed by someone else", "hook", h.name)
-			return false, nil
+			return false
 		}
 	}
-	return true, nil
+	return true
 }
 
 // attached reports whether a link still attaches its program to the
@@ -56,8 +72,12 @@ func (p *Proxier) attached(l link.Link) bool {
 	return cg != nil && cg.CgroupId == p.cgID
 }
 
-// Verify reads the maps back and compares every entry with the model.
+// Verify checks the hooks and the pins, then reads the maps back and
+// compares every entry with the model.
 func (k *kernel) Verify(context.Context) (bool, error) {
+	if !k.hooked() || !k.pinned() {
+		return false, nil
+	}
 	got, err := k.maps.read()
 	if err != nil {
 		return false, err
@@ -100,19 +120,39 @@ func (k *kernel) Write(_ context.Context, st *servicelb.State) error {
 	return nil
 }
 
-// pinMaps pins the maps whose pins are missing (after a Cleanup).
+// pinMaps pins the maps whose pins are missing (after a Cleanup, or
+// removed by someone else).
 func (p *Proxier) pinMaps() error {
 	if err := os.MkdirAll(p.opts.PinPath, 0o700); err != nil {
 		return fmt.Errorf("pin path: %w", err)
 	}
 	for name, m := range p.maps.byName() {
-		path := filepath.Join(p.opts.PinPath, name)
-		if _, err := os.Stat(path); err == nil {
-			continue
-		}
-		if err := m.Pin(path); err != nil {
+		if err := repin(m, filepath.Join(p.opts.PinPath, name)); err != nil {
 			return fmt.Errorf("pin map %s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// pinner is a map or a link.
+type pinner interface {
+	Pin(string) error
+	Unpin() error
+}
+
+// repin pins o at path unless a file is there. An object remembers the
+// path it was pinned at and takes a Pin to it again for done: Unpin
+// first makes it forget a pin someone else removed (the file is gone,
+// so Unpin removes nothing).
+func repin(o pinner, path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := o.Unpin(); err != nil {
+		return err
+	}
+	if err := o.Pin(path); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
 	}
 	return nil
 }
@@ -159,11 +199,7 @@ func (p *Proxier) pinLink(l link.Link, h hook) error {
 	if p.opts.PinPath == "" {
 		return nil
 	}
-	path := p.linkPin(h)
-	if _, err := os.Stat(path); err == nil {
-		return nil
-	}
-	if err := l.Pin(path); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := repin(l, p.linkPin(h)); err != nil {
 		return fmt.Errorf("pin link %s: %w", h.name, err)
 	}
 	return nil

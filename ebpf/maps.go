@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // kmaps are the Proxier's BPF maps.
@@ -36,8 +38,8 @@ func (k *kmaps) close() {
 
 // openMaps creates the maps, or, with a pin directory, opens those pinned
 // there by an earlier process (and creates and pins the others). A pinned
-// map of another layout is an error: the Proxier never deletes a map it
-// cannot read.
+// map of another layout is a *PinError: the Proxier never deletes a map
+// it cannot read.
 func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
 	got := map[string]*ebpf.Map{}
 	fail := func(err error) (*kmaps, error) {
@@ -54,6 +56,9 @@ func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
 			opts.PinPath = pinDir
 		}
 		m, err := ebpf.NewMapWithOptions(spec, opts)
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return fail(&PinError{Path: filepath.Join(pinDir, name), PinPath: pinDir, Err: err})
+		}
 		if err != nil {
 			return fail(fmt.Errorf("map %s: %w", name, err))
 		}
@@ -137,8 +142,37 @@ func (k *kmaps) read() (*content, error) {
 	return c, nil
 }
 
+// readHooks reads what the hooks wrote in the LRU maps, bounded by
+// sizes.
+func (k *kmaps) readHooks(sizes Sizes) (*hookContent, error) {
+	h := &hookContent{sizes: sizes}
+	var err error
+	if h.affinity, err = readAll[affKey, affVal](k.affinity); err != nil {
+		return nil, err
+	}
+	if h.reverse, err = readAll[revKey, endpoint](k.reverse); err != nil {
+		return nil, err
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, err
+	}
+	h.now = uint64(ts.Nano())
+	return h, nil
+}
+
+// mapWriter is what writing a map takes: an *ebpf.Map, whose every
+// call is one syscall.
+type mapWriter interface {
+	Put(key, value any) error
+	BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error)
+	Delete(key any) error
+	BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error)
+	String() string
+}
+
 // put writes entries: one syscall for one, batches for more.
-func put[K comparable, V any](m *ebpf.Map, entries map[K]V) error {
+func put[K comparable, V any](m mapWriter, entries map[K]V) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -164,7 +198,7 @@ func put[K comparable, V any](m *ebpf.Map, entries map[K]V) error {
 }
 
 // del deletes entries; one already gone is no error.
-func del[K comparable](m *ebpf.Map, keys []K) error {
+func del[K comparable](m mapWriter, keys []K) error {
 	if len(keys) == 1 {
 		if err := m.Delete(keys[0]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from map %s: %w", m.String(), err)
@@ -192,21 +226,28 @@ func del[K comparable](m *ebpf.Map, keys []K) error {
 
 // write applies a delta to the maps, step by step (see delta.run). It
 // stops at the first error: the next sync writes the whole content.
-func (k *kmaps) write(d *delta) error { return d.run(k, nil) }
+func (k *kmaps) write(d *delta) error {
+	return d.run(&writers{fe: k.fe, sets: k.sets, slots: k.slots, members: k.members, names: k.names, cfg: k.cfg}, nil)
+}
 
-func (k *kmaps) delMembers(keys []memberKey) error       { return del(k.members, keys) }
-func (k *kmaps) putMembers(m map[memberKey]uint32) error { return put(k.members, m) }
-func (k *kmaps) putSlots(m map[slotKey]endpoint) error   { return put(k.slots, m) }
-func (k *kmaps) putSets(m map[uint32]setVal) error       { return put(k.sets, m) }
-func (k *kmaps) putNames(m map[uint32]nameVal) error     { return put(k.names, m) }
-func (k *kmaps) putFE(m map[feKey]feVal) error           { return put(k.fe, m) }
-func (k *kmaps) delFE(keys []feKey) error                { return del(k.fe, keys) }
-func (k *kmaps) delSets(keys []uint32) error             { return del(k.sets, keys) }
-func (k *kmaps) delNames(keys []uint32) error            { return del(k.names, keys) }
-func (k *kmaps) delSlots(keys []slotKey) error           { return del(k.slots, keys) }
+// writers are the maps a delta writes, as the sink of its steps.
+type writers struct {
+	fe, sets, slots, members, names, cfg mapWriter
+}
 
-func (k *kmaps) putCfg(v cfgVal) error {
-	if err := k.cfg.Put(uint32(0), v); err != nil {
+func (w *writers) delMembers(keys []memberKey) error       { return del(w.members, keys) }
+func (w *writers) putMembers(m map[memberKey]uint32) error { return put(w.members, m) }
+func (w *writers) putSlots(m map[slotKey]endpoint) error   { return put(w.slots, m) }
+func (w *writers) putSets(m map[uint32]setVal) error       { return put(w.sets, m) }
+func (w *writers) putNames(m map[uint32]nameVal) error     { return put(w.names, m) }
+func (w *writers) putFE(m map[feKey]feVal) error           { return put(w.fe, m) }
+func (w *writers) delFE(keys []feKey) error                { return del(w.fe, keys) }
+func (w *writers) delSets(keys []uint32) error             { return del(w.sets, keys) }
+func (w *writers) delNames(keys []uint32) error            { return del(w.names, keys) }
+func (w *writers) delSlots(keys []slotKey) error           { return del(w.slots, keys) }
+
+func (w *writers) putCfg(v cfgVal) error {
+	if err := w.cfg.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("write map %s: %w", mapConfig, err)
 	}
 	return nil

@@ -56,7 +56,9 @@ var (
 // New probes the kernel (see Probe), then creates the maps or adopts
 // those pinned under Options.PinPath, and loads the programs. It attaches
 // nothing: the first Sync fills the maps, then attaches the hooks (or
-// gives adopted links the new programs, atomically).
+// gives adopted links the new programs, atomically). A pinned map it
+// cannot adopt, of another layout, is a *PinError that names it and
+// the way out (RemovePins), and New leaves every pin as it was.
 func New(o Options) (*Proxier, error) {
 	p, err := newProxier(o)
 	if err != nil {
@@ -67,6 +69,9 @@ func New(o Options) (*Proxier, error) {
 	}
 	if err := p.open(); err != nil {
 		p.closeKernel()
+		if pe := (*PinError)(nil); errors.As(err, &pe) {
+			return nil, pe
+		}
 		return nil, fmt.Errorf("ebpf: %w", err)
 	}
 	return p, nil
@@ -250,17 +255,23 @@ func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 }
 
 // Sync makes the maps (and Options.Packets) match st. See the package
-// documentation for what it writes and when.
+// documentation for what it writes and when. The two halves of one Sync
+// run under one lock: a concurrent Sync runs both of its halves before
+// or after them, never between, so that the maps and the packet path
+// never hold two different states once the Syncs return.
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
-	if p.maps == nil && !p.eng.Closed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.eng.Closed() {
+		return fmt.Errorf("ebpf: sync: %w", servicelb.ErrClosed)
+	}
+	if p.maps == nil {
 		return ErrRenderOnly
 	}
 	var perr error
 	if p.opts.Packets != nil {
 		perr = p.opts.Packets.Sync(ctx, st)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	return joinPartial(perr, p.eng.Sync(ctx, st))
 }
 
@@ -288,8 +299,8 @@ func joinPartial(a, b error) error {
 // over.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	err := p.cleanup()
-	p.mu.Unlock()
 	if p.opts.Packets != nil {
 		err = errors.Join(err, p.opts.Packets.Cleanup(ctx))
 	}
@@ -335,7 +346,9 @@ func (p *Proxier) cleanup() error {
 
 // Render returns what the maps would hold for st, as text (see Dump),
 // and after it the packet path's rendering when Options.Packets renders.
-// It needs no privileges and touches no kernel state.
+// Every map is listed; the hooks' own (the affinity pins and reverse
+// translations) are empty, as they are until sockets connect. It needs
+// no privileges and touches no kernel state.
 func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	if err := st.Check(); err != nil {
 		return "", err
@@ -348,7 +361,7 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	text := formatContent(m.content(0), m.annotations())
+	text := formatContent(m.content(0), &hookContent{sizes: p.opts.Sizes}, m.annotations())
 	if r, ok := p.opts.Packets.(servicelb.Renderer); ok {
 		more, err := r.Render(st)
 		if err != nil {
@@ -359,7 +372,11 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	return text, nil
 }
 
-// Dump reads the maps and lists what they hold, as Render does.
+// Dump reads the maps and lists what they hold, as Render does, with
+// what the hooks wrote: each ClientIP affinity pin (by client network
+// namespace and set, with the set's name and how long it has been idle)
+// and each socket's reverse translation (with the service port whose
+// address it shows, when this Proxier has synced).
 func (p *Proxier) Dump(ctx context.Context) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -373,9 +390,13 @@ func (p *Proxier) Dump(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("ebpf: dump: %w", err)
 	}
+	h, err := p.maps.readHooks(p.opts.Sizes)
+	if err != nil {
+		return "", fmt.Errorf("ebpf: dump: %w", err)
+	}
 	var notes map[feKey]string
 	if p.model != nil {
 		notes = p.model.annotations()
 	}
-	return formatContent(c, notes), nil
+	return formatContent(c, h, notes), nil
 }

@@ -5,10 +5,11 @@ package ebpf_test
 import (
 	"context"
 	"log/slog"
+	"net/netip"
+	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,33 +20,6 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
 )
-
-// records keeps the messages of log records.
-type records struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (r *records) Enabled(context.Context, slog.Level) bool { return true }
-func (r *records) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
-	return nil
-}
-func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *records) WithGroup(string) slog.Handler      { return r }
-
-func (r *records) has(s string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, m := range r.msgs {
-		if strings.Contains(m, s) {
-			return true
-		}
-	}
-	return false
-}
 
 // TestRandomWalkMatchesAFreshWrite syncs random walks of states into the
 // maps, one change at a time; at the end the deep verify of an unchanged
@@ -91,5 +65,61 @@ func TestRandomWalkMatchesAFreshWrite(t *testing.T) {
 		assert.Equal(t, dump, adopted, "seed %d: adopted maps changed", seed)
 		require.NoError(t, q.Cleanup(ctx))
 		require.NoError(t, q.Close())
+	}
+}
+
+// TestPinsRepairedByADeepVerify: a map's pin and a link's pin someone
+// removed (the hook still attached) are put back by the next deep
+// verify: the next sync of an unchanged state, or the next sync once
+// VerifyInterval has passed. A sync that changes something before that
+// writes the change and looks at nothing else.
+func TestPinsRepairedByADeepVerify(t *testing.T) {
+	e := newEnv(t)
+	h := netnstest.NewHost(t, "pins")
+	ctx := context.Background()
+	state := func(addr string) *servicelb.State {
+		st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{Name: "default/web",
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
+			Endpoints:  []servicelb.Endpoint{{Addr: netip.MustParseAddr(addr)}}})
+		require.NoError(t, err)
+		return st
+	}
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+	}{{"unchanged", time.Hour}, {"interval passed", time.Nanosecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := &records{}
+			pins := filepath.Join(e.BPFFS, "pins")
+			p, err := kebpf.New(kebpf.Options{Cgroup: e.Cgroup, PinPath: pins, NetNS: h.NS, Logger: slog.New(log),
+				VerifyInterval: tc.interval})
+			require.NoError(t, err)
+			defer func() {
+				assert.NoError(t, p.Cleanup(ctx))
+				assert.NoError(t, p.Close())
+			}()
+			require.NoError(t, p.Sync(ctx, state("10.244.1.2")))
+			gone := []string{filepath.Join(pins, "kp_sets"), filepath.Join(pins, "link_sendmsg4")}
+			for _, pin := range gone {
+				require.NoError(t, os.Remove(pin))
+			}
+			require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
+			if tc.interval == time.Hour {
+				assert.False(t, log.has("repaired"), "a change within VerifyInterval writes the change alone: %v", log.msgs)
+				for _, pin := range gone {
+					assert.NoFileExists(t, pin)
+				}
+				require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
+			}
+			assert.True(t, log.has("pin removed by someone else"), "%v", log.msgs)
+			assert.True(t, log.has("kernel state repaired"), "%v", log.msgs)
+			for _, pin := range gone {
+				assert.FileExists(t, pin)
+			}
+			assert.Len(t, attachedPrograms(t, e.Cgroup), 8)
+			require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
+			assert.Equal(t, 1, log.count("kernel state repaired"), "repaired once: %v", log.msgs)
+		})
 	}
 }

@@ -31,10 +31,10 @@ func checkGolden(t *testing.T, name, got string) {
 func renderState(t *testing.T) *servicelb.State {
 	a := netip.MustParseAddr
 	local := func(addr string, w uint16) servicelb.Endpoint {
-		return servicelb.Endpoint{Addr: a(addr), Ready: true, NodeName: "node-a", Weight: servicelb.Weight(w)}
+		return servicelb.Endpoint{Addr: a(addr), NodeName: "node-a", Weight: servicelb.Weight(w)}
 	}
 	remote := func(addr string) servicelb.Endpoint {
-		return servicelb.Endpoint{Addr: a(addr), Ready: true, NodeName: "node-b"}
+		return servicelb.Endpoint{Addr: a(addr), NodeName: "node-b"}
 	}
 	st, err := servicelb.NewState(servicelb.NodeConfig{NodeName: "node-a", NodeIPs: []netip.Addr{a("192.0.2.1"), a("2001:db8::1")},
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}},
@@ -47,7 +47,7 @@ func renderState(t *testing.T) *servicelb.State {
 			Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080, TargetPort: 8080},
 				{Name: "sctp", Protocol: servicelb.SCTP, Port: 90}},
 			Endpoints: []servicelb.Endpoint{local("10.244.1.2", 1), local("10.244.1.3", 3), remote("10.244.2.2"),
-				{Addr: a("fd00:244:1::2"), Ready: true, NodeName: "node-a"}},
+				{Addr: a("fd00:244:1::2"), NodeName: "node-a"}},
 		},
 		servicelb.Service{
 			Name: "default/dns", ClusterIPs: []netip.Addr{a("10.96.0.53")}, InternalTrafficPolicy: servicelb.PolicyLocal,
@@ -117,4 +117,33 @@ func TestCapabilities(t *testing.T) {
 	assert.Equal(t, servicelb.AllFeatures, pair.Features)
 	assert.Equal(t, MaxEndpoints, pair.MaxEndpoints)
 	assert.Equal(t, []servicelb.Scheduler{servicelb.SchedulerRandom}, pair.Schedulers)
+}
+
+// TestFormatHooks lists what the hooks wrote, as Dump does: affinity
+// pins by client namespace (the node's marked) and set, with the set's
+// name and idle time, and reverse translations by socket, with the
+// service port whose address they show (a TCP one, a UDP one, or none
+// known).
+func TestFormatHooks(t *testing.T) {
+	caps := capabilities(packetPath{})
+	m, err := buildModel(renderState(t), &caps, nil)
+	require.NoError(t, err)
+	c := m.content(4097)
+	const now = 100 * uint64(time.Second)
+	h := &hookContent{now: now, sizes: Sizes{}.withDefaults(),
+		affinity: map[affKey]affVal{
+			{Cookie: 4097, Set: 1}:  {endpoint: ep("10.244.1.3:8080"), Last: now - uint64(2500*time.Millisecond)},
+			{Cookie: 12289, Set: 2}: {endpoint: ep("[fd00:244:1::2]:8080"), Last: now - uint64(29*time.Second)},
+			{Cookie: 12289, Set: 1}: {endpoint: ep("10.244.2.2:8080"), Last: now},
+		},
+		reverse: map[revKey]endpoint{
+			{Cookie: 8193, endpoint: ep("10.244.1.2:8080")}:      ep("10.96.0.10:80"),
+			{Cookie: 8200, endpoint: ep("10.244.2.53:53")}:       ep("10.96.0.53:53"),
+			{Cookie: 8194, endpoint: ep("10.244.1.3:8080")}:      ep("192.0.2.1:30080"),
+			{Cookie: 9000, endpoint: ep("10.244.9.9:8080")}:      ep("10.96.9.9:80"),
+			{Cookie: 8193, endpoint: ep("10.244.1.3:8080")}:      ep("10.96.0.10:80"),
+			{Cookie: 8300, endpoint: ep("[fd00:244:1::2]:8080")}: ep("[fd00:96::10]:80"),
+		},
+	}
+	checkGolden(t, "dump.golden", formatContent(c, h, m.annotations()))
 }

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -74,7 +76,7 @@ func eps(n string, hosts ...int) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for _, h := range hosts {
 		for _, a := range []netip.Addr{netnstest.BackendIPv4(h), netnstest.BackendIPv6(h)} {
-			out = append(out, servicelb.Endpoint{Addr: a, Ready: true, Serving: true, NodeName: n})
+			out = append(out, servicelb.Endpoint{Addr: a, NodeName: n})
 		}
 	}
 	return out
@@ -261,6 +263,16 @@ func TestAffinityPinsAndExpires(t *testing.T) {
 	assert.Equal(t, map[string]int{"backend-1": 4}, counts, "another client is pinned by the weights")
 	time.Sleep(2500 * time.Millisecond)
 	assert.Equal(t, map[string]int{"backend-1": 4}, w.tp.Node.Count(t, "tcp", dst, 4, netnstest.InCgroup(w.cg)), "pinned anew after the timeout")
+
+	// Dump lists the pins, the node's and the pod's, and the sockets'
+	// reverse translations, each with its service port (the TCP and the
+	// UDP one of the address: a translation does not say which).
+	dump, err := w.p.Dump(context.Background())
+	require.NoError(t, err)
+	be1 := regexp.QuoteMeta(netnstest.BackendIPv4(1).String())
+	assert.Regexp(t, `(?m)^  netns \d+ \(node\) set \d+ -> `+be1+`:8080 idle \S+  # default/web:tcp/ipv4 cluster$`, dump)
+	assert.Regexp(t, `(?m)^  netns \d+ set \d+ -> `+be1+`:8080 idle \S+  # default/web:tcp/ipv4 cluster$`, dump)
+	assert.Regexp(t, `(?m)^  socket \d+ `+be1+`:8080 shows 10\.96\.0\.10:80  # default/web:tcp/ipv4 cluster IP \| default/web:udp/ipv4 cluster IP$`, dump)
 }
 
 // TestRestartAdoptsWithoutAGap: a Proxier closed without Cleanup leaves
@@ -282,10 +294,17 @@ func TestRestartAdoptsWithoutAGap(t *testing.T) {
 	w.sync(t, node(), service(eps("elsewhere", 0, 1)))
 	after, err := w.p.Dump(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, before, after, "the adopted maps are as they were")
+	assert.Equal(t, ownMaps(before), ownMaps(after), "the adopted maps are as they were")
 	assert.Equal(t, links, linkIDs(t, w.env), "the same links, their programs replaced in place")
 	w.sync(t, node(), service(eps("elsewhere", 2)))
 	assert.Equal(t, map[string]int{"backend-2": 10}, w.tp.Node.Count(t, "tcp", dst, 10, netnstest.InCgroup(w.cg)))
+}
+
+// ownMaps cuts from a Dump what the hooks write themselves, which the
+// sockets' flows change.
+func ownMaps(dump string) string {
+	own, _, _ := strings.Cut(dump, "map kp_affinity:")
+	return own
 }
 
 // linkIDs returns the ids of the pinned links.
@@ -308,9 +327,10 @@ func linkIDs(t *testing.T, e *bpfenv.Env) map[string]link.ID {
 
 // TestCleanupLeavesNothing: Cleanup detaches every hook (the cgroup
 // holds no program), removes every pin and the pin directory; Close then
-// frees the maps.
+// frees the maps. The root cgroup never meets a hook.
 func TestCleanupLeavesNothing(t *testing.T) {
 	w := newWorld(t)
+	rootBefore := attachedPrograms(t, w.env.Root)
 	w.sync(t, node(), service(eps("elsewhere", 0)))
 	var mapIDs []ebpf.MapID
 	for _, name := range []string{"kp_frontends", "kp_sets", "kp_slots", "kp_revnat"} {
@@ -322,9 +342,16 @@ func TestCleanupLeavesNothing(t *testing.T) {
 		mapIDs = append(mapIDs, id)
 		m.Close()
 	}
-	require.NotEmpty(t, attachedPrograms(t, w.env.Cgroup))
+	ours := attachedPrograms(t, w.env.Cgroup)
+	require.Len(t, ours, 8)
+	// The root of the hierarchy (the host's root cgroup, through the
+	// private mount) never holds the Proxier's programs: its list is
+	// what it was before the test (nothing, where nothing else attaches
+	// there).
+	assert.Equal(t, rootBefore, attachedPrograms(t, w.env.Root), "the root cgroup's hooks")
 	require.NoError(t, w.p.Cleanup(context.Background()))
 	assert.Empty(t, attachedPrograms(t, w.env.Cgroup))
+	assert.Equal(t, rootBefore, attachedPrograms(t, w.env.Root), "the root cgroup's hooks")
 	assert.NoDirExists(t, filepath.Join(w.env.BPFFS, "kproxy"))
 	_, err := w.ask(w.tp.Node, "tcp", netip.AddrPortFrom(vip4, 80))
 	assert.ErrorIs(t, err, syscall.ENETUNREACH, "no longer translated")
@@ -345,24 +372,9 @@ func TestCleanupLeavesNothing(t *testing.T) {
 // the Proxier uses.
 func attachedPrograms(t *testing.T, cgroup string) []ebpf.ProgramID {
 	t.Helper()
-	var out []ebpf.ProgramID
-	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect,
-		ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCGroupUDP6Recvmsg,
-		ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInet6GetPeername} {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: at})
-		require.NoError(t, err)
-		for _, p := range res.Programs {
-			out = append(out, p.ID)
-		}
-	}
-	return out
-}
-
-func cgroupFD(t *testing.T, dir string) int {
-	f, err := os.Open(dir)
+	ids, err := kebpf.Attached(cgroup)
 	require.NoError(t, err)
-	t.Cleanup(func() { f.Close() })
-	return int(f.Fd())
+	return ids
 }
 
 // TestRepairs: a hook someone detached, a pin someone removed and a map
@@ -482,4 +494,51 @@ func TestRemovePins(t *testing.T) {
 	assert.NoDirExists(t, dir, "an empty directory is removed")
 	assert.NoError(t, kebpf.RemovePins(dir))
 	assert.NoError(t, kebpf.RemovePins(""))
+}
+
+// TestPinsOfAnotherLayout: maps pinned with other Sizes (or by another
+// version) make New fail with a *PinError that names the pin and
+// RemovePins, and touch nothing: the hooks pinned there keep balancing.
+// After RemovePins, New starts afresh.
+func TestPinsOfAnotherLayout(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	require.NoError(t, w.p.Cleanup(context.Background()))
+	require.NoError(t, w.p.Close())
+	pins := filepath.Join(w.env.BPFFS, "layout")
+	o := kebpf.Options{Cgroup: w.env.Cgroup, PinPath: pins, NetNS: w.tp.Node.NS, Sizes: kebpf.Sizes{Frontends: 1 << 10}}
+	small, err := kebpf.New(o)
+	require.NoError(t, err)
+	st, err := servicelb.NewState(node(), service(eps("elsewhere", 0)))
+	require.NoError(t, err)
+	require.NoError(t, small.Sync(context.Background(), st))
+	require.NoError(t, small.Close())
+	before, err := filepath.Glob(filepath.Join(pins, "*"))
+	require.NoError(t, err)
+
+	o.Sizes = kebpf.Sizes{}
+	_, err = kebpf.New(o)
+	var pe *kebpf.PinError
+	require.ErrorAs(t, err, &pe)
+	assert.ErrorIs(t, err, kebpf.ErrPinIncompatible)
+	assert.ErrorIs(t, err, ebpf.ErrMapIncompatible)
+	assert.Equal(t, filepath.Join(pins, "kp_frontends"), pe.Path)
+	assert.Equal(t, pins, pe.PinPath)
+	assert.Contains(t, err.Error(), "RemovePins")
+	assert.Contains(t, err.Error(), "MaxEntries: 1024 changed to 65536")
+	after, err := filepath.Glob(filepath.Join(pins, "*"))
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "the pins are as they were")
+	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8)
+	r, err := w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err, "the pinned hooks still balance")
+	assert.Equal(t, "backend-0", r.Host)
+
+	require.NoError(t, kebpf.RemovePins(pe.PinPath))
+	w.p, err = kebpf.New(o)
+	require.NoError(t, err)
+	require.NoError(t, w.p.Sync(context.Background(), st))
+	r, err = w.ask(w.tp.Node, "tcp", dst)
+	require.NoError(t, err)
+	assert.Equal(t, "backend-0", r.Host)
 }

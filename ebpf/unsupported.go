@@ -4,6 +4,9 @@ package ebpf
 
 import (
 	"context"
+	"fmt"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -11,10 +14,10 @@ import (
 // Proxier balances sockets at the socket layer; on this system it cannot.
 type Proxier struct{}
 
-var errSystem = &FeatureError{Feature: "Linux", Hint: "socket-level load balancing needs Linux's cgroup BPF hooks"}
+var errSystem = fmt.Errorf("ebpf: %w", &FeatureError{Feature: "Linux", Hint: "socket-level load balancing needs Linux's cgroup BPF hooks"})
 
-// New returns a *FeatureError wrapping ErrNotSupported: the hooks are
-// Linux's.
+// New returns an error wrapping a *FeatureError, which wraps
+// ErrNotSupported: the hooks are Linux's.
 func New(Options) (*Proxier, error) { return nil, errSystem }
 
 // ForRendering returns a *FeatureError wrapping ErrNotSupported.
@@ -45,3 +48,6 @@ func (p *Proxier) Dump(context.Context) (string, error) { return "", errSystem }
 
 // RemovePins returns ErrNotSupported.
 func RemovePins(string) error { return ErrNotSupported }
+
+// Attached returns ErrNotSupported.
+func Attached(string) ([]ebpf.ProgramID, error) { return nil, errSystem }

@@ -27,6 +27,8 @@ func (m tableModel) table(t xtables.Table) *xtables.TableContent {
 // a model once planning succeeded.
 type txRecorder []func(tableModel)
 
+func (r *txRecorder) SetOwner(any) {}
+
 func (r *txRecorder) SetChain(t xtables.Table, name string, rules []xtables.Rule) {
 	*r = append(*r, func(m tableModel) { m.table(t).Chains[name] = rules })
 }

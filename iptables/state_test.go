@@ -32,7 +32,7 @@ func prefixes(ss ...string) []netip.Prefix {
 }
 
 func ep(addr, node string) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), Ready: true, Serving: true, NodeName: node}
+	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), NodeName: node}
 }
 
 // richNode is a dual-stack node with cluster and service CIDRs.
@@ -53,7 +53,7 @@ func richServices() []servicelb.Service {
 	weighted := ep("10.244.3.2", "node-c")
 	weighted.Weight = servicelb.Weight(3)
 	terminating := ep("10.244.2.9", "node-b")
-	terminating.Ready, terminating.Terminating = false, true
+	terminating.Ready, terminating.Serving, terminating.Terminating = new(false), new(true), true
 	return []servicelb.Service{
 		{
 			Name:       "default/web",
@@ -151,7 +151,8 @@ func TestContentMakesPortChainsOnDemand(t *testing.T) {
 	}
 	var names []string
 	groups := 0
-	for group := range want[nat].Parts {
+	for owner, group := range want[nat].Parts {
+		require.IsType(t, servicelb.ServicePortKey{}, owner, "a group's owner")
 		groups++
 		for _, c := range group {
 			require.NotContains(t, names, c.Name, "chain made twice")

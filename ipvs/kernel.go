@@ -35,7 +35,8 @@ type kernel struct {
 	writes int
 }
 
-// openKernel opens netlink handles in ns and checks that IPVS is there.
+// openKernel opens netlink handles in ns (netns.None(): the calling
+// thread's namespace, entering none) and checks that IPVS is there.
 func openKernel(ns netns.NsHandle, link string) (*kernel, error) {
 	nl, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE, unix.NETLINK_GENERIC)
 	if err != nil {
@@ -45,7 +46,11 @@ func openKernel(ns netns.NsHandle, link string) (*kernel, error) {
 		nl.Close()
 		return nil, fmt.Errorf("%w: generic netlink family IPVS: %v", ErrIPVSUnavailable, err)
 	}
-	h, err := ipvs.New(fmt.Sprintf("/proc/self/fd/%d", int(ns)))
+	path := "" // moby/ipvs enters no namespace for ""
+	if ns.IsOpen() {
+		path = fmt.Sprintf("/proc/self/fd/%d", int(ns))
+	}
+	h, err := ipvs.New(path)
 	if err != nil {
 		nl.Close()
 		return nil, opErr("open ipvs netlink", "", err)

@@ -170,7 +170,7 @@ func TestUDPServingEndpointKeepsItsFlows(t *testing.T) {
 	ep0, ep1 := endpoints(0), endpoints(1)
 	terminating, drained, other := slices.Clone(ep0), slices.Clone(ep0), slices.Clone(ep0)
 	for i := range ep0 {
-		terminating[i].Ready, terminating[i].Terminating = false, true
+		terminating[i].Ready, terminating[i].Serving, terminating[i].Terminating = new(false), new(true), true
 		drained[i].Weight = servicelb.Weight(0)
 		other[i].NodeName = "other"
 	}

@@ -45,7 +45,7 @@ func TestVerdicts(t *testing.T) {
 			external: "outside=local pod=cluster node=cluster+masq",
 		},
 		{
-			name: "external Local without a local endpoint drops outside traffic only (F3)", eps: []Endpoint{remote},
+			name: "external Local without a local endpoint drops outside traffic only", eps: []Endpoint{remote},
 			etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
 			internal: "outside=cluster+masq pod=cluster node=cluster+masq",
 			external: "outside=drop pod=cluster node=cluster+masq",
@@ -57,13 +57,13 @@ func TestVerdicts(t *testing.T) {
 			external: "outside=drop pod=drop node=cluster+masq",
 		},
 		{
-			name: "internal Local without a local endpoint drops (F3)", eps: []Endpoint{remote},
+			name: "internal Local without a local endpoint drops", eps: []Endpoint{remote},
 			itp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
 			internal: "outside=drop pod=drop node=drop",
 			external: "outside=cluster+masq pod=cluster+masq node=cluster+masq",
 		},
 		{
-			name: "both Local, only remote endpoints: dropped from outside, short-circuited for pods and the node (F3)",
+			name: "both Local, only remote endpoints: dropped from outside, short-circuited for pods and the node",
 			eps:  []Endpoint{remote}, itp: PolicyLocal, etp: PolicyLocal, node: NodeConfig{ClusterCIDRs: cidrs},
 			internal: "outside=drop pod=drop node=drop",
 			external: "outside=drop pod=cluster node=cluster+masq",
@@ -104,14 +104,14 @@ func TestVerdicts(t *testing.T) {
 }
 
 // TestOnlyNamedPorts: an endpoint that names its ports serves only those
-// (F6: an EndpointSlice's endpoints serve the slice's ports).
+// (an EndpointSlice's endpoints serve the slice's ports).
 func TestOnlyNamedPorts(t *testing.T) {
 	s := Service{
 		Name: "ns/w", ClusterIPs: []netip.Addr{a("10.96.0.1")},
 		Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}, {Name: "metrics", Protocol: TCP, Port: 9090}},
 		Endpoints: []Endpoint{
-			{Addr: a("10.0.0.1"), Ready: true, Ports: map[string]uint16{"metrics": 9100}, OnlyNamedPorts: true},
-			{Addr: a("10.0.0.2"), Ready: true, Ports: map[string]uint16{"http": 8080, "metrics": 9100}, OnlyNamedPorts: true},
+			{Addr: a("10.0.0.1"), Ports: map[string]uint16{"metrics": 9100}, OnlyNamedPorts: true},
+			{Addr: a("10.0.0.2"), Ports: map[string]uint16{"http": 8080, "metrics": 9100}, OnlyNamedPorts: true},
 		},
 	}
 	st, err := NewState(NodeConfig{}, s)
@@ -126,7 +126,7 @@ func TestOnlyNamedPorts(t *testing.T) {
 // TestSourceRanges: kube-proxy's firewall: the ranges of the port's family;
 // the node only through the ranges, and the load-balancer IPs as sources
 // only when a node address is in them; ranges of the other family, or an
-// all-addresses range, leave the port open (F8).
+// all-addresses range, leave the port open.
 func TestSourceRanges(t *testing.T) {
 	pfx := netip.MustParsePrefix
 	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1"), a("2001:db8::1")}}
@@ -180,8 +180,8 @@ func TestDroppedServiceCIDRs(t *testing.T) {
 }
 
 // TestHairpinAndServing: every endpoint a verdict may forward to is a
-// hairpin address (F12); every serving endpoint counts for stale flows,
-// whatever is selected (F5).
+// hairpin address; every serving endpoint counts for stale flows,
+// whatever is selected.
 func TestHairpinAndServing(t *testing.T) {
 	s := Service{
 		Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Protocol: UDP, Port: 53}},

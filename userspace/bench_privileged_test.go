@@ -32,7 +32,7 @@ func nsPaths(b *testing.B) (direct, proxied path, p *Proxier) {
 		p.Close()
 	})
 	vip := func(i byte) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, 0, i}) }
-	eps := []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}
+	eps := []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}
 	svc := func(i byte, proto servicelb.Protocol, target uint16) servicelb.Service {
 		return servicelb.Service{Name: "bench/svc" + string('0'+rune(i)), ClusterIPs: []netip.Addr{vip(i)},
 			Ports: []servicelb.Port{{Protocol: proto, Port: 80, TargetPort: target}}, Endpoints: eps}

@@ -428,7 +428,7 @@ func syncServices(n, k int, base uint16) ([]servicelb.Service, ListenFunc) {
 		eps := make([]servicelb.Endpoint, k)
 		for j := range eps {
 			x := i*k + j
-			eps[j] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(64 + x>>16), byte(x >> 8), byte(x)}), Ready: true}
+			eps[j] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(64 + x>>16), byte(x >> 8), byte(x)})}
 		}
 		svcs[i] = servicelb.Service{
 			Name:       fmt.Sprintf("ns%d/svc%d", i/100, i),

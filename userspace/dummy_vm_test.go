@@ -27,7 +27,7 @@ func TestDummyLink(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10", "fd00:96::10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}, {Addr: netnstest.BackendIPv6(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}, {Addr: netnstest.BackendIPv6(0)}}}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 	link := tp.Node.Exec(t, "ip", "-d", "address", "show", "dev", "kproxy-us0")
 	assert.Contains(t, link, "dummy")

@@ -67,7 +67,7 @@ func (h *holder) findLink(create bool) error {
 	case err != nil:
 		return &OpError{Op: "find link", Object: h.link, Err: err}
 	case l.Type() != "dummy" && l.Attrs().RawFlags&unix.IFF_LOOPBACK == 0:
-		return fmt.Errorf("userspace: %s: %w (a %s link)", h.link, ErrLinkConflict, l.Type())
+		return fmt.Errorf("%s: %w (a %s link)", h.link, ErrLinkConflict, l.Type())
 	}
 	if l.Attrs().RawFlags&unix.IFF_UP == 0 {
 		if err := nh.LinkSetUp(l); err != nil {
@@ -185,7 +185,7 @@ func (h *holder) checkMark(a netip.Addr) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("userspace: %w", ErrNoAddressMark)
+	return ErrNoAddressMark
 }
 
 // flushDels deletes the queued addresses that are ours and no longer

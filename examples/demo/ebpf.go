@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -54,9 +52,9 @@ func nodeTraffic(ctx context.Context, out io.Writer, e *bpfenv.Env, sb *sandbox.
 	if e == nil || len(svcs) == 0 || len(svcs[0].ClusterIPs) == 0 || len(svcs[0].Ports) == 0 {
 		return nil
 	}
-	back, err := enter(e)
+	back, err := e.Enter()
 	if err != nil {
-		return err
+		return fmt.Errorf("enter the hooks' cgroup: %w", err)
 	}
 	defer back()
 	s, p := svcs[0], svcs[0].Ports[0]
@@ -80,24 +78,4 @@ func nodeTraffic(ctx context.Context, out io.Writer, e *bpfenv.Env, sb *sandbox.
 	}
 	fmt.Fprintln(out, strings.Join(parts, ", "))
 	return nil
-}
-
-// enter moves the demo's process into the cgroup and returns how to move
-// it back.
-func enter(e *bpfenv.Env) (func(), error) {
-	self, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return nil, err
-	}
-	var home string
-	for _, line := range strings.Split(string(self), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			home = filepath.Join(e.Root, p)
-		}
-	}
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(e.Cgroup, "cgroup.procs"), pid, 0o644); err != nil {
-		return nil, fmt.Errorf("enter the hooks' cgroup: %w", err)
-	}
-	return func() { _ = os.WriteFile(filepath.Join(home, "cgroup.procs"), pid, 0o644) }, nil
 }

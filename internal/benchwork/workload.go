@@ -9,6 +9,12 @@
 // n ClusterIP services of one TCP port (80 to 8080), each with m ready
 // endpoints of addresses of their own; the first endpoint of every tenth
 // service is on this node (node-0), the others are spread over 99 more.
+//
+// It also holds what the core's benchmarks measure with: the process's
+// resident memory (Memory), its live Go heap (Heap), the kernel's own
+// memory where BPF maps and nf_tables objects live (KernelMemory), and
+// the verdict on a path against a reference from the ratios of rounds
+// taken in turn (Judge).
 package benchwork
 
 import (

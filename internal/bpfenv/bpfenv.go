@@ -15,7 +15,9 @@
 //
 // The mounts are made private (no propagation), so that they appear in
 // no other mount namespace. A child cgroup can only be removed once no
-// process is in it: end the processes started in it first.
+// process is in it: end the processes started in it first, and move a
+// process that entered it (Env.Enter, for a benchmark or a demo whose own
+// sockets meet the hooks) back.
 package bpfenv
 
 import (
@@ -87,6 +89,45 @@ func (e *Env) NewCgroup() (string, error) {
 	}
 	e.extra = append(e.extra, dir)
 	return dir, nil
+}
+
+// Enter moves the calling process (every thread of it) into Cgroup, so
+// that the sockets it makes meet what is attached there, and returns the
+// function that moves it back to the cgroup it was in. A benchmark or a
+// demo that measures the hooks from its own sockets calls it; call back
+// before Close, which cannot remove a cgroup a process is in.
+func (e *Env) Enter() (back func() error, err error) {
+	home, err := e.current()
+	if err != nil {
+		return nil, err
+	}
+	if err := moveTo(e.Cgroup); err != nil {
+		return nil, err
+	}
+	return func() error { return moveTo(home) }, nil
+}
+
+// current returns the directory under Root of the calling process's
+// cgroup.
+func (e *Env) current() (string, error) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", fmt.Errorf("bpfenv: %w", err)
+	}
+	for _, line := range strings.Split(string(self), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return filepath.Join(e.Root, p), nil
+		}
+	}
+	return "", fmt.Errorf("bpfenv: /proc/self/cgroup names no cgroup v2 cgroup")
+}
+
+func moveTo(dir string) error {
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
+		return fmt.Errorf("bpfenv: move into cgroup %s: %w", dir, err)
+	}
+	return nil
 }
 
 func mount(dir, fstype string) error {
@@ -168,7 +209,10 @@ func pidOf(prefix, n string) (int, bool) {
 
 // Reap removes what processes that are gone left with this prefix: their
 // mount points in the temporary directory (their child cgroups first) and
-// returns what it removed.
+// returns what it removed. Unmounting a bpf filesystem drops its pins,
+// and with the pin of a link the link itself, which detaches its program
+// from the cgroup it was attached to, even a cgroup that cannot be
+// removed yet because a process is still in it (an error says which).
 func Reap(prefix string) ([]string, error) {
 	ents, err := os.ReadDir(os.TempDir())
 	if err != nil {

@@ -3,6 +3,7 @@
 package nfnl
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -43,6 +44,31 @@ type Batch struct {
 	// echoed holds, after a commit, the rules the kernel echoed for the
 	// messages marked with Echo, by message index.
 	echoed map[int]Rule
+	// owners says whose each part of the batch is (SetOwner), from a
+	// byte offset on, in order.
+	owners []ownerSpan
+	// elems is the last message when it is a list of elements, which
+	// the next elements of its set go on filling.
+	elems elemsMessage
+}
+
+// ownerSpan makes the batch's bytes from off on belong to owner.
+type ownerSpan struct {
+	off   int
+	owner any
+}
+
+// elemsMessage locates a message of elements being filled, in the chunk
+// under way, and says what it holds.
+type elemsMessage struct {
+	msg  int // its index in msgs, plus one; 0 for none
+	off  int // its offset in the chunk
+	list int // the offset of its element list in the chunk
+	n    int // its elements
+	typ  uint16
+	fam  Family
+	// table and set are those the message names.
+	table, set string
 }
 
 // Chunks of a batch: a chunk is full at chunkSize bytes, or at 1/128th of
@@ -132,6 +158,102 @@ func (b *Batch) Describe(i int) string {
 	return describe(b.at(int(b.msgs[i])))
 }
 
+// end returns the offset of the end of the batch.
+func (b *Batch) end() int { return b.sealed + len(b.enc.b) }
+
+// SetOwner makes what the batch holds from now on belong to owner, until
+// the next SetOwner: the messages added, and the elements, which a
+// message of one set's elements may hold for several owners. nil belongs
+// to no one, as does everything added before the first SetOwner. An
+// owner is a comparable value that means something to the caller, such
+// as the service port a message is written for: a message the kernel
+// refuses reports its owner (MessageError.Owner), and for a message of
+// elements, the owner of the element the kernel points at.
+func (b *Batch) SetOwner(owner any) {
+	end := max(b.end(), batchReserve)
+	n := len(b.owners)
+	switch {
+	case n == 0 && owner == nil:
+		return
+	case n > 0 && b.owners[n-1].owner == owner:
+		return
+	case n > 0 && b.owners[n-1].off == end:
+		b.owners = b.owners[:n-1]
+		if n > 1 && b.owners[n-2].owner == owner {
+			return
+		}
+	}
+	b.owners = append(b.owners, ownerSpan{off: end, owner: owner})
+}
+
+// Owner returns whose message i (0-based) is (SetOwner): nil when it is
+// no one's, or holds several owners' elements.
+func (b *Batch) Owner(i int) any {
+	if i < 0 || i >= len(b.msgs) {
+		return nil
+	}
+	return b.ownerOf(i, 0)
+}
+
+// ownerAt returns the owner of the byte at off.
+func (b *Batch) ownerAt(off int) any {
+	i, found := slices.BinarySearchFunc(b.owners, off, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return nil
+	}
+	return b.owners[i].owner
+}
+
+// soleOwner returns the owner of every byte in [from, to), or nil when
+// they have several.
+func (b *Batch) soleOwner(from, to int) any {
+	o := b.ownerAt(from)
+	i, _ := slices.BinarySearchFunc(b.owners, from+1, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })
+	for ; i < len(b.owners) && b.owners[i].off < to; i++ {
+		if b.owners[i].owner != o {
+			return nil
+		}
+	}
+	return o
+}
+
+// msgEnd returns the offset of the end of message i.
+func (b *Batch) msgEnd(i int) int {
+	if i+1 < len(b.msgs) {
+		return int(b.msgs[i+1])
+	}
+	return b.end()
+}
+
+// contentStart returns the offset where the owned content of message i
+// begins: its first element, for a message of elements (the table and
+// set it names are every element's), else the message itself.
+func (b *Batch) contentStart(i int) int {
+	off := int(b.msgs[i])
+	if typ := binary.LittleEndian.Uint16(b.at(off)[4:]) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
+		return off
+	}
+	if at := b.attrData(i, attrElemListElems); at >= 0 {
+		return at
+	}
+	return off
+}
+
+// ownerOf returns the owner of message i, or of the part of it at attr
+// (an offset from its start that the kernel pointed at; 0 for none): the
+// element there, for a message of elements. nil when the part has no
+// owner, or the message several.
+func (b *Batch) ownerOf(i, attr int) any {
+	from, to := b.contentStart(i), b.msgEnd(i)
+	if at := int(b.msgs[i]) + attr; attr > 0 && at >= from && at < to {
+		return b.ownerAt(at)
+	}
+	return b.soleOwner(from, to)
+}
+
 // RequireGeneration makes the batch apply only if the ruleset generation is
 // still id; otherwise Commit fails with ErrGenerationChanged and nothing
 // changes. It lets a caller that read the kernel's state commit changes
@@ -148,7 +270,7 @@ func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
 		len(b.enc.b) >= firstChunk && cap(b.enc.b)-len(b.enc.b) < chunkHeadroom:
 		b.seal()
 	}
-	off := b.sealed + len(b.enc.b)
+	off := b.end()
 	if uint64(off) > math.MaxUint32 {
 		b.enc.fail(fmt.Errorf("batch of more than 4 GiB"))
 	}
@@ -390,21 +512,41 @@ func (b *Batch) DelElements(fam Family, table, set string, elems []Element) {
 	b.elements(msgDelSetElem, 0, fam, table, set, elems)
 }
 
+// elements adds elems in messages of at most about elemChunk bytes of
+// elements each, going on filling the batch's last message when it is
+// one of the same verb and set: elements added in several calls (for
+// several owners, say) share messages as those of one call do.
 func (b *Batch) elements(typ, flags uint16, fam Family, table, set string, elems []Element) {
 	for len(elems) > 0 {
-		m := b.begin(typ, flags, fam)
-		b.enc.str(attrElemListTable, table)
-		b.enc.str(attrElemListSet, set)
-		n := b.enc.nest(attrElemListElems)
-		start, i := len(b.enc.b), 0
-		for i < len(elems) && (i == 0 || len(b.enc.b)-start < elemChunk) {
+		e := b.elems
+		if !b.fills(typ, fam, table, set) {
+			off := b.begin(typ, flags, fam)
+			b.enc.str(attrElemListTable, table)
+			b.enc.str(attrElemListSet, set)
+			e = elemsMessage{msg: len(b.msgs), off: off, list: b.enc.nest(attrElemListElems), typ: typ, fam: fam, table: table, set: set}
+		}
+		start, i := e.list+nlaHdrLen, 0
+		for i < len(elems) && (e.n+i == 0 || len(b.enc.b)-start < elemChunk) {
 			b.element(&elems[i])
 			i++
 		}
-		b.enc.endNest(n)
-		b.enc.endMessage(m)
+		e.n += i
+		b.enc.endNest(e.list)
+		b.enc.endMessage(e.off)
+		b.elems = e
 		elems = elems[i:]
 	}
+}
+
+// fills reports whether the batch's last message is one of elements of
+// the same kind and set, with room for more.
+func (b *Batch) fills(typ uint16, fam Family, table, set string) bool {
+	e := b.elems
+	if e.msg == 0 || e.msg != len(b.msgs) {
+		return false
+	}
+	return e.typ == typ && e.fam == fam && e.table == table && e.set == set &&
+		len(b.enc.b)-(e.list+nlaHdrLen) < elemChunk
 }
 
 func describeElems(n int) string {

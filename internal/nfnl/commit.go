@@ -31,6 +31,12 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 	if c.closed {
 		return Generation{}, ErrClosed
 	}
+	restore := func() {}
+	if refuse := ruleFaultOf(ctx); refuse != nil {
+		// Put back as soon as sent: failures are described from the
+		// batch's bytes.
+		restore = b.misnameRules(refuse)
+	}
 	base := c.nextSeq(b.Len() + 3)
 	p := b.frame(base)
 	if tap := tapOf(ctx); tap != nil {
@@ -42,6 +48,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 	}
 	err := c.send(ctx, p...)
 	b.unframe()
+	restore()
 	if err != nil {
 		return Generation{}, err
 	}
@@ -112,7 +119,7 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 				if errno == 0 || seq < base || seq >= probe {
 					continue
 				}
-				failed = append(failed, b.failure(int(seq-base)-1, errno, text))
+				failed = append(failed, b.failure(int(seq-base)-1, errno, text, badAttrOf(m)))
 				continue
 			}
 			if m.typ == subsysNFTables<<8|msgNewRule && m.seq > base && m.seq < probe {
@@ -142,7 +149,7 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 	}
 }
 
-func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
+func (b *Batch) failure(i int, errno syscall.Errno, text string, attr int) *MessageError {
 	e := &MessageError{Index: i, Errno: errno, Message: text}
 	switch {
 	case i < 0:
@@ -151,6 +158,7 @@ func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
 		e.Index, e.Op = -1, "end of batch"
 	default:
 		e.Op = b.Describe(i)
+		e.Owner = b.ownerOf(i, attr)
 	}
 	return e
 }

@@ -31,7 +31,8 @@
 // kernel answers only for the messages that fail, and the socket's send
 // buffer grows to the batch (SO_SNDBUFFORCE), so a batch of tens of
 // megabytes goes through in one piece instead of failing with EMSGSIZE.
-// Large element lists are split across messages by the batch itself.
+// Large element lists are split across messages by the batch itself, and
+// elements of one set added in several calls fill the same messages.
 //
 // Batch.Echo marks chosen rule additions for NLM_F_ECHO: the kernel sends
 // them back after the commit with their handles, which Batch.Echoed
@@ -46,6 +47,18 @@
 // inet kproxy services" and the errno (errors.Is(err, syscall.ENOENT)
 // works), plus the kernel's extended-ack text when it gives one.
 //
+// # Owners
+//
+// Batch.SetOwner makes what is added next belong to an owner of the
+// caller's choosing, such as the service port a chain, a rule or an
+// element is written for. A refused message reports its owner
+// (MessageError.Owner); in a message of elements that several owners
+// share, the owner of the element the kernel points at in its extended
+// acknowledgement. RefusedOwners groups a refusal by owner when every
+// refused message has one, so that a caller can leave out what the
+// kernel refused and commit the rest. WithRuleFault has the real kernel
+// refuse the rules of chosen owners, for tests.
+//
 // # Generations
 //
 // Every commit in a namespace, by anyone, moves the ruleset generation on.
@@ -53,7 +66,9 @@
 // generation right after its own commit: a caller that remembers it learns
 // cheaply whether anyone else has committed since. Batch.RequireGeneration
 // makes a batch apply only if the generation is still the one the caller
-// read (ErrGenerationChanged otherwise).
+// read (ErrGenerationChanged otherwise). LostRace tells that error, and a
+// dump that a commit interrupted, from the kernel's other refusals: the
+// backends' sync engine retries those steps at once.
 //
 // # Reading
 //

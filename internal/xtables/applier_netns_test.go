@@ -316,12 +316,13 @@ func TestInterruptedChainListing(t *testing.T) {
 	require.ErrorIs(t, err, nfnl.ErrDumpInterrupted, "a listing the table's count does not back was used")
 }
 
-// countedParts yields groups of chains and counts the passes over them.
-func countedParts(passes *int, groups ...[]Chain) iter.Seq[[]Chain] {
-	return func(yield func([]Chain) bool) {
+// countedParts yields groups of chains, each its first chain's, and
+// counts the passes over them.
+func countedParts(passes *int, groups ...[]Chain) iter.Seq2[any, []Chain] {
+	return func(yield func(any, []Chain) bool) {
 		*passes++
 		for _, g := range groups {
-			if !yield(g) {
+			if !yield(g[0].Name, g) {
 				return
 			}
 		}

@@ -117,12 +117,18 @@ type TableContent struct {
 	// chains are all created before any of their rules is written, so its
 	// rules may jump to its own chains, to Chains and keyed chains, and to
 	// the chains of earlier groups. A chain name appears once in Chains
-	// and Parts together.
-	Parts iter.Seq[[]Chain]
+	// and Parts together. Each group comes with its owner, whose its
+	// chains are, as ChainOwners says of Chains.
+	Parts iter.Seq2[any, []Chain]
 	// Keyed are keyed chains: chain, then key, then the key's rules.
 	Keyed map[string]map[string][]Rule
 	// Jumps are the owner's rules at the top of builtin chains.
 	Jumps map[string][]Rule
+	// ChainOwners and KeyOwners say whose whole chains and the keys of
+	// keyed chains are, by chain name and by key: what a refusal of the
+	// kernel names (nfnl.Batch.SetOwner). Those they leave out, and the
+	// jumps, are no one's.
+	ChainOwners, KeyOwners map[string]any
 }
 
 // Whole returns the content's whole chains, those of Chains and copies of
@@ -133,7 +139,7 @@ func (c *TableContent) Whole() map[string][]Rule {
 		out = map[string][]Rule{}
 	}
 	if c.Parts != nil {
-		for group := range c.Parts {
+		for _, group := range c.Parts {
 			for _, ch := range group {
 				rules := slices.Clone(ch.Rules)
 				for i := range rules {
@@ -180,6 +186,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // change and cannot fail; errors surface at Commit.
 type Tx struct {
 	tables map[Table]*txTable
+	owner  any
 }
 
 type txTable struct {
@@ -187,21 +194,31 @@ type txTable struct {
 	del   map[string]bool
 	keyed map[string]*txKeyed
 	jumps map[string][]Rule
-	parts *txParts
+	// owners holds the owners of the chains set or deleted.
+	owners map[string]any
+	parts  *txParts
 }
 
 // txParts are the chains of a TableContent's Parts to write: all but
 // those the kernel holds as they should be (same), after flushing those
-// it holds otherwise (flush).
+// it holds otherwise (flush, in name order).
 type txParts struct {
-	seq   iter.Seq[[]Chain]
+	seq   iter.Seq2[any, []Chain]
 	same  map[string]bool
-	flush []string
+	flush []ownedChain
+}
+
+// ownedChain is a chain's name and its owner.
+type ownedChain struct {
+	name  string
+	owner any
 }
 
 type txKeyed struct {
 	reset bool
 	set   map[string][]Rule
+	// owners holds the owners of the keys set.
+	owners map[string]any
 }
 
 // Changes reports whether tx changes anything.
@@ -241,7 +258,8 @@ func NewTx() *Tx { return &Tx{tables: map[Table]*txTable{}} }
 func (tx *Tx) table(t Table) *txTable {
 	tt := tx.tables[t]
 	if tt == nil {
-		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{}}
+		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{},
+			owners: map[string]any{}}
 		tx.tables[t] = tt
 	}
 	return tt
@@ -251,11 +269,26 @@ func (tx *Tx) table(t Table) *txTable {
 // are missing, even when nothing else changes in it.
 func (tx *Tx) Touch(t Table) { tx.table(t) }
 
+// SetOwner makes the chains and keys the next calls set or delete belong
+// to owner (nil: to no one), until the next SetOwner: a refusal of the
+// kernel names it (nfnl.Batch.SetOwner).
+func (tx *Tx) SetOwner(owner any) { tx.owner = owner }
+
+// own records the current owner of a chain or key.
+func (tx *Tx) own(owners map[string]any, name string) {
+	if tx.owner != nil {
+		owners[name] = tx.owner
+	} else {
+		delete(owners, name)
+	}
+}
+
 // SetChain makes chain name hold exactly rules, creating it if needed.
 func (tx *Tx) SetChain(t Table, name string, rules []Rule) {
 	tt := tx.table(t)
 	delete(tt.del, name)
 	tt.set[name] = rules
+	tx.own(tt.owners, name)
 }
 
 // DeleteChain removes chain name if it exists.
@@ -263,12 +296,13 @@ func (tx *Tx) DeleteChain(t Table, name string) {
 	tt := tx.table(t)
 	delete(tt.set, name)
 	tt.del[name] = true
+	tx.own(tt.owners, name)
 }
 
 func (tt *txTable) keyedChain(name string) *txKeyed {
 	k := tt.keyed[name]
 	if k == nil {
-		k = &txKeyed{set: map[string][]Rule{}}
+		k = &txKeyed{set: map[string][]Rule{}, owners: map[string]any{}}
 		tt.keyed[name] = k
 	}
 	return k
@@ -277,7 +311,9 @@ func (tt *txTable) keyedChain(name string) *txKeyed {
 // SetKeyed makes key's rules in keyed chain chain exactly rules (none
 // removes the key), creating the chain if needed.
 func (tx *Tx) SetKeyed(t Table, chain, key string, rules []Rule) {
-	tx.table(t).keyedChain(chain).set[key] = rules
+	k := tx.table(t).keyedChain(chain)
+	k.set[key] = rules
+	tx.own(k.owners, key)
 }
 
 // ResetKeyed makes keyed chain chain hold only the keys set in this

@@ -8,41 +8,53 @@ import (
 
 // table writes the messages that make table t move from st to what tt
 // asks, in an order the kernel accepts within one batch: rule deletions,
-// flushes, chain deletions, chain creations, whole chains, keyed rules,
-// jumps. State updates run only after the batch succeeds.
+// flushes, chain deletions, chain creations, the chains of Parts group by
+// group, whole chains, keyed rules, jumps. State updates run only after
+// the batch succeeds.
+//
+// Each message belongs to the owner of its chain or key (Tx.SetOwner); the
+// table, builtin and keyed chains and jumps to no one.
 func (b *builder) table(t Table, st *tableState, tt *txTable) error {
+	owner := func(name string) { b.m.b.SetOwner(tt.owners[name]) }
+	b.m.b.SetOwner(nil)
 	b.ensureTable(t, st)
 	for _, chain := range sortedKeys(tt.keyed) {
 		b.dropKeyed(t, st, chain, tt.keyed[chain])
 	}
+	b.m.b.SetOwner(nil)
 	for _, chain := range sortedKeys(tt.jumps) {
 		b.dropJumps(t, st, chain, tt.jumps[chain])
 	}
 	setNames, delNames := sortedKeys(tt.set), sortedKeys(tt.del)
 	for _, name := range setNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.flushChain(t, name)
 		}
 	}
 	if tt.parts != nil {
-		for _, name := range tt.parts.flush {
-			b.m.flushChain(t, name)
+		for _, c := range tt.parts.flush {
+			b.m.b.SetOwner(c.owner)
+			b.m.flushChain(t, c.name)
 		}
 	}
 	// Every chain to delete is flushed before any is deleted: they may
 	// jump to one another.
 	for _, name := range delNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.flushChain(t, name)
 		}
 	}
 	for _, name := range delNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.delChain(t, name)
 			b.onSuccess = append(b.onSuccess, func() { delete(st.chains, name); delete(st.keyed, name); st.use-- })
 		}
 	}
 	for _, name := range slices.Concat(setNames, sortedKeys(tt.keyed)) {
+		owner(name)
 		b.ensureChain(t, st, name)
 	}
 	if tt.parts != nil {
@@ -51,6 +63,7 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 		}
 	}
 	for _, name := range setNames {
+		owner(name)
 		for i := range tt.set[name] {
 			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, nil); err != nil {
 				return err
@@ -62,6 +75,7 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 			return err
 		}
 	}
+	b.m.b.SetOwner(nil)
 	for _, chain := range sortedKeys(tt.jumps) {
 		if err := b.placeJumps(t, st, chain, tt.jumps[chain]); err != nil {
 			return err
@@ -72,10 +86,11 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 
 // writeParts writes the chains of Parts that the kernel does not hold as
 // they should be, group by group: the group's chains created where
-// missing, then their rules. The rules are encoded as they come and not
-// kept.
+// missing, then their rules, all the group's owner's. The rules are
+// encoded as they come and not kept.
 func (b *builder) writeParts(t Table, st *tableState, p *txParts) error {
-	for group := range p.seq {
+	for owner, group := range p.seq {
+		b.m.b.SetOwner(owner)
 		for _, c := range group {
 			if !p.same[c.Name] {
 				b.ensureChain(t, st, c.Name)
@@ -150,6 +165,7 @@ func (b *builder) dropKeyed(t Table, st *tableState, chain string, k *txKeyed) {
 			delete(k.set, key) // unchanged: keep it as it is
 			continue
 		}
+		b.m.b.SetOwner(k.owners[key])
 		for _, h := range e.handles {
 			b.m.delRule(t, chain, h)
 		}
@@ -231,6 +247,7 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 		}
 		added = append(added, e)
 		rules := k.set[e.key]
+		b.m.b.SetOwner(k.owners[e.key])
 		e.sigs = make([]uint64, len(rules))
 		for j := range rules {
 			sig, err := b.addRule(t, chain, &rules[j], pos[i], &e.handles[j])

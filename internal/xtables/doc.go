@@ -48,6 +48,13 @@
 //     counts and the jumps in builtin chains.
 //   - [Applier.Cleanup] removes the owned chains and jumps.
 //
+// Every message says whose it is (nfnl.Batch.SetOwner): a whole chain's
+// and its rules' are its owner's (TableContent.ChainOwners,
+// Tx.SetOwner), a key's rules are the key's owner's
+// (TableContent.KeyOwners); the tables, the builtin and keyed chains and
+// the jumps are no one's. A refusal of the kernel names the owners of the
+// messages it refused.
+//
 // Every batch carries the generation it was built for, so that a
 // concurrent change by someone else makes the kernel refuse it
 // ([ErrGenChanged]) instead of applying a stale diff. Tables and builtin

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"iter"
 	"slices"
+	"strings"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
@@ -215,6 +216,7 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 	tx.Touch(t)
 	for name, rules := range want.Chains {
 		if !k.st.chains[name] || !sameSigs(dumpedSigs(k.rules[name]), sigsOf(t.Family, rules)) {
+			tx.SetOwner(want.ChainOwners[name])
 			tx.SetChain(t, name, rules)
 		}
 	}
@@ -225,9 +227,11 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 		}
 		tx.ResetKeyed(t, chain)
 		for key, rules := range keys {
+			tx.SetOwner(want.KeyOwners[key])
 			tx.SetKeyed(t, chain, key, rules)
 		}
 	}
+	tx.SetOwner(nil)
 	inParts := a.diffParts(t, k, want.Parts, tx)
 	for name := range k.st.chains {
 		_, whole := want.Chains[name]
@@ -253,14 +257,14 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 // not hold as they should be, and returns those of its chains that parts
 // holds. When the kernel holds none of the owner's chains, nothing needs
 // comparing: every chain is written.
-func (a *Applier) diffParts(t Table, k *kernelTable, parts iter.Seq[[]Chain], tx *Tx) map[string]bool {
+func (a *Applier) diffParts(t Table, k *kernelTable, parts iter.Seq2[any, []Chain], tx *Tx) map[string]bool {
 	if parts == nil {
 		return nil
 	}
 	p := &txParts{seq: parts, same: map[string]bool{}}
 	write := false
 	if len(k.st.chains) == 0 {
-		for group := range parts {
+		for _, group := range parts {
 			if write = len(group) > 0; write {
 				break
 			}
@@ -271,7 +275,7 @@ func (a *Applier) diffParts(t Table, k *kernelTable, parts iter.Seq[[]Chain], tx
 		return nil
 	}
 	held := map[string]bool{}
-	for group := range parts {
+	for owner, group := range parts {
 		for _, c := range group {
 			if !k.st.chains[c.Name] {
 				write = true
@@ -281,13 +285,13 @@ func (a *Applier) diffParts(t Table, k *kernelTable, parts iter.Seq[[]Chain], tx
 			if sameSigs(dumpedSigs(k.rules[c.Name]), sigsOf(t.Family, c.Rules)) {
 				p.same[c.Name] = true
 			} else {
-				p.flush = append(p.flush, c.Name)
+				p.flush = append(p.flush, ownedChain{c.Name, owner})
 				write = true
 			}
 		}
 	}
 	if write {
-		slices.Sort(p.flush)
+		slices.SortFunc(p.flush, func(x, y ownedChain) int { return strings.Compare(x.name, y.name) })
 		tx.table(t).parts = p
 	}
 	return held

@@ -14,11 +14,10 @@ import (
 	"testing"
 	"time"
 
-	cebpf "github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/ebpf"
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
@@ -73,18 +72,9 @@ func (e bpfEnv) args() []string { return []string{"--cgroup", e.cgroup, "--bpf-p
 // the ebpf backend uses.
 func (e bpfEnv) hooks(t *testing.T) int {
 	t.Helper()
-	f, err := os.Open(e.cgroup)
+	ids, err := ebpf.Attached(e.cgroup)
 	require.NoError(t, err)
-	defer f.Close()
-	n := 0
-	for _, at := range []cebpf.AttachType{cebpf.AttachCGroupInet4Connect, cebpf.AttachCGroupInet6Connect,
-		cebpf.AttachCGroupUDP4Sendmsg, cebpf.AttachCGroupUDP6Sendmsg, cebpf.AttachCGroupUDP4Recvmsg,
-		cebpf.AttachCGroupUDP6Recvmsg, cebpf.AttachCgroupInet4GetPeername, cebpf.AttachCgroupInet6GetPeername} {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
-		require.NoError(t, err)
-		n += len(res.Programs)
-	}
-	return n
+	return len(ids)
 }
 
 // owned says what each backend leaves in a namespace (and, for ebpf, in

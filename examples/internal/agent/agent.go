@@ -439,9 +439,16 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 			}
 		})
 	}
+	// Every source is registered before the runner and the sources run:
+	// a runner that knew only the sources started so far would sync as
+	// soon as they delivered, a state without the others' services.
+	dsts := make([]*servicelb.Source, len(sources))
+	for i, s := range sources {
+		dsts[i] = a.runner.Source(s.Name())
+	}
 	wg.Go(func() { _ = a.runner.Run(ctx) })
-	for _, s := range sources {
-		dst := a.runner.Source(s.Name())
+	for i, s := range sources {
+		dst := dsts[i]
 		report := a.reporter(s.Name())
 		wg.Go(func() {
 			if err := s.Run(ctx, dst, report); err != nil && ctx.Err() == nil {

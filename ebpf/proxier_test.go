@@ -1,0 +1,130 @@
+//go:build linux
+
+package ebpf
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/syncer"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// halves records, in one list, the states each half of a Proxier's Sync
+// was given: "packets <n>" by the packet path, "maps <n>" by the Engine's
+// backend standing for the maps, n the state's mark.
+type halves struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (h *halves) add(half string, st *servicelb.State) {
+	h.mu.Lock()
+	h.log = append(h.log, half+" "+mark(st))
+	h.mu.Unlock()
+	time.Sleep(50 * time.Microsecond) // widen the window between the halves
+}
+
+// mark is the name of the one service of a state made by markedState.
+func mark(st *servicelb.State) string {
+	for _, sp := range st.Ports() {
+		return sp.Key.Service
+	}
+	return "empty"
+}
+
+func markedState(t *testing.T, n int) *servicelb.State {
+	st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{Name: fmt.Sprintf("d/s%d", n),
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports:      []servicelb.Port{{Name: "p", Protocol: servicelb.TCP, Port: 80}}})
+	require.NoError(t, err)
+	return st
+}
+
+// packetHalf is a packet path that records what it is given.
+type packetHalf struct{ h *halves }
+
+func (p packetHalf) Sync(_ context.Context, st *servicelb.State) error {
+	p.h.add("packets", st)
+	return nil
+}
+func (packetHalf) Cleanup(context.Context) error { return nil }
+func (packetHalf) Capabilities() servicelb.Capabilities {
+	return packetPath{}.Capabilities()
+}
+
+// mapHalf stands for the maps under the Proxier's Engine.
+type mapHalf struct{ h *halves }
+
+func (mapHalf) Check(context.Context) (bool, error)  { return true, nil }
+func (mapHalf) Verify(context.Context) (bool, error) { return true, nil }
+func (m mapHalf) Write(_ context.Context, st *servicelb.State) error {
+	m.h.add("maps", st)
+	return nil
+}
+func (m mapHalf) Apply(_ context.Context, st *servicelb.State, _ *servicelb.Changes) (bool, error) {
+	m.h.add("maps", st)
+	return false, nil
+}
+
+// TestConcurrentSyncsKeepTheHalvesTogether: Syncs called at once from
+// several goroutines each give the packet path and then the maps their
+// state, one Sync after the other: the halves of two Syncs never
+// interleave, so both hold the state of the Sync that ran last. A Close
+// among them is no data race (go test -race).
+func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
+	h := &halves{}
+	p, err := newProxier(Options{Cgroup: "/cg", Packets: packetHalf{h}})
+	require.NoError(t, err)
+	p.eng = syncer.New(mapHalf{h}, syncer.Options{Name: "ebpf", Capabilities: p.caps})
+	p.maps = &kmaps{} // stands for the maps: the backend above writes none
+
+	const goroutines, each = 4, 25
+	states := make([][]*servicelb.State, goroutines)
+	for g := range states {
+		for i := range each {
+			states[g] = append(states[g], markedState(t, g*each+i))
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for _, st := range states[g] {
+				assert.NoError(t, p.Sync(context.Background(), st))
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, h.log, 2*goroutines*each)
+	for i := 0; i < len(h.log); i += 2 {
+		var a, b string
+		fmt.Sscan(h.log[i], &a)
+		fmt.Sscan(h.log[i+1], &b)
+		require.Equal(t, "packets", a, "record %d: %v", i, h.log[i:i+2])
+		require.Equal(t, "maps", b, "record %d: %v", i+1, h.log[i:i+2])
+		require.Equal(t, h.log[i][len("packets "):], h.log[i+1][len("maps "):], "the halves of two Syncs interleave at %d: %v", i, h.log[i:i+2])
+	}
+
+	// Syncs racing with a Close: each either runs whole or finds the
+	// Proxier closed.
+	h.log = nil
+	for g := range goroutines {
+		wg.Go(func() {
+			for _, st := range states[g] {
+				if err := p.Sync(context.Background(), st); err != nil {
+					assert.ErrorIs(t, err, servicelb.ErrClosed)
+				}
+			}
+		})
+	}
+	time.Sleep(time.Millisecond)
+	require.NoError(t, p.Close())
+	wg.Wait()
+}
