@@ -4,6 +4,7 @@ package iptables
 
 import (
 	"fmt"
+	"iter"
 	"reflect"
 	"slices"
 
@@ -81,6 +82,7 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 		pl := newPlanner(px.n, f, node, px.opts.dropMark())
 		natT, filterT := familyTables(f)
 		out[natT], out[filterT] = pl.nodeContent()
+		out[natT].Parts = pl.portChains(ports)
 		byService := map[string][]*servicelb.ServicePort{}
 		for _, sp := range ports {
 			if sp.Family != f {
@@ -88,11 +90,7 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 			}
 			byService[sp.Key.Service] = append(byService[sp.Key.Service], sp)
 			var owner any = sp.Key
-			r := pl.port(sp)
-			for _, c := range r.chains {
-				out[natT].Chains[c.Name] = c.Rules
-				out[natT].ChainOwners[c.Name] = owner
-			}
+			r := pl.dispatchRules(pl.plan(sp))
 			for d := range numDispatch {
 				if len(r.dispatch[d]) > 0 {
 					t, chain := pl.dispatchTable(d)
@@ -110,6 +108,23 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 		}
 	}
 	return out, nil
+}
+
+// portChains yields the own chains of each port of the planner's family,
+// with the port's key as their owner, a port at a time, planned as they
+// are asked for and in room reused for the next port: a cold sync of many
+// ports never holds all their rules at once beside their encoding, nor
+// leaves them all behind as garbage.
+func (p *planner) portChains(ports []*servicelb.ServicePort) iter.Seq2[any, []xtables.Chain] {
+	return func(yield func(any, []xtables.Chain) bool) {
+		q := *p
+		q.buf, q.arena = nil, &arena{seps: map[string]servicelb.Backend{}}
+		for _, sp := range ports {
+			if sp.Family == q.family && !yield(sp.Key, q.chains(q.plan(sp))) {
+				return
+			}
+		}
+	}
 }
 
 // serviceOwner is the owner of what a service has rather than one of its

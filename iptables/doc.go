@@ -144,6 +144,15 @@
 // learns the handles of the rules it inserts from the kernel's echo of two
 // of them per table, as the kernel hands handles out in batch order.
 //
+// A sync that writes the whole state (the first, a repair, a node change)
+// plans each service port's chains as it encodes them into the batch and
+// keeps none of them: what it holds at the peak is the State, the batch
+// and the rules of the shared chains. The batch of one transaction goes
+// to the kernel in one datagram (the kernel refuses a batch spread over
+// several): about 2 KB an endpoint, since each rule carries the 256
+// bytes of kube-proxy's comment match (10k services of 10 endpoints make
+// a batch of 210 MB).
+//
 // # What it owns, and Cleanup
 //
 // The Proxier owns the chains named with its prefix in the shapes above

@@ -4,7 +4,9 @@ package nfnl
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -21,8 +23,22 @@ import (
 // them take effect. Every message carries no ECHO and no ACK flag: the
 // kernel answers only for messages that fail.
 type Batch struct {
-	enc   encoder
-	ops   []op
+	// enc writes into the chunk under way; chunks are the full ones
+	// before it, the first starting with room for BATCH_BEGIN, and starts
+	// where each begins in the batch. A large batch grows chunk by chunk,
+	// so that it is never copied whole as it grows, and Commit sends the
+	// chunks together in one datagram. A message never spans two chunks.
+	enc    encoder
+	chunks [][]byte
+	starts []int
+	sealed int // bytes in chunks
+	// msgs holds where each message starts in the batch: a batch of a
+	// large ruleset has hundreds of thousands of messages, so their
+	// descriptions, which only errors and String need, are read back from
+	// the messages themselves. The record doubles as it grows (append
+	// grows a large slice by a quarter, copying it many times over), and
+	// offsets take 32 bits: the kernel takes no datagram of 2 GiB.
+	msgs  []uint32
 	genID uint32
 	check bool
 	// echoed holds, after a commit, the rules the kernel echoed for the
@@ -42,62 +58,73 @@ type ownerSpan struct {
 	owner any
 }
 
-// elemsMessage locates a message of elements being filled.
+// elemsMessage locates a message of elements being filled, in the chunk
+// under way, and says what it holds.
 type elemsMessage struct {
-	msg  int // its index in ops, plus one; 0 for none
-	list int // the offset of its element list
+	msg  int // its index in msgs, plus one; 0 for none
+	off  int // its offset in the chunk
+	list int // the offset of its element list in the chunk
 	n    int // its elements
+	typ  uint16
+	fam  Family
+	// table and set are those the message names.
+	table, set string
 }
 
-// op describes one message of a batch, for error reports and String.
-type op struct {
-	off    int
-	verb   string
-	kind   string
-	family Family
-	table  string
-	name   string
-	detail string
+// Chunks of a batch: a chunk is full at chunkSize bytes, or at 1/128th of
+// the batch before it when that is more (so that even a batch of 2 GiB,
+// beyond which the kernel refuses any, takes far fewer chunks than the
+// 1024 buffers a sendmsg takes), and has chunkHeadroom bytes more room, so
+// that a message started below the limit fits without moving the chunk
+// (a message's expressions or elements take at most 64 KiB). The first
+// chunk grows from a few KiB, for small batches, and ends early, at
+// firstChunk bytes, unless Grow gave it room.
+const (
+	chunkSize     = 1 << 20
+	chunkHeadroom = 64 << 10
+	firstChunk    = 64 << 10
+)
+
+func (b *Batch) chunkLimit() int { return max(chunkSize, b.sealed/128) }
+
+// at returns the bytes of the chunk that holds the batch's byte at off,
+// from that byte on.
+func (b *Batch) at(off int) []byte {
+	if off >= b.sealed {
+		return b.enc.b[off-b.sealed:]
+	}
+	i, found := slices.BinarySearch(b.starts, off)
+	if !found {
+		i--
+	}
+	return b.chunks[i][off-b.starts[i]:]
 }
 
-func (o op) String() string {
-	var b strings.Builder
-	b.WriteString(o.verb)
-	b.WriteByte(' ')
-	b.WriteString(o.kind)
-	b.WriteByte(' ')
-	b.WriteString(o.family.String())
-	if o.table != "" {
-		b.WriteByte(' ')
-		b.WriteString(o.table)
-	}
-	if o.name != "" {
-		b.WriteByte(' ')
-		b.WriteString(o.name)
-	}
-	if o.detail != "" {
-		b.WriteString(" (")
-		b.WriteString(o.detail)
-		b.WriteByte(')')
-	}
-	return b.String()
+// seal ends the chunk under way and starts another.
+func (b *Batch) seal() {
+	b.chunks = append(b.chunks, b.enc.b)
+	b.starts = append(b.starts, b.sealed)
+	b.sealed += len(b.enc.b)
+	b.enc.b = make([]byte, 0, b.chunkLimit()+chunkHeadroom)
 }
 
 // Len returns the number of messages in the batch.
-func (b *Batch) Len() int { return len(b.ops) }
+func (b *Batch) Len() int { return len(b.msgs) }
 
 // Size returns the number of bytes the batch's messages take.
-func (b *Batch) Size() int { return max(len(b.enc.b)-batchReserve, 0) }
+func (b *Batch) Size() int { return max(b.sealed+len(b.enc.b)-batchReserve, 0) }
 
 // batchReserve is room kept at the start of a batch's buffer for the
 // BATCH_BEGIN message (header, nfgenmsg and a generation attribute), so that
 // a commit sends the buffer without copying it.
 const batchReserve = nlmsgHdrLen + nfgenLen + nlaHdrLen + 4
 
-// Grow makes room for n more bytes of messages, so that a caller that
-// knows roughly how big a batch will be saves the copies of growing it.
+// Grow makes room for n more bytes of messages, up to the size of a
+// chunk, so that a caller that knows roughly how big a batch will be
+// saves the copies of growing it.
 func (b *Batch) Grow(n int) {
-	if len(b.enc.b) == 0 {
+	n = min(n, b.chunkLimit()) + chunkHeadroom
+	if len(b.enc.b) == 0 && b.sealed == 0 {
 		b.enc.b = make([]byte, batchReserve, batchReserve+n)
 		return
 	}
@@ -107,7 +134,7 @@ func (b *Batch) Grow(n int) {
 // GrowMessages makes room for n more messages in the batch's record of
 // them: a large batch built without it copies that record many times
 // over as it grows.
-func (b *Batch) GrowMessages(n int) { b.ops = slices.Grow(b.ops, n) }
+func (b *Batch) GrowMessages(n int) { b.msgs = slices.Grow(b.msgs, n) }
 
 // Err returns the first mistake made while building the batch.
 func (b *Batch) Err() error { return b.enc.err }
@@ -115,8 +142,8 @@ func (b *Batch) Err() error { return b.enc.err }
 // String lists the batch's messages, one a line.
 func (b *Batch) String() string {
 	var s strings.Builder
-	for _, o := range b.ops {
-		s.WriteString(o.String())
+	for i := range b.msgs {
+		s.WriteString(b.Describe(i))
 		s.WriteByte('\n')
 	}
 	return s.String()
@@ -125,11 +152,14 @@ func (b *Batch) String() string {
 // Describe returns the description of message i (0-based), as used in
 // error reports, such as "add rule inet kproxy services".
 func (b *Batch) Describe(i int) string {
-	if i < 0 || i >= len(b.ops) {
+	if i < 0 || i >= len(b.msgs) {
 		return fmt.Sprintf("message %d", i)
 	}
-	return b.ops[i].String()
+	return describe(b.at(int(b.msgs[i])))
 }
+
+// end returns the offset of the end of the batch.
+func (b *Batch) end() int { return b.sealed + len(b.enc.b) }
 
 // SetOwner makes what the batch holds from now on belong to owner, until
 // the next SetOwner: the messages added, and the elements, which a
@@ -140,7 +170,7 @@ func (b *Batch) Describe(i int) string {
 // refuses reports its owner (MessageError.Owner), and for a message of
 // elements, the owner of the element the kernel points at.
 func (b *Batch) SetOwner(owner any) {
-	end := max(len(b.enc.b), batchReserve)
+	end := max(b.end(), batchReserve)
 	n := len(b.owners)
 	switch {
 	case n == 0 && owner == nil:
@@ -159,7 +189,7 @@ func (b *Batch) SetOwner(owner any) {
 // Owner returns whose message i (0-based) is (SetOwner): nil when it is
 // no one's, or holds several owners' elements.
 func (b *Batch) Owner(i int) any {
-	if i < 0 || i >= len(b.ops) {
+	if i < 0 || i >= len(b.msgs) {
 		return nil
 	}
 	return b.ownerOf(i, 0)
@@ -192,23 +222,24 @@ func (b *Batch) soleOwner(from, to int) any {
 
 // msgEnd returns the offset of the end of message i.
 func (b *Batch) msgEnd(i int) int {
-	if i+1 < len(b.ops) {
-		return b.ops[i+1].off
+	if i+1 < len(b.msgs) {
+		return int(b.msgs[i+1])
 	}
-	return len(b.enc.b)
+	return b.end()
 }
 
 // contentStart returns the offset where the owned content of message i
 // begins: its first element, for a message of elements (the table and
 // set it names are every element's), else the message itself.
 func (b *Batch) contentStart(i int) int {
-	if b.ops[i].kind != "elements" {
-		return b.ops[i].off
+	off := int(b.msgs[i])
+	if typ := binary.LittleEndian.Uint16(b.at(off)[4:]) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
+		return off
 	}
 	if at := b.attrData(i, attrElemListElems); at >= 0 {
 		return at
 	}
-	return b.ops[i].off
+	return off
 }
 
 // ownerOf returns the owner of message i, or of the part of it at attr
@@ -217,7 +248,7 @@ func (b *Batch) contentStart(i int) int {
 // owner, or the message several.
 func (b *Batch) ownerOf(i, attr int) any {
 	from, to := b.contentStart(i), b.msgEnd(i)
-	if at := b.ops[i].off + attr; attr > 0 && at >= from && at < to {
+	if at := int(b.msgs[i]) + attr; attr > 0 && at >= from && at < to {
 		return b.ownerAt(at)
 	}
 	return b.soleOwner(from, to)
@@ -231,18 +262,28 @@ func (b *Batch) RequireGeneration(id uint32) {
 	b.genID, b.check = id, true
 }
 
-func (b *Batch) begin(typ uint16, flags uint16, fam Family, o op) int {
-	if len(b.enc.b) == 0 {
+func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
+	switch {
+	case len(b.enc.b) == 0 && b.sealed == 0:
 		b.enc.b = make([]byte, batchReserve, 4096)
+	case len(b.enc.b) >= b.chunkLimit(),
+		len(b.enc.b) >= firstChunk && cap(b.enc.b)-len(b.enc.b) < chunkHeadroom:
+		b.seal()
 	}
-	o.off = len(b.enc.b)
-	b.ops = append(b.ops, o)
+	off := b.end()
+	if uint64(off) > math.MaxUint32 {
+		b.enc.fail(fmt.Errorf("batch of more than 4 GiB"))
+	}
+	if len(b.msgs) == cap(b.msgs) {
+		b.msgs = slices.Grow(b.msgs, max(len(b.msgs), 64))
+	}
+	b.msgs = append(b.msgs, uint32(off))
 	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
 }
 
 // AddTable creates table t, or does nothing if it exists.
 func (b *Batch) AddTable(t Table) {
-	m := b.begin(msgNewTable, nlmCreate, t.Family, op{verb: "add", kind: "table", family: t.Family, table: t.Name})
+	m := b.begin(msgNewTable, nlmCreate, t.Family)
 	b.enc.str(attrTableName, t.Name)
 	b.enc.u32(attrTableFlags, t.Flags)
 	if len(t.UserData) > 0 {
@@ -254,7 +295,7 @@ func (b *Batch) AddTable(t Table) {
 // DelTable deletes a table and everything in it; the commit fails with
 // ENOENT if it does not exist.
 func (b *Batch) DelTable(fam Family, name string) {
-	m := b.begin(msgDelTable, 0, fam, op{verb: "delete", kind: "table", family: fam, table: name})
+	m := b.begin(msgDelTable, 0, fam)
 	b.enc.str(attrTableName, name)
 	b.enc.endMessage(m)
 }
@@ -262,14 +303,14 @@ func (b *Batch) DelTable(fam Family, name string) {
 // FlushTable deletes every rule of every chain of a table, leaving its
 // chains, sets and elements.
 func (b *Batch) FlushTable(fam Family, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "flush", kind: "table", family: fam, table: name})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, name)
 	b.enc.endMessage(m)
 }
 
 // AddChain creates chain c, or does nothing if it exists with the same hook.
 func (b *Batch) AddChain(c Chain) {
-	m := b.begin(msgNewChain, nlmCreate, c.Family, op{verb: "add", kind: "chain", family: c.Family, table: c.Table, name: c.Name})
+	m := b.begin(msgNewChain, nlmCreate, c.Family)
 	b.enc.str(attrChainTable, c.Table)
 	b.enc.str(attrChainName, c.Name)
 	if h := c.Hook; h != nil {
@@ -293,7 +334,7 @@ func (b *Batch) AddChain(c Chain) {
 
 // DelChain deletes an empty, unreferenced chain.
 func (b *Batch) DelChain(fam Family, table, name string) {
-	m := b.begin(msgDelChain, 0, fam, op{verb: "delete", kind: "chain", family: fam, table: table, name: name})
+	m := b.begin(msgDelChain, 0, fam)
 	b.enc.str(attrChainTable, table)
 	b.enc.str(attrChainName, name)
 	b.enc.endMessage(m)
@@ -301,7 +342,7 @@ func (b *Batch) DelChain(fam Family, table, name string) {
 
 // FlushChain deletes every rule of a chain.
 func (b *Batch) FlushChain(fam Family, table, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "flush", kind: "chain", family: fam, table: table, name: name})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, name)
 	b.enc.endMessage(m)
@@ -319,11 +360,7 @@ func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, "insert") }
 func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, "replace") }
 
 func (b *Batch) rule(r Rule, flags uint16, verb string) {
-	o := op{verb: verb, kind: "rule", family: r.Family, table: r.Table, name: r.Chain}
-	if r.Handle != 0 {
-		o.detail = fmt.Sprintf("handle %d", r.Handle)
-	}
-	m := b.begin(msgNewRule, flags, r.Family, o)
+	m := b.begin(msgNewRule, flags, r.Family)
 	b.enc.str(attrRuleTable, r.Table)
 	b.enc.str(attrRuleChain, r.Chain)
 	if r.Handle != 0 {
@@ -339,6 +376,9 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 		b.enc.u32(attrRuleID, r.ID)
 	}
 	n := b.enc.nest(attrRuleExprs)
+	if len(r.Exprs) == 0 && len(r.Raw) == 0 {
+		b.enc.b = append(b.enc.b, r.Encoded...)
+	}
 	if len(r.Exprs) == 0 {
 		for _, x := range r.Raw {
 			en := b.enc.nest(attrListElem)
@@ -350,7 +390,7 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 	for i, e := range r.Exprs {
 		data, err := expr.Marshal(byte(r.Family), e)
 		if err != nil {
-			b.enc.fail(fmt.Errorf("%s: expression %d (%T): %w", o, i, e, err))
+			b.enc.fail(fmt.Errorf("%s rule %s %s %s: expression %d (%T): %w", verb, r.Family, r.Table, r.Chain, i, e, err))
 			continue
 		}
 		en := b.enc.nest(attrListElem)
@@ -374,13 +414,14 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 // once the batch is committed, as NLM_F_ECHO does: with its handle. After
 // a successful Commit, Echoed returns it. Echo ignores other messages.
 func (b *Batch) Echo(i int) {
-	if i < 0 || i >= len(b.ops) || b.ops[i].kind != "rule" || b.ops[i].verb == "delete" {
+	if i < 0 || i >= len(b.msgs) {
 		return
 	}
-	off := b.ops[i].off + 6
-	flags := uint16(b.enc.b[off]) | uint16(b.enc.b[off+1])<<8
-	flags |= nlmEcho
-	b.enc.b[off], b.enc.b[off+1] = byte(flags), byte(flags>>8)
+	m := b.at(int(b.msgs[i]))
+	if binary.LittleEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
+		return
+	}
+	binary.LittleEndian.PutUint16(m[6:], binary.LittleEndian.Uint16(m[6:])|nlmEcho)
 }
 
 // Echoed returns the rule the kernel echoed for message i, which Echo
@@ -392,7 +433,7 @@ func (b *Batch) Echoed(i int) (Rule, bool) {
 
 // DelRule deletes the rule with the given handle.
 func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: "delete", kind: "rule", family: fam, table: table, name: chain, detail: fmt.Sprintf("handle %d", handle)})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, chain)
 	b.enc.u64(attrRuleHandle, handle)
@@ -402,7 +443,7 @@ func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
 // AddSet creates set s, or does nothing if a set of that name exists with
 // the same definition (the commit fails with EEXIST if it differs).
 func (b *Batch) AddSet(s Set) {
-	m := b.begin(msgNewSet, nlmCreate, s.Family, op{verb: "add", kind: "set", family: s.Family, table: s.Table, name: s.Name})
+	m := b.begin(msgNewSet, nlmCreate, s.Family)
 	b.enc.str(attrSetTable, s.Table)
 	b.enc.str(attrSetName, s.Name)
 	b.enc.u32(attrSetFlags, s.Flags)
@@ -442,7 +483,7 @@ func (b *Batch) AddSet(s Set) {
 
 // DelSet deletes a set that no rule refers to.
 func (b *Batch) DelSet(fam Family, table, name string) {
-	m := b.begin(msgDelSet, 0, fam, op{verb: "delete", kind: "set", family: fam, table: table, name: name})
+	m := b.begin(msgDelSet, 0, fam)
 	b.enc.str(attrSetTable, table)
 	b.enc.str(attrSetName, name)
 	b.enc.endMessage(m)
@@ -450,7 +491,7 @@ func (b *Batch) DelSet(fam Family, table, name string) {
 
 // FlushSet deletes every element of a set.
 func (b *Batch) FlushSet(fam Family, table, name string) {
-	m := b.begin(msgDelSetElem, 0, fam, op{verb: "flush", kind: "set", family: fam, table: table, name: name})
+	m := b.begin(msgDelSetElem, 0, fam)
 	b.enc.str(attrElemListTable, table)
 	b.enc.str(attrElemListSet, name)
 	b.enc.endMessage(m)
@@ -463,27 +504,26 @@ const elemChunk = 60 << 10
 // AddElements adds elements to a set. An element that exists with the same
 // data is left alone; one with other data fails the commit with EBUSY.
 func (b *Batch) AddElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgNewSetElem, nlmCreate, "add", fam, table, set, elems)
+	b.elements(msgNewSetElem, nlmCreate, fam, table, set, elems)
 }
 
 // DelElements deletes elements (by key) from a set.
 func (b *Batch) DelElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgDelSetElem, 0, "delete", fam, table, set, elems)
+	b.elements(msgDelSetElem, 0, fam, table, set, elems)
 }
 
 // elements adds elems in messages of at most about elemChunk bytes of
 // elements each, going on filling the batch's last message when it is
 // one of the same verb and set: elements added in several calls (for
 // several owners, say) share messages as those of one call do.
-func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set string, elems []Element) {
+func (b *Batch) elements(typ, flags uint16, fam Family, table, set string, elems []Element) {
 	for len(elems) > 0 {
 		e := b.elems
-		if !b.fills(verb, fam, table, set) {
-			o := op{verb: verb, kind: "elements", family: fam, table: table, name: set}
-			b.begin(typ, flags, fam, o)
+		if !b.fills(typ, fam, table, set) {
+			off := b.begin(typ, flags, fam)
 			b.enc.str(attrElemListTable, table)
 			b.enc.str(attrElemListSet, set)
-			e = elemsMessage{msg: len(b.ops), list: b.enc.nest(attrElemListElems)}
+			e = elemsMessage{msg: len(b.msgs), off: off, list: b.enc.nest(attrElemListElems), typ: typ, fam: fam, table: table, set: set}
 		}
 		start, i := e.list+nlaHdrLen, 0
 		for i < len(elems) && (e.n+i == 0 || len(b.enc.b)-start < elemChunk) {
@@ -492,22 +532,20 @@ func (b *Batch) elements(typ, flags uint16, verb string, fam Family, table, set 
 		}
 		e.n += i
 		b.enc.endNest(e.list)
-		b.enc.endMessage(b.ops[e.msg-1].off)
-		b.ops[e.msg-1].detail = describeElems(e.n)
+		b.enc.endMessage(e.off)
 		b.elems = e
 		elems = elems[i:]
 	}
 }
 
 // fills reports whether the batch's last message is one of elements of
-// the same verb and set, with room for more.
-func (b *Batch) fills(verb string, fam Family, table, set string) bool {
+// the same kind and set, with room for more.
+func (b *Batch) fills(typ uint16, fam Family, table, set string) bool {
 	e := b.elems
-	if e.msg == 0 || e.msg != len(b.ops) {
+	if e.msg == 0 || e.msg != len(b.msgs) {
 		return false
 	}
-	o := &b.ops[e.msg-1]
-	return o.verb == verb && o.family == fam && o.table == table && o.name == set &&
+	return e.typ == typ && e.fam == fam && e.table == table && e.set == set &&
 		len(b.enc.b)-(e.list+nlaHdrLen) < elemChunk
 }
 
@@ -542,4 +580,93 @@ func (b *Batch) element(el *Element) {
 		b.enc.attr(attrElemUData, el.UserData)
 	}
 	b.enc.endNest(n)
+}
+
+// describe returns the description of the message at the start of m,
+// such as "add rule inet kproxy services (handle 7)": what it does, to
+// which kind of object, the family, the table and the object's name, and
+// a rule's handle or the number of elements.
+func describe(m []byte) string {
+	ms, err := splitMessages(m)
+	if err != nil || len(ms) == 0 {
+		return "malformed message"
+	}
+	typ, flags := ms[0].typ&0xff, ms[0].flags
+	fam, as, err := payload(ms[0].data)
+	if err != nil {
+		return "malformed message"
+	}
+	// Every kind of message names its table with attribute 1; chains
+	// are named by attribute 3, rules' chains, sets and element lists'
+	// sets by attribute 2.
+	nameAttr := uint16(attrRuleChain)
+	if typ >= msgNewChain && typ <= msgDelChain {
+		nameAttr = attrChainName
+	}
+	var table, name string
+	var handle uint64
+	elems := -1
+	for _, a := range as {
+		switch {
+		case a.typ == attrTableName:
+			table = a.str()
+		case a.typ == nameAttr && typ >= msgNewChain:
+			name = a.str()
+		case a.typ == attrRuleHandle && (typ == msgNewRule || typ == msgDelRule):
+			handle = a.u64()
+		case a.typ == attrElemListElems && typ >= msgNewSetElem:
+			list, _ := attributes(a.data)
+			elems = len(list)
+		}
+	}
+	verb, kind := "add", ""
+	switch typ {
+	case msgNewTable, msgDelTable:
+		kind = "table"
+	case msgNewChain, msgDelChain:
+		kind = "chain"
+	case msgNewRule, msgDelRule:
+		kind = "rule"
+	case msgNewSet, msgDelSet:
+		kind = "set"
+	case msgNewSetElem, msgDelSetElem:
+		kind = "elements"
+	default:
+		return fmt.Sprintf("message type %d", ms[0].typ)
+	}
+	switch {
+	case typ == msgNewRule && flags&nlmReplace != 0:
+		verb = "replace"
+	case typ == msgNewRule && flags&nlmAppend == 0:
+		verb = "insert"
+	case typ == msgDelRule && handle == 0 && name == "":
+		verb, kind = "flush", "table"
+	case typ == msgDelRule && handle == 0:
+		verb, kind = "flush", "chain"
+	case typ == msgDelSetElem && elems < 0:
+		verb, kind = "flush", "set"
+	case typ == msgDelTable || typ == msgDelChain || typ == msgDelRule || typ == msgDelSet || typ == msgDelSetElem:
+		verb = "delete"
+	}
+	var b strings.Builder
+	b.WriteString(verb)
+	b.WriteByte(' ')
+	b.WriteString(kind)
+	b.WriteByte(' ')
+	b.WriteString(fam.String())
+	if table != "" {
+		b.WriteByte(' ')
+		b.WriteString(table)
+	}
+	if name != "" {
+		b.WriteByte(' ')
+		b.WriteString(name)
+	}
+	switch {
+	case handle != 0:
+		fmt.Fprintf(&b, " (handle %d)", handle)
+	case elems >= 0:
+		b.WriteString(" (" + describeElems(elems) + ")")
+	}
+	return b.String()
 }

@@ -203,17 +203,30 @@ func ackAttrs(m message) []attribute {
 	return as
 }
 
-// send writes p to the kernel in one datagram, growing the send buffer as
-// needed: a large batch must travel in a single message.
-func (c *Conn) send(ctx context.Context, p []byte) error {
-	if need := len(p) + 64<<10; need > c.sndbuf {
+// send writes the buffers to the kernel as one datagram, growing the send
+// buffer as needed: a batch must travel in a single message, since the
+// kernel aborts one whose end does not come in the datagram of its
+// beginning. A sendmsg takes up to 1024 buffers.
+func (c *Conn) send(ctx context.Context, bufs ...[]byte) error {
+	n := 0
+	for _, p := range bufs {
+		n += len(p)
+	}
+	if need := n + 64<<10; need > c.sndbuf {
 		if err := c.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
 			return err
 		}
 		c.sndbuf = need
 	}
-	if _, err := c.s.Sendmsg(ctx, p, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
-		return fmt.Errorf("nfnl: send %d bytes: %w", len(p), err)
+	to := &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
+	var err error
+	if len(bufs) == 1 {
+		_, err = c.s.Sendmsg(ctx, bufs[0], nil, to, 0)
+	} else {
+		_, err = c.s.SendmsgBuffers(ctx, bufs, nil, to, 0)
+	}
+	if err != nil {
+		return fmt.Errorf("nfnl: send %d bytes: %w", n, err)
 	}
 	return nil
 }

@@ -16,13 +16,17 @@
 // (InsertRule), after or before a rule handle (Rule.Position) or a rule
 // added earlier in the same batch (Rule.ID and Rule.PositionID), or replace
 // a rule by handle (ReplaceRule); DelRule deletes by handle. A rule without
-// Exprs is written from Rule.Raw, expressions encoded elsewhere (the
-// iptables backend's own encoder) or dumped.
+// Exprs is written from Rule.Raw, expressions encoded elsewhere or dumped,
+// or from Rule.Encoded, its whole expression list encoded elsewhere (the
+// iptables backend's own encoder), in one copy.
 //
 // Builder methods never fail. A mistake is kept (Batch.Err) and Commit then
 // refuses to send anything. Conn.Commit frames the messages between
 // BATCH_BEGIN and BATCH_END and sends them in a single datagram: the kernel
-// applies all of them or none. Compared with github.com/google/nftables'
+// applies all of them or none (it aborts a batch whose end does not come in
+// the datagram of its beginning). A batch is built in chunks of a MiB or
+// more, never copied whole as it grows, and the datagram is sent from
+// those chunks by one sendmsg. Compared with github.com/google/nftables'
 // Conn.Flush, no message asks for an echo or an acknowledgement, so the
 // kernel answers only for the messages that fail, and the socket's send
 // buffer grows to the batch (SO_SNDBUFFORCE), so a batch of tens of

@@ -2,7 +2,10 @@
 
 package nfnl
 
-import "context"
+import (
+	"context"
+	"encoding/binary"
+)
 
 type ruleFaultKey struct{}
 
@@ -30,23 +33,24 @@ func (b *Batch) misnameRules(refuse func(any) bool) (restore func()) {
 		was byte
 	}
 	var changes []change
-	for i, o := range b.ops {
-		if o.kind != "rule" || o.verb == "delete" || !refuse(b.soleOwner(o.off, b.msgEnd(i))) {
+	for i, off := range b.msgs {
+		if binary.LittleEndian.Uint16(b.at(int(off))[4:]) != subsysNFTables<<8|msgNewRule || !refuse(b.soleOwner(int(off), b.msgEnd(i))) {
 			continue
 		}
 		at := b.attrData(i, attrRuleChain)
 		if at < 0 || at >= b.msgEnd(i) {
 			continue
 		}
-		changes = append(changes, change{at, b.enc.b[at]})
-		b.enc.b[at] = '#'
+		c := b.at(at)
+		changes = append(changes, change{at, c[0]})
+		c[0] = '#'
 		if changes[len(changes)-1].was == '#' {
-			b.enc.b[at] = '%'
+			c[0] = '%'
 		}
 	}
 	return func() {
 		for _, c := range changes {
-			b.enc.b[c.at] = c.was
+			b.at(c.at)[0] = c.was
 		}
 	}
 }
@@ -54,8 +58,8 @@ func (b *Batch) misnameRules(refuse func(any) bool) (restore func()) {
 // attrData returns the offset of the value of message i's top-level
 // attribute typ, or -1.
 func (b *Batch) attrData(i int, typ uint16) int {
-	start := b.ops[i].off + nlmsgHdrLen + nfgenLen
-	as, err := attributes(b.enc.b[start:b.msgEnd(i)])
+	start := int(b.msgs[i]) + nlmsgHdrLen + nfgenLen
+	as, err := attributes(b.at(start)[:b.msgEnd(i)-start])
 	if err != nil {
 		return -1
 	}

@@ -56,10 +56,10 @@ add elements inet t s (1 element)
 	// or set, which every element shares: none.
 	elems := b.attrData(4, attrElemListElems)
 	require.Positive(t, elems)
-	list, err := attributes(b.enc.b[elems:b.msgEnd(4)])
+	list, err := attributes(b.at(elems)[:b.msgEnd(4)-elems])
 	require.NoError(t, err)
 	require.Len(t, list, 3)
-	off := elems - b.ops[4].off
+	off := elems - int(b.msgs[4])
 	assert.Equal(t, "a", b.ownerOf(4, off))
 	third := off + 2*align4(nlaHdrLen+len(list[0].data))
 	assert.Equal(t, "c", b.ownerOf(4, third))
@@ -111,11 +111,11 @@ func TestMisnameRules(t *testing.T) {
 	b.SetOwner("b")
 	b.AddRule(Rule{Family: Inet, Table: "t", Chain: "b", Exprs: accept()})
 	b.DelRule(Inet, "t", "b", 7)
-	before := append([]byte(nil), b.enc.b...)
+	before := append([]byte(nil), b.enc.b...) // one chunk
 	chain := func(i int) string {
 		at := b.attrData(i, attrRuleChain)
 		require.Positive(t, at)
-		return string(b.enc.b[at : at+1])
+		return string(b.at(at)[:1])
 	}
 	restore := b.misnameRules(func(o any) bool { return o == "b" })
 	assert.Equal(t, "a", chain(1))

@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 )
@@ -107,6 +109,17 @@ type ruleBlock struct {
 type TableContent struct {
 	// Chains are whole chains.
 	Chains map[string][]Rule
+	// Parts are more whole chains, in groups made on demand instead of
+	// held, so that the chains of a large table need not all exist at
+	// once beside their encoding: Reconcile and Verify range over Parts,
+	// again on every attempt, and keep no group past its yield (the
+	// producer may reuse a group's chains and rules for the next). A group's
+	// chains are all created before any of their rules is written, so its
+	// rules may jump to its own chains, to Chains and keyed chains, and to
+	// the chains of earlier groups. A chain name appears once in Chains
+	// and Parts together. Each group comes with its owner, whose its
+	// chains are, as ChainOwners says of Chains.
+	Parts iter.Seq2[any, []Chain]
 	// Keyed are keyed chains: chain, then key, then the key's rules.
 	Keyed map[string]map[string][]Rule
 	// Jumps are the owner's rules at the top of builtin chains.
@@ -118,10 +131,31 @@ type TableContent struct {
 	ChainOwners, KeyOwners map[string]any
 }
 
+// Whole returns the content's whole chains, those of Chains and copies of
+// those Parts makes, by name.
+func (c *TableContent) Whole() map[string][]Rule {
+	out := maps.Clone(c.Chains)
+	if out == nil {
+		out = map[string][]Rule{}
+	}
+	if c.Parts != nil {
+		for _, group := range c.Parts {
+			for _, ch := range group {
+				rules := slices.Clone(ch.Rules)
+				for i := range rules {
+					rules[i].Matches = slices.Clone(rules[i].Matches)
+				}
+				out[ch.Name] = rules
+			}
+		}
+	}
+	return out
+}
+
 // Text returns the content as a table to render as iptables-save text.
 func (c *TableContent) Text(name TableName) *TableText {
 	t := &TableText{Name: name, Base: c.Jumps}
-	for n, rules := range c.Chains {
+	for n, rules := range c.Whole() {
 		t.Chains = append(t.Chains, Chain{Name: n, Rules: rules})
 	}
 	for n, keys := range c.Keyed {
@@ -162,6 +196,22 @@ type txTable struct {
 	jumps map[string][]Rule
 	// owners holds the owners of the chains set or deleted.
 	owners map[string]any
+	parts  *txParts
+}
+
+// txParts are the chains of a TableContent's Parts to write: all but
+// those the kernel holds as they should be (same), after flushing those
+// it holds otherwise (flush, in name order).
+type txParts struct {
+	seq   iter.Seq2[any, []Chain]
+	same  map[string]bool
+	flush []ownedChain
+}
+
+// ownedChain is a chain's name and its owner.
+type ownedChain struct {
+	name  string
+	owner any
 }
 
 type txKeyed struct {
@@ -174,7 +224,7 @@ type txKeyed struct {
 // Changes reports whether tx changes anything.
 func (tx *Tx) Changes() bool {
 	for _, tt := range tx.tables {
-		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 {
+		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 || tt.parts != nil {
 			return true
 		}
 	}
@@ -182,9 +232,9 @@ func (tx *Tx) Changes() bool {
 }
 
 // sizeHint guesses the size of the batch for tx and its number of
-// messages, to allocate both at once:
-// rules take up to about 1 KiB (a DNAT rule with comment and affinity),
-// and room reserved but never written costs address space, not memory.
+// messages, to allocate both at once (the batch a chunk at most, so that
+// a guess too big costs little): rules take up to about 1 KiB (a DNAT
+// rule with comment and affinity). The chains of Parts are not counted.
 func (tx *Tx) sizeHint() (bytes, msgs int) {
 	for _, tt := range tx.tables {
 		msgs += len(tt.set) + len(tt.del)
@@ -402,7 +452,7 @@ func (b *builder) pt(t Table) *pendingTable {
 // addRule writes a rule and, with slot, records where its handle goes. It
 // returns the rule's signature.
 func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *uint64) (uint64, error) {
-	raw, err := b.m.addRule(t, chain, r, pos)
+	enc, err := b.m.addRule(t, chain, r, pos)
 	if err != nil {
 		return 0, fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
 	}
@@ -410,7 +460,9 @@ func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *ui
 	var sig uint64
 	if slot != nil {
 		p.rules = append(p.rules, pendingRule{alloc: p.allocs, msg: b.m.last(), slot: slot})
-		sig, _, _ = rawSig(raw)
+		if b.m.raw, err = splitExprs(b.m.raw[:0], enc); err == nil {
+			sig, _, _ = rawSig(b.m.raw)
+		}
 	}
 	p.allocs++
 	return sig, nil

@@ -28,7 +28,10 @@
 //   - [Applier.Reconcile] reads what the kernel holds (a dump of the owned
 //     tables) and makes it match a complete [TableContent] per table,
 //     sending only what differs. Run it first, after a failure, and when
-//     [Applier.Check] reports a foreign change.
+//     [Applier.Check] reports a foreign change. Most chains of a large
+//     table can be made on demand, group by group (TableContent.Parts),
+//     and are encoded as they come: the rules of a whole ruleset are never
+//     held beside the batch that writes them.
 //   - [Applier.Commit] applies a [Tx] of changes: whole chains rewritten
 //     (flushed then filled), chains deleted, keys of keyed chains replaced
 //     rule by rule, jumps restored. A keyed chain holds the rules of many
