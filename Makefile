@@ -25,7 +25,7 @@ export CI
 CORE     := ./...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
-# Lint also sees the soak (internal/soak), whose files build only with
+# Lint also sees the soak (internal/soak), whose run builds only with
 # its tag.
 TAGS_LINT := $(TAGS_ALL),soak
 
@@ -80,7 +80,8 @@ kproxy:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/kproxy ./examples/cmd/kproxy
 
 # The image of bin/kproxy as an OCI image layout, built without a container
-# runtime; push it with crane or skopeo (see examples/hack/image).
+# runtime, with the CA bundle of Debian's ca-certificates; push it with
+# crane or skopeo (see examples/hack/image).
 image: kproxy
 	$(GO) run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:$(VERSION) --version $(VERSION) --revision $(COMMIT)
 
@@ -112,8 +113,10 @@ fuzz:
 # random (foreign flushes, deleted chains and elements, a dormant table, a
 # foreign writer, a killed and restarted proxier); then the kernel state
 # must equal a fresh apply. Each run ends with a report; a failed
-# connection outside the faults' windows fails it. SOAK_FLAGS adds flags
-# (e.g. -soak.seed=N to draw a run's services, changes and faults again).
+# connection outside the faults' windows, other than a session's to an
+# endpoint just removed, fails it, and so does the proxier's memory or
+# goroutines growing beyond the limits. SOAK_FLAGS adds flags (e.g. -soak.seed=N to
+# draw a run's services, changes and faults again).
 # See docs/soak.md.
 SOAK_BACKENDS ?= nftables iptables
 SOAK_DURATION ?= 10m
@@ -203,7 +206,8 @@ test-bench-smoke: deps bench-compare-build
 # stream and a 1 KB UDP round trip, each against a direct connection to
 # the endpoint in the same run (proxy/direct, medians); the memory of
 # 10,000 idle connections through the proxy (as many as the open-file
-# limit allows on the host, 10,000 in the VM, where root may raise it);
+# limit allows on the host, 10,000 in the VM, where root may raise it;
+# through namespaces also the kernel's sockets per connection);
 # a cold sync of 1,000 services and a one-endpoint change, listening on
 # loopback and holding addresses in a namespace. `make bench` runs them too.
 .PHONY: bench-userspace

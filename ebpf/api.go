@@ -73,8 +73,8 @@ type Sizes struct {
 }
 
 // ErrNotSupported: the kernel or the system lacks something the Proxier
-// needs. New returns a *FeatureError that wraps it, naming the feature,
-// before it attaches anything.
+// needs. New returns an error wrapping a *FeatureError (errors.As) that
+// wraps it, naming the feature, before it attaches anything.
 var ErrNotSupported = errors.New("not supported")
 
 // FeatureError names a missing kernel or system feature.
@@ -89,7 +89,7 @@ type FeatureError struct {
 }
 
 func (e *FeatureError) Error() string {
-	msg := fmt.Sprintf("ebpf: missing %s: %s", e.Feature, e.Hint)
+	msg := fmt.Sprintf("missing %s: %s", e.Feature, e.Hint)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}

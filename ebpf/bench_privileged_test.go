@@ -257,7 +257,7 @@ func newDataPath(b *testing.B, e *bpfenv.Env) *dataPath {
 		return servicelb.Service{Name: name, ClusterIPs: []netip.Addr{ip},
 			Ports: []servicelb.Port{{Name: "echo", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080},
 				{Name: "sink", Protocol: servicelb.TCP, Port: sinkPort, TargetPort: sinkPort}},
-			Endpoints: []servicelb.Endpoint{{Addr: be.IPv4, Ready: true}}}
+			Endpoints: []servicelb.Endpoint{{Addr: be.IPv4}}}
 	}
 	n := servicelb.NodeConfig{ClusterCIDRs: netnstest.ClusterCIDRs()}
 	lbState, err := servicelb.NewState(n, svc("bench/lb", d.vip.Addr()))

@@ -87,9 +87,9 @@
 //	text, err := p.Render(state) // the maps as text, then the nft table
 //	err = p.Cleanup(ctx)         // detach, unpin; the nft table too
 //
-// New checks the kernel (Probe: a *FeatureError naming what is missing,
-// before anything is attached), creates the maps or opens those pinned
-// under Options.PinPath, and loads the programs. Maps pinned with another
+// New checks the kernel (Probe: a wrapped *FeatureError naming what is
+// missing, before anything is attached), creates the maps or opens those
+// pinned under Options.PinPath, and loads the programs. Maps pinned with another
 // layout (by another version, or with other Options.Sizes) are not
 // adopted: New fails with a *PinError (ErrPinIncompatible) naming the
 // pin and the way out, RemovePins, and leaves them as they are.
@@ -115,13 +115,17 @@
 // one added or removed, two more for one replaced. An endpoint in both a
 // port's cluster and local sets costs that in each.
 //
-// Every sync checks cheaply that the hooks are attached to the cgroup
-// (one syscall a hook); at most every Options.VerifyInterval, and
-// whenever the state has not changed (a caller's periodic sync), it
-// checks that the maps and links are pinned and reads the maps back, and
-// any difference makes it write the whole content again: a hook someone
-// detached is attached again by the next sync, a pin or an entry someone
-// removed by the next deep one.
+// A sync that changes something sends its map writes and nothing else:
+// writes are right whatever someone did to the hooks or pins, and there
+// is no cheap way to look at eight hooks (a syscall each). Every sync of
+// an unchanged state (a caller's periodic sync), and at most every
+// Options.VerifyInterval a sync that changes something, checks in depth:
+// that the hooks are attached to the cgroup, that the maps and links are
+// pinned, and reads the maps back; any difference makes it write the
+// whole content again. So a hook someone detached, a pin or an entry
+// someone removed, is put back by the next periodic sync. Paired with a
+// packet path (Options.Packets), a detached hook costs speed until then,
+// not service: the packet path translates the node's flows too.
 //
 // Close releases the file descriptors: with a PinPath the hooks and maps
 // stay for the next process; without, the hooks are detached. Cleanup

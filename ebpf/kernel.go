@@ -18,20 +18,26 @@ import (
 // maps hold and how to change them. The Engine calls it with p.mu held.
 type kernel Proxier
 
-// Check reports cheaply whether every hook is still attached to the
-// cgroup: one syscall a hook. The pins are checked by Verify, at most
-// every VerifyInterval and whenever the state has not changed: a pin
-// someone removed changes nothing until the process exits, and checking
-// sixteen of them would cost a sync that changes one endpoint more than
-// its map writes.
+// Check reports what can be known of the kernel without a syscall: a
+// change of endpoints is map writes, which are right whatever else
+// someone did to the hooks or pins, so a sync that changes something
+// looks at nothing else and costs its writes alone. Verify, run by every
+// sync of an unchanged state (a caller's periodic sync) and at most every
+// VerifyInterval by the others, checks the hooks, the pins and the maps.
 func (k *kernel) Check(context.Context) (bool, error) {
+	return true, nil
+}
+
+// hooked reports whether every hook is still attached to the cgroup: one
+// syscall a hook.
+func (k *kernel) hooked() bool {
 	for i, l := range k.links {
 		if l == nil || !(*Proxier)(k).attached(l) {
 			k.log.Info("hook detached by someone else", "hook", hooks[i].name)
-			return false, nil
+			return false
 		}
 	}
-	return true, nil
+	return true
 }
 
 // pinned reports whether, with a PinPath, every map and link is pinned
@@ -66,10 +72,10 @@ func (p *Proxier) attached(l link.Link) bool {
 	return cg != nil && cg.CgroupId == p.cgID
 }
 
-// Verify checks the pins, then reads the maps back and compares every
-// entry with the model.
+// Verify checks the hooks and the pins, then reads the maps back and
+// compares every entry with the model.
 func (k *kernel) Verify(context.Context) (bool, error) {
-	if !k.pinned() {
+	if !k.hooked() || !k.pinned() {
 		return false, nil
 	}
 	got, err := k.maps.read()

@@ -228,24 +228,52 @@ func TestIncrementalEqualsFresh(t *testing.T) {
 			g := servicetest.New(servicetest.Options{Seed: seed, Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}})
 			walk, err := g.Walk(steps)
 			require.NoError(t, err)
-			m, err := buildModel(walk[0], &caps, nil)
-			require.NoError(t, err)
-			kernel := m.content(7)
-			for i := 1; i < len(walk); i++ {
-				ch := servicelb.Diff(walk[i-1], walk[i])
-				s, err := m.plan(walk[i], &ch, &caps)
-				require.NoError(t, err, "step %d", i)
-				require.NoError(t, s.d.run(kernel, func() {
-					require.NoError(t, whole(kernel), "step %d: a lookup meets a half-written service", i)
-				}))
-				m.commit(s)
-				fresh, err := buildModel(walk[i], &caps, nil)
-				require.NoError(t, err)
-				require.Equal(t, canon(t, fresh.content(7)), canon(t, kernel), "step %d: incremental differs from fresh", i)
-				require.Equal(t, m.content(7), kernel, "step %d: the model differs from the maps", i)
-				require.Equal(t, slices.Sorted(maps.Keys(m.ids.used)), setIDsOf(kernel), "step %d: ids in use", i)
-			}
+			walkPlans(t, walk, &caps)
 		})
+	}
+}
+
+// FuzzPlans walks states drawn from the fuzzer's bytes and checks every
+// step as TestIncrementalEqualsFresh does, rendering each model as Render
+// does.
+func FuzzPlans(f *testing.F) {
+	for _, seed := range []string{"", "ebpf", "\x00\x01\x02\x03\x04\x05\x06\x07\x08", "a longer seed that steers more of the walk"} {
+		f.Add([]byte(seed))
+	}
+	caps := capabilities(packetPath{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g := servicetest.New(servicetest.Options{Source: servicetest.Source(data), Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}})
+		walk, err := g.Walk(40)
+		require.NoError(t, err)
+		walkPlans(t, walk, &caps)
+	})
+}
+
+// walkPlans plans each change of walk over the model of the state before
+// and applies it to a content standing in for the maps, which after every
+// step of every change is whole (no lookup meets half a service), and
+// after each change holds what a fresh plan of the state holds, and what
+// the model says; the model renders as Render renders it.
+func walkPlans(t *testing.T, walk []*servicelb.State, caps *servicelb.Capabilities) {
+	t.Helper()
+	m, err := buildModel(walk[0], caps, nil)
+	require.NoError(t, err)
+	kernel := m.content(7)
+	for i := 1; i < len(walk); i++ {
+		ch := servicelb.Diff(walk[i-1], walk[i])
+		s, err := m.plan(walk[i], &ch, caps)
+		require.NoError(t, err, "step %d", i)
+		require.NoError(t, s.d.run(kernel, func() {
+			require.NoError(t, whole(kernel), "step %d: a lookup meets a half-written service", i)
+		}))
+		m.commit(s)
+		fresh, err := buildModel(walk[i], caps, nil)
+		require.NoError(t, err)
+		require.Equal(t, canon(t, fresh.content(7)), canon(t, kernel), "step %d: incremental differs from fresh", i)
+		require.Equal(t, m.content(7), kernel, "step %d: the model differs from the maps", i)
+		require.Equal(t, slices.Sorted(maps.Keys(m.ids.used)), setIDsOf(kernel), "step %d: ids in use", i)
+		text := formatContent(m.content(0), &hookContent{}, m.annotations())
+		require.Contains(t, text, fmt.Sprintf("map %s: %d entries", mapFrontends, len(kernel.fe)), "step %d: render", i)
 	}
 }
 

@@ -20,7 +20,7 @@ func probeFS(path string, magic int64, feature, hint string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("ebpf: %s %s: %w", feature, path, err)
+			return fmt.Errorf("%s %s: %w", feature, path, err)
 		}
 		return &FeatureError{Feature: feature, Hint: hint, Err: err}
 	}
@@ -34,12 +34,19 @@ func probeFS(path string, magic int64, feature, hint string) error {
 // what a Proxier with these options needs: a cgroup v2 directory at
 // Options.Cgroup, a bpf filesystem under Options.PinPath (when set; its
 // nearest existing ancestor), programs of type
-// BPF_PROG_TYPE_CGROUP_SOCK_ADDR and the helpers they call. It returns a
-// *FeatureError (errors.Is ErrNotSupported) naming the first that is
-// missing, or an error wrapping ErrInvalidOptions.
+// BPF_PROG_TYPE_CGROUP_SOCK_ADDR and the helpers they call. It returns an
+// error wrapping a *FeatureError (errors.As; errors.Is ErrNotSupported)
+// naming the first that is missing, or one wrapping ErrInvalidOptions.
 func Probe(o Options) error {
+	if err := probe(o); err != nil {
+		return fmt.Errorf("ebpf: %w", err)
+	}
+	return nil
+}
+
+func probe(o Options) error {
 	if o.Cgroup == "" {
-		return fmt.Errorf("ebpf: %w: Cgroup is empty: name a cgroup v2 directory", ErrInvalidOptions)
+		return fmt.Errorf("%w: Cgroup is empty: name a cgroup v2 directory", ErrInvalidOptions)
 	}
 	if err := probeFS(o.Cgroup, unix.CGROUP2_SUPER_MAGIC, "cgroup v2",
 		"Options.Cgroup must be a directory of the unified hierarchy (CONFIG_CGROUPS; mount -t cgroup2 none <dir>)"); err != nil {

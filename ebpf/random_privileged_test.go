@@ -72,7 +72,7 @@ func TestRandomWalkMatchesAFreshWrite(t *testing.T) {
 // removed (the hook still attached) are put back by the next deep
 // verify: the next sync of an unchanged state, or the next sync once
 // VerifyInterval has passed. A sync that changes something before that
-// checks the hooks alone, one syscall each, and writes the change.
+// writes the change and looks at nothing else.
 func TestPinsRepairedByADeepVerify(t *testing.T) {
 	e := newEnv(t)
 	h := netnstest.NewHost(t, "pins")
@@ -81,7 +81,7 @@ func TestPinsRepairedByADeepVerify(t *testing.T) {
 		st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{Name: "default/web",
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
-			Endpoints:  []servicelb.Endpoint{{Addr: netip.MustParseAddr(addr), Ready: true}}})
+			Endpoints:  []servicelb.Endpoint{{Addr: netip.MustParseAddr(addr)}}})
 		require.NoError(t, err)
 		return st
 	}
@@ -106,7 +106,7 @@ func TestPinsRepairedByADeepVerify(t *testing.T) {
 			}
 			require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
 			if tc.interval == time.Hour {
-				assert.False(t, log.has("repaired"), "a change within VerifyInterval checks the hooks alone: %v", log.msgs)
+				assert.False(t, log.has("repaired"), "a change within VerifyInterval writes the change alone: %v", log.msgs)
 				for _, pin := range gone {
 					assert.NoFileExists(t, pin)
 				}

@@ -31,10 +31,10 @@ func checkGolden(t *testing.T, name, got string) {
 func renderState(t *testing.T) *servicelb.State {
 	a := netip.MustParseAddr
 	local := func(addr string, w uint16) servicelb.Endpoint {
-		return servicelb.Endpoint{Addr: a(addr), Ready: true, NodeName: "node-a", Weight: servicelb.Weight(w)}
+		return servicelb.Endpoint{Addr: a(addr), NodeName: "node-a", Weight: servicelb.Weight(w)}
 	}
 	remote := func(addr string) servicelb.Endpoint {
-		return servicelb.Endpoint{Addr: a(addr), Ready: true, NodeName: "node-b"}
+		return servicelb.Endpoint{Addr: a(addr), NodeName: "node-b"}
 	}
 	st, err := servicelb.NewState(servicelb.NodeConfig{NodeName: "node-a", NodeIPs: []netip.Addr{a("192.0.2.1"), a("2001:db8::1")},
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}},
@@ -47,7 +47,7 @@ func renderState(t *testing.T) *servicelb.State {
 			Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080, TargetPort: 8080},
 				{Name: "sctp", Protocol: servicelb.SCTP, Port: 90}},
 			Endpoints: []servicelb.Endpoint{local("10.244.1.2", 1), local("10.244.1.3", 3), remote("10.244.2.2"),
-				{Addr: a("fd00:244:1::2"), Ready: true, NodeName: "node-a"}},
+				{Addr: a("fd00:244:1::2"), NodeName: "node-a"}},
 		},
 		servicelb.Service{
 			Name: "default/dns", ClusterIPs: []netip.Addr{a("10.96.0.53")}, InternalTrafficPolicy: servicelb.PolicyLocal,

@@ -76,7 +76,7 @@ func eps(n string, hosts ...int) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for _, h := range hosts {
 		for _, a := range []netip.Addr{netnstest.BackendIPv4(h), netnstest.BackendIPv6(h)} {
-			out = append(out, servicelb.Endpoint{Addr: a, Ready: true, Serving: true, NodeName: n})
+			out = append(out, servicelb.Endpoint{Addr: a, NodeName: n})
 		}
 	}
 	return out

@@ -4,6 +4,7 @@ package ebpf
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/cilium/ebpf"
 
@@ -13,10 +14,10 @@ import (
 // Proxier balances sockets at the socket layer; on this system it cannot.
 type Proxier struct{}
 
-var errSystem = &FeatureError{Feature: "Linux", Hint: "socket-level load balancing needs Linux's cgroup BPF hooks"}
+var errSystem = fmt.Errorf("ebpf: %w", &FeatureError{Feature: "Linux", Hint: "socket-level load balancing needs Linux's cgroup BPF hooks"})
 
-// New returns a *FeatureError wrapping ErrNotSupported: the hooks are
-// Linux's.
+// New returns an error wrapping a *FeatureError, which wraps
+// ErrNotSupported: the hooks are Linux's.
 func New(Options) (*Proxier, error) { return nil, errSystem }
 
 // ForRendering returns a *FeatureError wrapping ErrNotSupported.

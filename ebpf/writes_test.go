@@ -71,7 +71,7 @@ func syscalls(ms map[string]*countingMap) map[string][]string {
 func TestOneEndpointCostsAFewWrites(t *testing.T) {
 	caps := capabilities(packetPath{})
 	ep := func(i int) servicelb.Endpoint {
-		return servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 99, 0, byte(i)}), Ready: true, Serving: true, NodeName: "node-9"}
+		return servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 99, 0, byte(i)}), NodeName: "node-9"}
 	}
 	eps := func(is ...int) []servicelb.Endpoint {
 		var out []servicelb.Endpoint

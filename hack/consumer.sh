@@ -3,6 +3,9 @@
 # one, through a replace directive to this checkout:
 #  - a module that imports only servicelb and nftables must not pull lint
 #    tools, Kubernetes or HashiCorp modules into its build (`go list -m all`);
+#  - one that imports ebpf gets staticcheck's module (honnef.co/go/tools)
+#    only as cilium/ebpf's go.mod requires it (its tool directives; see the
+#    README's note on dependencies), and nothing of the kind from kproxy;
 #  - a third-party backend's conformance test (conformance.Run, with
 #    conformance.Main as its TestMain, for a backend with socket hooks)
 #    must build: it is vetted and compiled (go test -c), not run.
@@ -54,6 +57,37 @@ SRC
 		exit 1
 	fi
 	echo "consumer module graph: $(echo "$mods" | wc -l) modules, no tools, k8s.io or hashicorp"
+)
+
+module example.com/ebpfconsumer "$dir/ebpf"
+cat >"$dir/ebpf/main.go" <<'SRC'
+package main
+
+import (
+	"fmt"
+
+	"github.com/kproxy-dev/kproxy/ebpf"
+)
+
+func main() {
+	p, err := ebpf.ForRendering(ebpf.Options{Cgroup: "/sys/fs/cgroup"})
+	fmt.Println(p, err)
+}
+SRC
+(
+	cd "$dir/ebpf"
+	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
+	GOWORK=off $GO build ./...
+	mods=$(GOWORK=off $GO list -m all)
+	bad=$(echo "$mods" | grep -E 'golangci|golang.org/x/vuln|k8s.io|sigs.k8s.io|hashicorp' || true)
+	tools=$(GOWORK=off $GO mod graph | grep -E ' honnef.co/' | grep -v '^github.com/cilium/ebpf@' || true)
+	if [ -n "$bad$tools" ]; then
+		echo "a consumer of ebpf lists:" >&2
+		echo "$bad" >&2
+		echo "$tools" >&2
+		exit 1
+	fi
+	echo "ebpf consumer module graph: $(echo "$mods" | wc -l) modules; honnef.co/go/tools only through cilium/ebpf's go.mod"
 )
 
 module example.com/backend "$dir/backend"

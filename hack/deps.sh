@@ -16,7 +16,10 @@ check cpio cpio
 check systemd-analyze systemd
 check setpriv util-linux
 check strace strace
+check python3 python3
 [ -x /bin/busybox ] || need="$need busybox-static"
+# The CA bundle make image packs.
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need="$need ca-certificates"
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
 	echo "deps: missing packages:$need (run as root to install them)" >&2

@@ -48,7 +48,7 @@ func ExampleServices() {
 		Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
 		ExternalTrafficPolicy: servicelb.PolicyLocal,
 		HealthCheckNodePort:   port,
-		Endpoints:             []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true, NodeName: "node-a"}},
+		Endpoints:             []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), NodeName: "node-a"}},
 	})
 	if err != nil {
 		panic(err)

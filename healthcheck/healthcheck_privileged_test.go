@@ -112,7 +112,7 @@ func lbService(name string, hcPort uint16, eps ...servicelb.Endpoint) servicelb.
 }
 
 func endpoint(i int, nodeName string) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netnstest.BackendIPv4(i), NodeName: nodeName, Ready: true, Serving: true}
+	return servicelb.Endpoint{Addr: netnstest.BackendIPv4(i), NodeName: nodeName}
 }
 
 // TestServicesFollowTheRunner: hooked to a Runner, the health check node
@@ -165,7 +165,7 @@ func TestServicesFollowTheRunner(t *testing.T) {
 
 	t.Log("back on this node, terminating: still no ready endpoint here")
 	term := endpoint(0, node)
-	term.Ready, term.Terminating = false, true
+	term.Ready, term.Serving, term.Terminating = new(false), new(true), true
 	require.NoError(t, src.Upsert(lbService("default/web", 32000, term, endpoint(0, "other"))))
 	require.NoError(t, <-syncErrs)
 	waitApplied(t, p, "default/web", term)
@@ -199,7 +199,7 @@ func waitApplied(t *testing.T, p *fake.Proxier, name string, ep servicelb.Endpoi
 			return false
 		}
 		svc, ok := st.Service(name)
-		return ok && len(svc.Endpoints) > 0 && svc.Endpoints[0].Ready == ep.Ready && svc.Endpoints[0].NodeName == ep.NodeName
+		return ok && len(svc.Endpoints) > 0 && svc.Endpoints[0].IsReady() == ep.IsReady() && svc.Endpoints[0].NodeName == ep.NodeName
 	}, 5*time.Second, 10*time.Millisecond)
 }
 

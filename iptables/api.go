@@ -19,6 +19,10 @@ var ErrNotSupported = errors.New("iptables: not supported on this system")
 // ErrInvalidOptions reports Options that New refuses.
 var ErrInvalidOptions = errors.New("invalid options")
 
+// ErrRenderOnly: a Sync or Cleanup of a Proxier made by ForRendering,
+// which holds no socket.
+var ErrRenderOnly = errors.New("iptables: a Proxier for rendering only holds no socket")
+
 // DefaultDropBit is the mark bit of MARK-DROP, as kubelet's
 // --iptables-drop-bit: mark 0x8000.
 const DefaultDropBit = 15

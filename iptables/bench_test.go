@@ -106,7 +106,7 @@ func BenchmarkOneServiceChange(b *testing.B) {
 	// replaced by another.
 	svc, _ := st.Service("ns0/svc0")
 	alt := *svc
-	alt.Endpoints = append(alt.Endpoints[:9:9], servicelb.Endpoint{Addr: netip.MustParseAddr("10.255.255.1"), Ready: true, Serving: true})
+	alt.Endpoints = append(alt.Endpoints[:9:9], servicelb.Endpoint{Addr: netip.MustParseAddr("10.255.255.1")})
 	e := st.Edit()
 	if err := e.Upsert(alt); err != nil {
 		b.Fatal(err)

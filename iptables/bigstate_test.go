@@ -38,7 +38,7 @@ func bigState(tb testing.TB, n int) *servicelb.State {
 		for j := range 10 {
 			k := i*10 + j
 			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(k >> 16), byte(k >> 8), byte(k)}),
-				Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", j)})
+				NodeName: fmt.Sprintf("node-%d", j)})
 		}
 		if err := b.Upsert(s); err != nil {
 			tb.Fatal(err)

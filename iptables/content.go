@@ -4,6 +4,7 @@ package iptables
 
 import (
 	"fmt"
+	"iter"
 	"reflect"
 	"slices"
 
@@ -25,6 +26,7 @@ func (p *planner) dispatchTable(d dispatch) (xtables.Table, string) {
 // tableWriter records changes to the Proxier's tables: an *xtables.Tx,
 // which an Applier commits in one batch.
 type tableWriter interface {
+	SetOwner(owner any)
 	SetChain(t xtables.Table, name string, rules []xtables.Rule)
 	DeleteChain(t xtables.Table, name string)
 	SetKeyed(t xtables.Table, chain, key string, rules []xtables.Rule)
@@ -80,20 +82,20 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 		pl := newPlanner(px.n, f, node, px.opts.dropMark())
 		natT, filterT := familyTables(f)
 		out[natT], out[filterT] = pl.nodeContent()
+		out[natT].Parts = pl.portChains(ports)
 		byService := map[string][]*servicelb.ServicePort{}
 		for _, sp := range ports {
 			if sp.Family != f {
 				continue
 			}
 			byService[sp.Key.Service] = append(byService[sp.Key.Service], sp)
-			r := pl.port(sp)
-			for _, c := range r.chains {
-				out[natT].Chains[c.Name] = c.Rules
-			}
+			var owner any = sp.Key
+			r := pl.dispatchRules(pl.plan(sp))
 			for d := range numDispatch {
 				if len(r.dispatch[d]) > 0 {
 					t, chain := pl.dispatchTable(d)
 					out[t].Keyed[chain][sp.Key.String()] = r.dispatch[d]
+					out[t].KeyOwners[sp.Key.String()] = owner
 				}
 			}
 		}
@@ -101,17 +103,44 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 		for svc, sps := range byService {
 			if rules := pl.clusterIPRules(svc, sps); len(rules) > 0 {
 				out[filterT].Keyed[services][clusterIPKey(svc)] = rules
+				out[filterT].KeyOwners[clusterIPKey(svc)] = serviceOwner(svc, f)
 			}
 		}
 	}
 	return out, nil
 }
 
+// portChains yields the own chains of each port of the planner's family,
+// with the port's key as their owner, a port at a time, planned as they
+// are asked for and in room reused for the next port: a cold sync of many
+// ports never holds all their rules at once beside their encoding, nor
+// leaves them all behind as garbage.
+func (p *planner) portChains(ports []*servicelb.ServicePort) iter.Seq2[any, []xtables.Chain] {
+	return func(yield func(any, []xtables.Chain) bool) {
+		q := *p
+		q.buf, q.arena = nil, &arena{seps: map[string]servicelb.Backend{}}
+		for _, sp := range ports {
+			if sp.Family == q.family && !yield(sp.Key, q.chains(q.plan(sp))) {
+				return
+			}
+		}
+	}
+}
+
+// serviceOwner is the owner of what a service has rather than one of its
+// ports (its cluster IPs' rules in the filter table's services chain): a
+// key of the service alone, which names the service in a refusal.
+func serviceOwner(svc string, f servicelb.Family) any {
+	return servicelb.ServicePortKey{Service: svc, Family: f}
+}
+
 // nodeContent returns the nat and filter content of the node's own rules,
 // with every dispatch chain present.
 func (p *planner) nodeContent() (nat, filter *xtables.TableContent) {
-	nat = &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{}}
-	filter = &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{}}
+	nat = &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{},
+		ChainOwners: map[string]any{}, KeyOwners: map[string]any{}}
+	filter = &xtables.TableContent{Chains: map[string][]xtables.Rule{}, Keyed: map[string]map[string][]xtables.Rule{},
+		ChainOwners: map[string]any{}, KeyOwners: map[string]any{}}
 	byName := map[xtables.TableName]*xtables.TableContent{xtables.NAT: nat, xtables.Filter: filter}
 	nr := p.nodeRules()
 	for name, tc := range byName {
@@ -167,8 +196,10 @@ func (px *Proxier) changes(st *servicelb.State, c *servicelb.Changes, w tableWri
 		slices.Sort(services)
 		t, chain := pl.dispatchTable(filterServices)
 		for _, svc := range slices.Compact(services) {
+			w.SetOwner(serviceOwner(svc, f))
 			w.SetKeyed(t, chain, clusterIPKey(svc), pl.clusterIPRules(svc, st.ServicePorts(svc)))
 		}
+		w.SetOwner(nil)
 	}
 	return nil
 }
@@ -193,6 +224,7 @@ func (p *planner) change(w tableWriter, old, cur *servicelb.ServicePort) {
 	if cur != nil {
 		now, key = p.port(cur), cur.Key.String()
 	}
+	w.SetOwner(either(cur, old).Key)
 	for _, c := range was.chains {
 		if !slices.ContainsFunc(now.chains, func(n xtables.Chain) bool { return n.Name == c.Name }) {
 			w.DeleteChain(natT, c.Name)

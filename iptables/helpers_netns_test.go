@@ -152,7 +152,7 @@ func (e *env) endpoint(i int, local bool) servicelb.Endpoint {
 	if local {
 		n = "node"
 	}
-	return servicelb.Endpoint{Addr: e.addr(e.tp.Backends[i]), Ready: true, Serving: true, NodeName: n}
+	return servicelb.Endpoint{Addr: e.addr(e.tp.Backends[i]), NodeName: n}
 }
 
 func (e *env) sync(svcs ...servicelb.Service) *servicelb.State {

@@ -30,7 +30,7 @@ func TestRouteLocalnet(t *testing.T) {
 	svc := servicelb.Service{
 		Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
-		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2")}},
 	}
 	for _, tc := range []struct {
 		name      string

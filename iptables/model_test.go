@@ -27,6 +27,8 @@ func (m tableModel) table(t xtables.Table) *xtables.TableContent {
 // a model once planning succeeded.
 type txRecorder []func(tableModel)
 
+func (r *txRecorder) SetOwner(any) {}
+
 func (r *txRecorder) SetChain(t xtables.Table, name string, rules []xtables.Rule) {
 	*r = append(*r, func(m tableModel) { m.table(t).Chains[name] = rules })
 }
@@ -63,7 +65,7 @@ func (m tableModel) clone() tableModel {
 	out := tableModel{}
 	for t, tc := range m {
 		c := out.table(t)
-		maps.Copy(c.Chains, tc.Chains)
+		maps.Copy(c.Chains, tc.Whole())
 		for chain, keys := range tc.Keyed {
 			c.Keyed[chain] = maps.Clone(keys)
 		}
@@ -84,7 +86,7 @@ func (m tableModel) lines() map[string][]string {
 		return ls
 	}
 	for t, tc := range m {
-		for name, rules := range tc.Chains {
+		for name, rules := range tc.Whole() {
 			out[fmt.Sprintf("%s chain %s", t, name)] = text(t, name, rules)
 		}
 		for chain, keys := range tc.Keyed {
@@ -103,7 +105,7 @@ func (m tableModel) lines() map[string][]string {
 func (m tableModel) chains() []string {
 	var out []string
 	for _, tc := range m {
-		out = slices.AppendSeq(out, maps.Keys(tc.Chains))
+		out = slices.AppendSeq(out, maps.Keys(tc.Whole()))
 		out = slices.AppendSeq(out, maps.Keys(tc.Keyed))
 	}
 	return out

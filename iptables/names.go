@@ -54,21 +54,31 @@ type names struct {
 
 func (n names) fixed(name string) string { return n.prefix + name }
 
-// portHash returns kube-proxy's 16 character hash of a service port:
-// base32 of sha256 of "service:port" (or "service" for an unnamed port)
+// portHash appends kube-proxy's 16 character hash of a service port to
+// b: base32 of sha256 of "service:port" (or "service" for an unnamed port)
 // and the protocol in lower case.
-func portHash(sp *servicelb.ServicePort) string {
-	return hash16(portName(sp) + sp.Port.Protocol.Lower())
+func portHash(b []byte, sp *servicelb.ServicePort) []byte {
+	var in [128]byte
+	return hash16(b, appendPortName(in[:0], sp), sp.Port.Protocol.Lower())
 }
 
-// endpointHash returns kube-proxy's hash of one endpoint of a service port.
-func endpointHash(sp *servicelb.ServicePort, b servicelb.Backend) string {
-	return hash16(portName(sp) + sp.Port.Protocol.Lower() + b.String())
+// endpointHash appends kube-proxy's hash of one endpoint of a service port
+// to b.
+func endpointHash(b []byte, sp *servicelb.ServicePort, be servicelb.Backend) []byte {
+	var in [128]byte
+	return hash16(b, be.AddrPort().AppendTo(append(appendPortName(in[:0], sp), sp.Port.Protocol.Lower()...)))
 }
 
-func hash16(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return base32.StdEncoding.EncodeToString(sum[:])[:16]
+// hash16 appends the first 16 characters of the base32 of sha256 of in
+// and more (the first ten bytes of the sum make exactly those).
+func hash16(b, in []byte, more ...string) []byte {
+	for _, m := range more {
+		in = append(in, m...)
+	}
+	sum := sha256.Sum256(in)
+	var out [16]byte
+	base32.StdEncoding.Encode(out[:], sum[:10])
+	return append(b, out[:]...)
 }
 
 // portName is kube-proxy's name of a service port, as its comments show it.
@@ -79,12 +89,31 @@ func portName(sp *servicelb.ServicePort) string {
 	return sp.Key.Service + ":" + sp.Key.Port
 }
 
-func (n names) svc(sp *servicelb.ServicePort) string { return n.prefix + svcPrefix + portHash(sp) }
-func (n names) svl(sp *servicelb.ServicePort) string { return n.prefix + svlPrefix + portHash(sp) }
-func (n names) ext(sp *servicelb.ServicePort) string { return n.prefix + extPrefix + portHash(sp) }
-func (n names) fw(sp *servicelb.ServicePort) string  { return n.prefix + fwPrefix + portHash(sp) }
+func appendPortName(b []byte, sp *servicelb.ServicePort) []byte {
+	b = append(b, sp.Key.Service...)
+	if sp.Key.Port != "" {
+		b = append(append(b, ':'), sp.Key.Port...)
+	}
+	return b
+}
+
+// chain returns the name of a chain of a service port: the prefix, the
+// kind's prefix and a hash, made with one allocation.
+func (n names) chain(kind string, hash func([]byte) []byte) string {
+	var b [64]byte
+	return string(hash(append(append(b[:0], n.prefix...), kind...)))
+}
+
+func (n names) port(kind string, sp *servicelb.ServicePort) string {
+	return n.chain(kind, func(b []byte) []byte { return portHash(b, sp) })
+}
+
+func (n names) svc(sp *servicelb.ServicePort) string { return n.port(svcPrefix, sp) }
+func (n names) svl(sp *servicelb.ServicePort) string { return n.port(svlPrefix, sp) }
+func (n names) ext(sp *servicelb.ServicePort) string { return n.port(extPrefix, sp) }
+func (n names) fw(sp *servicelb.ServicePort) string  { return n.port(fwPrefix, sp) }
 func (n names) sep(sp *servicelb.ServicePort, b servicelb.Backend) string {
-	return n.prefix + sepPrefix + endpointHash(sp, b)
+	return n.chain(sepPrefix, func(out []byte) []byte { return endpointHash(out, sp, b) })
 }
 
 // owns reports whether a chain name is one this prefix's Proxier creates:

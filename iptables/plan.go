@@ -69,11 +69,63 @@ type planner struct {
 	pods servicelb.LocalMatch
 	// nodePortIPs are the node addresses that serve node ports.
 	nodePortIPs []netip.Addr
+	// markMasq jumps to the chain that marks a flow for masquerade.
+	markMasq xtables.Target
+	// buf is scratch space for the text of comments.
+	buf []byte
+	// arena, when set, holds the rules of the port chains planned last:
+	// planning the next port reuses it (see portChains).
+	arena *arena
+}
+
+// arena is room for the rules of one port's chains, reused port after
+// port, so that planning many ports in a row leaves little garbage.
+type arena struct {
+	rules   []xtables.Rule
+	matches []xtables.Match
+	chains  []xtables.Chain
+	seps    map[string]servicelb.Backend
+}
+
+// reset makes the arena's room free again; what was planned in it is
+// overwritten by the next port.
+func (a *arena) reset() {
+	clear(a.rules)
+	clear(a.matches)
+	a.rules, a.matches, a.chains = a.rules[:0], a.matches[:0], a.chains[:0]
+	clear(a.seps)
+}
+
+// carve returns n elements of room at the end of *buf, growing it (to a
+// new array, leaving what was carved before in place) when it is full.
+func carve[T any](buf *[]T, n int) []T {
+	if cap(*buf)-len(*buf) < n {
+		*buf = make([]T, 0, max(2*cap(*buf), n, 64))
+	}
+	i := len(*buf)
+	*buf = (*buf)[:i+n]
+	return (*buf)[i : i : i+n]
+}
+
+// rules returns an empty slice with room for n rules: the arena's, or new.
+func (p *planner) rules(n int) []xtables.Rule {
+	if p.arena == nil {
+		return make([]xtables.Rule, 0, n)
+	}
+	return carve(&p.arena.rules, n)
+}
+
+// matches returns ms in a slice of its own: the arena's, or new.
+func (p *planner) matches(ms ...xtables.Match) []xtables.Match {
+	if p.arena == nil {
+		return slices.Clone(ms)
+	}
+	return append(carve(&p.arena.matches, len(ms)), ms...)
 }
 
 func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, dropMark uint32) *planner {
 	return &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark,
-		nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f)}
+		nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f), markMasq: xtables.Jump(n.fixed(chainMarkMasq))}
 }
 
 func xfam(f servicelb.Family) xtables.Family {
@@ -252,25 +304,49 @@ func filterComment(s *portPlan, t xtables.Target) xtables.Comment {
 // port returns every rule service port sp owns.
 func (p *planner) port(sp *servicelb.ServicePort) portRules {
 	s := p.plan(sp)
+	r := p.dispatchRules(s)
+	r.chains = p.chains(s)
+	return r
+}
+
+// dispatchRules returns the port's rules in the dispatch chains.
+func (p *planner) dispatchRules(s *portPlan) portRules {
 	var r portRules
 	p.clusterIP(&r, s)
 	p.external(&r, s)
+	return r
+}
+
+// chains returns the port's own chains.
+func (p *planner) chains(s *portPlan) []xtables.Chain {
+	sp := s.sp
+	var out []xtables.Chain
+	var seps map[string]servicelb.Backend
+	if a := p.arena; a != nil {
+		a.reset()
+		out, seps = a.chains, a.seps
+	} else {
+		out = make([]xtables.Chain, 0, 4+len(sp.Cluster)+len(sp.Local))
+		seps = make(map[string]servicelb.Backend, len(sp.Cluster))
+	}
 	if s.ext {
-		r.chains = append(r.chains, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
+		out = append(out, xtables.Chain{Name: p.n.ext(sp), Rules: p.extRules(s)})
 	}
 	if s.fw {
-		r.chains = append(r.chains, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
+		out = append(out, xtables.Chain{Name: p.n.fw(sp), Rules: p.fwRules(s)})
 	}
-	seps := map[string]servicelb.Backend{}
 	for _, a := range []servicelb.Action{servicelb.ToCluster, servicelb.ToLocal} {
 		if s.uses(a) {
-			r.chains = append(r.chains, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
+			out = append(out, xtables.Chain{Name: p.policyChain(sp, a), Rules: p.policyRules(s, a, seps)})
 		}
 	}
 	for name, b := range seps {
-		r.chains = append(r.chains, xtables.Chain{Name: name, Rules: p.sepRules(s, name, b)})
+		out = append(out, xtables.Chain{Name: name, Rules: p.sepRules(s, name, b)})
 	}
-	return r
+	if p.arena != nil {
+		p.arena.chains = out
+	}
+	return out
 }
 
 // clusterIP writes the rules for the port's cluster IP: in nat
@@ -372,7 +448,7 @@ func (p *planner) vipRule(s *portPlan, a netip.Addr, comment xtables.Comment, t 
 // the jump to SVL.
 func (p *planner) extRules(s *portPlan) []xtables.Rule {
 	vs := s.external
-	markMasq := xtables.Jump(p.n.fixed(chainMarkMasq))
+	markMasq := p.markMasq
 	dest := func(v servicelb.Verdict) xtables.Target {
 		if v.Action.Forwards() {
 			return xtables.Jump(p.policyChain(s.sp, v.Action))
@@ -436,9 +512,9 @@ func (p *planner) fwRules(s *portPlan) []xtables.Rule {
 // to seps.
 func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]servicelb.Backend) []xtables.Rule {
 	sp := s.sp
-	var out []xtables.Rule
+	var masq []xtables.Rule
 	if s.internalUses(a) {
-		out = append(out, p.masqRules(s)...)
+		masq = p.masqRules(s)
 	}
 	backends := sp.Targets(servicelb.Verdict{Action: a})
 	type ep struct {
@@ -449,24 +525,32 @@ func (p *planner) policyRules(s *portPlan, a servicelb.Action, seps map[string]s
 	eps := make([]ep, len(backends))
 	total := 0
 	for i, b := range backends {
-		eps[i] = ep{b, p.n.sep(sp, b), xtables.Comment(s.name + " -> " + b.String())}
+		p.buf = b.AddrPort().AppendTo(append(append(p.buf[:0], s.name...), " -> "...))
+		eps[i] = ep{b, p.n.sep(sp, b), xtables.Comment(p.buf)}
 		seps[eps[i].sep] = b
 		total += int(b.Weight)
 	}
+	n := len(masq) + len(eps)
+	if sp.Affinity > 0 {
+		n += len(eps)
+	}
+	out := append(p.rules(n), masq...)
 	if sp.Affinity > 0 {
 		for _, e := range eps {
-			out = append(out, xtables.Rule{Matches: []xtables.Match{e.comment,
-				xtables.Recent{Name: e.sep, Mode: xtables.RecentCheck, Seconds: affinitySeconds(sp), Reap: true}},
+			out = append(out, xtables.Rule{Matches: p.matches(e.comment,
+				xtables.Recent{Name: e.sep, Mode: xtables.RecentCheck, Seconds: affinitySeconds(sp), Reap: true}),
 				Target: xtables.Jump(e.sep)})
 		}
 	}
 	for i, e := range eps {
-		r := xtables.Rule{Matches: []xtables.Match{e.comment}, Target: xtables.Jump(e.sep)}
+		var ms []xtables.Match
 		if i < len(eps)-1 {
-			r.Matches = append(r.Matches, probability(int(e.b.Weight), total))
+			ms = p.matches(e.comment, p.probability(int(e.b.Weight), total))
+		} else {
+			ms = p.matches(e.comment)
 		}
 		total -= int(e.b.Weight)
-		out = append(out, r)
+		out = append(out, xtables.Rule{Matches: ms, Target: xtables.Jump(e.sep)})
 	}
 	return out
 }
@@ -479,8 +563,9 @@ func affinitySeconds(sp *servicelb.ServicePort) uint32 {
 // probability returns the statistic match that takes weight w of the
 // remaining total, computed from kube-proxy's "%0.10f" text as iptables
 // would parse it.
-func probability(w, total int) xtables.Statistic {
-	f, _ := strconv.ParseFloat(fmt.Sprintf("%0.10f", float64(w)/float64(total)), 64)
+func (p *planner) probability(w, total int) xtables.Statistic {
+	p.buf = strconv.AppendFloat(p.buf[:0], float64(w)/float64(total), 'f', 10, 64)
+	f, _ := strconv.ParseFloat(string(p.buf), 64)
 	return xtables.Probability(f)
 }
 
@@ -489,16 +574,17 @@ func probability(w, total int) xtables.Statistic {
 // affinity, and DNAT to the endpoint.
 func (p *planner) sepRules(s *portPlan, chain string, b servicelb.Backend) []xtables.Rule {
 	comment := xtables.Comment(s.name)
-	dnat := xtables.Rule{Proto: s.proto, Matches: []xtables.Match{comment}, Target: xtables.DNAT{To: b.AddrPort()}}
+	var ms []xtables.Match
 	if s.sp.Affinity > 0 {
-		dnat.Matches = append(dnat.Matches, xtables.Recent{Name: chain, Mode: xtables.RecentSet})
+		ms = p.matches(comment, xtables.Recent{Name: chain, Mode: xtables.RecentSet}, xtables.Port{Proto: s.proto})
+	} else {
+		ms = p.matches(comment, xtables.Port{Proto: s.proto})
 	}
-	dnat.Matches = append(dnat.Matches, xtables.Port{Proto: s.proto})
-	var out []xtables.Rule
+	dnat := xtables.Rule{Proto: s.proto, Matches: ms, Target: xtables.DNAT{To: b.AddrPort()}}
 	if _, hairpin := slices.BinarySearchFunc(s.sp.Hairpin, b.Addr, netip.Addr.Compare); hairpin {
-		out = append(out, xtables.Rule{Src: host(b.Addr), Matches: []xtables.Match{comment}, Target: xtables.Jump(p.n.fixed(chainMarkMasq))})
+		return append(p.rules(2), xtables.Rule{Src: host(b.Addr), Matches: p.matches(comment), Target: p.markMasq}, dnat)
 	}
-	return append(out, dnat)
+	return append(p.rules(1), dnat)
 }
 
 // clusterIPRules returns the rules that reject the flows to the cluster
@@ -542,7 +628,7 @@ func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 			offCluster = offCluster && want[o] == (servicelb.Origin(o) != servicelb.FromPod)
 		}
 	}
-	r := p.vipRule(s, s.sp.ClusterIP, xtables.Comment(s.name+" cluster IP"), xtables.Jump(p.n.fixed(chainMarkMasq)))
+	r := p.vipRule(s, s.sp.ClusterIP, xtables.Comment(s.name+" cluster IP"), p.markMasq)
 	switch {
 	case none:
 		return nil

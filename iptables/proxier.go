@@ -41,18 +41,29 @@ var (
 // as Proxier.Render prints them. It opens no socket and needs no
 // privileges: for dry runs, and to look at a state from any machine.
 func Render(st *servicelb.State, o Options) (string, error) {
-	if err := o.normalize(); err != nil {
+	px, err := ForRendering(o)
+	if err != nil {
 		return "", err
 	}
-	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}
 	return px.Render(st)
+}
+
+// ForRendering returns a Proxier that renders (Render, RenderFamily,
+// Capabilities) and opens no socket: for dry runs. It needs no
+// privileges. Its Sync and Cleanup fail with ErrRenderOnly; Close does
+// nothing.
+func ForRendering(o Options) (*Proxier, error) {
+	if err := o.normalize(); err != nil {
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
+	return &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}, nil
 }
 
 // New returns a Proxier. It opens a netlink socket in the target
 // namespace and reads nothing until the first Sync.
 func New(o Options) (*Proxier, error) {
 	if err := o.normalize(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("iptables: %w", err)
 	}
 	px := &Proxier{opts: o, n: names{prefix: o.ChainPrefix}, log: o.Logger}
 	if c, ok := o.conn.(xtables.Conn); ok {
@@ -79,8 +90,8 @@ func New(o Options) (*Proxier, error) {
 		Owns:   func(_ xtables.TableName, chain string) bool { return px.n.owns(chain) },
 		Logger: o.Logger,
 	})
-	eo := syncer.Options{Name: "iptables", Logger: o.Logger, VerifyInterval: o.VerifyInterval, Retryable: retryable,
-		Capabilities: px.Capabilities()}
+	eo := syncer.Options{Name: "iptables", Logger: o.Logger, VerifyInterval: o.VerifyInterval, Retryable: nfnl.LostRace,
+		Traced: nfnl.RefusedOwners[servicelb.ServicePortKey], Capabilities: px.Capabilities()}
 	if px.opts.Conntrack != nil {
 		eo.Cleaner = px.opts.Conntrack
 	}
@@ -130,6 +141,9 @@ func (px *Proxier) Capabilities() servicelb.Capabilities {
 func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	px.mu.Lock()
 	defer px.mu.Unlock()
+	if px.eng == nil {
+		return ErrRenderOnly
+	}
 	return px.eng.Sync(ctx, st)
 }
 
@@ -139,6 +153,9 @@ func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 func (px *Proxier) Cleanup(ctx context.Context) error {
 	px.mu.Lock()
 	defer px.mu.Unlock()
+	if px.eng == nil {
+		return ErrRenderOnly
+	}
 	var tables []xtables.Table
 	for _, f := range px.opts.Families {
 		nat, filter := familyTables(f)

@@ -4,9 +4,14 @@ package iptables
 
 import (
 	"net/netip"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -27,7 +32,7 @@ func prefixes(ss ...string) []netip.Prefix {
 }
 
 func ep(addr, node string) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), Ready: true, Serving: true, NodeName: node}
+	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), NodeName: node}
 }
 
 // richNode is a dual-stack node with cluster and service CIDRs.
@@ -48,7 +53,7 @@ func richServices() []servicelb.Service {
 	weighted := ep("10.244.3.2", "node-c")
 	weighted.Weight = servicelb.Weight(3)
 	terminating := ep("10.244.2.9", "node-b")
-	terminating.Ready, terminating.Terminating = false, true
+	terminating.Ready, terminating.Serving, terminating.Terminating = new(false), new(true), true
 	return []servicelb.Service{
 		{
 			Name:       "default/web",
@@ -129,4 +134,82 @@ func richState(t testing.TB) *servicelb.State {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// The chains of service ports are not held in the content of a state:
+// they are planned port by port as a sync asks for them (Parts), each
+// group the chains of one port, the same on every pass, so that a cold
+// sync of many ports never holds all their rules beside their encoding.
+func TestContentMakesPortChainsOnDemand(t *testing.T) {
+	px := newOffline(t, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	st := bigState(t, 3)
+	want, err := px.content(st)
+	require.NoError(t, err)
+	nat, _ := familyTables(servicelb.IPv4)
+	for name := range want[nat].Chains {
+		require.False(t, strings.Contains(name, "-SVC-") || strings.Contains(name, "-SEP-"), "port chain %s held in Chains", name)
+	}
+	var names []string
+	groups := 0
+	for owner, group := range want[nat].Parts {
+		require.IsType(t, servicelb.ServicePortKey{}, owner, "a group's owner")
+		groups++
+		for _, c := range group {
+			require.NotContains(t, names, c.Name, "chain made twice")
+			names = append(names, c.Name)
+		}
+	}
+	require.Equal(t, 3, groups, "one group a port")
+	require.Len(t, names, 3*11, "an SVC and ten SEP chains a port")
+	node := st.Node()
+	pl := newPlanner(px.n, servicelb.IPv4, &node, px.opts.dropMark())
+	ports := map[string][]xtables.Rule{}
+	for _, sp := range st.Ports() {
+		for _, c := range pl.port(sp).chains {
+			ports[c.Name] = c.Rules
+		}
+	}
+	whole := want[nat].Whole()
+	for _, name := range names {
+		require.Equal(t, ports[name], whole[name], "chain %s", name)
+	}
+	require.Equal(t, whole, want[nat].Whole(), "a second pass makes other chains")
+}
+
+// Planning a port's chains makes few objects: a chain name is one string,
+// a rule's slices are sized once. (A sync plans every port; what it
+// leaves behind is garbage the collector lets grow beside the batch.)
+func TestPortChainsAllocateLittle(t *testing.T) {
+	px := newOffline(t, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	st := bigState(t, 1)
+	node := st.Node()
+	pl := newPlanner(px.n, servicelb.IPv4, &node, px.opts.dropMark())
+	sp := st.Ports()[0]
+	allocs := testing.AllocsPerRun(20, func() { _ = pl.chains(pl.plan(sp)) })
+	t.Logf("%v allocations for a port of %d endpoints", allocs, len(sp.Cluster))
+	require.LessOrEqual(t, allocs, 160.0, "allocations to plan a port of 10 endpoints (31 rules)")
+}
+
+// A pass over the port chains of a state reuses one port's room for the
+// next: what it leaves behind is the names, comments and the matches'
+// values, not the rules.
+func TestPortChainsReuseRoom(t *testing.T) {
+	px := newOffline(t, Options{Families: []servicelb.Family{servicelb.IPv4}})
+	const n = 50
+	want, err := px.content(bigState(t, n))
+	require.NoError(t, err)
+	nat, _ := familyTables(servicelb.IPv4)
+	var bytes runtime.MemStats
+	pass := func() {
+		for range want[nat].Parts {
+		}
+	}
+	pass()
+	runtime.ReadMemStats(&bytes)
+	before := bytes.TotalAlloc
+	pass()
+	runtime.ReadMemStats(&bytes)
+	perPort := (bytes.TotalAlloc - before) / n
+	t.Logf("%d bytes a port of 10 endpoints (31 rules)", perPort)
+	require.LessOrEqual(t, perPort, uint64(4500), "bytes allocated a port of 10 endpoints")
 }

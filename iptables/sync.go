@@ -4,10 +4,8 @@ package iptables
 
 import (
 	"context"
-	"errors"
 	"slices"
 
-	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/sysctl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -80,11 +78,6 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 	}
 	k.log.Debug("committed", "ports", ch.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
 	return false, nil
-}
-
-// retryable reports whether err lost a race with another writer.
-func retryable(err error) bool {
-	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged) || errors.Is(err, xtables.ErrGenChanged)
 }
 
 // checkChanges checks the ports that changes add or change.

@@ -18,6 +18,9 @@ func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSuppor
 // New returns ErrNotSupported.
 func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
 
+// ForRendering returns ErrNotSupported.
+func ForRendering(Options) (*Proxier, error) { return nil, ErrNotSupported }
+
 // Close does nothing.
 func (px *Proxier) Close() error { return nil }
 

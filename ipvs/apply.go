@@ -8,7 +8,9 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"syscall"
 
+	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -39,7 +41,7 @@ func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error
 			err = p.update(ctx, have, want)
 		}
 		if err != nil {
-			return err
+			return refused(err, d.owner[k])
 		}
 	}
 	if err := rules(); err != nil {
@@ -56,6 +58,18 @@ func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error
 		return err
 	}
 	return p.sets.del(ctx, d.del)
+}
+
+// refused traces the kernel's refusal of a virtual or real server op
+// (an errno) to the service port the virtual server serves, so that the
+// sync leaves that service out and applies the rest; other errors, such
+// as the end of the context, stay as they are.
+func refused(err error, owner servicelb.ServicePortKey) error {
+	var errno syscall.Errno
+	if owner.Service == "" || !errors.As(err, &errno) {
+		return err
+	}
+	return syncer.Refused(owner, err)
 }
 
 // checkNew refuses, before any change, to create a virtual server that

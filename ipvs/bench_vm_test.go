@@ -39,7 +39,7 @@ func benchService(i, first int) servicelb.Service {
 		Ports: []servicelb.Port{{Protocol: tcp, Port: 80, TargetPort: 8080}},
 	}
 	for j := first; j < first+10; j++ {
-		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: benchEndpoint(i, j%10), Ready: true, Serving: true})
+		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: benchEndpoint(i, j%10)})
 	}
 	return s
 }

@@ -1,7 +1,8 @@
 // Package ipvs is kproxy's IPVS dataplane: a servicelb.Proxier in the
 // manner of kube-proxy's IPVS mode. It programs IPVS through generic
-// netlink (github.com/moby/ipvs), the dummy link through rtnetlink
-// (github.com/vishvananda/netlink), its helper sets through the ipset
+// netlink (github.com/moby/ipvs), the dummy link and its addresses through
+// route netlink (package internal/rtnl, which the userspace backend
+// shares), its helper sets through the ipset
 // package and its helper rules through nf_tables netlink in iptables-nft's
 // encoding. It runs no binary of its own (but see Privileges).
 //
@@ -114,12 +115,29 @@
 // there; at most every Options.VerifyInterval a deep verify reads the link
 // addresses, virtual and real servers and set entries back and repairs
 // whatever differs. The sync loop is internal/syncer's, shared by all
-// three backends. IPVS is not transactional: a sync adds addresses, set entries,
+// the backends. IPVS is not transactional: a sync adds addresses, set entries,
 // virtual servers, real servers and rules before it removes any, so that
 // no virtual address is ever without its servers nor a flow marked for a
 // missing one, and a service the proxier cannot apply is left out before
-// anything of it is sent. If a sync fails part way, the next one reads the
-// kernel again and completes the change.
+// anything of it is sent. A virtual or real server the kernel refuses
+// (an errno, such as EINVAL for a real server at a broadcast address of
+// the node) leaves its service out too: the sync reads the kernel again,
+// removes what it made of that service and applies the rest, in the same
+// Sync, which returns a *servicelb.PartialError naming it (a
+// *servicelb.ValidationError wrapping servicelb.ErrRefused and the
+// kernel's error); it stays out, untried, until it changes. If a sync
+// fails part way otherwise, the next one reads the kernel again and
+// completes the change.
+//
+// Other writers (ipvsadm, keepalived, iptables, a firewall manager) keep
+// their virtual servers, sets, chains and rules. A step of a sync that
+// loses a race with one of them (a dump their change interrupted, a batch
+// of helper rules refused because the nf_tables generation moved) is
+// retried at once within the same Sync: at most 8 attempts, with pauses
+// of 1, 2, 4 ... 64 ms between them, 127 ms in all; an interrupted dump
+// of the dummy link's addresses is repeated up to 10 times within each
+// attempt. Only then does Sync fail, with the last error, and the
+// caller's backoff (the Runner's RetryInterval) take over.
 //
 // After each sync the conntrack flows servicelb calls stale are deleted
 // (servicelb.Changes.StaleFlows after a sync of changes,
@@ -138,13 +156,23 @@
 // may run between syncs.
 //
 // Cleanup removes every virtual server the proxier owns, the dummy link
-// with its addresses, the helper rules and the helper sets. Close releases
-// the sockets and leaves the kernel state for a later Proxier.
+// with its addresses, the helper rules and the helper sets. It deletes
+// the link only when the proxier created it (such a link carries the mark
+// "kproxy-ipvs" as its alias, so that a later process knows it): from a
+// dummy link of that name someone else made, it removes the addresses and
+// leaves the link. Close releases the sockets and leaves the kernel state
+// for a later Proxier.
 //
 // # Privileges
 //
-// CAP_NET_ADMIN in the target namespace (and CAP_SYS_ADMIN to reach a
-// namespace other than the caller's). The kernel needs the ip_vs module
+// CAP_NET_ADMIN in the target namespace. New enters the namespace only
+// when it is not the one of the thread that calls it, and that alone needs
+// CAP_SYS_ADMIN too; without a capability it needs, New fails with an
+// error wrapping servicelb.ErrPermission that names it. Sync writes the
+// sysctls the proxier needs (see Options.LeaveSysctls) through /proc/sys,
+// and only those whose value differs: where /proc/sys is read-only (in a
+// container), set them beforehand on the node (sysctl.d), and Sync only
+// reads them. The kernel needs the ip_vs module
 // and the scheduler modules (ip_vs_rr and so on) loaded, the dummy module,
 // ipset with the hash:ip, hash:ip,port, hash:ip,port,ip and hash:ip,port,net
 // types, nf_tables with nft_compat and the xt_set, xt_mark (match and MARK

@@ -21,8 +21,8 @@ func ExampleRender() {
 		Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080, TargetPort: 8080}},
 		Scheduler:  servicelb.SchedulerWeightedRR,
 		Endpoints: []servicelb.Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.5"), Ready: true, Weight: servicelb.Weight(2)},
-			{Addr: netip.MustParseAddr("10.244.2.7"), Ready: true},
+			{Addr: netip.MustParseAddr("10.244.1.5"), Weight: servicelb.Weight(2)},
+			{Addr: netip.MustParseAddr("10.244.2.7")},
 		},
 	})
 	if err != nil {

@@ -84,7 +84,7 @@ func endpoints(backends ...int) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for _, i := range backends {
 		for _, f := range []servicelb.Family{servicelb.IPv4, servicelb.IPv6} {
-			out = append(out, servicelb.Endpoint{Addr: backendAddr(i, f), Ready: true, Serving: true, NodeName: "node"})
+			out = append(out, servicelb.Endpoint{Addr: backendAddr(i, f), NodeName: "node"})
 		}
 	}
 	return out

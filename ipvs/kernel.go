@@ -3,6 +3,7 @@
 package ipvs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
@@ -26,18 +28,25 @@ const (
 )
 
 // kernel is the proxier's access to one network namespace: IPVS through
-// generic netlink, the dummy link and its addresses through rtnetlink. It
+// generic netlink, the dummy link and its addresses through route netlink
+// (package internal/rtnl, which the userspace backend's link shares). It
 // counts the changes it makes.
 type kernel struct {
 	nl     *netlink.Handle
+	rt     *rtnl.Conn
 	ipvs   *ipvs.Handle
 	link   string
 	writes int
 }
 
-// openKernel opens netlink handles in ns and checks that IPVS is there.
+// linkOwner marks the dummy link the proxier creates (its alias), so that
+// Cleanup deletes that link and no other.
+const linkOwner = "kproxy-ipvs"
+
+// openKernel opens netlink handles in ns (netns.None(): the calling
+// thread's namespace, entering none) and checks that IPVS is there.
 func openKernel(ns netns.NsHandle, link string) (*kernel, error) {
-	nl, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE, unix.NETLINK_GENERIC)
+	nl, err := netlink.NewHandleAt(ns, unix.NETLINK_GENERIC)
 	if err != nil {
 		return nil, opErr("open netlink", "", err)
 	}
@@ -45,110 +54,142 @@ func openKernel(ns netns.NsHandle, link string) (*kernel, error) {
 		nl.Close()
 		return nil, fmt.Errorf("%w: generic netlink family IPVS: %v", ErrIPVSUnavailable, err)
 	}
-	h, err := ipvs.New(fmt.Sprintf("/proc/self/fd/%d", int(ns)))
+	rt, err := rtnl.Open(ns)
 	if err != nil {
+		nl.Close()
+		return nil, opErr("open route netlink", "", err)
+	}
+	path := "" // moby/ipvs enters no namespace for ""
+	if ns.IsOpen() {
+		path = fmt.Sprintf("/proc/self/fd/%d", int(ns))
+	}
+	h, err := ipvs.New(path)
+	if err != nil {
+		rt.Close()
 		nl.Close()
 		return nil, opErr("open ipvs netlink", "", err)
 	}
-	return &kernel{nl: nl, ipvs: h, link: link}, nil
+	return &kernel{nl: nl, rt: rt, ipvs: h, link: link}, nil
 }
 
 func (k *kernel) close() {
 	k.ipvs.Close()
+	k.rt.Close()
 	k.nl.Close()
 }
 
-// dummy returns the dummy link, nil if it does not exist.
-func (k *kernel) dummy(ctx context.Context) (netlink.Link, error) {
+// dummy returns the dummy link; ok is false when it does not exist.
+func (k *kernel) dummy(ctx context.Context) (l rtnl.Link, ok bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return rtnl.Link{}, false, err
 	}
-	l, err := k.nl.LinkByName(k.link)
-	var nf netlink.LinkNotFoundError
-	if errors.As(err, &nf) {
-		return nil, nil
-	}
+	l, ok, err = k.rt.LinkByName(k.link)
 	if err != nil {
-		return nil, opErr("find link", k.link, err)
+		return rtnl.Link{}, false, kernelError(err)
 	}
-	if l.Type() != "dummy" {
-		return nil, fmt.Errorf("%w: %s is a %s link", ErrLinkConflict, k.link, l.Type())
+	if ok && l.Kind != "dummy" {
+		return rtnl.Link{}, false, fmt.Errorf("%w: %s is a %s link", ErrLinkConflict, k.link, cmp.Or(l.Kind, "device"))
+	}
+	return l, ok, nil
+}
+
+// ensureDummy returns the dummy link, creating it (marked as the
+// proxier's) if needed.
+func (k *kernel) ensureDummy(ctx context.Context) (rtnl.Link, error) {
+	l, ok, err := k.dummy(ctx)
+	if err != nil || ok {
+		return l, err
+	}
+	k.writes++
+	if l, _, err = k.rt.EnsureDummy(k.link, linkOwner); err != nil {
+		return rtnl.Link{}, kernelError(err)
+	}
+	if l.Kind != "dummy" {
+		return rtnl.Link{}, fmt.Errorf("%w: %s is a %s link", ErrLinkConflict, k.link, cmp.Or(l.Kind, "device"))
 	}
 	return l, nil
 }
 
-// ensureDummy returns the dummy link, creating it if needed.
-func (k *kernel) ensureDummy(ctx context.Context) (netlink.Link, error) {
-	l, err := k.dummy(ctx)
-	if err != nil || l != nil {
-		return l, err
-	}
-	la := netlink.NewLinkAttrs()
-	la.Name = k.link
-	k.writes++
-	if err := k.nl.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
-		return nil, opErr("add dummy link", k.link, err)
-	}
-	l, err = k.dummy(ctx)
-	if err == nil && l == nil {
-		err = opErr("find link", k.link, errors.New("gone right after it was added"))
-	}
-	return l, err
-}
-
-// deleteDummy removes the dummy link and with it every address on it.
-func (k *kernel) deleteDummy(ctx context.Context) error {
-	l, err := k.dummy(ctx)
-	if err != nil || l == nil {
+// removeDummy deletes the dummy link, and with it every address on it,
+// when the proxier created it; from a dummy link someone else made, it
+// deletes the addresses (every address on the link is a virtual address
+// of the proxier's) and leaves the link.
+func (k *kernel) removeDummy(ctx context.Context) error {
+	l, ok, err := k.dummy(ctx)
+	if err != nil || !ok {
 		return err
 	}
-	k.writes++
-	return opErr("delete dummy link", k.link, k.nl.LinkDel(l))
+	if l.OwnedBy(linkOwner) {
+		k.writes++
+		_, err := k.rt.RemoveDummy(k.link, linkOwner)
+		return kernelError(err)
+	}
+	prefixes, err := k.addresses(ctx, l)
+	if err != nil {
+		return err
+	}
+	for _, p := range prefixes {
+		if err := k.delAddress(ctx, l, p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // addresses lists the addresses on the link, link-local ones aside.
-func (k *kernel) addresses(ctx context.Context, l netlink.Link) ([]netip.Prefix, error) {
-	var list []netlink.Addr
-	err := retryInterrupted(ctx, func() (err error) {
-		list, err = k.nl.AddrList(l, netlink.FAMILY_ALL)
-		return err
-	})
+func (k *kernel) addresses(ctx context.Context, l rtnl.Link) ([]netip.Prefix, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	list, err := k.rt.Addrs(l.Index)
 	if err != nil {
 		return nil, opErr("list addresses of", k.link, err)
 	}
 	var out []netip.Prefix
 	for _, a := range list {
-		p, ok := prefixOf(a.IPNet)
-		if ok && !p.Addr().IsLinkLocalUnicast() {
-			out = append(out, p)
+		if !a.Prefix.Addr().IsLinkLocalUnicast() {
+			out = append(out, a.Prefix)
 		}
 	}
 	return out, nil
 }
 
-func (k *kernel) addAddress(ctx context.Context, l netlink.Link, a netip.Addr) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	k.writes++
-	p := netip.PrefixFrom(a, a.BitLen())
-	err := k.nl.AddrAdd(l, &netlink.Addr{IPNet: ipNet(p), Flags: unix.IFA_F_NODAD})
+func (k *kernel) addAddress(ctx context.Context, l rtnl.Link, a netip.Addr) error {
+	p := rtnl.Host(a)
+	err := k.changeAddress(ctx, l, rtnl.AddrOp{Add: true, Prefix: p})
 	if errors.Is(err, unix.EEXIST) {
 		return nil
 	}
 	return opErr("add address", p.String()+" to "+k.link, err)
 }
 
-func (k *kernel) delAddress(ctx context.Context, l netlink.Link, p netip.Prefix) error {
+func (k *kernel) delAddress(ctx context.Context, l rtnl.Link, p netip.Prefix) error {
+	err := k.changeAddress(ctx, l, rtnl.AddrOp{Prefix: p})
+	if rtnl.IsGone(err) {
+		return nil
+	}
+	return opErr("delete address", p.String()+" from "+k.link, err)
+}
+
+func (k *kernel) changeAddress(ctx context.Context, l rtnl.Link, op rtnl.AddrOp) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	k.writes++
-	err := k.nl.AddrDel(l, &netlink.Addr{IPNet: ipNet(p)})
-	if errors.Is(err, unix.EADDRNOTAVAIL) {
-		return nil
+	errs, err := k.rt.ChangeAddrs(l.Index, 0, []rtnl.AddrOp{op})
+	if err != nil {
+		return err
 	}
-	return opErr("delete address", p.String()+" from "+k.link, err)
+	return errs[0]
+}
+
+// kernelError makes an error of package rtnl an OpError of the package.
+func kernelError(err error) error {
+	var oe *rtnl.OpError
+	if errors.As(err, &oe) {
+		return &OpError{Op: oe.Op, Object: oe.Object, Err: oe.Err}
+	}
+	return err
 }
 
 // realInfo is a real server as the kernel reports it.
@@ -305,31 +346,4 @@ func toDest(r RealServer) *ipvs.Destination {
 func addrOf(ip net.IP) (netip.Addr, bool) {
 	a, ok := netip.AddrFromSlice(ip)
 	return a.Unmap(), ok
-}
-
-func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
-	if n == nil {
-		return netip.Prefix{}, false
-	}
-	a, ok := addrOf(n.IP)
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a, ones), ok
-}
-
-func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// retryInterrupted runs a netlink dump again while the kernel reports it
-// was interrupted by a concurrent change.
-func retryInterrupted(ctx context.Context, f func() error) error {
-	for i := 0; ; i++ {
-		err := f()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == 9 {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
 }

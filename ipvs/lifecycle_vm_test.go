@@ -170,7 +170,7 @@ func TestUDPServingEndpointKeepsItsFlows(t *testing.T) {
 	ep0, ep1 := endpoints(0), endpoints(1)
 	terminating, drained, other := slices.Clone(ep0), slices.Clone(ep0), slices.Clone(ep0)
 	for i := range ep0 {
-		terminating[i].Ready, terminating[i].Terminating = false, true
+		terminating[i].Ready, terminating[i].Serving, terminating[i].Terminating = new(false), new(true), true
 		drained[i].Weight = servicelb.Weight(0)
 		other[i].NodeName = "other"
 	}
@@ -491,4 +491,31 @@ func TestChangeCostsItsSize(t *testing.T) {
 		t.Errorf("one endpoint replaced: %d changes, want 4", n)
 	}
 	e.checkIPVS(next)
+}
+
+// TestPreexistingLinkKept: a dummy link of the Interface's name that
+// someone else made holds the virtual addresses as well; Cleanup removes
+// them and leaves the link, where a link the proxier made goes.
+func TestPreexistingLinkKept(t *testing.T) {
+	netnstest.Require(t, vmFeatures...)
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	tp.Node.Exec(t, "ip", "link", "add", DefaultInterface, "type", "dummy")
+	e := &env{t: t, tp: tp, opts: Options{NetNS: tp.Node.NS}, node: servicelb.NodeConfig{
+		NodeName: "node", NodeIPs: tp.NodeIPs(), ClusterCIDRs: netnstest.ClusterCIDRs(),
+	}}
+	e.p = e.newProxier()
+	e.sync(e.state(benchService(1, 0)))
+	if out := tp.Node.Exec(t, "ip", "address", "show", "dev", DefaultInterface); !strings.Contains(out, "/32") {
+		t.Fatalf("no virtual address on the link:\n%s", out)
+	}
+	if err := e.p.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	out, err := tp.Node.Output(t.Context(), "", "ip", "address", "show", "dev", DefaultInterface)
+	if err != nil {
+		t.Fatalf("the link someone else made is gone after Cleanup: %v", err)
+	}
+	if strings.Contains(out, "inet ") {
+		t.Errorf("virtual addresses left on the link after Cleanup:\n%s", out)
+	}
 }

@@ -36,7 +36,10 @@ type Options struct {
 	// Interface is the dummy link that holds every virtual address the
 	// proxier serves (cluster, external, load-balancer and node-port
 	// addresses). Only the IPVS virtual servers whose address sits on it
-	// belong to the proxier. Default DefaultInterface.
+	// belong to the proxier. The proxier creates it when it is missing; a
+	// dummy link of that name that someone else made serves too, and
+	// Cleanup leaves it (without its addresses). Default
+	// DefaultInterface.
 	Interface string
 	// NetNS is the network namespace to program. The zero value (and
 	// netns.None()) mean the namespace of the thread that calls New. New

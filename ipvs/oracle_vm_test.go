@@ -254,7 +254,8 @@ func TestRandomTransitions(t *testing.T) {
 // restores all of it.
 func TestRepairsForeignDamage(t *testing.T) {
 	// A deep check on every sync: what no cheap check sees (a virtual
-	// server deleted, a set flushed) is repaired by the next one.
+	// server or one of its real servers deleted, a real server's weight
+	// changed, a set flushed) is repaired by the next one.
 	e := newEnv(t, 2, Options{VerifyInterval: time.Nanosecond})
 	e.serve("tcp", 8080, 0, 1)
 	multi := multiService()
@@ -264,6 +265,8 @@ func TestRepairsForeignDamage(t *testing.T) {
 	want := renderText(t, st, e.p.opts)
 	for _, damage := range [][]string{
 		{"ipvsadm", "-D", "-t", "10.96.0.10:80"},
+		{"ipvsadm", "-d", "-t", "10.96.0.10:80", "-r", ap(backendAddr(1, servicelb.IPv4), 8080).String()},
+		{"ipvsadm", "-e", "-t", "10.96.0.10:80", "-r", ap(backendAddr(0, servicelb.IPv4), 8080).String(), "-m", "-w", "5"},
 		{"ip", "addr", "del", "10.96.0.50/32", "dev", DefaultInterface},
 		{"ipset", "flush", DefaultSetPrefix + "loop-back-4"},
 		{"ipvsadm", "-E", "-t", "[fd00:96::50]:80", "-s", "wlc"},

@@ -42,7 +42,7 @@ func testNode() servicelb.NodeConfig {
 }
 
 func ep(addr, node string) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: a(addr), Ready: true, Serving: true, NodeName: node}
+	return servicelb.Endpoint{Addr: a(addr), NodeName: node}
 }
 
 func mustState(t *testing.T, node servicelb.NodeConfig, svcs ...servicelb.Service) *servicelb.State {
@@ -102,9 +102,9 @@ func renderCases() map[string][]servicelb.Service {
 			Scheduler: servicelb.SchedulerWeightedRR,
 			Affinity:  servicelb.SessionAffinity{ClientIP: true, Timeout: 90 * time.Second},
 			Endpoints: []servicelb.Endpoint{
-				{Addr: a("10.244.1.2"), Ready: true, Weight: w3},
-				{Addr: a("10.244.2.2"), Ready: true},
-				{Addr: a("10.244.3.2"), Ready: true, Weight: servicelb.Weight(0)},
+				{Addr: a("10.244.1.2"), Weight: w3},
+				{Addr: a("10.244.2.2")},
+				{Addr: a("10.244.3.2"), Weight: servicelb.Weight(0)},
 			},
 		}, {
 			Name: "default/empty", ClusterIPs: []netip.Addr{a("10.96.0.31")},

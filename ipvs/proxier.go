@@ -8,17 +8,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"sync"
 	"time"
 
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/internal/privilege"
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -39,8 +41,9 @@ type Proxier struct {
 	// nil means the next sync reads the kernel and converges from what it
 	// finds.
 	plan *statePlan
-	// link is the dummy link as last seen.
-	link netlink.Link
+	// link is the dummy link as last seen; its Index is 0 when unknown
+	// or missing.
+	link rtnl.Link
 	// kern holds the proxier's virtual servers as the kernel holds them,
 	// draining real servers (weight 0) included.
 	kern map[vsKey]*VirtualServer
@@ -77,51 +80,87 @@ type realKey struct {
 // New returns a Proxier for the namespace o.NetNS. It checks that the
 // kernel has IPVS (ErrIPVSUnavailable otherwise) and opens netlink sockets
 // there, but changes nothing until Sync. Close releases it. Opening them
-// needs CAP_NET_ADMIN and CAP_SYS_ADMIN (to enter the namespace, the
-// caller's own included): without them the error wraps
-// servicelb.ErrPermission.
+// needs CAP_NET_ADMIN, and CAP_SYS_ADMIN only to enter a namespace other
+// than the calling thread's: without them the error wraps
+// servicelb.ErrPermission and names what is missing.
 func New(o Options) (_ *Proxier, err error) {
-	defer func() { err = privilege.Check(err) }()
-	if err := privilege.Require("ipvs", privilege.NetAdmin, privilege.SysAdmin); err != nil {
-		return nil, err
-	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("ipvs: %w", privilege.Check(err))
+		}
+	}()
 	o, err = o.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	// The sockets are opened on this thread: in its namespace, without
+	// entering it, when that is the target.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	ns, err := dupNS(o.NetNS)
 	if err != nil {
 		return nil, err
 	}
-	k, err := openKernel(ns, o.Interface)
+	at, err := socketNS(ns)
+	if err != nil {
+		ns.Close()
+		return nil, err
+	}
+	return open(o, ns, at)
+}
+
+// socketNS returns the handle the proxier's sockets are opened with:
+// netns.None(), the calling thread's namespace, when ns is that one, so
+// that no setns (and no CAP_SYS_ADMIN) is needed; else ns. It checks the
+// capabilities that takes.
+func socketNS(ns netns.NsHandle) (netns.NsHandle, error) {
+	own, err := nsutil.Own(ns)
+	if err != nil {
+		return netns.None(), opErr("open current network namespace", "", err)
+	}
+	if err := privilege.Require("programming IPVS", privilege.NetAdmin); err != nil {
+		return netns.None(), err
+	}
+	if own {
+		return netns.None(), nil
+	}
+	return ns, privilege.Require("entering another network namespace", privilege.SysAdmin)
+}
+
+// open opens the proxier's sockets with the handle at (netns.None() for
+// the calling thread's namespace). ns is the proxier's own handle of its
+// namespace, which it keeps, and closes when it fails.
+func open(o Options, ns, at netns.NsHandle) (*Proxier, error) {
+	k, err := openKernel(at, o.Interface)
 	if err != nil {
 		ns.Close()
 		return nil, err
 	}
 	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}}
-	c, err := ipset.New(ipset.Options{NetNS: ns, Prefix: o.SetPrefix, Logger: o.Logger})
-	if err != nil {
+	fail := func(err error) (*Proxier, error) {
 		p.closeAll()
-		return nil, fmt.Errorf("helper sets: %w", err)
+		return nil, err
+	}
+	c, err := ipset.New(ipset.Options{NetNS: at, Prefix: o.SetPrefix, Logger: o.Logger})
+	if err != nil {
+		return fail(fmt.Errorf("helper sets: %w", err))
 	}
 	p.sets = &sets{c: c}
-	if p.rconn, err = nfnl.Open(nfnl.Options{NetNS: int(ns)}); err != nil {
-		p.closeAll()
-		return nil, fmt.Errorf("helper rules: %w", err)
+	if p.rconn, err = nfnl.Open(nfnl.Options{NetNS: int(at)}); err != nil {
+		return fail(fmt.Errorf("helper rules: %w", err))
 	}
 	p.rules = xtables.NewApplier(xtables.ApplierOptions{Conn: p.rconn, Owns: ownsChain(o.ChainPrefix), Logger: o.Logger})
 	p.cleaner = o.Conntrack
 	if o.NoConntrackCleanup {
 		p.cleaner = nil
 	} else if p.cleaner == nil {
-		ct, err := conntrack.New(conntrack.Options{NetNS: ns, Logger: o.Logger})
+		ct, err := conntrack.New(conntrack.Options{NetNS: at, Logger: o.Logger})
 		if err != nil {
-			p.closeAll()
-			return nil, err
+			return fail(err)
 		}
 		p.cleaner, p.conntrack = ct, ct
 	}
-	eo := syncer.Options{Name: "ipvs", Logger: p.log, VerifyInterval: o.VerifyInterval, Retryable: retryable, After: p.drain,
+	eo := syncer.Options{Name: "ipvs", Logger: p.log, VerifyInterval: o.VerifyInterval, Retryable: nfnl.LostRace, After: p.drain,
 		Capabilities: p.Capabilities()}
 	if p.cleaner != nil {
 		eo.Cleaner = p.cleaner
@@ -200,7 +239,7 @@ func (p *Proxier) errIf() error {
 
 // forget makes the next Sync read the kernel again.
 func (p *Proxier) forget() {
-	p.plan, p.link = nil, nil
+	p.plan, p.link = nil, rtnl.Link{}
 }
 
 // Cleanup removes everything the proxier owns: its virtual servers (those
@@ -209,6 +248,14 @@ func (p *Proxier) forget() {
 // and its helper sets and rules. It works without a previous Sync, so a new
 // Proxier can clean up after an old one.
 func (p *Proxier) Cleanup(ctx context.Context) error {
+	if err := p.cleanup(ctx); err != nil {
+		return fmt.Errorf("ipvs: cleanup: %w", err)
+	}
+	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
+	return nil
+}
+
+func (p *Proxier) cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.errIf(); err != nil {
@@ -221,7 +268,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.cleanupServers(ctx); err != nil {
 		return err
 	}
-	if err := p.k.deleteDummy(ctx); err != nil {
+	if err := p.k.removeDummy(ctx); err != nil {
 		return err
 	}
 	if err := p.rules.Cleanup(ctx, ruleTables()); err != nil {
@@ -230,18 +277,17 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.sets.cleanup(ctx); err != nil {
 		return err
 	}
-	p.log.Info("ipvs: cleaned up", "interface", p.opts.Interface)
 	return nil
 }
 
 // cleanupServers deletes the proxier's virtual servers.
 func (p *Proxier) cleanupServers(ctx context.Context) error {
 	ours := map[netip.Addr]bool{}
-	l, err := p.k.dummy(ctx)
+	l, ok, err := p.k.dummy(ctx)
 	if err != nil {
 		return err
 	}
-	if l != nil {
+	if ok {
 		prefixes, err := p.k.addresses(ctx, l)
 		if err != nil {
 			return err

@@ -22,7 +22,7 @@ import (
 func Render(st *servicelb.State, o Options) (string, error) {
 	o, err := o.withDefaults()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("ipvs: %w", err)
 	}
 	caps, node := capabilities(), st.Node()
 	if err := caps.CheckNode(&node); err != nil {

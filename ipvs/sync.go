@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -23,8 +22,9 @@ import (
 // Options.VerifyInterval, that nobody changed what the proxier owns. A
 // service the proxier cannot apply (servicelb.ErrUnsupported,
 // servicelb.ErrCapacity, ErrConflict) is left out before anything of it is
-// sent, and the rest applied: Sync then returns a
-// *servicelb.PartialError. IPVS is not transactional: Sync adds addresses,
+// sent, and one whose virtual or real servers the kernel refuses
+// (servicelb.ErrRefused) once they are, and the rest applied: Sync then
+// returns a *servicelb.PartialError. IPVS is not transactional: Sync adds addresses,
 // set entries, virtual servers and real servers before it removes any, so
 // that no virtual address is ever left without its servers; if it fails
 // part way, the next Sync reads the kernel and completes the change. Sync
@@ -53,8 +53,9 @@ func (e *engineSide) Check(ctx context.Context) (bool, error) {
 	return p.check(ctx, false)
 }
 
-// Verify also reads the link's addresses, the virtual servers and the
-// sets' headers: reads in proportion to the services, nothing sent.
+// Verify also reads the link's addresses, the virtual servers with their
+// real servers and the sets' headers: reads in proportion to the
+// services, nothing sent.
 func (e *engineSide) Verify(ctx context.Context) (bool, error) {
 	return (*Proxier)(e).check(ctx, true)
 }
@@ -72,12 +73,6 @@ func (e *engineSide) Apply(ctx context.Context, st *servicelb.State, ch *service
 		return true, e.Write(ctx, st)
 	}
 	return false, (*Proxier)(e).syncChanges(ctx, st, ch)
-}
-
-// retryable reports whether err lost a race with another writer of the
-// netfilter tables.
-func retryable(err error) bool {
-	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged) || errors.Is(err, xtables.ErrGenChanged)
 }
 
 // syncFull plans st in full and converges on it, reading the kernel first
@@ -197,8 +192,8 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 }
 
 // check tests that nobody removed or changed what the proxier owns: the
-// dummy link and, thorough, its addresses, the virtual servers and the
-// sets' headers (real servers and set entries by count). It reports false
+// dummy link and, thorough, its addresses, the virtual servers with their
+// real servers, and the sets' headers (set entries by count). It reports false
 // when something is gone or changed: the sync then reads the kernel again
 // and repairs it. Helper rules someone changed are restored at once.
 func (p *Proxier) check(ctx context.Context, thorough bool) (bool, error) {
@@ -254,7 +249,8 @@ func (p *Proxier) commitRules(ctx context.Context, d *delta) error {
 }
 
 // serversIntact reports whether every virtual server of the proxier is
-// still there, with its settings.
+// still there, with its settings and its real servers at their weights:
+// one read of the virtual servers, and one of each one's real servers.
 func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
 	servers, err := p.k.services(ctx)
 	if err != nil {
@@ -262,21 +258,44 @@ func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
 	}
 	n := 0
 	for _, vs := range servers {
-		if have := p.kern[vs.key()]; have != nil {
-			if !sameService(have, vs) {
-				return false, nil
-			}
-			n++
+		have := p.kern[vs.key()]
+		if have == nil {
+			continue
 		}
+		if !sameService(have, vs) {
+			return false, nil
+		}
+		if ok, err := p.realsIntact(ctx, have); err != nil || !ok {
+			return false, err
+		}
+		n++
 	}
 	return n == len(p.kern), nil
+}
+
+// realsIntact reports whether the kernel holds exactly vs's real servers,
+// at their weights.
+func (p *Proxier) realsIntact(ctx context.Context, vs *VirtualServer) (bool, error) {
+	got, err := p.k.reals(ctx, vs)
+	if err != nil {
+		return false, err
+	}
+	same := len(got) == len(vs.Real)
+	for _, r := range got {
+		i := vs.realIndex(r.AddrPort())
+		same = same && i >= 0 && vs.Real[i].Weight == r.Weight
+	}
+	if !same {
+		p.log.Info("ipvs: real servers changed by someone else", "server", vs.key().String(), "reals", len(got), "want", len(vs.Real))
+	}
+	return same, nil
 }
 
 // linkIntact reports whether the dummy link is still the one last seen,
 // and with addrs, whether it has the addresses last put on it.
 func (p *Proxier) linkIntact(ctx context.Context, addrs bool) (bool, error) {
-	l, err := p.k.dummy(ctx)
-	if err != nil || l == nil || p.link == nil || l.Attrs().Index != p.link.Attrs().Index {
+	l, ok, err := p.k.dummy(ctx)
+	if err != nil || !ok || p.link.Index == 0 || l.Index != p.link.Index {
 		return false, err
 	}
 	if !addrs {
@@ -303,12 +322,12 @@ func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
 	if err := p.sets.load(ctx); err != nil {
 		return nil, err
 	}
-	l, err := p.k.dummy(ctx)
+	l, ok, err := p.k.dummy(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var prefixes []netip.Prefix
-	if l != nil {
+	if ok {
 		if prefixes, err = p.k.addresses(ctx, l); err != nil {
 			return nil, err
 		}

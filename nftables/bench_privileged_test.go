@@ -30,7 +30,6 @@ func benchServices(n, k int) []servicelb.Service {
 			x := i*k + j
 			eps[j] = servicelb.Endpoint{
 				Addr:     netip.AddrFrom4([4]byte{10, byte(64 + x>>16), byte(x >> 8), byte(x)}),
-				Ready:    true,
 				NodeName: "node-" + strconv.Itoa(x%100),
 			}
 		}
@@ -142,7 +141,7 @@ func newChanger(b *testing.B, n int) *changer {
 	ed := a.Edit()
 	s := svcs[n/2]
 	s.Endpoints = append(append([]servicelb.Endpoint(nil), s.Endpoints...),
-		servicelb.Endpoint{Addr: netip.MustParseAddr("10.255.0.1"), Ready: true, NodeName: "node-7"})
+		servicelb.Endpoint{Addr: netip.MustParseAddr("10.255.0.1"), NodeName: "node-7"})
 	if err := ed.Upsert(s); err != nil {
 		b.Fatal(err)
 	}

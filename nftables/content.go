@@ -18,8 +18,20 @@ type content struct {
 	sets []setDef
 	// elems holds each set's elements as the parts their owners hold
 	// (the node, each port, the shared elements).
-	elems  map[setID][][]elem
+	elems  map[setID][]elemPart
 	chains []chainPlan
+	// owners holds the owner of each chain of chains, by index: the key
+	// of its service port, or nil for the node's.
+	owners []any
+}
+
+// elemPart is the elements of one set that one owner holds: a service
+// port (its key), or nil for the node and the elements ports share. A
+// batch that writes them says whose they are (nfnl.Batch.SetOwner), so
+// that a refusal of the kernel is traced to its service port.
+type elemPart struct {
+	owner any
+	es    []elem
 }
 
 // setDefs returns the definitions of the model's sets: the fixed ones,
@@ -36,20 +48,25 @@ func (p *planner) setDefs(m *model) []setDef {
 }
 
 func (p *planner) content(m *model) *content {
-	c := &content{elems: map[setID][][]elem{}, sets: p.setDefs(m)}
+	c := &content{elems: map[setID][]elemPart{}, sets: p.setDefs(m)}
 	for set, es := range m.node.elems {
-		c.add(set, es)
+		c.add(set, nil, es)
 	}
 	c.chains = append(c.chains, m.node.chains...)
+	c.owners = make([]any, len(c.chains), len(c.chains)+3*len(m.ports))
 	for _, pp := range m.sortedPorts() {
+		var owner any = pp.sp.Key
 		fr := p.fragment(pp, m.cfg)
 		for _, x := range fr.elems {
-			c.add(x.set, x.es)
+			c.add(x.set, owner, x.es)
 		}
 		for _, r := range fr.backends {
-			c.add(r.set, backendElems(r.slot, r.bs, bucketCounts(r.bs)))
+			c.add(r.set, owner, backendElems(r.slot, r.bs, bucketCounts(r.bs)))
 		}
 		c.chains = append(c.chains, fr.chains...)
+		for range fr.chains {
+			c.owners = append(c.owners, owner)
+		}
 	}
 	refs := map[setID][]elem{}
 	for k := range m.refs {
@@ -57,20 +74,26 @@ func (p *planner) content(m *model) *content {
 		refs[r.set] = append(refs[r.set], r.elem())
 	}
 	for set, es := range refs {
-		c.add(set, es)
+		c.add(set, nil, es)
 	}
 	return c
 }
 
-// add appends a part of a set's elements.
-func (c *content) add(set setID, es []elem) {
+// add appends an owner's part of a set's elements.
+func (c *content) add(set setID, owner any, es []elem) {
 	if len(es) > 0 {
-		c.elems[set] = append(c.elems[set], es)
+		c.elems[set] = append(c.elems[set], elemPart{owner: owner, es: es})
 	}
 }
 
 // setElems returns a set's elements in one slice.
-func (c *content) setElems(set setID) []elem { return slices.Concat(c.elems[set]...) }
+func (c *content) setElems(set setID) []elem {
+	var out []elem
+	for _, p := range c.elems[set] {
+		out = append(out, p.es...)
+	}
+	return out
+}
 
 // write writes the whole table of m into a batch: sets, then the node's
 // chains and rules, then each port's, then the elements set by set. It
@@ -85,7 +108,7 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 	for _, d := range defs {
 		b.AddSet(d.set)
 	}
-	if err := writeChains(p.table, m.node.chains, b); err != nil {
+	if err := writeChains(p.table, m.node.chains, nil, b); err != nil {
 		return err
 	}
 	ports := m.sortedPorts()
@@ -97,12 +120,13 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 	}
 	byShard := map[setID][]*portPlan{}
 	for _, pp := range ports {
+		var owner any = pp.sp.Key
 		fr := p.fragment(pp, m.cfg)
-		if err := writeChains(p.table, fr.chains, b); err != nil {
+		if err := writeChains(p.table, fr.chains, owner, b); err != nil {
 			return err
 		}
 		for _, x := range fr.elems {
-			writers[x.set].add(x.es...)
+			writers[x.set].add(owner, x.es...)
 		}
 		pp.eachShard(func(s setID) {
 			if ps := byShard[s]; len(ps) == 0 || ps[len(ps)-1] != pp {
@@ -112,7 +136,7 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 	}
 	for k := range m.refs {
 		w := writers[k.set]
-		w.add(w.refElem(k))
+		w.add(nil, w.refElem(k))
 	}
 	for _, d := range defs {
 		w := writers[d.id]
@@ -121,15 +145,16 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 			for _, pp := range byShard[d.id] {
 				for i := range pp.uses {
 					if pp.uses[i] && shardSet(pp.sp.Family, pp.slot[i]) == d.id {
-						w.add(backendElems(pp.slot[i], targets(pp.sp, i), bucketCounts(targets(pp.sp, i)))...)
+						w.add(pp.sp.Key, backendElems(pp.slot[i], targets(pp.sp, i), bucketCounts(targets(pp.sp, i)))...)
 					}
 				}
 			}
 		default:
-			w.add(m.node.elems[d.id]...)
+			w.add(nil, m.node.elems[d.id]...)
 		}
 		w.flush()
 	}
+	b.SetOwner(nil)
 	return nil
 }
 
@@ -162,31 +187,37 @@ func (m *model) size() (bytes, msgs int) {
 	return bytes, msgs
 }
 
-// writeChains adds chains and their rules to a batch.
-func writeChains(table string, chains []chainPlan, b *nfnl.Batch) error {
+// writeChains adds chains and their rules to a batch, as owner's.
+func writeChains(table string, chains []chainPlan, owner any, b *nfnl.Batch) error {
+	b.SetOwner(owner)
 	for _, ch := range chains {
 		b.AddChain(nfnl.Chain{Family: nfnl.Inet, Table: table, Name: ch.name, Hook: ch.hook})
 	}
-	return writeRules(table, chains, b)
+	return writeRules(table, chains, nil, b)
 }
 
-// elemWriter adds a set's elements to a batch a chunk at a time. The
-// bytes of the elements it makes itself (refElem) live in its arena until
-// the chunk is written, which copies them into the batch.
+// elemWriter adds a set's elements to a batch a chunk at a time, each as
+// its owner's: the runs of one owner's elements go into the same
+// messages (nfnl.Batch.SetOwner). The bytes of the elements it makes
+// itself (refElem) live in its arena until the chunk is written, which
+// copies them into the batch.
 type elemWriter struct {
 	b          *nfnl.Batch
 	table, set string
 	buf        []nfnl.Element
+	runs       []ownerRun
 	arena      []byte
 }
 
 const elemChunk = 1024
 
-func (w *elemWriter) add(es ...elem) {
+// add adds owner's elements.
+func (w *elemWriter) add(owner any, es ...elem) {
 	for i := range es {
 		if w.buf == nil {
 			w.buf = make([]nfnl.Element, 0, elemChunk)
 		}
+		w.runs = run(w.runs, len(w.buf), owner)
 		w.buf = append(w.buf, es[i].element())
 		if len(w.buf) == elemChunk {
 			w.flush()
@@ -210,9 +241,13 @@ func (w *elemWriter) refElem(k refKey) elem {
 }
 
 func (w *elemWriter) flush() {
-	if len(w.buf) > 0 {
-		w.b.AddElements(nfnl.Inet, w.table, w.set, w.buf)
-		w.buf = w.buf[:0]
-		w.arena = w.arena[:0]
+	for i, r := range w.runs {
+		to := len(w.buf)
+		if i+1 < len(w.runs) {
+			to = w.runs[i+1].from
+		}
+		w.b.SetOwner(r.owner)
+		w.b.AddElements(nfnl.Inet, w.table, w.set, w.buf[r.from:to])
 	}
+	w.buf, w.runs, w.arena = w.buf[:0], w.runs[:0], w.arena[:0]
 }

@@ -24,6 +24,47 @@ type delta struct {
 	write    []chainPlan // chains whose rules are written (new or changed)
 	delSets  []setID
 	addSets  []setID
+
+	// Whose each part is, for the batch to say (nfnl.Batch.SetOwner):
+	// the owner of each chain named above that a service port has, and
+	// runs of owners of the elements, in order. owner is the one of what
+	// is recorded now: a service port's key, or nil.
+	chainOwner           map[string]any
+	delOwners, addOwners map[setID][]ownerRun
+	owner                any
+}
+
+// ownerRun makes a list's elements from index from on belong to owner.
+type ownerRun struct {
+	from  int
+	owner any
+}
+
+// addElem records elements to add to set, as the current owner's.
+func (d *delta) addElem(set setID, es ...elem) {
+	d.addOwners[set] = run(d.addOwners[set], len(d.addElems[set]), d.owner)
+	d.addElems[set] = append(d.addElems[set], es...)
+}
+
+// delElem records elements to delete from set, as the current owner's.
+func (d *delta) delElem(set setID, es ...elem) {
+	d.delOwners[set] = run(d.delOwners[set], len(d.delElems[set]), d.owner)
+	d.delElems[set] = append(d.delElems[set], es...)
+}
+
+// run marks the elements of a list from index at on as owner's.
+func run(runs []ownerRun, at int, owner any) []ownerRun {
+	if n := len(runs); n > 0 && runs[n-1].owner == owner {
+		return runs
+	}
+	return append(runs, ownerRun{from: at, owner: owner})
+}
+
+// ownChain records that a chain the delta names is the current owner's.
+func (d *delta) ownChain(name string) {
+	if d.owner != nil {
+		d.chainOwner[name] = d.owner
+	}
 }
 
 // objects reports whether the delta adds or deletes chains or sets, the
@@ -33,7 +74,8 @@ func (d *delta) objects() bool {
 }
 
 func newDelta() *delta {
-	return &delta{delElems: map[setID][]elem{}, addElems: map[setID][]elem{}}
+	return &delta{delElems: map[setID][]elem{}, addElems: map[setID][]elem{},
+		chainOwner: map[string]any{}, delOwners: map[setID][]ownerRun{}, addOwners: map[setID][]ownerRun{}}
 }
 
 func sameRules(a, b []*rule) bool {
@@ -51,9 +93,11 @@ func (d *delta) chains(old, cur []chainPlan) {
 		case !ok:
 			d.create = append(d.create, c)
 			d.write = append(d.write, c)
+			d.ownChain(c.name)
 		case !sameRules(o.rules, c.rules):
 			d.flush = append(d.flush, c.name)
 			d.write = append(d.write, c)
+			d.ownChain(c.name)
 		}
 		delete(prev, c.name)
 	}
@@ -61,6 +105,7 @@ func (d *delta) chains(old, cur []chainPlan) {
 		if _, ok := prev[c.name]; ok {
 			d.flush = append(d.flush, c.name)
 			d.delete = append(d.delete, c.name)
+			d.ownChain(c.name)
 		}
 	}
 }
@@ -81,10 +126,10 @@ func (d *delta) elems(set setID, old, cur []elem) {
 			delete(prev, id)
 			continue
 		}
-		d.addElems[set] = append(d.addElems[set], cur[i])
+		d.addElem(set, cur[i])
 	}
 	for _, o := range prev {
-		d.delElems[set] = append(d.delElems[set], *o)
+		d.delElem(set, *o)
 	}
 }
 
@@ -110,12 +155,12 @@ func (d *delta) intervals(set setID, old, cur []elem) {
 		id := intervalID(iv)
 		now[id] = true
 		if !was[id] {
-			d.addElems[set] = append(d.addElems[set], iv...)
+			d.addElem(set, iv...)
 		}
 	})
 	eachInterval(old, func(iv []elem) {
 		if !now[intervalID(iv)] {
-			d.delElems[set] = append(d.delElems[set], iv...)
+			d.delElem(set, iv...)
 		}
 	})
 }
@@ -155,8 +200,10 @@ func (d *delta) elemMaps(old, cur map[setID][]elem) {
 }
 
 // port adds the difference between two fragments of one port (nil for a
-// port that is new or gone).
-func (d *delta) port(old, cur *fragment) {
+// port that is new or gone), as the port's (owner, its key).
+func (d *delta) port(owner any, old, cur *fragment) {
+	d.owner = owner
+	defer func() { d.owner = nil }()
 	var oc, cc []chainPlan
 	var oe, ce []setElems
 	var ob, cb []slotRange
@@ -227,8 +274,8 @@ func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
 		c = rangesOf(cur.bs)
 	}
 	base := slot * bucketStride
-	del := func(i int) { d.delElems[set] = append(d.delElems[set], o.elems(base, i)...) }
-	add := func(i int) { d.addElems[set] = append(d.addElems[set], c.elems(base, i)...) }
+	del := func(i int) { d.delElem(set, o.elems(base, i)...) }
+	add := func(i int) { d.addElem(set, c.elems(base, i)...) }
 	i, j := 0, 0
 	for i < o.len() || j < c.len() {
 		switch {
@@ -244,8 +291,8 @@ func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
 			i, j = i+1, j+1
 		default:
 			if o.bs[i].AddrPort() != c.bs[j].AddrPort() {
-				d.delElems[set] = append(d.delElems[set], o.elems(base, i)[0])
-				d.addElems[set] = append(d.addElems[set], c.elems(base, j)[0])
+				d.delElem(set, o.elems(base, i)[0])
+				d.addElem(set, c.elems(base, j)[0])
 			}
 			i, j = i+1, j+1
 		}
@@ -262,25 +309,27 @@ func (s *step) delta(m *model) *delta {
 		d.elemMaps(m.node.elems, s.node.elems)
 	}
 	for _, pp := range s.removed {
-		d.port(s.p.fragment(pp, m.cfg), nil)
+		d.port(pp.sp.Key, s.p.fragment(pp, m.cfg), nil)
 	}
 	for _, pp := range s.added {
-		d.port(nil, s.p.fragment(pp, s.cfg))
+		d.port(pp.sp.Key, nil, s.p.fragment(pp, s.cfg))
 	}
 	for _, c := range s.changed {
 		if c.endpoints {
+			d.owner = c.cur.sp.Key
 			d.slots(slotRanges(c.old), slotRanges(c.cur))
+			d.owner = nil
 			continue
 		}
-		d.port(s.p.fragment(c.old, m.cfg), s.p.fragment(c.cur, s.cfg))
+		d.port(c.cur.sp.Key, s.p.fragment(c.old, m.cfg), s.p.fragment(c.cur, s.cfg))
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(s.refs), compareRefKeys) {
 		was, now := m.refs[k], s.refs[k]
 		switch {
 		case was == 0 && now > 0:
-			d.addElems[k.set] = append(d.addElems[k.set], k.ref().elem())
+			d.addElem(k.set, k.ref().elem())
 		case was > 0 && now == 0:
-			d.delElems[k.set] = append(d.delElems[k.set], k.ref().elem())
+			d.delElem(k.set, k.ref().elem())
 		}
 	}
 	for _, x := range slices.Sorted(maps.Keys(s.shards)) {
@@ -295,38 +344,70 @@ func (s *step) delta(m *model) *delta {
 	return d
 }
 
-// batch writes the delta into a batch, in an order the kernel accepts.
+// batch writes the delta into a batch, in an order the kernel accepts,
+// each part as its owner's.
 func (d *delta) batch(table string, b *nfnl.Batch) error {
 	for _, set := range slices.Sorted(maps.Keys(d.delElems)) {
-		b.DelElements(nfnl.Inet, table, set.name(), elements(d.delElems[set]))
+		owned(b, d.delElems[set], d.delOwners[set], func(es []elem) {
+			b.DelElements(nfnl.Inet, table, set.name(), elements(es))
+		})
 	}
 	for _, c := range d.flush {
+		b.SetOwner(d.chainOwner[c])
 		b.FlushChain(nfnl.Inet, table, c)
 	}
 	for _, c := range d.delete {
+		b.SetOwner(d.chainOwner[c])
 		b.DelChain(nfnl.Inet, table, c)
 	}
+	b.SetOwner(nil)
 	for _, s := range d.delSets {
 		b.DelSet(nfnl.Inet, table, s.name())
 	}
 	for _, s := range d.addSets {
 		b.AddSet(backendsDef(table, s).set)
 	}
+	owners := make([]any, len(d.write))
+	for i, c := range d.write {
+		owners[i] = d.chainOwner[c.name]
+	}
 	for _, c := range d.create {
+		b.SetOwner(d.chainOwner[c.name])
 		b.AddChain(nfnl.Chain{Family: nfnl.Inet, Table: table, Name: c.name, Hook: c.hook})
 	}
-	if err := writeRules(table, d.write, b); err != nil {
+	if err := writeRules(table, d.write, owners, b); err != nil {
 		return err
 	}
 	for _, set := range slices.Sorted(maps.Keys(d.addElems)) {
-		b.AddElements(nfnl.Inet, table, set.name(), insertOrder(d.addElems[set]))
+		es, runs := insertOrder(d.addElems[set], d.addOwners[set])
+		owned(b, es, runs, func(es []elem) {
+			b.AddElements(nfnl.Inet, table, set.name(), elements(es))
+		})
 	}
+	b.SetOwner(nil)
 	return nil
 }
 
-// writeRules adds the chains' rules to the batch.
-func writeRules(table string, chains []chainPlan, b *nfnl.Batch) error {
-	for _, c := range chains {
+// owned calls add with each run of es that one owner holds, that owner
+// set on the batch.
+func owned(b *nfnl.Batch, es []elem, runs []ownerRun, add func([]elem)) {
+	for i, r := range runs {
+		to := len(es)
+		if i+1 < len(runs) {
+			to = runs[i+1].from
+		}
+		b.SetOwner(r.owner)
+		add(es[r.from:to])
+	}
+}
+
+// writeRules adds the chains' rules to the batch, each chain's as
+// owners[i] says (nil owners: no one's).
+func writeRules(table string, chains []chainPlan, owners []any, b *nfnl.Batch) error {
+	for i, c := range chains {
+		if owners != nil {
+			b.SetOwner(owners[i])
+		}
 		for _, r := range c.rules {
 			raw, err := r.encode()
 			if err != nil {
@@ -338,18 +419,35 @@ func writeRules(table string, chains []chainPlan, b *nfnl.Batch) error {
 	return nil
 }
 
-// insertOrder returns the elements in an order the kernel accepts in an
-// interval set that already holds other intervals below and above: by key
-// from the lowest up, and at one key the end of the interval below before
-// the start of the interval above. The kernel checks each element against
-// its nearest neighbours already present, so an interval's start must come
-// before its end.
-func insertOrder(es []elem) []nfnl.Element {
-	s := slices.Clone(es)
-	slices.SortStableFunc(s, func(a, b elem) int {
-		return cmp.Or(bytes.Compare(a.key, b.key), cmp.Compare(b.flags, a.flags))
+// insertOrder returns the elements, and the runs of their owners, in an
+// order the kernel accepts in an interval set that already holds other
+// intervals below and above: by key from the lowest up, and at one key the
+// end of the interval below before the start of the interval above. The
+// kernel checks each element against its nearest neighbours already
+// present, so an interval's start must come before its end.
+func insertOrder(es []elem, runs []ownerRun) ([]elem, []ownerRun) {
+	type ownedElem struct {
+		e     elem
+		owner any
+	}
+	s := make([]ownedElem, len(es))
+	r := 0
+	for i := range es {
+		for r+1 < len(runs) && runs[r+1].from <= i {
+			r++
+		}
+		s[i] = ownedElem{es[i], runs[r].owner}
+	}
+	slices.SortStableFunc(s, func(a, b ownedElem) int {
+		return cmp.Or(bytes.Compare(a.e.key, b.e.key), cmp.Compare(b.e.flags, a.e.flags))
 	})
-	return elements(s)
+	out := make([]elem, len(s))
+	var sorted []ownerRun
+	for i := range s {
+		out[i] = s[i].e
+		sorted = run(sorted, i, s[i].owner)
+	}
+	return out, sorted
 }
 
 func elements(es []elem) []nfnl.Element {

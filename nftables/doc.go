@@ -17,7 +17,9 @@
 //	err = p.Cleanup(ctx)       // deletes the table, and nothing else
 //
 // New opens a netlink socket in Options.NetNS (and a conntrack socket for
-// stale-flow cleanup) and sends nothing. The first Sync writes the whole
+// stale-flow cleanup) and sends nothing. Render (the package function, or
+// a Proxier from ForRendering, which renders and opens no socket) needs
+// neither. The first Sync writes the whole
 // table in one transaction; if a table of that name exists (left by an
 // earlier process), it is adopted: its rules are flushed, its sets emptied
 // and re-filled, chains and sets it should not have are deleted, all in the
@@ -34,12 +36,22 @@
 // if anyone else committed since, the kernel refuses the batch, and the
 // sync reads the table's flags and use count before it sends the batch
 // again: a deleted or dormant table, or a chain or set too many or too
-// few, is rewritten whole in one transaction. At most every Options.VerifyInterval (and only when the
-// generation moved) a deep verify reads every chain, rule, set and element
-// back and rewrites the table if anything differs. A sync that loses a
-// race with another writer (an interrupted dump, a moved generation) is
-// retried at once. The sync loop is internal/syncer's, shared by all
-// three backends.
+// few, is rewritten whole in one transaction. At most every
+// Options.VerifyInterval (and only when the generation moved) a deep
+// verify reads every chain, rule, set and element back and rewrites the
+// table if anything differs. The sync loop is internal/syncer's, shared by
+// all the backends.
+//
+// Other writers of the ruleset (a firewall manager, a CNI plugin, nft by
+// hand) share the namespace's nf_tables with the Proxier; the table stays
+// the Proxier's alone. A step of a sync that loses a race with one of
+// them (a dump their commit interrupted, a batch refused because the
+// ruleset generation moved) is retried at once within the same Sync: at
+// most 8 attempts, with pauses of 1, 2, 4 ... 64 ms between them, 127 ms
+// in all. Only then does Sync fail, with the last error, and the caller's
+// backoff (the Runner's RetryInterval) take over; nothing of the failed
+// attempts was applied. A deep verify that keeps losing is put off to the
+// next Sync rather than failing this one.
 //
 // After a successful sync it deletes the stale UDP and SCTP conntrack
 // flows (servicelb.StaleFlow) through the Options.Conntrack cleaner,
@@ -150,6 +162,20 @@
 // servicelb.ErrUnsupported or servicelb.ErrCapacity); more than 2^20
 // load-balanced sets of one family fail the same way with ErrCapacity.
 // New refuses a table name nft could not parse (ErrInvalidOptions).
+//
+// What the kernel refuses is traced to its service: every batch says
+// which service port each message is written for (a port's chains and
+// rules) and, in the messages of the shared sets and maps, each element.
+// When the kernel refuses a commit and every message it refused is a
+// service port's, those services are left out and the rest applied in the
+// same Sync, which returns a *servicelb.PartialError naming them (a
+// *servicelb.ValidationError wrapping servicelb.ErrRefused and the
+// kernel's error); they stay out, untried, until they change. A refused
+// change that looks like drift (ENOENT, EEXIST) is first repaired by a
+// whole write, and its services are left out only when that fails too. A
+// refusal of anything that is no port's (the table, the base and fixed
+// chains, the sets themselves, the elements ports share) fails the Sync,
+// which changes nothing.
 //
 // # What it owns, what Cleanup removes
 //

@@ -16,4 +16,7 @@ var (
 	// builds, so that an agent's other parts build anywhere, and New,
 	// Render and every method return ErrNotSupported.
 	ErrNotSupported = errors.New("nftables: not supported on this system")
+	// ErrRenderOnly: a Sync or Cleanup of a Proxier made by ForRendering,
+	// which holds no socket.
+	ErrRenderOnly = errors.New("nftables: a Proxier for rendering only holds no socket")
 )

@@ -21,8 +21,8 @@ func ExampleProxier_Render() {
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 		Endpoints: []servicelb.Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true},
-			{Addr: netip.MustParseAddr("10.244.2.2"), Ready: true},
+			{Addr: netip.MustParseAddr("10.244.1.2")},
+			{Addr: netip.MustParseAddr("10.244.2.2")},
 		},
 	})
 	if err != nil {

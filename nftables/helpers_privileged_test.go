@@ -89,7 +89,7 @@ func richState(t testing.TB) *servicelb.State {
 		if v6 {
 			a = netnstest.BackendIPv6(i)
 		}
-		return servicelb.Endpoint{Addr: a, Ready: true, NodeName: nodeName}
+		return servicelb.Endpoint{Addr: a, NodeName: nodeName}
 	}
 	return mustState(t, node,
 		servicelb.Service{
@@ -109,8 +109,8 @@ func richState(t testing.TB) *servicelb.State {
 			Ports:    []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 			Affinity: servicelb.SessionAffinity{ClientIP: true, Timeout: 90 * time.Second},
 			Endpoints: []servicelb.Endpoint{
-				{Addr: netnstest.BackendIPv4(0), Ready: true, Weight: servicelb.Weight(2)},
-				{Addr: netnstest.BackendIPv4(1), Ready: true},
+				{Addr: netnstest.BackendIPv4(0), Weight: servicelb.Weight(2)},
+				{Addr: netnstest.BackendIPv4(1)},
 			},
 		},
 		servicelb.Service{
@@ -120,16 +120,16 @@ func richState(t testing.TB) *servicelb.State {
 		servicelb.Service{
 			Name: "odd.name_1-x/y//z", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.14")},
 			Ports:     []servicelb.Port{{Name: "a.b_c-9", Protocol: servicelb.UDP, Port: 9}},
-			Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(2), Ready: true}},
+			Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(2)}},
 		},
 		servicelb.Service{
 			Name: "default/local", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.13")},
 			InternalTrafficPolicy: servicelb.PolicyLocal,
 			Ports:                 []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 			Endpoints: []servicelb.Endpoint{
-				{Addr: netnstest.BackendIPv4(0), Ready: true, NodeName: "node", Weight: servicelb.Weight(3)},
-				{Addr: netnstest.BackendIPv4(1), Ready: true, NodeName: "node"},
-				{Addr: netnstest.BackendIPv4(2), Ready: true, NodeName: "other"},
+				{Addr: netnstest.BackendIPv4(0), NodeName: "node", Weight: servicelb.Weight(3)},
+				{Addr: netnstest.BackendIPv4(1), NodeName: "node"},
+				{Addr: netnstest.BackendIPv4(2), NodeName: "other"},
 			},
 		},
 	)

@@ -243,14 +243,14 @@ func (p *Proxier) elemDigest(ctx context.Context, set string) (int, uint64, erro
 	return n, sum, err
 }
 
-func digest(seed maphash.Seed, parts [][]elem) (int, uint64) {
+func digest(seed maphash.Seed, parts []elemPart) (int, uint64) {
 	var n int
 	var sum uint64
-	for _, es := range parts {
-		for i := range es {
-			sum += es[i].hash(seed)
+	for _, p := range parts {
+		for i := range p.es {
+			sum += p.es[i].hash(seed)
 		}
-		n += len(es)
+		n += len(p.es)
 	}
 	return n, sum
 }

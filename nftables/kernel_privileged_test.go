@@ -109,6 +109,26 @@ func TestForeignChangesRepaired(t *testing.T) {
 			}
 		})
 	}
+	// A base chain made again by someone with another hook or priority,
+	// and its rules: the counts a cheap check reads stay as they were, a
+	// deep verify sees the hook.
+	for _, tc := range []struct{ name, from, to string }{
+		{"base chain priority", "priority -100", "priority 0"},
+		{"base chain hook", "hook output", "hook prerouting"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listed := h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "nat-output")
+			require.Contains(t, listed, tc.from)
+			h.ExecInput(t, "flush chain inet kproxy nat-output\ndelete chain inet kproxy nat-output\n"+
+				strings.Replace(listed, tc.from, tc.to, 1), "nft", "-f", "-")
+			require.NotContains(t, h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "nat-output"), tc.from)
+			mustSync(t, p, st)
+			if diff := cmp.Diff(want, h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
+				t.Errorf("table not restored (-want +got):\n%s", diff)
+			}
+			assert.Contains(t, h.Exec(t, "nft", "list", "chain", "inet", "kproxy", "nat-output"), tc.from)
+		})
+	}
 	t.Run("commit elsewhere", func(t *testing.T) {
 		h.Exec(t, "nft", "add", "table", "ip", "someone-else")
 		g := generation(t, h)
@@ -194,7 +214,7 @@ func TestInvalidInputLeavesTable(t *testing.T) {
 	many := servicelb.Service{Name: "default/many", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.51")},
 		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}
 	for i := range 4096 {
-		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)}), Ready: true})
+		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)})})
 	}
 	ed2 := st.Edit()
 	if err := ed2.Upsert(many); err != nil {
@@ -324,7 +344,7 @@ func TestEndpointReplacedInPlace(t *testing.T) {
 	h, fresh := netnstest.NewHost(t, "inplace"), netnstest.NewHost(t, "fresh")
 	eps := make([]servicelb.Endpoint, 40)
 	for i := range eps {
-		eps[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + 5*i)}), Ready: true, Weight: servicelb.Weight(uint16(1 + i%3))}
+		eps[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + 5*i)}), Weight: servicelb.Weight(uint16(1 + i%3))}
 	}
 	svc := func(eps []servicelb.Endpoint) servicelb.Service {
 		return servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{clusterIP4},
@@ -352,7 +372,7 @@ func TestEndpointReplacedInPlace(t *testing.T) {
 		}, true},
 		{"weight changed", func(e []servicelb.Endpoint) []servicelb.Endpoint { e[5].Weight = servicelb.Weight(7); return e }, false},
 		{"endpoint added", func(e []servicelb.Endpoint) []servicelb.Endpoint {
-			return append(e, servicelb.Endpoint{Addr: netip.MustParseAddr("10.244.2.4"), Ready: true})
+			return append(e, servicelb.Endpoint{Addr: netip.MustParseAddr("10.244.2.4")})
 		}, false},
 		{"added one replaced", func(e []servicelb.Endpoint) []servicelb.Endpoint {
 			e[40].Addr = netip.MustParseAddr("10.244.2.5")
@@ -392,7 +412,7 @@ func TestChangeIsOneRoundTrip(t *testing.T) {
 	svc := func(ep string) servicelb.Service {
 		return servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{clusterIP4},
 			Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
-			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr(ep), Ready: true}}}
+			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr(ep)}}}
 	}
 	b, err := servicelb.NewBuilder(servicelb.NodeConfig{})
 	require.NoError(t, err)

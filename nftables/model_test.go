@@ -27,7 +27,7 @@ func TestModelHoldsLittleBesideTheState(t *testing.T) {
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
 		for j := range 5 {
-			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(i >> 4), byte(i<<4 | j)}), Ready: true})
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(i >> 4), byte(i<<4 | j)})})
 		}
 		require.NoError(t, b.Upsert(s))
 	}
@@ -63,7 +63,7 @@ func TestWriteAllocations(t *testing.T) {
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
 		for j := range 10 {
 			x := i*10 + j
-			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)}), Ready: true})
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)})})
 		}
 		require.NoError(t, b.Upsert(s))
 	}
@@ -92,7 +92,7 @@ func TestWriteSizesItsBatch(t *testing.T) {
 				Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
 			for j := range eps {
 				x := i*eps + j
-				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64 + byte(x>>16), byte(x >> 8), byte(x)}), Ready: true})
+				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64 + byte(x>>16), byte(x >> 8), byte(x)})})
 			}
 			require.NoError(t, b.Upsert(s))
 		}

@@ -81,6 +81,12 @@ func New(o Options) (*Proxier, error) {
 	return p, nil
 }
 
+// ForRendering returns a Proxier that renders (Render, Capabilities) and
+// opens no socket: for dry runs, and as the packet path of an ebpf Proxier
+// made with ebpf.ForRendering. It needs no privileges. Its Sync and
+// Cleanup fail with ErrRenderOnly; Close does nothing.
+func ForRendering(o Options) (*Proxier, error) { return newProxier(o) }
+
 // newProxier checks the options and applies their defaults; the Proxier it
 // returns renders but has no socket yet.
 func newProxier(o Options) (*Proxier, error) {
@@ -105,8 +111,8 @@ func newProxier(o Options) (*Proxier, error) {
 // newEngine makes the Engine that runs the Proxier's syncs, with the
 // options as they are.
 func (p *Proxier) newEngine() {
-	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: retryable,
-		Capabilities: p.Capabilities()}
+	o := syncer.Options{Name: "nftables", Logger: p.log, VerifyInterval: p.opts.VerifyInterval, Retryable: nfnl.LostRace,
+		Traced: nfnl.RefusedOwners[servicelb.ServicePortKey], Capabilities: p.Capabilities()}
 	if !p.opts.NoConntrackCleanup && p.opts.Conntrack != nil {
 		o.Cleaner = p.opts.Conntrack
 	}
@@ -119,6 +125,9 @@ func (p *Proxier) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.eng.Close()
+	if p.conn == nil {
+		return nil // ForRendering's
+	}
 	err := p.conn.Close()
 	if p.ownCT != nil {
 		err = errors.Join(err, p.ownCT.Close())
@@ -173,6 +182,9 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if p.eng.Closed() {
 		return ErrClosed
 	}
+	if p.conn == nil {
+		return ErrRenderOnly
+	}
 	p.eng.Forget()
 	p.model, p.genOK, p.verifiedOK = nil, false, false
 	if _, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table); errors.Is(err, nfnl.ErrNotExist) {
@@ -195,5 +207,8 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.conn == nil && !p.eng.Closed() {
+		return ErrRenderOnly
+	}
 	return p.eng.Sync(ctx, st)
 }

@@ -61,7 +61,7 @@ func prefixes(ss ...string) []netip.Prefix {
 func eps(node string, ss ...string) []servicelb.Endpoint {
 	out := make([]servicelb.Endpoint, len(ss))
 	for i, s := range ss {
-		out[i] = servicelb.Endpoint{Addr: netip.MustParseAddr(s), Ready: true, NodeName: node}
+		out[i] = servicelb.Endpoint{Addr: netip.MustParseAddr(s), NodeName: node}
 	}
 	return out
 }
@@ -210,7 +210,7 @@ func TestRenderRefuses(t *testing.T) {
 	}
 	many := rr
 	for i := range buckets + 1 {
-		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Ready: true})
+		many.Endpoints = append(many.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})})
 	}
 	refused(state(t, testNode, many), servicelb.ErrCapacity)
 	many.Endpoints = many.Endpoints[:buckets]
@@ -451,4 +451,44 @@ func chainNamesOf(cs []chainPlan) []string {
 		out = append(out, c.name)
 	}
 	return out
+}
+
+// TestForRendering: a Proxier for rendering renders what Render does, and
+// refuses to sync or clean up, having no socket; closing it is harmless.
+func TestForRendering(t *testing.T) {
+	st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{
+		Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ForRendering(Options{Table: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Render(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Render(st, Options{Table: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("render (-want +got):\n%s", diff)
+	}
+	if err := p.Sync(t.Context(), st); !errors.Is(err, ErrRenderOnly) {
+		t.Errorf("Sync: %v, want ErrRenderOnly", err)
+	}
+	if err := p.Cleanup(t.Context()); !errors.Is(err, ErrRenderOnly) {
+		t.Errorf("Cleanup: %v, want ErrRenderOnly", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if _, err := ForRendering(Options{Table: "not a name"}); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("ForRendering with a bad table name: %v", err)
+	}
 }

@@ -22,8 +22,8 @@ func TestSCTP(t *testing.T) {
 	var eps []servicelb.Endpoint
 	for i, b := range tp.Backends {
 		b.Serve(t, "sctp", port)
-		eps = append(eps, servicelb.Endpoint{Addr: netnstest.BackendIPv4(i), Ready: true},
-			servicelb.Endpoint{Addr: netnstest.BackendIPv6(i), Ready: true})
+		eps = append(eps, servicelb.Endpoint{Addr: netnstest.BackendIPv4(i)},
+			servicelb.Endpoint{Addr: netnstest.BackendIPv6(i)})
 	}
 	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: tp.NodeIPs(), ClusterCIDRs: netnstest.ClusterCIDRs()}
 	svc := servicelb.Service{

@@ -64,7 +64,7 @@ func TestStaleFlowFilters(t *testing.T) {
 	state := func(from *servicelb.State, eps ...netip.Addr) *servicelb.State {
 		s := svc
 		for _, e := range eps {
-			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: e, Ready: true})
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: e})
 		}
 		if from == nil {
 			return mustState(t, node, s)

@@ -173,8 +173,3 @@ func (k *kernel) commit(ctx context.Context, b *nfnl.Batch, objects bool) error 
 	k.use = t.Use
 	return nil
 }
-
-// retryable reports whether err lost a race with another writer.
-func retryable(err error) bool {
-	return errors.Is(err, nfnl.ErrDumpInterrupted) || errors.Is(err, nfnl.ErrGenerationChanged)
-}

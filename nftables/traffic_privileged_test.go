@@ -61,8 +61,8 @@ func endpoints(nodeName string, backends ...int) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for _, i := range backends {
 		out = append(out,
-			servicelb.Endpoint{Addr: netnstest.BackendIPv4(i), Ready: true, NodeName: nodeName},
-			servicelb.Endpoint{Addr: netnstest.BackendIPv6(i), Ready: true, NodeName: nodeName})
+			servicelb.Endpoint{Addr: netnstest.BackendIPv4(i), NodeName: nodeName},
+			servicelb.Endpoint{Addr: netnstest.BackendIPv6(i), NodeName: nodeName})
 	}
 	return out
 }

@@ -14,6 +14,9 @@ type Proxier struct{}
 // New returns ErrNotSupported.
 func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
 
+// ForRendering returns ErrNotSupported.
+func ForRendering(Options) (*Proxier, error) { return nil, ErrNotSupported }
+
 // Render returns ErrNotSupported.
 func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSupported }
 

@@ -29,7 +29,7 @@ func TestWrittenTableVerifies(t *testing.T) {
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("0.0.0.0/0")},
 	}
 	ep := func(a string, node string) servicelb.Endpoint {
-		return servicelb.Endpoint{Addr: netip.MustParseAddr(a), Ready: true, NodeName: node}
+		return servicelb.Endpoint{Addr: netip.MustParseAddr(a), NodeName: node}
 	}
 	st, err := servicelb.NewState(node,
 		servicelb.Service{Name: "a/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00:96::1")},

@@ -73,7 +73,7 @@ func refusals() []refusal {
 			Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 			LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 			Ports:           []servicelb.Port{{Name: "p", Protocol: servicelb.TCP, Port: 80}},
-			Endpoints:       []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}},
+			Endpoints:       []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2")}},
 		}
 	}
 	return []refusal{
@@ -104,7 +104,7 @@ func refusals() []refusal {
 			}
 			s.Endpoints = nil
 			for i := range c.MaxEndpoints + 1 {
-				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)}), Ready: true})
+				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)})})
 			}
 			return s, true
 		}},
@@ -231,33 +231,6 @@ func TestNodeRefusalsAgree(t *testing.T) {
 	}
 }
 
-// TestRenderNeedsNoSocket: every backend renders a state from its options
-// alone, the same text as a Proxier's Render.
-func TestRenderNeedsNoSocket(t *testing.T) {
-	st, err := servicelb.NewState(servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
-		servicelb.Service{Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-			Ports:     []servicelb.Port{{Port: 80, NodePort: 30080}},
-			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true}}})
-	require.NoError(t, err)
-	nft, err := nftables.New(nftables.Options{NoConntrackCleanup: true})
-	require.NoError(t, err)
-	defer nft.Close()
-	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
-	require.NoError(t, err)
-	defer ipt.Close()
-	for name, pair := range map[string][2]func(*servicelb.State) (string, error){
-		"nftables": {func(st *servicelb.State) (string, error) { return nftables.Render(st, nftables.Options{}) }, nft.Render},
-		"iptables": {func(st *servicelb.State) (string, error) { return iptables.Render(st, iptables.Options{}) }, ipt.Render},
-	} {
-		alone, err := pair[0](st)
-		require.NoError(t, err, name)
-		assert.Contains(t, alone, "10.96.0.10", name)
-		proxier, err := pair[1](st)
-		require.NoError(t, err, name)
-		assert.Equal(t, proxier, alone, name)
-	}
-}
-
 // TestBackendsRenderEveryDetection: every backend declares the detection
 // of pods by interface and renders a node in each local-traffic
 // detection mode.
@@ -277,7 +250,7 @@ func TestBackendsRenderEveryDetection(t *testing.T) {
 				Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
 				ExternalTrafficPolicy: servicelb.PolicyLocal, ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 				Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
-				Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.2.2"), Ready: true, NodeName: "other"}},
+				Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.2.2"), NodeName: "other"}},
 			})
 			require.NoError(t, err)
 			_, err = b.render(st)

@@ -110,8 +110,8 @@ func TestOnlyNamedPorts(t *testing.T) {
 		Name: "ns/w", ClusterIPs: []netip.Addr{a("10.96.0.1")},
 		Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}, {Name: "metrics", Protocol: TCP, Port: 9090}},
 		Endpoints: []Endpoint{
-			{Addr: a("10.0.0.1"), Ready: true, Ports: map[string]uint16{"metrics": 9100}, OnlyNamedPorts: true},
-			{Addr: a("10.0.0.2"), Ready: true, Ports: map[string]uint16{"http": 8080, "metrics": 9100}, OnlyNamedPorts: true},
+			{Addr: a("10.0.0.1"), Ports: map[string]uint16{"metrics": 9100}, OnlyNamedPorts: true},
+			{Addr: a("10.0.0.2"), Ports: map[string]uint16{"http": 8080, "metrics": 9100}, OnlyNamedPorts: true},
 		},
 	}
 	st, err := NewState(NodeConfig{}, s)

@@ -13,13 +13,12 @@ import (
 //   - InternalTrafficPolicy and ExternalTrafficPolicy "" are Cluster.
 //   - SessionAffinity.Timeout 0 with ClientIP is DefaultAffinityTimeout.
 //
-// Two more zero values have a meaning rather than a default filled in:
-// Port.TargetPort 0 is the service port, and Endpoint.Weight nil is
-// DefaultWeight. Endpoint conditions have no default in Go: an Endpoint
-// is ready only with Ready set (a JSON document that leaves "ready" out
-// means ready, as a Kubernetes EndpointSlice's absent condition does; see
-// Endpoint.UnmarshalJSON). s's slices are not changed: the ports are
-// copied when one needs its protocol.
+// More zero values have a meaning rather than a default filled in:
+// Port.TargetPort 0 is the service port, Endpoint.Weight nil is
+// DefaultWeight, Endpoint.Ready nil is ready and Endpoint.Serving nil is
+// as Ready says (as a Kubernetes EndpointSlice's absent conditions are;
+// see Endpoint.IsReady and IsServing). s's slices are not changed: the
+// ports are copied when one needs its protocol.
 func WithDefaults(s Service) Service {
 	cloned := false
 	for i, p := range s.Ports {

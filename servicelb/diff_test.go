@@ -32,7 +32,7 @@ func simple(name, vip string, eps ...string) Service {
 		{Name: "tcp", Protocol: TCP, Port: 80}, {Name: "udp", Protocol: UDP, Port: 53},
 	}}
 	for _, e := range eps {
-		s.Endpoints = append(s.Endpoints, Endpoint{Addr: a(e), Ready: true})
+		s.Endpoints = append(s.Endpoints, Endpoint{Addr: a(e)})
 	}
 	return s
 }
@@ -99,7 +99,7 @@ func TestDiff(t *testing.T) {
 func TestDiffNodeChange(t *testing.T) {
 	b, _ := NewBuilder(NodeConfig{NodeName: "n1"})
 	s := simple("a", "10.96.0.1")
-	s.Endpoints = []Endpoint{{Addr: a("10.0.0.1"), Ready: true, NodeName: "n2"}}
+	s.Endpoints = []Endpoint{{Addr: a("10.0.0.1"), NodeName: "n2"}}
 	s.Ports[0].NodePort = 30000
 	if err := b.Upsert(s); err != nil {
 		t.Fatal(err)
@@ -131,8 +131,10 @@ func TestStaleFlows(t *testing.T) {
 			Endpoints: eps,
 		}
 	}
-	ready := func(addr string) Endpoint { return Endpoint{Addr: a(addr), Ready: true} }
-	terminating := func(addr string) Endpoint { return Endpoint{Addr: a(addr), Serving: true, Terminating: true} }
+	ready := func(addr string) Endpoint { return Endpoint{Addr: a(addr)} }
+	terminating := func(addr string) Endpoint {
+		return Endpoint{Addr: a(addr), Ready: new(false), Serving: new(true), Terminating: true}
+	}
 	state := func(s ...Service) *State {
 		st, err := NewState(node, s...)
 		if err != nil {
@@ -169,7 +171,7 @@ func TestStaleFlows(t *testing.T) {
 		// is ready; its flows stay.
 		{"terminating endpoint deselected but serving", state(svc(terminating("10.0.0.1"))),
 			state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), []string{}},
-		{"endpoint drained by weight 0", one, state(svc(Endpoint{Addr: a("10.0.0.1"), Ready: true, Weight: Weight(0)})), []string{}},
+		{"endpoint drained by weight 0", one, state(svc(Endpoint{Addr: a("10.0.0.1"), Weight: Weight(0)})), []string{}},
 		{"endpoint stops serving", state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), two,
 			all("[10.0.0.1 10.0.0.2]")[:0]},
 	} {
@@ -187,7 +189,7 @@ func TestStaleFlowsOfState(t *testing.T) {
 	st, err := NewState(NodeConfig{}, Service{
 		Name: "ns/x", ClusterIPs: []netip.Addr{a("10.96.0.1")},
 		Ports:     []Port{{Name: "u", Protocol: UDP, Port: 53}, {Name: "s", Protocol: SCTP, Port: 99}, {Name: "t", Protocol: TCP, Port: 80}},
-		Endpoints: []Endpoint{{Addr: a("10.0.0.2"), Ready: true}, {Addr: a("10.0.0.1"), Serving: true, Terminating: true}},
+		Endpoints: []Endpoint{{Addr: a("10.0.0.2")}, {Addr: a("10.0.0.1"), Ready: new(false), Serving: new(true), Terminating: true}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +214,7 @@ func TestDiffSeesEveryField(t *testing.T) {
 		Name: "ns/lb", ClusterIPs: []netip.Addr{a("10.96.0.1")}, LoadBalancerIPs: []netip.Addr{a("203.0.113.1")},
 		Ports:                 []Port{{Name: "p", Protocol: TCP, Port: 80, NodePort: 30080}},
 		ExternalTrafficPolicy: PolicyLocal, HealthCheckNodePort: 30100,
-		Endpoints: []Endpoint{{Addr: a("10.0.0.1"), Ready: true}},
+		Endpoints: []Endpoint{{Addr: a("10.0.0.1")}},
 	}
 	for _, tt := range []struct {
 		name string
@@ -223,7 +225,7 @@ func TestDiffSeesEveryField(t *testing.T) {
 		{"scheduler", func(s *Service) { s.Scheduler = SchedulerRoundRobin }},
 		{"affinity", func(s *Service) { s.Affinity = SessionAffinity{ClientIP: true} }},
 		{"serving endpoint", func(s *Service) {
-			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Serving: true, Terminating: true})
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Ready: new(false), Serving: new(true), Terminating: true})
 		}},
 		{"load-balancer IP mode Proxy", func(s *Service) {
 			s.LoadBalancerIPs, s.ProxiedLoadBalancerIPs = nil, s.LoadBalancerIPs
@@ -287,8 +289,8 @@ func TestEndpointsOnly(t *testing.T) {
 		Ports:                 []Port{{Name: "p", Protocol: TCP, Port: 80, NodePort: 30080}},
 		ExternalTrafficPolicy: PolicyLocal,
 		Endpoints: []Endpoint{
-			{Addr: a("10.0.0.1"), Ready: true, NodeName: "n1"},
-			{Addr: a("10.0.0.2"), Ready: true, NodeName: "n2"},
+			{Addr: a("10.0.0.1"), NodeName: "n1"},
+			{Addr: a("10.0.0.2"), NodeName: "n2"},
 		},
 	}
 	for _, tt := range []struct {
@@ -298,11 +300,11 @@ func TestEndpointsOnly(t *testing.T) {
 	}{
 		{"an endpoint replaced", func(s *Service) { s.Endpoints[1].Addr = a("10.0.0.3") }, true},
 		{"an endpoint added", func(s *Service) {
-			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.4"), Ready: true, NodeName: "n2"})
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.4"), NodeName: "n2"})
 		}, true},
 		{"a weight", func(s *Service) { s.Endpoints[1].Weight = Weight(3) }, true},
 		{"a serving endpoint beside ready ones", func(s *Service) {
-			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Serving: true, Terminating: true})
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Ready: new(false), Serving: new(true), Terminating: true})
 		}, true},
 		{"the last local endpoint gone: the external verdict drops", func(s *Service) { s.Endpoints = s.Endpoints[1:] }, false},
 		{"every endpoint gone: the verdicts reject", func(s *Service) { s.Endpoints = nil }, false},

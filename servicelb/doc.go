@@ -76,10 +76,13 @@
 // everything else; a backend checks each port it plans with
 // [Capabilities.CheckPort], so the error is the same on every backend. A
 // node the backend cannot serve ([Capabilities.CheckNode]) is refused by
-// NewRunner and by every Sync. The features also decide which scenarios
-// of the conformance kit (package conformance) apply to a backend; its
-// conformance test names those that do not, so that a feature it loses
-// fails the test instead of leaving scenarios unrun.
+// NewRunner and by every Sync. A service whose kernel objects the kernel
+// itself refuses as they are written (ErrRefused) is left out of that
+// Sync and the rest applied ([PartialError]), until it changes. The
+// features also decide which scenarios of the conformance kit (package
+// conformance) apply to a backend; its conformance test names those that
+// do not, so that a feature it loses fails the test instead of leaving
+// scenarios unrun.
 //
 // Two services may ask for one frontend (the same address, protocol and
 // port, or the same node port). They are both served; the frontend stays
@@ -102,7 +105,10 @@
 //     kube-proxy's endpoint slice cache, the first listed stays, unless a
 //     later one runs on this node (an endpoint that two sources list,
 //     one of them as local, is local).
-//   - Ready endpoints are preferred. Only when no candidate is ready do
+//   - Ready endpoints are preferred ([Endpoint.IsReady]: an endpoint is
+//     ready unless its Ready says otherwise, as a Kubernetes EndpointSlice's
+//     absent condition is, in Go and in the JSON encoding alike; Serving
+//     left out is as Ready says). Only when no candidate is ready do
 //     endpoints that are still serving while terminating take traffic, so
 //     that a rolling update never leaves a service without backends while
 //     old instances can still answer. Endpoints neither ready nor serving

@@ -53,6 +53,11 @@ var (
 	// ErrCapacity: more than the backend can hold, such as more endpoints
 	// for one service port than its layout has room for.
 	ErrCapacity = errors.New("capacity of the backend exceeded")
+	// ErrRefused: the kernel refused what a backend wrote for the
+	// service, such as a rule it cannot load or an element it will not
+	// take; the error wraps the kernel's. The backend leaves the service
+	// out and applies the rest (PartialError).
+	ErrRefused = errors.New("refused by the kernel")
 	// ErrInvalidNode: a NodeConfig field that is not valid, such as an
 	// unknown local-traffic detection mode, a mode without its parameter,
 	// or a parameter of another mode.
@@ -99,10 +104,11 @@ func invalidf(svc, field string, value any, kind error, format string, args ...a
 // PartialError is what Sync returns when it applied the state except some
 // services that it had to leave out, each with the error that names it (a
 // *ValidationError: a capability the backend lacks, more than it can
-// hold, a frontend someone else holds in the kernel). The services left
-// out stay out, the last version of them the kernel held removed, until
-// they change; every other service is applied. errors.Is and errors.As
-// reach the errors of the services left out.
+// hold, a frontend someone else holds in the kernel, something of it the
+// kernel refused). The services left out stay out, the last version of
+// them the kernel held removed, until they change; every other service is
+// applied. errors.Is and errors.As reach the errors of the services left
+// out.
 type PartialError struct {
 	// LeftOut maps the name of each service left out to its error.
 	LeftOut map[string]error

@@ -26,8 +26,8 @@ func ExampleRunner() {
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080, NodePort: 30080}},
 		Endpoints: []servicelb.Endpoint{
-			{Addr: netip.MustParseAddr("10.244.1.2"), Ready: true, NodeName: "node-a"},
-			{Addr: netip.MustParseAddr("10.244.2.2"), Ready: true, NodeName: "node-b", Weight: servicelb.Weight(0)},
+			{Addr: netip.MustParseAddr("10.244.1.2"), NodeName: "node-a"},
+			{Addr: netip.MustParseAddr("10.244.2.2"), NodeName: "node-b", Weight: servicelb.Weight(0)},
 		},
 	}
 	broken := servicelb.Service{Name: "default/broken", Ports: []servicelb.Port{{Protocol: "ICMP", Port: 1}}}

@@ -17,13 +17,13 @@ import (
 func TestHealthCheck(t *testing.T) {
 	node := servicelb.NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}}
 	ep := func(addr, nodeName string, mut func(*servicelb.Endpoint)) servicelb.Endpoint {
-		e := servicelb.Endpoint{Addr: netip.MustParseAddr(addr), NodeName: nodeName, Ready: true, Serving: true}
+		e := servicelb.Endpoint{Addr: netip.MustParseAddr(addr), NodeName: nodeName}
 		if mut != nil {
 			mut(&e)
 		}
 		return e
 	}
-	terminating := func(e *servicelb.Endpoint) { e.Ready, e.Terminating = false, true }
+	terminating := func(e *servicelb.Endpoint) { e.Ready, e.Serving, e.Terminating = new(false), new(true), true }
 	lb := func(name string, hc uint16, eps ...servicelb.Endpoint) servicelb.Service {
 		return servicelb.Service{
 			Name:       name,
@@ -53,7 +53,7 @@ func TestHealthCheck(t *testing.T) {
 		{"drained", lb("d/a", 31000,
 			ep("10.244.1.2", "n1", func(e *servicelb.Endpoint) { e.Weight = servicelb.Weight(0) })), 0},
 		{"not ready", lb("d/a", 31000,
-			ep("10.244.1.2", "n1", func(e *servicelb.Endpoint) { e.Ready, e.Serving = false, false })), 0},
+			ep("10.244.1.2", "n1", func(e *servicelb.Endpoint) { e.Ready, e.Serving = new(false), new(false) })), 0},
 		{"no endpoints", lb("d/a", 31000), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,8 +8,11 @@ import (
 
 // The JSON encoding of the model is servicelb's own: the field names of
 // the json tags, durations as Go duration strings ("3h", "90s"), and the
-// defaults of WithDefaults. Agents that read services from files use it as
-// it is, so that a file and the Go API mean the same.
+// defaults of WithDefaults. A field a document leaves out is the Go zero
+// value, and means what that means in Go (an endpoint's nil Ready is
+// ready), so that json.Marshal of a Service reads back as the same
+// Service. Agents that read services from files use it as it is, so that
+// a file and the Go API mean the same.
 
 // MarshalJSON writes the timeout as a duration string.
 func (a SessionAffinity) MarshalJSON() ([]byte, error) {
@@ -46,28 +49,5 @@ func (a *SessionAffinity) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("affinity timeout: %w", err)
 	}
 	a.Timeout = d
-	return nil
-}
-
-// UnmarshalJSON reads an endpoint. A document that leaves "ready" out
-// means ready, and one that leaves "serving" out means serving as ready
-// says, as a Kubernetes EndpointSlice's absent conditions do. (Go's zero
-// Endpoint is not ready.)
-func (e *Endpoint) UnmarshalJSON(b []byte) error {
-	type plain Endpoint
-	w := struct {
-		*plain
-		Ready   *bool `json:"ready"`
-		Serving *bool `json:"serving"`
-	}{plain: (*plain)(e)}
-	*e = Endpoint{}
-	if err := json.Unmarshal(b, &w); err != nil {
-		return err
-	}
-	e.Ready = w.Ready == nil || *w.Ready
-	e.Serving = e.Ready
-	if w.Serving != nil {
-		e.Serving = *w.Serving
-	}
 	return nil
 }

@@ -163,8 +163,8 @@ type Port struct {
 	// endpoint's target port (Endpoint.Ports). It may be empty when the
 	// service has a single port.
 	Name string `json:"name,omitempty"`
-	// Protocol is TCP, UDP or SCTP.
-	Protocol Protocol `json:"protocol"`
+	// Protocol is TCP, UDP or SCTP; "" is TCP (WithDefaults).
+	Protocol Protocol `json:"protocol,omitempty"`
 	// Port is the port on the service's virtual addresses.
 	Port uint16 `json:"port"`
 	// NodePort, when not zero, also exposes the port on the node's
@@ -243,10 +243,13 @@ type Endpoint struct {
 	// endpoint serves, as the ports of a Kubernetes EndpointSlice are:
 	// the endpoint takes no traffic for a port Ports does not name.
 	OnlyNamedPorts bool `json:"onlyNamedPorts,omitempty"`
-	// Ready means the backend accepts new traffic.
-	Ready bool `json:"ready"`
-	// Serving means the backend still answers, even while terminating.
-	Serving bool `json:"serving"`
+	// Ready means the backend accepts new traffic. nil means ready, as a
+	// Kubernetes EndpointSlice's absent condition does: set new(false) for
+	// an endpoint that is not. IsReady reads it.
+	Ready *bool `json:"ready,omitempty"`
+	// Serving means the backend still answers, even while terminating;
+	// nil means as Ready says. IsServing reads it.
+	Serving *bool `json:"serving,omitempty"`
 	// Terminating means the backend is going away.
 	Terminating bool `json:"terminating,omitempty"`
 	// NodeName is the node the backend runs on; it is local when it equals
@@ -288,6 +291,19 @@ const (
 
 // Weight returns a pointer to w, for Endpoint.Weight.
 func Weight(w uint16) *uint16 { return &w }
+
+// IsReady reports whether the endpoint accepts new traffic: Ready, or true
+// when Ready is nil.
+func (e *Endpoint) IsReady() bool { return e.Ready == nil || *e.Ready }
+
+// IsServing reports whether the endpoint still answers: Serving, or
+// IsReady when Serving is nil.
+func (e *Endpoint) IsServing() bool {
+	if e.Serving == nil {
+		return e.IsReady()
+	}
+	return *e.Serving
+}
 
 // EffectiveWeight returns the endpoint's weight with the default applied.
 func (e *Endpoint) EffectiveWeight() uint16 {

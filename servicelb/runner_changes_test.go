@@ -44,7 +44,7 @@ func TestRunnerChangeKinds(t *testing.T) {
 	h.idle()
 	assert.Equal(t, stats(1, 1, 1, 1), h.lastStats(), "a service added with endpoints")
 
-	a.Endpoints = append(a.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr("10.244.0.9"), Ready: true})
+	a.Endpoints = append(a.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr("10.244.0.9")})
 	require.NoError(t, src[0].Upsert(a))
 	h.idle()
 	assert.Equal(t, stats(1, 1, 1, 2), h.lastStats(), "its endpoints changed before the sync: one service pending of each kind")
@@ -101,7 +101,7 @@ func TestRunnerTriggered(t *testing.T) {
 	require.NoError(t, src[0].UpsertTriggered(cause, svc("b", 2)))
 	h.idle()
 	a := svc("a", 1)
-	a.Endpoints[0].Ready = false
+	a.Endpoints[0].Ready = new(false)
 	require.NoError(t, src[0].UpsertTriggered(cause, a))
 	h.idle()
 	require.NoError(t, src[0].UpsertTriggered(t0.Add(5*time.Second), a), "no change: no time")

@@ -21,8 +21,8 @@ func dualSvc(name string, last byte) servicelb.Service {
 		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 1, last}), netip.MustParseAddr(fmt.Sprintf("fd00:96::1:%d", last))},
 		Ports:      []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
 		Endpoints: []servicelb.Endpoint{
-			{Addr: netip.AddrFrom4([4]byte{10, 244, 1, last}), Ready: true},
-			{Addr: netip.MustParseAddr(fmt.Sprintf("fd00:244::1:%d", last)), Ready: true},
+			{Addr: netip.AddrFrom4([4]byte{10, 244, 1, last})},
+			{Addr: netip.MustParseAddr(fmt.Sprintf("fd00:244::1:%d", last))},
 		},
 	}
 }
@@ -95,7 +95,7 @@ func TestRunnerFamilies(t *testing.T) {
 
 	t.Log("an IPv6 endpoint of the dual-stack service changes: IPv6 alone, kept across a failed sync")
 	d := dualSvc("d", 5)
-	d.Endpoints[1].Ready = false
+	d.Endpoints[1].Ready = new(false)
 	ipv6Change := step()
 	require.NoError(t, src[0].Upsert(d))
 	h.idle()
@@ -118,7 +118,7 @@ func TestRunnerFamilies(t *testing.T) {
 
 	t.Log("an IPv6 endpoint on the IPv4 service: the IPv6 endpoints changed; its port: IPv4, where it is served")
 	a := svc("a", 1)
-	a.Endpoints = append(a.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr("fd00:244::9"), Ready: true})
+	a.Endpoints = append(a.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr("fd00:244::9")})
 	endpoint6 := step()
 	require.NoError(t, src[0].Upsert(a))
 	h.idle()

@@ -125,7 +125,7 @@ func svc(name string, last byte) servicelb.Service {
 		Name:       name,
 		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, last})},
 		Ports:      []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
-		Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 244, 0, last}), Ready: true}},
+		Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 244, 0, last})}},
 	}
 }
 
@@ -358,7 +358,7 @@ func TestRunnerRefusesWhatTheBackendCannotExpress(t *testing.T) {
 	hinted.Scheduler = servicelb.SchedulerRoundRobin
 	big := svc("big", 2)
 	for i := range 3 {
-		big.Endpoints = append(big.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, 0, byte(i)}), Ready: true})
+		big.Endpoints = append(big.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, 0, byte(i)})})
 	}
 	err = src.Upsert(hinted, big, svc("good", 3))
 	require.ErrorIs(t, err, servicelb.ErrUnsupported)

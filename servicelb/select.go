@@ -53,9 +53,9 @@ func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
 			continue
 		}
 		c := candidate{
-			Backend: Backend{Addr: e.Addr, Port: port, Weight: e.EffectiveWeight(), Local: node.Local(e), Ready: e.Ready},
+			Backend: Backend{Addr: e.Addr, Port: port, Weight: e.EffectiveWeight(), Local: node.Local(e), Ready: e.IsReady()},
 			ep:      e,
-			serving: e.Ready || (e.Serving && e.Terminating),
+			serving: e.IsReady() || (e.IsServing() && e.Terminating),
 		}
 		if j, dup := index[c.AddrPort()]; dup {
 			if c.Local {
@@ -87,7 +87,7 @@ func endpointPort(e *Endpoint, p Port) (uint16, bool) {
 func serving(s *Service, p Port, f Family) []netip.Addr {
 	is := func(e *Endpoint) bool {
 		_, ok := endpointPort(e, p)
-		return ok && FamilyOf(e.Addr) == f && (e.Ready || e.Serving)
+		return ok && FamilyOf(e.Addr) == f && (e.IsReady() || e.IsServing())
 	}
 	n := 0
 	for i := range s.Endpoints {

@@ -11,13 +11,13 @@ import (
 // ep builds an endpoint: addr, node, and conditions given as a string of
 // flags: r ready, s serving, t terminating.
 func ep(addr, node, flags string) Endpoint {
-	e := Endpoint{Addr: a(addr), NodeName: node}
+	e := Endpoint{Addr: a(addr), Ready: new(false), NodeName: node}
 	for _, f := range flags {
 		switch f {
 		case 'r':
-			e.Ready = true
+			e.Ready = new(true)
 		case 's':
-			e.Serving = true
+			e.Serving = new(true)
 		case 't':
 			e.Terminating = true
 		}
@@ -316,8 +316,8 @@ func TestSelectionPortsAndWeights(t *testing.T) {
 		Ports: []Port{{Name: "p", Protocol: TCP, Port: 80, TargetPort: 8080}},
 		Endpoints: []Endpoint{
 			ep("10.0.0.1", "", "rs"),
-			{Addr: a("10.0.0.2"), Ready: true, Ports: map[string]uint16{"p": 9090, "other": 1}, Weight: Weight(7)},
-			{Addr: a("10.0.0.2"), Ready: true, Ports: map[string]uint16{"p": 9091}},
+			{Addr: a("10.0.0.2"), Ports: map[string]uint16{"p": 9090, "other": 1}, Weight: Weight(7)},
+			{Addr: a("10.0.0.2"), Ports: map[string]uint16{"p": 9091}},
 		},
 	}
 	sp := compile(t, NodeConfig{}, s)
@@ -442,7 +442,7 @@ func TestExternalLocalNeedsExternalAccess(t *testing.T) {
 func TestHairpinSharesServing(t *testing.T) {
 	node := NodeConfig{NodeName: "n1"}
 	svc := Service{Name: "ns/web", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Name: "p", Protocol: TCP, Port: 80}},
-		Endpoints: []Endpoint{{Addr: a("10.0.0.1"), Ready: true}, {Addr: a("10.0.0.2"), Ready: true}}}
+		Endpoints: []Endpoint{{Addr: a("10.0.0.1")}, {Addr: a("10.0.0.2")}}}
 	st, err := NewState(node, svc)
 	if err != nil {
 		t.Fatal(err)
@@ -451,7 +451,7 @@ func TestHairpinSharesServing(t *testing.T) {
 	if len(sp.Hairpin) != 2 || &sp.Hairpin[0] != &sp.Serving[0] {
 		t.Errorf("all ready: Hairpin %v and Serving %v are not one list", sp.Hairpin, sp.Serving)
 	}
-	svc.Endpoints = append(svc.Endpoints, Endpoint{Addr: a("10.0.0.3"), Serving: true, Terminating: true})
+	svc.Endpoints = append(svc.Endpoints, Endpoint{Addr: a("10.0.0.3"), Ready: new(false), Serving: new(true), Terminating: true})
 	if st, err = NewState(node, svc); err != nil {
 		t.Fatal(err)
 	}

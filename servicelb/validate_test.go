@@ -21,7 +21,7 @@ func baseService() Service {
 			{Name: "dns", Protocol: UDP, Port: 53},
 		},
 		Endpoints: []Endpoint{
-			{Addr: a("10.244.1.2"), Ready: true, Serving: true, NodeName: "n1"},
+			{Addr: a("10.244.1.2"), NodeName: "n1"},
 		},
 	}
 }
@@ -166,7 +166,7 @@ func TestConflicts(t *testing.T) {
 	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1"), a("192.0.2.2")}}
 	other := func(name string, edit func(*Service)) Service {
 		s := Service{Name: name, ClusterIPs: []netip.Addr{a("10.96.0.20")}, Ports: []Port{{Name: "http", Protocol: TCP, Port: 80}},
-			Endpoints: []Endpoint{{Addr: a("10.244.2.2"), Ready: true}}}
+			Endpoints: []Endpoint{{Addr: a("10.244.2.2")}}}
 		edit(&s)
 		return s
 	}

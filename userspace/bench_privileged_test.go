@@ -21,8 +21,14 @@ import (
 // client to the endpoint's own address, routed by the node.
 
 // nsPaths builds the topology, the servers, the proxy and its services.
-func nsPaths(b *testing.B) (direct, proxied path, p *Proxier) {
-	tp := netnstest.New(b, netnstest.Options{Backends: 1})
+func nsPaths(b testing.TB) (direct, proxied path, p *Proxier) {
+	direct, proxied, p, _ = nsTopology(b)
+	return direct, proxied, p
+}
+
+// nsTopology is nsPaths, with the topology.
+func nsTopology(b testing.TB) (direct, proxied path, p *Proxier, tp *netnstest.Topology) {
+	tp = netnstest.New(b, netnstest.Options{Backends: 1})
 	be := tp.Backends[0]
 	tcp, sink, udp := startEcho(b, be.Do), startSink(b, be.Do), startUDPEcho(b, be.Do)
 	p, err := New(Options{NetNS: tp.Node.NS, HoldAddresses: true})
@@ -32,7 +38,7 @@ func nsPaths(b *testing.B) (direct, proxied path, p *Proxier) {
 		p.Close()
 	})
 	vip := func(i byte) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, 0, i}) }
-	eps := []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}
+	eps := []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}
 	svc := func(i byte, proto servicelb.Protocol, target uint16) servicelb.Service {
 		return servicelb.Service{Name: "bench/svc" + string('0'+rune(i)), ClusterIPs: []netip.Addr{vip(i)},
 			Ports: []servicelb.Port{{Protocol: proto, Port: 80, TargetPort: target}}, Endpoints: eps}
@@ -45,12 +51,12 @@ func nsPaths(b *testing.B) (direct, proxied path, p *Proxier) {
 	be4 := netnstest.BackendIPv4(0)
 	direct = path{"direct", at(be4, tcp.Port()), at(be4, sink.Port()), at(be4, udp.Port()), dial}
 	proxied = path{"proxy", at(vip(1), 80), at(vip(2), 80), at(vip(3), 80), dial}
-	return direct, proxied, p
+	return direct, proxied, p, tp
 }
 
 // clientDialer connects from the client's namespace: its sockets are
 // made by a thread there.
-func clientDialer(b *testing.B, h *netnstest.Host) func(servicelb.Protocol, netip.AddrPort) (net.Conn, error) {
+func clientDialer(b testing.TB, h *netnstest.Host) func(servicelb.Protocol, netip.AddrPort) (net.Conn, error) {
 	th, err := startNSThread(h.NS)
 	require.NoError(b, err)
 	b.Cleanup(th.stop)
@@ -81,6 +87,28 @@ func BenchmarkNetnsStream(b *testing.B) {
 func BenchmarkNetnsUDP(b *testing.B) {
 	direct, proxied, _ := nsPaths(b)
 	benchUDP(b, direct, proxied)
+}
+
+// BenchmarkNetnsIdleConnections is BenchmarkIdleConnections through
+// namespaces, where the node's namespace holds the proxy's sockets alone:
+// it also reports the kernel's share as /proc/net/sockstat there counts
+// it, the TCP sockets in use per connection (the proxy's two) and the
+// memory of their buffers (its "mem" pages), which idle sockets leave
+// near zero: the kernel counts those pages in per-processor batches, so a
+// figure that small may come out slightly negative.
+func BenchmarkNetnsIdleConnections(b *testing.B) {
+	n := idleConns(b)
+	direct, proxied, p, tp := nsTopology(b)
+	benchIdle(b, n, direct, proxied, p, func() sockMem {
+		var m sockMem
+		require.NoError(b, tp.Node.Do(func() (err error) {
+			// /proc/net would show the namespace of the process's main
+			// thread; thread-self shows this thread's.
+			m, err = readSockstat("/proc/thread-self/net/sockstat")
+			return err
+		}))
+		return m
+	})
 }
 
 // BenchmarkNetnsSyncCold: a new proxy's first sync of 1,000 services

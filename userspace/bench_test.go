@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,12 +40,12 @@ type path struct {
 
 // benchPaths starts a TCP and a UDP echo server and a proxy in front of
 // them, all on loopback, and returns the direct path and the proxy's.
-func benchPaths(b *testing.B) (direct, proxied path) {
+func benchPaths(b testing.TB) (direct, proxied path) {
 	direct, proxied, _ = benchSetup(b)
 	return direct, proxied
 }
 
-func benchSetup(b *testing.B) (direct, proxied path, p *Proxier) {
+func benchSetup(b testing.TB) (direct, proxied path, p *Proxier) {
 	tcp, sink, udp := startEcho(b, nil), startSink(b, nil), startUDPEcho(b, nil)
 	w := &world{real: map[netip.AddrPort]netip.AddrPort{
 		netip.AddrPortFrom(epAddr(0), tcpTarget): tcp,
@@ -62,7 +63,7 @@ func benchSetup(b *testing.B) (direct, proxied path, p *Proxier) {
 // startEcho serves TCP echo on loopback (in the namespace of do, when
 // set): each connection's bytes go back until its end, then the server
 // ends its side.
-func startEcho(b *testing.B, do func(func() error) error) netip.AddrPort {
+func startEcho(b testing.TB, do func(func() error) error) netip.AddrPort {
 	ln := listenTCP(b, do)
 	go func() {
 		for {
@@ -91,7 +92,7 @@ func startEcho(b *testing.B, do func(func() error) error) netip.AddrPort {
 }
 
 // listenTCP listens on loopback, or on every address of do's namespace.
-func listenTCP(b *testing.B, do func(func() error) error) net.Listener {
+func listenTCP(b testing.TB, do func(func() error) error) net.Listener {
 	var ln net.Listener
 	listen := func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }
 	if do != nil {
@@ -105,7 +106,7 @@ func listenTCP(b *testing.B, do func(func() error) error) net.Listener {
 }
 
 // startUDPEcho answers each datagram with itself.
-func startUDPEcho(b *testing.B, do func(func() error) error) netip.AddrPort {
+func startUDPEcho(b testing.TB, do func(func() error) error) netip.AddrPort {
 	var pc net.PacketConn
 	listen := func() (err error) { pc, err = net.ListenPacket("udp", "127.0.0.1:0"); return err }
 	if do != nil {
@@ -238,7 +239,7 @@ func cpuTime() float64 {
 
 // startSink serves TCP: it reads each connection to its end and answers
 // with the number of bytes it read.
-func startSink(b *testing.B, do func(func() error) error) netip.AddrPort {
+func startSink(b testing.TB, do func(func() error) error) netip.AddrPort {
 	ln := listenTCP(b, do)
 	go func() {
 		for {
@@ -301,20 +302,35 @@ func benchUDP(b *testing.B, direct, proxied path) {
 // BenchmarkIdleConnections: 10,000 TCP connections through the proxy,
 // open and idle, against the same number of direct ones: the proxy's
 // memory per connection (its goroutines' stacks and its heap, measured
-// by the runtime after a collection), and what it keeps after they have
-// all closed. KPROXY_BENCH_CONNS=n for another number. The process needs
-// four open files per connection (the client's, the server's and the
-// proxy's two): it raises its limit when it may, and otherwise opens as
-// many connections as the limit allows and says so (conns). Target: at
-// most 20 KiB per connection, no growth.
+// by the runtime after a collection; and the process's resident memory,
+// which also counts what the runtime has not returned), and what it keeps
+// after they have all closed. KPROXY_BENCH_CONNS=n for another number.
+// The process needs four open files per connection (the client's, the
+// server's and the proxy's two): it raises its limit when it may, and
+// otherwise opens as many connections as the limit allows and says so
+// (conns). BenchmarkNetnsIdleConnections also counts the kernel's share.
+// Target: at most 20 KiB per connection, no growth.
 func BenchmarkIdleConnections(b *testing.B) {
+	n := idleConns(b)
+	direct, proxied, p := benchSetup(b)
+	benchIdle(b, n, direct, proxied, p, nil)
+}
+
+// idleConns returns the number of connections of the idle benchmarks.
+func idleConns(b *testing.B) int {
 	n := 10000
 	if v, err := strconv.Atoi(os.Getenv("KPROXY_BENCH_CONNS")); err == nil && v > 0 {
 		n = v
 	}
 	n = fileLimitFor(b, n)
-	defer b.ReportMetric(float64(n), "conns")
-	direct, proxied, p := benchSetup(b)
+	b.Cleanup(func() { b.ReportMetric(float64(n), "conns") })
+	return n
+}
+
+// benchIdle opens n idle connections on each path in turn and reports
+// the proxy's memory per connection; kernel, when set, reads what the
+// kernel holds for the proxy's sockets (the sockets of its namespace).
+func benchIdle(b *testing.B, n int, direct, proxied path, p *Proxier, kernel func() sockMem) {
 	before := runtime.NumGoroutine()
 	// A first round grows the runtime's caches (the descriptors of
 	// goroutines that ended, which it keeps for new ones) to this load.
@@ -322,22 +338,35 @@ func BenchmarkIdleConnections(b *testing.B) {
 	waitIdle(b, p)
 	waitGoroutines(b, before)
 	for b.Loop() {
-		base := goMemory()
+		base, rss0 := goMemory(), residentMemory(b)
 		closeAll := openIdle(b, direct, n)
-		directCost := goMemory() - base
+		directCost, directRSS := goMemory()-base, residentMemory(b)-rss0
 		closeAll()
 		waitGoroutines(b, before)
-		base = goMemory()
+		var k0, k1 sockMem
+		if kernel != nil {
+			k0 = kernel()
+		}
+		base, rss0 = goMemory(), residentMemory(b)
 		closeAll = openIdle(b, proxied, n)
-		proxyCost := goMemory() - base
+		proxyCost, proxyRSS := goMemory()-base, residentMemory(b)-rss0
+		if kernel != nil {
+			k1 = kernel()
+		}
 		active := p.activeConns()
 		closeAll()
 		waitIdle(b, p)
 		waitGoroutines(b, before)
 		after := goMemory()
 		require.Equal(b, int64(n), active, "connections open through the proxy")
-		b.ReportMetric(float64(proxyCost-directCost)/float64(n)/1024, "proxy-KiB/conn")
-		b.ReportMetric(float64(after-base)/float64(n), "kept-B/conn")
+		perConn := func(v int64) float64 { return float64(v) / float64(n) }
+		b.ReportMetric(perConn(proxyCost-directCost)/1024, "proxy-KiB/conn")
+		b.ReportMetric(perConn(proxyRSS-directRSS)/1024, "proxy-rss-KiB/conn")
+		b.ReportMetric(perConn(after-base), "kept-B/conn")
+		if kernel != nil {
+			b.ReportMetric(perConn(k1.inuse-k0.inuse), "kernel-sockets/conn")
+			b.ReportMetric(perConn((k1.pages-k0.pages)*int64(os.Getpagesize()))/1024, "sockstat-mem-KiB/conn")
+		}
 	}
 }
 
@@ -351,9 +380,56 @@ func goMemory() int64 {
 	return int64(m.HeapAlloc + m.StackInuse)
 }
 
+// residentMemory returns the process's resident memory, once the runtime
+// has returned what it may to the system.
+func residentMemory(b testing.TB) int64 {
+	debug.FreeOSMemory()
+	statm, err := os.ReadFile("/proc/self/statm")
+	require.NoError(b, err)
+	f := strings.Fields(string(statm))
+	require.GreaterOrEqual(b, len(f), 2, "/proc/self/statm: %q", statm)
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	require.NoError(b, err)
+	return pages * int64(os.Getpagesize())
+}
+
+// sockMem is what /proc/net/sockstat says of a namespace's TCP sockets:
+// how many are in use, and the pages their buffers hold.
+type sockMem struct{ inuse, pages int64 }
+
+// readSockstat reads the TCP line of a sockstat file ("TCP: inuse 5
+// orphan 0 tw 0 alloc 7 mem 1").
+func readSockstat(path string) (sockMem, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return sockMem{}, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "TCP:" {
+			continue
+		}
+		var m sockMem
+		for i := 1; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseInt(f[i+1], 10, 64)
+			if err != nil {
+				return sockMem{}, fmt.Errorf("%s: %q: %w", path, line, err)
+			}
+			switch f[i] {
+			case "inuse":
+				m.inuse = v
+			case "mem":
+				m.pages = v
+			}
+		}
+		return m, nil
+	}
+	return sockMem{}, fmt.Errorf("%s: no TCP line", path)
+}
+
 // openIdle opens n connections on a path, each exchanging one byte so
 // that every side is set up, and returns a function that closes them.
-func openIdle(b *testing.B, pa path, n int) func() {
+func openIdle(b testing.TB, pa path, n int) func() {
 	conns := make([]net.Conn, 0, n)
 	one := []byte{1}
 	for range n {
@@ -379,7 +455,7 @@ func openIdle(b *testing.B, pa path, n int) func() {
 // fileLimitFor raises the limit of open files for n connections (four
 // files each, and a margin) if it may, and returns the number of
 // connections the limit allows, at most n.
-func fileLimitFor(b *testing.B, n int) int {
+func fileLimitFor(b testing.TB, n int) int {
 	const margin = 1000
 	var lim unix.Rlimit
 	require.NoError(b, unix.Getrlimit(unix.RLIMIT_NOFILE, &lim))
@@ -397,7 +473,7 @@ func fileLimitFor(b *testing.B, n int) int {
 
 // waitGoroutines waits for the goroutines to be back to n: the servers'
 // and the proxy's of connections that ended.
-func waitGoroutines(b *testing.B, n int) {
+func waitGoroutines(b testing.TB, n int) {
 	deadline := time.Now().Add(30 * time.Second)
 	for runtime.NumGoroutine() > n {
 		if time.Now().After(deadline) {
@@ -408,7 +484,7 @@ func waitGoroutines(b *testing.B, n int) {
 }
 
 // waitIdle waits for the proxy's connections to end.
-func waitIdle(b *testing.B, p *Proxier) {
+func waitIdle(b testing.TB, p *Proxier) {
 	deadline := time.Now().Add(30 * time.Second)
 	for p.activeConns() > 0 {
 		if time.Now().After(deadline) {
@@ -428,7 +504,7 @@ func syncServices(n, k int, base uint16) ([]servicelb.Service, ListenFunc) {
 		eps := make([]servicelb.Endpoint, k)
 		for j := range eps {
 			x := i*k + j
-			eps[j] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(64 + x>>16), byte(x >> 8), byte(x)}), Ready: true}
+			eps[j] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(64 + x>>16), byte(x >> 8), byte(x)})}
 		}
 		svcs[i] = servicelb.Service{
 			Name:       fmt.Sprintf("ns%d/svc%d", i/100, i),

@@ -122,6 +122,10 @@ func (p *Proxier) serveStream(l *listener, cf *os.File, peer netip.AddrPort) {
 	defer ps.stats.active.Add(-1)
 	c.act.start(c.client)
 	c.act.start(c.backend)
+	if ps.proto == servicelb.TCP {
+		bufferNear(c.client)
+		bufferNear(c.backend)
+	}
 	p.pump(c)
 }
 

@@ -27,7 +27,7 @@ func TestDummyLink(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10", "fd00:96::10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}, {Addr: netnstest.BackendIPv6(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}, {Addr: netnstest.BackendIPv6(0)}}}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 	link := tp.Node.Exec(t, "ip", "-d", "address", "show", "dev", "kproxy-us0")
 	assert.Contains(t, link, "dummy")
@@ -48,4 +48,28 @@ func TestDummyLink(t *testing.T) {
 	err = q.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, s))
 	require.ErrorIs(t, err, ErrLinkConflict)
 	assert.True(t, strings.Contains(err.Error(), "kproxy-us1"), "%v", err)
+}
+
+// TestPreexistingLinkKept: a dummy link of Link's name that someone else
+// made serves the proxy as well; Cleanup removes the addresses the proxy
+// put there and leaves the link, with its own address.
+func TestPreexistingLinkKept(t *testing.T) {
+	netnstest.Require(t, "dummy")
+	h := netnstest.NewHost(t, "node")
+	h.Exec(t, "ip", "link", "add", "kproxy-us0", "type", "dummy")
+	h.Exec(t, "ip", "address", "add", "192.0.2.9/32", "dev", "kproxy-us0")
+	p, err := New(Options{NetNS: h.NS, HoldAddresses: true, Link: "kproxy-us0"})
+	require.NoError(t, err)
+	defer p.Close()
+	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
+		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.244.1.2")}}}
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
+	link := h.Exec(t, "ip", "address", "show", "dev", "kproxy-us0")
+	assert.Contains(t, link, "10.96.0.10/32")
+	assert.Contains(t, link, "UP", "set up")
+	require.NoError(t, p.Cleanup(context.Background()))
+	link = h.Exec(t, "ip", "address", "show", "dev", "kproxy-us0")
+	assert.NotContains(t, link, "10.96.0.10")
+	assert.Contains(t, link, "192.0.2.9/32")
 }

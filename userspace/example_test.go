@@ -30,8 +30,8 @@ func ExampleProxier_Render() {
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 		Endpoints: []servicelb.Endpoint{
-			{Addr: netip.MustParseAddr("192.168.49.2"), Ready: true},
-			{Addr: netip.MustParseAddr("192.168.49.3"), Ready: true, Weight: servicelb.Weight(3)},
+			{Addr: netip.MustParseAddr("192.168.49.2")},
+			{Addr: netip.MustParseAddr("192.168.49.3"), Weight: servicelb.Weight(3)},
 		},
 	})
 	if err != nil {

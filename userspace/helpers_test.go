@@ -32,7 +32,7 @@ func epAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 0, byte(i 
 
 // ep returns a ready endpoint on host i.
 func ep(i int) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: epAddr(i), Ready: true, Serving: true, NodeName: "elsewhere"}
+	return servicelb.Endpoint{Addr: epAddr(i), NodeName: "elsewhere"}
 }
 
 func weighted(w uint16, e servicelb.Endpoint) servicelb.Endpoint {

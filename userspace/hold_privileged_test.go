@@ -6,6 +6,7 @@ import (
 	"context"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -20,19 +22,16 @@ import (
 // mark, and the others, read back with a netlink dump of its own.
 func linkAddrs(t *testing.T, h *netnstest.Host, proto uint8) (marked, other []netip.Addr) {
 	t.Helper()
-	th, err := startNSThread(h.NS)
+	rt, err := rtnl.Open(h.NS)
 	require.NoError(t, err)
-	defer th.stop()
-	rt, err := openRTNL(&sockets{ns: th})
-	require.NoError(t, err)
-	defer rt.close()
-	list, err := rt.dump(1) // lo
+	defer rt.Close()
+	list, err := rt.Addrs(1) // lo
 	require.NoError(t, err)
 	for _, x := range list {
-		if x.proto == proto {
-			marked = append(marked, x.a)
-		} else if !x.a.IsLoopback() {
-			other = append(other, x.a)
+		if a := x.Prefix.Addr(); x.Proto == proto {
+			marked = append(marked, a)
+		} else if !a.IsLoopback() {
+			other = append(other, a)
 		}
 	}
 	slices.SortFunc(marked, netip.Addr.Compare)
@@ -110,7 +109,7 @@ func TestHeldAddressRepaired(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}}
 	st := mustState(t, servicelb.NodeConfig{}, s)
 	mustSync(t, p, st)
 	vip := netip.MustParseAddrPort("10.96.0.10:80")
@@ -136,8 +135,8 @@ func TestConnectTimeout(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true},
-			{Addr: netip.MustParseAddr("10.244.1.9"), Ready: true}},
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)},
+			{Addr: netip.MustParseAddr("10.244.1.9")}},
 		Scheduler: servicelb.SchedulerRoundRobin}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 	var errs []string
@@ -165,7 +164,7 @@ func TestHeldAddressListedAsNodes(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: tcpTarget}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{LocalIPs: addrs("10.96.0.10")}, s))
 	marked, _ := linkAddrs(t, tp.Node, DefaultAddressProtocol)
@@ -173,4 +172,19 @@ func TestHeldAddressListedAsNodes(t *testing.T) {
 	r, err := tp.Client.Ask(context.Background(), "tcp", netip.MustParseAddrPort("10.96.0.10:80"))
 	require.NoError(t, err)
 	assert.Equal(t, "backend-0", r.Host)
+}
+
+// TestSyncErrorNamesBackendOnce: a Sync that fails says "userspace" once,
+// where the sync engine starts its error; the step that failed (a link of
+// the proxy's name that is not its kind) does not repeat it.
+func TestSyncErrorNamesBackendOnce(t *testing.T) {
+	h := netnstest.NewHost(t, "node")
+	h.Exec(t, "ip", "link", "add", "kpx-taken0", "type", "veth", "peer", "name", "kpx-taken1")
+	p, err := New(Options{NetNS: h.NS, HoldAddresses: true, Link: "kpx-taken0"})
+	require.NoError(t, err)
+	defer p.Close()
+	err = p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, holdService(1, ep(0))))
+	require.ErrorIs(t, err, ErrLinkConflict)
+	assert.Equal(t, 1, strings.Count(err.Error(), "userspace"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "userspace: sync: kpx-taken0: "), err.Error())
 }

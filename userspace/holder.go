@@ -6,19 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 )
+
+// linkOwner marks the dummy link the proxy creates (its alias), so that
+// Cleanup deletes that link and no other.
+const linkOwner = "kproxy-userspace"
 
 // holder keeps the addresses the listeners need on the link, marked as
 // the proxy's: each address while at least one listener listens on it.
 type holder struct {
-	rt    *rtnl
-	ns    netns.NsHandle
+	rt    *rtnl.Conn
 	link  string
 	index int
 	proto uint8
@@ -33,63 +35,27 @@ type holder struct {
 	marked bool
 }
 
-func newHolder(rt *rtnl, ns netns.NsHandle, link string, proto uint8) *holder {
-	return &holder{rt: rt, ns: ns, link: link, proto: proto, refs: map[netip.Addr]int{}, ours: map[netip.Addr]bool{}}
+func newHolder(rt *rtnl.Conn, link string, proto uint8) *holder {
+	return &holder{rt: rt, link: link, proto: proto, refs: map[netip.Addr]int{}, ours: map[netip.Addr]bool{}}
 }
 
-// ensureLink finds the link (creating the dummy link when it is missing
-// and not the loopback) and sets it up.
-func (h *holder) ensureLink() error { return h.findLink(true) }
-
-// findLink finds the link, and creates it when create is set; without
-// it, a missing dummy link leaves h.index 0.
-func (h *holder) findLink(create bool) error {
-	nh, err := h.handle()
+// ensureLink finds the link (creating a dummy link marked as the proxy's
+// when it is missing) and sets it up.
+func (h *holder) ensureLink() error {
+	l, _, err := h.rt.EnsureDummy(h.link, linkOwner)
 	if err != nil {
-		return err
+		return kernelError(err)
 	}
-	defer nh.Close()
-	l, err := nh.LinkByName(h.link)
-	var nf netlink.LinkNotFoundError
-	switch {
-	case errors.As(err, &nf) && h.link != DefaultLink && !create:
-		h.index = 0
-		return nil
-	case errors.As(err, &nf) && h.link != DefaultLink:
-		la := netlink.NewLinkAttrs()
-		la.Name = h.link
-		if err := nh.LinkAdd(&netlink.Dummy{LinkAttrs: la}); err != nil {
-			return &OpError{Op: "add dummy link", Object: h.link, Err: err}
-		}
-		if l, err = nh.LinkByName(h.link); err != nil {
-			return &OpError{Op: "find link", Object: h.link, Err: err}
-		}
-	case err != nil:
-		return &OpError{Op: "find link", Object: h.link, Err: err}
-	case l.Type() != "dummy" && l.Attrs().RawFlags&unix.IFF_LOOPBACK == 0:
-		return fmt.Errorf("userspace: %s: %w (a %s link)", h.link, ErrLinkConflict, l.Type())
+	if l.Kind != "dummy" && !l.Loopback() {
+		return fmt.Errorf("%s: %w (a %s link)", h.link, ErrLinkConflict, l.Kind)
 	}
-	if l.Attrs().RawFlags&unix.IFF_UP == 0 {
-		if err := nh.LinkSetUp(l); err != nil {
-			return &OpError{Op: "set link up", Object: h.link, Err: err}
+	if !l.Up() {
+		if err := h.rt.SetUp(l); err != nil {
+			return kernelError(err)
 		}
 	}
-	h.index = l.Attrs().Index
+	h.index = l.Index
 	return nil
-}
-
-func (h *holder) handle() (*netlink.Handle, error) {
-	var nh *netlink.Handle
-	var err error
-	if otherNS(h.ns) {
-		nh, err = netlink.NewHandleAt(h.ns, unix.NETLINK_ROUTE)
-	} else {
-		nh, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-	}
-	if err != nil {
-		return nil, &OpError{Op: "open netlink", Object: h.link, Err: err}
-	}
-	return nh, nil
 }
 
 // need counts one more listener on a; the first queues its add.
@@ -112,107 +78,82 @@ func (h *holder) release(a netip.Addr) {
 // flushAdds adds the queued addresses that are still needed. An address
 // someone else put on the link serves as well, and stays theirs.
 func (h *holder) flushAdds() error {
-	var ops []addrOp
+	var ops []rtnl.AddrOp
 	for _, a := range h.adds {
 		if h.refs[a] > 0 && !h.ours[a] {
-			ops = append(ops, addrOp{add: true, a: a})
+			ops = append(ops, rtnl.AddrOp{Add: true, Prefix: rtnl.Host(a)})
 		}
 	}
 	h.adds = h.adds[:0]
-	errs, err := h.rt.change(h.index, h.proto, ops)
+	errs, err := h.rt.ChangeAddrs(h.index, h.proto, ops)
 	if err != nil {
 		return &OpError{Op: "add addresses", Object: "on " + h.link, Err: err}
 	}
 	var out []error
+	var added []netip.Addr
 	for i, e := range errs {
+		a := ops[i].Prefix.Addr()
 		switch {
 		case e == nil:
-			h.ours[ops[i].a] = true
+			h.ours[a] = true
+			added = append(added, a)
 		case errors.Is(e, unix.EEXIST):
 		default:
-			out = append(out, &OpError{Op: "add address", Object: fmt.Sprintf("%s on %s", ops[i].a, h.link), Err: e})
+			out = append(out, &OpError{Op: "add address", Object: fmt.Sprintf("%s on %s", a, h.link), Err: e})
 		}
 	}
 	if err := errors.Join(out...); err != nil {
 		return err
 	}
 	if !h.marked && len(ops) > 0 {
-		if err := h.checkMark(ops[0].a); err != nil {
+		if err := h.checkMark(ops[0].Prefix.Addr()); err != nil {
 			return err
 		}
 	}
-	return h.waitLocal(ops)
-}
-
-// waitLocal waits for the IPv6 addresses just added to be routed to the
-// node: the kernel routes a new IPv6 address only once it has left its
-// tentative state, a moment after the add returns, and a flow that came
-// meanwhile would be routed elsewhere.
-func (h *holder) waitLocal(ops []addrOp) error {
-	var want []netip.Addr
-	for _, op := range ops {
-		if op.a.Is6() && h.ours[op.a] {
-			want = append(want, op.a)
-		}
-	}
-	for i := 0; len(want) > 0; i++ {
-		local, err := h.rt.localIPv6()
-		if err != nil {
-			return &OpError{Op: "list local routes", Object: "ipv6", Err: err}
-		}
-		want = slices.DeleteFunc(want, func(a netip.Addr) bool { return local[a] })
-		if len(want) == 0 {
-			return nil
-		}
-		if i == 2000 {
-			return &OpError{Op: "wait for the local route", Object: want[0].String(), Err: unix.ETIMEDOUT}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return nil
+	return kernelError(h.rt.WaitLocal(added, 2*time.Second))
 }
 
 // checkMark makes sure the kernel keeps the mark, without which the
 // proxy could not tell its addresses from others.
 func (h *holder) checkMark(a netip.Addr) error {
-	list, err := h.rt.dump(h.index)
+	list, err := h.rt.Addrs(h.index)
 	if err != nil {
 		return &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
 	for _, x := range list {
-		if x.a == a && x.proto == h.proto {
+		if x.Prefix.Addr() == a && x.Proto == h.proto {
 			h.marked = true
 			return nil
 		}
 	}
-	return fmt.Errorf("userspace: %w", ErrNoAddressMark)
+	return ErrNoAddressMark
 }
 
 // flushDels deletes the queued addresses that are ours and no longer
 // needed.
 func (h *holder) flushDels() error {
-	var ops []addrOp
+	var ops []rtnl.AddrOp
 	for _, a := range h.dels {
 		if h.refs[a] == 0 && h.ours[a] {
-			ops = append(ops, addrOp{a: a})
+			ops = append(ops, rtnl.AddrOp{Prefix: rtnl.Host(a)})
 		}
 	}
 	h.dels = h.dels[:0]
 	return h.delete(ops)
 }
 
-func (h *holder) delete(ops []addrOp) error {
-	errs, err := h.rt.change(h.index, h.proto, ops)
+func (h *holder) delete(ops []rtnl.AddrOp) error {
+	errs, err := h.rt.ChangeAddrs(h.index, h.proto, ops)
 	if err != nil {
 		return &OpError{Op: "delete addresses", Object: "on " + h.link, Err: err}
 	}
 	var out []error
 	for i, e := range errs {
-		if e == nil || isGone(e) {
-			delete(h.ours, ops[i].a)
+		if e == nil || rtnl.IsGone(e) {
+			delete(h.ours, ops[i].Prefix.Addr())
 			continue
 		}
-		out = append(out, &OpError{Op: "delete address", Object: fmt.Sprintf("%s on %s", ops[i].a, h.link), Err: e})
+		out = append(out, &OpError{Op: "delete address", Object: fmt.Sprintf("%s on %s", ops[i].Prefix, h.link), Err: e})
 	}
 	return errors.Join(out...)
 }
@@ -221,16 +162,16 @@ func (h *holder) delete(ops []addrOp) error {
 // mark, adds the needed ones that are missing and deletes the marked ones
 // not needed.
 func (h *holder) reconcile() error {
-	list, err := h.rt.dump(h.index)
+	list, err := h.rt.Addrs(h.index)
 	if err != nil {
 		return &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
 	present := map[netip.Addr]bool{}
 	h.ours = map[netip.Addr]bool{}
 	for _, x := range list {
-		present[x.a] = true
-		if x.proto == h.proto {
-			h.ours[x.a] = true
+		present[x.Prefix.Addr()] = true
+		if x.Proto == h.proto {
+			h.ours[x.Prefix.Addr()] = true
 		}
 	}
 	h.adds, h.dels = h.adds[:0], h.dels[:0]
@@ -250,52 +191,55 @@ func (h *holder) reconcile() error {
 // matches reports whether every needed address is on the link and no
 // address carries the mark that is not needed.
 func (h *holder) matches() (bool, error) {
-	list, err := h.rt.dump(h.index)
+	list, err := h.rt.Addrs(h.index)
 	if err != nil {
 		return false, &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
 	present, marked := 0, 0
 	for _, x := range list {
-		if h.refs[x.a] > 0 {
+		if h.refs[x.Prefix.Addr()] > 0 {
 			present++
-		} else if x.proto == h.proto {
+		} else if x.Proto == h.proto {
 			marked++
 		}
 	}
 	return present == len(h.refs) && marked == 0, nil
 }
 
-// removeAll deletes every marked address, and a dummy link of the proxy.
+// removeAll deletes every marked address, and the link when the proxy
+// created it (it carries the proxy's mark): a link of that name someone
+// else made stays, with their addresses.
 func (h *holder) removeAll() error {
-	if err := h.findLink(false); err != nil || h.index == 0 {
-		return err
+	h.refs, h.adds, h.dels = map[netip.Addr]int{}, nil, nil
+	l, ok, err := h.rt.LinkByName(h.link)
+	if err != nil || !ok {
+		h.index = 0
+		return kernelError(err)
 	}
-	list, err := h.rt.dump(h.index)
+	h.index = l.Index
+	list, err := h.rt.Addrs(h.index)
 	if err != nil {
 		return &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
-	var ops []addrOp
+	var ops []rtnl.AddrOp
 	for _, x := range list {
-		if x.proto == h.proto {
-			ops = append(ops, addrOp{a: x.a})
+		if x.Proto == h.proto {
+			ops = append(ops, rtnl.AddrOp{Prefix: x.Prefix})
 		}
 	}
-	h.refs, h.adds, h.dels = map[netip.Addr]int{}, nil, nil
-	err = h.delete(ops)
-	if h.link == DefaultLink || err != nil {
+	if err := h.delete(ops); err != nil {
 		return err
 	}
-	nh, err := h.handle()
-	if err != nil {
-		return err
+	h.index = 0
+	_, err = h.rt.RemoveDummy(h.link, linkOwner)
+	return kernelError(err)
+}
+
+// kernelError makes an error of package rtnl an OpError of the package.
+func kernelError(err error) error {
+	var oe *rtnl.OpError
+	if errors.As(err, &oe) {
+		return &OpError{Op: oe.Op, Object: oe.Object, Err: oe.Err}
 	}
-	defer nh.Close()
-	l, err := nh.LinkByName(h.link)
-	if err != nil {
-		return nil // gone already
-	}
-	if err := nh.LinkDel(l); err != nil {
-		return &OpError{Op: "delete dummy link", Object: h.link, Err: err}
-	}
-	return nil
+	return err
 }

@@ -41,7 +41,9 @@ type Options struct {
 	HoldAddresses bool
 	// Link is the link that holds the addresses: DefaultLink, the
 	// namespace's loopback, or the name of a dummy link, which the proxy
-	// creates where the kernel has dummy links and Cleanup deletes.
+	// creates where the kernel has dummy links and Cleanup deletes (a
+	// dummy link of that name that someone else made serves too, and
+	// Cleanup leaves it).
 	Link string
 	// AddressProtocol marks the addresses the proxy holds (the address's
 	// protocol, IFA_PROTO; `ip address` shows it as "proto"), so that a

@@ -17,6 +17,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/privilege"
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -47,7 +49,7 @@ type Proxier struct {
 	ports     map[servicelb.ServicePortKey]*portState
 	listeners map[listenKey]*listener
 	held      *holder // nil without HoldAddresses
-	rt        *rtnl
+	rt        *rtnl.Conn
 	closed    bool
 
 	// wg counts the proxy's goroutines: listeners, connections, sessions.
@@ -65,11 +67,23 @@ var (
 
 // New returns a Proxier for the options. It changes nothing: the first
 // Sync opens the listeners (and, with HoldAddresses, adopts the addresses
-// an earlier proxy left marked).
+// an earlier proxy left marked). HoldAddresses without CAP_NET_ADMIN, and
+// a NetNS other than the caller's without CAP_SYS_ADMIN, fail at once with
+// an error that names the capability and wraps servicelb.ErrPermission.
 func New(o Options) (*Proxier, error) {
 	o, err := o.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if o.HoldAddresses {
+		if err := privilege.Require("userspace: Options.HoldAddresses", privilege.NetAdmin); err != nil {
+			return nil, err
+		}
+	}
+	if otherNS(o.NetNS) {
+		if err := privilege.Require("userspace: Options.NetNS (another network namespace)", privilege.SysAdmin); err != nil {
+			return nil, err
+		}
 	}
 	log := o.Logger
 	if log == nil {
@@ -78,18 +92,18 @@ func New(o Options) (*Proxier, error) {
 	p := &Proxier{o: o, log: log, pipes: pipePool{size: pipeSize}, now: time.Now,
 		ports: map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
 	p.node.Store(newNode(servicelb.NodeConfig{}))
-	p.routes.socks = &p.socks
+	p.routes.ns = o.NetNS
 	if otherNS(o.NetNS) {
 		if p.socks.ns, err = startNSThread(o.NetNS); err != nil {
 			return nil, fmt.Errorf("userspace: %w", err)
 		}
 	}
 	if o.HoldAddresses {
-		if p.rt, err = openRTNL(&p.socks); err != nil {
+		if p.rt, err = rtnl.Open(o.NetNS); err != nil {
 			p.stopThread()
 			return nil, fmt.Errorf("userspace: %w", err)
 		}
-		p.held = newHolder(p.rt, o.NetNS, o.Link, o.AddressProtocol)
+		p.held = newHolder(p.rt, o.Link, o.AddressProtocol)
 	}
 	p.eng = syncer.New((*engine)(p), syncer.Options{Name: "userspace", Logger: log, Capabilities: p.Capabilities()})
 	return p, nil
@@ -135,8 +149,11 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	return p.eng.Sync(ctx, st)
 }
 
-// Cleanup closes every listener and connection and removes the addresses
-// the proxy holds (and its dummy link). A later Sync serves again.
+// Cleanup closes every listener and connection, releases the pipes kept
+// for connections to come and removes the addresses the proxy holds (and
+// the dummy link it created). It keeps the namespace's thread and the
+// netlink socket, for a later Sync, which serves again; Close releases
+// them.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -145,6 +162,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	p.eng.Forget()
 	p.stopAll()
+	p.pipes.close() // the spare pipes: a later Sync makes new ones
 	p.connMu.Lock()
 	p.closing = false
 	p.connMu.Unlock()
@@ -154,7 +172,6 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.held.removeAll(); err != nil {
 		return fmt.Errorf("userspace: cleanup: %w", err)
 	}
-	p.held.index = 0
 	p.log.Info("cleaned up")
 	return nil
 }
@@ -175,7 +192,7 @@ func (p *Proxier) Close() error {
 	p.routes.close()
 	var err error
 	if p.rt != nil {
-		err = p.rt.close()
+		err = p.rt.Close()
 	}
 	p.stopThread()
 	return err

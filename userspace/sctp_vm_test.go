@@ -30,7 +30,7 @@ func TestSCTPMessages(t *testing.T) {
 	defer p.Close()
 	s := servicelb.Service{Name: "ns/sig", ClusterIPs: addrs("10.96.0.10"),
 		Ports:     []servicelb.Port{{Protocol: servicelb.SCTP, Port: 38412, TargetPort: 9000}},
-		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0), Ready: true}}}
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}}
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, s))
 
 	th, err := startNSThread(tp.Client.NS)

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -375,4 +377,72 @@ func TestConnectionsOutliveTheirPort(t *testing.T) {
 	_, err = io.ReadFull(r, buf)
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(buf, []byte("ping")))
+}
+
+// TestIdleConnectionsReleased: many idle connections through the proxy
+// cost it memory while they are open (its goroutines, stacks and
+// connection state), and once they have all closed its Go heap and
+// goroutine stacks, and its goroutines, are back where they were.
+func TestIdleConnectionsReleased(t *testing.T) {
+	n := fileLimitFor(t, 2000)
+	_, proxied, p := benchSetup(t)
+	before := runtime.NumGoroutine()
+	// A first round grows the runtime's caches (the descriptors of
+	// goroutines that ended, which it keeps for new ones) to this load.
+	openIdle(t, proxied, n)()
+	waitIdle(t, p)
+	waitGoroutines(t, before)
+	base := goMemory()
+	closeAll := openIdle(t, proxied, n)
+	open := goMemory()
+	require.Equal(t, int64(n), p.activeConns())
+	closeAll()
+	waitIdle(t, p)
+	waitGoroutines(t, before)
+	// Closed sockets' files are freed by their cleanups, which run after
+	// a collection: measure again while that may still be the case.
+	bound := int64(n) * 256
+	after := goMemory()
+	for i := 0; i < 50 && after-base >= bound; i++ {
+		time.Sleep(20 * time.Millisecond)
+		after = goMemory()
+	}
+	t.Logf("%d connections: %.1f KiB each while open, %+d bytes in all after", n, float64(open-base)/float64(n)/1024, after-base)
+	assert.Greater(t, open-base, int64(n)*1024, "the connections cost less than 1 KiB each: the measure does not see them")
+	assert.Less(t, after-base, bound, "more than 256 bytes per connection kept after they closed")
+}
+
+// TestNearPeerBuffers: both sockets of a connection whose peers are near
+// (here on loopback) have their kernel buffers capped, and keep them for
+// the connection's life; a far or unmeasured peer keeps the autotuning.
+func TestNearPeerBuffers(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	c, err := net.Dial("tcp", w.at(key(1, "tcp")).String())
+	require.NoError(t, err)
+	defer c.Close()
+	// The endpoint's greeting has come through: the proxy is copying.
+	_, err = bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err)
+	p.connMu.Lock()
+	var pc *conn
+	for x := range p.conns {
+		pc = x
+	}
+	p.connMu.Unlock()
+	require.NotNil(t, pc)
+	for name, s := range map[string]side{"client": pc.client, "backend": pc.backend} {
+		for _, opt := range []int{unix.SO_RCVBUF, unix.SO_SNDBUF} {
+			var v int
+			var gerr error
+			require.NoError(t, s.rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, opt) }))
+			require.NoError(t, gerr)
+			assert.Equal(t, 2*nearBuffer, v, "%s socket, option %d (the kernel doubles what it is given)", name, opt)
+		}
+	}
+	assert.Equal(t, nearBuffer, bufferFor(30*time.Microsecond))
+	assert.Zero(t, bufferFor(0), "not measured")
+	assert.Zero(t, bufferFor(nearRTT))
+	assert.Zero(t, bufferFor(20*time.Millisecond))
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 )
 
 // Host is one network namespace of a test: the node, the client, a
@@ -336,7 +338,7 @@ func (h *Host) onLink(a netip.Addr) bool {
 
 // addAddrs adds addresses to a link of the calling thread's namespace,
 // without duplicate address detection, and waits until the IPv6 ones
-// answer neighbour solicitations.
+// are routed to the host and answer neighbour solicitations.
 func addAddrs(link string, ps ...netip.Prefix) error {
 	l, err := netlink.LinkByName(link)
 	if err != nil {
@@ -348,11 +350,33 @@ func addAddrs(link string, ps ...netip.Prefix) error {
 		if err := netlink.AddrAdd(l, a); err != nil {
 			return fmt.Errorf("add %s to %s: %w", p, link, err)
 		}
-		if p.Addr().Is6() && link != "lo" {
+		if p.Addr().Is6() {
 			v6 = append(v6, p.Addr())
 		}
 	}
+	if err := waitLocal(v6); err != nil {
+		return err
+	}
+	if link == "lo" {
+		return nil
+	}
 	return waitSolicited(link, v6)
+}
+
+// waitLocal waits until the namespace of the calling thread routes the
+// IPv6 addresses to itself: the kernel adds the local route of a new
+// address in deferred work, even without duplicate address detection,
+// and a packet that comes before it is answered with "no route".
+func waitLocal(addrs []netip.Addr) error {
+	if len(addrs) == 0 {
+		return nil
+	}
+	c, err := rtnl.Open(0)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.WaitLocal(addrs, solicitTimeout)
 }
 
 // solicitTimeout bounds the wait for IPv6 addresses to become reachable.

@@ -87,6 +87,38 @@ func TestDoSwitchesOnlyItsOwnThread(t *testing.T) {
 	}
 }
 
+// TestDoEntersNoNamespaceItIsIn: Do with a handle of the namespace the
+// calling thread is in runs f on that thread, entering nothing, so it
+// works without CAP_SYS_ADMIN; Own says which handles those are.
+func TestDoEntersNoNamespaceItIsIn(t *testing.T) {
+	h := NewHost(t, "do-own")
+	other := NewHost(t, "do-other")
+	if err := h.Do(func() error {
+		for _, c := range []struct {
+			ns   netns.NsHandle
+			want bool
+		}{{0, true}, {netns.None(), true}, {h.NS, true}, {other.NS, false}} {
+			own, err := nsutil.Own(c.ns)
+			if err != nil || own != c.want {
+				t.Errorf("Own(%d) = %v, %v; want %v", c.ns, own, err, c.want)
+			}
+		}
+		WithoutCapabilities(t, func() {
+			tid := unix.Gettid()
+			var in int
+			if err := nsutil.Do(h.NS, func() error { in = unix.Gettid(); return nil }); err != nil {
+				t.Errorf("Do in the thread's own namespace without CAP_SYS_ADMIN: %v", err)
+			}
+			if in != tid {
+				t.Errorf("f ran on thread %d, not on the calling thread %d", in, tid)
+			}
+		}, unix.CAP_SYS_ADMIN)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCleanupRemovesEverything builds a topology with traffic in a subtest
 // and checks that afterwards no name, mount, file descriptor or thread
 // refers to its namespaces: the kernel frees them.

@@ -3,7 +3,10 @@
 package nfnl
 
 import (
+	"cmp"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -20,116 +23,108 @@ import (
 // them take effect. Every message carries no ECHO and no ACK flag: the
 // kernel answers only for messages that fail.
 type Batch struct {
-	enc   encoder
-	ops   []op
+	// enc writes into the chunk under way; chunks are the full ones
+	// before it, the first starting with room for BATCH_BEGIN, and starts
+	// where each begins in the batch. A large batch grows chunk by chunk,
+	// so that it is never copied whole as it grows, and Commit sends the
+	// chunks together in one datagram. A message never spans two chunks.
+	enc    encoder
+	chunks [][]byte
+	starts []int
+	sealed int // bytes in chunks
+	// msgs holds where each message starts in the batch: a batch of a
+	// large ruleset has hundreds of thousands of messages, so their
+	// descriptions, which only errors and String need, are read back from
+	// the messages themselves. The record doubles as it grows (append
+	// grows a large slice by a quarter, copying it many times over), and
+	// offsets take 32 bits: the kernel takes no datagram of 2 GiB.
+	msgs  []uint32
 	genID uint32
 	check bool
 	// echoed holds, after a commit, the rules the kernel echoed for the
 	// messages marked with Echo, by message index.
 	echoed map[int]Rule
+	// owners says whose each part of the batch is (SetOwner), from a
+	// byte offset on, in order.
+	owners []ownerSpan
+	// elems is the last message when it is a list of elements, which
+	// the next elements of its set go on filling.
+	elems elemsMessage
 }
 
-// op describes one message of a batch, for error reports and String. A
-// large batch holds one for each of hundreds of thousands of messages, so
-// it is kept small: its words as codes, its detail as a number.
-type op struct {
-	off    uint32
-	verb   opVerb
-	kind   opKind
-	family Family
-	// n is a rule's handle, or the number of elements of a message of
-	// elements.
-	n           uint64
-	table, name string
+// ownerSpan makes the batch's bytes from off on belong to owner.
+type ownerSpan struct {
+	off   int
+	owner any
 }
 
-type opVerb uint8
+// elemsMessage locates a message of elements being filled, in the chunk
+// under way, and says what it holds.
+type elemsMessage struct {
+	msg  int // its index in msgs, plus one; 0 for none
+	off  int // its offset in the chunk
+	list int // the offset of its element list in the chunk
+	n    int // its elements
+	typ  uint16
+	fam  Family
+	// table and set are those the message names.
+	table, set string
+}
 
+// Chunks of a batch: a chunk is full at chunkSize bytes, or at 1/128th of
+// the batch before it when that is more (so that even a batch of 2 GiB,
+// beyond which the kernel refuses any, takes far fewer chunks than the
+// 1024 buffers a sendmsg takes), and has chunkHeadroom bytes more room, so
+// that a message started below the limit fits without moving the chunk
+// (a message's expressions or elements take at most 64 KiB). The first
+// chunk grows from a few KiB, for small batches, and ends early, at
+// firstChunk bytes, unless Grow gave it room.
 const (
-	verbAdd opVerb = iota
-	verbDelete
-	verbFlush
-	verbInsert
-	verbReplace
+	chunkSize     = 1 << 20
+	chunkHeadroom = 64 << 10
+	firstChunk    = 64 << 10
 )
 
-func (v opVerb) String() string {
-	switch v {
-	case verbDelete:
-		return "delete"
-	case verbFlush:
-		return "flush"
-	case verbInsert:
-		return "insert"
-	case verbReplace:
-		return "replace"
+func (b *Batch) chunkLimit() int { return max(chunkSize, b.sealed/128) }
+
+// at returns the bytes of the chunk that holds the batch's byte at off,
+// from that byte on.
+func (b *Batch) at(off int) []byte {
+	if off >= b.sealed {
+		return b.enc.b[off-b.sealed:]
 	}
-	return "add"
+	i, found := slices.BinarySearch(b.starts, off)
+	if !found {
+		i--
+	}
+	return b.chunks[i][off-b.starts[i]:]
 }
 
-type opKind uint8
-
-const (
-	kindTable opKind = iota
-	kindChain
-	kindRule
-	kindSet
-	kindElements
-)
-
-func (k opKind) String() string {
-	switch k {
-	case kindChain:
-		return "chain"
-	case kindRule:
-		return "rule"
-	case kindSet:
-		return "set"
-	case kindElements:
-		return "elements"
-	}
-	return "table"
-}
-
-func (o op) String() string {
-	var b strings.Builder
-	b.WriteString(o.verb.String())
-	b.WriteByte(' ')
-	b.WriteString(o.kind.String())
-	b.WriteByte(' ')
-	b.WriteString(o.family.String())
-	if o.table != "" {
-		b.WriteByte(' ')
-		b.WriteString(o.table)
-	}
-	if o.name != "" {
-		b.WriteByte(' ')
-		b.WriteString(o.name)
-	}
-	switch {
-	case o.kind == kindElements:
-		fmt.Fprintf(&b, " (%s)", describeElems(int(o.n)))
-	case o.kind == kindRule && o.n != 0:
-		fmt.Fprintf(&b, " (handle %d)", o.n)
-	}
-	return b.String()
+// seal ends the chunk under way and starts another.
+func (b *Batch) seal() {
+	b.chunks = append(b.chunks, b.enc.b)
+	b.starts = append(b.starts, b.sealed)
+	b.sealed += len(b.enc.b)
+	b.enc.b = make([]byte, 0, b.chunkLimit()+chunkHeadroom)
 }
 
 // Len returns the number of messages in the batch.
-func (b *Batch) Len() int { return len(b.ops) }
+func (b *Batch) Len() int { return len(b.msgs) }
 
 // Size returns the number of bytes the batch's messages take.
-func (b *Batch) Size() int { return max(len(b.enc.b)-batchReserve, 0) }
+func (b *Batch) Size() int { return max(b.sealed+len(b.enc.b)-batchReserve, 0) }
 
 // batchReserve is room kept at the start of a batch's buffer for the
 // BATCH_BEGIN message (header, nfgenmsg and a generation attribute), so that
 // a commit sends the buffer without copying it.
 const batchReserve = nlmsgHdrLen + nfgenLen + nlaHdrLen + 4
 
-// Grow makes room for n more bytes of messages, so that a caller that
-// knows roughly how big a batch will be saves the copies of growing it.
+// Grow makes room for n more bytes of messages, up to the size of a
+// chunk, so that a caller that knows roughly how big a batch will be
+// saves the copies of growing it.
 func (b *Batch) Grow(n int) {
-	if len(b.enc.b) == 0 {
+	n = min(n, b.chunkLimit()) + chunkHeadroom
+	if len(b.enc.b) == 0 && b.sealed == 0 {
 		b.enc.b = make([]byte, batchReserve, batchReserve+n)
 		return
 	}
@@ -139,7 +134,7 @@ func (b *Batch) Grow(n int) {
 // GrowMessages makes room for n more messages in the batch's record of
 // them: a large batch built without it copies that record many times
 // over as it grows.
-func (b *Batch) GrowMessages(n int) { b.ops = slices.Grow(b.ops, n) }
+func (b *Batch) GrowMessages(n int) { b.msgs = slices.Grow(b.msgs, n) }
 
 // Err returns the first mistake made while building the batch.
 func (b *Batch) Err() error { return b.enc.err }
@@ -147,8 +142,8 @@ func (b *Batch) Err() error { return b.enc.err }
 // String lists the batch's messages, one a line.
 func (b *Batch) String() string {
 	var s strings.Builder
-	for _, o := range b.ops {
-		s.WriteString(o.String())
+	for i := range b.msgs {
+		s.WriteString(b.Describe(i))
 		s.WriteByte('\n')
 	}
 	return s.String()
@@ -157,10 +152,106 @@ func (b *Batch) String() string {
 // Describe returns the description of message i (0-based), as used in
 // error reports, such as "add rule inet kproxy services".
 func (b *Batch) Describe(i int) string {
-	if i < 0 || i >= len(b.ops) {
+	if i < 0 || i >= len(b.msgs) {
 		return fmt.Sprintf("message %d", i)
 	}
-	return b.ops[i].String()
+	return describe(b.at(int(b.msgs[i])))
+}
+
+// end returns the offset of the end of the batch.
+func (b *Batch) end() int { return b.sealed + len(b.enc.b) }
+
+// SetOwner makes what the batch holds from now on belong to owner, until
+// the next SetOwner: the messages added, and the elements, which a
+// message of one set's elements may hold for several owners. nil belongs
+// to no one, as does everything added before the first SetOwner. An
+// owner is a comparable value that means something to the caller, such
+// as the service port a message is written for: a message the kernel
+// refuses reports its owner (MessageError.Owner), and for a message of
+// elements, the owner of the element the kernel points at.
+func (b *Batch) SetOwner(owner any) {
+	end := max(b.end(), batchReserve)
+	n := len(b.owners)
+	switch {
+	case n == 0 && owner == nil:
+		return
+	case n > 0 && b.owners[n-1].owner == owner:
+		return
+	case n > 0 && b.owners[n-1].off == end:
+		b.owners = b.owners[:n-1]
+		if n > 1 && b.owners[n-2].owner == owner {
+			return
+		}
+	}
+	b.owners = append(b.owners, ownerSpan{off: end, owner: owner})
+}
+
+// Owner returns whose message i (0-based) is (SetOwner): nil when it is
+// no one's, or holds several owners' elements.
+func (b *Batch) Owner(i int) any {
+	if i < 0 || i >= len(b.msgs) {
+		return nil
+	}
+	return b.ownerOf(i, 0)
+}
+
+// ownerAt returns the owner of the byte at off.
+func (b *Batch) ownerAt(off int) any {
+	i, found := slices.BinarySearchFunc(b.owners, off, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return nil
+	}
+	return b.owners[i].owner
+}
+
+// soleOwner returns the owner of every byte in [from, to), or nil when
+// they have several.
+func (b *Batch) soleOwner(from, to int) any {
+	o := b.ownerAt(from)
+	i, _ := slices.BinarySearchFunc(b.owners, from+1, func(s ownerSpan, off int) int { return cmp.Compare(s.off, off) })
+	for ; i < len(b.owners) && b.owners[i].off < to; i++ {
+		if b.owners[i].owner != o {
+			return nil
+		}
+	}
+	return o
+}
+
+// msgEnd returns the offset of the end of message i.
+func (b *Batch) msgEnd(i int) int {
+	if i+1 < len(b.msgs) {
+		return int(b.msgs[i+1])
+	}
+	return b.end()
+}
+
+// contentStart returns the offset where the owned content of message i
+// begins: its first element, for a message of elements (the table and
+// set it names are every element's), else the message itself.
+func (b *Batch) contentStart(i int) int {
+	off := int(b.msgs[i])
+	if typ := binary.LittleEndian.Uint16(b.at(off)[4:]) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
+		return off
+	}
+	if at := b.attrData(i, attrElemListElems); at >= 0 {
+		return at
+	}
+	return off
+}
+
+// ownerOf returns the owner of message i, or of the part of it at attr
+// (an offset from its start that the kernel pointed at; 0 for none): the
+// element there, for a message of elements. nil when the part has no
+// owner, or the message several.
+func (b *Batch) ownerOf(i, attr int) any {
+	from, to := b.contentStart(i), b.msgEnd(i)
+	if at := int(b.msgs[i]) + attr; attr > 0 && at >= from && at < to {
+		return b.ownerAt(at)
+	}
+	return b.soleOwner(from, to)
 }
 
 // RequireGeneration makes the batch apply only if the ruleset generation is
@@ -171,18 +262,28 @@ func (b *Batch) RequireGeneration(id uint32) {
 	b.genID, b.check = id, true
 }
 
-func (b *Batch) begin(typ uint16, flags uint16, fam Family, o op) int {
-	if len(b.enc.b) == 0 {
+func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
+	switch {
+	case len(b.enc.b) == 0 && b.sealed == 0:
 		b.enc.b = make([]byte, batchReserve, 4096)
+	case len(b.enc.b) >= b.chunkLimit(),
+		len(b.enc.b) >= firstChunk && cap(b.enc.b)-len(b.enc.b) < chunkHeadroom:
+		b.seal()
 	}
-	o.off = uint32(len(b.enc.b))
-	b.ops = append(b.ops, o)
+	off := b.end()
+	if uint64(off) > math.MaxUint32 {
+		b.enc.fail(fmt.Errorf("batch of more than 4 GiB"))
+	}
+	if len(b.msgs) == cap(b.msgs) {
+		b.msgs = slices.Grow(b.msgs, max(len(b.msgs), 64))
+	}
+	b.msgs = append(b.msgs, uint32(off))
 	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
 }
 
 // AddTable creates table t, or does nothing if it exists.
 func (b *Batch) AddTable(t Table) {
-	m := b.begin(msgNewTable, nlmCreate, t.Family, op{verb: verbAdd, kind: kindTable, family: t.Family, table: t.Name})
+	m := b.begin(msgNewTable, nlmCreate, t.Family)
 	b.enc.str(attrTableName, t.Name)
 	b.enc.u32(attrTableFlags, t.Flags)
 	if len(t.UserData) > 0 {
@@ -194,7 +295,7 @@ func (b *Batch) AddTable(t Table) {
 // DelTable deletes a table and everything in it; the commit fails with
 // ENOENT if it does not exist.
 func (b *Batch) DelTable(fam Family, name string) {
-	m := b.begin(msgDelTable, 0, fam, op{verb: verbDelete, kind: kindTable, family: fam, table: name})
+	m := b.begin(msgDelTable, 0, fam)
 	b.enc.str(attrTableName, name)
 	b.enc.endMessage(m)
 }
@@ -202,14 +303,14 @@ func (b *Batch) DelTable(fam Family, name string) {
 // FlushTable deletes every rule of every chain of a table, leaving its
 // chains, sets and elements.
 func (b *Batch) FlushTable(fam Family, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: verbFlush, kind: kindTable, family: fam, table: name})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, name)
 	b.enc.endMessage(m)
 }
 
 // AddChain creates chain c, or does nothing if it exists with the same hook.
 func (b *Batch) AddChain(c Chain) {
-	m := b.begin(msgNewChain, nlmCreate, c.Family, op{verb: verbAdd, kind: kindChain, family: c.Family, table: c.Table, name: c.Name})
+	m := b.begin(msgNewChain, nlmCreate, c.Family)
 	b.enc.str(attrChainTable, c.Table)
 	b.enc.str(attrChainName, c.Name)
 	if h := c.Hook; h != nil {
@@ -233,7 +334,7 @@ func (b *Batch) AddChain(c Chain) {
 
 // DelChain deletes an empty, unreferenced chain.
 func (b *Batch) DelChain(fam Family, table, name string) {
-	m := b.begin(msgDelChain, 0, fam, op{verb: verbDelete, kind: kindChain, family: fam, table: table, name: name})
+	m := b.begin(msgDelChain, 0, fam)
 	b.enc.str(attrChainTable, table)
 	b.enc.str(attrChainName, name)
 	b.enc.endMessage(m)
@@ -241,7 +342,7 @@ func (b *Batch) DelChain(fam Family, table, name string) {
 
 // FlushChain deletes every rule of a chain.
 func (b *Batch) FlushChain(fam Family, table, name string) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: verbFlush, kind: kindChain, family: fam, table: table, name: name})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, name)
 	b.enc.endMessage(m)
@@ -249,18 +350,17 @@ func (b *Batch) FlushChain(fam Family, table, name string) {
 
 // AddRule appends r to its chain, or adds it after the rule whose handle is
 // r.Position.
-func (b *Batch) AddRule(r Rule) { b.rule(r, nlmCreate|nlmAppend, verbAdd) }
+func (b *Batch) AddRule(r Rule) { b.rule(r, nlmCreate|nlmAppend, "add") }
 
 // InsertRule prepends r to its chain, or inserts it before the rule whose
 // handle is r.Position.
-func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, verbInsert) }
+func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, "insert") }
 
 // ReplaceRule replaces the rule whose handle is r.Handle with r.
-func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, verbReplace) }
+func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, "replace") }
 
-func (b *Batch) rule(r Rule, flags uint16, verb opVerb) {
-	o := op{verb: verb, kind: kindRule, family: r.Family, table: r.Table, name: r.Chain, n: r.Handle}
-	m := b.begin(msgNewRule, flags, r.Family, o)
+func (b *Batch) rule(r Rule, flags uint16, verb string) {
+	m := b.begin(msgNewRule, flags, r.Family)
 	b.enc.str(attrRuleTable, r.Table)
 	b.enc.str(attrRuleChain, r.Chain)
 	if r.Handle != 0 {
@@ -276,6 +376,9 @@ func (b *Batch) rule(r Rule, flags uint16, verb opVerb) {
 		b.enc.u32(attrRuleID, r.ID)
 	}
 	n := b.enc.nest(attrRuleExprs)
+	if len(r.Exprs) == 0 && len(r.Raw) == 0 {
+		b.enc.b = append(b.enc.b, r.Encoded...)
+	}
 	if len(r.Exprs) == 0 {
 		for _, x := range r.Raw {
 			en := b.enc.nest(attrListElem)
@@ -287,7 +390,7 @@ func (b *Batch) rule(r Rule, flags uint16, verb opVerb) {
 	for i, e := range r.Exprs {
 		data, err := expr.Marshal(byte(r.Family), e)
 		if err != nil {
-			b.enc.fail(fmt.Errorf("%s: expression %d (%T): %w", o, i, e, err))
+			b.enc.fail(fmt.Errorf("%s rule %s %s %s: expression %d (%T): %w", verb, r.Family, r.Table, r.Chain, i, e, err))
 			continue
 		}
 		en := b.enc.nest(attrListElem)
@@ -311,13 +414,14 @@ func (b *Batch) rule(r Rule, flags uint16, verb opVerb) {
 // once the batch is committed, as NLM_F_ECHO does: with its handle. After
 // a successful Commit, Echoed returns it. Echo ignores other messages.
 func (b *Batch) Echo(i int) {
-	if i < 0 || i >= len(b.ops) || b.ops[i].kind != kindRule || b.ops[i].verb == verbDelete {
+	if i < 0 || i >= len(b.msgs) {
 		return
 	}
-	off := int(b.ops[i].off) + 6
-	flags := uint16(b.enc.b[off]) | uint16(b.enc.b[off+1])<<8
-	flags |= nlmEcho
-	b.enc.b[off], b.enc.b[off+1] = byte(flags), byte(flags>>8)
+	m := b.at(int(b.msgs[i]))
+	if binary.LittleEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
+		return
+	}
+	binary.LittleEndian.PutUint16(m[6:], binary.LittleEndian.Uint16(m[6:])|nlmEcho)
 }
 
 // Echoed returns the rule the kernel echoed for message i, which Echo
@@ -329,7 +433,7 @@ func (b *Batch) Echoed(i int) (Rule, bool) {
 
 // DelRule deletes the rule with the given handle.
 func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
-	m := b.begin(msgDelRule, 0, fam, op{verb: verbDelete, kind: kindRule, family: fam, table: table, name: chain, n: handle})
+	m := b.begin(msgDelRule, 0, fam)
 	b.enc.str(attrRuleTable, table)
 	b.enc.str(attrRuleChain, chain)
 	b.enc.u64(attrRuleHandle, handle)
@@ -339,7 +443,7 @@ func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
 // AddSet creates set s, or does nothing if a set of that name exists with
 // the same definition (the commit fails with EEXIST if it differs).
 func (b *Batch) AddSet(s Set) {
-	m := b.begin(msgNewSet, nlmCreate, s.Family, op{verb: verbAdd, kind: kindSet, family: s.Family, table: s.Table, name: s.Name})
+	m := b.begin(msgNewSet, nlmCreate, s.Family)
 	b.enc.str(attrSetTable, s.Table)
 	b.enc.str(attrSetName, s.Name)
 	b.enc.u32(attrSetFlags, s.Flags)
@@ -379,7 +483,7 @@ func (b *Batch) AddSet(s Set) {
 
 // DelSet deletes a set that no rule refers to.
 func (b *Batch) DelSet(fam Family, table, name string) {
-	m := b.begin(msgDelSet, 0, fam, op{verb: verbDelete, kind: kindSet, family: fam, table: table, name: name})
+	m := b.begin(msgDelSet, 0, fam)
 	b.enc.str(attrSetTable, table)
 	b.enc.str(attrSetName, name)
 	b.enc.endMessage(m)
@@ -387,7 +491,7 @@ func (b *Batch) DelSet(fam Family, table, name string) {
 
 // FlushSet deletes every element of a set.
 func (b *Batch) FlushSet(fam Family, table, name string) {
-	m := b.begin(msgDelSetElem, 0, fam, op{verb: verbFlush, kind: kindSet, family: fam, table: table, name: name})
+	m := b.begin(msgDelSetElem, 0, fam)
 	b.enc.str(attrElemListTable, table)
 	b.enc.str(attrElemListSet, name)
 	b.enc.endMessage(m)
@@ -400,31 +504,49 @@ const elemChunk = 60 << 10
 // AddElements adds elements to a set. An element that exists with the same
 // data is left alone; one with other data fails the commit with EBUSY.
 func (b *Batch) AddElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgNewSetElem, nlmCreate, verbAdd, fam, table, set, elems)
+	b.elements(msgNewSetElem, nlmCreate, fam, table, set, elems)
 }
 
 // DelElements deletes elements (by key) from a set.
 func (b *Batch) DelElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgDelSetElem, 0, verbDelete, fam, table, set, elems)
+	b.elements(msgDelSetElem, 0, fam, table, set, elems)
 }
 
-func (b *Batch) elements(typ, flags uint16, verb opVerb, fam Family, table, set string, elems []Element) {
+// elements adds elems in messages of at most about elemChunk bytes of
+// elements each, going on filling the batch's last message when it is
+// one of the same verb and set: elements added in several calls (for
+// several owners, say) share messages as those of one call do.
+func (b *Batch) elements(typ, flags uint16, fam Family, table, set string, elems []Element) {
 	for len(elems) > 0 {
-		o := op{verb: verb, kind: kindElements, family: fam, table: table, name: set}
-		m := b.begin(typ, flags, fam, o)
-		b.enc.str(attrElemListTable, table)
-		b.enc.str(attrElemListSet, set)
-		n := b.enc.nest(attrElemListElems)
-		start, i := len(b.enc.b), 0
-		for i < len(elems) && (i == 0 || len(b.enc.b)-start < elemChunk) {
+		e := b.elems
+		if !b.fills(typ, fam, table, set) {
+			off := b.begin(typ, flags, fam)
+			b.enc.str(attrElemListTable, table)
+			b.enc.str(attrElemListSet, set)
+			e = elemsMessage{msg: len(b.msgs), off: off, list: b.enc.nest(attrElemListElems), typ: typ, fam: fam, table: table, set: set}
+		}
+		start, i := e.list+nlaHdrLen, 0
+		for i < len(elems) && (e.n+i == 0 || len(b.enc.b)-start < elemChunk) {
 			b.element(&elems[i])
 			i++
 		}
-		b.enc.endNest(n)
-		b.enc.endMessage(m)
-		b.ops[len(b.ops)-1].n = uint64(i)
+		e.n += i
+		b.enc.endNest(e.list)
+		b.enc.endMessage(e.off)
+		b.elems = e
 		elems = elems[i:]
 	}
+}
+
+// fills reports whether the batch's last message is one of elements of
+// the same kind and set, with room for more.
+func (b *Batch) fills(typ uint16, fam Family, table, set string) bool {
+	e := b.elems
+	if e.msg == 0 || e.msg != len(b.msgs) {
+		return false
+	}
+	return e.typ == typ && e.fam == fam && e.table == table && e.set == set &&
+		len(b.enc.b)-(e.list+nlaHdrLen) < elemChunk
 }
 
 func describeElems(n int) string {
@@ -458,4 +580,93 @@ func (b *Batch) element(el *Element) {
 		b.enc.attr(attrElemUData, el.UserData)
 	}
 	b.enc.endNest(n)
+}
+
+// describe returns the description of the message at the start of m,
+// such as "add rule inet kproxy services (handle 7)": what it does, to
+// which kind of object, the family, the table and the object's name, and
+// a rule's handle or the number of elements.
+func describe(m []byte) string {
+	ms, err := splitMessages(m)
+	if err != nil || len(ms) == 0 {
+		return "malformed message"
+	}
+	typ, flags := ms[0].typ&0xff, ms[0].flags
+	fam, as, err := payload(ms[0].data)
+	if err != nil {
+		return "malformed message"
+	}
+	// Every kind of message names its table with attribute 1; chains
+	// are named by attribute 3, rules' chains, sets and element lists'
+	// sets by attribute 2.
+	nameAttr := uint16(attrRuleChain)
+	if typ >= msgNewChain && typ <= msgDelChain {
+		nameAttr = attrChainName
+	}
+	var table, name string
+	var handle uint64
+	elems := -1
+	for _, a := range as {
+		switch {
+		case a.typ == attrTableName:
+			table = a.str()
+		case a.typ == nameAttr && typ >= msgNewChain:
+			name = a.str()
+		case a.typ == attrRuleHandle && (typ == msgNewRule || typ == msgDelRule):
+			handle = a.u64()
+		case a.typ == attrElemListElems && typ >= msgNewSetElem:
+			list, _ := attributes(a.data)
+			elems = len(list)
+		}
+	}
+	verb, kind := "add", ""
+	switch typ {
+	case msgNewTable, msgDelTable:
+		kind = "table"
+	case msgNewChain, msgDelChain:
+		kind = "chain"
+	case msgNewRule, msgDelRule:
+		kind = "rule"
+	case msgNewSet, msgDelSet:
+		kind = "set"
+	case msgNewSetElem, msgDelSetElem:
+		kind = "elements"
+	default:
+		return fmt.Sprintf("message type %d", ms[0].typ)
+	}
+	switch {
+	case typ == msgNewRule && flags&nlmReplace != 0:
+		verb = "replace"
+	case typ == msgNewRule && flags&nlmAppend == 0:
+		verb = "insert"
+	case typ == msgDelRule && handle == 0 && name == "":
+		verb, kind = "flush", "table"
+	case typ == msgDelRule && handle == 0:
+		verb, kind = "flush", "chain"
+	case typ == msgDelSetElem && elems < 0:
+		verb, kind = "flush", "set"
+	case typ == msgDelTable || typ == msgDelChain || typ == msgDelRule || typ == msgDelSet || typ == msgDelSetElem:
+		verb = "delete"
+	}
+	var b strings.Builder
+	b.WriteString(verb)
+	b.WriteByte(' ')
+	b.WriteString(kind)
+	b.WriteByte(' ')
+	b.WriteString(fam.String())
+	if table != "" {
+		b.WriteByte(' ')
+		b.WriteString(table)
+	}
+	if name != "" {
+		b.WriteByte(' ')
+		b.WriteString(name)
+	}
+	switch {
+	case handle != 0:
+		fmt.Fprintf(&b, " (handle %d)", handle)
+	case elems >= 0:
+		b.WriteString(" (" + describeElems(elems) + ")")
+	}
+	return b.String()
 }

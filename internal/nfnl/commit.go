@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"syscall"
 )
 
@@ -30,14 +31,25 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 	if c.closed {
 		return Generation{}, ErrClosed
 	}
+	restore := func() {}
+	if refuse := ruleFaultOf(ctx); refuse != nil {
+		// Put back as soon as sent: failures are described from the
+		// batch's bytes.
+		restore = b.misnameRules(refuse)
+	}
 	base := c.nextSeq(b.Len() + 3)
 	p := b.frame(base)
 	if tap := tapOf(ctx); tap != nil {
-		tap(p)
+		if len(p) == 1 {
+			tap(p[0])
+		} else {
+			tap(slices.Concat(p...))
+		}
 	}
 	traceRequest(ctx, RequestCommit)
-	err := c.send(ctx, p)
+	err := c.send(ctx, p...)
 	b.unframe()
+	restore()
 	if err != nil {
 		return Generation{}, err
 	}
@@ -49,17 +61,17 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 }
 
 // frame writes BATCH_BEGIN into the reserved room and appends BATCH_END,
-// numbering every message from base, and returns the bytes to send.
-func (b *Batch) frame(base uint32) []byte {
-	buf := b.enc.b
-	for i, o := range b.ops {
-		binary.LittleEndian.PutUint32(buf[int(o.off)+8:], base+1+uint32(i))
+// numbering every message from base, and returns the bytes to send, in
+// one buffer a chunk.
+func (b *Batch) frame(base uint32) [][]byte {
+	for i, off := range b.msgs {
+		binary.LittleEndian.PutUint32(b.at(int(off))[8:], base+1+uint32(i))
 	}
 	start := nlaHdrLen + 4
 	if b.check {
 		start = 0
 	}
-	hdr := buf[start:batchReserve]
+	hdr := b.at(0)[start:batchReserve]
 	clear(hdr)
 	binary.LittleEndian.PutUint32(hdr[0:], uint32(len(hdr)))
 	binary.LittleEndian.PutUint16(hdr[4:], msgBatchBegin)
@@ -71,12 +83,17 @@ func (b *Batch) frame(base uint32) []byte {
 		binary.LittleEndian.PutUint16(hdr[22:], attrBatchGen)
 		binary.BigEndian.PutUint32(hdr[24:], b.genID)
 	}
-	e := encoder{b: buf}
-	m := e.message(msgBatchEnd, nlmRequest, 0, subsysNFTables)
-	e.endMessage(m)
-	binary.LittleEndian.PutUint32(e.b[m+8:], base+uint32(len(b.ops))+1)
-	b.enc.b = e.b
-	return e.b[start:]
+	m := b.enc.message(msgBatchEnd, nlmRequest, 0, subsysNFTables)
+	b.enc.endMessage(m)
+	binary.LittleEndian.PutUint32(b.enc.b[m+8:], base+uint32(len(b.msgs))+1)
+	out := make([][]byte, 0, len(b.chunks)+1)
+	for _, c := range append(b.chunks, b.enc.b) {
+		if len(out) == 0 {
+			c = c[start:]
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // unframe removes the BATCH_END that frame appended.
@@ -103,7 +120,7 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 				if errno == 0 || seq < base || seq >= probe {
 					continue
 				}
-				failed = append(failed, b.failure(int(seq-base)-1, errno, text))
+				failed = append(failed, b.failure(int(seq-base)-1, errno, text, badAttrOf(m)))
 				continue
 			}
 			if m.typ == subsysNFTables<<8|msgNewRule && m.seq > base && m.seq < probe {
@@ -133,15 +150,16 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 	}
 }
 
-func (b *Batch) failure(i int, errno syscall.Errno, text string) *MessageError {
+func (b *Batch) failure(i int, errno syscall.Errno, text string, attr int) *MessageError {
 	e := &MessageError{Index: i, Errno: errno, Message: text}
 	switch {
 	case i < 0:
 		e.Index, e.Op = -1, "commit"
-	case i >= len(b.ops):
+	case i >= len(b.msgs):
 		e.Index, e.Op = -1, "end of batch"
 	default:
-		e.Op = b.ops[i].String()
+		e.Op = b.Describe(i)
+		e.Owner = b.ownerOf(i, attr)
 	}
 	return e
 }

@@ -160,39 +160,73 @@ func errorOf(m message) (syscall.Errno, uint32, string) {
 		return syscall.EPROTO, m.seq, ""
 	}
 	code := int32(binary.LittleEndian.Uint32(m.data))
-	orig := m.data[4:]
-	origLen := int(binary.LittleEndian.Uint32(orig))
-	seq := binary.LittleEndian.Uint32(orig[8:])
+	seq := binary.LittleEndian.Uint32(m.data[4+8:])
 	var text string
-	if m.flags&nlmAckTLVs != 0 {
-		off := nlmsgHdrLen
-		if m.flags&nlmCapped == 0 {
-			off = align4(origLen)
-		}
-		if off <= len(orig) {
-			if as, err := attributes(orig[off:]); err == nil {
-				for _, a := range as {
-					if a.typ == extAckMsg {
-						text = a.str()
-					}
-				}
-			}
+	for _, a := range ackAttrs(m) {
+		if a.typ == extAckMsg {
+			text = a.str()
 		}
 	}
 	return syscall.Errno(-code), seq, text
 }
 
-// send writes p to the kernel in one datagram, growing the send buffer as
-// needed: a large batch must travel in a single message.
-func (c *Conn) send(ctx context.Context, p []byte) error {
-	if need := len(p) + 64<<10; need > c.sndbuf {
+// badAttrOf returns the offset, from the start of the failed message, of
+// the attribute the kernel points at in its extended acknowledgement
+// (NLMSGERR_ATTR_OFFS), or 0 when it points at none.
+func badAttrOf(m message) int {
+	for _, a := range ackAttrs(m) {
+		if a.typ == extAckOffs && len(a.data) == 4 {
+			return int(binary.LittleEndian.Uint32(a.data))
+		}
+	}
+	return 0
+}
+
+// ackAttrs returns the extended acknowledgement's attributes of an
+// NLMSG_ERROR message, if it has any.
+func ackAttrs(m message) []attribute {
+	if m.flags&nlmAckTLVs == 0 || len(m.data) < 4+nlmsgHdrLen {
+		return nil
+	}
+	orig := m.data[4:]
+	off := nlmsgHdrLen
+	if m.flags&nlmCapped == 0 {
+		off = align4(int(binary.LittleEndian.Uint32(orig)))
+	}
+	if off > len(orig) {
+		return nil
+	}
+	as, err := attributes(orig[off:])
+	if err != nil {
+		return nil
+	}
+	return as
+}
+
+// send writes the buffers to the kernel as one datagram, growing the send
+// buffer as needed: a batch must travel in a single message, since the
+// kernel aborts one whose end does not come in the datagram of its
+// beginning. A sendmsg takes up to 1024 buffers.
+func (c *Conn) send(ctx context.Context, bufs ...[]byte) error {
+	n := 0
+	for _, p := range bufs {
+		n += len(p)
+	}
+	if need := n + 64<<10; need > c.sndbuf {
 		if err := c.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
 			return err
 		}
 		c.sndbuf = need
 	}
-	if _, err := c.s.Sendmsg(ctx, p, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
-		return fmt.Errorf("nfnl: send %d bytes: %w", len(p), err)
+	to := &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
+	var err error
+	if len(bufs) == 1 {
+		_, err = c.s.Sendmsg(ctx, bufs[0], nil, to, 0)
+	} else {
+		_, err = c.s.SendmsgBuffers(ctx, bufs, nil, to, 0)
+	}
+	if err != nil {
+		return fmt.Errorf("nfnl: send %d bytes: %w", n, err)
 	}
 	return nil
 }

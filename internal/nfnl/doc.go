@@ -16,18 +16,23 @@
 // (InsertRule), after or before a rule handle (Rule.Position) or a rule
 // added earlier in the same batch (Rule.ID and Rule.PositionID), or replace
 // a rule by handle (ReplaceRule); DelRule deletes by handle. A rule without
-// Exprs is written from Rule.Raw, expressions encoded elsewhere (the
-// iptables backend's own encoder) or dumped.
+// Exprs is written from Rule.Raw, expressions encoded elsewhere or dumped,
+// or from Rule.Encoded, its whole expression list encoded elsewhere (the
+// iptables backend's own encoder), in one copy.
 //
 // Builder methods never fail. A mistake is kept (Batch.Err) and Commit then
 // refuses to send anything. Conn.Commit frames the messages between
 // BATCH_BEGIN and BATCH_END and sends them in a single datagram: the kernel
-// applies all of them or none. Compared with github.com/google/nftables'
+// applies all of them or none (it aborts a batch whose end does not come in
+// the datagram of its beginning). A batch is built in chunks of a MiB or
+// more, never copied whole as it grows, and the datagram is sent from
+// those chunks by one sendmsg. Compared with github.com/google/nftables'
 // Conn.Flush, no message asks for an echo or an acknowledgement, so the
 // kernel answers only for the messages that fail, and the socket's send
 // buffer grows to the batch (SO_SNDBUFFORCE), so a batch of tens of
 // megabytes goes through in one piece instead of failing with EMSGSIZE.
-// Large element lists are split across messages by the batch itself.
+// Large element lists are split across messages by the batch itself, and
+// elements of one set added in several calls fill the same messages.
 //
 // Batch.Echo marks chosen rule additions for NLM_F_ECHO: the kernel sends
 // them back after the commit with their handles, which Batch.Echoed
@@ -42,6 +47,18 @@
 // inet kproxy services" and the errno (errors.Is(err, syscall.ENOENT)
 // works), plus the kernel's extended-ack text when it gives one.
 //
+// # Owners
+//
+// Batch.SetOwner makes what is added next belong to an owner of the
+// caller's choosing, such as the service port a chain, a rule or an
+// element is written for. A refused message reports its owner
+// (MessageError.Owner); in a message of elements that several owners
+// share, the owner of the element the kernel points at in its extended
+// acknowledgement. RefusedOwners groups a refusal by owner when every
+// refused message has one, so that a caller can leave out what the
+// kernel refused and commit the rest. WithRuleFault has the real kernel
+// refuse the rules of chosen owners, for tests.
+//
 // # Generations
 //
 // Every commit in a namespace, by anyone, moves the ruleset generation on.
@@ -49,8 +66,10 @@
 // generation right after its own commit: a caller that remembers it learns
 // cheaply whether anyone else has committed since. Batch.RequireGeneration
 // makes a batch apply only if the generation is still the one the caller
-// read (ErrGenerationChanged otherwise). WithRequests counts a call's
-// round trips by kind, for tests.
+// read (ErrGenerationChanged otherwise). LostRace tells that error, and a
+// dump that a commit interrupted, from the kernel's other refusals: the
+// backends' sync engine retries those steps at once. WithRequests counts
+// a call's round trips by kind, for tests.
 //
 // # Reading
 //

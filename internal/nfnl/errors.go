@@ -22,6 +22,45 @@ var (
 	ErrClosed = errors.New("connection closed")
 )
 
+// RefusedOwners returns, when err holds a *CommitError each of whose
+// failed messages has an owner of type O (Batch.SetOwner), every such
+// owner with the failures of its messages (a *CommitError listing
+// them); else nil: a refusal that is not all about owners of that type,
+// such as one of a message shared by several owners or of the commit as
+// a whole.
+func RefusedOwners[O comparable](err error) map[O]error {
+	var ce *CommitError
+	if !errors.As(err, &ce) || len(ce.Failed) == 0 {
+		return nil
+	}
+	byOwner := map[O]*CommitError{}
+	for _, f := range ce.Failed {
+		o, ok := f.Owner.(O)
+		if !ok {
+			return nil
+		}
+		if byOwner[o] == nil {
+			byOwner[o] = &CommitError{}
+		}
+		byOwner[o].Failed = append(byOwner[o].Failed, f)
+	}
+	out := make(map[O]error, len(byOwner))
+	for o, c := range byOwner {
+		out[o] = c
+	}
+	return out
+}
+
+// LostRace reports whether err is a race lost with another writer of the
+// ruleset: a dump a commit interrupted (ErrDumpInterrupted), or a batch
+// refused because the generation moved since it was read
+// (ErrGenerationChanged). Nothing was applied, and the same step tried
+// again a moment later usually succeeds: the backends' sync engine
+// retries such a step within the same sync.
+func LostRace(err error) bool {
+	return errors.Is(err, ErrDumpInterrupted) || errors.Is(err, ErrGenerationChanged)
+}
+
 // MessageError is the kernel's answer to one failed message of a batch.
 type MessageError struct {
 	// Index is the message's position in the batch (0-based); -1 for the
@@ -33,6 +72,11 @@ type MessageError struct {
 	Errno syscall.Errno
 	// Message is the kernel's extended acknowledgement text, if any.
 	Message string
+	// Owner is whose the message is (Batch.SetOwner): for a message of
+	// elements, the owner of the element the kernel points at, or when it
+	// points at none, of all its elements. nil when it has none, or
+	// several.
+	Owner any
 }
 
 func (e *MessageError) Error() string {

@@ -31,7 +31,7 @@ func FuzzDecode(f *testing.F) {
 	b.AddSet(Set{Family: Inet, Table: "kproxy", Name: "services4", KeyType: 7, KeyLen: 8, Flags: SetInterval})
 	a := netip.MustParseAddr("10.96.0.10").As4()
 	b.AddElements(Inet, "kproxy", "services4", []Element{{Key: a[:], KeyEnd: a[:], Data: []byte{1, 2, 3, 4}, Timeout: time.Second, UserData: []byte("x")}, {Key: a[:], Verdict: &Verdict{Code: VerdictJump, Chain: "svc"}}})
-	ms, err := splitMessages(b.enc.b[batchReserve:])
+	ms, err := splitMessages(b.enc.b[batchReserve:]) // one chunk
 	if err != nil {
 		f.Fatal(err)
 	}

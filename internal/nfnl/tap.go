@@ -13,7 +13,8 @@ type tapKey struct{}
 
 // WithTap returns a context under which every Commit calls tap with the
 // batch exactly as it goes to the kernel (BATCH_BEGIN to BATCH_END), before
-// sending it. The bytes are valid only during the call. Benchmarks use it
+// sending it (a batch the Conn sends from several buffers is joined into
+// one for the tap). The bytes are valid only during the call. Benchmarks use it
 // to replay a proxier's batches (Conn.Replay) and so measure the kernel's
 // own cost of a commit apart from the work of building it; like
 // net/http/httptrace, it changes nothing else.

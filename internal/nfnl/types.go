@@ -169,6 +169,10 @@ type Rule struct {
 	// rule without Exprs, Raw is written as is: expressions encoded
 	// elsewhere, or a dumped rule written back.
 	Raw []RawExpr
+	// Encoded, when writing a rule without Exprs and Raw, is the content
+	// of its NFTA_RULE_EXPRESSIONS (the expressions' NFTA_LIST_ELEM
+	// nests) encoded elsewhere, written as it is in one copy.
+	Encoded []byte
 }
 
 // RawExpr is one expression of a dumped rule: its name ("payload", "cmp",

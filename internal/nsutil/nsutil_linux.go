@@ -16,7 +16,11 @@ import (
 // reusing it in the wrong namespace. The calling goroutine's thread never
 // changes namespace. A panic in f is raised again in the caller. The zero
 // handle (an options struct's default) means the caller's own namespace: f
-// runs on the calling goroutine; a closed handle is an error.
+// runs on the calling goroutine; a closed handle is an error. So does a
+// handle of the namespace the calling thread is in already: f runs on the
+// calling goroutine, locked to that thread, and no thread changes
+// namespace (which needs CAP_SYS_ADMIN, even into the namespace a thread
+// is in).
 func Do(ns netns.NsHandle, f func() error) error {
 	if ns == 0 {
 		return f()
@@ -24,12 +28,36 @@ func Do(ns netns.NsHandle, f func() error) error {
 	if !ns.IsOpen() {
 		return errors.New("network namespace handle is closed")
 	}
+	runtime.LockOSThread()
+	if own, err := Own(ns); err == nil && own {
+		defer runtime.UnlockOSThread()
+		return f()
+	}
+	runtime.UnlockOSThread()
 	return onThread(func() error {
 		if err := netns.Set(ns); err != nil {
 			return fmt.Errorf("enter network namespace: %w", err)
 		}
 		return nil
 	}, f)
+}
+
+// Own reports whether ns is the network namespace of the calling thread:
+// the zero handle and netns.None() stand for it, and a handle is compared
+// with it by device and inode. Sockets and /proc/sys files that the
+// thread opens are in ns then, with no setns. The answer holds for the
+// thread: a caller that acts on it locks its goroutine to the thread
+// first (runtime.LockOSThread).
+func Own(ns netns.NsHandle) (bool, error) {
+	if ns == 0 || ns == netns.None() {
+		return true, nil
+	}
+	cur, err := netns.Get()
+	if err != nil {
+		return false, fmt.Errorf("open current network namespace: %w", err)
+	}
+	defer cur.Close()
+	return ns.Equal(cur), nil
 }
 
 // DoNew runs f on a thread inside a new, unnamed network namespace. The

@@ -13,5 +13,14 @@ func Do(ns netns.NsHandle, f func() error) error {
 	return ErrNotSupported
 }
 
+// Own reports whether ns stands for the caller's namespace (the zero
+// handle or netns.None()); another handle is ErrNotSupported.
+func Own(ns netns.NsHandle) (bool, error) {
+	if ns == 0 || ns == netns.None() {
+		return true, nil
+	}
+	return false, ErrNotSupported
+}
+
 // DoNew returns ErrNotSupported.
 func DoNew(func() error) error { return ErrNotSupported }

@@ -313,20 +313,20 @@ func (g *Gen) endpoints(s *servicelb.Service, i int) []servicelb.Endpoint {
 	for range g.pick(g.o.MaxEndpoints + 1) {
 		if len(out) > 0 && g.chance(0.08) {
 			e := out[g.pick(len(out))]
-			e.NodeName, e.Ready = oneOf(g, "n1", "n2"), g.chance(0.5)
+			e.NodeName, e.Ready = oneOf(g, "n1", "n2"), new(g.chance(0.5))
 			out = append(out, e)
 			continue
 		}
 		h := byte(1 + g.pick(8))
-		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: g.chance(0.75)}
+		e := servicelb.Endpoint{Addr: v4(10, 244, h, 2), Ready: new(g.chance(0.75))}
 		switch g.pick(10) {
 		case 0, 1, 2:
 			e.Addr = v6(0x244, h)
 		case 3:
 			e.Addr = v4(10, 245, byte(i), byte(1+g.pick(250)))
 		}
-		e.Serving = e.Ready || g.chance(0.5)
-		e.Terminating = !e.Ready && g.chance(0.6)
+		e.Serving = new(e.IsReady() || g.chance(0.5))
+		e.Terminating = !e.IsReady() && g.chance(0.6)
 		e.NodeName = oneOf(g, "n1", "n2", "n3", "")
 		e.Zone = oneOf(g, "z1", "z2", "")
 		if g.chance(0.3) {
@@ -447,7 +447,7 @@ func (g *Gen) tweak(s servicelb.Service, i int) servicelb.Service {
 		if len(s.Endpoints) > 0 {
 			eps := slices.Clone(s.Endpoints)
 			e := &eps[g.pick(len(eps))]
-			e.Ready, e.Weight = !e.Ready, servicelb.Weight(uint16(g.pick(3)))
+			e.Ready, e.Weight = new(!e.IsReady()), servicelb.Weight(uint16(g.pick(3)))
 			if g.chance(0.5) {
 				e.NodeName = oneOf(g, "n1", "n2")
 			}

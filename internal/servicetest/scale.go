@@ -30,7 +30,7 @@ func Scale(n, k int) []servicelb.Service {
 	for i := range out {
 		eps := make([]servicelb.Endpoint, k)
 		for j := range eps {
-			eps[j] = servicelb.Endpoint{Addr: scaleAddr(i*k + j), Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", (i*k+j)%100)}
+			eps[j] = servicelb.Endpoint{Addr: scaleAddr(i*k + j), NodeName: fmt.Sprintf("node-%d", (i*k+j)%100)}
 		}
 		out[i] = servicelb.Service{
 			Name:       fmt.Sprintf("ns%d/svc%d", i/100, i),

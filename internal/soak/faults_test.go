@@ -17,19 +17,6 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// faultKind names a kind of fault.
-type faultKind string
-
-// The kinds of faults. See the package documentation.
-const (
-	faultFlush         faultKind = "flush"
-	faultDeleteChain   faultKind = "delete-chain"
-	faultDeleteElement faultKind = "delete-element"
-	faultDormant       faultKind = "dormant"
-	faultForeignWriter faultKind = "foreign-writer"
-	faultRestart       faultKind = "restart"
-)
-
 // Foreign writer: commits of another program to nf_tables in the node.
 const (
 	foreignEvery = 100 * time.Millisecond
@@ -109,8 +96,9 @@ func (s *soak) faultKinds() []faultKind {
 // faultLoop makes a fault at a random moment every 0.4 to 1.6 times
 // -soak.fault-every until ctx ends; the foreign writer it starts ends
 // with ctx too. The kinds come from a shuffled deck, so that even a short
-// run meets each: a restart less than restartEvery after the last, or a
-// foreign writer while one writes, stays in the deck for a later turn.
+// run meets each: a restart less than -soak.restart-every after the
+// last, or a foreign writer while one writes, stays in the deck for a
+// later turn.
 func (s *soak) faultLoop(ctx context.Context) {
 	mean := *flagFaults
 	var deck []faultKind
@@ -135,7 +123,7 @@ func (s *soak) faultLoop(ctx context.Context) {
 			s.rngMu.Unlock()
 		}
 		i := slices.IndexFunc(deck, func(k faultKind) bool {
-			return !(k == faultRestart && time.Since(lastRestart) < restartEvery || k == faultForeignWriter && writing)
+			return !(k == faultRestart && time.Since(lastRestart) < *flagRestarts || k == faultForeignWriter && writing)
 		})
 		if i < 0 {
 			continue

@@ -75,28 +75,3 @@ func (s *soak) freshState(ctx context.Context) (string, error) {
 	s.t.Logf("soak: fresh apply of the final state took %v", time.Since(start).Round(time.Millisecond))
 	return s.dp.canonical(ctx, h)
 }
-
-// lineDiff returns the lines of want that got lacks and those got has
-// beyond want, counting repeated lines.
-func lineDiff(want, got string) (missing, extra []string) {
-	count := map[string]int{}
-	for _, l := range strings.Split(want, "\n") {
-		count[l]++
-	}
-	for _, l := range strings.Split(got, "\n") {
-		count[l]--
-	}
-	for _, l := range strings.Split(want, "\n") {
-		if count[l] > 0 {
-			missing = append(missing, l)
-			count[l]--
-		}
-	}
-	for _, l := range strings.Split(got, "\n") {
-		if count[l] < 0 {
-			extra = append(extra, l)
-			count[l]++
-		}
-	}
-	return missing, extra
-}

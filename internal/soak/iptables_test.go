@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -180,56 +179,4 @@ func randomRule(ctx context.Context, h *netnstest.Host, chain, s string, random 
 		return "", errors.New("no rule of " + chain + " has " + s)
 	}
 	return rules[random(len(rules))], nil
-}
-
-// jumpTarget returns the chain a rule jumps to.
-func jumpTarget(rule string) string {
-	_, target, _ := strings.Cut(rule, " -j ")
-	target, _, _ = strings.Cut(target, " ")
-	return target
-}
-
-// lines returns the lines of s without their ends.
-func lines(s string) []string {
-	var out []string
-	for l := range strings.Lines(s) {
-		out = append(out, strings.TrimRight(l, "\n"))
-	}
-	return out
-}
-
-// canonicalSave returns iptables-save text (stripped by
-// xtables.StripSave) in a form two equal rulesets share whatever their
-// history: per table, the chain declarations sorted, then the rules
-// grouped by chain, chains in name order, rules in their order.
-func canonicalSave(save string) string {
-	var b strings.Builder
-	var decls []string
-	rules := map[string][]string{}
-	for _, l := range lines(save) {
-		switch {
-		case strings.HasPrefix(l, "*"):
-			b.WriteString(l + "\n")
-			decls, rules = nil, map[string][]string{}
-		case strings.HasPrefix(l, ":"):
-			decls = append(decls, l)
-		case strings.HasPrefix(l, "-A "):
-			chain, _, _ := strings.Cut(strings.TrimPrefix(l, "-A "), " ")
-			rules[chain] = append(rules[chain], l)
-		case l == "COMMIT":
-			slices.Sort(decls)
-			for _, d := range decls {
-				b.WriteString(d + "\n")
-			}
-			for _, chain := range slices.Sorted(maps.Keys(rules)) {
-				for _, r := range rules[chain] {
-					b.WriteString(r + "\n")
-				}
-			}
-			b.WriteString("COMMIT\n")
-		case l != "":
-			b.WriteString(l + "\n")
-		}
-	}
-	return b.String()
 }

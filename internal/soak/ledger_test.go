@@ -1,5 +1,3 @@
-//go:build soak
-
 package soak
 
 import (
@@ -10,6 +8,19 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+)
+
+// faultKind names a kind of fault.
+type faultKind string
+
+// The kinds of faults. See the package documentation.
+const (
+	faultFlush         faultKind = "flush"
+	faultDeleteChain   faultKind = "delete-chain"
+	faultDeleteElement faultKind = "delete-element"
+	faultDormant       faultKind = "dormant"
+	faultForeignWriter faultKind = "foreign-writer"
+	faultRestart       faultKind = "restart"
 )
 
 // What failed.
@@ -50,7 +61,20 @@ type fault struct {
 // meets reports whether the failure's time span meets the fault's
 // window.
 func (f *fault) meets(fl failure) bool {
-	return f.destructive && !fl.end.Before(f.at) && (f.closed.IsZero() || !fl.start.After(f.closed))
+	return f.destructive && !fl.end.Before(f.at) && !fl.start.After(f.windowEnd())
+}
+
+// windowEnd is when the fault's window closes: 2 s after the first
+// successful sync after its repair, or when it was found unrepaired. A
+// window still open (a repair no sync has followed yet) ends where an
+// unrepaired fault's would, so that no window excuses the failures of the
+// rest of the run.
+func (f *fault) windowEnd() time.Time {
+	last := f.at.Add(repairTimeout + windowTail)
+	if f.closed.IsZero() || f.closed.After(last) {
+		return last
+	}
+	return f.closed
 }
 
 // sample is one measure of a proxier process.
@@ -261,6 +285,15 @@ type reportInput struct {
 	changes             int
 	kinds               []faultKind
 	equal               bool
+	limits              growthLimits
+}
+
+// growthLimits bound the growth of the longest-lived proxier process,
+// per hour, over its samples after its first minute: beyond them the
+// soak fails.
+type growthLimits struct {
+	rssMiB     float64 // resident set size, MiB an hour
+	goroutines float64 // goroutines an hour
 }
 
 // report is the summary of a soak, and what fails it.
@@ -269,13 +302,21 @@ type report struct {
 	errors []string
 }
 
-// tally sorts the failures out: by fault, excused, real.
+// tally sorts the failures out. Two kinds of failure are excused, and
+// no other: one inside the repair window of a fault the soak injected,
+// and a session's whose endpoint had just left its service. Every other
+// failure is real.
 type tally struct {
+	// byFault holds the failures in each fault's window, and windowed
+	// lists them in the order they happened.
 	byFault  map[*fault][]failure
+	windowed []failure
 	inWindow map[string]int // by what
-	excused  map[string]int
-	real     []failure
-	failed   map[string]int
+	// removed are the session failures outside every window whose
+	// endpoint had just left its service.
+	removed []failure
+	real    []failure
+	failed  map[string]int
 }
 
 // sortFailures attributes each failure to the latest of the faults whose
@@ -283,22 +324,27 @@ type tally struct {
 // likelier cause); a session failure outside every window whose endpoint
 // had just left its service is excused; the rest are real.
 func (l *ledger) sortFailures() tally {
-	t := tally{byFault: map[*fault][]failure{}, inWindow: map[string]int{}, excused: map[string]int{}, failed: map[string]int{}}
+	t := tally{byFault: map[*fault][]failure{}, inWindow: map[string]int{}, failed: map[string]int{}}
 	for _, fl := range l.failures {
 		t.failed[fl.what]++
 		i := latestIndex(l.faults, func(f *fault) bool { return f.meets(fl) })
 		switch {
 		case i >= 0:
 			t.byFault[l.faults[i]] = append(t.byFault[l.faults[i]], fl)
+			t.windowed = append(t.windowed, fl)
 			t.inWindow[fl.what]++
 		case fl.what == whatSession && fl.removed:
-			t.excused[fl.what]++
+			t.removed = append(t.removed, fl)
 		default:
 			t.real = append(t.real, fl)
 		}
 	}
 	return t
 }
+
+// excusedListed bounds the excused failures the report lists of each
+// kind.
+const excusedListed = 10
 
 // latestIndex returns the index of the last fault that matches, or -1.
 // The ledger keeps faults in the order they were made.
@@ -335,18 +381,20 @@ func (l *ledger) report(in reportInput) report {
 	fmt.Fprintf(w, "asks\t%d, failed %d: %d in fault windows, %d outside\n",
 		l.asks, t.failed[whatAsk], t.inWindow[whatAsk], t.failed[whatAsk]-t.inWindow[whatAsk])
 	fmt.Fprintf(w, "session checks\t%d, failed %d: %d in fault windows, %d excused (endpoint removed within %v), %d outside\n",
-		l.checks, t.failed[whatSession], t.inWindow[whatSession], t.excused[whatSession], removedGrace,
-		t.failed[whatSession]-t.inWindow[whatSession]-t.excused[whatSession])
+		l.checks, t.failed[whatSession], t.inWindow[whatSession], len(t.removed), removedGrace,
+		t.failed[whatSession]-t.inWindow[whatSession]-len(t.removed))
 	fmt.Fprintf(w, "session connects\tfailed %d: %d in fault windows, %d outside\n",
 		t.failed[whatConnect], t.inWindow[whatConnect], t.failed[whatConnect]-t.inWindow[whatConnect])
 	w.Flush()
 	l.writeFaults(&b, in.kinds, t)
 	w = tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(w, "proxier restarts\t%d\n", l.restarts)
-	l.writeGrowth(w)
+	g := l.growth()
+	g.write(w, in.limits)
 	fmt.Fprintf(w, "final state\t%s\n", map[bool]string{true: "equal to a fresh apply: yes", false: "equal to a fresh apply: NO"}[in.equal])
 	w.Flush()
-	var errs []string
+	l.writeExcused(&b, t)
+	errs := g.exceeded(in.limits)
 	if len(t.real) > 0 {
 		fmt.Fprintf(&b, "real failures (%d):\n", len(t.real))
 		for _, fl := range t.real {
@@ -407,10 +455,50 @@ func (l *ledger) writeFaults(b *strings.Builder, kinds []faultKind, t tally) {
 	}
 }
 
-// writeGrowth writes the resident set size and goroutines of the
-// longest-lived proxier process, with their slopes after its first
-// minute.
-func (l *ledger) writeGrowth(w *tabwriter.Writer) {
+// writeExcused lists the excused failures apart from the real ones, by
+// why each is excused: inside a fault's window (with the fault), or a
+// session whose endpoint had just left its service.
+func (l *ledger) writeExcused(b *strings.Builder, t tally) {
+	if len(t.windowed)+len(t.removed) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "excused failures (%d): %d inside an injected fault's repair window, %d of sessions whose endpoint left its service within %v before\n",
+		len(t.windowed)+len(t.removed), len(t.windowed), len(t.removed), removedGrace)
+	if len(t.windowed) > 0 {
+		fmt.Fprintf(b, "  in fault windows:\n")
+		for _, fl := range t.windowed[:min(len(t.windowed), excusedListed)] {
+			f := l.faults[latestIndex(l.faults, func(f *fault) bool { return f.meets(fl) })]
+			fmt.Fprintf(b, "    %s [fault %s at %s]\n", l.describe(fl), f.kind, l.sinceLocked(f.at))
+		}
+		if n := len(t.windowed) - excusedListed; n > 0 {
+			fmt.Fprintf(b, "    and %d more\n", n)
+		}
+	}
+	if len(t.removed) > 0 {
+		fmt.Fprintf(b, "  endpoint removed just before:\n")
+		for _, fl := range t.removed[:min(len(t.removed), excusedListed)] {
+			fmt.Fprintf(b, "    %s\n", l.describe(fl))
+		}
+		if n := len(t.removed) - excusedListed; n > 0 {
+			fmt.Fprintf(b, "    and %d more\n", n)
+		}
+	}
+}
+
+// growth is the growth of the longest-lived proxier process over its
+// samples after its first minute.
+type growth struct {
+	id                                  int
+	lived                               time.Duration
+	used                                []sample
+	span                                time.Duration // from the first sample used to the last
+	rss                                 []float64     // MiB
+	heap                                []float64     // MiB
+	rssSlope, heapSlope, goroutineSlope float64       // per hour
+}
+
+// growth measures the longest-lived proxier process.
+func (l *ledger) growth() growth {
 	now := time.Now()
 	lived := func(lf *life) time.Duration {
 		if lf.died.IsZero() {
@@ -419,39 +507,78 @@ func (l *ledger) writeGrowth(w *tabwriter.Writer) {
 		return lf.died.Sub(lf.born)
 	}
 	var best *life
-	var bestID int
+	var g growth
 	for _, id := range slices.Sorted(maps.Keys(l.lives)) {
 		if lf := l.lives[id]; best == nil || lived(lf) > lived(best) {
-			best, bestID = lf, id
+			best, g.id = lf, id
 		}
 	}
 	if best == nil {
-		return
+		return g
 	}
-	var xs, rss, heap, gs []float64
-	var used []sample
+	g.lived = lived(best).Round(time.Second)
+	var xs, gs []float64
 	for _, s := range best.samples {
 		if s.at.Sub(best.born) >= time.Minute {
-			used = append(used, s)
+			g.used = append(g.used, s)
 			xs = append(xs, s.at.Sub(best.born).Hours())
-			rss = append(rss, mib(s.rssKiB))
-			heap = append(heap, float64(s.heapLive)/(1<<20))
+			g.rss = append(g.rss, mib(s.rssKiB))
+			g.heap = append(g.heap, float64(s.heapLive)/(1<<20))
 			gs = append(gs, float64(s.goroutines))
 		}
 	}
-	life := lived(best).Round(time.Second)
-	if len(used) < 2 {
-		fmt.Fprintf(w, "proxier RSS\tn/a: the longest-lived proxier (%d) lived %v, %d samples after its first minute\n", bestID, life, len(used))
+	if len(g.used) < 2 {
+		return g
+	}
+	g.span = g.used[len(g.used)-1].at.Sub(g.used[0].at)
+	g.rssSlope, _ = slope(xs, g.rss)
+	g.heapSlope, _ = slope(xs, g.heap)
+	g.goroutineSlope, _ = slope(xs, gs)
+	return g
+}
+
+// judged reports whether the samples span long enough to hold the
+// slopes to the limits.
+func (g *growth) judged() bool { return len(g.used) >= 2 && g.span >= growthSpan }
+
+// write writes the resident set size, live heap and goroutines of the
+// process with their slopes, and the limits they are held to.
+func (g *growth) write(w *tabwriter.Writer, lim growthLimits) {
+	if g.lived == 0 {
 		return
 	}
-	first, last := used[0], used[len(used)-1]
-	rs, _ := slope(xs, rss)
-	hs, _ := slope(xs, heap)
-	gsl, _ := slope(xs, gs)
+	if len(g.used) < 2 {
+		fmt.Fprintf(w, "proxier RSS\tn/a: the longest-lived proxier (%d) lived %v, %d samples after its first minute\n", g.id, g.lived, len(g.used))
+		fmt.Fprintf(w, "growth limits\tnot judged: the samples span less than %v\n", growthSpan)
+		return
+	}
+	first, last := g.used[0], g.used[len(g.used)-1]
 	fmt.Fprintf(w, "proxier RSS\tfirst %.1f MiB, last %.1f MiB, slope %+.1f MiB/h (proxier %d, lived %v; %d samples after its first minute)\n",
-		mib(first.rssKiB), mib(last.rssKiB), rs, bestID, life, len(used))
-	fmt.Fprintf(w, "live heap\tfirst %.1f MiB, last %.1f MiB, slope %+.1f MiB/h\n", heap[0], heap[len(heap)-1], hs)
-	fmt.Fprintf(w, "goroutines\tfirst %d, last %d, slope %+.1f/h\n", first.goroutines, last.goroutines, gsl)
+		g.rss[0], g.rss[len(g.rss)-1], g.rssSlope, g.id, g.lived, len(g.used))
+	fmt.Fprintf(w, "live heap\tfirst %.1f MiB, last %.1f MiB, slope %+.1f MiB/h\n", g.heap[0], g.heap[len(g.heap)-1], g.heapSlope)
+	fmt.Fprintf(w, "goroutines\tfirst %d, last %d, slope %+.1f/h\n", first.goroutines, last.goroutines, g.goroutineSlope)
+	if !g.judged() {
+		fmt.Fprintf(w, "growth limits\tnot judged: the samples span %v, less than %v\n", g.span.Round(time.Second), growthSpan)
+		return
+	}
+	fmt.Fprintf(w, "growth limits\tRSS %+.1f MiB/h of at most %.0f, goroutines %+.1f/h of at most %.0f: %s\n",
+		g.rssSlope, lim.rssMiB, g.goroutineSlope, lim.goroutines, map[bool]string{true: "within", false: "EXCEEDED"}[len(g.exceeded(lim)) == 0])
+}
+
+// exceeded returns what fails the soak in the growth: a slope beyond its
+// limit, over samples that span at least growthSpan.
+func (g *growth) exceeded(lim growthLimits) []string {
+	if !g.judged() {
+		return nil
+	}
+	var out []string
+	if g.rssSlope > lim.rssMiB {
+		out = append(out, fmt.Sprintf("the proxier's RSS grew %+.1f MiB/h over %v, beyond the limit of %.0f MiB/h", g.rssSlope, g.span.Round(time.Second), lim.rssMiB))
+	}
+	if g.goroutineSlope > lim.goroutines {
+		out = append(out, fmt.Sprintf("the proxier's goroutines grew %+.1f/h over %v, beyond the limit of %.0f/h", g.goroutineSlope, g.span.Round(time.Second), lim.goroutines))
+	}
+	return out
 }
 
 // describe formats a failure for the report.
@@ -471,25 +598,43 @@ func percent(n, of int) string {
 	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
 }
 
-// slope returns the least-squares slope of ys over xs, false when the xs
-// do not vary.
+// slope returns a robust slope of ys over xs: the median of the slopes
+// between every two samples (the Theil-Sen estimator), over at most
+// slopePoints samples spread evenly. Unlike a least-squares fit, it is
+// not moved by a one-time step, such as a process's resident set growing
+// to the peak of one large sync and staying there, while a steady growth
+// gives every pair, and so the median, its rate. It reports false when
+// the xs do not vary.
 func slope(xs, ys []float64) (float64, bool) {
-	n := float64(len(xs))
 	if len(xs) < 2 || len(xs) != len(ys) {
 		return 0, false
 	}
-	var mx, my float64
-	for i := range xs {
-		mx += xs[i] / n
-		my += ys[i] / n
+	if n := len(xs); n > slopePoints {
+		sx, sy := make([]float64, slopePoints), make([]float64, slopePoints)
+		for i := range slopePoints {
+			j := i * (n - 1) / (slopePoints - 1)
+			sx[i], sy[i] = xs[j], ys[j]
+		}
+		xs, ys = sx, sy
 	}
-	var sxx, sxy float64
+	var slopes []float64
 	for i := range xs {
-		sxx += (xs[i] - mx) * (xs[i] - mx)
-		sxy += (xs[i] - mx) * (ys[i] - my)
+		for j := i + 1; j < len(xs); j++ {
+			if dx := xs[j] - xs[i]; dx != 0 {
+				slopes = append(slopes, (ys[j]-ys[i])/dx)
+			}
+		}
 	}
-	if sxx == 0 {
+	if len(slopes) == 0 {
 		return 0, false
 	}
-	return sxy / sxx, true
+	slices.Sort(slopes)
+	m := len(slopes) / 2
+	if len(slopes)%2 == 0 {
+		return (slopes[m-1] + slopes[m]) / 2, true
+	}
+	return slopes[m], true
 }
+
+// slopePoints bounds the samples slope compares pairwise.
+const slopePoints = 400

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
@@ -179,89 +178,6 @@ func hasElement(ctx context.Context, h *netnstest.Host, kind, name, key string) 
 		}
 	}
 	return false
-}
-
-// listedSet is a set or map of a listing with its elements.
-type listedSet struct {
-	kind, name string
-	elems      []any
-}
-
-// listedElements returns the sets and maps of an `nft -j list table`
-// listing that have elements.
-func listedElements(listing string) ([]listedSet, error) {
-	var doc struct {
-		Nftables []map[string]struct {
-			Name string `json:"name"`
-			Elem []any  `json:"elem"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal([]byte(listing), &doc); err != nil {
-		return nil, fmt.Errorf("nft -j output: %w", err)
-	}
-	var out []listedSet
-	for _, obj := range doc.Nftables {
-		for kind, v := range obj {
-			if (kind == "set" || kind == "map") && len(v.Elem) > 0 {
-				out = append(out, listedSet{kind, v.Name, v.Elem})
-			}
-		}
-	}
-	return out, nil
-}
-
-// nftKey returns the key of a set or map element of an `nft -j` listing
-// in nft's syntax: "10.0.0.1", "10.0.0.1 . tcp . 80", "10.0.0.0/8",
-// "100-199".
-func nftKey(el any) (string, error) {
-	switch v := el.(type) {
-	case string:
-		return v, nil
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64), nil
-	case []any: // a map element: [key, value]
-		if len(v) != 2 {
-			return "", fmt.Errorf("map element %v", v)
-		}
-		return nftKey(v[0])
-	case map[string]any:
-		return nftKeyObject(v)
-	}
-	return "", fmt.Errorf("element %v", el)
-}
-
-func nftKeyObject(v map[string]any) (string, error) {
-	if c, ok := v["concat"].([]any); ok {
-		parts := make([]string, len(c))
-		for i, p := range c {
-			k, err := nftKey(p)
-			if err != nil {
-				return "", err
-			}
-			parts[i] = k
-		}
-		return strings.Join(parts, " . "), nil
-	}
-	if r, ok := v["range"].([]any); ok && len(r) == 2 {
-		lo, err := nftKey(r[0])
-		if err != nil {
-			return "", err
-		}
-		hi, err := nftKey(r[1])
-		if err != nil {
-			return "", err
-		}
-		return lo + "-" + hi, nil
-	}
-	if p, ok := v["prefix"].(map[string]any); ok {
-		addr, _ := p["addr"].(string)
-		n, _ := p["len"].(float64)
-		return fmt.Sprintf("%s/%d", addr, int(n)), nil
-	}
-	if e, ok := v["elem"].(map[string]any); ok {
-		return nftKey(e["val"])
-	}
-	return "", fmt.Errorf("element %v", v)
 }
 
 // oneLine returns s on one line: every run of white space made one space.

@@ -42,55 +42,6 @@ const nsFD = 3
 // statsEvery is how often the proxier reports its goroutines and heap.
 const statsEvery = 2 * time.Second
 
-// The commands.
-const (
-	opConfig = "config" // the first line: what to run
-	opUpsert = "upsert" // add or replace Service
-	opDelete = "delete" // delete the service Name
-	opSynced = "synced" // the source has delivered its initial contents
-	opSettle = "settle" // report Seq once everything so far is applied
-)
-
-// command is one line of the proxier's input.
-type command struct {
-	Op      string             `json:"op"`
-	Config  *proxierConfig     `json:"config,omitempty"`
-	Service *servicelb.Service `json:"service,omitempty"`
-	Name    string             `json:"name,omitempty"`
-	Seq     int                `json:"seq,omitempty"`
-}
-
-// proxierConfig says what the proxier process runs.
-type proxierConfig struct {
-	Backend        string               `json:"backend"`
-	Node           servicelb.NodeConfig `json:"node"`
-	VerifyInterval time.Duration        `json:"verifyInterval,omitempty"`
-}
-
-// The events.
-const (
-	evSync    = "sync"    // a sync attempt: Start, Duration, Services, QueuedAt, Full, Err
-	evStats   = "stats"   // Goroutines, HeapLive
-	evLog     = "log"     // a log record of Info or above: Log
-	evSettled = "settled" // everything sent before settle Seq is applied
-	evError   = "error"   // a command the proxier refused: Err
-)
-
-// event is one line of the proxier's output.
-type event struct {
-	Kind       string          `json:"kind"`
-	Start      time.Time       `json:"start,omitzero"`
-	Duration   time.Duration   `json:"duration,omitempty"`
-	Services   int             `json:"services,omitempty"`
-	QueuedAt   time.Time       `json:"queuedAt,omitzero"`
-	Full       bool            `json:"full,omitempty"`
-	Err        string          `json:"err,omitempty"`
-	Goroutines int             `json:"goroutines,omitempty"`
-	HeapLive   uint64          `json:"heapLive,omitempty"`
-	Log        json.RawMessage `json:"log,omitempty"`
-	Seq        int             `json:"seq,omitempty"`
-}
-
 // runProxier is the proxier process's main function.
 func runProxier() int {
 	if err := serveProxier(context.Background(), os.Stdin, os.Stdout); err != nil {
@@ -430,7 +381,7 @@ func (sv *supervisor) restart(pause time.Duration) error {
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
 	s := sv.s
-	px := s.world.detach(nil)
+	px, _ := s.world.detach(nil).(*proxier)
 	if px != nil {
 		px.kill()
 		s.t.Logf("soak: fault restart at %s: proxier %d (pid %d) killed after %v; next in %v",
@@ -447,7 +398,7 @@ func (sv *supervisor) settle(timeout time.Duration) error {
 	seq := int(sv.settles.Add(1))
 	deadline := time.After(timeout)
 	for {
-		px := sv.s.world.running()
+		px, _ := sv.s.world.running().(*proxier)
 		if px == nil {
 			select {
 			case <-deadline:
@@ -499,7 +450,7 @@ func isDone(px *proxier) bool {
 func (sv *supervisor) stop() {
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
-	if px := sv.s.world.detach(nil); px != nil {
+	if px, _ := sv.s.world.detach(nil).(*proxier); px != nil {
 		if err := px.stop(30 * time.Second); err != nil {
 			sv.s.led.errorf("stop proxier %d: %v", px.id, err)
 		}

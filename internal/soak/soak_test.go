@@ -31,36 +31,10 @@ var (
 	flagSessions  = flag.Int("soak.sessions", 50, "long-lived sessions")
 	flagSeed      = flag.Uint64("soak.seed", 0, "random seed; 0 picks one, which the report prints")
 	flagVerify    = flag.Duration("soak.verify-interval", 0, "the backend's Options.VerifyInterval; 0 means its default")
+	flagRestarts  = flag.Duration("soak.restart-every", time.Minute, "the least time between two restarts of the proxier")
+	flagMaxRSS    = flag.Float64("soak.max-rss-growth", 64, "the most the proxier's resident set size may grow, in MiB an hour (judged over 5 minutes of samples or more)")
+	flagMaxGo     = flag.Float64("soak.max-goroutine-growth", 60, "the most the proxier's goroutines may grow, an hour (judged over 5 minutes of samples or more)")
 )
-
-// Shape of the soak.
-const (
-	backendHosts = 20
-	httpPort     = 80   // the service port of the short echo
-	httpTarget   = 8080 // where the backends serve it
-	linePort     = 81   // the service port of the line echo
-	lineTarget   = 8081
-	nodeName     = "node"
-	// askTimeout bounds a fresh connection and a session's echo.
-	askTimeout = 2 * time.Second
-	// windowTail is how long a fault's window lasts after the first
-	// successful sync after its repair.
-	windowTail = 2 * time.Second
-	// removedGrace excuses a session failure whose endpoint left its
-	// service this recently.
-	removedGrace = 5 * time.Second
-	// repairTimeout is how long a fault may stay unrepaired before it is a
-	// failure of the soak.
-	repairTimeout = 3 * time.Minute
-	// restartEvery is the least time between two restarts.
-	restartEvery = time.Minute
-	// settleTime is how long the soak waits after the final sync before
-	// it compares the kernel state.
-	settleTime = 3 * time.Second
-)
-
-// serviceCIDR holds every cluster IP.
-var serviceCIDR = netip.MustParsePrefix("172.16.0.0/12")
 
 // TestMain runs the proxier process when the test binary is run again as
 // one (see proxier_test.go), and the tests otherwise.
@@ -215,6 +189,7 @@ func (s *soak) finish() {
 		backend: s.dp.name(), seed: s.seed, duration: end.Sub(s.start),
 		services: *flagServices, endpoints: *flagEndpoints, changes: s.world.changeCount(),
 		kinds: s.faultKinds(), equal: equal,
+		limits: growthLimits{rssMiB: *flagMaxRSS, goroutines: *flagMaxGo},
 	})
 	t.Log("soak report:\n" + rep.text)
 	for _, e := range rep.errors {
@@ -234,4 +209,24 @@ func (s *soak) between(lo, hi time.Duration) time.Duration {
 	s.rngMu.Lock()
 	defer s.rngMu.Unlock()
 	return lo + time.Duration(s.rng.Int64N(int64(hi-lo)+1))
+}
+
+// changeLoop makes -soak.rate changes a second until ctx ends, catching
+// up after a slow moment rather than dropping changes.
+func (s *soak) changeLoop(ctx context.Context) {
+	start := time.Now()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	made := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		due := int(time.Since(start).Seconds() * *flagRate)
+		for ; made < due && ctx.Err() == nil; made++ {
+			s.world.change()
+		}
+	}
 }

@@ -218,15 +218,6 @@ func echo(c net.Conn, r *bufio.Reader, line string) error {
 	return nil
 }
 
-// backendAddr returns the IPv4 address of the backend host named name.
-func backendAddr(name string) (netip.Addr, bool) {
-	n, err := strconv.Atoi(strings.TrimPrefix(name, "backend-"))
-	if err != nil || !strings.HasPrefix(name, "backend-") || n < 0 || n >= backendHosts {
-		return netip.Addr{}, false
-	}
-	return netnstest.BackendIPv4(n), true
-}
-
 // sleep waits for d or the end of ctx.
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

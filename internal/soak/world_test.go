@@ -1,16 +1,19 @@
-//go:build soak
+//go:build linux
 
 package soak
 
 import (
-	"context"
-	"encoding/binary"
-	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -27,7 +30,13 @@ type world struct {
 	changes int
 	// px is the running proxier, nil while none runs: changes made
 	// meanwhile reach the next one with the whole state.
-	px *proxier
+	px feed
+}
+
+// feed is what the world sends its services to: the running proxier
+// process (a *proxier).
+type feed interface {
+	send(c command) error
 }
 
 // removal names an endpoint address of a service.
@@ -57,20 +66,9 @@ func newWorld(rng *rand.Rand, n, k int) *world {
 	return w
 }
 
-// serviceName is the name of service i.
-func serviceName(i int) string { return fmt.Sprintf("soak/svc-%04d", i) }
-
-// clusterIP is the cluster IP of service i: the i+1-th address of the
-// service CIDR.
-func clusterIP(i int) netip.Addr {
-	b := serviceCIDR.Addr().As4()
-	binary.BigEndian.PutUint32(b[:], binary.BigEndian.Uint32(b[:])+uint32(i)+1)
-	return netip.AddrFrom4(b)
-}
-
 // endpoint is backend host b as an endpoint on the node.
 func endpoint(b int) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netnstest.BackendIPv4(b), Ready: true, Serving: true, NodeName: nodeName}
+	return servicelb.Endpoint{Addr: netnstest.BackendIPv4(b), NodeName: nodeName}
 }
 
 // change replaces one endpoint of a random service by a backend host the
@@ -124,7 +122,7 @@ func (w *world) services() []servicelb.Service {
 
 // attach makes px the running proxier: it sends px the whole state and
 // then that its source has synced, with no change in between.
-func (w *world) attach(px *proxier) error {
+func (w *world) attach(px feed) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i := range w.svcs {
@@ -141,7 +139,7 @@ func (w *world) attach(px *proxier) error {
 
 // detach forgets the running proxier, if it is px (or any, for nil), and
 // returns the one it forgot.
-func (w *world) detach(px *proxier) *proxier {
+func (w *world) detach(px feed) feed {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	cur := w.px
@@ -153,28 +151,59 @@ func (w *world) detach(px *proxier) *proxier {
 }
 
 // running returns the running proxier, or nil.
-func (w *world) running() *proxier {
+func (w *world) running() feed {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.px
 }
 
-// changeLoop makes -soak.rate changes a second until ctx ends, catching
-// up after a slow moment rather than dropping changes.
-func (s *soak) changeLoop(ctx context.Context) {
-	start := time.Now()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	made := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+// backendAddr returns the IPv4 address of the backend host named name.
+func backendAddr(name string) (netip.Addr, bool) {
+	n, err := strconv.Atoi(strings.TrimPrefix(name, "backend-"))
+	if err != nil || !strings.HasPrefix(name, "backend-") || n < 0 || n >= backendHosts {
+		return netip.Addr{}, false
+	}
+	return netnstest.BackendIPv4(n), true
+}
+
+func TestAddressing(t *testing.T) {
+	assert.Equal(t, netip.MustParseAddr("172.16.0.1"), clusterIP(0))
+	assert.Equal(t, netip.MustParseAddr("172.16.1.0"), clusterIP(255))
+	assert.True(t, serviceCIDR.Contains(clusterIP(1<<16)))
+	a, ok := backendAddr("backend-19")
+	assert.True(t, ok)
+	assert.Equal(t, netip.MustParseAddr("10.244.20.2"), a)
+	_, ok = backendAddr("backend-20")
+	assert.False(t, ok)
+	_, ok = backendAddr("client")
+	assert.False(t, ok)
+	assert.Equal(t, "KPROXY-SVC-X", jumpTarget(`-A KPROXY-SERVICES -d 172.16.0.1/32 -m comment --comment "a b" -j KPROXY-SVC-X`))
+}
+
+// TestWorldChanges: a change replaces one endpoint by a backend host the
+// service lacked, and remembers when the old one left.
+func TestWorldChanges(t *testing.T) {
+	w := newWorld(rand.New(rand.NewPCG(1, 2)), 50, 10)
+	before := w.services()
+	for range 200 {
+		w.change()
+	}
+	after := w.services()
+	assert.Equal(t, 200, w.changeCount())
+	changed := 0
+	for i := range after {
+		seen := map[netip.Addr]bool{}
+		for _, e := range after[i].Endpoints {
+			require.False(t, seen[e.Addr], "service %d lists %s twice", i, e.Addr)
+			seen[e.Addr] = true
 		}
-		due := int(time.Since(start).Seconds() * *flagRate)
-		for ; made < due && ctx.Err() == nil; made++ {
-			s.world.change()
+		require.Len(t, after[i].Endpoints, 10)
+		for _, e := range before[i].Endpoints {
+			if !seen[e.Addr] {
+				changed++
+				assert.True(t, w.removedWithin(i, e.Addr, time.Now(), time.Minute), "removal of %s from %d not recorded", e.Addr, i)
+			}
 		}
 	}
+	assert.Positive(t, changed)
 }

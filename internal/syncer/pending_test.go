@@ -30,7 +30,7 @@ func TestPendingFlows(t *testing.T) {
 	assert.Equal(t, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53}}, pf.list(), "a frontend gone keeps no flow")
 
 	st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{Name: "d/t", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
-		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: []servicelb.Endpoint{{Addr: b, Ready: true}}})
+		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: []servicelb.Endpoint{{Addr: b}}})
 	require.NoError(t, err)
 	pf.add([]servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{a}}})
 	pf.reset(st)

@@ -51,11 +51,26 @@
 //
 // When the backend refuses a sync with errors that each name a service
 // (servicelb.ServicesOf: a capability it lacks, more than it can hold, a
-// frontend someone else holds in the kernel), the Engine syncs again
-// without those services, in the same Sync: one service never keeps the
-// others from the kernel. Sync then returns a *servicelb.PartialError
-// naming them. A service left out stays out, without being tried, until it
-// changes or goes.
+// frontend someone else holds in the kernel), or the kernel refuses it and
+// the backend traces every part of the refusal to ports of services the
+// state has (Options.Traced: the messages of a batch written for them;
+// see Refused), the Engine syncs again without those services, in the
+// same Sync: one service never keeps the others from the kernel. A
+// refusal of the whole write that follows a change taken for drift counts
+// as well; one that touches anything of no service port (the table, the
+// base chains, a shared set), or the objects of a service the state no
+// longer has, fails the Sync as before. Sync then returns a
+// *servicelb.PartialError naming the services left out. A service left
+// out stays out, without being tried, until it changes or goes.
+//
+// # Errors
+//
+// A failed Sync's error starts with the backend's name (Options.Name) and
+// "sync:", once: what the Backend's methods return names no backend, so
+// that the name is never repeated. A validation error is returned as it
+// is: it names its service and field. A backend's other public methods
+// (New, Cleanup) start their errors with its name themselves, and callers
+// add none.
 package syncer
 
 import (
@@ -63,6 +78,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"syscall"
 	"time"
 
@@ -118,6 +135,11 @@ type Options struct {
 	// (servicelb.Capabilities.CheckNode) fails the sync before anything
 	// is sent.
 	Capabilities servicelb.Capabilities
+	// Traced, when set, finds in an error of the kernel the service port
+	// each refused part of it belongs to, with that part's error; nil
+	// when some part belongs to none. Such services are left out as
+	// those the backend refuses (see Refused).
+	Traced func(error) map[servicelb.ServicePortKey]error
 	// After, when set, runs after each sync that applied the state (whole
 	// or leaving services out), before the stale flows are deleted: the
 	// backend's own follow-up, such as draining removed servers. Its
@@ -207,7 +229,7 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 		return err
 	})
 	for round := 0; err != nil && round < maxLeaveOutRounds; round++ {
-		bad := servicelb.ServicesOf(err)
+		bad := e.refusedServices(st, err)
 		if bad == nil {
 			break
 		}
@@ -237,6 +259,39 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 // the services the one before was refused for.
 const maxLeaveOutRounds = 3
 
+// refusedServices returns the services err names, each with its part of
+// it: those a backend refused (servicelb.ServicesOf), or those of st
+// whose ports the kernel refused (Options.Traced); nil when some part of
+// err is about no service, or about a service st no longer has (the
+// removal of its objects, which leaving it out would not help).
+func (e *Engine) refusedServices(st *servicelb.State, err error) map[string]error {
+	if bad := servicelb.ServicesOf(err); bad != nil || e.o.Traced == nil {
+		return bad
+	}
+	ports := e.o.Traced(err)
+	if len(ports) == 0 {
+		return nil
+	}
+	bad := map[string]error{}
+	for _, k := range slices.SortedFunc(maps.Keys(ports), servicelb.ServicePortKey.Compare) {
+		if _, ok := st.Service(k.Service); !ok {
+			return nil
+		}
+		bad[k.Service] = errors.Join(bad[k.Service], Refused(k, ports[k]))
+	}
+	return bad
+}
+
+// Refused is the error of a service port whose kernel objects the kernel
+// refused: a *servicelb.ValidationError naming the service and the port,
+// wrapping servicelb.ErrRefused and the kernel's error. An Engine leaves
+// out the services of such errors, as it does those a capability
+// refuses.
+func Refused(k servicelb.ServicePortKey, err error) error {
+	return &servicelb.ValidationError{Service: k.Service, Field: "ports", Value: k.String(),
+		Err: fmt.Errorf("%w: %w", servicelb.ErrRefused, err)}
+}
+
 // leaveOut records services refused with their errors.
 func (e *Engine) leaveOut(st *servicelb.State, bad map[string]error) {
 	if e.leftOut == nil {
@@ -245,7 +300,7 @@ func (e *Engine) leaveOut(st *servicelb.State, bad map[string]error) {
 	for name, err := range bad {
 		svc, _ := st.Service(name)
 		if _, was := e.leftOut[name]; !was {
-			e.log.Warn("service left out: the backend refuses it; the rest is applied", "service", name, "err", err)
+			e.log.Warn("service left out: the backend or the kernel refuses it; the rest is applied", "service", name, "err", err)
 		}
 		e.leftOut[name] = leftOut{svc: svc, err: err}
 	}

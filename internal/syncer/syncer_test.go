@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func udpService(eps ...string) servicelb.Service {
 	s := servicelb.Service{Name: "ns/dns", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}}
 	for _, e := range eps {
-		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr(e), Ready: true})
+		s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr(e)})
 	}
 	return s
 }
@@ -202,7 +203,8 @@ func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
 }
 
 // refusing is a backend that refuses every state holding a service named
-// "bad", with an error naming it, as a capability check does.
+// "bad" with an endpoint 10.0.0.9, with an error naming it, as a
+// capability check does.
 type refusing struct {
 	fakeBackend
 	got []*servicelb.State
@@ -210,8 +212,10 @@ type refusing struct {
 
 func (r *refusing) refuse(st *servicelb.State) error {
 	r.got = append(r.got, st)
-	if _, ok := st.Service("bad"); ok {
-		return &servicelb.ValidationError{Service: "bad", Field: "scheduler", Err: servicelb.ErrUnsupported}
+	if s, ok := st.Service("bad"); ok && slices.ContainsFunc(s.Endpoints, func(e servicelb.Endpoint) bool {
+		return e.Addr == netip.MustParseAddr("10.0.0.9")
+	}) {
+		return &servicelb.ValidationError{Service: "bad", Field: "endpoints", Err: servicelb.ErrUnsupported}
 	}
 	return nil
 }
@@ -244,16 +248,182 @@ func TestServiceLeftOut(t *testing.T) {
 	assert.False(t, has, "the second try still holds the refused service")
 	assert.Equal(t, 1, e.Applied().Len(), "the rest was not applied")
 
-	// A change to another service is applied; the refused one is not tried.
+	// A change to another service is applied; the refused one is not
+	// tried, nor is it after an upsert that changes nothing of it.
 	require.NoError(t, b.Upsert(udpService("10.0.0.2")))
+	require.NoError(t, b.Upsert(bad))
 	r.got = nil
 	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
 	require.Len(t, r.got, 1)
-	// Once it changes it is tried again; fixed, it goes in.
+	_, has = r.got[0].Service("bad")
+	assert.False(t, has, "a service left out was tried again unchanged")
+
+	// Once it changes it is tried again: still refused, it stays out.
+	still := bad
+	still.Endpoints = append(udpService("10.0.0.7").Endpoints, bad.Endpoints...)
+	require.NoError(t, b.Upsert(still))
+	r.got = nil
+	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+	require.NotEmpty(t, r.got)
+	_, has = r.got[0].Service("bad")
+	assert.True(t, has, "the changed service was not tried again")
+	assert.Contains(t, pe.LeftOut, "bad")
+	_, has = e.Applied().Service("bad")
+	assert.False(t, has)
+
+	// Changed so that the backend takes it, it goes in.
 	fixed := bad
-	fixed.Name = "bad-fixed"
+	fixed.Endpoints = udpService("10.0.0.8").Endpoints
 	require.NoError(t, b.Upsert(fixed))
-	b.Delete("bad")
 	require.NoError(t, e.Sync(ctx, b.State()), "nothing left out any more")
 	assert.Equal(t, 2, e.Applied().Len())
+	got, ok := e.Applied().Service("bad")
+	require.True(t, ok)
+	assert.Equal(t, fixed.Endpoints[0].Addr, got.Endpoints[0].Addr)
+}
+
+// kernelRefusal is a kernel's refusal as a backend's Traced reads it:
+// the service ports each part of it is traced to, and a part of no port.
+type kernelRefusal struct {
+	ports  map[servicelb.ServicePortKey]error
+	shared error
+}
+
+func (k *kernelRefusal) Error() string { return "the kernel refused a batch" }
+
+func (k *kernelRefusal) Unwrap() []error {
+	var out []error
+	if k.shared != nil {
+		out = append(out, k.shared)
+	}
+	for _, err := range k.ports {
+		out = append(out, err)
+	}
+	return out
+}
+
+func traced(err error) map[servicelb.ServicePortKey]error {
+	var k *kernelRefusal
+	if !errors.As(err, &k) || k.shared != nil {
+		return nil
+	}
+	return k.ports
+}
+
+// refusedByKernel is a backend whose batches the kernel refuses while they
+// hold the service "bad": the refusal is traced to its port, with an
+// errno (ENOENT looks like drift), and with shared, to something of no
+// port as well.
+type refusedByKernel struct {
+	fakeBackend
+	errno  syscall.Errno
+	shared error
+	// gone refuses every batch for "bad", in the state or not, as the
+	// kernel refuses the removal of objects someone else uses.
+	gone bool
+	got  []*servicelb.State
+}
+
+func (r *refusedByKernel) refuse(kind string, st *servicelb.State) error {
+	r.calls = append(r.calls, kind)
+	r.got = append(r.got, st)
+	if _, ok := st.Service("bad"); !ok && !r.gone {
+		return nil
+	}
+	k := servicelb.ServicePortKey{Service: "bad", Port: "dns", Family: servicelb.IPv4}
+	return fmt.Errorf("commit: %w", &kernelRefusal{ports: map[servicelb.ServicePortKey]error{k: fmt.Errorf("add rule: %w", r.errno)}, shared: r.shared})
+}
+
+func (r *refusedByKernel) Write(_ context.Context, st *servicelb.State) error {
+	return r.refuse("write", st)
+}
+
+func (r *refusedByKernel) Apply(_ context.Context, st *servicelb.State, _ *servicelb.Changes) (bool, error) {
+	return false, r.refuse("apply", st)
+}
+
+// TestKernelRefusalLeavesOut: a refusal of the kernel that the backend
+// traces to one service's port leaves that service out and applies the
+// rest in the same Sync, on a first sync as on a change the kernel
+// refuses for what looks like drift (after the whole write that follows
+// fails too) or for another reason; a refusal that touches anything of no
+// port fails the Sync as before.
+func TestKernelRefusalLeavesOut(t *testing.T) {
+	bad := udpService("10.0.0.9")
+	bad.Name, bad.Ports[0].Name = "bad", "dns"
+	good, other := udpService("10.0.0.1"), udpService("10.0.0.2")
+	other.Name = "ns/other"
+	for _, tc := range []struct {
+		name  string
+		errno syscall.Errno
+		calls []string
+	}{
+		{"drift", syscall.ENOENT, []string{"check", "apply", "write", "check", "apply"}},
+		{"other", syscall.EINVAL, []string{"check", "apply", "check", "apply"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &refusedByKernel{fakeBackend: *newFake(), errno: tc.errno}
+			e := New(r, Options{Name: "fake", Now: (&clock{}).now, Traced: traced})
+			ctx := context.Background()
+			b, err := servicelb.NewBuilder(servicelb.NodeConfig{})
+			require.NoError(t, err)
+			require.NoError(t, b.Upsert(good))
+			require.NoError(t, b.Upsert(bad))
+			err = e.Sync(ctx, b.State())
+			var pe *servicelb.PartialError
+			require.ErrorAs(t, err, &pe)
+			require.Len(t, pe.LeftOut, 1)
+			require.ErrorIs(t, pe.LeftOut["bad"], servicelb.ErrRefused)
+			require.ErrorIs(t, pe.LeftOut["bad"], tc.errno)
+			var ve *servicelb.ValidationError
+			require.ErrorAs(t, pe.LeftOut["bad"], &ve)
+			assert.Equal(t, "bad", ve.Service)
+			assert.Equal(t, "bad:dns/ipv4", ve.Value)
+			assert.Equal(t, []string{"write", "write"}, r.take(), "a first sync")
+			assert.Equal(t, 1, e.Applied().Len())
+
+			// A change of another service: the refused one is not
+			// tried. Then it changes, and the kernel refuses it in a
+			// change: it stays out, the rest goes in.
+			require.NoError(t, b.Upsert(other))
+			require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+			assert.Equal(t, []string{"check", "apply"}, r.take())
+			assert.Equal(t, 2, e.Applied().Len())
+			bad2 := bad
+			bad2.Endpoints = udpService("10.0.0.8").Endpoints
+			good2 := udpService("10.0.0.3")
+			require.NoError(t, b.Upsert(bad2))
+			require.NoError(t, b.Upsert(good2))
+			require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+			assert.Equal(t, tc.calls, r.take())
+			assert.Contains(t, pe.LeftOut, "bad")
+			got, _ := e.Applied().Service("ns/dns")
+			assert.Equal(t, good2.Endpoints[0].Addr, got.Endpoints[0].Addr, "the rest was not applied")
+			_, has := e.Applied().Service("bad")
+			assert.False(t, has)
+		})
+	}
+
+	t.Run("gone", func(t *testing.T) {
+		// The kernel refuses the removal of a service's objects: leaving
+		// out a service the state no longer has would not help.
+		r := &refusedByKernel{fakeBackend: *newFake(), errno: syscall.EBUSY}
+		e := New(r, Options{Name: "fake", Now: (&clock{}).now, Traced: traced})
+		r.gone = true
+		err := e.Sync(context.Background(), state(t, good))
+		require.ErrorIs(t, err, syscall.EBUSY)
+		var pe *servicelb.PartialError
+		assert.False(t, errors.As(err, &pe), "a refusal about a service gone left a service out: %v", err)
+	})
+
+	t.Run("shared", func(t *testing.T) {
+		r := &refusedByKernel{fakeBackend: *newFake(), errno: syscall.EINVAL, shared: errors.New("add set: invalid argument")}
+		e := New(r, Options{Name: "fake", Now: (&clock{}).now, Traced: traced})
+		err := e.Sync(context.Background(), state(t, good, bad))
+		require.Error(t, err)
+		var pe *servicelb.PartialError
+		assert.False(t, errors.As(err, &pe), "a refusal of something of no port left a service out: %v", err)
+		assert.Equal(t, []string{"write"}, r.take())
+		assert.Nil(t, e.Applied())
+	})
 }

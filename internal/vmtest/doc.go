@@ -21,9 +21,9 @@
 //     (depmod -b), once per package version, under <cache>/kernel.
 //  3. The test binaries are compiled with CGO_ENABLED=0 go test -c -tags vm.
 //  4. The initramfs is three cpio archives concatenated, as the kernel
-//     allows: the tools (busybox, kmod, ip, nft, ipset, ipvsadm, conntrack,
-//     iptables-nft with its extensions, their libraries found with ldd, and
-//     the data files they read), the kernel modules (netfilter, ipset, IPVS,
+//     allows: the tools (busybox, kmod, setpriv, ip, nft, ipset, ipvsadm,
+//     conntrack, iptables-nft with its extensions, their libraries found
+//     with ldd, and the data files they read), the kernel modules (netfilter, ipset, IPVS,
 //     SCTP, bridge, dummy, veth and what they depend on), and the tests
 //     (binaries, their testdata, and /init). The first two are cached under
 //     <cache>/initramfs by a key of their content (Listing.Key) and rebuilt

@@ -201,7 +201,7 @@ func TestHostTools(t *testing.T) {
 	}
 	for _, p := range []string{
 		"usr/bin/busybox", "usr/sbin/nft", "usr/sbin/ipset", "usr/sbin/ipvsadm", "usr/sbin/conntrack",
-		"usr/sbin/iptables-nft-save", "usr/sbin/xtables-nft-multi", "usr/sbin/modprobe",
+		"usr/sbin/iptables-nft-save", "usr/sbin/xtables-nft-multi", "usr/sbin/modprobe", "usr/bin/setpriv",
 		"usr/lib/x86_64-linux-gnu/libnftables.so.1", "usr/lib/x86_64-linux-gnu/libc.so.6",
 		"usr/lib/x86_64-linux-gnu/xtables/libxt_statistic.so", "usr/lib64/ld-linux-x86-64.so.2",
 		"etc/protocols", "lib", "lib64",

@@ -27,7 +27,7 @@ type Config struct {
 	Patterns  []string      // packages to consider; default ./...
 	TestArgs  []string      // flags for every test binary (go test's short names accepted)
 	Env       []string      // NAME=value exported in the guest (CI is passed this way)
-	Timeout   time.Duration // watchdog for the whole boot; default 15m
+	Timeout   time.Duration // watchdog for the whole boot; default 30m
 	MemoryMB  int           // default 2048
 	CPUs      int           // default 2
 	Shell     bool          // debug shell in the guest after the tests
@@ -48,7 +48,7 @@ func (c *Config) defaults() error {
 		c.Patterns = []string{"./..."}
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 15 * time.Minute
+		c.Timeout = 30 * time.Minute
 	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 2048

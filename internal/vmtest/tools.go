@@ -16,11 +16,12 @@ import (
 )
 
 // DefaultTools are the host programs copied into the guest: busybox for the
-// shell and basic commands, kmod's modprobe, and the oracle tools that
-// tests run to read kernel state back. The iptables names are symlinks to
+// shell and basic commands, kmod's modprobe, util-linux's setpriv (to run
+// a program with fewer capabilities), and the oracle tools that tests run
+// to read kernel state back. The iptables names are symlinks to
 // xtables-nft-multi; they are copied as such.
 var DefaultTools = []string{
-	"busybox", "modprobe",
+	"busybox", "modprobe", "setpriv",
 	"ip", "nft", "ipset", "ipvsadm", "conntrack",
 	"iptables", "iptables-save", "iptables-restore",
 	"ip6tables", "ip6tables-save", "ip6tables-restore",

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"strings"
 	"testing"
 
@@ -313,4 +314,70 @@ func TestInterruptedChainListing(t *testing.T) {
 	b := NewApplier(ApplierOptions{Conn: ic, Owns: testOwns})
 	_, err = b.Reconcile(ctx, want)
 	require.ErrorIs(t, err, nfnl.ErrDumpInterrupted, "a listing the table's count does not back was used")
+}
+
+// countedParts yields groups of chains, each its first chain's, and
+// counts the passes over them.
+func countedParts(passes *int, groups ...[]Chain) iter.Seq2[any, []Chain] {
+	return func(yield func(any, []Chain) bool) {
+		*passes++
+		for _, g := range groups {
+			if !yield(g[0].Name, g) {
+				return
+			}
+		}
+	}
+}
+
+// Chains made on demand (TableContent.Parts) are written group by group,
+// each group's chains created before their rules (KT-S1 jumps to KT-E1,
+// after it in its group); a reconcile that finds them as they should be
+// makes one pass over them and sends nothing; a changed chain is flushed
+// and refilled, a chain no longer made deleted, and Verify compares them
+// with the kernel's.
+func TestApplierParts(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
+	ctx := context.Background()
+	h := netnstest.NewHost(t, "xtparts")
+	a := newTestApplier(t, h)
+	s1 := Chain{Name: "KT-S1", Rules: []Rule{{Matches: []Match{Comment("one")}, Target: Jump("KT-E1")}}}
+	e1 := Chain{Name: "KT-E1", Rules: []Rule{{Target: Jump("KT-A")}, {Target: Return}}}
+	s2 := Chain{Name: "KT-S2", Rules: []Rule{{Matches: []Match{Comment("two")}, Target: Jump("KT-S1")}}}
+	want := content(1)
+	want.Keyed["KT-K"]["key01"] = []Rule{{Dst: pfx("10.96.0.1/32"), Target: Jump("KT-S2")}}
+	passes := 0
+	want.Parts = countedParts(&passes, []Chain{s1, e1}, []Chain{s2})
+	reconcile := func(wantMessages int) {
+		t.Helper()
+		passes = 0
+		st, err := a.Reconcile(ctx, map[Table]*TableContent{natT: want})
+		require.NoError(t, err)
+		if wantMessages == 0 {
+			require.Equal(t, 1, passes, "passes over Parts of a reconcile that sends nothing")
+		}
+		if wantMessages >= 0 {
+			require.Equal(t, wantMessages, st.Messages)
+		}
+		require.Equal(t, render(want), saveNAT(t, h))
+	}
+	reconcile(-1)
+	reconcile(0)
+	ok, err := a.Verify(ctx, map[Table]*TableContent{natT: want})
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// KT-E1 changed and KT-S2 no longer made (nor jumped to): flush and
+	// refill KT-E1 (3 messages), flush and delete KT-S2 (2), the key's
+	// rule replaced (2).
+	e1.Rules = []Rule{{Target: Return}}
+	want.Keyed["KT-K"]["key01"] = []Rule{{Dst: pfx("10.96.0.1/32"), Target: Jump("KT-S1")}}
+	want.Parts = countedParts(&passes, []Chain{s1, e1})
+	reconcile(7)
+
+	// Someone else's rule in a part: Verify sees it, a reconcile removes it.
+	h.Exec(t, "iptables-nft", "-t", "nat", "-A", "KT-E1", "-j", "ACCEPT")
+	ok, err = a.Verify(ctx, map[Table]*TableContent{natT: want})
+	require.NoError(t, err)
+	require.False(t, ok, "Verify with a foreign rule in a part")
+	reconcile(2)
 }

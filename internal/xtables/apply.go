@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 )
@@ -107,16 +109,53 @@ type ruleBlock struct {
 type TableContent struct {
 	// Chains are whole chains.
 	Chains map[string][]Rule
+	// Parts are more whole chains, in groups made on demand instead of
+	// held, so that the chains of a large table need not all exist at
+	// once beside their encoding: Reconcile and Verify range over Parts,
+	// again on every attempt, and keep no group past its yield (the
+	// producer may reuse a group's chains and rules for the next). A group's
+	// chains are all created before any of their rules is written, so its
+	// rules may jump to its own chains, to Chains and keyed chains, and to
+	// the chains of earlier groups. A chain name appears once in Chains
+	// and Parts together. Each group comes with its owner, whose its
+	// chains are, as ChainOwners says of Chains.
+	Parts iter.Seq2[any, []Chain]
 	// Keyed are keyed chains: chain, then key, then the key's rules.
 	Keyed map[string]map[string][]Rule
 	// Jumps are the owner's rules at the top of builtin chains.
 	Jumps map[string][]Rule
+	// ChainOwners and KeyOwners say whose whole chains and the keys of
+	// keyed chains are, by chain name and by key: what a refusal of the
+	// kernel names (nfnl.Batch.SetOwner). Those they leave out, and the
+	// jumps, are no one's.
+	ChainOwners, KeyOwners map[string]any
+}
+
+// Whole returns the content's whole chains, those of Chains and copies of
+// those Parts makes, by name.
+func (c *TableContent) Whole() map[string][]Rule {
+	out := maps.Clone(c.Chains)
+	if out == nil {
+		out = map[string][]Rule{}
+	}
+	if c.Parts != nil {
+		for _, group := range c.Parts {
+			for _, ch := range group {
+				rules := slices.Clone(ch.Rules)
+				for i := range rules {
+					rules[i].Matches = slices.Clone(rules[i].Matches)
+				}
+				out[ch.Name] = rules
+			}
+		}
+	}
+	return out
 }
 
 // Text returns the content as a table to render as iptables-save text.
 func (c *TableContent) Text(name TableName) *TableText {
 	t := &TableText{Name: name, Base: c.Jumps}
-	for n, rules := range c.Chains {
+	for n, rules := range c.Whole() {
 		t.Chains = append(t.Chains, Chain{Name: n, Rules: rules})
 	}
 	for n, keys := range c.Keyed {
@@ -147,6 +186,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // change and cannot fail; errors surface at Commit.
 type Tx struct {
 	tables map[Table]*txTable
+	owner  any
 }
 
 type txTable struct {
@@ -154,17 +194,37 @@ type txTable struct {
 	del   map[string]bool
 	keyed map[string]*txKeyed
 	jumps map[string][]Rule
+	// owners holds the owners of the chains set or deleted.
+	owners map[string]any
+	parts  *txParts
+}
+
+// txParts are the chains of a TableContent's Parts to write: all but
+// those the kernel holds as they should be (same), after flushing those
+// it holds otherwise (flush, in name order).
+type txParts struct {
+	seq   iter.Seq2[any, []Chain]
+	same  map[string]bool
+	flush []ownedChain
+}
+
+// ownedChain is a chain's name and its owner.
+type ownedChain struct {
+	name  string
+	owner any
 }
 
 type txKeyed struct {
 	reset bool
 	set   map[string][]Rule
+	// owners holds the owners of the keys set.
+	owners map[string]any
 }
 
 // Changes reports whether tx changes anything.
 func (tx *Tx) Changes() bool {
 	for _, tt := range tx.tables {
-		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 {
+		if len(tt.set)+len(tt.del)+len(tt.keyed)+len(tt.jumps) > 0 || tt.parts != nil {
 			return true
 		}
 	}
@@ -172,9 +232,9 @@ func (tx *Tx) Changes() bool {
 }
 
 // sizeHint guesses the size of the batch for tx and its number of
-// messages, to allocate both at once:
-// rules take up to about 1 KiB (a DNAT rule with comment and affinity),
-// and room reserved but never written costs address space, not memory.
+// messages, to allocate both at once (the batch a chunk at most, so that
+// a guess too big costs little): rules take up to about 1 KiB (a DNAT
+// rule with comment and affinity). The chains of Parts are not counted.
 func (tx *Tx) sizeHint() (bytes, msgs int) {
 	for _, tt := range tx.tables {
 		msgs += len(tt.set) + len(tt.del)
@@ -198,7 +258,8 @@ func NewTx() *Tx { return &Tx{tables: map[Table]*txTable{}} }
 func (tx *Tx) table(t Table) *txTable {
 	tt := tx.tables[t]
 	if tt == nil {
-		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{}}
+		tt = &txTable{set: map[string][]Rule{}, del: map[string]bool{}, keyed: map[string]*txKeyed{}, jumps: map[string][]Rule{},
+			owners: map[string]any{}}
 		tx.tables[t] = tt
 	}
 	return tt
@@ -208,11 +269,26 @@ func (tx *Tx) table(t Table) *txTable {
 // are missing, even when nothing else changes in it.
 func (tx *Tx) Touch(t Table) { tx.table(t) }
 
+// SetOwner makes the chains and keys the next calls set or delete belong
+// to owner (nil: to no one), until the next SetOwner: a refusal of the
+// kernel names it (nfnl.Batch.SetOwner).
+func (tx *Tx) SetOwner(owner any) { tx.owner = owner }
+
+// own records the current owner of a chain or key.
+func (tx *Tx) own(owners map[string]any, name string) {
+	if tx.owner != nil {
+		owners[name] = tx.owner
+	} else {
+		delete(owners, name)
+	}
+}
+
 // SetChain makes chain name hold exactly rules, creating it if needed.
 func (tx *Tx) SetChain(t Table, name string, rules []Rule) {
 	tt := tx.table(t)
 	delete(tt.del, name)
 	tt.set[name] = rules
+	tx.own(tt.owners, name)
 }
 
 // DeleteChain removes chain name if it exists.
@@ -220,12 +296,13 @@ func (tx *Tx) DeleteChain(t Table, name string) {
 	tt := tx.table(t)
 	delete(tt.set, name)
 	tt.del[name] = true
+	tx.own(tt.owners, name)
 }
 
 func (tt *txTable) keyedChain(name string) *txKeyed {
 	k := tt.keyed[name]
 	if k == nil {
-		k = &txKeyed{set: map[string][]Rule{}}
+		k = &txKeyed{set: map[string][]Rule{}, owners: map[string]any{}}
 		tt.keyed[name] = k
 	}
 	return k
@@ -234,7 +311,9 @@ func (tt *txTable) keyedChain(name string) *txKeyed {
 // SetKeyed makes key's rules in keyed chain chain exactly rules (none
 // removes the key), creating the chain if needed.
 func (tx *Tx) SetKeyed(t Table, chain, key string, rules []Rule) {
-	tx.table(t).keyedChain(chain).set[key] = rules
+	k := tx.table(t).keyedChain(chain)
+	k.set[key] = rules
+	tx.own(k.owners, key)
 }
 
 // ResetKeyed makes keyed chain chain hold only the keys set in this
@@ -373,7 +452,7 @@ func (b *builder) pt(t Table) *pendingTable {
 // addRule writes a rule and, with slot, records where its handle goes. It
 // returns the rule's signature.
 func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *uint64) (uint64, error) {
-	raw, err := b.m.addRule(t, chain, r, pos)
+	enc, err := b.m.addRule(t, chain, r, pos)
 	if err != nil {
 		return 0, fmt.Errorf("%s chain %s: rule %q: %w", t, chain, r.AppendSave(nil, t.Family, chain), err)
 	}
@@ -381,7 +460,9 @@ func (b *builder) addRule(t Table, chain string, r *Rule, pos position, slot *ui
 	var sig uint64
 	if slot != nil {
 		p.rules = append(p.rules, pendingRule{alloc: p.allocs, msg: b.m.last(), slot: slot})
-		sig, _, _ = rawSig(raw)
+		if b.m.raw, err = splitExprs(b.m.raw[:0], enc); err == nil {
+			sig, _, _ = rawSig(b.m.raw)
+		}
 	}
 	p.allocs++
 	return sig, nil

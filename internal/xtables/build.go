@@ -8,39 +8,62 @@ import (
 
 // table writes the messages that make table t move from st to what tt
 // asks, in an order the kernel accepts within one batch: rule deletions,
-// flushes, chain deletions, chain creations, whole chains, keyed rules,
-// jumps. State updates run only after the batch succeeds.
+// flushes, chain deletions, chain creations, the chains of Parts group by
+// group, whole chains, keyed rules, jumps. State updates run only after
+// the batch succeeds.
+//
+// Each message belongs to the owner of its chain or key (Tx.SetOwner); the
+// table, builtin and keyed chains and jumps to no one.
 func (b *builder) table(t Table, st *tableState, tt *txTable) error {
+	owner := func(name string) { b.m.b.SetOwner(tt.owners[name]) }
+	b.m.b.SetOwner(nil)
 	b.ensureTable(t, st)
 	for _, chain := range sortedKeys(tt.keyed) {
 		b.dropKeyed(t, st, chain, tt.keyed[chain])
 	}
+	b.m.b.SetOwner(nil)
 	for _, chain := range sortedKeys(tt.jumps) {
 		b.dropJumps(t, st, chain, tt.jumps[chain])
 	}
 	setNames, delNames := sortedKeys(tt.set), sortedKeys(tt.del)
 	for _, name := range setNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.flushChain(t, name)
+		}
+	}
+	if tt.parts != nil {
+		for _, c := range tt.parts.flush {
+			b.m.b.SetOwner(c.owner)
+			b.m.flushChain(t, c.name)
 		}
 	}
 	// Every chain to delete is flushed before any is deleted: they may
 	// jump to one another.
 	for _, name := range delNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.flushChain(t, name)
 		}
 	}
 	for _, name := range delNames {
 		if st.chains[name] {
+			owner(name)
 			b.m.delChain(t, name)
 			b.onSuccess = append(b.onSuccess, func() { delete(st.chains, name); delete(st.keyed, name); st.use-- })
 		}
 	}
 	for _, name := range slices.Concat(setNames, sortedKeys(tt.keyed)) {
+		owner(name)
 		b.ensureChain(t, st, name)
 	}
+	if tt.parts != nil {
+		if err := b.writeParts(t, st, tt.parts); err != nil {
+			return err
+		}
+	}
 	for _, name := range setNames {
+		owner(name)
 		for i := range tt.set[name] {
 			if _, err := b.addRule(t, name, &tt.set[name][i], position{}, nil); err != nil {
 				return err
@@ -52,9 +75,36 @@ func (b *builder) table(t Table, st *tableState, tt *txTable) error {
 			return err
 		}
 	}
+	b.m.b.SetOwner(nil)
 	for _, chain := range sortedKeys(tt.jumps) {
 		if err := b.placeJumps(t, st, chain, tt.jumps[chain]); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// writeParts writes the chains of Parts that the kernel does not hold as
+// they should be, group by group: the group's chains created where
+// missing, then their rules, all the group's owner's. The rules are
+// encoded as they come and not kept.
+func (b *builder) writeParts(t Table, st *tableState, p *txParts) error {
+	for owner, group := range p.seq {
+		b.m.b.SetOwner(owner)
+		for _, c := range group {
+			if !p.same[c.Name] {
+				b.ensureChain(t, st, c.Name)
+			}
+		}
+		for _, c := range group {
+			if p.same[c.Name] {
+				continue
+			}
+			for i := range c.Rules {
+				if _, err := b.addRule(t, c.Name, &c.Rules[i], position{}, nil); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
@@ -115,6 +165,7 @@ func (b *builder) dropKeyed(t Table, st *tableState, chain string, k *txKeyed) {
 			delete(k.set, key) // unchanged: keep it as it is
 			continue
 		}
+		b.m.b.SetOwner(k.owners[key])
 		for _, h := range e.handles {
 			b.m.delRule(t, chain, h)
 		}
@@ -149,36 +200,61 @@ func sameSigs(a, b []uint64) bool {
 // key order: in ascending key order, each before the first rule of the
 // next key that stays (placed by handle; inserting one after another
 // before the same rule keeps them in order), or at the end of the chain.
+// The keys that stay and the new ones are merged in one pass, and the
+// place of each new key found in one pass back, so that a chain of many
+// keys costs what it holds.
 func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) error {
-	old := st.keyed[chain]
 	final := &keyedChain{}
-	if old != nil && !k.reset {
-		for _, e := range old.entries {
-			if _, changed := k.set[e.key]; !changed {
-				final.entries = append(final.entries, e)
+	var stay []*keyedEntry
+	if old := st.keyed[chain]; old != nil && !k.reset {
+		stay = old.entries
+	}
+	keys := sortedKeys(k.set)
+	final.entries = make([]*keyedEntry, 0, len(stay)+len(keys))
+	for len(stay) > 0 || len(keys) > 0 {
+		if len(stay) > 0 {
+			if _, changed := k.set[stay[0].key]; changed {
+				stay = stay[1:]
+				continue
 			}
+		}
+		if len(keys) > 0 && len(k.set[keys[0]]) == 0 {
+			keys = keys[1:]
+			continue
+		}
+		if len(keys) == 0 || (len(stay) > 0 && stay[0].key < keys[0]) {
+			final.entries = append(final.entries, stay[0])
+			stay = stay[1:]
+			continue
+		}
+		key := keys[0]
+		keys = keys[1:]
+		final.entries = append(final.entries, &keyedEntry{key: key, handles: make([]uint64, len(k.set[key])), fresh: true})
+	}
+	// Where each new key's rules go: before the next key that stays.
+	pos := make([]position, len(final.entries))
+	next := position{}
+	for i := len(final.entries) - 1; i >= 0; i-- {
+		pos[i] = next
+		if e := final.entries[i]; !e.fresh && len(e.handles) > 0 {
+			next = position{kind: posBeforeHandle, handle: e.handles[0]}
 		}
 	}
 	var added []*keyedEntry
-	for _, key := range sortedKeys(k.set) {
-		if len(k.set[key]) == 0 {
+	for i, e := range final.entries {
+		if !e.fresh {
 			continue
 		}
-		e := &keyedEntry{key: key, handles: make([]uint64, len(k.set[key])), fresh: true}
-		i, _ := final.find(key)
-		final.entries = slices.Insert(final.entries, i, e)
 		added = append(added, e)
-	}
-	for _, e := range added {
-		pos := successor(final, e)
 		rules := k.set[e.key]
+		b.m.b.SetOwner(k.owners[e.key])
 		e.sigs = make([]uint64, len(rules))
-		for i := range rules {
-			sig, err := b.addRule(t, chain, &rules[i], pos, &e.handles[i])
+		for j := range rules {
+			sig, err := b.addRule(t, chain, &rules[j], pos[i], &e.handles[j])
 			if err != nil {
 				return err
 			}
-			e.sigs[i] = sig
+			e.sigs[j] = sig
 		}
 	}
 	b.onSuccess = append(b.onSuccess, func() {
@@ -188,18 +264,6 @@ func (b *builder) placeKeyed(t Table, st *tableState, chain string, k *txKeyed) 
 		st.keyed[chain] = final
 	})
 	return nil
-}
-
-// successor returns where e's rules go: before the first rule of the next
-// entry in final order that is already in the kernel, or at the end.
-func successor(final *keyedChain, e *keyedEntry) position {
-	i, _ := final.find(e.key)
-	for _, next := range final.entries[i+1:] {
-		if !next.fresh && len(next.handles) > 0 {
-			return position{kind: posBeforeHandle, handle: next.handles[0]}
-		}
-	}
-	return position{}
 }
 
 // dropJumps deletes the owner's rules in a builtin chain unless they are

@@ -28,7 +28,10 @@
 //   - [Applier.Reconcile] reads what the kernel holds (a dump of the owned
 //     tables) and makes it match a complete [TableContent] per table,
 //     sending only what differs. Run it first, after a failure, and when
-//     [Applier.Check] reports a foreign change.
+//     [Applier.Check] reports a foreign change. Most chains of a large
+//     table can be made on demand, group by group (TableContent.Parts),
+//     and are encoded as they come: the rules of a whole ruleset are never
+//     held beside the batch that writes them.
 //   - [Applier.Commit] applies a [Tx] of changes: whole chains rewritten
 //     (flushed then filled), chains deleted, keys of keyed chains replaced
 //     rule by rule, jumps restored. A keyed chain holds the rules of many
@@ -44,6 +47,13 @@
 //     one of its own last commit; else it compares the tables' chain
 //     counts and the jumps in builtin chains.
 //   - [Applier.Cleanup] removes the owned chains and jumps.
+//
+// Every message says whose it is (nfnl.Batch.SetOwner): a whole chain's
+// and its rules' are its owner's (TableContent.ChainOwners,
+// Tx.SetOwner), a key's rules are the key's owner's
+// (TableContent.KeyOwners); the tables, the builtin and keyed chains and
+// the jumps are no one's. A refusal of the kernel names the owners of the
+// messages it refused.
 //
 // Every batch carries the generation it was built for, so that a
 // concurrent change by someone else makes the kernel refuse it

@@ -12,7 +12,7 @@ import (
 type msgWriter struct {
 	b   nfnl.Batch
 	enc exprWriter     // scratch space for rule expressions
-	raw []nfnl.RawExpr // scratch for their split
+	raw []nfnl.RawExpr // scratch for their split, for signatures
 }
 
 // count returns the number of messages so far.
@@ -67,23 +67,19 @@ const (
 	posBeforeHandle
 )
 
-// addRule adds r to chain at pos. It returns the rule's expressions, for
-// their signature.
-func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position) ([]nfnl.RawExpr, error) {
+// addRule adds r to chain at pos, encoding its expressions straight
+// into the message. It returns them encoded (the contents of
+// NFTA_RULE_EXPRESSIONS), valid until the next call.
+func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position) ([]byte, error) {
 	m.enc.b = m.enc.b[:0]
 	if err := encodeRule(&m.enc, t.Family, r); err != nil {
 		return nil, err
 	}
-	raw, err := splitExprs(m.raw[:0], m.enc.b)
-	if err != nil {
-		return nil, err
-	}
-	m.raw = raw
 	var flags uint32
 	if r.NotProto {
 		flags = compatInvert
 	}
-	nr := nfnl.Rule{Family: nfnl.Family(t.Family), Table: string(t.Name), Chain: chain, Raw: raw,
+	nr := nfnl.Rule{Family: nfnl.Family(t.Family), Table: string(t.Name), Chain: chain, Encoded: m.enc.b,
 		Compat: &nfnl.Compat{Proto: uint32(r.Proto), Flags: flags}}
 	switch pos.kind {
 	case posAppend:
@@ -94,7 +90,7 @@ func (m *msgWriter) addRule(t Table, chain string, r *Rule, pos position) ([]nfn
 		nr.Position = pos.handle
 		m.b.InsertRule(nr)
 	}
-	return raw, nil
+	return m.enc.b, nil
 }
 
 const compatInvert = 1 << 1 // NFT_RULE_COMPAT_F_INV

@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
+	"strings"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 )
@@ -214,6 +216,7 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 	tx.Touch(t)
 	for name, rules := range want.Chains {
 		if !k.st.chains[name] || !sameSigs(dumpedSigs(k.rules[name]), sigsOf(t.Family, rules)) {
+			tx.SetOwner(want.ChainOwners[name])
 			tx.SetChain(t, name, rules)
 		}
 	}
@@ -224,14 +227,17 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 		}
 		tx.ResetKeyed(t, chain)
 		for key, rules := range keys {
+			tx.SetOwner(want.KeyOwners[key])
 			tx.SetKeyed(t, chain, key, rules)
 		}
 	}
+	tx.SetOwner(nil)
+	inParts := a.diffParts(t, k, want.Parts, tx)
 	for name := range k.st.chains {
 		_, whole := want.Chains[name]
 		_, keyed := want.Keyed[name]
 		switch {
-		case whole || keyed:
+		case whole || keyed || inParts[name]:
 		case k.referenced[name]:
 			a.log.Warn("chain no longer wanted is still used by a foreign rule; flushed and left in place", "table", t.String(), "chain", name)
 			if len(k.rules[name]) > 0 {
@@ -245,6 +251,50 @@ func (a *Applier) diff(t Table, k *kernelTable, want *TableContent, tx *Tx) erro
 		a.diffJumps(t, k, bc.Name, want.Jumps[bc.Name], tx)
 	}
 	return nil
+}
+
+// diffParts records in tx the chains of parts that kernel table k does
+// not hold as they should be, and returns those of its chains that parts
+// holds. When the kernel holds none of the owner's chains, nothing needs
+// comparing: every chain is written.
+func (a *Applier) diffParts(t Table, k *kernelTable, parts iter.Seq2[any, []Chain], tx *Tx) map[string]bool {
+	if parts == nil {
+		return nil
+	}
+	p := &txParts{seq: parts, same: map[string]bool{}}
+	write := false
+	if len(k.st.chains) == 0 {
+		for _, group := range parts {
+			if write = len(group) > 0; write {
+				break
+			}
+		}
+		if write {
+			tx.table(t).parts = p
+		}
+		return nil
+	}
+	held := map[string]bool{}
+	for owner, group := range parts {
+		for _, c := range group {
+			if !k.st.chains[c.Name] {
+				write = true
+				continue
+			}
+			held[c.Name] = true
+			if sameSigs(dumpedSigs(k.rules[c.Name]), sigsOf(t.Family, c.Rules)) {
+				p.same[c.Name] = true
+			} else {
+				p.flush = append(p.flush, ownedChain{c.Name, owner})
+				write = true
+			}
+		}
+	}
+	if write {
+		slices.SortFunc(p.flush, func(x, y ownedChain) int { return strings.Compare(x.name, y.name) })
+		tx.table(t).parts = p
+	}
+	return held
 }
 
 // diffJumps adopts the owner's rules in a builtin chain when they are

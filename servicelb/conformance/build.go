@@ -39,7 +39,7 @@ func Eps(node string, hosts ...int) []servicelb.Endpoint {
 	var out []servicelb.Endpoint
 	for _, h := range hosts {
 		for _, a := range []netip.Addr{netnstest.BackendIPv4(h), netnstest.BackendIPv6(h)} {
-			out = append(out, servicelb.Endpoint{Addr: a, Ready: true, Serving: true, NodeName: node})
+			out = append(out, servicelb.Endpoint{Addr: a, NodeName: node})
 		}
 	}
 	return out
@@ -68,12 +68,12 @@ func Edit(eps []servicelb.Endpoint, f func(*servicelb.Endpoint)) []servicelb.End
 
 // Terminating marks endpoints serving and terminating, not ready.
 func Terminating(eps []servicelb.Endpoint) []servicelb.Endpoint {
-	return Edit(eps, func(e *servicelb.Endpoint) { e.Ready, e.Serving, e.Terminating = false, true, true })
+	return Edit(eps, func(e *servicelb.Endpoint) { e.Ready, e.Serving, e.Terminating = new(false), new(true), true })
 }
 
 // NotServing marks endpoints neither ready nor serving.
 func NotServing(eps []servicelb.Endpoint) []servicelb.Endpoint {
-	return Edit(eps, func(e *servicelb.Endpoint) { e.Ready, e.Serving = false, false })
+	return Edit(eps, func(e *servicelb.Endpoint) { e.Ready, e.Serving = new(false), new(false) })
 }
 
 // Weighted gives endpoints weight w.

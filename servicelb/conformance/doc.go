@@ -108,6 +108,12 @@
 // (ECONNREFUSED before any packet is sent) counts as Refused for those
 // asks, as a drop at the socket (EPERM) counts as Dropped for every ask.
 //
+// A proxy that serves its frontends at addresses and ports of its own
+// rather than at theirs (the userspace backend without privileges, which
+// listens at the node's address and a port per frontend) says where in
+// Backend.Redirect: each check then asks there, from the same origin, and
+// a frontend it puts nowhere is asked at its own address.
+//
 // A failed check names the scenario, the family, protocol, origin and
 // frontend, and what happened instead (the endpoint that answered, the
 // client address it saw, a reset instead of an ICMP error, an answer

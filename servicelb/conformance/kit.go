@@ -43,6 +43,12 @@ type Backend struct {
 	// as Refused, as a drop at the socket (EPERM) counts as Dropped. The
 	// package's TestMain must call Main.
 	Cgroup string
+	// Redirect, when set, says where a proxy that serves its frontends at
+	// other addresses and ports (the userspace backend's listen-at mode,
+	// which needs no privilege) serves the frontend at dst for protocol p:
+	// every check then asks there instead of at dst, from the same origin.
+	// ok false asks at dst itself.
+	Redirect func(p servicelb.Protocol, dst netip.AddrPort) (at netip.AddrPort, ok bool)
 }
 
 // Options tune a run.

@@ -729,7 +729,7 @@ func aThousand(eps func() []servicelb.Endpoint) func(*Env) []servicelb.Service {
 				Name:       fmt.Sprintf("%s/filler-%d", scenarioName(e.idx), i),
 				ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 98, byte(i / 250), byte(1 + i%250)})},
 				Ports:      []servicelb.Port{{Protocol: servicelb.TCP, Port: ServicePort, TargetPort: TargetPort}},
-				Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 246, byte(i / 250), byte(1 + i%250)}), Ready: true}},
+				Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 246, byte(i / 250), byte(1 + i%250)})}},
 			})
 		}
 		return out
@@ -740,7 +740,7 @@ func aThousand(eps func() []servicelb.Endpoint) func(*Env) []servicelb.Service {
 func manyEndpoints(n int) []servicelb.Endpoint {
 	out := make([]servicelb.Endpoint, n)
 	for i := range out {
-		out[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)}), Ready: true, Serving: true}
+		out[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)})}
 	}
 	return out
 }

@@ -460,7 +460,13 @@ func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.
 	if t.port != 0 {
 		port = t.port
 	}
-	return netip.AddrPortFrom(a, port)
+	dst := netip.AddrPortFrom(a, port)
+	if r := e.lab.b.Redirect; r != nil {
+		if at, ok := r(p, dst); ok {
+			return at
+		}
+	}
+	return dst
 }
 
 // Ask makes one ask from an origin to a target, for custom checks.

@@ -3,8 +3,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,12 +10,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
 )
 
@@ -114,50 +110,4 @@ func TestSystemdUnit(t *testing.T) {
 	code, stdout, logs := run(t, append(args, "--dry-run", "--once")...)
 	require.Equal(t, 0, code, logs)
 	has(t, stdout, "10.96.0.10", "the unit's command line")
-}
-
-// With CAP_NET_ADMIN alone, as the DaemonSet and the systemd unit grant
-// it, the binary programs its namespace, serves its health there and
-// stays up; without it, it stops and says what it lacks.
-func TestNetAdminIsEnough(t *testing.T) {
-	sb := newSandbox(t)
-	bin := kproxyBinary(t)
-	services := servicesFile(t)
-	start := func(caps string) (*exec.Cmd, *bytes.Buffer) {
-		t.Helper()
-		var logs bytes.Buffer
-		cmd := exec.Command("setpriv", "--bounding-set", caps, "--inh-caps", "-all", "--", bin,
-			"--source", "file", "--file", services, "--node-name", "node", "--node-ips", sandbox.NodeAddr.String(),
-			"--log-format", "json", "--bpf-pin-path=")
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		// Started from the sandbox node's namespace: the process lives
-		// there, with the default metrics and health addresses.
-		require.NoError(t, sandbox.In(sb.Node.NS, cmd.Start))
-		return cmd, &logs
-	}
-	cmd, logs := start("-all,+net_admin")
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := sb.Eventually(ctx, "http://10.96.0.11:80/", 3, func(c sandbox.Counts) bool { return c["backend-1"] == 3 })
-	require.NoError(t, err, "traffic through the rules: %s", logs)
-	health, err := sb.Get(ctx, "http://"+sandbox.NodeAddr.String()+":10256/healthz")
-	require.NoError(t, err, logs.String())
-	assert.Contains(t, health, `"healthy":true`)
-	_, table := in(t, sb, "nft", "list", "table", "inet", "kproxy")
-	assert.True(t, table)
-	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	assert.NoError(t, cmd.Wait(), logs.String())
-	stopped = true
-
-	cmd, logs = start("-all")
-	err = cmd.Wait()
-	assert.Error(t, err, "ran without CAP_NET_ADMIN")
-	assert.Contains(t, logs.String(), "CAP_NET_ADMIN")
 }

@@ -17,7 +17,10 @@
 //
 // It needs CAP_NET_ADMIN in the network namespace it programs (the ebpf
 // backend CAP_BPF too) and the kernel support of its backend, except with
-// --dry-run, which prints the rules and installs nothing:
+// --dry-run, which prints the rules and installs nothing, and with the
+// userspace backend holding no address (--userspace-hold-addresses=false,
+// --userspace-listen-at), which needs no privilege at all; that backend's
+// per-port counters are its kproxy_userspace_* metrics:
 //
 //	go run ./examples/cmd/kproxy --source file --file examples/cmd/kproxy/services.yaml --dry-run --once
 package main

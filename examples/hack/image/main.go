@@ -1,25 +1,35 @@
 // Command image packs a static kproxy binary into an OCI image layout,
 // without a container runtime: one layer holding /usr/local/bin/kproxy,
-// its entrypoint. `make image` runs it on the binary `make kproxy` builds
-// (CGO_ENABLED=0):
+// its entrypoint, and a bundle of CA certificates at
+// /etc/ssl/certs/ca-certificates.crt, where Go's crypto/x509 looks for
+// the system's, so that kproxy verifies servers with certificates of the
+// public CAs (Consul over HTTPS without --consul-ca-file). The bundle is
+// the build machine's, Debian's ca-certificates by default (--ca-bundle
+// names another PEM file; empty leaves it out). `make image` runs it on
+// the binary `make kproxy` builds (CGO_ENABLED=0):
 //
 //	go run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:v0.1.0
 //
 // Push the layout with any OCI tool, such as
 // `crane push bin/kproxy-image REGISTRY/kproxy:v0.1.0` or
 // `skopeo copy oci:bin/kproxy-image docker://REGISTRY/kproxy:v0.1.0`.
-// The image is reproducible: its files and config carry the time zero.
+// The image is reproducible: its files and config carry the time zero, so
+// the same binary and bundle make the same image.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/x509"
 	"debug/elf"
+	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -31,6 +41,14 @@ import (
 
 // BinaryPath is where the image holds kproxy.
 const BinaryPath = "/usr/local/bin/kproxy"
+
+// CABundlePath is where the image holds the CA certificates: the first
+// file Go's crypto/x509 reads for the system's roots on Linux (as do
+// OpenSSL and most tools on Debian).
+const CABundlePath = "/etc/ssl/certs/ca-certificates.crt"
+
+// DefaultCABundle is the bundle of Debian's ca-certificates package.
+const DefaultCABundle = "/etc/ssl/certs/ca-certificates.crt"
 
 // Options say what to pack and where.
 type Options struct {
@@ -46,6 +64,9 @@ type Options struct {
 	// Arch is the binary's architecture, as Go names it; default the
 	// running one.
 	Arch string
+	// CABundle is a PEM file of CA certificates to hold at CABundlePath;
+	// empty holds none.
+	CABundle string
 }
 
 func main() {
@@ -56,6 +77,7 @@ func main() {
 	flag.StringVar(&o.Version, "version", "", "version label")
 	flag.StringVar(&o.Revision, "revision", "", "revision label")
 	flag.StringVar(&o.Arch, "arch", runtime.GOARCH, "the binary's architecture")
+	flag.StringVar(&o.CABundle, "ca-bundle", DefaultCABundle, "PEM file of the CA certificates the image holds at "+CABundlePath+" (default: Debian's ca-certificates); empty: none")
 	flag.Parse()
 	digest, err := Build(o)
 	if err != nil {
@@ -77,7 +99,15 @@ func Build(o Options) (v1.Hash, error) {
 	if err := checkStatic(o.Binary); err != nil {
 		return v1.Hash{}, err
 	}
-	img, err := image(bin, o)
+	files := []file{{BinaryPath, 0o755, bin}}
+	if o.CABundle != "" {
+		pem, err := readCABundle(o.CABundle)
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		files = append(files, file{CABundlePath, 0o644, pem})
+	}
+	img, err := image(files, o)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -112,8 +142,39 @@ func checkStatic(path string) error {
 	return nil
 }
 
-func image(bin []byte, o Options) (v1.Image, error) {
-	layer, err := binaryLayer(bin)
+// readCABundle reads a PEM file of CA certificates, and refuses one that
+// holds anything else, or none.
+func readCABundle(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("CA bundle: %w (install Debian's ca-certificates, or name a bundle with --ca-bundle)", err)
+	}
+	n := 0
+	for rest := b; ; {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			if strings.TrimSpace(string(rest)) != "" {
+				return nil, fmt.Errorf("CA bundle %s: text that is not PEM after certificate %d", path, n)
+			}
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("CA bundle %s: a %s block, want certificates only", path, blk.Type)
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			return nil, fmt.Errorf("CA bundle %s: certificate %d: %w", path, n+1, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("CA bundle %s: %w", path, errors.New("no certificate"))
+	}
+	return b, nil
+}
+
+func image(files []file, o Options) (v1.Image, error) {
+	layer, err := filesLayer(files)
 	if err != nil {
 		return nil, err
 	}
@@ -144,22 +205,37 @@ func image(bin []byte, o Options) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
-// binaryLayer is a gzipped tar of the binary at BinaryPath, with its
-// directories, every time zero.
-func binaryLayer(bin []byte) (v1.Layer, error) {
+// file is one regular file of the image.
+type file struct {
+	path string
+	mode int64
+	data []byte
+}
+
+// filesLayer is a gzipped tar of files, with their directories, every time
+// zero.
+func filesLayer(files []file) (v1.Layer, error) {
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
-	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, Format: tar.FormatPAX}); err != nil {
+	dirs := map[string]bool{}
+	for _, f := range files {
+		name := strings.TrimPrefix(f.path, "/")
+		for i := range len(name) {
+			if name[i] != '/' || dirs[name[:i+1]] {
+				continue
+			}
+			dirs[name[:i+1]] = true
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name[:i+1], Mode: 0o755, Format: tar.FormatPAX}); err != nil {
+				return nil, err
+			}
+		}
+		h := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: f.mode, Size: int64(len(f.data)), Format: tar.FormatPAX}
+		if err := tw.WriteHeader(h); err != nil {
 			return nil, err
 		}
-	}
-	h := &tar.Header{Typeflag: tar.TypeReg, Name: BinaryPath[1:], Mode: 0o755, Size: int64(len(bin)), Format: tar.FormatPAX}
-	if err := tw.WriteHeader(h); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(bin); err != nil {
-		return nil, err
+		if _, err := tw.Write(f.data); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err

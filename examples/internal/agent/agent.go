@@ -123,6 +123,9 @@ func New(o Options) (*Agent, error) {
 		return nil, err
 	}
 	a.metrics = NewMetrics(a.cfg.Backend, a.health)
+	if s, ok := a.dp.(portStatser); ok {
+		a.metrics.Registry.MustRegister(newPortStatsCollector(s))
+	}
 	if err := a.openHealth(node); err != nil {
 		a.Close()
 		return nil, err
@@ -274,7 +277,12 @@ func splitErrors(err error) []error {
 }
 
 func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
-	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath}
+	uo, err := a.cfg.Userspace.Options()
+	if err != nil {
+		return err
+	}
+	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath,
+		Userspace: &uo}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
@@ -296,6 +304,10 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 			return err
 		}
 		a.dp = d
+		if a.cfg.Backend == "userspace" && unprivileged(bo) {
+			// Without privileges it could remove nothing of theirs.
+			break
+		}
 		a.others = &bo
 	}
 	return nil
@@ -439,9 +451,16 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 			}
 		})
 	}
+	// Every source is registered before the runner and the sources run:
+	// a runner that knew only the sources started so far would sync as
+	// soon as they delivered, a state without the others' services.
+	dsts := make([]*servicelb.Source, len(sources))
+	for i, s := range sources {
+		dsts[i] = a.runner.Source(s.Name())
+	}
 	wg.Go(func() { _ = a.runner.Run(ctx) })
-	for _, s := range sources {
-		dst := a.runner.Source(s.Name())
+	for i, s := range sources {
+		dst := dsts[i]
 		report := a.reporter(s.Name())
 		wg.Go(func() {
 			if err := s.Run(ctx, dst, report); err != nil && ctx.Err() == nil {

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,7 +115,7 @@ func startAgent(t *testing.T, cfg Config, p *fake.Proxier, out io.Writer) (*Agen
 var web = servicelb.Service{
 	Name: "ns/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 	Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}},
-	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1"), Ready: true, Serving: true}},
+	Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.1.0.1")}},
 }
 
 func TestDryRunOnce(t *testing.T) {
@@ -143,6 +146,41 @@ func TestDryRunOnce(t *testing.T) {
 	}
 	if len(p.Records()) != 0 {
 		t.Error("a dry run synced the dataplane")
+	}
+}
+
+// --once exits after the first sync whether it succeeded or not, as its
+// help says: a failed first sync is returned, not retried.
+func TestOnceFailedSync(t *testing.T) {
+	cfg := defaults()
+	cfg.Once = true
+	p := &fake.Proxier{}
+	boom := errors.New("boom")
+	p.FailNext(boom)
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	src := a.Runner().Source("test")
+	if err := src.Upsert(web); err != nil {
+		t.Fatal(err)
+	}
+	src.Synced()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = a.Run(ctx)
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run returned %v, want the first sync's error", err)
+	}
+	if ctx.Err() != nil || len(p.Records()) != 1 {
+		t.Fatalf("--once retried the failed sync: %d syncs", len(p.Records()))
+	}
+	fs := newFlagSet()
+	var c Config
+	c.RegisterFlags(fs)
+	if usage := fs.Lookup("once").Usage; !strings.Contains(usage, "1 with its error if it failed") {
+		t.Errorf("--once's help does not say a failed first sync ends it: %q", usage)
 	}
 }
 
@@ -361,4 +399,174 @@ func TestCleanupNotPresent(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNothingOwned)
 	assert.ErrorContains(t, err, "ipvs: cleanup: nothing of the backend can be there: no ip_vs")
 	assert.False(t, probed)
+}
+
+// source is a Source that delivers its services and says it is synced as
+// soon as it runs. onName, when set, runs the first time the agent asks
+// its name.
+type source struct {
+	name   string
+	svcs   []servicelb.Service
+	onName func()
+	once   sync.Once
+}
+
+func (s *source) Name() string {
+	if s.onName != nil {
+		s.once.Do(s.onName)
+	}
+	return s.name
+}
+
+func (s *source) Run(ctx context.Context, dst *servicelb.Source, _ Reporter) error {
+	for _, svc := range s.svcs {
+		if err := dst.Upsert(svc); err != nil {
+			return err
+		}
+	}
+	dst.Synced()
+	<-ctx.Done()
+	return nil
+}
+
+// An agent registers every source before its runner and its sources run,
+// so that no sync applies a state that lacks a source's services. The
+// first source here delivers at once; the agent asks the second's name
+// only after the runner had time to sync what the first delivered, were
+// it running already.
+func TestSourcesRegisteredBeforeRun(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr, cfg.MinSyncInterval = "", time.Millisecond
+	p := &fake.Proxier{}
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	require.NoError(t, err)
+	defer a.Close()
+	api := web
+	api.Name, api.ClusterIPs = "ns/api", []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	first := &source{name: "first", svcs: []servicelb.Service{web}}
+	second := &source{name: "second", svcs: []servicelb.Service{api}, onName: func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_, _ = p.WaitSyncs(ctx, 1)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, first, second) }()
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_, err = p.WaitSyncs(wait, 1)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, err)
+	for i, rec := range p.Records() {
+		_, hasWeb := rec.State.Service("ns/web")
+		_, hasAPI := rec.State.Service("ns/api")
+		assert.True(t, hasWeb && hasAPI, "sync %d applied %d services, not both sources'", i+1, rec.State.Len())
+	}
+}
+
+// logBuffer is a bytes.Buffer for a logger that the agent's goroutines
+// share.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A service the backend leaves out of a sync (a PartialError, the rest
+// applied) is reported once as an invalid object of the backend: the
+// kproxy_invalid_objects_total{source="backend"} counter, an error in the
+// log naming it, and Options.OnInvalid. A later sync that leaves the same
+// service out reports nothing new.
+func TestLeftOutReported(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr, cfg.MinSyncInterval = "", time.Millisecond
+	p := &fake.Proxier{}
+	var logs logBuffer
+	var reported []string
+	var mu sync.Mutex
+	a, err := New(Options{Config: cfg, Dataplane: p, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		OnInvalid: func(object string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reported = append(reported, object+": "+err.Error())
+		}})
+	require.NoError(t, err)
+	defer a.Close()
+	refusal := &servicelb.ValidationError{Service: "ns/web", Field: "ports", Value: "ns/web:http/ipv4",
+		Err: fmt.Errorf("%w: nfnl: commit: add rule inet kproxy svc4-ns/web/http: no such file or directory", servicelb.ErrRefused)}
+	p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}},
+		&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}})
+	src := a.Runner().Source("test")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	api := web
+	api.Name, api.ClusterIPs = "ns/api", []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	require.NoError(t, src.Upsert(web))
+	require.NoError(t, src.Upsert(api))
+	src.Synced()
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	_, err = p.WaitSyncs(wait, 1)
+	require.NoError(t, err)
+	api.Endpoints = nil
+	require.NoError(t, src.Upsert(api))
+	_, err = p.WaitSyncs(wait, 2)
+	require.NoError(t, err)
+	// The hooks run after Sync returns: wait for the second sync's.
+	require.Eventually(t, func() bool { return a.health().AppliedAt.After(time.Time{}) && a.health().Pending == 0 },
+		5*time.Second, 5*time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.Metrics().invalid.WithLabelValues("backend")))
+	mu.Lock()
+	assert.Equal(t, []string{"ns/web: " + refusal.Error()}, reported)
+	mu.Unlock()
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "source=backend") {
+			lines = append(lines, l)
+		}
+	}
+	require.Len(t, lines, 1, "log:\n%s", logs.String())
+	assert.Contains(t, lines[0], "level=ERROR")
+	assert.Contains(t, lines[0], `msg="skipping invalid object"`)
+	assert.Contains(t, lines[0], "object=ns/web")
+	assert.Contains(t, lines[0], "ports ns/web:http/ipv4: refused by the kernel")
+}
+
+// An error about a backend names it once: a backend package's errors
+// start with its name, and the agent adds none to them (ebpf here: a
+// cgroup directory that is not cgroup v2, and pins that cannot be
+// removed).
+func TestBackendNamedOnce(t *testing.T) {
+	b := backends["ebpf"]
+	defer func() { backends["ebpf"] = b }()
+	b2 := b
+	b2.probe = func(netns.NsHandle) error { return nil } // nf_tables, for the packet path: not what fails here
+	backends["ebpf"] = b2
+	_, err := Open("ebpf", BackendOptions{NetNS: netns.None(), Cgroup: t.TempDir()})
+	require.ErrorIs(t, err, ErrUnsupported)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: missing cgroup v2: "), err.Error())
+
+	pins := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(pins, "link_connect4", "not-a-pin"), 0o755))
+	err = Cleanup(context.Background(), "ebpf", BackendOptions{PinPath: pins})
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
+	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: remove pins: unpin link_connect4: "), err.Error())
 }

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
+	"github.com/kproxy-dev/kproxy/userspace"
 )
 
 // Renderer shows states as a dataplane's own tools would, and says what
@@ -48,6 +49,10 @@ type BackendOptions struct {
 	// Cgroup and PinPath are the ebpf backend's (Config.Cgroup,
 	// Config.BPFPinPath).
 	Cgroup, PinPath string
+	// Userspace are the userspace backend's options (Config.Userspace);
+	// nil holds the services' addresses, with the package's defaults.
+	// NetNS and Logger are set from the fields above.
+	Userspace *userspace.Options
 }
 
 // ErrNoBackend: the backend is named right but this build has no
@@ -70,8 +75,8 @@ type backend struct {
 	probe func(netns.NsHandle) error
 	// open returns the backend; nil while this build has none.
 	open func(BackendOptions) (Dataplane, error)
-	// render returns a renderer that needs no kernel support, for dry
-	// runs; nil means open's backend renders.
+	// render returns a renderer that needs no kernel support and opens
+	// no socket, for dry runs; nil means open's backend renders.
 	render func(BackendOptions) (Renderer, error)
 	// cleanup removes what the backend owns without opening it, for a
 	// backend that cannot be opened with what a cleanup knows (ebpf needs
@@ -92,12 +97,12 @@ type backend struct {
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
-	"nftables": {probe: probeNFTables("nftables"), open: openNFTables},
-	"iptables": {probe: probeNFTables("iptables"), open: openIPTables},
+	"nftables": {probe: probeNFTables("nftables"), open: openNFTables, render: renderNFTables},
+	"iptables": {probe: probeNFTables("iptables"), open: openIPTables, render: renderIPTables},
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
 	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},
-	"userspace": {probe: probeUserspace, open: openUserspace},
+	"userspace": {probe: probeUserspace, open: openUserspace, cleanup: cleanupUserspace},
 }
 
 // BackendNames returns the accepted --backend values.
@@ -137,6 +142,11 @@ func Available(name string) error {
 
 // Open probes the kernel for the named backend's support and returns the
 // backend. The error names what is missing.
+//
+// Every error about a backend starts with its name, once: a backend
+// package's own errors do (its New, Cleanup and Sync), so the agent adds
+// nothing to them; the agent's own (the probes, missing flags) name the
+// backend themselves.
 func Open(name string, o BackendOptions) (Dataplane, error) {
 	b, err := lookup(name)
 	if err != nil {
@@ -148,11 +158,7 @@ func Open(name string, o BackendOptions) (Dataplane, error) {
 	if err := b.available(name); err != nil {
 		return nil, err
 	}
-	d, err := b.open(o)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return d, nil
+	return b.open(o)
 }
 
 // Renderer returns the named backend for rendering only: a dry run. It
@@ -168,11 +174,7 @@ func OpenRenderer(name string, o BackendOptions) (Renderer, error) {
 	if b.render != nil {
 		return b.render(o)
 	}
-	d, err := b.open(o)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return d, nil
+	return b.open(o)
 }
 
 // Cleanup removes everything the named backend owns in the namespace
@@ -194,10 +196,7 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 		if err := b.available(name); err != nil {
 			return err
 		}
-		if err := b.cleanup(ctx, o); err != nil {
-			return fmt.Errorf("%s: cleanup: %w", name, err)
-		}
-		return nil
+		return b.cleanup(ctx, o)
 	}
 	d, err := Open(name, o)
 	if err != nil {
@@ -205,12 +204,11 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 	}
 	err = d.Cleanup(ctx)
 	if c, ok := d.(io.Closer); ok {
-		err = errors.Join(err, c.Close())
+		if cerr := c.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("%s: close after cleanup: %w", name, cerr))
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("%s: cleanup: %w", name, err)
-	}
-	return nil
+	return err
 }
 
 // CleanupAll removes what every backend of this build owns in the

@@ -17,7 +17,7 @@ import (
 // it. ebpf.New checks the kernel first and names what is missing.
 func openEBPF(o BackendOptions) (Dataplane, error) {
 	if o.Cgroup == "" {
-		return nil, fmt.Errorf("%w: --cgroup: name the cgroup v2 directory whose sockets the hooks balance", ErrOptions)
+		return nil, fmt.Errorf("ebpf: %w: --cgroup: name the cgroup v2 directory whose sockets the hooks balance", ErrOptions)
 	}
 	ns := callers(o.NetNS)
 	nft, err := nftables.New(nftables.Options{NetNS: ns, Logger: o.Logger})
@@ -28,7 +28,7 @@ func openEBPF(o BackendOptions) (Dataplane, error) {
 	if err != nil {
 		nft.Close()
 		if errors.Is(err, ebpf.ErrNotSupported) {
-			return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
+			return nil, fmt.Errorf("%w (%w)", err, ErrUnsupported)
 		}
 		return nil, err
 	}
@@ -36,9 +36,9 @@ func openEBPF(o BackendOptions) (Dataplane, error) {
 }
 
 // renderEBPF renders the maps and the nftables table without touching
-// the kernel.
+// the kernel, or opening a socket.
 func renderEBPF(o BackendOptions) (Renderer, error) {
-	nft, err := nftables.New(nftables.Options{NetNS: callers(o.NetNS), Logger: o.Logger, NoConntrackCleanup: true})
+	nft, err := nftables.ForRendering(nftables.Options{Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +64,7 @@ func callers(ns netns.NsHandle) netns.NsHandle {
 // path nothing outlives the process that attached the hooks.
 func cleanupEBPF(_ context.Context, o BackendOptions) error {
 	if o.PinPath == "" {
-		return fmt.Errorf("%w: no --bpf-pin-path, so its hooks leave with its process", ErrNothingOwned)
+		return fmt.Errorf("ebpf: cleanup: %w: no --bpf-pin-path, so its hooks leave with its process", ErrNothingOwned)
 	}
 	return ebpf.RemovePins(o.PinPath)
 }

@@ -7,3 +7,8 @@ import "github.com/kproxy-dev/kproxy/nftables"
 func openNFTables(o BackendOptions) (Dataplane, error) {
 	return nftables.New(nftables.Options{NetNS: o.NetNS, Logger: o.Logger})
 }
+
+// renderNFTables renders the table without a socket.
+func renderNFTables(o BackendOptions) (Renderer, error) {
+	return nftables.ForRendering(nftables.Options{Logger: o.Logger})
+}

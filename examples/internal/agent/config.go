@@ -35,7 +35,8 @@ type Config struct {
 	// DryRun prints the rules each sync would install instead of
 	// installing them.
 	DryRun bool
-	// Once exits after the first successful sync.
+	// Once exits after the first sync, successful or not: Run returns
+	// its error (a failed sync is not retried).
 	Once bool
 	// CleanupOnExit removes the backend's rules when Run returns (by
 	// default they stay, so that a restart drops no traffic).
@@ -88,6 +89,9 @@ type Config struct {
 	// NetNS; the zero value writes nothing.
 	Conntrack conntrack.Tuning
 
+	// Userspace are the userspace backend's settings.
+	Userspace UserspaceFlags
+
 	MinSyncInterval time.Duration
 	MaxSyncInterval time.Duration
 }
@@ -98,7 +102,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cgroup, "cgroup", "", "ebpf: the cgroup v2 directory whose processes' sockets are balanced (the root of the workloads' cgroups)")
 	fs.StringVar(&c.BPFPinPath, "bpf-pin-path", "/sys/fs/bpf/kproxy", "ebpf: directory on a bpf filesystem for the maps and hooks, adopted on restart (empty: no pins)")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the rules each sync would install, and touch nothing")
-	fs.BoolVar(&c.Once, "once", false, "exit after the first successful sync")
+	fs.BoolVar(&c.Once, "once", false, "exit after the first sync: status 0 if it succeeded, 1 with its error if it failed (no retry)")
 	fs.StringVar(&c.NetNS, "netns", "", "network namespace to program: a name in /run/netns or a path (default: the agent's own)")
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", healthcheck.DefaultAddr, "serve the proxy's /healthz and /livez on this address, in the --netns namespace, as kube-proxy; empty turns it off")
 	fs.DurationVar(&c.HealthzTimeout, "healthz-timeout", 0, "the proxy is unhealthy when a change has waited this long to be applied (default: twice --max-sync-interval)")
@@ -129,6 +133,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeCIDRs, "node-cidrs", "", "comma-separated pod CIDRs of this node, for --detect-local-mode=NodeCIDR")
 	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "the bridge this node's pods hang on, such as cbr0, for --detect-local-mode=BridgeInterface")
 	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "the start of the names of this node's interfaces to its pods, such as veth, for --detect-local-mode=InterfaceNamePrefix")
+	c.Userspace.register(fs)
 	fs.DurationVar(&c.MinSyncInterval, "min-sync-interval", time.Second, "least time between two syncs; changes meanwhile are applied together")
 	fs.DurationVar(&c.MaxSyncInterval, "max-sync-interval", servicelb.DefaultMaxSyncInterval, "most time between two syncs; each checks the kernel state in depth and restores it")
 }

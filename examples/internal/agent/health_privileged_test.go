@@ -85,7 +85,7 @@ func TestHealthServersInNetNS(t *testing.T) {
 			Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, last})},
 			Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30000 + uint16(last)}},
 			ExternalTrafficPolicy: servicelb.PolicyLocal, HealthCheckNodePort: hc,
-			Endpoints: []servicelb.Endpoint{{Addr: sandbox.BackendAddr(1), Ready: true, Serving: true, NodeName: nodeName}},
+			Endpoints: []servicelb.Endpoint{{Addr: sandbox.BackendAddr(1), NodeName: nodeName}},
 		}
 	}
 	c := sb.Client.HTTPClient(time.Second)

@@ -116,8 +116,8 @@ func TestKubeProxyMetrics(t *testing.T) {
 	p := &fake.Proxier{}
 	a, src := startAgent(t, cfg, p, io.Discard)
 
-	elsewhere := servicelb.Endpoint{Addr: netip.MustParseAddr("10.1.0.9"), Ready: true, Serving: true, NodeName: "n2"}
-	elsewhere6 := servicelb.Endpoint{Addr: netip.MustParseAddr("fd00:1::9"), Ready: true, Serving: true, NodeName: "n2"}
+	elsewhere := servicelb.Endpoint{Addr: netip.MustParseAddr("10.1.0.9"), NodeName: "n2"}
+	elsewhere6 := servicelb.Endpoint{Addr: netip.MustParseAddr("fd00:1::9"), NodeName: "n2"}
 	ext := servicelb.Service{
 		Name: "ns/ext", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
 		Ports:                 []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, NodePort: 30080}},
@@ -141,7 +141,7 @@ func TestKubeProxyMetrics(t *testing.T) {
 	_, err := p.WaitSyncs(ctx, 1)
 	require.NoError(t, err)
 	web2 := web
-	web2.Endpoints = append(web2.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr("10.1.0.2"), Ready: true, Serving: true})
+	web2.Endpoints = append(web2.Endpoints, servicelb.Endpoint{Addr: netip.MustParseAddr("10.1.0.2")})
 	require.NoError(t, src.Upsert(web2))
 	_, err = p.WaitSyncs(ctx, 2)
 	require.NoError(t, err)

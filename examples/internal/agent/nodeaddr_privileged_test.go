@@ -51,7 +51,7 @@ func TestNodePortsFollowAddresses(t *testing.T) {
 			})
 			require.NoError(t, src.Upsert(servicelb.Service{Name: "ns/web",
 				Ports:     []servicelb.Port{{Port: 80, TargetPort: 8080, NodePort: 30080}},
-				Endpoints: []servicelb.Endpoint{{Addr: sandbox.BackendAddr(1), Ready: true}}}))
+				Endpoints: []servicelb.Endpoint{{Addr: sandbox.BackendAddr(1)}}}))
 			src.Synced()
 			get := func(a netip.Addr) error {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -186,7 +186,10 @@ func endpoint(e *api.ServiceEntry, warningReady bool) (servicelb.Endpoint, error
 	case api.HealthWarning:
 		ready = warningReady
 	}
-	ep := servicelb.Endpoint{Addr: a, Ports: map[string]uint16{"": uint16(e.Service.Port)}, Ready: ready, Serving: ready}
+	ep := servicelb.Endpoint{Addr: a, Ports: map[string]uint16{"": uint16(e.Service.Port)}}
+	if !ready {
+		ep.Ready = new(false) // nil: ready
+	}
 	if e.Node != nil {
 		ep.NodeName = e.Node.Node
 	}

@@ -28,7 +28,11 @@ func entry(id, addr string, port int, meta map[string]string, status ...string) 
 var vipMeta = map[string]string{MetaVIP: "10.96.0.20", MetaPort: "80"}
 
 func ep(addr string, port uint16, ready bool) servicelb.Endpoint {
-	return servicelb.Endpoint{Addr: netip.MustParseAddr(addr), Ports: map[string]uint16{"": port}, Ready: ready, Serving: ready, NodeName: "n1"}
+	e := servicelb.Endpoint{Addr: netip.MustParseAddr(addr), Ports: map[string]uint16{"": port}, NodeName: "n1"}
+	if !ready {
+		e.Ready = new(false)
+	}
+	return e
 }
 
 func TestTranslate(t *testing.T) {

@@ -1,6 +1,7 @@
 package filesource
 
 import (
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"strings"
@@ -55,9 +56,9 @@ services:
 		ExternalTrafficPolicy: servicelb.PolicyLocal,
 		SourceRanges:          []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
 		Endpoints: []servicelb.Endpoint{
-			{Addr: netip.MustParseAddr("10.1.0.1"), Ports: map[string]uint16{"http": 9090}, Ready: true, Serving: true,
+			{Addr: netip.MustParseAddr("10.1.0.1"), Ports: map[string]uint16{"http": 9090},
 				NodeName: "n1", Zone: "z1", Hints: servicelb.Hints{ForZones: []string{"z1"}}},
-			{Addr: netip.MustParseAddr("10.1.0.2"), Serving: true, Terminating: true, Weight: servicelb.Weight(0)},
+			{Addr: netip.MustParseAddr("10.1.0.2"), Ready: new(false), Serving: new(true), Terminating: true, Weight: servicelb.Weight(0)},
 		},
 	}}
 	for name, doc := range map[string]string{"yaml": yamlDoc, "json": jsonDoc} {
@@ -195,4 +196,84 @@ func TestSplitPath(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(segment{})); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
+}
+
+// TestGoEncodingReadsBack: the file format is servicelb's JSON encoding.
+// json.Marshal of services made with the Go API, their zero values left
+// as they are, reads back as the same services, and so do the services
+// of a State built from them (their defaults filled in); a zero protocol
+// is left out, not written as "". Go's zero endpoint and a file's
+// endpoint without conditions are both ready.
+func TestGoEncodingReadsBack(t *testing.T) {
+	addr := netip.MustParseAddr
+	services := []servicelb.Service{
+		{
+			Name: "ns/web", ClusterIPs: []netip.Addr{addr("10.96.0.10"), addr("fd00:96::10")},
+			Ports: []servicelb.Port{{Name: "http", Port: 80, TargetPort: 8080, NodePort: 30080},
+				{Name: "dns", Protocol: servicelb.UDP, Port: 53}},
+			ExternalIPs: []netip.Addr{addr("192.0.2.10")}, ExternalTrafficPolicy: servicelb.PolicyLocal,
+			Affinity:     servicelb.SessionAffinity{ClientIP: true, Timeout: 90 * 60e9},
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, HealthCheckNodePort: 31000,
+			Endpoints: []servicelb.Endpoint{
+				{Addr: addr("10.1.0.1"), Ports: map[string]uint16{"http": 9090}, NodeName: "n1", Zone: "z1",
+					Hints: servicelb.Hints{ForZones: []string{"z1"}}},
+				{Addr: addr("10.1.0.2"), Ready: new(false), Serving: new(true), Terminating: true, Weight: servicelb.Weight(0)},
+				{Addr: addr("10.1.0.3"), Ready: new(false), OnlyNamedPorts: true, Ports: map[string]uint16{"dns": 5353}},
+			},
+		},
+		{Name: "ns/bare", ClusterIPs: []netip.Addr{addr("10.96.0.11")}, Ports: []servicelb.Port{{Port: 443}},
+			Endpoints: []servicelb.Endpoint{{Addr: addr("10.1.0.4")}}},
+	}
+	addrs := cmp.Options{cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })}
+	readBack := func(t *testing.T, svcs []servicelb.Service) []servicelb.Service {
+		t.Helper()
+		b, err := json.Marshal(File{Services: svcs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), `"protocol":""`) {
+			t.Errorf("an empty protocol is written: %s", b)
+		}
+		p, err := Parse("services.json", b)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		if len(p.Bad) > 0 {
+			t.Fatalf("services left out: %v\n%s", p.Bad, b)
+		}
+		return p.Services
+	}
+
+	t.Run("services", func(t *testing.T) {
+		if diff := cmp.Diff(services, readBack(t, services), addrs); diff != "" {
+			t.Errorf("read back (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("state", func(t *testing.T) {
+		st, err := servicelb.NewState(servicelb.NodeConfig{NodeName: "n1"}, services...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var applied []servicelb.Service
+		for _, s := range st.Services() {
+			applied = append(applied, *s)
+		}
+		got := readBack(t, applied)
+		if diff := cmp.Diff(applied, got, addrs); diff != "" {
+			t.Errorf("read back (-want +got):\n%s", diff)
+		}
+		again, err := servicelb.NewState(servicelb.NodeConfig{NodeName: "n1"}, got...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch := servicelb.Diff(st, again); !ch.Empty() {
+			t.Errorf("the state read back differs: %+v", ch)
+		}
+		// The zero endpoint of ns/bare serves, as the file's would.
+		sp := again.ServicePorts("ns/bare")
+		if len(sp) != 1 || len(sp[0].Cluster) != 1 {
+			t.Fatalf("ns/bare's endpoint does not serve: %+v", sp)
+		}
+	})
 }

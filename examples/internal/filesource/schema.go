@@ -8,8 +8,8 @@
 // encoding (its JSON field names, its defaults, durations as strings such
 // as "3h"): a servicelb.Service written by the Go API's json.Marshal reads
 // back the same, and what a file leaves out means what the Go API's zero
-// value means (servicelb.WithDefaults), but for the endpoint conditions,
-// which default to ready as a Kubernetes EndpointSlice's do. JSON is the
+// value means (servicelb.WithDefaults; an endpoint whose conditions are
+// left out is ready, as a Kubernetes EndpointSlice's is). JSON is the
 // same document in JSON syntax.
 //
 //	services:

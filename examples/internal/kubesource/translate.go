@@ -169,9 +169,16 @@ func endpoint(a netip.Addr, e discoveryv1.Endpoint, ports map[string]uint16) ser
 	ready := e.Conditions.Ready == nil || *e.Conditions.Ready
 	serving := e.Conditions.Serving == nil || *e.Conditions.Serving
 	ep := servicelb.Endpoint{
-		Addr: a, Ports: ports, OnlyNamedPorts: true, Ready: ready, Serving: serving,
+		Addr: a, Ports: ports, OnlyNamedPorts: true,
 		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 		NodeName:    deref(e.NodeName), Zone: deref(e.Zone),
+	}
+	// servicelb's nil conditions are ready, and serving as ready says.
+	if !ready {
+		ep.Ready = new(false)
+	}
+	if serving != ready {
+		ep.Serving = new(serving)
 	}
 	if h := e.Hints; h != nil {
 		for _, z := range h.ForZones {

@@ -76,11 +76,11 @@ func TestTranslate(t *testing.T) {
 			Name: "ns/web", ClusterIPs: addrs("10.96.0.10"),
 			Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 			Endpoints: []servicelb.Endpoint{
-				{Addr: netip.MustParseAddr("10.1.0.1"), Ports: httpPorts, OnlyNamedPorts: true, Ready: true, Serving: true, NodeName: "n1", Zone: "z1"},
-				{Addr: netip.MustParseAddr("10.1.0.2"), Ports: httpPorts, OnlyNamedPorts: true, Serving: true, Terminating: true},
+				{Addr: netip.MustParseAddr("10.1.0.1"), Ports: httpPorts, OnlyNamedPorts: true, NodeName: "n1", Zone: "z1"},
+				{Addr: netip.MustParseAddr("10.1.0.2"), Ready: new(false), Ports: httpPorts, OnlyNamedPorts: true, Serving: new(true), Terminating: true},
 				// Serving unknown counts as serving, as kube-proxy reads it.
-				{Addr: netip.MustParseAddr("10.1.0.3"), Ports: httpPorts, OnlyNamedPorts: true, Serving: true},
-				{Addr: netip.MustParseAddr("10.1.0.4"), Ports: httpPorts, OnlyNamedPorts: true, Ready: true, Serving: true,
+				{Addr: netip.MustParseAddr("10.1.0.3"), Ready: new(false), Ports: httpPorts, OnlyNamedPorts: true, Serving: new(true)},
+				{Addr: netip.MustParseAddr("10.1.0.4"), Ports: httpPorts, OnlyNamedPorts: true,
 					Hints: servicelb.Hints{ForZones: []string{"z1"}, ForNodes: []string{"n1"}}},
 			},
 		},

@@ -24,7 +24,7 @@ func benchNode() servicelb.NodeConfig {
 func service(w benchwork.Service) servicelb.Service {
 	eps := make([]servicelb.Endpoint, len(w.Endpoints))
 	for j, e := range w.Endpoints {
-		eps[j] = servicelb.Endpoint{Addr: e.Addr, Ready: true, Serving: true, NodeName: e.Node}
+		eps[j] = servicelb.Endpoint{Addr: e.Addr, NodeName: e.Node}
 	}
 	return servicelb.Service{
 		Name:       benchwork.Namespace + "/" + w.Name,

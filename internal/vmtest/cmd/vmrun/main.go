@@ -3,7 +3,7 @@
 // Command vmrun runs the module's vm-tagged tests in a qemu guest booting
 // Debian's cloud kernel (see docs/vm-tests.md). `make test-vm` calls it.
 //
-//	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 15m] [-shell] [-- test flags]
+//	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 30m] [-shell] [-- test flags]
 //
 // Arguments after the flags go to every test binary (-run X, -count 2, ...);
 // without any, the environment variable VMTEST_FLAGS gives them, split at
@@ -36,7 +36,7 @@ func run() int {
 	pkgs := flag.String("pkgs", envOr("VMTEST_PKGS", "./..."), "space-separated package patterns to search for vm tests")
 	flag.StringVar(&c.ModuleDir, "C", ".", "module root directory")
 	flag.StringVar(&c.CacheDir, "cache", "", "cache directory (default <module>/.cache/vm)")
-	flag.DurationVar(&c.Timeout, "timeout", 15*time.Minute, "watchdog for the whole guest run")
+	flag.DurationVar(&c.Timeout, "timeout", 30*time.Minute, "watchdog for the whole guest run")
 	flag.IntVar(&c.MemoryMB, "mem", 2048, "guest memory in MiB")
 	flag.BoolVar(&c.Shell, "shell", false, "start a shell in the guest after the tests (interactive)")
 	flag.BoolVar(&c.Keep, "keep", false, "keep the run directory (binaries, initramfs, results.log) even when the run passed")

@@ -1,0 +1,45 @@
+package hack
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWorkspaceSumComplete: go.work.sum holds every checksum the
+// workspace's module graph needs, so that listing it (go list -m all, as
+// go doc, editors and scripts do) writes nothing and a checkout stays
+// clean. It lists the graph in a copy of the workspace's go.work, go.mod
+// and go.sum files.
+func TestWorkspaceSumComplete(t *testing.T) {
+	dir := t.TempDir()
+	files := []string{"go.work", "go.work.sum", "go.mod", "go.sum", "examples/go.mod", "examples/go.sum"}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join("..", f))
+		require.NoError(t, err)
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o644))
+	}
+	before, err := os.ReadFile(filepath.Join(dir, "go.work.sum"))
+	require.NoError(t, err)
+	cmd := exec.Command("go", "list", "-m", "all")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=", "GOFLAGS=")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	after, err := os.ReadFile(filepath.Join(dir, "go.work.sum"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(before, after), "go list -m all rewrote go.work.sum: commit what it writes")
+	for _, f := range files[2:] {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		require.NoError(t, err)
+		orig, err := os.ReadFile(filepath.Join("..", f))
+		require.NoError(t, err)
+		assert.Equal(t, string(orig), string(b), "%s rewritten", f)
+	}
+}

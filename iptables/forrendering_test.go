@@ -1,0 +1,36 @@
+//go:build linux
+
+package iptables_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/iptables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestForRendering: a Proxier for rendering renders what Render renders,
+// declares the families of its options, and refuses to sync or clean up.
+func TestForRendering(t *testing.T) {
+	o := iptables.Options{Families: []servicelb.Family{servicelb.IPv6}}
+	p, err := iptables.ForRendering(o)
+	require.NoError(t, err)
+	defer p.Close()
+	assert.Equal(t, []servicelb.Family{servicelb.IPv6}, p.Capabilities().Families)
+	st, err := servicelb.NewState(servicelb.NodeConfig{})
+	require.NoError(t, err)
+	got, err := p.Render(st)
+	require.NoError(t, err)
+	want, err := iptables.Render(st, o)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	assert.ErrorIs(t, p.Sync(context.Background(), st), iptables.ErrRenderOnly)
+	assert.ErrorIs(t, p.Cleanup(context.Background()), iptables.ErrRenderOnly)
+
+	_, err = iptables.ForRendering(iptables.Options{ChainPrefix: "not a prefix"})
+	assert.ErrorIs(t, err, iptables.ErrInvalidOptions)
+}

@@ -1,0 +1,133 @@
+//go:build privileged || vm
+
+package nftables_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/nftables"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// manyServices returns n services, each with a cluster IP of 10.96.0.0/16
+// and one endpoint of 10.1.0.0/16 of its own.
+func manyServices(n int) []servicelb.Service {
+	out := make([]servicelb.Service, n)
+	for i := range out {
+		out[i] = servicelb.Service{
+			Name:       fmt.Sprintf("default/svc-%04d", i),
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(i%250 + 1)})},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+			Endpoints:  []servicelb.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i / 250), byte(i%250 + 1)})}},
+		}
+	}
+	return out
+}
+
+// TestKernelRefusalLeavesOnePortOut: the kernel refuses what the Proxier
+// writes for one service (its rules, made to name a chain that does not
+// exist): that service is left out, named alone in a PartialError, and
+// the 1,000 others are in the kernel after the same Sync. A later change
+// of another service reaches the kernel in the next sync; once the
+// refused service changes and the kernel takes it, it goes in.
+func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h, fresh := netnstest.NewHost(t, "refused"), netnstest.NewHost(t, "fresh")
+	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true, Logger: testLogger(t)})
+	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4()}, ClusterCIDRs: netnstest.ClusterCIDRs()}
+	b, err := servicelb.NewBuilder(node)
+	require.NoError(t, err)
+	good := manyServices(1000)
+	for _, s := range good {
+		require.NoError(t, b.Upsert(s))
+	}
+	bad := servicelb.Service{
+		Name: "default/bad", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")},
+		Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9")}},
+	}
+	require.NoError(t, b.Upsert(bad))
+	refuse := nfnl.WithRuleFault(testCtx(t), func(o any) bool {
+		k, ok := o.(servicelb.ServicePortKey)
+		return ok && k.Service == bad.Name
+	})
+
+	err = p.Sync(refuse, b.State())
+	var pe *servicelb.PartialError
+	require.ErrorAs(t, err, &pe, "%v", err)
+	assert.Equal(t, []string{bad.Name}, slices.Sorted(func(yield func(string) bool) {
+		for name := range pe.LeftOut {
+			if !yield(name) {
+				return
+			}
+		}
+	}))
+	require.ErrorIs(t, err, servicelb.ErrRefused)
+	require.ErrorIs(t, err, syscall.ENOENT)
+	assert.Contains(t, err.Error(), `service "default/bad": ports default/bad:http/ipv4: refused by the kernel`)
+
+	// The table holds the 1,000, as a fresh apply of them does.
+	withoutBad := mustState(t, node, good...)
+	text, err := p.Render(withoutBad)
+	require.NoError(t, err)
+	fresh.ExecInput(t, text, "nft", "-f", "-")
+	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
+		t.Fatalf("the table is not the 1,000 good services' (-want +got):\n%s", diff)
+	}
+	listed := h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
+	assert.NotContains(t, listed, "10.96.9.9")
+
+	// The refused service changes, and the kernel refuses it again, in a
+	// change of the table (which it takes for drift: the whole table is
+	// written, refused too), together with an endpoint change of a good
+	// service: it stays out, and the good change goes in, in the same
+	// Sync. Three batches: the change, the whole table, the change
+	// without the refused service.
+	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.8")}}
+	require.NoError(t, b.Upsert(bad))
+	moved := good[3]
+	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3")}}
+	require.NoError(t, b.Upsert(moved))
+	batches := 0
+	err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
+	require.ErrorAs(t, err, &pe)
+	assert.Len(t, pe.LeftOut, 1)
+	assert.Contains(t, pe.LeftOut, bad.Name)
+	assert.Equal(t, 3, batches)
+	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
+	assert.Contains(t, listed, "10.3.0.3 . 8080")
+	assert.NotContains(t, listed, "10.96.9.9")
+
+	// An endpoint change of a good service reaches the kernel in the
+	// next sync; the refused service, unchanged, is not tried again.
+	moved = good[7]
+	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7")}}
+	require.NoError(t, b.Upsert(moved))
+	batches = 0
+	err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
+	require.ErrorAs(t, err, &pe)
+	assert.Len(t, pe.LeftOut, 1)
+	assert.Equal(t, 1, batches)
+	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
+	assert.Contains(t, listed, "10.3.0.7 . 8080")
+	assert.NotContains(t, listed, good[7].Endpoints[0].Addr.String()+" . 8080")
+
+	// The refused service changes, and the kernel takes it: it goes in.
+	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
+	require.NoError(t, b.Upsert(bad))
+	require.NoError(t, p.Sync(testCtx(t), b.State()))
+	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
+	assert.Contains(t, listed, "10.96.9.9 . tcp . 80")
+	assert.True(t, strings.Contains(listed, "10.2.9.10"), "the changed service's endpoint is not in the table")
+}
