@@ -18,10 +18,23 @@ func bucketCounts(bs []servicelb.Backend) []uint32 {
 		return nil
 	}
 	var total uint64
+	equal := true
 	for _, b := range bs {
 		total += uint64(b.Weight)
+		equal = equal && b.Weight == bs[0].Weight
 	}
 	counts := make([]uint32, n)
+	if equal {
+		// Every remainder is the same: the first ones gain the buckets
+		// left over, as the stable sort below would give them.
+		for i := range counts {
+			counts[i] = uint32(buckets / n)
+			if i < buckets%n {
+				counts[i]++
+			}
+		}
+		return counts
+	}
 	rems := make([]uint64, n)
 	sum := uint32(0)
 	for i, b := range bs {

@@ -200,24 +200,108 @@ func (d *delta) elemMaps(old, cur map[setID][]elem) {
 }
 
 // port adds the difference between two fragments of one port (nil for a
-// port that is new or gone), as the port's.
-func (d *delta) port(old, cur *portPlan) {
+// port that is new or gone), as the port's (owner, its key).
+func (d *delta) port(owner any, old, cur *fragment) {
+	d.owner = owner
+	defer func() { d.owner = nil }()
 	var oc, cc []chainPlan
-	var oe, ce map[setID][]elem
+	var oe, ce []setElems
+	var ob, cb []slotRange
 	if old != nil {
-		oc, oe = old.chains, old.allElems()
-		d.owner = old.key
+		oc, oe, ob = old.chains, old.elems, old.backends
 	}
 	if cur != nil {
-		cc, ce = cur.chains, cur.allElems()
-		d.owner = cur.key
+		cc, ce, cb = cur.chains, cur.elems, cur.backends
 	}
 	d.chains(oc, cc)
-	d.elemMaps(oe, ce)
-	d.owner = nil
+	d.setElems(oe, ce)
+	d.slots(ob, cb)
 }
 
-// delta works out what a step changes in the table.
+// setElems diffs a port's elements outside the backends maps.
+func (d *delta) setElems(old, cur []setElems) {
+	find := func(xs []setElems, set setID) []elem {
+		for _, x := range xs {
+			if x.set == set {
+				return x.es
+			}
+		}
+		return nil
+	}
+	for _, x := range cur {
+		d.elems(x.set, find(old, x.set), x.es)
+	}
+	for _, x := range old {
+		if find(cur, x.set) == nil {
+			d.elems(x.set, x.es, nil)
+		}
+	}
+}
+
+// slots diffs the ranges of a port's load-balancing slots, slot by slot:
+// a range that stays with the same bounds and endpoint stays in place.
+func (d *delta) slots(old, cur []slotRange) {
+	find := func(xs []slotRange, r *slotRange) *slotRange {
+		for i := range xs {
+			if xs[i].set == r.set && xs[i].slot == r.slot {
+				return &xs[i]
+			}
+		}
+		return nil
+	}
+	for i := range cur {
+		d.slot(cur[i].set, cur[i].slot, find(old, &cur[i]), &cur[i])
+	}
+	for i := range old {
+		if find(cur, &old[i]) == nil {
+			d.slot(old[i].set, old[i].slot, &old[i], nil)
+		}
+	}
+}
+
+// slot adds the difference between two spreads of one slot (nil for
+// none): its ranges in ascending order, merged by their first bucket. A
+// range whose bounds stay and whose endpoint changes changes its start
+// element alone, which holds the endpoint. The kernel refuses to split
+// or stretch a range that stays, so a range whose bounds change goes
+// whole and comes back whole.
+func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
+	var o, c ranges
+	if old != nil {
+		o = rangesOf(old.bs)
+	}
+	if cur != nil {
+		c = rangesOf(cur.bs)
+	}
+	base := slot * bucketStride
+	del := func(i int) { d.delElem(set, o.elems(base, i)...) }
+	add := func(i int) { d.addElem(set, c.elems(base, i)...) }
+	i, j := 0, 0
+	for i < o.len() || j < c.len() {
+		switch {
+		case j == c.len() || i < o.len() && o.lo[i] < c.lo[j]:
+			del(i)
+			i++
+		case i == o.len() || c.lo[j] < o.lo[i]:
+			add(j)
+			j++
+		case o.lo[i+1] != c.lo[j+1]:
+			del(i)
+			add(j)
+			i, j = i+1, j+1
+		default:
+			if o.bs[i].AddrPort() != c.bs[j].AddrPort() {
+				d.delElem(set, o.elems(base, i)[0])
+				d.addElem(set, c.elems(base, j)[0])
+			}
+			i, j = i+1, j+1
+		}
+	}
+}
+
+// delta works out what a step changes in the table. A port whose
+// endpoints alone changed moves only its slots' ranges: its chains and
+// its frontends' elements are the same in both fragments.
 func (s *step) delta(m *model) *delta {
 	d := newDelta()
 	if s.node != nil {
@@ -225,21 +309,27 @@ func (s *step) delta(m *model) *delta {
 		d.elemMaps(m.node.elems, s.node.elems)
 	}
 	for _, pp := range s.removed {
-		d.port(pp, nil)
+		d.port(pp.sp.Key, s.p.fragment(pp, m.cfg), nil)
 	}
 	for _, pp := range s.added {
-		d.port(nil, pp)
+		d.port(pp.sp.Key, nil, s.p.fragment(pp, s.cfg))
 	}
 	for _, c := range s.changed {
-		d.port(c[0], c[1])
+		if c.endpoints {
+			d.owner = c.cur.sp.Key
+			d.slots(slotRanges(c.old), slotRanges(c.cur))
+			d.owner = nil
+			continue
+		}
+		d.port(c.cur.sp.Key, s.p.fragment(c.old, m.cfg), s.p.fragment(c.cur, s.cfg))
 	}
-	for _, r := range slices.SortedFunc(maps.Keys(s.refs), compareRefs) {
-		was, now := m.refs[r], s.refs[r]
+	for _, k := range slices.SortedFunc(maps.Keys(s.refs), compareRefKeys) {
+		was, now := m.refs[k], s.refs[k]
 		switch {
 		case was == 0 && now > 0:
-			d.addElem(r.set, r.elem())
+			d.addElem(k.set, k.ref().elem())
 		case was > 0 && now == 0:
-			d.delElem(r.set, r.elem())
+			d.delElem(k.set, k.ref().elem())
 		}
 	}
 	for _, x := range slices.Sorted(maps.Keys(s.shards)) {

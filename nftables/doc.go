@@ -31,14 +31,16 @@
 // (servicelb.Diff) and send only what the changed service ports need, in
 // one transaction: a failed sync leaves the previous table whole, and the
 // next sync retries the whole difference. An unchanged State sends nothing.
-// Before each sync a cheap check reads the ruleset generation (one small
-// round trip) and, if anyone else committed since the Proxier's own last
-// commit, the table's flags and use count: a deleted or dormant table, or
-// a chain or set too many or too few, is rewritten whole in one
-// transaction. At most every Options.VerifyInterval (and only when the
-// generation moved) a deep verify reads every chain, rule, set and element
-// back and rewrites the table if anything differs. The sync loop is
-// internal/syncer's, shared by all the backends.
+// A sync's batch requires the ruleset generation to be the one the
+// Proxier's own last commit left, so that a change costs one round trip:
+// if anyone else committed since, the kernel refuses the batch, and the
+// sync reads the table's flags and use count before it sends the batch
+// again: a deleted or dormant table, or a chain or set too many or too
+// few, is rewritten whole in one transaction. At most every
+// Options.VerifyInterval (and only when the generation moved) a deep
+// verify reads every chain, rule, set and element back and rewrites the
+// table if anything differs. The sync loop is internal/syncer's, shared by
+// all the backends.
 //
 // Other writers of the ruleset (a firewall manager, a CNI plugin, nft by
 // hand) share the namespace's nf_tables with the Proxier; the table stays
@@ -111,10 +113,11 @@
 // # Load balancing without per-service sets
 //
 // The number of named sets is constant: the kernel finds a named set by
-// walking a list, and binds every rule that reads a map to it, walking
-// those bindings on each element it adds. Each set of endpoints a port
-// forwards to (cluster, local) owns a slot of 4096 keys in one of 256
-// interval maps per family (backends4-NN, chosen by slot), and the rule
+// walking a list, binds every rule that reads a map to it, walking those
+// bindings on each element it adds, and walks a changed map whole after
+// each commit. Each set of endpoints a port forwards to (cluster, local)
+// owns a slot of 4096 keys in one of 512 interval maps per family
+// (backends4-NN, chosen by slot), and the rule
 // that balances reads
 //
 //	meta l4proto tcp dnat ip to numgen random mod 4095 offset <slot*4096> map @backends4-NN
@@ -122,7 +125,11 @@
 // where each endpoint holds a range of buckets sized by its weight. So a
 // change of endpoints that leaves the verdicts alone is a change of map
 // elements only: no rule changes, and the kernel skips the validation of
-// the whole table that any rule change costs. A change of verdicts (a
+// the whole table that any rule change costs. Such a change is planned
+// from the port's plan before, without planning its rules again, and
+// moves only the ranges that changed: a range that keeps its bounds and
+// gets another endpoint (an endpoint replaced in its place) changes its
+// first element alone, which holds the endpoint. A change of verdicts (a
 // port that gains its first endpoint, or loses its last local one)
 // rewrites the port's entry chains. Weights are honoured to 1/4095 of a
 // port's traffic. Slots are derived from a hash of the service port's

@@ -58,7 +58,7 @@ func ExampleProxier_Render() {
 	// 1639675904-1639677950 : 10.244.2.2 . 8080
 	// chain svc4-default/web/http {
 	// ip saddr != @pod-cidrs4 jump mark-for-masquerade
-	// meta l4proto tcp dnat ip to numgen random mod 4095 offset 1639673856 map @backends4-183
+	// meta l4proto tcp dnat ip to numgen random mod 4095 offset 1639673856 map @backends4-439
 	// drop
 	// }
 }

@@ -5,6 +5,7 @@ package nftables
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -42,29 +43,36 @@ func ModelDrift(p *Proxier, st *servicelb.State) string {
 	if err != nil {
 		return err.Error()
 	}
-	return modelDrift(p.model, fresh)
+	return modelDrift(p.plan, p.model, fresh)
 }
 
 // modelDrift describes the first difference between a model kept up to
 // date step by step and a fresh one: "" when they plan the same table.
-func modelDrift(m, fresh *model) string {
+func modelDrift(p *planner, m, fresh *model) string {
 	if len(fresh.ports) != len(m.ports) {
 		return fmt.Sprintf("%d ports, fresh %d", len(m.ports), len(fresh.ports))
 	}
 	for k, fp := range fresh.ports {
-		if d := portDrift(m.ports[k], fp); d != "" {
+		if d := portDrift(p, m, fresh, m.ports[k], fp); d != "" {
 			return fmt.Sprintf("port %v: %s", k, d)
 		}
 	}
 	for _, x := range []*model{fresh, m} {
 		for r := range x.refs {
 			if m.refs[r] != fresh.refs[r] {
-				return fmt.Sprintf("%s element %s: %d ports, fresh %d", r.set.name(), r.addr, m.refs[r], fresh.refs[r])
+				return fmt.Sprintf("%s element %s: %d ports, fresh %d", r.set.name(), r.ref().addr, m.refs[r], fresh.refs[r])
 			}
 		}
 		for s := range x.shards {
 			if m.shards[s] != fresh.shards[s] {
 				return fmt.Sprintf("shard %s: %d, fresh %d", s.name(), m.shards[s], fresh.shards[s])
+			}
+		}
+		for fi := range x.slots.used {
+			for s := range x.slots.used[fi] {
+				if m.slots.used[fi][s] != fresh.slots.used[fi][s] {
+					return fmt.Sprintf("slot %d of family %d: in use %v, fresh %v", s, fi, m.slots.used[fi][s], fresh.slots.used[fi][s])
+				}
 			}
 		}
 	}
@@ -105,14 +113,18 @@ func elemsText(m map[setID][]elem) string {
 	return b.String()
 }
 
-func portDrift(a, b *portPlan) string {
+func portDrift(p *planner, ma, mb *model, a, b *portPlan) string {
 	if a == nil {
 		return "missing from the model"
 	}
-	text := func(pp *portPlan) string {
-		return chainsText(pp.chains) + elemsText(pp.allElems()) + fmt.Sprint(pp.refs, pp.slots, pp.shards)
+	if a.sp != b.sp && !reflect.DeepEqual(a.sp, b.sp) {
+		return fmt.Sprintf("planned from another ServicePort: %v, fresh %v", a.sp, b.sp)
 	}
-	if x, y := text(a), text(b); x != y {
+	text := func(m *model, pp *portPlan) string {
+		fr := p.fragment(pp, m.cfg)
+		return chainsText(fr.chains) + elemsText(fr.allElems()) + fmt.Sprint(refsOf(pp.sp), pp.slot, pp.uses)
+	}
+	if x, y := text(ma, a), text(mb, b); x != y {
 		return fmt.Sprintf("model %q, fresh %q", x, y)
 	}
 	return ""

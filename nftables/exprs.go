@@ -3,9 +3,11 @@
 package nftables
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +32,9 @@ type rule struct {
 	// the chain goes by name, so the bytes would stay only to use memory.
 	raw []nfnl.RawExpr
 	own bool
+	// terms, when set, are the rule's terms, each encoded: encode joins
+	// their encodings.
+	terms []term
 	// kernel is the rule as the kernel dumped it, once it read back as
 	// planned: later checks compare bytes (matches). A port's own rule
 	// keeps none either.
@@ -39,6 +44,16 @@ type rule struct {
 // encode encodes the rule's expressions, once for a shared rule, each
 // time for a port's own.
 func (r *rule) encode() ([]nfnl.RawExpr, error) {
+	if r.raw == nil && r.terms != nil {
+		var raw []nfnl.RawExpr
+		for _, t := range r.terms {
+			raw = append(raw, t.raw...)
+		}
+		if r.own {
+			return raw, nil
+		}
+		r.raw = raw
+	}
 	if r.raw == nil {
 		raw, err := nfnl.EncodeExprs(nfnl.Inet, r.exprs)
 		if err != nil {
@@ -56,18 +71,37 @@ func (r *rule) encode() ([]nfnl.RawExpr, error) {
 type term struct {
 	text  string
 	exprs []expr.Any
+	// raw, when set, is the encoding of exprs, made once for a term that
+	// many rules share (encoded).
+	raw []nfnl.RawExpr
 }
 
+// encoded returns t with its encoding, for a term many rules share.
+func encoded(t term) term {
+	raw, err := nfnl.EncodeExprs(nfnl.Inet, t.exprs)
+	if err == nil {
+		t.raw = raw
+	}
+	return t
+}
+
+// mk makes a rule of terms. When every term with expressions comes
+// encoded, the rule keeps them, and encodes by joining their encodings.
 func mk(terms ...term) *rule {
 	r := &rule{}
 	var words []string
+	encodedAll := true
 	for _, t := range terms {
 		if t.text != "" {
 			words = append(words, t.text)
 		}
 		r.exprs = append(r.exprs, t.exprs...)
+		encodedAll = encodedAll && (len(t.exprs) == 0 || t.raw != nil)
 	}
 	r.text = strings.Join(words, " ")
+	if encodedAll {
+		r.terms = terms
+	}
 	return r
 }
 
@@ -421,15 +455,66 @@ func dnatTo(f servicelb.Family, to netip.AddrPort) term {
 
 // dnatMap translates the destination to the endpoint a random bucket of
 // the slot maps to: "dnat ip to numgen random mod 4095 offset o map @m".
-func dnatMap(f servicelb.Family, offset uint32, set string) term {
+// The draw, whose offset is the slot's, comes encoded from ng; the rest,
+// which every slot of the map shares, from tail (dnatTail), whose text
+// is set's name.
+func dnatMap(f servicelb.Family, offset uint32, set string, ng *numgenCode, tail term) term {
+	b := make([]byte, 0, 64+len(set))
+	b = append(b, "dnat "...)
+	b = append(b, ipFamily(f)...)
+	b = append(b, " to numgen random mod "...)
+	b = strconv.AppendUint(b, buckets, 10)
+	b = append(b, " offset "...)
+	b = strconv.AppendUint(b, uint64(offset), 10)
+	b = append(b, " map @"...)
+	b = append(b, set...)
+	t := term{text: string(b), exprs: append([]expr.Any{numgen(offset)}, tail.exprs...)}
+	if tail.raw != nil && ng != nil {
+		t.raw = append([]nfnl.RawExpr{ng.encode(offset)}, tail.raw...)
+	}
+	return t
+}
+
+func numgen(offset uint32) *expr.Numgen {
+	return &expr.Numgen{Register: reg1, Modulus: buckets, Type: unix.NFT_NG_RANDOM, Offset: offset}
+}
+
+// dnatTail is what follows the draw in dnatMap: the lookup of the bucket
+// in the backends map set and the translation.
+func dnatTail(f servicelb.Family, set string) term {
 	regs := concatRegs(addrLen(f), 2)
-	text := fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", ipFamily(f), buckets, offset, set)
-	return term{text: text, exprs: []expr.Any{
-		&expr.Numgen{Register: reg1, Modulus: buckets, Type: unix.NFT_NG_RANDOM, Offset: offset},
+	return encoded(term{exprs: []expr.Any{
 		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: reg1},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: regs[0], RegAddrMax: regs[0], RegProtoMin: regs[1], RegProtoMax: regs[1], Specified: true},
-	}}
+	}})
+}
+
+// numgenCode encodes dnatMap's draw for any offset: encoded once, with
+// the offset's bytes found and replaced for each.
+type numgenCode struct {
+	raw nfnl.RawExpr
+	at  int // where the offset's four bytes start in raw.Data
+}
+
+func newNumgenCode() *numgenCode {
+	const mark = 0x5a5a5a5a
+	raw, err := nfnl.EncodeExprs(nfnl.Inet, []expr.Any{numgen(mark)})
+	if err != nil || len(raw) != 1 {
+		return nil
+	}
+	at := bytes.Index(raw[0].Data, binary.BigEndian.AppendUint32(nil, mark))
+	if at < 0 {
+		return nil
+	}
+	return &numgenCode{raw: raw[0], at: at}
+}
+
+// encode returns the draw with offset, encoded.
+func (c *numgenCode) encode(offset uint32) nfnl.RawExpr {
+	data := bytes.Clone(c.raw.Data)
+	binary.BigEndian.PutUint32(data[c.at:], offset)
+	return nfnl.RawExpr{Name: c.raw.Name, Data: data}
 }
 
 // nftDuration formats a duration as nft prints timeouts ("3h", "1h30m",

@@ -22,13 +22,13 @@ import (
 // sets, whose pins survive), chains kproxy does not want are deleted, and
 // then everything is written. Established connections keep their conntrack
 // entries, so nothing that flows is cut.
-func (p *Proxier) replaceBatch(ctx context.Context, c *content) (*nfnl.Batch, error) {
+func (p *Proxier) replaceBatch(ctx context.Context, m *model) (*nfnl.Batch, error) {
 	b := &nfnl.Batch{}
 	_, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table)
 	switch {
 	case errors.Is(err, nfnl.ErrNotExist):
 		b.AddTable(nfnl.Table{Family: nfnl.Inet, Name: p.opts.Table})
-		return b, c.create(p.opts.Table, b)
+		return b, p.plan.write(m, b)
 	case err != nil:
 		return nil, err
 	}
@@ -44,7 +44,7 @@ func (p *Proxier) replaceBatch(ctx context.Context, c *content) (*nfnl.Batch, er
 	b.AddTable(nfnl.Table{Family: nfnl.Inet, Name: t})
 	b.FlushTable(nfnl.Inet, t)
 	want := map[string]nfnl.Set{}
-	for _, d := range c.sets {
+	for _, d := range p.plan.setDefs(m) {
 		want[d.set.Name] = d.set
 	}
 	for _, s := range sets {
@@ -58,8 +58,11 @@ func (p *Proxier) replaceBatch(ctx context.Context, c *content) (*nfnl.Batch, er
 		}
 	}
 	hooks := map[string]*nfnl.Hook{}
-	for _, ch := range c.chains {
+	for _, ch := range m.node.chains {
 		hooks[ch.name] = ch.hook
+	}
+	for _, pp := range m.ports {
+		chainNames(pp, func(name string) { hooks[name] = nil })
 	}
 	for _, ch := range chains {
 		h, ok := hooks[ch.Name]
@@ -67,7 +70,7 @@ func (p *Proxier) replaceBatch(ctx context.Context, c *content) (*nfnl.Batch, er
 			b.DelChain(nfnl.Inet, t, ch.Name)
 		}
 	}
-	return b, c.create(t, b)
+	return b, p.plan.write(m, b)
 }
 
 func isAffinitySet(name string) bool {

@@ -399,3 +399,54 @@ func TestEndpointReplacedInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestChangeIsOneRoundTrip: after the Proxier's own commit, a sync of a
+// change sends its batch and reads nothing before it: the batch requires
+// the generation to be still the Proxier's. After someone else's commit
+// the kernel refuses that batch, and the same sync checks the table and
+// applies the change; a table changed meanwhile is repaired.
+func TestChangeIsOneRoundTrip(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "roundtrip")
+	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true})
+	svc := func(ep string) servicelb.Service {
+		return servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{clusterIP4},
+			Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+			Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr(ep)}}}
+	}
+	b, err := servicelb.NewBuilder(servicelb.NodeConfig{})
+	require.NoError(t, err)
+	change := func(ep string) (*servicelb.State, []string) {
+		t.Helper()
+		require.NoError(t, b.Upsert(svc(ep)))
+		st := b.State()
+		var seen []string
+		ctx := nfnl.WithRequests(testCtx(t), func(r nfnl.Request) { seen = append(seen, r.String()) })
+		require.NoError(t, p.Sync(ctx, st))
+		return st, seen
+	}
+	change("10.244.1.1")
+	change("10.244.1.2") // the first sync's commit may be followed by none of its own
+	_, seen := change("10.244.1.3")
+	assert.Equal(t, []string{"commit"}, seen, "a change after the Proxier's own commit")
+
+	h.Exec(t, "nft", "add", "table", "inet", "other")
+	st, seen := change("10.244.1.4")
+	assert.Equal(t, "commit", seen[0], "the change is sent first")
+	assert.Equal(t, "commit", seen[len(seen)-1], "and again after the check: %v", seen)
+	assert.Contains(t, seen, "generation")
+	want, err := p.Render(st)
+	require.NoError(t, err)
+	fresh := netnstest.NewHost(t, "roundtripfresh")
+	fresh.ExecInput(t, want, "nft", "-f", "-")
+	assert.Equal(t, fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable))
+
+	h.Exec(t, "nft", "add", "chain", "inet", nftables.DefaultTable, "intruder")
+	st, _ = change("10.244.1.5")
+	assert.NotContains(t, h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable), "intruder", "repaired")
+	want, err = p.Render(st)
+	require.NoError(t, err)
+	fresh.Exec(t, "nft", "delete", "table", "inet", nftables.DefaultTable)
+	fresh.ExecInput(t, want, "nft", "-f", "-")
+	assert.Equal(t, fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable))
+}

@@ -13,24 +13,28 @@ import (
 // is applied. The Proxier keeps the model of the state it applied last and
 // changes it only after a successful commit.
 type model struct {
-	node  nodePlan
+	node nodePlan
+	// cfg is the node the ports are planned for; it never changes (a
+	// node change replaces it).
+	cfg   *servicelb.NodeConfig
 	ports map[servicelb.ServicePortKey]*portPlan
 	// refs counts the ports that need each shared element.
-	refs map[ref]int
+	refs map[refKey]int32
 	// shards counts the load-balancing chains reading each backends map.
 	shards map[setID]int
 	slots  *slotTable
 }
 
 func newModel() *model {
-	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: map[ref]int{}, shards: map[setID]int{}, slots: newSlotTable()}
+	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: map[refKey]int32{}, shards: map[setID]int{}, slots: newSlotTable()}
 }
 
 // build plans a whole State from scratch.
 func (p *planner) build(st *servicelb.State) (*model, error) {
 	m := newModel()
 	node := st.Node()
-	np, err := p.node(&node)
+	m.cfg = &node
+	np, err := p.node(m.cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -38,33 +42,42 @@ func (p *planner) build(st *servicelb.State) (*model, error) {
 	txn := m.slots.begin()
 	ports := st.Ports()
 	m.ports = make(map[servicelb.ServicePortKey]*portPlan, len(ports))
-	for _, sp := range ports {
-		pp, err := p.port(sp, &node, txn)
+	plans := make([]portPlan, len(ports))
+	for i, sp := range ports {
+		pp, err := p.port(sp, m.cfg, txn, nil)
 		if err != nil {
 			return nil, err
 		}
-		m.ports[sp.Key] = pp
-		for _, r := range pp.refs {
-			m.refs[r]++
-		}
-		for _, s := range pp.shards {
-			m.shards[s]++
-		}
+		plans[i] = pp
+		m.ports[sp.Key] = &plans[i]
+		eachRef(sp, func(r ref) { m.refs[r.key()]++ })
+		pp.eachShard(func(s setID) { m.shards[s]++ })
 	}
 	txn.commit()
 	return m, nil
 }
 
-// step is a planned change of a model: the fragments it replaces and the
+// step is a planned change of a model: the ports it replaces and the
 // counts it moves. apply commits it to the model after a successful sync.
 type step struct {
-	node    *nodePlan // the new node plan, when the node changed
+	p       *planner
+	node    *nodePlan             // the new node plan, when the node changed
+	cfg     *servicelb.NodeConfig // the node the new ports are planned for
 	removed []*portPlan
 	added   []*portPlan
-	changed [][2]*portPlan // old, new
+	changed []portChange
 	slots   *slotTxn
-	refs    map[ref]int   // new counts of the shared elements that moved
-	shards  map[setID]int // new counts of the maps that moved
+	refs    map[refKey]int32 // new counts of the shared elements that moved
+	shards  map[setID]int    // new counts of the maps that moved
+}
+
+// portChange is a port planned again. When endpoints is set, its change
+// touches its endpoints alone (servicelb.PortChange.EndpointsOnly) and it
+// has no affinity: its chains and its frontends' elements stay as they
+// were, and only its slots' ranges and hairpin elements move.
+type portChange struct {
+	old, cur  *portPlan
+	endpoints bool
 }
 
 // plan computes the step from m (the model of from) to to. When the node
@@ -72,8 +85,9 @@ type step struct {
 // reports.
 func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*step, error) {
 	node := to.Node()
-	s := &step{slots: m.slots.begin(), refs: map[ref]int{}, shards: map[setID]int{}}
+	s := &step{p: p, cfg: &node, slots: m.slots.begin(), refs: map[refKey]int32{}, shards: map[setID]int{}}
 	var targets []*servicelb.ServicePort
+	endpoints := map[servicelb.ServicePortKey]bool{}
 	if ch.NodeChanged {
 		np, err := p.node(&node)
 		if err != nil {
@@ -87,55 +101,69 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 			}
 		}
 	} else {
+		s.cfg = m.cfg
 		for _, o := range ch.Removed {
 			s.removed = append(s.removed, m.ports[o.Key])
 		}
-		targets = slices.Clone(ch.Added)
+		targets = make([]*servicelb.ServicePort, 0, len(ch.Added)+len(ch.Changed))
+		targets = append(targets, ch.Added...)
 		for _, c := range ch.Changed {
+			if c.New.Affinity == 0 && c.EndpointsOnly() {
+				endpoints[c.New.Key] = true
+			}
 			targets = append(targets, c.New)
 		}
 	}
 	for _, old := range s.removed {
-		for _, k := range old.slots {
-			s.slots.release(k)
-		}
+		s.release(old, [2]bool{})
 	}
 	for _, sp := range targets {
-		pp, err := p.port(sp, &node, s.slots)
+		old := m.ports[sp.Key]
+		pp, err := p.port(sp, s.cfg, s.slots, old)
 		if err != nil {
 			return nil, err
 		}
-		if old := m.ports[sp.Key]; old != nil {
-			s.changed = append(s.changed, [2]*portPlan{old, pp})
-			for _, k := range old.slots {
-				if !slices.Contains(pp.slots, k) {
-					s.slots.release(k)
-				}
-			}
-		} else {
-			s.added = append(s.added, pp)
+		if old == nil {
+			s.added = append(s.added, &pp)
+			continue
 		}
+		s.release(old, pp.uses)
+		s.changed = append(s.changed, portChange{old: old, cur: &pp, endpoints: endpoints[sp.Key]})
 	}
 	s.count(m)
 	return s, nil
 }
 
+// release frees the slots of old that the port no longer uses (keeps).
+func (s *step) release(old *portPlan, keeps [2]bool) {
+	for i, used := range old.uses {
+		if used && !keeps[i] {
+			s.slots.release(old.sp.Family, old.slot[i])
+		}
+	}
+}
+
 // count works out the new counts of the shared elements and shards that
-// the step moves.
+// the step moves. A changed port moves only the elements it gained or
+// lost: a port's refs come sorted (eachRef), so the two lists merge.
 func (s *step) count(m *model) {
+	moveRef := func(r ref, d int32) {
+		k := r.key()
+		n, ok := s.refs[k]
+		if !ok {
+			n = m.refs[k]
+		}
+		s.refs[k] = n + d
+	}
+	moveShard := func(x setID, d int) {
+		if _, ok := s.shards[x]; !ok {
+			s.shards[x] = m.shards[x]
+		}
+		s.shards[x] += d
+	}
 	move := func(pp *portPlan, d int) {
-		for _, r := range pp.refs {
-			if _, ok := s.refs[r]; !ok {
-				s.refs[r] = m.refs[r]
-			}
-			s.refs[r] += d
-		}
-		for _, x := range pp.shards {
-			if _, ok := s.shards[x]; !ok {
-				s.shards[x] = m.shards[x]
-			}
-			s.shards[x] += d
-		}
+		eachRef(pp.sp, func(r ref) { moveRef(r, int32(d)) })
+		pp.eachShard(func(x setID) { moveShard(x, d) })
 	}
 	for _, pp := range s.removed {
 		move(pp, -1)
@@ -144,24 +172,49 @@ func (s *step) count(m *model) {
 		move(pp, 1)
 	}
 	for _, c := range s.changed {
-		move(c[0], -1)
-		move(c[1], 1)
+		old, cur := refsOf(c.old.sp), refsOf(c.cur.sp)
+		for len(old) > 0 || len(cur) > 0 {
+			switch d := cmpFirst(old, cur); {
+			case d < 0:
+				moveRef(old[0], -1)
+				old = old[1:]
+			case d > 0:
+				moveRef(cur[0], 1)
+				cur = cur[1:]
+			default:
+				old, cur = old[1:], cur[1:]
+			}
+		}
+		c.old.eachShard(func(x setID) { moveShard(x, -1) })
+		c.cur.eachShard(func(x setID) { moveShard(x, 1) })
 	}
+}
+
+// cmpFirst compares the first refs of two sorted lists, an empty list's
+// coming last.
+func cmpFirst(a, b []ref) int {
+	switch {
+	case len(a) == 0:
+		return 1
+	case len(b) == 0:
+		return -1
+	}
+	return compareRefs(a[0], b[0])
 }
 
 // apply makes m the model of the step's target state.
 func (s *step) apply(m *model) {
 	if s.node != nil {
-		m.node = *s.node
+		m.node, m.cfg = *s.node, s.cfg
 	}
 	for _, pp := range s.removed {
-		delete(m.ports, pp.key)
+		delete(m.ports, pp.sp.Key)
 	}
 	for _, pp := range s.added {
-		m.ports[pp.key] = pp
+		m.ports[pp.sp.Key] = pp
 	}
 	for _, c := range s.changed {
-		m.ports[c[1].key] = c[1]
+		m.ports[c.cur.sp.Key] = c.cur
 	}
 	for r, n := range s.refs {
 		if n > 0 {

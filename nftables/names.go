@@ -83,9 +83,12 @@ const (
 	// shards is the number of backends maps per family. Every rule that
 	// reads a map is bound to it, and the kernel walks a map's bindings
 	// each time it adds an element with data, and each time it binds a
-	// new rule: spreading slots over a constant number of maps keeps those
-	// walks short at any scale.
-	shards = 256
+	// new rule, and walks a whole map to rebuild its lookup after a commit
+	// that changed it; but it finds a map by name by walking the table's
+	// list of sets. Spreading slots over a constant number of maps keeps
+	// those walks short at any scale; 512 weighs them against each other
+	// at tens of thousands of ports.
+	shards = 512
 )
 
 // slotKey names a load-balancing chain.
@@ -128,15 +131,15 @@ func endpointID(ap netip.AddrPort) uint32 {
 	return h.Sum32()
 }
 
-// slotTable assigns slots to keys, per family, with linear probing from
-// each key's home slot.
+// slotTable records the slots in use, per family. A port's plan holds the
+// slots of its keys; new keys take free slots by linear probing from each
+// key's home slot.
 type slotTable struct {
-	byKey  map[slotKey]uint32
-	bySlot [2]map[uint32]slotKey
+	used [2]map[uint32]bool
 }
 
 func newSlotTable() *slotTable {
-	return &slotTable{byKey: map[slotKey]uint32{}, bySlot: [2]map[uint32]slotKey{{}, {}}}
+	return &slotTable{used: [2]map[uint32]bool{{}, {}}}
 }
 
 func famIndex(f servicelb.Family) int {
@@ -149,30 +152,21 @@ func famIndex(f servicelb.Family) int {
 // slotTxn records assignments and releases over a slotTable without
 // changing it, until commit: a failed sync leaves the table as it was.
 type slotTxn struct {
-	base     *slotTable
-	added    map[slotKey]uint32
-	taken    [2]map[uint32]bool
-	released map[slotKey]bool
+	base  *slotTable
+	taken [2]map[uint32]bool
+	freed [2]map[uint32]bool
 }
 
 func (t *slotTable) begin() *slotTxn {
-	return &slotTxn{base: t, added: map[slotKey]uint32{}, taken: [2]map[uint32]bool{{}, {}}, released: map[slotKey]bool{}}
+	return &slotTxn{base: t, taken: [2]map[uint32]bool{{}, {}}, freed: [2]map[uint32]bool{{}, {}}}
 }
 
-// get returns the key's slot, assigning one if it has none.
+// get assigns the key a free slot.
 func (x *slotTxn) get(k slotKey) (uint32, error) {
-	if s, ok := x.added[k]; ok {
-		return s, nil
-	}
-	if s, ok := x.base.byKey[k]; ok && !x.released[k] {
-		return s, nil
-	}
 	fi := famIndex(k.port.Family)
 	s := k.home()
 	for range maxSlots {
-		_, used := x.base.bySlot[fi][s]
-		if (!used || x.releasedSlot(fi, s)) && !x.taken[fi][s] {
-			x.added[k] = s
+		if (!x.base.used[fi][s] || x.freed[fi][s]) && !x.taken[fi][s] {
 			x.taken[fi][s] = true
 			return s, nil
 		}
@@ -181,33 +175,23 @@ func (x *slotTxn) get(k slotKey) (uint32, error) {
 	return 0, capacityError(k.port, fmt.Sprintf("ports[%q]", k.port.Port), fmt.Sprintf("all %d load-balancing slots of %s are in use", maxSlots, k.port.Family))
 }
 
-func (x *slotTxn) releasedSlot(fi int, s uint32) bool {
-	return x.released[x.base.bySlot[fi][s]]
-}
-
-// release frees the key's slot at commit.
-func (x *slotTxn) release(k slotKey) {
-	if s, ok := x.added[k]; ok {
-		delete(x.added, k)
-		delete(x.taken[famIndex(k.port.Family)], s)
+// release frees slot s of family f at commit.
+func (x *slotTxn) release(f servicelb.Family, s uint32) {
+	fi := famIndex(f)
+	if x.taken[fi][s] {
+		delete(x.taken[fi], s)
 		return
 	}
-	if _, ok := x.base.byKey[k]; ok {
-		x.released[k] = true
-	}
+	x.freed[fi][s] = true
 }
 
 func (x *slotTxn) commit() {
-	t := x.base
-	for k := range x.released {
-		s := t.byKey[k]
-		delete(t.byKey, k)
-		if t.bySlot[famIndex(k.port.Family)][s] == k {
-			delete(t.bySlot[famIndex(k.port.Family)], s)
+	for fi := range x.freed {
+		for s := range x.freed[fi] {
+			delete(x.base.used[fi], s)
 		}
-	}
-	for k, s := range x.added {
-		t.byKey[k] = s
-		t.bySlot[famIndex(k.port.Family)][s] = k
+		for s := range x.taken[fi] {
+			x.base.used[fi][s] = true
+		}
 	}
 }

@@ -48,7 +48,7 @@ func TestBatchOwners(t *testing.T) {
 	m, err := p.build(st)
 	require.NoError(t, err)
 	var b nfnl.Batch
-	require.NoError(t, p.content(m).create("kproxy", &b))
+	require.NoError(t, p.write(m, &b))
 	owners := ownersOf(&b)
 	for svc, msgs := range owners {
 		for _, msg := range msgs {
@@ -82,7 +82,7 @@ func TestBatchOwners(t *testing.T) {
 	assert.Equal(t, []string{"default/api", ""}, keys(owners), "%v", owners)
 	assert.Contains(t, owners["default/api"], "add elements inet kproxy services4 (1 element)")
 	assert.Contains(t, owners["default/api"], "add chain inet kproxy svc4-default/api/grpc")
-	assert.Equal(t, []string{"add set inet kproxy backends4-01", "add elements inet kproxy cluster-ips4 (1 element)",
+	assert.Equal(t, []string{"add set inet kproxy backends4-257", "add elements inet kproxy cluster-ips4 (1 element)",
 		"add elements inet kproxy hairpin4 (1 element)"}, owners[""], "sets, and a cluster IP and a hairpin pair, which ports share, are no one's")
 }
 

@@ -35,9 +35,11 @@ type Proxier struct {
 	model *model
 	// gen is the ruleset generation after the Proxier's last commit, and
 	// genOK whether nobody committed between that commit and the check
-	// before it; seen is the generation the last check read.
-	gen, seen uint32
-	genOK     bool
+	// before it; seen is the generation the last check read. presumed
+	// says that the sync's check took the table on trust (genOK) and read
+	// nothing.
+	gen, seen       uint32
+	genOK, presumed bool
 	// use is the number of objects in the table after the last commit.
 	use uint32
 	// verified is the generation at which a deep verify last found the

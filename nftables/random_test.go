@@ -134,7 +134,7 @@ func checkStep(p *planner, m *model, st, next *servicelb.State) error {
 	if err != nil {
 		return err
 	}
-	if d := modelDrift(m, fresh); d != "" {
+	if d := modelDrift(p, m, fresh); d != "" {
 		return fmt.Errorf("model drifted: %s", d)
 	}
 	if want := fakeOf(p.content(fresh)); !reflect.DeepEqual(want, table) {

@@ -363,15 +363,57 @@ func hairpinElem(a netip.Addr) elem {
 func backendElems(slot uint32, bs []servicelb.Backend, counts []uint32) []elem {
 	base := slot * bucketStride
 	out := make([]elem, 0, 2*len(bs))
+	// The elements' bytes share one buffer: each range's start key, end
+	// key and data.
+	buf := make([]byte, 0, len(bs)*(8+addrLen(servicelb.FamilyOf(bs[0].Addr))+4))
 	lo := uint32(0)
 	for i, b := range bs {
-		hi := lo + counts[i] - 1
-		data := appendAddr(make([]byte, 0, b.Addr.BitLen()/8+4), b.Addr)
-		data = append(binary.BigEndian.AppendUint16(data, b.Port), 0, 0)
+		end := lo + counts[i]
+		at := len(buf)
+		buf = binary.BigEndian.AppendUint32(buf, base+lo)
+		buf = binary.BigEndian.AppendUint32(buf, base+end)
+		buf = appendAddr(buf, b.Addr)
+		buf = append(binary.BigEndian.AppendUint16(buf, b.Port), 0, 0)
 		out = append(out,
-			elem{key: bigU32(base + lo), data: data},
-			elem{key: bigU32(base + hi + 1), flags: nfnl.ElemIntervalEnd})
-		lo = hi + 1
+			elem{key: buf[at : at+4 : at+4], data: buf[at+8 : len(buf) : len(buf)]},
+			elem{key: buf[at+4 : at+8 : at+8], flags: nfnl.ElemIntervalEnd})
+		lo = end
 	}
 	return out
+}
+
+// rangeElems returns the two elements of one endpoint's range of a slot
+// from base: buckets lo to end-1.
+func rangeElems(base, lo, end uint32, b servicelb.Backend) []elem {
+	data := appendAddr(make([]byte, 0, b.Addr.BitLen()/8+4), b.Addr)
+	data = append(binary.BigEndian.AppendUint16(data, b.Port), 0, 0)
+	return []elem{{key: bigU32(base + lo), data: data}, {key: bigU32(base + end), flags: nfnl.ElemIntervalEnd}}
+}
+
+// ranges are the buckets of one slot shared among its endpoints, in
+// ascending order: endpoint i takes buckets lo[i] to lo[i+1]-1.
+type ranges struct {
+	bs []servicelb.Backend
+	lo []uint32
+}
+
+// rangesOf shares a slot among bs as backendElems does; none when bs is
+// empty or has more endpoints than buckets.
+func rangesOf(bs []servicelb.Backend) ranges {
+	counts := bucketCounts(bs)
+	if counts == nil {
+		return ranges{}
+	}
+	lo := make([]uint32, len(bs)+1)
+	for i, c := range counts {
+		lo[i+1] = lo[i] + c
+	}
+	return ranges{bs: bs, lo: lo}
+}
+
+func (r *ranges) len() int { return len(r.bs) }
+
+// elems returns the elements of range i in a slot from base.
+func (r *ranges) elems(base uint32, i int) []elem {
+	return rangeElems(base, r.lo[i], r.lo[i+1], r.bs[i])
 }

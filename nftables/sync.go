@@ -16,21 +16,24 @@ import (
 type kernel Proxier
 
 // Check reports cheaply whether the table still holds what the Proxier
-// wrote: when nobody committed to the ruleset since the Proxier's own last
-// commit, at the cost of reading the generation; else by the table's flags
-// and the number of objects it holds, which a foreign commit anywhere else
-// leaves as they were, and by the rules of the node's few fixed chains
-// (the base chains and the dispatch chain), which a flush of the table
-// empties.
+// wrote. After a commit of the Proxier's own that nobody else's followed
+// (genOK) it reads nothing: the batch that follows requires the ruleset
+// generation to be still that commit's (commit), so the kernel itself
+// refuses it if anyone committed in between, and the sync's next attempt
+// checks. Otherwise it checks the table's flags and the number of objects
+// it holds, which a foreign commit anywhere else leaves as they were, and
+// the rules of the node's few fixed chains (the base chains and the
+// dispatch chain), which a flush of the table empties.
 func (k *kernel) Check(ctx context.Context) (bool, error) {
+	k.presumed = k.genOK
+	if k.genOK {
+		return true, nil
+	}
 	g, err := k.conn.Generation(ctx)
 	if err != nil {
 		return false, err
 	}
 	k.seen = g.ID
-	if k.genOK && g.ID == k.gen {
-		return true, nil
-	}
 	t, err := k.conn.Table(ctx, nfnl.Inet, k.opts.Table)
 	switch {
 	case errors.Is(err, nfnl.ErrNotExist):
@@ -89,7 +92,7 @@ func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 	if err != nil {
 		return err
 	}
-	b, err := (*Proxier)(k).replaceBatch(ctx, k.plan.content(next))
+	b, err := (*Proxier)(k).replaceBatch(ctx, next)
 	if err != nil {
 		return fmt.Errorf("read table: %w", err)
 	}
@@ -112,7 +115,20 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 	if err := d.batch(k.opts.Table, b); err != nil {
 		return false, err
 	}
-	if err := k.commit(ctx, b, d.objects()); err != nil {
+	err = k.commit(ctx, b, d.objects())
+	if errors.Is(err, nfnl.ErrGenerationChanged) && k.presumed {
+		// Someone committed since the Proxier's last commit, which Check
+		// took on trust: check now, and send the batch again from the
+		// generation checked if the table is as the Proxier left it.
+		ok, cerr := k.Check(ctx)
+		switch {
+		case cerr != nil:
+			return false, cerr
+		case ok:
+			err = k.commit(ctx, b, d.objects())
+		}
+	}
+	if err != nil {
 		return false, err
 	}
 	s.apply(k.model)
@@ -123,19 +139,30 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 
 // commit sends b and records what the table holds after it: the
 // generation, known to be the Proxier's own when it follows the one the
-// sync's check saw (nobody committed in between), and, when b adds or
+// batch started from (nobody committed in between), and, when b adds or
 // deletes chains or sets (objects), the table's object count, for the
 // next cheap check. Elements and rules leave the count as it was, so a
-// change of elements alone costs no read.
+// change of elements alone costs no read. When the table is known as the
+// Proxier left it (genOK), b requires the generation to be still the one
+// it was left at: if anyone committed since, the kernel refuses b with
+// ErrGenerationChanged, which the sync retries after a check.
 func (k *kernel) commit(ctx context.Context, b *nfnl.Batch, objects bool) error {
 	if b.Len() == 0 {
 		return nil
 	}
+	from := k.seen
+	if k.genOK {
+		b.RequireGeneration(k.gen)
+		from = k.gen
+	}
 	after, err := k.conn.Commit(ctx, b)
+	if errors.Is(err, nfnl.ErrGenerationChanged) {
+		k.genOK = false
+	}
 	if err != nil {
 		return err
 	}
-	k.gen, k.genOK = after.ID, after.ID == k.seen+1
+	k.gen, k.genOK = after.ID, after.ID == from+1
 	if !objects {
 		return nil
 	}

@@ -59,6 +59,8 @@ type originRules struct {
 	pods  pods
 	marks [1 << origins][]*rule
 	ends  [origins][2]*rule
+	// match holds, encoded, the terms that match each origin.
+	match [origins][]term
 }
 
 func newOriginRules(f servicelb.Family, d pods) *originRules {
@@ -68,6 +70,10 @@ func newOriginRules(f servicelb.Family, d pods) *originRules {
 	}
 	for _, origin := range servicelb.Origins() {
 		match := originTerms(f, d, origin)
+		for i := range match {
+			match[i] = encoded(match[i])
+		}
+		o.match[origin] = match
 		o.ends[origin][0] = mk(append(match, drop())...)
 		o.ends[origin][1] = mk(append(match, reject(contextFamily(f, d, origin)))...)
 	}
@@ -75,8 +81,8 @@ func newOriginRules(f servicelb.Family, d pods) *originRules {
 }
 
 // entryRules renders verdicts vs in a chain whose origins o tells apart;
-// lbs are the port's balancers by action.
-func (p *planner) entryRules(o *originRules, vs servicelb.Verdicts, lbs map[servicelb.Action]balancer) []*rule {
+// lbs are the port's balancers over its cluster set (0) and local set (1).
+func (p *planner) entryRules(o *originRules, vs servicelb.Verdicts, lbs *[2]balancer) []*rule {
 	mask := 0
 	for o, v := range vs {
 		if v.Masquerade {
@@ -89,8 +95,10 @@ func (p *planner) entryRules(o *originRules, vs servicelb.Verdicts, lbs map[serv
 	for _, origin := range routes(vs, o.pods.detects()) {
 		a := vs[origin].Action
 		switch {
-		case a.Forwards():
-			rs = append(rs, lbs[a].rule(originTerms(o.f, o.pods, origin)...))
+		case a == servicelb.ToCluster:
+			rs = append(rs, lbs[0].rule(o.match[origin]...))
+		case a == servicelb.ToLocal:
+			rs = append(rs, lbs[1].rule(o.match[origin]...))
 		case a == servicelb.Reject:
 			rs = append(rs, o.ends[origin][1])
 		default:

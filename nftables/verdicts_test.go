@@ -25,10 +25,7 @@ var detections = []pods{{}, {set: true}, {iface: "cbr0"}, {iface: "veth", prefix
 // its verdict masquerades.
 func TestEntryRulesRenderEveryVerdict(t *testing.T) {
 	p := newPlanner("kproxy", DefaultAffinitySize)
-	lbs := map[servicelb.Action]balancer{
-		servicelb.ToCluster: {dnat: []term{{text: "to-cluster"}}},
-		servicelb.ToLocal:   {dnat: []term{{text: "to-local"}}},
-	}
+	lbs := &[2]balancer{{dnat: []term{{text: "to-cluster"}}}, {dnat: []term{{text: "to-local"}}}}
 	var choices []servicelb.Verdict
 	for _, a := range []servicelb.Action{servicelb.Reject, servicelb.Drop, servicelb.ToCluster, servicelb.ToLocal} {
 		choices = append(choices, servicelb.Verdict{Action: a})
@@ -153,10 +150,7 @@ func ruleTexts(rs []*rule) string {
 // interface they come in on, as the node says.
 func TestEntryRulesCommonShapes(t *testing.T) {
 	p := newPlanner("kproxy", DefaultAffinitySize)
-	lbs := map[servicelb.Action]balancer{
-		servicelb.ToCluster: {dnat: []term{{text: "to-cluster"}}},
-		servicelb.ToLocal:   {dnat: []term{{text: "to-local"}}},
-	}
+	lbs := &[2]balancer{{dnat: []term{{text: "to-cluster"}}}, {dnat: []term{{text: "to-local"}}}}
 	cluster, masq := servicelb.Verdict{Action: servicelb.ToCluster}, servicelb.Verdict{Action: servicelb.ToCluster, Masquerade: true}
 	local := servicelb.Verdict{Action: servicelb.ToLocal}
 	reject := servicelb.Verdict{Action: servicelb.Reject}

@@ -23,6 +23,18 @@ type PortChange struct {
 	Old, New *ServicePort
 }
 
+// EndpointsOnly reports whether the change touches the port's endpoints
+// alone: the sets it forwards to (Cluster, Local), their addresses
+// (Hairpin) and the serving endpoints (Serving) differ, and every other
+// field, the frontends and the verdicts among them, stays. A backend that
+// keeps its endpoints apart from the rules that reach them rewrites only
+// those for such a change.
+func (c PortChange) EndpointsOnly() bool {
+	x := *c.New
+	x.Cluster, x.Local, x.Hairpin, x.Serving = c.Old.Cluster, c.Old.Local, c.Old.Hairpin, c.Old.Serving
+	return samePort(&x, c.Old)
+}
+
 // Empty reports whether nothing changed.
 func (c *Changes) Empty() bool {
 	return !c.NodeChanged && len(c.Added) == 0 && len(c.Removed) == 0 && len(c.Changed) == 0
@@ -93,8 +105,16 @@ func diffPorts(c *Changes, old, cur []*ServicePort) {
 }
 
 // samePort reports whether two service ports program the same kernel
-// state: a ServicePort holds all a backend reads, so every field counts.
-func samePort(a, b *ServicePort) bool { return reflect.DeepEqual(a, b) }
+// state: a ServicePort holds all a backend reads, so every field counts
+// (a test keeps this list whole). An empty list and none are the same.
+func samePort(a, b *ServicePort) bool {
+	return a.Key == b.Key && a.Port == b.Port && a.Family == b.Family && a.ClusterIP == b.ClusterIP &&
+		slices.Equal(a.ExternalIPs, b.ExternalIPs) && slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.Cluster, b.Cluster) && slices.Equal(a.Local, b.Local) &&
+		a.Internal == b.Internal && a.External == b.External && slices.Equal(a.SourceRanges, b.SourceRanges) &&
+		a.Affinity == b.Affinity && a.Scheduler == b.Scheduler && a.HealthCheckNodePort == b.HealthCheckNodePort &&
+		slices.Equal(a.Hairpin, b.Hairpin) && slices.Equal(a.Serving, b.Serving)
+}
 
 // StaleFlow selects the UDP or SCTP conntrack flows to one frontend that
 // must be deleted: those whose endpoint (the flow's reply source) does not

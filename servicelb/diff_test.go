@@ -3,8 +3,10 @@ package servicelb
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -273,5 +275,105 @@ func TestStateOwnsItsData(t *testing.T) {
 	}
 	if got.InternalTrafficPolicy != PolicyCluster || got.ExternalTrafficPolicy != PolicyCluster {
 		t.Errorf("defaults not applied: %+v", got)
+	}
+}
+
+// TestEndpointsOnly: a change of a port's endpoints that leaves its
+// verdicts alone is one of its endpoints alone; a change that also moves
+// a verdict, a frontend or any other field is not, even when the
+// endpoints change with it.
+func TestEndpointsOnly(t *testing.T) {
+	node := NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{a("192.0.2.1")}}
+	base := Service{
+		Name: "ns/web", ClusterIPs: []netip.Addr{a("10.96.0.1")},
+		Ports:                 []Port{{Name: "p", Protocol: TCP, Port: 80, NodePort: 30080}},
+		ExternalTrafficPolicy: PolicyLocal,
+		Endpoints: []Endpoint{
+			{Addr: a("10.0.0.1"), NodeName: "n1"},
+			{Addr: a("10.0.0.2"), NodeName: "n2"},
+		},
+	}
+	for _, tt := range []struct {
+		name string
+		edit func(*Service)
+		want bool
+	}{
+		{"an endpoint replaced", func(s *Service) { s.Endpoints[1].Addr = a("10.0.0.3") }, true},
+		{"an endpoint added", func(s *Service) {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.4"), NodeName: "n2"})
+		}, true},
+		{"a weight", func(s *Service) { s.Endpoints[1].Weight = Weight(3) }, true},
+		{"a serving endpoint beside ready ones", func(s *Service) {
+			s.Endpoints = append(s.Endpoints, Endpoint{Addr: a("10.0.0.9"), Ready: new(false), Serving: new(true), Terminating: true})
+		}, true},
+		{"the last local endpoint gone: the external verdict drops", func(s *Service) { s.Endpoints = s.Endpoints[1:] }, false},
+		{"every endpoint gone: the verdicts reject", func(s *Service) { s.Endpoints = nil }, false},
+		{"a port number with an endpoint", func(s *Service) {
+			s.Ports = []Port{{Name: "p", Protocol: TCP, Port: 81, NodePort: 30080}}
+			s.Endpoints[1].Addr = a("10.0.0.3")
+		}, false},
+		{"affinity", func(s *Service) { s.Affinity = SessionAffinity{ClientIP: true} }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.Endpoints = slices.Clone(base.Endpoints)
+			tt.edit(&s)
+			c := Diff(mustNewState(t, node, base), mustNewState(t, node, s))
+			if len(c.Changed) != 1 || len(c.Added)+len(c.Removed) != 0 {
+				t.Fatalf("want one port changed, got %+v", c)
+			}
+			if got := c.Changed[0].EndpointsOnly(); got != tt.want {
+				t.Errorf("EndpointsOnly() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestSamePortSeesEveryField: a change of any field of a ServicePort makes
+// it another port, so that Diff reports it; a field added to ServicePort
+// fails this test until samePort compares it.
+func TestSamePortSeesEveryField(t *testing.T) {
+	base := ServicePort{Key: ServicePortKey{Service: "ns/a", Port: "p", Family: IPv4}, Port: Port{Name: "p", Protocol: TCP, Port: 80},
+		Family: IPv4, ClusterIP: a("10.96.0.1")}
+	edits := map[string]func(*ServicePort){
+		"Key":                 func(sp *ServicePort) { sp.Key.Port = "q" },
+		"Port":                func(sp *ServicePort) { sp.Port.TargetPort = 8080 },
+		"Family":              func(sp *ServicePort) { sp.Family = IPv6 },
+		"ClusterIP":           func(sp *ServicePort) { sp.ClusterIP = a("10.96.0.2") },
+		"ExternalIPs":         func(sp *ServicePort) { sp.ExternalIPs = []netip.Addr{a("203.0.113.1")} },
+		"LoadBalancerIPs":     func(sp *ServicePort) { sp.LoadBalancerIPs = []netip.Addr{a("203.0.113.2")} },
+		"NodeIPs":             func(sp *ServicePort) { sp.NodeIPs = []netip.Addr{a("192.0.2.1")} },
+		"Cluster":             func(sp *ServicePort) { sp.Cluster = []Backend{{Addr: a("10.0.0.1"), Port: 80, Weight: 1}} },
+		"Local":               func(sp *ServicePort) { sp.Local = []Backend{{Addr: a("10.0.0.1"), Port: 80, Weight: 1}} },
+		"Internal":            func(sp *ServicePort) { sp.Internal[FromPod].Action = ToCluster },
+		"External":            func(sp *ServicePort) { sp.External[FromNode].Masquerade = true },
+		"SourceRanges":        func(sp *ServicePort) { sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")} },
+		"Affinity":            func(sp *ServicePort) { sp.Affinity = time.Hour },
+		"Scheduler":           func(sp *ServicePort) { sp.Scheduler = SchedulerRoundRobin },
+		"HealthCheckNodePort": func(sp *ServicePort) { sp.HealthCheckNodePort = 30100 },
+		"Hairpin":             func(sp *ServicePort) { sp.Hairpin = []netip.Addr{a("10.0.0.1")} },
+		"Serving":             func(sp *ServicePort) { sp.Serving = []netip.Addr{a("10.0.0.1")} },
+	}
+	typ := reflect.TypeFor[ServicePort]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		edit, ok := edits[name]
+		if !ok {
+			t.Errorf("field %s: no edit here; make samePort compare it, then add one", name)
+			continue
+		}
+		sp := base
+		edit(&sp)
+		if samePort(&base, &sp) || samePort(&sp, &base) {
+			t.Errorf("field %s: a change is not seen", name)
+		}
+	}
+	if len(edits) != typ.NumField() {
+		t.Errorf("%d edits for %d fields", len(edits), typ.NumField())
+	}
+	same := base
+	same.ExternalIPs = []netip.Addr{}
+	if !samePort(&base, &same) {
+		t.Error("an empty list differs from none")
 	}
 }

@@ -244,6 +244,11 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 			sp.Hairpin[i] = b.Addr
 		}
 		sp.Hairpin = slices.Compact(sp.Hairpin)
+		if slices.Equal(sp.Hairpin, sp.Serving) {
+			// Every serving endpoint is one a verdict may forward to, as
+			// when all are ready: the port keeps one list of them.
+			sp.Hairpin = sp.Serving
+		}
 	}
 	return sp
 }

@@ -46,6 +46,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 			tap(slices.Concat(p...))
 		}
 	}
+	traceRequest(ctx, RequestCommit)
 	err := c.send(ctx, p...)
 	b.unframe()
 	restore()
@@ -210,6 +211,7 @@ func (c *Conn) Generation(ctx context.Context) (Generation, error) {
 		return Generation{}, ErrClosed
 	}
 	seq := c.nextSeq(1)
+	traceRequest(ctx, RequestGeneration)
 	if err := c.sendGetGen(ctx, seq); err != nil {
 		return Generation{}, err
 	}

@@ -68,7 +68,8 @@
 // makes a batch apply only if the generation is still the one the caller
 // read (ErrGenerationChanged otherwise). LostRace tells that error, and a
 // dump that a commit interrupted, from the kernel's other refusals: the
-// backends' sync engine retries those steps at once.
+// backends' sync engine retries those steps at once. WithRequests counts
+// a call's round trips by kind, for tests.
 //
 // # Reading
 //

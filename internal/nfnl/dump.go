@@ -35,6 +35,7 @@ func (c *Conn) request(ctx context.Context, typ uint16, fam Family, dump bool, a
 		c.scratch.err = nil
 		return err
 	}
+	traceRequest(ctx, RequestRead)
 	if err := c.send(ctx, c.scratch.b); err != nil {
 		return err
 	}

@@ -27,6 +27,50 @@ func tapOf(ctx context.Context) func([]byte) {
 	return t
 }
 
+type requestsKey struct{}
+
+// Request is the kind of a request a Conn sends to the kernel.
+type Request int
+
+// The kinds of requests.
+const (
+	// RequestCommit is a batch, with the generation read that follows it
+	// on the same socket (Conn.Commit).
+	RequestCommit Request = iota
+	// RequestGeneration is a read of the ruleset generation alone
+	// (Conn.Generation).
+	RequestGeneration
+	// RequestRead reads objects: a table, or a dump of chains, rules,
+	// sets or elements.
+	RequestRead
+)
+
+// String names the kind: "commit", "generation" or "read".
+func (r Request) String() string {
+	switch r {
+	case RequestCommit:
+		return "commit"
+	case RequestGeneration:
+		return "generation"
+	}
+	return "read"
+}
+
+// WithRequests returns a context under which a Conn calls f with the kind
+// of each request it sends, before sending it: each is one round trip to
+// the kernel. Tests count with it what a call costs; like WithTap, it
+// changes nothing else.
+func WithRequests(ctx context.Context, f func(Request)) context.Context {
+	return context.WithValue(ctx, requestsKey{}, f)
+}
+
+// traceRequest tells ctx's WithRequests function, if any, of a request.
+func traceRequest(ctx context.Context, r Request) {
+	if f, _ := ctx.Value(requestsKey{}).(func(Request)); f != nil {
+		f(r)
+	}
+}
+
 // Replay sends a batch captured by a tap as it was, less any generation
 // check in its BATCH_BEGIN (the generation differs in another namespace),
 // and waits for the kernel's answer: an error names the first message the

@@ -54,3 +54,29 @@ func TestTapReplay(t *testing.T) {
 	require.NoError(t, b.Replay(ctx(t), frames[1]))
 	require.ErrorIs(t, b.Replay(ctx(t), frames[1]), syscall.ENOENT)
 }
+
+// WithRequests sees each round trip a call makes, by kind: a commit (its
+// generation read included), a generation read, a read of objects; an
+// empty batch is a generation read.
+func TestRequests(t *testing.T) {
+	netnstest.Require(t, "nf_tables")
+	c := open(t, netnstest.NewHost(t, "requests"))
+	var seen []string
+	rctx := nfnl.WithRequests(ctx(t), func(r nfnl.Request) { seen = append(seen, r.String()) })
+	var b nfnl.Batch
+	b.AddTable(nfnl.Table{Family: nfnl.IPv4, Name: "requests"})
+	_, err := c.Commit(rctx, &b)
+	require.NoError(t, err)
+	_, err = c.Generation(rctx)
+	require.NoError(t, err)
+	_, err = c.Table(rctx, nfnl.IPv4, "requests")
+	require.NoError(t, err)
+	_, err = c.Sets(rctx, nfnl.IPv4, "requests")
+	require.NoError(t, err)
+	_, err = c.Commit(rctx, &nfnl.Batch{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"commit", "generation", "read", "read", "generation"}, seen)
+	_, err = c.Generation(ctx(t))
+	require.NoError(t, err)
+	require.Len(t, seen, 5, "without the function, nothing is seen")
+}

@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -33,7 +34,7 @@ type proxier interface {
 type driver struct {
 	backend string
 	n, m    int
-	svcs    []servicelb.Service
+	svcs    []benchwork.Service
 	st      *servicelb.State
 	// b is kept across changes, as a servicelb.Runner keeps its Builder:
 	// a change then costs what it changes, not a walk of every service.
@@ -43,6 +44,7 @@ type driver struct {
 	changes int // one-endpoint changes made so far
 	added   int // services added so far
 	cpuProf *os.File
+	syncCPU float64
 }
 
 func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
@@ -57,12 +59,12 @@ func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
 
 func newDriver(backend string, n, m int) (*driver, error) {
 	d := &driver{backend: backend, n: n, m: m}
-	d.svcs, d.digest = workload(n, m)
-	st, err := servicelb.NewState(benchNode(), d.svcs...)
+	svcs, b, digest, err := workload(n, m)
 	if err != nil {
 		return nil, err
 	}
-	d.st, d.b = st, st.Edit()
+	d.svcs, d.digest = svcs, digest
+	d.st, d.b = b.State(), b
 	d.p, err = newProxier(backend, 0)
 	return d, err
 }
@@ -83,6 +85,7 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	}
 	switch f[0] {
 	case "sync":
+		c0 := cpuMS(syscall.RUSAGE_SELF)
 		t0 := time.Now()
 		if err := d.p.Sync(ctx, d.st); err != nil {
 			return nil, err
@@ -90,10 +93,12 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 		ms := msSince(t0)
 		mem, err := benchwork.Memory()
 		mem["ms"] = ms
+		mem["cpu_ms"] = cpuMS(syscall.RUSAGE_SELF) - c0
 		return mem, err
 	case "change":
+		d.syncCPU = 0
 		s, err := d.changeSamples(ctx, arg(1, 100), arg(2, 30000))
-		return map[string]any{"ms": s}, err
+		return map[string]any{"ms": s, "cpu_ms_each": d.syncCPU / float64(len(s))}, err
 	case "service":
 		add, del, err := d.serviceSamples(ctx, arg(1, 10), arg(2, 30000))
 		return map[string]any{"add_ms": add, "delete_ms": del}, err
@@ -114,6 +119,12 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	return nil, fmt.Errorf("unknown command %q", f[0])
 }
 
+func cpuMS(who int) float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(who, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e6
+}
+
 func msSince(t time.Time) float64 { return float64(time.Since(t).Nanoseconds()) / 1e6 }
 
 func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) error) (time.Duration, error) {
@@ -121,11 +132,13 @@ func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) erro
 		return 0, err
 	}
 	st := d.b.State()
+	c0 := cpuMS(syscall.RUSAGE_SELF)
 	t0 := time.Now()
 	if err := d.p.Sync(ctx, st); err != nil {
 		return 0, err
 	}
 	el := time.Since(t0)
+	d.syncCPU += cpuMS(syscall.RUSAGE_SELF) - c0
 	d.st = st
 	return el, nil
 }
@@ -134,12 +147,12 @@ func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) erro
 func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error) {
 	return benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		i, j := benchwork.ChangeTarget(d.changes, d.n, d.m)
-		s := d.svcs[i]
-		s.Endpoints = slices.Clone(s.Endpoints)
-		s.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, d.changes)
+		w := d.svcs[i]
+		w.Endpoints = slices.Clone(w.Endpoints)
+		w.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, d.changes)
 		d.changes++
-		d.svcs[i] = s
-		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
+		d.svcs[i] = w
+		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(service(w)) })
 	})
 }
 
@@ -215,7 +228,7 @@ func median(s []float64) float64 {
 // own cost of committing that state, the floor of any cold sync.
 func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
 	var frames [][]byte
-	var syncMS float64
+	var syncMS, syncCPU float64
 	err := inNewNS(func(ns netns.NsHandle) error {
 		p, err := newProxier(d.backend, ns)
 		if err != nil {
@@ -223,21 +236,24 @@ func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
 		}
 		defer p.Close()
 		tctx := nfnl.WithTap(ctx, func(f []byte) { frames = append(frames, slices.Clone(f)) })
+		c0 := cpuMS(syscall.RUSAGE_SELF)
 		t0 := time.Now()
 		err = p.Sync(tctx, d.st)
 		syncMS = msSince(t0)
+		syncCPU = cpuMS(syscall.RUSAGE_SELF) - c0
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	var replayMS float64
+	var replayMS, replayCPU float64
 	err = inNewNS(func(netns.NsHandle) error {
 		conn, err := nfnl.Open(nfnl.Options{})
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
+		c0 := cpuMS(syscall.RUSAGE_THREAD)
 		t0 := time.Now()
 		for _, f := range frames {
 			if err := conn.Replay(ctx, f); err != nil {
@@ -245,9 +261,10 @@ func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
 			}
 		}
 		replayMS = msSince(t0)
+		replayCPU = cpuMS(syscall.RUSAGE_THREAD) - c0
 		return nil
 	})
-	return map[string]any{"sync_ms": syncMS, "replay_ms": replayMS, "batches": len(frames)}, err
+	return map[string]any{"sync_ms": syncMS, "replay_ms": replayMS, "batches": len(frames), "sync_cpu_ms": syncCPU, "replay_cpu_ms": replayCPU}, err
 }
 
 // inNewNS runs f on a thread in a new network namespace, with a handle of

@@ -34,12 +34,19 @@ func service(w benchwork.Service) servicelb.Service {
 	}
 }
 
-// workload returns the n services of m endpoints and their digest.
-func workload(n, m int) ([]servicelb.Service, string) {
+// workload returns the n services of m endpoints, as kube-proxy's driver
+// keeps them too, a Builder that holds them, filled one service at a time,
+// and their digest.
+func workload(n, m int) ([]benchwork.Service, *servicelb.Builder, string, error) {
 	ws := benchwork.Generate(n, m)
-	out := make([]servicelb.Service, len(ws))
-	for i, w := range ws {
-		out[i] = service(w)
+	b, err := servicelb.NewBuilder(benchNode())
+	if err != nil {
+		return nil, nil, "", err
 	}
-	return out, benchwork.Digest(ws)
+	for _, w := range ws {
+		if err := b.Upsert(service(w)); err != nil {
+			return nil, nil, "", err
+		}
+	}
+	return ws, b, benchwork.Digest(ws), nil
 }

@@ -1,0 +1,108 @@
+//go:build linux
+
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// TestModelHoldsLittleBesideTheState: the model of a State holds a port as
+// its ServicePort and its slots, not its chains and elements, so that what
+// it keeps beside the State is a small part of what the State holds.
+func TestModelHoldsLittleBesideTheState(t *testing.T) {
+	b, err := servicelb.NewBuilder(testNode)
+	require.NoError(t, err)
+	const n = 2000
+	for i := range n {
+		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+		for j := range 5 {
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(i >> 4), byte(i<<4 | j)})})
+		}
+		require.NoError(t, b.Upsert(s))
+	}
+	st := b.State()
+	heap := func() int64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	before := heap()
+	m, err := p.build(st)
+	require.NoError(t, err)
+	perPort := float64(heap()-before) / n
+	runtime.KeepAlive(m)
+	runtime.KeepAlive(st)
+	t.Logf("%.0f bytes per port", perPort)
+	assert.Less(t, perPort, 600.0, "bytes the model keeps per port of 5 endpoints")
+}
+
+// TestWriteAllocations: a cold sync plans and writes the table of a port
+// with a few dozen allocations, its endpoints' elements included, not a
+// few for each element.
+func TestWriteAllocations(t *testing.T) {
+	b, err := servicelb.NewBuilder(testNode)
+	require.NoError(t, err)
+	const n = 500
+	for i := range n {
+		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+		for j := range 10 {
+			x := i*10 + j
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)})})
+		}
+		require.NoError(t, b.Upsert(s))
+	}
+	st := b.State()
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	allocs := testing.AllocsPerRun(3, func() {
+		m, err := p.build(st)
+		require.NoError(t, err)
+		var batch nfnl.Batch
+		require.NoError(t, p.write(m, &batch))
+	})
+	t.Logf("%.1f allocations per port", allocs/n)
+	assert.Less(t, allocs/n, 60.0, "allocations per port of 10 endpoints")
+}
+
+// TestWriteSizesItsBatch: a cold sync grows its batch once, to about what
+// the table takes: no more than half again, which a large table would
+// hold in memory it never uses, and not less, which would copy it.
+func TestWriteSizesItsBatch(t *testing.T) {
+	for _, eps := range []int{5, 50} {
+		b, err := servicelb.NewBuilder(testNode)
+		require.NoError(t, err)
+		for i := range 500 {
+			s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+				ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+				Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+			for j := range eps {
+				x := i*eps + j
+				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64 + byte(x>>16), byte(x >> 8), byte(x)})})
+			}
+			require.NoError(t, b.Upsert(s))
+		}
+		p := newPlanner("kproxy", DefaultAffinitySize)
+		m, err := p.build(b.State())
+		require.NoError(t, err)
+		var batch nfnl.Batch
+		require.NoError(t, p.write(m, &batch))
+		size, _ := m.size()
+		assert.GreaterOrEqual(t, size, batch.Size(), "%d endpoints a port: estimate", eps)
+		assert.Less(t, float64(size), 1.5*float64(batch.Size()), "%d endpoints a port: estimate", eps)
+	}
+}
