@@ -206,6 +206,8 @@ type lab struct {
 	cg *netnstest.Cgroup
 	// added are the client's extra addresses so far.
 	added map[netip.Addr]bool
+	// ports are the source ports of UDP and SCTP asks.
+	ports askPorts
 }
 
 func newLab(t *testing.T, b Backend, o Options) *lab {
@@ -503,13 +505,16 @@ func refusalText(ae *netnstest.AskError) string {
 	return ae.ICMP.String()
 }
 
-func (l *lab) askOpts(a asker, session uint16, timeout time.Duration, extra ...netnstest.AskOption) []netnstest.AskOption {
+func (l *lab) askOpts(a asker, p servicelb.Protocol, session uint16, timeout time.Duration, extra ...netnstest.AskOption) []netnstest.AskOption {
 	opts := append([]netnstest.AskOption{netnstest.Timeout(timeout)}, extra...)
 	if a.from.IsValid() {
 		opts = append(opts, netnstest.FromAddr(a.from))
 	}
-	if session != 0 {
+	switch {
+	case session != 0:
 		opts = append(opts, netnstest.FromPort(session))
+	case p != servicelb.TCP:
+		opts = append(opts, netnstest.FromPort(l.ports.next(a.h.Name, p)))
 	}
 	if a.cg != nil {
 		opts = append(opts, netnstest.InCgroup(a.cg))
@@ -518,8 +523,41 @@ func (l *lab) askOpts(a asker, session uint16, timeout time.Duration, extra ...n
 }
 
 func (l *lab) ask1(a asker, p servicelb.Protocol, dst netip.AddrPort, session uint16, timeout time.Duration, extra ...netnstest.AskOption) error {
-	_, err := a.h.Ask(context.Background(), p.Lower(), dst, l.askOpts(a, session, timeout, extra...)...)
+	_, err := a.h.Ask(context.Background(), p.Lower(), dst, l.askOpts(a, p, session, timeout, extra...)...)
 	return err
+}
+
+// Source ports of the UDP and SCTP asks. Conntrack keeps the entry of a
+// finished UDP flow for 30 s and of a closed SCTP association for 10 s,
+// and a new flow with the same tuple takes it up with its translation:
+// a port the kernel picked at random again would meet the verdict of an
+// earlier stage, not the current one. (TCP needs none of this: a SYN on
+// a closed entry replaces it.) So each host's asks of each protocol
+// take the ports of a range in turn, above the namespaces' ephemeral
+// range (ip_local_port_range ends at 60999), below which nothing the
+// kit serves listens; a port comes round again only after
+// askPortCount asks of the same host and protocol.
+const (
+	askPortFirst = 61000
+	askPortCount = 65536 - askPortFirst
+)
+
+// askPorts hands out the source ports of asks, per host and protocol.
+type askPorts struct {
+	mu   sync.Mutex
+	offs map[string]uint16 // the next port's offset in the range, by host and protocol
+}
+
+func (ap *askPorts) next(host string, p servicelb.Protocol) uint16 {
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if ap.offs == nil {
+		ap.offs = map[string]uint16{}
+	}
+	k := host + "/" + p.Lower()
+	n := ap.offs[k]
+	ap.offs[k] = (n + 1) % askPortCount
+	return askPortFirst + n
 }
 
 // expectReach asks as often as the outcome needs and checks who answered
@@ -530,7 +568,7 @@ func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip
 	n := w.asks()
 	counts := map[int]int{}
 	for range n {
-		r, err := a.h.Ask(context.Background(), p.Lower(), dst, l.askOpts(a, c.Session, l.o.AskTimeout)...)
+		r, err := a.h.Ask(context.Background(), p.Lower(), dst, l.askOpts(a, p, c.Session, l.o.AskTimeout)...)
 		if err != nil {
 			t.Errorf("%s: %v, want an answer from endpoint %v (answers so far: %v)", what, err, w.backends, counts)
 			return

@@ -3,8 +3,10 @@
 package conformance
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -133,4 +135,29 @@ func TestProtocolsLeaveStagesEmpty(t *testing.T) {
 	assert.ElementsMatch(t, NoSCTPChecks(), slices.Collect(maps.Keys(left)), "NoSCTPChecks")
 	assert.Empty(t, leftOut(Scenarios(), &caps, []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP},
 		func(*Scenario) bool { return true }))
+}
+
+// TestAskPorts checks the source ports of UDP and SCTP asks: each host
+// and protocol takes the range in turn, so that no port comes back before
+// askPortCount asks, and the range lies above the kernel's ephemeral
+// ports, which no socket the kernel binds by itself can hold.
+func TestAskPorts(t *testing.T) {
+	var ap askPorts
+	seen := map[uint16]bool{}
+	for range askPortCount {
+		p := ap.next("client", servicelb.UDP)
+		require.False(t, seen[p], "port %d came back before the range was used up", p)
+		require.GreaterOrEqual(t, int(p), askPortFirst)
+		seen[p] = true
+	}
+	assert.Equal(t, uint16(askPortFirst), ap.next("client", servicelb.UDP), "after the whole range, its first port again")
+	assert.Equal(t, uint16(askPortFirst), ap.next("client", servicelb.SCTP), "each protocol has its own turn")
+	assert.Equal(t, uint16(askPortFirst), ap.next("node", servicelb.UDP), "each host has its own turn")
+
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	require.NoError(t, err)
+	var low, high int
+	_, err = fmt.Sscan(string(b), &low, &high)
+	require.NoError(t, err)
+	assert.Greater(t, askPortFirst, high, "the range must lie above the ephemeral ports %d-%d", low, high)
 }

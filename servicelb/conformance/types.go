@@ -472,7 +472,7 @@ func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.
 // Ask makes one ask from an origin to a target, for custom checks.
 func (e *Env) Ask(t *testing.T, from From, to Target, f servicelb.Family, p servicelb.Protocol) (netnstest.Reply, error) {
 	a := e.lab.asker(t, from, f)
-	return a.h.Ask(t.Context(), p.Lower(), e.resolve(to, f, p), e.lab.askOpts(a, 0, e.lab.o.AskTimeout)...)
+	return a.h.Ask(t.Context(), p.Lower(), e.resolve(to, f, p), e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout)...)
 }
 
 // Sleep waits d: for stages that let a timeout pass.
