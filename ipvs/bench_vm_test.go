@@ -106,23 +106,26 @@ func BenchmarkIPVS(b *testing.B) {
 }
 
 // timeIPVSOnly creates the virtual servers and real servers through the
-// same kernel calls Sync makes, in a fresh namespace, and times it.
+// same kernel calls Sync makes (a batch of virtual servers, then one of
+// real servers), in a fresh namespace, and times it.
 func timeIPVSOnly(b *testing.B, servers []*VirtualServer) time.Duration {
 	h := netnstest.NewHost(b, "bench-netlink")
-	k, err := openKernel(h.NS, DefaultInterface)
+	k, err := openKernel(b.Context(), h.NS, DefaultInterface)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer k.close()
 	return timedErr(b, func() error {
+		var svcs, reals []ipvsOp
 		for _, vs := range servers {
-			if err := k.newService(b.Context(), vs); err != nil {
-				return err
-			}
+			svcs = append(svcs, ipvsOp{kind: newService, vs: vs})
 			for _, r := range vs.Real {
-				if err := k.newReal(b.Context(), vs, r); err != nil {
-					return err
-				}
+				reals = append(reals, ipvsOp{kind: newReal, vs: vs, r: r})
+			}
+		}
+		for _, ops := range [][]ipvsOp{svcs, reals} {
+			if err := firstErrors(k.write(b.Context(), ops)); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -1,9 +1,11 @@
 // Package ipvs is kproxy's IPVS dataplane: a servicelb.Proxier in the
 // manner of kube-proxy's IPVS mode. It programs IPVS through generic
-// netlink (github.com/moby/ipvs), the dummy link through rtnetlink
-// (github.com/vishvananda/netlink), its helper sets through the ipset
+// netlink (internal/ipvsnl) and the dummy link's addresses through
+// rtnetlink, both in batches of many requests to a system call
+// (internal/nlbatch); the dummy link itself through
+// github.com/vishvananda/netlink, its helper sets through the ipset
 // package and its helper rules through nf_tables netlink in iptables-nft's
-// encoding. It runs no binary of its own (but see Privileges).
+// encoding. It runs no program.
 //
 // What a service means (which endpoints take which flows from which
 // origin, masquerade, reject or drop, source ranges, affinity, stale
@@ -117,8 +119,14 @@
 // virtual servers, real servers and rules before it removes any, so that
 // no virtual address is ever without its servers nor a flow marked for a
 // missing one, and a service the proxier cannot apply is left out before
-// anything of it is sent. If a sync fails part way, the next one reads the
-// kernel again and completes the change.
+// anything of it is sent. Each of these steps is one batch of requests,
+// many to a system call: the kernel handles every request of a batch
+// whatever became of the others and answers each failure on its own, so a
+// step whose requests depend on the previous step's goes only once that
+// step succeeded in full (real servers after their virtual servers, and
+// no real server is removed unless every addition of the sync went
+// through). If a sync fails part way, the next one reads the kernel again
+// and completes the change.
 //
 // After each sync the conntrack flows servicelb calls stale are deleted
 // (servicelb.Changes.StaleFlows after a sync of changes,
@@ -148,10 +156,8 @@
 // ipset with the hash:ip, hash:ip,port, hash:ip,port,ip and hash:ip,port,net
 // types, nf_tables with nft_compat and the xt_set, xt_mark (match and MARK
 // target), xt_addrtype, xt_conntrack, xt_comment, MASQUERADE and REJECT
-// extensions, and conntrack. The package loads no module;
-// github.com/moby/ipvs, however, runs `modprobe -va ip_vs` once per
-// process on first use, and logs through logrus if that fails: the one
-// program this package causes to run, outside its control.
+// extensions, and conntrack. The package loads no module and runs no
+// program: without the ip_vs module, New fails with ErrIPVSUnavailable.
 //
 // Replies of flows that keep the client's address are routed back through
 // the node, so the namespace must forward (net.ipv4.ip_forward,

@@ -93,7 +93,9 @@ func New(o Options) (_ *Proxier, err error) {
 	if err != nil {
 		return nil, err
 	}
-	k, err := openKernel(ns, o.Interface)
+	// New takes no context: the lookup of IPVS's netlink family is one
+	// round trip to the kernel.
+	k, err := openKernel(context.Background(), ns, o.Interface)
 	if err != nil {
 		ns.Close()
 		return nil, err
@@ -257,13 +259,17 @@ func (p *Proxier) cleanupServers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var ops []ipvsOp
 	for _, vs := range servers {
 		if p.owns(vs, ours) {
-			errs = append(errs, p.k.delService(ctx, vs))
+			ops = append(ops, ipvsOp{kind: delService, vs: vs})
 		}
 	}
-	return errors.Join(errs...)
+	if len(ops) == 0 {
+		return nil
+	}
+	errs, err := p.k.write(ctx, ops)
+	return firstErrors(errs, err)
 }
 
 // owns reports whether a virtual server is the proxier's: an address one
