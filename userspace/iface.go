@@ -8,7 +8,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -143,7 +142,7 @@ func (r *routes) iface(a netip.Addr) string {
 	if err != nil {
 		return ""
 	}
-	return ifaceName(r.rt.fd, index)
+	return r.rt.linkName(index)
 }
 
 func (r *routes) close() {
@@ -154,60 +153,4 @@ func (r *routes) close() {
 		r.rt = nil
 	}
 	r.err = nil
-}
-
-// routeOIF asks the kernel which interface it routes packets to a
-// through.
-func (r *rtnl) routeOIF(a netip.Addr) (int, error) {
-	b, at := r.header(nil, unix.RTM_GETROUTE, unix.NLM_F_REQUEST)
-	fam, bits := byte(unix.AF_INET), byte(32)
-	if a.Is6() {
-		fam, bits = unix.AF_INET6, 128
-	}
-	b = append(b, fam, bits, 0, 0, 0, 0, 0, 0) // struct rtmsg
-	b = binary.NativeEndian.AppendUint32(b, 0) // rtm_flags
-	b = attr(b, unix.RTA_DST, a.AsSlice())
-	b = finish(b, at)
-	seq := r.seq
-	if err := unix.Sendto(r.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, os.NewSyscallError("sendto netlink", err)
-	}
-	for {
-		msgs, err := r.receive()
-		if err != nil {
-			return 0, err
-		}
-		for _, m := range msgs {
-			if m.Header.Seq != seq {
-				continue
-			}
-			if m.Header.Type == unix.NLMSG_ERROR {
-				if len(m.Data) >= 4 {
-					if code := int32(binary.NativeEndian.Uint32(m.Data)); code != 0 {
-						return 0, os.NewSyscallError("netlink get route", syscall.Errno(-code))
-					}
-				}
-				return 0, nil
-			}
-			return routeAttrOIF(m.Data), nil
-		}
-	}
-}
-
-// routeAttrOIF reads RTA_OIF out of an RTM_NEWROUTE message, or 0.
-func routeAttrOIF(data []byte) int {
-	if len(data) < unix.SizeofRtMsg {
-		return 0
-	}
-	for b := data[unix.SizeofRtMsg:]; len(b) >= 4; {
-		l := int(binary.NativeEndian.Uint16(b[0:2]))
-		if l < 4 || l > len(b) {
-			break
-		}
-		if binary.NativeEndian.Uint16(b[2:4]) == unix.RTA_OIF && l >= 8 {
-			return int(binary.NativeEndian.Uint32(b[4:8]))
-		}
-		b = b[min(len(b), (l+3)&^3):]
-	}
-	return 0
 }

@@ -144,6 +144,10 @@ func (c *Conn) setBuffer(force, plain, size int) error {
 	return nil
 }
 
+// SyscallConn returns the socket's raw connection, for what a socket of
+// the namespace serves beside netlink (an interface name by ioctl).
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.s.SyscallConn() }
+
 // Close closes the socket.
 func (c *Conn) Close() error {
 	c.mu.Lock()
