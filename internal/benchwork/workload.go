@@ -9,6 +9,11 @@
 // n ClusterIP services of one TCP port (80 to 8080), each with m ready
 // endpoints of addresses of their own; the first endpoint of every tenth
 // service is on this node (node-0), the others are spread over 99 more.
+//
+// Connect is the data-path probe both drivers' measurements and the IPVS
+// backend's in-VM benchmark share: TCP connect times through a node.
+// Package benchlb makes servicelb's model of the workload, for the
+// programs that may import the core.
 package benchwork
 
 import (
@@ -16,8 +21,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -166,4 +173,43 @@ func Budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) 
 		out = append(out, float64(d.Nanoseconds())/1e6)
 	}
 	return out, nil
+}
+
+// Latency is what a probe measured: the connect times' median and 99th
+// percentile in microseconds (nearest rank), the connections made and
+// those that failed.
+type Latency struct {
+	P50    float64 `json:"p50_us"`
+	P99    float64 `json:"p99_us"`
+	N      int     `json:"n"`
+	Failed int     `json:"failed"`
+}
+
+// Connect opens n TCP connections, round robin over targets (addr:port),
+// each a new flow, and returns the connect times' percentiles: a connect
+// returns with the SYN-ACK, one round trip through the node's rules for
+// a new flow. Each connection ends with a reset, which leaves no
+// TIME_WAIT behind, so that a long probe does not run out of ports. It
+// fails when no connection succeeds.
+func Connect(targets []string, n int, timeout time.Duration) (Latency, error) {
+	var lat []float64
+	failed := 0
+	for i := range n {
+		t0 := time.Now()
+		c, err := net.DialTimeout("tcp", targets[i%len(targets)], timeout)
+		el := time.Since(t0)
+		if err != nil {
+			failed++
+			continue
+		}
+		lat = append(lat, float64(el.Nanoseconds())/1e3)
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	if len(lat) == 0 {
+		return Latency{Failed: failed}, fmt.Errorf("no connection succeeded (%d failed)", failed)
+	}
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	return Latency{P50: pct(0.50), P99: pct(0.99), N: len(lat), Failed: failed}, nil
 }

@@ -1,4 +1,9 @@
-package main
+// Package benchlb makes servicelb's model of package benchwork's
+// workload, for the benchmarks of the core: kproxy's driver of the
+// comparison with kube-proxy (internal/cmd/kproxy-bench) and the IPVS
+// backend's data-path benchmark in the VM. benchwork itself stays free of
+// the core, for the bench module.
+package benchlb
 
 import (
 	"net/netip"
@@ -7,21 +12,23 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// The workload is package benchwork's, which kube-proxy's driver builds
-// its objects from too; this side makes servicelb's model of it.
-
-func benchNode() servicelb.NodeConfig {
+// Node is the workload's node with the given addresses (benchwork.NodeIP
+// when none): benchwork.Node, its cluster and service CIDRs.
+func Node(ips ...netip.Addr) servicelb.NodeConfig {
+	if len(ips) == 0 {
+		ips = []netip.Addr{netip.MustParseAddr(benchwork.NodeIP)}
+	}
 	return servicelb.NodeConfig{
 		NodeName:     benchwork.Node,
-		NodeIPs:      []netip.Addr{netip.MustParseAddr(benchwork.NodeIP)},
+		NodeIPs:      ips,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(benchwork.ClusterCIDR)},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(benchwork.ServiceCIDR)},
 	}
 }
 
-// service is w in servicelb's model: one TCP port 80 to 8080, every
+// Service is w in servicelb's model: one TCP port 80 to 8080, every
 // endpoint ready.
-func service(w benchwork.Service) servicelb.Service {
+func Service(w benchwork.Service) servicelb.Service {
 	eps := make([]servicelb.Endpoint, len(w.Endpoints))
 	for j, e := range w.Endpoints {
 		eps[j] = servicelb.Endpoint{Addr: e.Addr, Ready: true, Serving: true, NodeName: e.Node}
@@ -34,12 +41,12 @@ func service(w benchwork.Service) servicelb.Service {
 	}
 }
 
-// workload returns the n services of m endpoints and their digest.
-func workload(n, m int) ([]servicelb.Service, string) {
+// Services returns the n services of m endpoints and their digest.
+func Services(n, m int) ([]servicelb.Service, string) {
 	ws := benchwork.Generate(n, m)
 	out := make([]servicelb.Service, len(ws))
 	for i, w := range ws {
-		out[i] = service(w)
+		out[i] = Service(w)
 	}
 	return out, benchwork.Digest(ws)
 }
