@@ -48,10 +48,15 @@ func benchService(i, first int) servicelb.Service {
 // virtual servers: a cold sync of n services of 10 endpoints into a fresh
 // namespace (dummy link, addresses, sets and rules included), the IPVS
 // part alone (the same netlink calls Sync makes), a restart's sync of the
-// unchanged state, and a one-endpoint change. Run it with -benchtime 1x.
+// unchanged state, and a one-endpoint change. Its name carries the size
+// (services=n/endpoints=10). Run it with -benchtime 1x.
 func BenchmarkIPVS(b *testing.B) {
 	netnstest.Require(b, vmFeatures...)
 	n := *benchServices
+	b.Run(fmt.Sprintf("services=%d/endpoints=10", n), func(b *testing.B) { benchColdSync(b, n) })
+}
+
+func benchColdSync(b *testing.B, n int) {
 	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4()}}
 	svcs := make([]servicelb.Service, n)
 	for i := range svcs {
