@@ -29,8 +29,9 @@ var (
 // workload, the backend holds the endpoints of the probed services (the
 // first, the middle and the last) and serves TCP, and the client opens
 // ipvs.probes connections, each a new flow, round robin over the three
-// services' cluster IPs, then as many to three endpoints' own addresses
-// (direct: routed by the node, no virtual server). It reports the connect
+// services' cluster IPs, and as many to three endpoints' own addresses
+// (direct: routed by the node, no virtual server), the two in alternate
+// rounds. It reports the connect
 // times' median and 99th percentile (µs), and the cold sync. Run it with
 // -benchtime 1x; make bench-ipvs writes its lines to bench/results.
 func BenchmarkIPVSDataPath(b *testing.B) {
@@ -79,16 +80,7 @@ func dataPath(b *testing.B, n, m int) {
 	}
 	ws = nil
 	tp.Backends[0].Serve(b, "tcp", 8080)
-	var through, routed benchwork.Latency
-	err = tp.Client.Do(func() (err error) {
-		if routed, err = benchwork.Connect(direct, *dataPathProbes, 2*time.Second); err != nil {
-			return fmt.Errorf("direct: %w", err)
-		}
-		if through, err = benchwork.Connect(vips, *dataPathProbes, 2*time.Second); err != nil {
-			return fmt.Errorf("through the services: %w", err)
-		}
-		return nil
-	})
+	through, routed, err := probeBoth(tp, vips, direct, *dataPathProbes)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -99,6 +91,35 @@ func dataPath(b *testing.B, n, m int) {
 	b.ReportMetric(float64(through.Failed), "connect-failures")
 	b.ReportMetric(routed.P50, "direct-p50-us")
 	b.ReportMetric(routed.P99, "direct-p99-us")
+}
+
+// probeBoth makes n connections through the services and n direct ones
+// from the client, in alternate rounds of 50, so that both meet the same
+// moments of a machine shared with other work.
+func probeBoth(tp *netnstest.Topology, vips, direct []string, n int) (through, routed benchwork.Latency, err error) {
+	const round = 50
+	var tt, rt []float64
+	var tf, rf int
+	err = tp.Client.Do(func() error {
+		for done := 0; done < n; done += round {
+			k := min(round, n-done)
+			t, f := benchwork.ConnectTimes(direct, k, 2*time.Second)
+			rt, rf = append(rt, t...), rf+f
+			t, f = benchwork.ConnectTimes(vips, k, 2*time.Second)
+			tt, tf = append(tt, t...), tf+f
+		}
+		return nil
+	})
+	if err != nil {
+		return through, routed, err
+	}
+	if routed, err = benchwork.Percentiles(rt, rf); err != nil {
+		return through, routed, fmt.Errorf("direct: %w", err)
+	}
+	if through, err = benchwork.Percentiles(tt, tf); err != nil {
+		return through, routed, fmt.Errorf("through the services: %w", err)
+	}
+	return through, routed, nil
 }
 
 // parseSizes reads "NxM,..." sizes.

@@ -42,3 +42,23 @@ func TestConnect(t *testing.T) {
 		t.Error("no connection succeeded, and no error")
 	}
 }
+
+func TestPercentiles(t *testing.T) {
+	var times []float64
+	for i := 100; i >= 1; i-- {
+		times = append(times, float64(i))
+	}
+	l, err := Percentiles(times, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l != (Latency{P50: 51, P99: 100, N: 100, Failed: 3}) {
+		t.Errorf("%+v", l)
+	}
+	if times[0] != 100 {
+		t.Error("the samples were sorted in place")
+	}
+	if _, err := Percentiles(nil, 2); err == nil {
+		t.Error("no samples, no error")
+	}
+}

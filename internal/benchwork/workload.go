@@ -188,11 +188,18 @@ type Latency struct {
 // Connect opens n TCP connections, round robin over targets (addr:port),
 // each a new flow, and returns the connect times' percentiles: a connect
 // returns with the SYN-ACK, one round trip through the node's rules for
-// a new flow. Each connection ends with a reset, which leaves no
-// TIME_WAIT behind, so that a long probe does not run out of ports. It
-// fails when no connection succeeds.
+// a new flow. It fails when no connection succeeds.
 func Connect(targets []string, n int, timeout time.Duration) (Latency, error) {
-	var lat []float64
+	times, failed := ConnectTimes(targets, n, timeout)
+	return Percentiles(times, failed)
+}
+
+// ConnectTimes opens n TCP connections, round robin over targets, and
+// returns the time of each that succeeded, in microseconds, and how many
+// failed. Each connection ends with a reset, which leaves no TIME_WAIT
+// behind, so that a long probe does not run out of ports.
+func ConnectTimes(targets []string, n int, timeout time.Duration) ([]float64, int) {
+	var times []float64
 	failed := 0
 	for i := range n {
 		t0 := time.Now()
@@ -202,14 +209,21 @@ func Connect(targets []string, n int, timeout time.Duration) (Latency, error) {
 			failed++
 			continue
 		}
-		lat = append(lat, float64(el.Nanoseconds())/1e3)
+		times = append(times, float64(el.Nanoseconds())/1e3)
 		_ = c.(*net.TCPConn).SetLinger(0)
 		c.Close()
 	}
-	if len(lat) == 0 {
+	return times, failed
+}
+
+// Percentiles summarises connect times (µs); it fails when there are
+// none.
+func Percentiles(times []float64, failed int) (Latency, error) {
+	if len(times) == 0 {
 		return Latency{Failed: failed}, fmt.Errorf("no connection succeeded (%d failed)", failed)
 	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	return Latency{P50: pct(0.50), P99: pct(0.99), N: len(lat), Failed: failed}, nil
+	s := slices.Clone(times)
+	slices.Sort(s)
+	pct := func(p float64) float64 { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return Latency{P50: pct(0.50), P99: pct(0.99), N: len(s), Failed: failed}, nil
 }
