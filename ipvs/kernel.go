@@ -146,20 +146,17 @@ func (k *kernel) changeAddresses(ctx context.Context, l netlink.Link, addrs []ne
 	k.writes += b.Len()
 	errs, err := k.rt.Send(ctx, &b)
 	for i, e := range errs {
-		var op string
-		var p netip.Prefix
 		if i < len(addrs) {
-			op, p = "add address", netip.PrefixFrom(addrs[i], addrs[i].BitLen())
 			if errors.Is(e, unix.EEXIST) {
 				e = nil
 			}
-		} else {
-			op, p = "delete address", dels[i-len(addrs)]
-			if errors.Is(e, unix.EADDRNOTAVAIL) {
-				e = nil
-			}
+			errs[i] = opErr("add address", netip.PrefixFrom(addrs[i], addrs[i].BitLen()).String()+" to "+k.link, e)
+			continue
 		}
-		errs[i] = opErr(op, p.String()+" on "+k.link, e)
+		if errors.Is(e, unix.EADDRNOTAVAIL) {
+			e = nil
+		}
+		errs[i] = opErr("delete address", dels[i-len(addrs)].String()+" from "+k.link, e)
 	}
 	if err != nil {
 		return errs, opErr("change addresses of", k.link, err)
