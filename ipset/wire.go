@@ -149,11 +149,6 @@ func putU16(ae *netlink.AttributeEncoder, typ uint16, v uint16) { ae.Uint16(typ|
 
 func putName(ae *netlink.AttributeEncoder, typ uint16, s string) { ae.String(typ, s) }
 
-// putAddr writes an address as ipset's nested IPADDR attribute.
-func putAddr(ae *netlink.AttributeEncoder, typ uint16, a netip.Addr) {
-	ae.Bytes(typ|netlink.Nested, appendIPAddr(nil, a))
-}
-
 // The entries of an add or delete are many (a hundred thousand endpoints'
 // loop-back entries at a cold sync): they are appended to the message's
 // bytes directly, with no allocation per entry, in the encoding of
