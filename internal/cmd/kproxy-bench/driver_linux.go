@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/benchwork/benchlb"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/iptables"
@@ -57,8 +58,8 @@ func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
 
 func newDriver(backend string, n, m int) (*driver, error) {
 	d := &driver{backend: backend, n: n, m: m}
-	d.svcs, d.digest = workload(n, m)
-	st, err := servicelb.NewState(benchNode(), d.svcs...)
+	d.svcs, d.digest = benchlb.Services(n, m)
+	st, err := servicelb.NewState(benchlb.Node(), d.svcs...)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +150,7 @@ func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []floa
 	add, err = benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		x := d.added
 		d.added++
-		s := service(benchwork.Added(x, d.m))
+		s := benchlb.Service(benchwork.Added(x, d.m))
 		names = append(names, s.Name)
 		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
 	})
