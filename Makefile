@@ -9,7 +9,8 @@
 #   make image        pack ./bin/kproxy into an OCI image layout, ./bin/kproxy-image
 #   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make vulncheck    govulncheck of both modules (not in test: fetches the database)
-#   make bench-compare  kproxy against kube-proxy's own proxiers (root; not in test)
+#   make bench-compare  kproxy against kube-proxy's own proxiers (root; not in test);
+#                     bench-report writes its report again with bench-ipvs's results
 #   make fuzz         every fuzz target for FUZZTIME each (default 30s)
 #   make soak         chaos soak of each backend, SOAK_DURATION each (root; not in test)
 #
@@ -138,15 +139,22 @@ bench-iptables: deps
 	$(GO) test -tags privileged -run '^$$' -bench . -benchmem -timeout 60m ./iptables
 
 # The IPVS backend's benchmarks, in the VM (this host's kernel has no IPVS):
-# a cold sync of 10k services x 10 endpoints against ipvsadm -R of the same
-# virtual servers, the IPVS netlink part alone, a restart's sync and a
-# one-endpoint change, reported as ratios of one run
-# (IPVS_BENCH_SERVICES=n for another size). `make bench` runs them too.
+# BenchmarkIPVS, a cold sync of 10k services x 10 endpoints against
+# ipvsadm -R of the same virtual servers, the IPVS netlink part alone, a
+# restart's sync and a one-endpoint change, reported as ratios of one run
+# (IPVS_BENCH_SERVICES=n for another size); BenchmarkIPVSDataPath, the
+# first packet (TCP connect p50 and p99) from a client namespace through
+# the node to a backend namespace with the comparison's workload of each
+# size of IPVS_DATAPATH_SIZES loaded, against a direct connect. Their lines
+# go to IPVS_BENCH_OUT, which make bench-compare (and bench-report) fold
+# into the comparison's report. `make bench` runs them too.
 IPVS_BENCH_SERVICES ?= 10000
+IPVS_DATAPATH_SIZES ?= 1000x10,10000x10,50000x5
+IPVS_BENCH_OUT      ?= bench/results/ipvs.txt
 .PHONY: bench-ipvs
 bench-ipvs: deps
-	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES)' \
-		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 60m
+	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench ^BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES) -ipvs.datapath-sizes $(IPVS_DATAPATH_SIZES)' \
+		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 120m -mem 4096 -output $(IPVS_BENCH_OUT)
 bench: bench-ipvs
 
 # The eBPF backend's benchmarks, each against the nftables backend in the
@@ -193,9 +201,18 @@ BENCH_BIN := $(CURDIR)/.cache/bench
 bench-compare-build:
 	$(GO) build -o $(BENCH_BIN)/kproxy-bench ./internal/cmd/kproxy-bench
 	cd bench && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) build -o $(BENCH_BIN)/ ./cmd/...
+BENCH_IPVS_FLAG = $(if $(wildcard $(IPVS_BENCH_OUT)),-ipvs $(IPVS_BENCH_OUT))
 bench-compare: deps bench-compare-build
 	$(BENCH_BIN)/benchcompare -kproxy-driver $(BENCH_BIN)/kproxy-bench -kubeproxy-driver $(BENCH_BIN)/kubeproxy-driver \
-		-sizes $(BENCH_COMPARE_SIZES) -bound $(BENCH_COMPARE_BOUND) -out bench/results -readme README.md $(BENCH_COMPARE_FLAGS)
+		-sizes $(BENCH_COMPARE_SIZES) -bound $(BENCH_COMPARE_BOUND) -out bench/results -readme README.md $(BENCH_IPVS_FLAG) $(BENCH_COMPARE_FLAGS)
+
+# The report of the last bench-compare (bench/results/compare.json) written
+# again with the IPVS results of the last bench-ipvs folded in; measures
+# nothing.
+.PHONY: bench-report
+bench-report:
+	cd bench && GOWORK=off $(GO) build -o $(BENCH_BIN)/ ./cmd/benchcompare
+	$(BENCH_BIN)/benchcompare -from bench/results/compare.json -out bench/results -readme README.md $(BENCH_IPVS_FLAG)
 
 # The same comparison at 100 x 5 with short bounds, as a smoke test.
 test-bench-smoke: deps bench-compare-build

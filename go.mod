@@ -10,7 +10,6 @@ require (
 	// Current tagged releases: the netlink transport of conntrack and ipset.
 	github.com/mdlayher/netlink v1.11.2
 	github.com/mdlayher/socket v0.8.0
-	github.com/moby/ipvs v1.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
@@ -19,9 +18,6 @@ require (
 )
 
 require (
-	// Linked through moby/ipvs, which asks for v1.9.0; GO-2025-4188 is
-	// fixed from v1.9.3.
-	github.com/sirupsen/logrus v1.10.2 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 )

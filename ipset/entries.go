@@ -62,10 +62,7 @@ func (c *Client) Test(ctx context.Context, name string, e Entry) (bool, error) {
 	_, err = c.request(ctx, "test", full, cmdTest, netlink.Acknowledge, 1, func(ae *netlink.AttributeEncoder) {
 		ae.Uint8(attrProtocol, proto)
 		putName(ae, attrSetName, full)
-		ae.Nested(attrData, func(nae *netlink.AttributeEncoder) error {
-			encodeEntry(nae, info.Type, e)
-			return nil
-		})
+		ae.Bytes(attrData|netlink.Nested, appendEntry(nil, info.Type, e))
 	})
 	if isNetlinkErr(err, errExist) {
 		return false, nil
@@ -99,22 +96,16 @@ func (c *Client) batch(ctx context.Context, op string, cmd uint8, info *SetInfo,
 		return err
 	}
 	full := c.KernelName(info.Name)
+	var adt []byte // the entries of one message, reused
 	for start := 0; start < len(entries); {
 		end := start + batchLen(entries[start:])
 		chunk := entries[start:end]
+		adt = appendADT(adt[:0], info.Type, chunk)
 		_, err := c.request(ctx, op, full, cmd, netlink.Acknowledge, len(chunk), func(ae *netlink.AttributeEncoder) {
 			ae.Uint8(attrProtocol, proto)
 			putName(ae, attrSetName, full)
 			putU32(ae, attrLineNo, 0)
-			ae.Nested(attrADT, func(nae *netlink.AttributeEncoder) error {
-				for _, e := range chunk {
-					nae.Nested(attrData, func(dae *netlink.AttributeEncoder) error {
-						encodeEntry(dae, info.Type, e)
-						return nil
-					})
-				}
-				return nil
-			})
+			ae.Bytes(attrADT|netlink.Nested, adt)
 		})
 		if err != nil {
 			return fmt.Errorf("entries %d-%d of %d: %w", start+1, end, len(entries), err)
@@ -144,33 +135,45 @@ func entrySize(e Entry) int {
 	return 4 + 2*(4+4+16) + 3*8 + 8 + 4 + len(e.Comment) + 4
 }
 
-// encodeEntry writes an entry's attributes for a set of type t.
-func encodeEntry(ae *netlink.AttributeEncoder, t Type, e Entry) {
+// appendADT appends the entries of one add or delete message, each in
+// its DATA nest: the payload of the ADT attribute.
+func appendADT(b []byte, t Type, entries []Entry) []byte {
+	for _, e := range entries {
+		var at int
+		b, at = appendNest(b, attrData)
+		b = endNest(appendEntry(b, t, e), at)
+	}
+	return b
+}
+
+// appendEntry appends an entry's attributes for a set of type t.
+func appendEntry(b []byte, t Type, e Entry) []byte {
 	f := typeFields[t]
 	switch {
 	case t == HashNet:
-		putAddr(ae, attrIP, e.Net.Addr())
-		ae.Uint8(attrCIDR, uint8(e.Net.Bits()))
+		b = appendAddr(b, attrIP, e.Net.Addr())
+		b = appendU8(b, attrCIDR, uint8(e.Net.Bits()))
 	case f.ip:
-		putAddr(ae, attrIP, e.IP)
+		b = appendAddr(b, attrIP, e.IP)
 	}
 	if f.port {
-		putU16(ae, attrPort, e.Port)
+		b = appendU16(b, attrPort, e.Port)
 		if t != BitmapPort {
-			ae.Uint8(attrProto, uint8(e.Protocol))
+			b = appendU8(b, attrProto, uint8(e.Protocol))
 		}
 	}
 	if f.ip2 {
-		putAddr(ae, attrIP2, e.IP2)
+		b = appendAddr(b, attrIP2, e.IP2)
 	}
 	if t == HashIPPortNet {
-		putAddr(ae, attrIP2, e.Net.Addr())
-		ae.Uint8(attrCIDR2, uint8(e.Net.Bits()))
+		b = appendAddr(b, attrIP2, e.Net.Addr())
+		b = appendU8(b, attrCIDR2, uint8(e.Net.Bits()))
 	}
 	if e.Timeout != 0 {
-		putU32(ae, attrTimeout, uint32(e.Timeout/time.Second))
+		b = appendU32(b, attrTimeout, uint32(e.Timeout/time.Second))
 	}
 	if e.Comment != "" {
-		ae.String(attrComment, e.Comment)
+		b = appendString(b, attrComment, e.Comment)
 	}
+	return b
 }

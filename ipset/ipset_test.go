@@ -1,6 +1,7 @@
 package ipset
 
 import (
+	"bytes"
 	"errors"
 	"net/netip"
 	"strings"
@@ -132,12 +133,9 @@ func TestEntryWireRoundTrip(t *testing.T) {
 		{HashNet, Entry{Net: pfx("10.244.0.0/16")}},
 		{BitmapPort, Entry{Port: 30080}},
 	} {
-		ae := netlink.NewAttributeEncoder()
-		ae.ByteOrder = bigEndian
-		encodeEntry(ae, tc.t, tc.e)
-		b, err := ae.Encode()
-		if err != nil {
-			t.Fatal(err)
+		b := appendEntry(nil, tc.t, tc.e)
+		if want := referenceEntry(t, tc.t, tc.e); !bytes.Equal(b, want) {
+			t.Errorf("%s %+v: encoded\n%x\nwant, as netlink.AttributeEncoder encodes it,\n%x", tc.t, tc.e, b, want)
 		}
 		got, err := parseEntry(b, tc.t)
 		if err != nil {
@@ -151,6 +149,86 @@ func TestEntryWireRoundTrip(t *testing.T) {
 			t.Errorf("%s: address bytes not in network order", tc.t)
 		}
 	}
+}
+
+// TestADTAllocations: the entries of a message are encoded with no
+// allocation once the message's buffer has grown, whatever their number.
+func TestADTAllocations(t *testing.T) {
+	es := make([]Entry, 500)
+	for i := range es {
+		a := netip.AddrFrom4([4]byte{10, 64, byte(i >> 8), byte(i)})
+		es[i] = Entry{IP: a, Protocol: TCP, Port: 8080, IP2: a}
+	}
+	buf := appendADT(nil, HashIPPortIP, es)
+	if n := testing.AllocsPerRun(10, func() { buf = appendADT(buf[:0], HashIPPortIP, es) }); n != 0 {
+		t.Errorf("%v allocations for 500 entries, want 0", n)
+	}
+	var want []byte
+	for _, e := range es[:2] {
+		ae := netlink.NewAttributeEncoder()
+		ae.Bytes(attrData|netlink.Nested, referenceEntry(t, HashIPPortIP, e))
+		b, err := ae.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, b...)
+	}
+	if got := appendADT(nil, HashIPPortIP, es[:2]); !bytes.Equal(got, want) {
+		t.Errorf("two entries encoded\n%x\nwant\n%x", got, want)
+	}
+}
+
+// referenceEntry encodes an entry with github.com/mdlayher/netlink's
+// AttributeEncoder, as the package did before it appended entries itself:
+// the bytes the kernel is known to take.
+func referenceEntry(t *testing.T, typ Type, e Entry) []byte {
+	t.Helper()
+	ae := netlink.NewAttributeEncoder()
+	ae.ByteOrder = bigEndian
+	addr := func(at uint16, a netip.Addr) {
+		ae.Nested(at, func(nae *netlink.AttributeEncoder) error {
+			if a.Is4() {
+				b := a.As4()
+				nae.Bytes(attrIPAddrIPv4|nlaNetByteOrder, b[:])
+			} else {
+				b := a.As16()
+				nae.Bytes(attrIPAddrIPv6|nlaNetByteOrder, b[:])
+			}
+			return nil
+		})
+	}
+	f := typeFields[typ]
+	switch {
+	case typ == HashNet:
+		addr(attrIP, e.Net.Addr())
+		ae.Uint8(attrCIDR, uint8(e.Net.Bits()))
+	case f.ip:
+		addr(attrIP, e.IP)
+	}
+	if f.port {
+		ae.Uint16(attrPort|nlaNetByteOrder, e.Port)
+		if typ != BitmapPort {
+			ae.Uint8(attrProto, uint8(e.Protocol))
+		}
+	}
+	if f.ip2 {
+		addr(attrIP2, e.IP2)
+	}
+	if typ == HashIPPortNet {
+		addr(attrIP2, e.Net.Addr())
+		ae.Uint8(attrCIDR2, uint8(e.Net.Bits()))
+	}
+	if e.Timeout != 0 {
+		ae.Uint32(attrTimeout|nlaNetByteOrder, uint32(e.Timeout/time.Second))
+	}
+	if e.Comment != "" {
+		ae.String(attrComment, e.Comment)
+	}
+	b, err := ae.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func TestDiff(t *testing.T) {
@@ -308,13 +386,7 @@ func FuzzValidateEntry(f *testing.F) {
 		if err != nil || again != got {
 			t.Fatalf("canonical form not stable: %+v -> %+v, %v", got, again, err)
 		}
-		ae := netlink.NewAttributeEncoder()
-		ae.ByteOrder = bigEndian
-		encodeEntry(ae, tt, got)
-		raw, err := ae.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
+		raw := appendEntry(nil, tt, got)
 		back, err := parseEntry(raw, tt)
 		if err != nil || back != got {
 			t.Fatalf("wire round trip: %+v -> %+v, %v", got, back, err)
@@ -326,13 +398,7 @@ func FuzzValidateEntry(f *testing.F) {
 // kernel might send, and an entry they decode that validation accepts
 // encodes and decodes back to itself.
 func FuzzParseDump(f *testing.F) {
-	ae := netlink.NewAttributeEncoder()
-	ae.ByteOrder = bigEndian
-	encodeEntry(ae, HashIPPort, Entry{IP: netip.MustParseAddr("10.0.0.1"), Protocol: 6, Port: 80})
-	entry, err := ae.Encode()
-	if err != nil {
-		f.Fatal(err)
-	}
+	entry := appendEntry(nil, HashIPPort, Entry{IP: netip.MustParseAddr("10.0.0.1"), Protocol: 6, Port: 80})
 	f.Add(uint8(1), entry)
 	f.Add(uint8(0), []byte{8, 0, 1, 0, 10, 0, 0, 1})
 	f.Add(uint8(3), []byte{})
@@ -357,13 +423,7 @@ func FuzzParseDump(f *testing.F) {
 		if got, err := validateEntry(s, e); err != nil || got != e {
 			return
 		}
-		ae := netlink.NewAttributeEncoder()
-		ae.ByteOrder = bigEndian
-		encodeEntry(ae, tt, e)
-		raw, err := ae.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
+		raw := appendEntry(nil, tt, e)
 		back, err := parseEntry(raw, tt)
 		if err != nil || back != e {
 			t.Fatalf("wire round trip of a decoded entry: %+v -> %+v, %v", e, back, err)

@@ -149,18 +149,65 @@ func putU16(ae *netlink.AttributeEncoder, typ uint16, v uint16) { ae.Uint16(typ|
 
 func putName(ae *netlink.AttributeEncoder, typ uint16, s string) { ae.String(typ, s) }
 
-// putAddr writes an address as ipset's nested IPADDR attribute.
-func putAddr(ae *netlink.AttributeEncoder, typ uint16, a netip.Addr) {
-	ae.Nested(typ, func(nae *netlink.AttributeEncoder) error {
-		if a.Is4() {
-			b := a.As4()
-			nae.Bytes(attrIPAddrIPv4|nlaNetByteOrder, b[:])
-		} else {
-			b := a.As16()
-			nae.Bytes(attrIPAddrIPv6|nlaNetByteOrder, b[:])
-		}
-		return nil
-	})
+// The entries of an add or delete are many (a hundred thousand endpoints'
+// loop-back entries at a cold sync): they are appended to the message's
+// bytes directly, with no allocation per entry, in the encoding of
+// github.com/mdlayher/netlink's AttributeEncoder with big-endian values.
+
+// appendAttr appends an attribute header for n bytes of data.
+func appendAttr(b []byte, typ uint16, n int) []byte {
+	b = binary.NativeEndian.AppendUint16(b, uint16(4+n))
+	return binary.NativeEndian.AppendUint16(b, typ)
+}
+
+func pad4(b []byte) []byte {
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func appendU8(b []byte, typ uint16, v uint8) []byte {
+	return pad4(append(appendAttr(b, typ, 1), v))
+}
+
+func appendU16(b []byte, typ, v uint16) []byte {
+	return pad4(binary.BigEndian.AppendUint16(appendAttr(b, typ|nlaNetByteOrder, 2), v))
+}
+
+func appendU32(b []byte, typ uint16, v uint32) []byte {
+	return binary.BigEndian.AppendUint32(appendAttr(b, typ|nlaNetByteOrder, 4), v)
+}
+
+func appendString(b []byte, typ uint16, s string) []byte {
+	return pad4(append(append(appendAttr(b, typ, len(s)+1), s...), 0))
+}
+
+// appendNest opens a nested attribute; endNest closes it, given where it
+// started.
+func appendNest(b []byte, typ uint16) ([]byte, int) {
+	return appendAttr(b, typ|netlink.Nested, 0), len(b)
+}
+
+func endNest(b []byte, at int) []byte {
+	binary.NativeEndian.PutUint16(b[at:], uint16(len(b)-at))
+	return b
+}
+
+// appendIPAddr appends the attribute inside an IPADDR nest.
+func appendIPAddr(b []byte, a netip.Addr) []byte {
+	if a.Is4() {
+		v := a.As4()
+		return append(appendAttr(b, attrIPAddrIPv4|nlaNetByteOrder, 4), v[:]...)
+	}
+	v := a.As16()
+	return append(appendAttr(b, attrIPAddrIPv6|nlaNetByteOrder, 16), v[:]...)
+}
+
+// appendAddr appends an address as ipset's nested IPADDR attribute.
+func appendAddr(b []byte, typ uint16, a netip.Addr) []byte {
+	b, at := appendNest(b, typ)
+	return endNest(appendIPAddr(b, a), at)
 }
 
 // readAddr decodes a nested IPADDR attribute.

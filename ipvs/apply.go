@@ -5,11 +5,13 @@ package ipvs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"syscall"
 
+	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -17,10 +19,15 @@ import (
 // apply makes the kernel match d, in an order that never leaves a virtual
 // address without its servers, nor a virtual server unrecorded, nor a flow
 // steered to a missing one: addresses and set entries first, then new and
-// changed virtual servers (real servers added before others are removed),
-// then the rules, then removed virtual servers, then addresses and set
-// entries no longer used. It keeps p.kern, p.present and p.use up to date
-// as it goes.
+// changed virtual servers, then their new and re-weighted real servers,
+// then (only if all of that succeeded) the real servers they lose, then
+// the rules, then removed virtual servers, then addresses and set entries
+// no longer used. Each step is one batch of requests, many to a system
+// call; the kernel handles every request of a batch, so a step that
+// depends on the previous one's success is a batch of its own. A virtual
+// or real server the kernel refuses fails its step with an error traced
+// to the service port it serves (see tracedErrors). It keeps p.kern, p.present
+// and p.use up to date as it goes, request by request.
 func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error {
 	keys := sortedKeys(d.servers)
 	if err := p.addAddresses(ctx, d, keys); err != nil {
@@ -29,20 +36,14 @@ func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error
 	if err := p.sets.add(ctx, d.add); err != nil {
 		return err
 	}
-	for _, k := range keys {
-		want := d.servers[k]
-		if want == nil {
-			continue
-		}
-		var err error
-		if have := p.kern[k]; have == nil {
-			err = p.create(ctx, want)
-		} else {
-			err = p.update(ctx, have, want)
-		}
-		if err != nil {
-			return refused(err, d.owner[k])
-		}
+	if err := p.putServers(ctx, d, keys); err != nil {
+		return err
+	}
+	if err := p.putReals(ctx, d, keys); err != nil {
+		return err
+	}
+	if err := p.dropReals(ctx, d, keys); err != nil {
+		return err
 	}
 	if err := rules(); err != nil {
 		return err
@@ -58,18 +59,6 @@ func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error
 		return err
 	}
 	return p.sets.del(ctx, d.del)
-}
-
-// refused traces the kernel's refusal of a virtual or real server op
-// (an errno) to the service port the virtual server serves, so that the
-// sync leaves that service out and applies the rest; other errors, such
-// as the end of the context, stay as they are.
-func refused(err error, owner servicelb.ServicePortKey) error {
-	var errno syscall.Errno
-	if owner.Service == "" || !errors.As(err, &errno) {
-		return err
-	}
-	return syncer.Refused(owner, err)
 }
 
 // checkNew refuses, before any change, to create a virtual server that
@@ -97,166 +86,158 @@ func (p *Proxier) checkNew(ctx context.Context, d *delta) error {
 // addAddresses puts the addresses of the virtual servers d adds on the
 // dummy link, node addresses aside.
 func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) error {
+	var add []netip.Addr
 	for _, k := range keys {
 		if d.servers[k] == nil || k.fwmark != 0 || p.present[k.addr] || p.nodeIP[k.addr] {
 			continue
 		}
-		if err := p.k.addAddress(ctx, p.link, k.addr); err != nil {
-			return err
+		if n := len(add); n == 0 || add[n-1] != k.addr {
+			add = append(add, k.addr)
 		}
-		p.present[k.addr] = true
 	}
-	return nil
-}
-
-// create adds a virtual server and its real servers.
-func (p *Proxier) create(ctx context.Context, want *VirtualServer) error {
-	if err := p.k.newService(ctx, want); err != nil {
+	if len(add) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
-	got := want.clone()
-	got.Real = nil
-	p.kern[want.key()] = got
-	if want.FWMark == 0 {
-		p.use[want.Addr]++
-	}
-	for _, r := range want.Real {
-		if err := p.k.newReal(ctx, want, r); err != nil {
-			return err
+	errs, err := p.k.changeAddresses(ctx, p.link, add, nil)
+	for i, a := range add {
+		if errs[i] == nil {
+			p.present[a] = true
 		}
-		got.Real = append(got.Real, r)
 	}
-	return nil
+	return firstErrors(errs, err)
 }
 
-// update changes a virtual server from what the kernel has to want: its
-// settings, then new and re-weighted real servers, then removed ones.
-func (p *Proxier) update(ctx context.Context, have, want *VirtualServer) error {
-	k := want.key()
-	if !sameService(have, want) {
-		if err := p.k.updateService(ctx, want); err != nil {
+// putServers creates the virtual servers d adds, without real servers, and
+// changes the settings of those it changes.
+func (p *Proxier) putServers(ctx context.Context, d *delta, keys []vsKey) error {
+	var ops []ipvsOp
+	for _, k := range keys {
+		want, have := d.servers[k], p.kern[k]
+		switch {
+		case want == nil:
+		case have == nil:
+			ops = append(ops, ipvsOp{kind: newService, vs: want})
+		case !sameService(have, want):
+			ops = append(ops, ipvsOp{kind: updateService, vs: want})
+		}
+	}
+	return p.write(ctx, ops, d.owner)
+}
+
+// putReals adds the real servers the virtual servers of d lack and
+// re-weights those whose weight changed.
+func (p *Proxier) putReals(ctx context.Context, d *delta, keys []vsKey) error {
+	var ops []ipvsOp
+	for _, k := range keys {
+		want, have := d.servers[k], p.kern[k]
+		if want == nil || have == nil {
+			continue
+		}
+		for _, r := range want.Real {
+			switch i := have.realIndex(r.AddrPort()); {
+			case i < 0:
+				ops = append(ops, ipvsOp{kind: newReal, vs: want, r: r})
+			case have.Real[i].Weight != r.Weight:
+				ops = append(ops, ipvsOp{kind: updateReal, vs: want, r: r})
+			default:
+				delete(p.draining, realKey{k, r.AddrPort()})
+			}
+		}
+	}
+	return p.write(ctx, ops, d.owner)
+}
+
+// dropReals removes from the virtual servers of d the real servers they
+// no longer want. A real server with connections drains: it stays at
+// weight 0, taking no new flow while its own go on, until they end or the
+// graceful timeout passes, when it is TCP, or UDP or SCTP with an endpoint
+// that still serves the port (servicelb keeps such flows: the endpoint is
+// only no longer chosen). The others go at once; the flows of a UDP or
+// SCTP one are then servicelb's stale flows.
+func (p *Proxier) dropReals(ctx context.Context, d *delta, keys []vsKey) error {
+	var ops []ipvsOp
+	for _, k := range keys {
+		want, have := d.servers[k], p.kern[k]
+		if want == nil || have == nil {
+			continue
+		}
+		more, err := p.removals(ctx, have, want)
+		if err != nil {
 			return err
 		}
-		have.Scheduler, have.Persistence, have.HashPort = want.Scheduler, want.Persistence, want.HashPort
+		ops = append(ops, more...)
 	}
-	for _, r := range want.Real {
-		i := have.realIndex(r.AddrPort())
-		switch {
-		case i < 0:
-			if err := p.k.newReal(ctx, want, r); err != nil {
-				return err
-			}
-			have.Real = append(have.Real, r)
-		case have.Real[i].Weight != r.Weight:
-			if err := p.k.updateReal(ctx, want, r); err != nil {
-				return err
-			}
-			have.Real[i].Weight = r.Weight
-		}
-		delete(p.draining, realKey{k, r.AddrPort()})
-	}
+	return p.write(ctx, ops, d.owner)
+}
+
+// removals returns the changes that remove from vs (as the kernel holds
+// it) the real servers want does not have: quiesce those that drain,
+// delete the others. It reads vs's connection counts when one may drain.
+func (p *Proxier) removals(ctx context.Context, vs, want *VirtualServer) ([]ipvsOp, error) {
 	var gone []RealServer
-	for _, r := range have.Real {
+	for _, r := range vs.Real {
 		if want.realIndex(r.AddrPort()) < 0 {
 			gone = append(gone, r)
 		}
 	}
-	if err := p.removeReals(ctx, have, want, gone); err != nil {
-		return err
-	}
-	slices.SortFunc(have.Real, compareReal)
-	return nil
-}
-
-// removeReals removes real servers from vs (as the kernel holds it), as
-// want asks. A real server with connections drains: it stays at weight 0,
-// taking no new flow while its own go on, until they end or the graceful
-// timeout passes, when it is TCP, or UDP or SCTP with an endpoint that
-// still serves the port (servicelb keeps such flows: the endpoint is only
-// no longer chosen). The others go at once; the flows of a UDP or SCTP one
-// are then servicelb's stale flows.
-func (p *Proxier) removeReals(ctx context.Context, vs, want *VirtualServer, gone []RealServer) error {
 	drains := func(r RealServer) bool {
 		_, serving := slices.BinarySearchFunc(want.serving, r.Addr, netip.Addr.Compare)
 		return want.Protocol == servicelb.TCP || serving
 	}
+	var ops []ipvsOp
 	if !slices.ContainsFunc(gone, drains) {
 		for _, r := range gone {
-			if err := p.deleteReal(ctx, vs, r); err != nil {
-				return err
-			}
+			ops = append(ops, ipvsOp{kind: delReal, vs: vs, r: r})
 		}
-		return nil
+		return ops, nil
 	}
 	info, err := p.k.reals(ctx, vs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, r := range gone {
-		rk := realKey{vs.key(), r.AddrPort()}
 		i := slices.IndexFunc(info, func(ri realInfo) bool { return ri.AddrPort() == r.AddrPort() })
-		if drains(r) && i >= 0 && info[i].active+info[i].inactive > 0 {
-			if err := p.quiesce(ctx, vs, r, rk); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := p.deleteReal(ctx, vs, r); err != nil {
-			return err
+		switch {
+		case !drains(r) || i < 0 || info[i].active+info[i].inactive == 0:
+			ops = append(ops, ipvsOp{kind: delReal, vs: vs, r: r})
+		case r.Weight != 0:
+			r.Weight = 0
+			ops = append(ops, ipvsOp{kind: quiesceReal, vs: vs, r: r})
+		default:
+			p.startDrain(vs, r)
 		}
 	}
-	return nil
+	return ops, nil
 }
 
-// quiesce sets a real server with connections to weight 0 and records it
-// as draining.
-func (p *Proxier) quiesce(ctx context.Context, vs *VirtualServer, r RealServer, rk realKey) error {
-	if r.Weight != 0 {
-		r.Weight = 0
-		if err := p.k.updateReal(ctx, vs, r); err != nil {
-			return err
-		}
-		vs.Real[vs.realIndex(r.AddrPort())].Weight = 0
-	}
+// startDrain records a real server at weight 0 as draining, from now.
+func (p *Proxier) startDrain(vs *VirtualServer, r RealServer) {
+	rk := realKey{vs.key(), r.AddrPort()}
 	if _, ok := p.draining[rk]; !ok {
 		p.draining[rk] = p.now()
 		p.log.Debug("ipvs: real server draining", "server", realName(vs, r))
 	}
-	return nil
 }
 
-// deleteReal deletes a real server and forgets it.
-func (p *Proxier) deleteReal(ctx context.Context, vs *VirtualServer, r RealServer) error {
-	if err := p.k.delReal(ctx, vs, r); err != nil {
-		return err
-	}
-	vs.Real = slices.DeleteFunc(vs.Real, func(x RealServer) bool { return x.AddrPort() == r.AddrPort() })
-	delete(p.draining, realKey{vs.key(), r.AddrPort()})
-	return nil
-}
-
-// deleteServers deletes the virtual servers d removes and returns their
-// addresses.
+// deleteServers deletes the virtual servers d removes and returns the
+// addresses of those deleted.
 func (p *Proxier) deleteServers(ctx context.Context, d *delta, keys []vsKey) ([]netip.Addr, error) {
-	var addrs []netip.Addr
+	var ops []ipvsOp
 	for _, k := range keys {
-		have := p.kern[k]
-		if d.servers[k] != nil || have == nil {
-			continue
-		}
-		if err := p.k.delService(ctx, have); err != nil {
-			return nil, err
-		}
-		for _, r := range have.Real {
-			delete(p.draining, realKey{k, r.AddrPort()})
-		}
-		delete(p.kern, k)
-		if k.fwmark == 0 {
-			p.use[k.addr]--
-			addrs = append(addrs, k.addr)
+		if have := p.kern[k]; d.servers[k] == nil && have != nil {
+			ops = append(ops, ipvsOp{kind: delService, vs: have})
 		}
 	}
-	return addrs, nil
+	var addrs []netip.Addr
+	for _, o := range ops {
+		if o.vs.FWMark == 0 {
+			addrs = append(addrs, o.vs.Addr)
+		}
+	}
+	return addrs, p.write(ctx, ops, nil)
 }
 
 // deleteAddresses removes from the dummy link the addresses among
@@ -264,23 +245,149 @@ func (p *Proxier) deleteServers(ctx context.Context, d *delta, keys []vsKey) ([]
 // addresses, and the stray ones when full.
 func (p *Proxier) deleteAddresses(ctx context.Context, candidates []netip.Addr, full bool) error {
 	slices.SortFunc(candidates, netip.Addr.Compare)
+	var del []netip.Prefix
 	for _, a := range slices.Compact(candidates) {
-		if !p.present[a] || (p.use[a] > 0 && !p.nodeIP[a]) {
-			continue
+		if p.present[a] && (p.use[a] == 0 || p.nodeIP[a]) {
+			del = append(del, netip.PrefixFrom(a, a.BitLen()))
 		}
-		if err := p.k.delAddress(ctx, p.link, netip.PrefixFrom(a, a.BitLen())); err != nil {
-			return err
-		}
-		delete(p.present, a)
 	}
-	if !full {
+	stray := 0
+	if full {
+		del, stray = append(del, p.stray...), len(p.stray)
+	}
+	if len(del) == 0 {
 		return nil
 	}
-	for _, pf := range p.stray {
-		if err := p.k.delAddress(ctx, p.link, pf); err != nil {
-			return err
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	errs, err := p.k.changeAddresses(ctx, p.link, nil, del)
+	for i, pf := range del[:len(del)-stray] {
+		if errs[i] == nil {
+			delete(p.present, pf.Addr())
 		}
 	}
-	p.stray = nil
-	return nil
+	if full && err == nil && firstErrors(errs[len(del)-stray:], nil) == nil {
+		p.stray = nil
+	}
+	return firstErrors(errs, err)
+}
+
+// write sends ops to IPVS and records each one that succeeded. It
+// returns the errors of those that failed (see tracedErrors): owner names
+// the service port each virtual server serves, nil when the ops serve
+// none (removals, drains).
+func (p *Proxier) write(ctx context.Context, ops []ipvsOp, owner map[vsKey]servicelb.ServicePortKey) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	errs, err := p.k.write(ctx, ops)
+	for i, o := range ops {
+		if errs[i] == nil {
+			p.record(o)
+		}
+	}
+	return tracedErrors(ops, errs, err, owner)
+}
+
+// record updates p.kern, p.use and p.draining after o succeeded.
+func (p *Proxier) record(o ipvsOp) {
+	k := o.vs.key()
+	have := p.kern[k]
+	switch o.kind {
+	case newService:
+		got := o.vs.clone()
+		got.Real = nil
+		p.kern[k] = got
+		if k.fwmark == 0 {
+			p.use[k.addr]++
+		}
+	case updateService:
+		have.Scheduler, have.Persistence, have.HashPort = o.vs.Scheduler, o.vs.Persistence, o.vs.HashPort
+	case delService:
+		for _, r := range have.Real {
+			delete(p.draining, realKey{k, r.AddrPort()})
+		}
+		delete(p.kern, k)
+		if k.fwmark == 0 {
+			p.use[k.addr]--
+		}
+	case newReal:
+		i, _ := slices.BinarySearchFunc(have.Real, o.r, compareReal)
+		have.Real = slices.Insert(have.Real, i, o.r)
+		delete(p.draining, realKey{k, o.r.AddrPort()})
+	case updateReal, quiesceReal:
+		have.Real[have.realIndex(o.r.AddrPort())].Weight = o.r.Weight
+		if o.kind == quiesceReal {
+			p.startDrain(have, o.r)
+		} else {
+			delete(p.draining, realKey{k, o.r.AddrPort()})
+		}
+	case delReal:
+		have.Real = slices.DeleteFunc(have.Real, func(x RealServer) bool { return x.AddrPort() == o.r.AddrPort() })
+		delete(p.draining, realKey{k, o.r.AddrPort()})
+	}
+}
+
+// maxErrors bounds the errors a step reports, of a batch where many
+// requests may fail alike.
+const maxErrors = 5
+
+// firstErrors joins the first few errors of a batch and the error that
+// stopped it, and says how many more failed.
+func firstErrors(errs []error, stopped error) error {
+	var out []error
+	n := 0
+	for _, e := range errs {
+		if e == nil || errors.Is(e, nlbatch.ErrUnknown) {
+			continue
+		}
+		if n++; n <= maxErrors {
+			out = append(out, e)
+		}
+	}
+	if n > maxErrors {
+		out = append(out, fmt.Errorf("and %d more requests failed", n-maxErrors))
+	}
+	return errors.Join(append(out, stopped)...)
+}
+
+// tracedErrors joins the errors of a batch of ops (errs, in order) and the
+// error that stopped it, as firstErrors does, but for the kernel's
+// refusals of ops made for a service port (owner), which it joins by port
+// instead, each port's traced to it (syncer.Refused): the sync then leaves
+// every such service out at once and applies the rest.
+func tracedErrors(ops []ipvsOp, errs []error, stopped error, owner map[vsKey]servicelb.ServicePortKey) error {
+	byPort := map[servicelb.ServicePortKey][]error{}
+	var ports []servicelb.ServicePortKey
+	var rest []error
+	for i, e := range errs {
+		k := owner[ops[i].vs.key()]
+		if e == nil || !isRefusal(e, k) {
+			rest = append(rest, e)
+			continue
+		}
+		if byPort[k] == nil {
+			ports = append(ports, k)
+		}
+		byPort[k] = append(byPort[k], e)
+	}
+	out := make([]error, 0, len(ports)+1)
+	for _, k := range ports {
+		out = append(out, syncer.Refused(k, firstErrors(byPort[k], nil)))
+	}
+	return errors.Join(append(out, firstErrors(rest, stopped))...)
+}
+
+// isRefusal reports whether err is the kernel's refusal (an errno) of a
+// virtual or real server that serves the service port owner. ESRCH is
+// none: the virtual server the request names is gone, removed by someone
+// else since the proxier last read the kernel, which the next sync reads
+// again and repairs; leaving the service out would not.
+func isRefusal(err error, owner servicelb.ServicePortKey) bool {
+	var errno syscall.Errno
+	return owner.Service != "" && errors.As(err, &errno) && errno != syscall.ESRCH
 }

@@ -48,10 +48,15 @@ func benchService(i, first int) servicelb.Service {
 // virtual servers: a cold sync of n services of 10 endpoints into a fresh
 // namespace (dummy link, addresses, sets and rules included), the IPVS
 // part alone (the same netlink calls Sync makes), a restart's sync of the
-// unchanged state, and a one-endpoint change. Run it with -benchtime 1x.
+// unchanged state, and a one-endpoint change. Its name carries the size
+// (services=n/endpoints=10). Run it with -benchtime 1x.
 func BenchmarkIPVS(b *testing.B) {
 	netnstest.Require(b, vmFeatures...)
 	n := *benchServices
+	b.Run(fmt.Sprintf("services=%d/endpoints=10", n), func(b *testing.B) { benchColdSync(b, n) })
+}
+
+func benchColdSync(b *testing.B, n int) {
 	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4()}}
 	svcs := make([]servicelb.Service, n)
 	for i := range svcs {
@@ -106,23 +111,26 @@ func BenchmarkIPVS(b *testing.B) {
 }
 
 // timeIPVSOnly creates the virtual servers and real servers through the
-// same kernel calls Sync makes, in a fresh namespace, and times it.
+// same kernel calls Sync makes (a batch of virtual servers, then one of
+// real servers), in a fresh namespace, and times it.
 func timeIPVSOnly(b *testing.B, servers []*VirtualServer) time.Duration {
 	h := netnstest.NewHost(b, "bench-netlink")
-	k, err := openKernel(h.NS, DefaultInterface)
+	k, err := openKernel(b.Context(), h.NS, DefaultInterface)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer k.close()
 	return timedErr(b, func() error {
+		var svcs, reals []ipvsOp
 		for _, vs := range servers {
-			if err := k.newService(b.Context(), vs); err != nil {
-				return err
-			}
+			svcs = append(svcs, ipvsOp{kind: newService, vs: vs})
 			for _, r := range vs.Real {
-				if err := k.newReal(b.Context(), vs, r); err != nil {
-					return err
-				}
+				reals = append(reals, ipvsOp{kind: newReal, vs: vs, r: r})
+			}
+		}
+		for _, ops := range [][]ipvsOp{svcs, reals} {
+			if err := firstErrors(k.write(b.Context(), ops)); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -1,10 +1,10 @@
 // Package ipvs is kproxy's IPVS dataplane: a servicelb.Proxier in the
 // manner of kube-proxy's IPVS mode. It programs IPVS through generic
-// netlink (github.com/moby/ipvs), the dummy link and its addresses through
-// route netlink (package internal/rtnl, which the userspace backend
-// shares), its helper sets through the ipset
-// package and its helper rules through nf_tables netlink in iptables-nft's
-// encoding. It runs no binary of its own (but see Privileges).
+// netlink (internal/ipvsnl), the dummy link and its addresses through
+// route netlink (internal/rtnl, which the userspace backend shares), both
+// in batches of many requests to a system call (internal/nlbatch), its
+// helper sets through the ipset package and its helper rules through
+// nf_tables netlink in iptables-nft's encoding. It runs no program.
 //
 // What a service means (which endpoints take which flows from which
 // origin, masquerade, reject or drop, source ranges, affinity, stale
@@ -119,15 +119,23 @@
 // virtual servers, real servers and rules before it removes any, so that
 // no virtual address is ever without its servers nor a flow marked for a
 // missing one, and a service the proxier cannot apply is left out before
-// anything of it is sent. A virtual or real server the kernel refuses
-// (an errno, such as EINVAL for a real server at a broadcast address of
-// the node) leaves its service out too: the sync reads the kernel again,
-// removes what it made of that service and applies the rest, in the same
-// Sync, which returns a *servicelb.PartialError naming it (a
-// *servicelb.ValidationError wrapping servicelb.ErrRefused and the
-// kernel's error); it stays out, untried, until it changes. If a sync
-// fails part way otherwise, the next one reads the kernel again and
-// completes the change.
+// anything of it is sent. Each of these steps is one batch of requests,
+// many to a system call: the kernel handles every request of a batch
+// whatever became of the others and answers each failure on its own, so a
+// step whose requests depend on the previous step's goes only once that
+// step succeeded in full (real servers after their virtual servers, and
+// no real server is removed unless every addition of the sync went
+// through). A virtual or real server the kernel refuses (an errno, such
+// as EINVAL for a real server at a broadcast address of the node) leaves
+// its service out: the sync reads the kernel again, removes what it made
+// of that service and applies the rest, in the same Sync, which returns a
+// *servicelb.PartialError naming it (a *servicelb.ValidationError
+// wrapping servicelb.ErrRefused and the kernel's error); it stays out,
+// untried, until it changes. The services of every refusal in a batch are
+// left out at once. A request for a virtual server someone else removed
+// meanwhile (ESRCH) is no refusal of its service. If a sync fails part
+// way otherwise, the next one reads the kernel again and completes the
+// change.
 //
 // Other writers (ipvsadm, keepalived, iptables, a firewall manager) keep
 // their virtual servers, sets, chains and rules. A step of a sync that
@@ -135,9 +143,10 @@
 // of helper rules refused because the nf_tables generation moved) is
 // retried at once within the same Sync: at most 8 attempts, with pauses
 // of 1, 2, 4 ... 64 ms between them, 127 ms in all; an interrupted dump
-// of the dummy link's addresses is repeated up to 10 times within each
-// attempt. Only then does Sync fail, with the last error, and the
-// caller's backoff (the Runner's RetryInterval) take over.
+// of the dummy link's addresses, or of virtual or real servers, is
+// repeated up to 10 times within each attempt. Only then does Sync fail,
+// with the last error, and the caller's backoff (the Runner's
+// RetryInterval) take over.
 //
 // After each sync the conntrack flows servicelb calls stale are deleted
 // (servicelb.Changes.StaleFlows after a sync of changes,
@@ -177,10 +186,8 @@
 // ipset with the hash:ip, hash:ip,port, hash:ip,port,ip and hash:ip,port,net
 // types, nf_tables with nft_compat and the xt_set, xt_mark (match and MARK
 // target), xt_addrtype, xt_conntrack, xt_comment, MASQUERADE and REJECT
-// extensions, and conntrack. The package loads no module;
-// github.com/moby/ipvs, however, runs `modprobe -va ip_vs` once per
-// process on first use, and logs through logrus if that fails: the one
-// program this package causes to run, outside its control.
+// extensions, and conntrack. The package loads no module and runs no
+// program: without the ip_vs module, New fails with ErrIPVSUnavailable.
 //
 // Replies of flows that keep the client's address are routed back through
 // the node, so the namespace must forward (net.ipv4.ip_forward,

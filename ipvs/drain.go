@@ -25,7 +25,9 @@ func (p *Proxier) Drain(ctx context.Context) (int, error) {
 	return len(p.draining), nil
 }
 
-// drain checks each virtual server with draining real servers once.
+// drain checks each virtual server with draining real servers once, and
+// deletes in one batch those whose connections ended or whose graceful
+// timeout passed.
 func (p *Proxier) drain(ctx context.Context) error {
 	byVS := map[vsKey][]realKey{}
 	for rk := range p.draining {
@@ -34,6 +36,7 @@ func (p *Proxier) drain(ctx context.Context) error {
 	now := p.now()
 	keys := slices.Collect(maps.Keys(byVS))
 	slices.SortFunc(keys, compareKeys)
+	var ops []ipvsOp
 	for _, k := range keys {
 		rks := byVS[k]
 		vs := p.kern[k]
@@ -54,10 +57,8 @@ func (p *Proxier) drain(ctx context.Context) error {
 			if conns > 0 && now.Sub(p.draining[rk]) < p.opts.GracefulTimeout {
 				continue
 			}
-			if err := p.deleteReal(ctx, vs, info[i].RealServer); err != nil {
-				return err
-			}
-			p.log.Debug("ipvs: drained real server deleted", "server", realName(vs, info[i].RealServer), "connections", conns)
+			ops = append(ops, ipvsOp{kind: delReal, vs: vs, r: info[i].RealServer})
+			p.log.Debug("ipvs: deleting drained real server", "server", realName(vs, info[i].RealServer), "connections", conns)
 		}
 		delete(byVS, k)
 	}
@@ -66,5 +67,5 @@ func (p *Proxier) drain(ctx context.Context) error {
 			delete(p.draining, rk)
 		}
 	}
-	return nil
+	return p.write(ctx, ops, nil)
 }

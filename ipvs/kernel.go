@@ -7,34 +7,31 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 
+	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
+	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/moby/ipvs"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// IPVS constants the moby package does not export.
+// Netmasks of a virtual server: one client is one address.
 const (
-	svcFlagPersistent = 0x1  // IP_VS_SVC_F_PERSISTENT
-	svcFlagHashPort   = 0x10 // IP_VS_SVC_F_SCHED2: sh-port, mh-port
-	netmask4          = 0xffffffff
-	netmask6          = 128
+	netmask4 = 0xffffffff
+	netmask6 = 128
 )
 
 // kernel is the proxier's access to one network namespace: IPVS through
-// generic netlink, the dummy link and its addresses through route netlink
-// (package internal/rtnl, which the userspace backend's link shares). It
-// counts the changes it makes.
+// generic netlink (internal/ipvsnl), the dummy link and its addresses
+// through route netlink (internal/rtnl, which the userspace backend's
+// link shares), both in batches of many requests to a system call
+// (internal/nlbatch). It counts the changes it makes.
 type kernel struct {
-	nl     *netlink.Handle
+	ipvs   *ipvsnl.Conn
 	rt     *rtnl.Conn
-	ipvs   *ipvs.Handle
 	link   string
 	writes int
 }
@@ -43,39 +40,27 @@ type kernel struct {
 // Cleanup deletes that link and no other.
 const linkOwner = "kproxy-ipvs"
 
-// openKernel opens netlink handles in ns (netns.None(): the calling
+// openKernel opens netlink sockets in ns (netns.None(): the calling
 // thread's namespace, entering none) and checks that IPVS is there.
-func openKernel(ns netns.NsHandle, link string) (*kernel, error) {
-	nl, err := netlink.NewHandleAt(ns, unix.NETLINK_GENERIC)
-	if err != nil {
-		return nil, opErr("open netlink", "", err)
+func openKernel(ctx context.Context, ns netns.NsHandle, link string) (*kernel, error) {
+	h, err := ipvsnl.Open(ctx, ipvsnl.Options{NetNS: int(ns)})
+	if errors.Is(err, ipvsnl.ErrNotAvailable) {
+		return nil, fmt.Errorf("%w: %v", ErrIPVSUnavailable, err)
 	}
-	if _, err := nl.GenlFamilyGet("IPVS"); err != nil {
-		nl.Close()
-		return nil, fmt.Errorf("%w: generic netlink family IPVS: %v", ErrIPVSUnavailable, err)
+	if err != nil {
+		return nil, opErr("open ipvs netlink", "", err)
 	}
 	rt, err := rtnl.Open(ns)
 	if err != nil {
-		nl.Close()
+		h.Close()
 		return nil, opErr("open route netlink", "", err)
 	}
-	path := "" // moby/ipvs enters no namespace for ""
-	if ns.IsOpen() {
-		path = fmt.Sprintf("/proc/self/fd/%d", int(ns))
-	}
-	h, err := ipvs.New(path)
-	if err != nil {
-		rt.Close()
-		nl.Close()
-		return nil, opErr("open ipvs netlink", "", err)
-	}
-	return &kernel{nl: nl, rt: rt, ipvs: h, link: link}, nil
+	return &kernel{ipvs: h, rt: rt, link: link}, nil
 }
 
 func (k *kernel) close() {
 	k.ipvs.Close()
 	k.rt.Close()
-	k.nl.Close()
 }
 
 // dummy returns the dummy link; ok is false when it does not exist.
@@ -83,7 +68,7 @@ func (k *kernel) dummy(ctx context.Context) (l rtnl.Link, ok bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return rtnl.Link{}, false, err
 	}
-	l, ok, err = k.rt.LinkByName(k.link)
+	l, ok, err = k.rt.LinkByName(ctx, k.link)
 	if err != nil {
 		return rtnl.Link{}, false, kernelError(err)
 	}
@@ -101,7 +86,7 @@ func (k *kernel) ensureDummy(ctx context.Context) (rtnl.Link, error) {
 		return l, err
 	}
 	k.writes++
-	if l, _, err = k.rt.EnsureDummy(k.link, linkOwner); err != nil {
+	if l, _, err = k.rt.EnsureDummy(ctx, k.link, linkOwner); err != nil {
 		return rtnl.Link{}, kernelError(err)
 	}
 	if l.Kind != "dummy" {
@@ -113,7 +98,7 @@ func (k *kernel) ensureDummy(ctx context.Context) (rtnl.Link, error) {
 // removeDummy deletes the dummy link, and with it every address on it,
 // when the proxier created it; from a dummy link someone else made, it
 // deletes the addresses (every address on the link is a virtual address
-// of the proxier's) and leaves the link.
+// of the proxier's), in one batch, and leaves the link.
 func (k *kernel) removeDummy(ctx context.Context) error {
 	l, ok, err := k.dummy(ctx)
 	if err != nil || !ok {
@@ -121,27 +106,19 @@ func (k *kernel) removeDummy(ctx context.Context) error {
 	}
 	if l.OwnedBy(linkOwner) {
 		k.writes++
-		_, err := k.rt.RemoveDummy(k.link, linkOwner)
+		_, err := k.rt.RemoveDummy(ctx, k.link, linkOwner)
 		return kernelError(err)
 	}
 	prefixes, err := k.addresses(ctx, l)
-	if err != nil {
+	if err != nil || len(prefixes) == 0 {
 		return err
 	}
-	for _, p := range prefixes {
-		if err := k.delAddress(ctx, l, p); err != nil {
-			return err
-		}
-	}
-	return nil
+	return firstErrors(k.changeAddresses(ctx, l, nil, prefixes))
 }
 
 // addresses lists the addresses on the link, link-local ones aside.
 func (k *kernel) addresses(ctx context.Context, l rtnl.Link) ([]netip.Prefix, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	list, err := k.rt.Addrs(l.Index)
+	list, err := k.rt.Addrs(ctx, l.Index)
 	if err != nil {
 		return nil, opErr("list addresses of", k.link, err)
 	}
@@ -154,33 +131,38 @@ func (k *kernel) addresses(ctx context.Context, l rtnl.Link) ([]netip.Prefix, er
 	return out, nil
 }
 
-func (k *kernel) addAddress(ctx context.Context, l rtnl.Link, a netip.Addr) error {
-	p := rtnl.Host(a)
-	err := k.changeAddress(ctx, l, rtnl.AddrOp{Add: true, Prefix: p})
-	if errors.Is(err, unix.EEXIST) {
-		return nil
+// changeAddresses adds addrs to the link and deletes dels from it, in
+// batches of requests, and returns each one's error in that order (nil
+// for success, an address already there or already gone included). A
+// non-nil error means it stopped part way: the outcome of the requests
+// marked with it is unknown.
+func (k *kernel) changeAddresses(ctx context.Context, l rtnl.Link, addrs []netip.Addr, dels []netip.Prefix) ([]error, error) {
+	ops := make([]rtnl.AddrOp, 0, len(addrs)+len(dels))
+	for _, a := range addrs {
+		ops = append(ops, rtnl.AddrOp{Add: true, Prefix: rtnl.Host(a)})
 	}
-	return opErr("add address", p.String()+" to "+k.link, err)
-}
-
-func (k *kernel) delAddress(ctx context.Context, l rtnl.Link, p netip.Prefix) error {
-	err := k.changeAddress(ctx, l, rtnl.AddrOp{Prefix: p})
-	if rtnl.IsGone(err) {
-		return nil
+	for _, p := range dels {
+		ops = append(ops, rtnl.AddrOp{Prefix: p})
 	}
-	return opErr("delete address", p.String()+" from "+k.link, err)
-}
-
-func (k *kernel) changeAddress(ctx context.Context, l rtnl.Link, op rtnl.AddrOp) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	k.writes += len(ops)
+	errs, err := k.rt.ChangeAddrs(ctx, l.Index, 0, ops)
+	for i, e := range errs {
+		if ops[i].Add {
+			if errors.Is(e, unix.EEXIST) {
+				e = nil
+			}
+			errs[i] = opErr("add address", ops[i].Prefix.String()+" to "+k.link, e)
+			continue
+		}
+		if rtnl.IsGone(e) {
+			e = nil
+		}
+		errs[i] = opErr("delete address", ops[i].Prefix.String()+" from "+k.link, e)
 	}
-	k.writes++
-	errs, err := k.rt.ChangeAddrs(l.Index, 0, []rtnl.AddrOp{op})
 	if err != nil {
-		return err
+		return errs, opErr("change addresses of", k.link, err)
 	}
-	return errs[0]
+	return errs, nil
 }
 
 // kernelError makes an error of package rtnl an OpError of the package.
@@ -201,16 +183,17 @@ type realInfo struct {
 // services lists every IPVS virtual server in the namespace, address ones
 // of a known protocol and firewall-mark ones, without real servers.
 func (k *kernel) services(ctx context.Context) ([]*VirtualServer, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	list, err := k.ipvs.GetServices()
+	var list []ipvsnl.Service
+	err := nlbatch.RetryInterrupted(ctx, func() (err error) {
+		list, err = k.ipvs.Services(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, opErr("list virtual servers", "", err)
 	}
 	var out []*VirtualServer
 	for _, s := range list {
-		if vs, ok := fromService(s); ok {
+		if vs, ok := fromService(&s); ok {
 			out = append(out, vs)
 		}
 	}
@@ -219,22 +202,22 @@ func (k *kernel) services(ctx context.Context) ([]*VirtualServer, error) {
 
 // reals lists the real servers of vs.
 func (k *kernel) reals(ctx context.Context, vs *VirtualServer) ([]realInfo, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	list, err := k.ipvs.GetDestinations(toService(vs))
+	var list []ipvsnl.Dest
+	err := nlbatch.RetryInterrupted(ctx, func() (err error) {
+		list, err = k.ipvs.Dests(ctx, toService(vs))
+		return err
+	})
 	if err != nil {
 		return nil, opErr("list real servers of", vs.key().String(), err)
 	}
 	out := make([]realInfo, 0, len(list))
 	for _, d := range list {
-		a, ok := addrOf(d.Address)
-		if !ok {
+		if !d.Addr.IsValid() {
 			continue
 		}
 		out = append(out, realInfo{
-			RealServer: RealServer{Addr: a, Port: d.Port, Weight: uint16(min(max(d.Weight, 0), 0xffff))},
-			active:     d.ActiveConnections, inactive: d.InactiveConnections,
+			RealServer: RealServer{Addr: d.Addr, Port: d.Port, Weight: uint16(min(max(d.Weight, 0), 0xffff))},
+			active:     int(d.ActiveConns), inactive: int(d.InactiveConns),
 		})
 	}
 	slices.SortFunc(out, func(a, b realInfo) int { return compareReal(a.RealServer, b.RealServer) })
@@ -243,73 +226,111 @@ func (k *kernel) reals(ctx context.Context, vs *VirtualServer) ([]realInfo, erro
 
 // exists reports whether the kernel has a virtual server with vs's key.
 func (k *kernel) exists(ctx context.Context, vs *VirtualServer) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
+	_, ok, err := k.ipvs.Service(ctx, toService(vs))
+	return ok, opErr("look up virtual server", vs.key().String(), err)
+}
+
+// opKind is a change to IPVS.
+type opKind uint8
+
+const (
+	newService opKind = iota
+	updateService
+	delService
+	newReal
+	updateReal
+	quiesceReal // updateReal to weight 0, for a real server that drains
+	delReal
+)
+
+var opNames = [...]string{
+	newService: "add virtual server", updateService: "update virtual server", delService: "delete virtual server",
+	newReal: "add real server", updateReal: "update real server", quiesceReal: "quiesce real server",
+	delReal: "delete real server",
+}
+
+// ipvsOp is one change to IPVS: to a virtual server, or to one of its
+// real servers.
+type ipvsOp struct {
+	kind opKind
+	vs   *VirtualServer
+	r    RealServer
+}
+
+func (o ipvsOp) object() string {
+	if o.kind >= newReal {
+		return realName(o.vs, o.r)
 	}
-	return k.ipvs.IsServicePresent(toService(vs)), nil
+	return o.vs.key().String()
 }
 
-func (k *kernel) newService(ctx context.Context, vs *VirtualServer) error {
-	return k.do(ctx, "add virtual server", vs.key().String(), func() error { return k.ipvs.NewService(toService(vs)) })
-}
-
-func (k *kernel) updateService(ctx context.Context, vs *VirtualServer) error {
-	return k.do(ctx, "update virtual server", vs.key().String(), func() error { return k.ipvs.UpdateService(toService(vs)) })
-}
-
-func (k *kernel) delService(ctx context.Context, vs *VirtualServer) error {
-	return k.do(ctx, "delete virtual server", vs.key().String(), func() error { return k.ipvs.DelService(toService(vs)) })
-}
-
-func (k *kernel) newReal(ctx context.Context, vs *VirtualServer, r RealServer) error {
-	return k.do(ctx, "add real server", realName(vs, r), func() error { return k.ipvs.NewDestination(toService(vs), toDest(r)) })
-}
-
-func (k *kernel) updateReal(ctx context.Context, vs *VirtualServer, r RealServer) error {
-	return k.do(ctx, "update real server", realName(vs, r), func() error { return k.ipvs.UpdateDestination(toService(vs), toDest(r)) })
-}
-
-func (k *kernel) delReal(ctx context.Context, vs *VirtualServer, r RealServer) error {
-	return k.do(ctx, "delete real server", realName(vs, r), func() error { return k.ipvs.DelDestination(toService(vs), toDest(r)) })
-}
-
-// do runs one change unless ctx has ended.
-func (k *kernel) do(ctx context.Context, op, object string, f func() error) error {
-	if err := ctx.Err(); err != nil {
-		return err
+// write sends ops to IPVS, many to a system call, and returns each one's
+// error in order (nil for success; an *OpError naming it else). IPVS
+// handles every request whatever became of the earlier ones: ops that
+// must not run after a failure go in a later call. A non-nil error means
+// that write stopped part way: the outcome of the ops marked with it is
+// unknown.
+func (k *kernel) write(ctx context.Context, ops []ipvsOp) ([]error, error) {
+	b := k.ipvs.Batch()
+	var s *ipvsnl.Service
+	for i, o := range ops {
+		if i == 0 || o.vs != ops[i-1].vs {
+			s = toService(o.vs)
+		}
+		switch o.kind {
+		case newService:
+			b.NewService(s)
+		case updateService:
+			b.SetService(s)
+		case delService:
+			b.DelService(s)
+		case newReal:
+			b.NewDest(s, toDest(o.r))
+		case updateReal, quiesceReal:
+			b.SetDest(s, toDest(o.r))
+		case delReal:
+			b.DelDest(s, toDest(o.r))
+		}
 	}
-	k.writes++
-	return opErr(op, object, f())
+	k.writes += len(ops)
+	errs, err := k.ipvs.Send(ctx, b)
+	for i, e := range errs {
+		errs[i] = opErr(opNames[ops[i].kind], ops[i].object(), e)
+	}
+	if err != nil {
+		return errs, opErr("write ipvs", "", err)
+	}
+	return errs, nil
 }
 
 func realName(vs *VirtualServer, r RealServer) string {
 	return fmt.Sprintf("%s -r %s", vs.key(), r.AddrPort())
 }
 
-func toService(vs *VirtualServer) *ipvs.Service {
-	s := &ipvs.Service{FWMark: vs.FWMark, SchedName: vs.Scheduler, AddressFamily: unix.AF_INET, Netmask: netmask4}
+func toService(vs *VirtualServer) *ipvsnl.Service {
+	s := &ipvsnl.Service{FWMark: vs.FWMark, Scheduler: vs.Scheduler, Family: unix.AF_INET, Netmask: netmask4}
 	if vs.FWMark == 0 {
-		s.Address, s.Protocol, s.Port = net.IP(vs.Addr.AsSlice()), uint16(vs.Protocol.Number()), vs.Port
+		s.Addr, s.Protocol, s.Port = vs.Addr, uint16(vs.Protocol.Number()), vs.Port
 	}
 	if vs.family() == servicelb.IPv6 {
-		s.AddressFamily, s.Netmask = unix.AF_INET6, netmask6
+		s.Family, s.Netmask = unix.AF_INET6, netmask6
 	}
 	if vs.Persistence > 0 {
-		s.Flags, s.Timeout = svcFlagPersistent, vs.Persistence
+		s.Flags, s.Timeout = ipvsnl.FlagPersistent, vs.Persistence
 	}
 	if vs.HashPort {
-		s.Flags |= svcFlagHashPort
+		s.Flags |= ipvsnl.FlagSched2
 	}
 	return s
 }
 
-func fromService(s *ipvs.Service) (*VirtualServer, bool) {
-	vs := &VirtualServer{Scheduler: s.SchedName, HashPort: s.Flags&svcFlagHashPort != 0}
-	if s.Flags&svcFlagPersistent != 0 {
+func fromService(s *ipvsnl.Service) (*VirtualServer, bool) {
+	vs := &VirtualServer{Scheduler: s.Scheduler, HashPort: s.Flags&ipvsnl.FlagSched2 != 0}
+	if s.Flags&ipvsnl.FlagPersistent != 0 {
 		vs.Persistence = s.Timeout
 	}
 	if s.FWMark != 0 {
-		switch s.AddressFamily {
+		switch s.Family {
 		case unix.AF_INET:
 			vs.Family = servicelb.IPv4
 		case unix.AF_INET6:
@@ -320,8 +341,8 @@ func fromService(s *ipvs.Service) (*VirtualServer, bool) {
 		vs.FWMark = s.FWMark
 		return vs, true
 	}
-	a, ok := addrOf(s.Address)
-	if !ok {
+	a := s.Addr.Unmap()
+	if !a.IsValid() {
 		return nil, false
 	}
 	switch s.Protocol {
@@ -338,12 +359,6 @@ func fromService(s *ipvs.Service) (*VirtualServer, bool) {
 	return vs, true
 }
 
-func toDest(r RealServer) *ipvs.Destination {
-	return &ipvs.Destination{Address: net.IP(r.Addr.AsSlice()), Port: r.Port, Weight: int(r.Weight),
-		ConnectionFlags: ipvs.ConnectionFlagMasq}
-}
-
-func addrOf(ip net.IP) (netip.Addr, bool) {
-	a, ok := netip.AddrFromSlice(ip)
-	return a.Unmap(), ok
+func toDest(r RealServer) *ipvsnl.Dest {
+	return &ipvsnl.Dest{Addr: r.Addr, Port: r.Port, Weight: int32(r.Weight), FwdMethod: ipvsnl.Masquerade}
 }

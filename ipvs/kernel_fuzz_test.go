@@ -3,10 +3,10 @@
 package ipvs
 
 import (
-	"net"
+	"net/netip"
 	"testing"
 
-	"github.com/moby/ipvs"
+	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -16,11 +16,12 @@ import (
 // a restarted proxier recognises every virtual server it wrote.
 func FuzzFromService(f *testing.F) {
 	f.Add([]byte{10, 96, 0, 10}, uint16(unix.IPPROTO_TCP), uint16(80), uint32(0), uint16(unix.AF_INET), uint32(0), uint32(0), "wrr")
-	f.Add([]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint16(unix.IPPROTO_UDP), uint16(53), uint32(0), uint16(unix.AF_INET6), uint32(svcFlagPersistent), uint32(10800), "rr")
-	f.Add([]byte{}, uint16(0), uint16(0), uint32(0x10000), uint16(unix.AF_INET), uint32(svcFlagHashPort), uint32(0), "mh")
+	f.Add([]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint16(unix.IPPROTO_UDP), uint16(53), uint32(0), uint16(unix.AF_INET6), uint32(ipvsnl.FlagPersistent), uint32(10800), "rr")
+	f.Add([]byte{}, uint16(0), uint16(0), uint32(0x10000), uint16(unix.AF_INET), uint32(ipvsnl.FlagSched2), uint32(0), "mh")
 	f.Fuzz(func(t *testing.T, addr []byte, proto, port uint16, mark uint32, af uint16, flags, timeout uint32, sched string) {
-		s := &ipvs.Service{Address: net.IP(addr), Protocol: proto, Port: port, FWMark: mark, AddressFamily: af,
-			Flags: flags, Timeout: timeout, SchedName: sched}
+		a, _ := netip.AddrFromSlice(addr)
+		s := &ipvsnl.Service{Addr: a, Protocol: proto, Port: port, FWMark: mark, Family: af,
+			Flags: flags, Timeout: timeout, Scheduler: sched}
 		vs, ok := fromService(s)
 		if !ok {
 			return

@@ -131,7 +131,9 @@ func socketNS(ns netns.NsHandle) (netns.NsHandle, error) {
 // the calling thread's namespace). ns is the proxier's own handle of its
 // namespace, which it keeps, and closes when it fails.
 func open(o Options, ns, at netns.NsHandle) (*Proxier, error) {
-	k, err := openKernel(at, o.Interface)
+	// New takes no context: the lookup of IPVS's netlink family is one
+	// round trip to the kernel.
+	k, err := openKernel(context.Background(), at, o.Interface)
 	if err != nil {
 		ns.Close()
 		return nil, err
@@ -303,13 +305,17 @@ func (p *Proxier) cleanupServers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var ops []ipvsOp
 	for _, vs := range servers {
 		if p.owns(vs, ours) {
-			errs = append(errs, p.k.delService(ctx, vs))
+			ops = append(ops, ipvsOp{kind: delService, vs: vs})
 		}
 	}
-	return errors.Join(errs...)
+	if len(ops) == 0 {
+		return nil
+	}
+	errs, err := p.k.write(ctx, ops)
+	return firstErrors(errs, err)
 }
 
 // owns reports whether a virtual server is the proxier's: an address one

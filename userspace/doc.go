@@ -161,7 +161,8 @@
 // addresses); a later Sync serves again. Nothing else in the namespace is
 // touched: no routes, sysctls or packet filter rules. The link and its
 // addresses are handled by package internal/rtnl, which the ipvs backend
-// shares.
+// shares: a sync's adds go in one batch, many requests to a system call,
+// with each one's own error, and its deletes in another.
 //
 // Privileges: none without HoldAddresses (and a NetNS of the caller's
 // own); CAP_NET_ADMIN in the target namespace with it, on Linux 5.18 or

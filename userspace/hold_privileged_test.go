@@ -25,7 +25,7 @@ func linkAddrs(t *testing.T, h *netnstest.Host, proto uint8) (marked, other []ne
 	rt, err := rtnl.Open(h.NS)
 	require.NoError(t, err)
 	defer rt.Close()
-	list, err := rt.Addrs(1) // lo
+	list, err := rt.Addrs(t.Context(), 1) // lo
 	require.NoError(t, err)
 	for _, x := range list {
 		if a := x.Prefix.Addr(); x.Proto == proto {

@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -41,8 +42,8 @@ func newHolder(rt *rtnl.Conn, link string, proto uint8) *holder {
 
 // ensureLink finds the link (creating a dummy link marked as the proxy's
 // when it is missing) and sets it up.
-func (h *holder) ensureLink() error {
-	l, _, err := h.rt.EnsureDummy(h.link, linkOwner)
+func (h *holder) ensureLink(ctx context.Context) error {
+	l, _, err := h.rt.EnsureDummy(ctx, h.link, linkOwner)
 	if err != nil {
 		return kernelError(err)
 	}
@@ -50,7 +51,7 @@ func (h *holder) ensureLink() error {
 		return fmt.Errorf("%s: %w (a %s link)", h.link, ErrLinkConflict, l.Kind)
 	}
 	if !l.Up() {
-		if err := h.rt.SetUp(l); err != nil {
+		if err := h.rt.SetUp(ctx, l); err != nil {
 			return kernelError(err)
 		}
 	}
@@ -77,7 +78,7 @@ func (h *holder) release(a netip.Addr) {
 
 // flushAdds adds the queued addresses that are still needed. An address
 // someone else put on the link serves as well, and stays theirs.
-func (h *holder) flushAdds() error {
+func (h *holder) flushAdds(ctx context.Context) error {
 	var ops []rtnl.AddrOp
 	for _, a := range h.adds {
 		if h.refs[a] > 0 && !h.ours[a] {
@@ -85,7 +86,7 @@ func (h *holder) flushAdds() error {
 		}
 	}
 	h.adds = h.adds[:0]
-	errs, err := h.rt.ChangeAddrs(h.index, h.proto, ops)
+	errs, err := h.rt.ChangeAddrs(ctx, h.index, h.proto, ops)
 	if err != nil {
 		return &OpError{Op: "add addresses", Object: "on " + h.link, Err: err}
 	}
@@ -106,17 +107,17 @@ func (h *holder) flushAdds() error {
 		return err
 	}
 	if !h.marked && len(ops) > 0 {
-		if err := h.checkMark(ops[0].Prefix.Addr()); err != nil {
+		if err := h.checkMark(ctx, ops[0].Prefix.Addr()); err != nil {
 			return err
 		}
 	}
-	return kernelError(h.rt.WaitLocal(added, 2*time.Second))
+	return kernelError(h.rt.WaitLocal(ctx, added, 2*time.Second))
 }
 
 // checkMark makes sure the kernel keeps the mark, without which the
 // proxy could not tell its addresses from others.
-func (h *holder) checkMark(a netip.Addr) error {
-	list, err := h.rt.Addrs(h.index)
+func (h *holder) checkMark(ctx context.Context, a netip.Addr) error {
+	list, err := h.rt.Addrs(ctx, h.index)
 	if err != nil {
 		return &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
@@ -131,7 +132,7 @@ func (h *holder) checkMark(a netip.Addr) error {
 
 // flushDels deletes the queued addresses that are ours and no longer
 // needed.
-func (h *holder) flushDels() error {
+func (h *holder) flushDels(ctx context.Context) error {
 	var ops []rtnl.AddrOp
 	for _, a := range h.dels {
 		if h.refs[a] == 0 && h.ours[a] {
@@ -139,11 +140,11 @@ func (h *holder) flushDels() error {
 		}
 	}
 	h.dels = h.dels[:0]
-	return h.delete(ops)
+	return h.delete(ctx, ops)
 }
 
-func (h *holder) delete(ops []rtnl.AddrOp) error {
-	errs, err := h.rt.ChangeAddrs(h.index, h.proto, ops)
+func (h *holder) delete(ctx context.Context, ops []rtnl.AddrOp) error {
+	errs, err := h.rt.ChangeAddrs(ctx, h.index, h.proto, ops)
 	if err != nil {
 		return &OpError{Op: "delete addresses", Object: "on " + h.link, Err: err}
 	}
@@ -161,8 +162,8 @@ func (h *holder) delete(ops []rtnl.AddrOp) error {
 // reconcile reads the link's addresses back: it adopts those with the
 // mark, adds the needed ones that are missing and deletes the marked ones
 // not needed.
-func (h *holder) reconcile() error {
-	list, err := h.rt.Addrs(h.index)
+func (h *holder) reconcile(ctx context.Context) error {
+	list, err := h.rt.Addrs(ctx, h.index)
 	if err != nil {
 		return &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
@@ -185,13 +186,13 @@ func (h *holder) reconcile() error {
 			h.dels = append(h.dels, a)
 		}
 	}
-	return errors.Join(h.flushAdds(), h.flushDels())
+	return errors.Join(h.flushAdds(ctx), h.flushDels(ctx))
 }
 
 // matches reports whether every needed address is on the link and no
 // address carries the mark that is not needed.
-func (h *holder) matches() (bool, error) {
-	list, err := h.rt.Addrs(h.index)
+func (h *holder) matches(ctx context.Context) (bool, error) {
+	list, err := h.rt.Addrs(ctx, h.index)
 	if err != nil {
 		return false, &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
@@ -209,15 +210,15 @@ func (h *holder) matches() (bool, error) {
 // removeAll deletes every marked address, and the link when the proxy
 // created it (it carries the proxy's mark): a link of that name someone
 // else made stays, with their addresses.
-func (h *holder) removeAll() error {
+func (h *holder) removeAll(ctx context.Context) error {
 	h.refs, h.adds, h.dels = map[netip.Addr]int{}, nil, nil
-	l, ok, err := h.rt.LinkByName(h.link)
+	l, ok, err := h.rt.LinkByName(ctx, h.link)
 	if err != nil || !ok {
 		h.index = 0
 		return kernelError(err)
 	}
 	h.index = l.Index
-	list, err := h.rt.Addrs(h.index)
+	list, err := h.rt.Addrs(ctx, h.index)
 	if err != nil {
 		return &OpError{Op: "list addresses", Object: "of " + h.link, Err: err}
 	}
@@ -227,11 +228,11 @@ func (h *holder) removeAll() error {
 			ops = append(ops, rtnl.AddrOp{Prefix: x.Prefix})
 		}
 	}
-	if err := h.delete(ops); err != nil {
+	if err := h.delete(ctx, ops); err != nil {
 		return err
 	}
 	h.index = 0
-	_, err = h.rt.RemoveDummy(h.link, linkOwner)
+	_, err = h.rt.RemoveDummy(ctx, h.link, linkOwner)
 	return kernelError(err)
 }
 

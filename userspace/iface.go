@@ -3,11 +3,13 @@
 package userspace
 
 import (
+	"context"
 	"encoding/binary"
 	"net/netip"
 	"os"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netns"
@@ -130,6 +132,10 @@ type routes struct {
 	err error
 }
 
+// routeTimeout bounds a route lookup: the kernel answers at once, and
+// the bound only guards a connection's goroutine against a kernel bug.
+const routeTimeout = 10 * time.Second
+
 // iface returns the name of the interface the namespace routes to a
 // through, or "".
 func (r *routes) iface(a netip.Addr) string {
@@ -141,11 +147,19 @@ func (r *routes) iface(a netip.Addr) string {
 	if r.err != nil {
 		return ""
 	}
-	index, err := r.rt.RouteOIF(a)
+	ctx, cancel := context.WithTimeout(context.Background(), routeTimeout)
+	defer cancel()
+	index, err := r.rt.RouteOIF(ctx, a)
 	if err != nil {
 		return ""
 	}
-	return ifaceName(r.rt.FD(), index)
+	rc, err := r.rt.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	name := ""
+	_ = rc.Control(func(fd uintptr) { name = ifaceName(int(fd), index) })
+	return name
 }
 
 func (r *routes) close() {

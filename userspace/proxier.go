@@ -169,7 +169,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if p.held == nil {
 		return nil
 	}
-	if err := p.held.removeAll(); err != nil {
+	if err := p.held.removeAll(ctx); err != nil {
 		return fmt.Errorf("userspace: cleanup: %w", err)
 	}
 	p.log.Info("cleaned up")

@@ -31,17 +31,17 @@ func (e *engine) Verify(ctx context.Context) (bool, error) {
 	if ok, err := e.Check(ctx); !ok || err != nil || e.held == nil {
 		return ok, err
 	}
-	return e.held.matches()
+	return e.held.matches(ctx)
 }
 
 // Write serves st whatever is served now: it reopens failed listeners
 // and reconciles the held addresses with the link's.
-func (e *engine) Write(_ context.Context, st *servicelb.State) error {
+func (e *engine) Write(ctx context.Context, st *servicelb.State) error {
 	p := (*Proxier)(e)
 	p.dirty.Store(true)
 	p.setNode(st.Node())
 	if p.held != nil {
-		if err := p.held.ensureLink(); err != nil {
+		if err := p.held.ensureLink(ctx); err != nil {
 			return err
 		}
 	}
@@ -52,9 +52,9 @@ func (e *engine) Write(_ context.Context, st *servicelb.State) error {
 		}
 	}
 	p.broken.Store(0)
-	err := p.reconcile(st.Ports(), removed, true)
+	err := p.reconcile(ctx, st.Ports(), removed, true)
 	if p.held != nil {
-		err = errors.Join(err, p.held.reconcile())
+		err = errors.Join(err, p.held.reconcile(ctx))
 	}
 	p.settle(err)
 	return err
@@ -78,7 +78,7 @@ func (e *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 			removed = append(removed, ps)
 		}
 	}
-	err := p.reconcile(want, removed, false)
+	err := p.reconcile(ctx, want, removed, false)
 	p.settle(err)
 	return false, err
 }
@@ -113,7 +113,7 @@ type opening struct {
 // kept (and pointed at the new decision), even when it passes to another
 // service port. A service whose port cannot be served is left out: its
 // ports in want stop being served, and its error names it.
-func (p *Proxier) reconcile(want []*servicelb.ServicePort, removed []*portState, full bool) error {
+func (p *Proxier) reconcile(ctx context.Context, want []*servicelb.ServicePort, removed []*portState, full bool) error {
 	failed := map[string]error{}
 	fail := func(svc string, err error) { failed[svc] = errors.Join(failed[svc], err) }
 	jobs := p.plan(want, full, fail)
@@ -121,7 +121,7 @@ func (p *Proxier) reconcile(want []*servicelb.ServicePort, removed []*portState,
 	opens := p.claim(jobs, orphans, fail)
 	var errs []error
 	if p.held != nil {
-		if err := p.held.flushAdds(); err != nil {
+		if err := p.held.flushAdds(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -140,7 +140,7 @@ func (p *Proxier) reconcile(want []*servicelb.ServicePort, removed []*portState,
 		p.drop(ps)
 	}
 	if p.held != nil {
-		if err := p.held.flushDels(); err != nil {
+		if err := p.held.flushDels(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -14,7 +14,10 @@
 // resident memory (Memory), its live Go heap (Heap), the kernel's own
 // memory where BPF maps and nf_tables objects live (KernelMemory), and
 // the verdict on a path against a reference from the ratios of rounds
-// taken in turn (Judge).
+// taken in turn (Judge). Connect is the data-path probe both drivers'
+// measurements and the IPVS backend's in-VM benchmark share: TCP connect
+// times through a node. Package benchlb makes servicelb's model of the
+// workload, for the programs that may import the core.
 package benchwork
 
 import (
@@ -22,8 +25,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -172,4 +177,57 @@ func Budget(k, ms int, f func(i int) (time.Duration, error)) ([]float64, error) 
 		out = append(out, float64(d.Nanoseconds())/1e6)
 	}
 	return out, nil
+}
+
+// Latency is what a probe measured: the connect times' median and 99th
+// percentile in microseconds (nearest rank), the connections made and
+// those that failed.
+type Latency struct {
+	P50    float64 `json:"p50_us"`
+	P99    float64 `json:"p99_us"`
+	N      int     `json:"n"`
+	Failed int     `json:"failed"`
+}
+
+// Connect opens n TCP connections, round robin over targets (addr:port),
+// each a new flow, and returns the connect times' percentiles: a connect
+// returns with the SYN-ACK, one round trip through the node's rules for
+// a new flow. It fails when no connection succeeds.
+func Connect(targets []string, n int, timeout time.Duration) (Latency, error) {
+	times, failed := ConnectTimes(targets, n, timeout)
+	return Percentiles(times, failed)
+}
+
+// ConnectTimes opens n TCP connections, round robin over targets, and
+// returns the time of each that succeeded, in microseconds, and how many
+// failed. Each connection ends with a reset, which leaves no TIME_WAIT
+// behind, so that a long probe does not run out of ports.
+func ConnectTimes(targets []string, n int, timeout time.Duration) ([]float64, int) {
+	var times []float64
+	failed := 0
+	for i := range n {
+		t0 := time.Now()
+		c, err := net.DialTimeout("tcp", targets[i%len(targets)], timeout)
+		el := time.Since(t0)
+		if err != nil {
+			failed++
+			continue
+		}
+		times = append(times, float64(el.Nanoseconds())/1e3)
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	return times, failed
+}
+
+// Percentiles summarises connect times (µs); it fails when there are
+// none.
+func Percentiles(times []float64, failed int) (Latency, error) {
+	if len(times) == 0 {
+		return Latency{Failed: failed}, fmt.Errorf("no connection succeeded (%d failed)", failed)
+	}
+	s := slices.Clone(times)
+	slices.Sort(s)
+	pct := func(p float64) float64 { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return Latency{P50: pct(0.50), P99: pct(0.99), N: len(s), Failed: failed}, nil
 }

@@ -376,7 +376,7 @@ func waitLocal(addrs []netip.Addr) error {
 		return err
 	}
 	defer c.Close()
-	return c.WaitLocal(addrs, solicitTimeout)
+	return c.WaitLocal(context.Background(), addrs, solicitTimeout)
 }
 
 // solicitTimeout bounds the wait for IPv6 addresses to become reachable.

@@ -3,14 +3,16 @@
 package rtnl
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net/netip"
 	"slices"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 )
 
 // ifaProto is IFA_PROTO (linux/if_addr.h, Linux 5.18), which
@@ -18,7 +20,7 @@ import (
 const ifaProto = 11
 
 // Addr is an address of a link, with its prefix length and its protocol
-// mark (0 for none).
+// mark (0 for none, and on kernels before 5.18).
 type Addr struct {
 	Prefix netip.Prefix
 	Proto  uint8
@@ -34,107 +36,85 @@ type AddrOp struct {
 // Host returns the prefix of a alone (/32, /128): a host address.
 func Host(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
-// ifaddrmsg appends a struct ifaddrmsg for a (all families when a is
-// zero) with prefix length bits on link.
-func ifaddrmsg(b []byte, a netip.Addr, bits, link int) []byte {
-	fam := uint8(unix.AF_INET6)
+// ifaddrmsg returns a struct ifaddrmsg for p (all families when p is not
+// valid) on link: p's family and length, universe scope.
+func ifaddrmsg(p netip.Prefix, link int) []byte {
+	fam := uint8(unix.AF_UNSPEC)
 	switch {
-	case !a.IsValid():
-		fam = unix.AF_UNSPEC
-	case a.Is4():
+	case p.Addr().Is4():
 		fam = unix.AF_INET
+	case p.Addr().Is6():
+		fam = unix.AF_INET6
 	}
-	b = append(b, fam, uint8(bits), 0, unix.RT_SCOPE_UNIVERSE)
+	b := []byte{fam, uint8(max(p.Bits(), 0)), 0, unix.RT_SCOPE_UNIVERSE}
 	return binary.NativeEndian.AppendUint32(b, uint32(link))
 }
 
-// batch is the number of address changes sent in one write.
-const batch = 256
+// addrRequest appends op's request to b: RTM_NEWADDR, which fails with
+// EEXIST when the link has the address already, skips duplicate address
+// detection (IFA_F_NODAD) and carries the mark proto unless it is zero;
+// or RTM_DELADDR, which fails with EADDRNOTAVAIL when the link does not
+// have it.
+func addrRequest(b *nlbatch.Batch, link int, proto uint8, op AddrOp) {
+	typ, flags := uint16(unix.RTM_DELADDR), uint16(0)
+	if op.Add {
+		typ, flags = unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL
+	}
+	b.Message(typ, flags, ifaddrmsg(op.Prefix, link)...)
+	a := op.Prefix.Addr()
+	if a.Is4() {
+		b.Addr(unix.IFA_LOCAL, a)
+	}
+	b.Addr(unix.IFA_ADDRESS, a)
+	if op.Add {
+		b.Uint32(unix.IFA_FLAGS, unix.IFA_F_NODAD)
+		if proto != 0 {
+			b.Uint8(ifaProto, proto)
+		}
+	}
+}
 
 // ChangeAddrs adds and deletes addresses on link, marking those it adds
-// with proto (none when 0), in batches of messages; it returns each
-// operation's error (nil for success), in order, or an error that stopped
-// them all. An added address skips duplicate address detection
-// (IFA_F_NODAD): it serves at once.
-func (c *Conn) ChangeAddrs(link int, proto uint8, ops []AddrOp) ([]error, error) {
-	errs := make([]error, len(ops))
-	for lo := 0; lo < len(ops); lo += batch {
-		hi := min(lo+batch, len(ops))
-		first := c.seq + 1
-		var b []byte
-		for _, op := range ops[lo:hi] {
-			b = c.addrMsg(b, link, proto, op)
-		}
-		if err := c.send(b); err != nil {
-			return nil, err
-		}
-		if err := c.acks(first, hi-lo, errs[lo:hi]); err != nil {
-			return nil, err
-		}
+// with proto (none when 0), in batches of requests many to a system call
+// (see internal/nlbatch), and returns each operation's error in order:
+// nil for success, the kernel's refusal (an *nlbatch.Error wrapping the
+// errno) else. The kernel handles every request whatever became of the
+// others. A non-nil error means that it stopped part way (the context
+// ended, a send or receive failed): the operations whose outcome it does
+// not know are marked with nlbatch.ErrUnknown. An added address skips
+// duplicate address detection: it serves at once.
+func (c *Conn) ChangeAddrs(ctx context.Context, link int, proto uint8, ops []AddrOp) ([]error, error) {
+	var b nlbatch.Batch
+	for _, op := range ops {
+		addrRequest(&b, link, proto, op)
 	}
-	return errs, nil
+	return c.c.Send(ctx, &b)
 }
 
-func (c *Conn) addrMsg(b []byte, link int, proto uint8, op AddrOp) []byte {
-	typ, flags := uint16(unix.RTM_DELADDR), uint16(unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	if op.Add {
-		typ, flags = unix.RTM_NEWADDR, flags|unix.NLM_F_CREATE|unix.NLM_F_EXCL
-	}
-	var at int
-	b, at = c.header(b, typ, flags)
-	a := op.Prefix.Addr()
-	b = ifaddrmsg(b, a, op.Prefix.Bits(), link)
-	raw := a.AsSlice()
-	if a.Is4() {
-		b = attr(b, unix.IFA_LOCAL, raw)
-	}
-	b = attr(b, unix.IFA_ADDRESS, raw)
-	if op.Add {
-		b = attr(b, unix.IFA_FLAGS, binary.NativeEndian.AppendUint32(nil, unix.IFA_F_NODAD))
-		if proto != 0 {
-			b = attr(b, ifaProto, []byte{proto})
-		}
-	}
-	return finish(b, at)
-}
-
-// acks reads the acknowledgements of n requests numbered from first.
-func (c *Conn) acks(first uint32, n int, errs []error) error {
-	for got := 0; got < n; {
-		msgs, err := c.receive()
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq < first || m.Header.Seq >= first+uint32(n) {
-				continue
-			}
-			errs[m.Header.Seq-first] = errorCode(m)
-			got++
-		}
-	}
-	return nil
-}
-
-// Addrs returns the addresses of link.
-func (c *Conn) Addrs(link int) ([]Addr, error) {
+// Addrs returns the addresses of link, of every family, in the kernel's
+// order.
+func (c *Conn) Addrs(ctx context.Context, link int) ([]Addr, error) {
+	var b nlbatch.Batch
+	b.Message(unix.RTM_GETADDR, 0, ifaddrmsg(netip.Prefix{}, link)...)
 	var out []Addr
-	err := retried(func() error {
+	err := nlbatch.RetryInterrupted(ctx, func() error {
 		out = out[:0]
-		b, at := c.header(nil, unix.RTM_GETADDR, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
-		b = finish(ifaddrmsg(b, netip.Addr{}, 0, link), at)
-		return c.dump(b, func(m syscall.NetlinkMessage) {
-			if m.Header.Type == unix.RTM_NEWADDR {
-				if a, ok := parseAddr(m.Data, link); ok {
-					out = append(out, a)
-				}
+		return c.c.Dump(ctx, &b, func(typ uint16, data []byte) error {
+			if typ != unix.RTM_NEWADDR {
+				return nil
 			}
+			if a, ok := parseAddr(data, link); ok {
+				out = append(out, a)
+			}
+			return nil
 		})
 	})
 	return out, err
 }
 
-// parseAddr reads an address of link out of an RTM_NEWADDR message.
+// parseAddr reads an address of link out of an RTM_NEWADDR message: its
+// local address where it has one (the peer's is IFA_ADDRESS then), its
+// length and its protocol mark.
 func parseAddr(data []byte, link int) (Addr, bool) {
 	if len(data) < unix.SizeofIfAddrmsg || int(binary.NativeEndian.Uint32(data[4:8])) != link {
 		return Addr{}, false
@@ -142,7 +122,7 @@ func parseAddr(data []byte, link int) (Addr, bool) {
 	bits := int(data[1])
 	var address, local netip.Addr
 	var proto uint8
-	attrs(data[unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
+	for typ, v := range nlbatch.Attrs(data[unix.SizeofIfAddrmsg:]) {
 		switch typ {
 		case unix.IFA_ADDRESS:
 			address, _ = netip.AddrFromSlice(v)
@@ -153,7 +133,7 @@ func parseAddr(data []byte, link int) (Addr, bool) {
 				proto = v[0]
 			}
 		}
-	})
+	}
 	if local.IsValid() {
 		address = local
 	}
@@ -170,24 +150,25 @@ func IsGone(err error) bool {
 
 // LocalIPv6 returns the addresses that the IPv6 local routing table
 // routes to the node itself.
-func (c *Conn) LocalIPv6() (map[netip.Addr]bool, error) {
+func (c *Conn) LocalIPv6(ctx context.Context) (map[netip.Addr]bool, error) {
+	var b nlbatch.Batch
+	b.Message(unix.RTM_GETROUTE, 0, rtmsg(unix.AF_INET6, 0, unix.RT_TABLE_LOCAL)...)
 	out := map[netip.Addr]bool{}
-	err := retried(func() error {
+	err := nlbatch.RetryInterrupted(ctx, func() error {
 		clear(out)
-		b, at := c.header(nil, unix.RTM_GETROUTE, unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
-		b = append(b, unix.AF_INET6, 0, 0, 0, unix.RT_TABLE_LOCAL, 0, 0, 0, 0, 0, 0, 0)
-		return c.dump(finish(b, at), func(m syscall.NetlinkMessage) {
-			if m.Header.Type != unix.RTM_NEWROUTE || len(m.Data) < unix.SizeofRtMsg {
-				return
+		return c.c.Dump(ctx, &b, func(typ uint16, data []byte) error {
+			if typ != unix.RTM_NEWROUTE || len(data) < unix.SizeofRtMsg {
+				return nil
 			}
-			if m.Data[4] != unix.RT_TABLE_LOCAL || m.Data[7] != unix.RTN_LOCAL {
-				return
+			if data[4] != unix.RT_TABLE_LOCAL || data[7] != unix.RTN_LOCAL {
+				return nil
 			}
-			attrs(m.Data[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
-				if a, ok := netip.AddrFromSlice(v); ok && typ == unix.RTA_DST {
+			for at, v := range nlbatch.Attrs(data[unix.SizeofRtMsg:]) {
+				if a, ok := netip.AddrFromSlice(v); ok && at == unix.RTA_DST {
 					out[a] = true
 				}
-			})
+			}
+			return nil
 		})
 	})
 	return out, err
@@ -198,7 +179,7 @@ func (c *Conn) LocalIPv6() (map[netip.Addr]bool, error) {
 // it has left its tentative state, a moment after the add returns (even
 // without duplicate address detection), and a flow that came meanwhile
 // would be routed elsewhere.
-func (c *Conn) WaitLocal(addrs []netip.Addr, timeout time.Duration) error {
+func (c *Conn) WaitLocal(ctx context.Context, addrs []netip.Addr, timeout time.Duration) error {
 	var want []netip.Addr
 	for _, a := range addrs {
 		if a.Is6() {
@@ -207,7 +188,7 @@ func (c *Conn) WaitLocal(addrs []netip.Addr, timeout time.Duration) error {
 	}
 	deadline := time.Now().Add(timeout)
 	for len(want) > 0 {
-		local, err := c.LocalIPv6()
+		local, err := c.LocalIPv6(ctx)
 		if err != nil {
 			return &OpError{Op: "list local routes", Object: "ipv6", Err: err}
 		}
@@ -218,7 +199,11 @@ func (c *Conn) WaitLocal(addrs []netip.Addr, timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return &OpError{Op: "wait for the local route", Object: want[0].String(), Err: unix.ETIMEDOUT}
 		}
-		time.Sleep(time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
 	}
 	return nil
 }

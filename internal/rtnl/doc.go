@@ -26,9 +26,16 @@
 // restarted process (or `kproxy --cleanup`) knows the link as its own
 // without memory of its creation.
 //
-// Every call sends its messages and reads the kernel's answers before it
-// returns; the kernel answers at once, and the socket's receive timeout
-// (10 s) only guards against a kernel bug. A Conn is not safe for
-// concurrent use. Changing links and addresses needs CAP_NET_ADMIN in the
+// # Requests
+//
+// The package owns route netlink's encoding: the requests and the
+// kernel's answers for links, addresses and routes. It sends them through
+// internal/nlbatch, the machinery the IPVS requests go through too: a
+// ChangeAddrs of many addresses is one batch, many requests to a system
+// call, with each request's own error; reads are dumps and lookups, and a
+// dump a concurrent change interrupted is read again (a few times).
+// Every call takes a context, and returns once the kernel answered or the
+// context ended. A Conn is safe for concurrent use; its calls run one at
+// a time. Changing links and addresses needs CAP_NET_ADMIN in the
 // namespace; reading them needs nothing.
 package rtnl

@@ -3,12 +3,14 @@
 package rtnl
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 )
 
 // Link is a network interface as the kernel lists it.
@@ -49,27 +51,26 @@ func (e *OpError) Error() string { return fmt.Sprintf("%s %s: %v", e.Op, e.Objec
 
 func (e *OpError) Unwrap() error { return e.Err }
 
-// ifinfomsg appends a struct ifinfomsg for link index with flags (those
+// ifinfomsg returns a struct ifinfomsg for link index with flags (those
 // of change).
-func ifinfomsg(b []byte, index int, flags, change uint32) []byte {
-	b = append(b, unix.AF_UNSPEC, 0, 0, 0)
+func ifinfomsg(index int, flags, change uint32) []byte {
+	b := []byte{unix.AF_UNSPEC, 0, 0, 0}
 	b = binary.NativeEndian.AppendUint32(b, uint32(index))
 	b = binary.NativeEndian.AppendUint32(b, flags)
 	return binary.NativeEndian.AppendUint32(b, change)
 }
 
-func cstring(s string) []byte { return append([]byte(s), 0) }
-
 // LinkByName returns the link named name; ok is false when there is
 // none.
-func (c *Conn) LinkByName(name string) (l Link, ok bool, err error) {
-	b, at := c.header(nil, unix.RTM_GETLINK, unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	b = ifinfomsg(b, 0, 0, 0)
-	b = attr(b, unix.IFLA_IFNAME, cstring(name))
-	err = c.request(finish(b, at), func(m syscall.NetlinkMessage) {
-		if m.Header.Type == unix.RTM_NEWLINK {
-			l, ok = parseLink(m.Data)
+func (c *Conn) LinkByName(ctx context.Context, name string) (l Link, ok bool, err error) {
+	var b nlbatch.Batch
+	b.Message(unix.RTM_GETLINK, 0, ifinfomsg(0, 0, 0)...)
+	b.String(unix.IFLA_IFNAME, name)
+	err = c.c.Get(ctx, &b, func(typ uint16, data []byte) error {
+		if typ == unix.RTM_NEWLINK {
+			l, ok = parseLink(data)
 		}
+		return nil
 	})
 	if errors.Is(err, unix.ENODEV) {
 		return Link{}, false, nil
@@ -89,20 +90,20 @@ func parseLink(data []byte) (Link, bool) {
 		Index: int(int32(binary.NativeEndian.Uint32(data[4:8]))),
 		Flags: binary.NativeEndian.Uint32(data[8:12]),
 	}
-	attrs(data[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) {
+	for typ, v := range nlbatch.Attrs(data[unix.SizeofIfInfomsg:]) {
 		switch typ {
 		case unix.IFLA_IFNAME:
 			l.Name = trimNUL(v)
 		case unix.IFLA_IFALIAS:
 			l.Alias = trimNUL(v)
 		case unix.IFLA_LINKINFO:
-			attrs(v, func(typ uint16, v []byte) {
+			for typ, v := range nlbatch.Attrs(v) {
 				if typ == unix.IFLA_INFO_KIND {
 					l.Kind = trimNUL(v)
 				}
-			})
+			}
 		}
-	})
+	}
 	return l, l.Index > 0
 }
 
@@ -119,16 +120,18 @@ func trimNUL(v []byte) string {
 // marked as owner's (its alias) when there is none. A link of that name
 // that exists is returned as it is, whatever its kind: the caller decides
 // whether it serves. created reports that this call made it.
-func (c *Conn) EnsureDummy(name, owner string) (l Link, created bool, err error) {
-	l, ok, err := c.LinkByName(name)
+func (c *Conn) EnsureDummy(ctx context.Context, name, owner string) (l Link, created bool, err error) {
+	l, ok, err := c.LinkByName(ctx, name)
 	if err != nil || ok {
 		return l, false, err
 	}
-	b, at := c.header(nil, unix.RTM_NEWLINK, unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-	b = ifinfomsg(b, 0, 0, 0)
-	b = attr(b, unix.IFLA_IFNAME, cstring(name))
-	b = attr(b, unix.IFLA_LINKINFO, attr(nil, unix.IFLA_INFO_KIND, cstring("dummy")))
-	switch err := c.request(finish(b, at), nil); {
+	var b nlbatch.Batch
+	b.Message(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, ifinfomsg(0, 0, 0)...)
+	b.String(unix.IFLA_IFNAME, name)
+	b.Nest(unix.IFLA_LINKINFO)
+	b.String(unix.IFLA_INFO_KIND, "dummy")
+	b.End()
+	switch err := c.send(ctx, &b); {
 	case errors.Is(err, unix.EEXIST):
 		// Made meanwhile by someone else: theirs.
 	case err != nil:
@@ -136,16 +139,16 @@ func (c *Conn) EnsureDummy(name, owner string) (l Link, created bool, err error)
 	default:
 		created = true
 	}
-	if l, ok, err = c.LinkByName(name); err != nil {
+	if l, ok, err = c.LinkByName(ctx, name); err != nil {
 		return Link{}, false, err
 	}
 	if !ok {
 		return Link{}, false, &OpError{Op: "find link", Object: name, Err: errors.New("gone right after it was added")}
 	}
 	if created && owner != "" {
-		if err := c.setLink(l.Index, 0, 0, attr(nil, unix.IFLA_IFALIAS, []byte(owner))); err != nil {
+		if err := c.setLink(ctx, l.Index, 0, 0, owner); err != nil {
 			// Unmarked, it would pass for someone else's.
-			_ = c.deleteLink(l.Index)
+			_ = c.deleteLink(ctx, l.Index)
 			return Link{}, false, &OpError{Op: "mark link", Object: name, Err: err}
 		}
 		l.Alias = owner
@@ -154,29 +157,33 @@ func (c *Conn) EnsureDummy(name, owner string) (l Link, created bool, err error)
 }
 
 // SetUp sets the link up.
-func (c *Conn) SetUp(l Link) error {
-	if err := c.setLink(l.Index, unix.IFF_UP, unix.IFF_UP, nil); err != nil {
+func (c *Conn) SetUp(ctx context.Context, l Link) error {
+	if err := c.setLink(ctx, l.Index, unix.IFF_UP, unix.IFF_UP, ""); err != nil {
 		return &OpError{Op: "set link up", Object: l.Name, Err: err}
 	}
 	return nil
 }
 
-func (c *Conn) setLink(index int, flags, change uint32, attrs []byte) error {
-	b, at := c.header(nil, unix.RTM_NEWLINK, unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	b = ifinfomsg(b, index, flags, change)
-	b = append(b, attrs...)
-	return c.request(finish(b, at), nil)
+// setLink changes the flags of change to flags, and sets the alias
+// unless it is empty.
+func (c *Conn) setLink(ctx context.Context, index int, flags, change uint32, alias string) error {
+	var b nlbatch.Batch
+	b.Message(unix.RTM_NEWLINK, 0, ifinfomsg(index, flags, change)...)
+	if alias != "" {
+		b.Attr(unix.IFLA_IFALIAS, []byte(alias))
+	}
+	return c.send(ctx, &b)
 }
 
 // RemoveDummy deletes the link named name, and with it its addresses,
 // when it carries owner's mark; a link without it (someone else's) is
 // left, and deleted is false. A missing link is no error.
-func (c *Conn) RemoveDummy(name, owner string) (deleted bool, err error) {
-	l, ok, err := c.LinkByName(name)
+func (c *Conn) RemoveDummy(ctx context.Context, name, owner string) (deleted bool, err error) {
+	l, ok, err := c.LinkByName(ctx, name)
 	if err != nil || !ok || !l.OwnedBy(owner) {
 		return false, err
 	}
-	switch err := c.deleteLink(l.Index); {
+	switch err := c.deleteLink(ctx, l.Index); {
 	case errors.Is(err, unix.ENODEV):
 		return false, nil
 	case err != nil:
@@ -185,8 +192,8 @@ func (c *Conn) RemoveDummy(name, owner string) (deleted bool, err error) {
 	return true, nil
 }
 
-func (c *Conn) deleteLink(index int) error {
-	b, at := c.header(nil, unix.RTM_DELLINK, unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	b = ifinfomsg(b, index, 0, 0)
-	return c.request(finish(b, at), nil)
+func (c *Conn) deleteLink(ctx context.Context, index int) error {
+	var b nlbatch.Batch
+	b.Message(unix.RTM_DELLINK, 0, ifinfomsg(index, 0, 0)...)
+	return c.send(ctx, &b)
 }

@@ -5,26 +5,32 @@ package rtnl
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 )
+
+// body returns the payload of a batch's one message, after its header.
+func body(b *nlbatch.Batch) []byte { return b.Wire()[unix.NLMSG_HDRLEN:] }
 
 // newAddrMsg is the body of an RTM_NEWADDR message as the kernel sends
 // it: IFA_ADDRESS, IFA_LOCAL for IPv4, and the mark when proto is set.
 func newAddrMsg(p netip.Prefix, link int, proto uint8) []byte {
-	b := ifaddrmsg(nil, p.Addr(), p.Bits(), link)
-	raw := p.Addr().AsSlice()
-	b = attr(b, unix.IFA_ADDRESS, raw)
+	var b nlbatch.Batch
+	b.Message(unix.RTM_NEWADDR, 0, ifaddrmsg(p, link)...)
+	b.Addr(unix.IFA_ADDRESS, p.Addr())
 	if p.Addr().Is4() {
-		b = attr(b, unix.IFA_LOCAL, raw)
+		b.Addr(unix.IFA_LOCAL, p.Addr())
 	}
 	if proto != 0 {
-		b = attr(b, ifaProto, []byte{proto})
+		b.Uint8(ifaProto, proto)
 	}
-	return b
+	return body(&b)
 }
 
 func TestParseAddr(t *testing.T) {
@@ -44,11 +50,14 @@ func TestParseAddr(t *testing.T) {
 }
 
 func TestParseLink(t *testing.T) {
-	b := ifinfomsg(nil, 4, unix.IFF_UP|unix.IFF_BROADCAST, 0)
-	b = attr(b, unix.IFLA_IFNAME, cstring("kproxy-us0"))
-	b = attr(b, unix.IFLA_IFALIAS, []byte("kproxy-userspace"))
-	b = attr(b, unix.IFLA_LINKINFO|unix.NLA_F_NESTED, attr(nil, unix.IFLA_INFO_KIND, cstring("dummy")))
-	l, ok := parseLink(b)
+	var b nlbatch.Batch
+	b.Message(unix.RTM_NEWLINK, 0, ifinfomsg(4, unix.IFF_UP|unix.IFF_BROADCAST, 0)...)
+	b.String(unix.IFLA_IFNAME, "kproxy-us0")
+	b.Attr(unix.IFLA_IFALIAS, []byte("kproxy-userspace"))
+	b.Nest(unix.IFLA_LINKINFO | unix.NLA_F_NESTED)
+	b.String(unix.IFLA_INFO_KIND, "dummy")
+	b.End()
+	l, ok := parseLink(body(&b))
 	require.True(t, ok)
 	assert.Equal(t, Link{Index: 4, Name: "kproxy-us0", Kind: "dummy", Flags: unix.IFF_UP | unix.IFF_BROADCAST, Alias: "kproxy-userspace"}, l)
 	assert.True(t, l.Up())
@@ -58,44 +67,74 @@ func TestParseLink(t *testing.T) {
 	assert.False(t, Link{}.OwnedBy(""), "no owner owns an unmarked link")
 }
 
-// TestChangeAddrsMessages: the messages of a batch, as the kernel reads
+// attr is one attribute of a message.
+type attr struct {
+	Type  uint16
+	Value []byte
+}
+
+func attrsOf(b []byte) []attr {
+	var out []attr
+	for typ, v := range nlbatch.Attrs(b) {
+		out = append(out, attr{typ, slices.Clone(v)})
+	}
+	return out
+}
+
+// TestAddrRequests: the requests of ChangeAddrs, as the kernel reads
 // them: an add asks for creation without replacing an address (EEXIST),
 // skips duplicate address detection and carries the mark; a delete names
 // the prefix.
-func TestChangeAddrsMessages(t *testing.T) {
-	c := &Conn{}
-	add := c.addrMsg(nil, 3, 0x6b, AddrOp{Add: true, Prefix: Host(netip.MustParseAddr("10.96.0.1"))})
-	del := c.addrMsg(nil, 3, 0, AddrOp{Prefix: netip.MustParsePrefix("10.0.0.0/24")})
-	hdr := func(b []byte) (typ, flags uint16, seq uint32) {
-		return binary.NativeEndian.Uint16(b[4:6]), binary.NativeEndian.Uint16(b[6:8]), binary.NativeEndian.Uint32(b[8:12])
+func TestAddrRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		proto     uint8
+		op        AddrOp
+		typ       uint16
+		flags     uint16
+		attrs     []attr
+		withProto uint8
+	}{{
+		name: "add IPv4, marked", proto: 0x6b, op: AddrOp{Add: true, Prefix: Host(netip.MustParseAddr("10.96.0.1"))},
+		typ: unix.RTM_NEWADDR, flags: unix.NLM_F_REQUEST | unix.NLM_F_CREATE | unix.NLM_F_EXCL,
+		attrs: []attr{
+			{unix.IFA_LOCAL, []byte{10, 96, 0, 1}},
+			{unix.IFA_ADDRESS, []byte{10, 96, 0, 1}},
+			{unix.IFA_FLAGS, binary.NativeEndian.AppendUint32(nil, unix.IFA_F_NODAD)},
+			{ifaProto, []byte{0x6b}},
+		},
+		withProto: 0x6b,
+	}, {
+		name: "add IPv6, unmarked", op: AddrOp{Add: true, Prefix: Host(netip.MustParseAddr("fd00::1"))},
+		typ: unix.RTM_NEWADDR, flags: unix.NLM_F_REQUEST | unix.NLM_F_CREATE | unix.NLM_F_EXCL,
+		attrs: []attr{
+			{unix.IFA_ADDRESS, netip.MustParseAddr("fd00::1").AsSlice()},
+			{unix.IFA_FLAGS, binary.NativeEndian.AppendUint32(nil, unix.IFA_F_NODAD)},
+		},
+	}, {
+		name: "delete a prefix", proto: 0x6b, op: AddrOp{Prefix: netip.MustParsePrefix("10.0.0.0/24")},
+		typ: unix.RTM_DELADDR, flags: unix.NLM_F_REQUEST,
+		attrs: []attr{{unix.IFA_LOCAL, []byte{10, 0, 0, 0}}, {unix.IFA_ADDRESS, []byte{10, 0, 0, 0}}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b nlbatch.Batch
+			addrRequest(&b, 3, tc.proto, tc.op)
+			m := b.Wire()
+			assert.Equal(t, tc.typ, binary.NativeEndian.Uint16(m[4:6]))
+			assert.Equal(t, tc.flags, binary.NativeEndian.Uint16(m[6:8]))
+			got, ok := parseAddr(body(&b), 3)
+			require.True(t, ok)
+			assert.Equal(t, Addr{Prefix: tc.op.Prefix, Proto: tc.withProto}, got)
+			assert.Equal(t, tc.attrs, attrsOf(body(&b)[unix.SizeofIfAddrmsg:]))
+		})
 	}
-	typ, flags, seq := hdr(add)
-	assert.Equal(t, uint16(unix.RTM_NEWADDR), typ)
-	assert.Equal(t, uint16(unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL), flags)
-	assert.Equal(t, uint32(1), seq)
-	got, ok := parseAddr(add[unix.NLMSG_HDRLEN:], 3)
-	require.True(t, ok)
-	assert.Equal(t, Addr{Prefix: netip.MustParsePrefix("10.96.0.1/32"), Proto: 0x6b}, got)
-	var nodad bool
-	attrs(add[unix.NLMSG_HDRLEN+unix.SizeofIfAddrmsg:], func(typ uint16, v []byte) {
-		nodad = nodad || typ == unix.IFA_FLAGS && binary.NativeEndian.Uint32(v)&unix.IFA_F_NODAD != 0
-	})
-	assert.True(t, nodad, "IFA_F_NODAD")
-
-	typ, flags, seq = hdr(del)
-	assert.Equal(t, uint16(unix.RTM_DELADDR), typ)
-	assert.Equal(t, uint16(unix.NLM_F_REQUEST|unix.NLM_F_ACK), flags)
-	assert.Equal(t, uint32(2), seq)
-	got, ok = parseAddr(del[unix.NLMSG_HDRLEN:], 3)
-	require.True(t, ok)
-	assert.Equal(t, Addr{Prefix: netip.MustParsePrefix("10.0.0.0/24")}, got)
 }
 
 // FuzzParse: the kernel's messages are parsed without a panic, whatever
 // they hold.
 func FuzzParse(f *testing.F) {
 	f.Add(newAddrMsg(netip.MustParsePrefix("fd00::1/128"), 1, 0x6b))
-	f.Add(ifinfomsg(nil, 1, 0, 0))
+	f.Add(ifinfomsg(1, 0, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		parseAddr(b, 1)
 		parseLink(b)

@@ -3,33 +3,42 @@
 package rtnl
 
 import (
+	"context"
 	"encoding/binary"
 	"net/netip"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 )
+
+// rtmsg returns a struct rtmsg of family fam, destination length bits,
+// in table (0 for none).
+func rtmsg(fam, bits, table uint8) []byte {
+	return []byte{fam, bits, 0, 0, table, 0, 0, 0, 0, 0, 0, 0}
+}
 
 // RouteOIF returns the index of the interface the namespace routes
 // packets to a through, 0 when the route has none.
-func (c *Conn) RouteOIF(a netip.Addr) (int, error) {
-	b, at := c.header(nil, unix.RTM_GETROUTE, unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	fam, bits := byte(unix.AF_INET), byte(32)
+func (c *Conn) RouteOIF(ctx context.Context, a netip.Addr) (int, error) {
+	fam := uint8(unix.AF_INET)
 	if a.Is6() {
-		fam, bits = unix.AF_INET6, 128
+		fam = unix.AF_INET6
 	}
-	b = append(b, fam, bits, 0, 0, 0, 0, 0, 0) // struct rtmsg
-	b = binary.NativeEndian.AppendUint32(b, 0) // rtm_flags
-	b = attr(b, unix.RTA_DST, a.AsSlice())
+	var b nlbatch.Batch
+	b.Message(unix.RTM_GETROUTE, 0, rtmsg(fam, uint8(a.BitLen()), 0)...)
+	b.Addr(unix.RTA_DST, a)
 	oif := 0
-	err := c.request(finish(b, at), func(m syscall.NetlinkMessage) {
-		if m.Header.Type == unix.RTM_NEWROUTE && len(m.Data) >= unix.SizeofRtMsg {
-			attrs(m.Data[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
-				if typ == unix.RTA_OIF && len(v) >= 4 {
-					oif = int(binary.NativeEndian.Uint32(v))
-				}
-			})
+	err := c.c.Get(ctx, &b, func(typ uint16, data []byte) error {
+		if typ != unix.RTM_NEWROUTE || len(data) < unix.SizeofRtMsg {
+			return nil
 		}
+		for at, v := range nlbatch.Attrs(data[unix.SizeofRtMsg:]) {
+			if at == unix.RTA_OIF && len(v) >= 4 {
+				oif = int(binary.NativeEndian.Uint32(v))
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, &OpError{Op: "get route", Object: a.String(), Err: err}

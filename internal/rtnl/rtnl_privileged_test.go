@@ -44,12 +44,12 @@ func TestAddresses(t *testing.T) {
 	h := netnstest.NewHost(t, "rtnl")
 	h.Exec(t, "ip", "address", "add", "192.0.2.0/24", "dev", "lo")
 	c := open(t, h)
-	lo, ok, err := c.LinkByName("lo")
+	lo, ok, err := c.LinkByName(t.Context(), "lo")
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.True(t, lo.Loopback())
 	assert.Empty(t, lo.Kind)
-	_, ok, err = c.LinkByName("nosuchlink")
+	_, ok, err = c.LinkByName(t.Context(), "nosuchlink")
 	require.NoError(t, err)
 	assert.False(t, ok)
 
@@ -60,36 +60,36 @@ func TestAddresses(t *testing.T) {
 		{Add: true, Prefix: rtnl.Host(a("10.96.0.1"))}, // twice
 		{Prefix: rtnl.Host(a("10.96.0.9"))},            // not there
 	}
-	errs, err := c.ChangeAddrs(lo.Index, 0x6b, ops)
+	errs, err := c.ChangeAddrs(t.Context(), lo.Index, 0x6b, ops)
 	require.NoError(t, err)
 	require.Len(t, errs, 4)
 	assert.NoError(t, errs[0])
 	assert.NoError(t, errs[1])
 	assert.ErrorIs(t, errs[2], unix.EEXIST)
 	assert.True(t, rtnl.IsGone(errs[3]), "%v", errs[3])
-	require.NoError(t, c.WaitLocal([]netip.Addr{a("10.96.0.1"), a("fd00:96::1")}, 5*time.Second))
+	require.NoError(t, c.WaitLocal(t.Context(), []netip.Addr{a("10.96.0.1"), a("fd00:96::1")}, 5*time.Second))
 
-	list, err := c.Addrs(lo.Index)
+	list, err := c.Addrs(t.Context(), lo.Index)
 	require.NoError(t, err)
 	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.96.0.1/32"), netip.MustParsePrefix("fd00:96::1/128")}, prefixes(list, 0x6b))
 	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, prefixes(list, 0), "the foreign address, unmarked")
 
-	errs, err = c.ChangeAddrs(lo.Index, 0, []rtnl.AddrOp{
+	errs, err = c.ChangeAddrs(t.Context(), lo.Index, 0, []rtnl.AddrOp{
 		{Prefix: netip.MustParsePrefix("10.96.0.1/32")}, {Prefix: netip.MustParsePrefix("192.0.2.0/24")}})
 	require.NoError(t, err)
 	assert.Equal(t, []error{nil, nil}, errs)
-	list, err = c.Addrs(lo.Index)
+	list, err = c.Addrs(t.Context(), lo.Index)
 	require.NoError(t, err)
 	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("fd00:96::1/128")}, prefixes(list, 0x6b))
 	assert.Empty(t, prefixes(list, 0))
 
 	// The loopback is no dummy link to create: EnsureDummy finds it,
 	// RemoveDummy leaves it.
-	l, created, err := c.EnsureDummy("lo", "kproxy-test")
+	l, created, err := c.EnsureDummy(t.Context(), "lo", "kproxy-test")
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, lo.Index, l.Index)
-	deleted, err := c.RemoveDummy("lo", "kproxy-test")
+	deleted, err := c.RemoveDummy(t.Context(), "lo", "kproxy-test")
 	require.NoError(t, err)
 	assert.False(t, deleted)
 }
@@ -100,12 +100,12 @@ func TestRouteOIF(t *testing.T) {
 	tp := netnstest.New(t, netnstest.Options{Backends: 1})
 	c := open(t, tp.Node)
 	for _, a := range []netip.Addr{netnstest.BackendIPv4(0), netnstest.BackendIPv6(0)} {
-		oif, err := c.RouteOIF(a)
+		oif, err := c.RouteOIF(t.Context(), a)
 		require.NoError(t, err)
 		assert.NotZero(t, oif, a)
 		assert.NotEqual(t, 1, oif, "%s routed to the loopback", a)
 	}
-	oif, err := c.RouteOIF(netnstest.NodeIPv4())
+	oif, err := c.RouteOIF(t.Context(), netnstest.NodeIPv4())
 	require.NoError(t, err)
 	assert.Equal(t, 1, oif, "a local address")
 }

@@ -128,3 +128,28 @@ func TestParseResultsNothing(t *testing.T) {
 		t.Fatalf("empty output: Err() = %v, want ErrIncomplete", err)
 	}
 }
+
+// TestSaveOutput: -output gets the results port's log as the guest wrote
+// it; no file is written without it.
+func TestSaveOutput(t *testing.T) {
+	dir := t.TempDir()
+	results := dir + "/results.log"
+	log := "##vmtest begin ipvs.test\nBenchmarkIPVS/services=10/endpoints=10-2 \t 1\t 5 ns/op\t 0.4 cold-sync/ipvsadm-R\n##vmtest exit ipvs.test 0\n"
+	if err := os.WriteFile(results, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &Config{Output: dir + "/out.txt"}
+	if err := c.saveOutput(results); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(c.Output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != log {
+		t.Errorf("output %q, want %q", got, log)
+	}
+	if err := (&Config{}).saveOutput(results); err != nil {
+		t.Errorf("no output file asked for: %v", err)
+	}
+}

@@ -32,6 +32,7 @@ type Config struct {
 	CPUs      int           // default 2
 	Shell     bool          // debug shell in the guest after the tests
 	Keep      bool          // keep the run directory even when the run passed
+	Output    string        // a file the guest's test output is copied to (see saveOutput); empty: none
 	Console   io.Writer     // guest console stream; nil discards it
 	Log       *slog.Logger  // progress; nil discards it
 }
@@ -357,6 +358,9 @@ func (c *Config) boot(ctx context.Context, k *Kernel, runDir, initrd string, nam
 	start := time.Now()
 	tail, vmErr := vm.Run(ctx)
 	c.Log.Info("guest stopped", "took", time.Since(start).Round(time.Millisecond))
+	if err := c.saveOutput(results); err != nil {
+		vmErr = errors.Join(vmErr, err)
+	}
 	f, err := os.Open(results)
 	if err != nil {
 		return nil, errors.Join(vmErr, fmt.Errorf("results: %w", err))
@@ -371,6 +375,19 @@ func (c *Config) boot(ctx context.Context, k *Kernel, runDir, initrd string, nam
 		return rep, errors.Join(vmErr, rerr, fmt.Errorf("last console lines:\n%s", strings.Join(tail, "\n")))
 	}
 	return rep, nil
+}
+
+// saveOutput copies the results port's log to c.Output: the test
+// binaries' output (benchmark lines included) and the marker lines,
+// without the kernel's messages, as the guest wrote it, passed or not.
+func (c *Config) saveOutput(results string) error {
+	if c.Output == "" {
+		return nil
+	}
+	if err := concatFiles(c.Output, results); err != nil {
+		return fmt.Errorf("output: %w", err)
+	}
+	return nil
 }
 
 // filtered reports whether args select tests (-run or -skip).

@@ -7,9 +7,15 @@
 // its memory, the first packet of new connections through it, and a new
 // process's first sync over the full table it left (restart adoption).
 // It prints the ratios and writes a markdown report and an SVG plot.
+//
+// With -ipvs it folds in the IPVS backend's measurements, which make
+// bench-ipvs takes in a VM (this kind of host's kernel has no IPVS); with
+// -from it writes the report of an earlier run's compare.json again
+// instead of measuring.
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -68,19 +74,52 @@ func main() {
 	flag.IntVar(&c.probes, "probes", 1000, "TCP connections of the data-path probe per proxier and size")
 	flag.StringVar(&c.out, "out", "results", "directory of the report (compare.md, compare.svg, compare.json)")
 	flag.StringVar(&c.readme, "readme", "", "a README whose bench-compare section is replaced with the report")
+	ipvs := flag.String("ipvs", "", "make bench-ipvs's output (results/ipvs.txt): the IPVS backend's measurements in the VM, folded into the report")
+	from := flag.String("from", "", "the compare.json of an earlier run: write its report again (with -ipvs folded in) instead of measuring")
 	flag.Parse()
 	var err error
 	if c.sizes, err = parseSizes(*sizes); err != nil {
 		fatal(err)
 	}
-	if c.kproxy == "" || c.kubeProxy == "" {
-		fatal(fmt.Errorf("-kproxy-driver and -kubeproxy-driver are required"))
-	}
 	if err := os.MkdirAll(c.out, 0o755); err != nil {
 		fatal(err)
 	}
-	if c.log, err = os.Create(filepath.Join(c.out, "drivers.log")); err != nil {
+	var rep *report
+	if *from != "" {
+		rep, err = loadReport(*from)
+	} else {
+		rep, err = c.measureAll()
+	}
+	if err != nil {
 		fatal(err)
+	}
+	if *ipvs != "" {
+		if rep.IPVS, err = readIPVS(*ipvs); err != nil {
+			fatal(err)
+		}
+	}
+	if err := rep.write(c.out, c.readme); err != nil {
+		fatal(err)
+	}
+	fmt.Print(rep.markdown())
+	if *from != "" {
+		return
+	}
+	for _, r := range rep.Results {
+		if r.Err != "" && !r.Bounded {
+			fatal(fmt.Errorf("%s %s: %s", r.Proxier.label(), r.size(), r.Err))
+		}
+	}
+}
+
+// measureAll measures every proxier at every size.
+func (c config) measureAll() (*report, error) {
+	if c.kproxy == "" || c.kubeProxy == "" {
+		return nil, fmt.Errorf("-kproxy-driver and -kubeproxy-driver are required")
+	}
+	var err error
+	if c.log, err = os.Create(filepath.Join(c.out, "drivers.log")); err != nil {
+		return nil, err
 	}
 	defer c.log.Close()
 	rep := &report{Date: time.Now().UTC().Format("2006-01-02"), Machine: machine(), Config: c.describe()}
@@ -92,15 +131,20 @@ func main() {
 			rep.Results = append(rep.Results, r)
 		}
 	}
-	if err := rep.write(c.out, c.readme); err != nil {
-		fatal(err)
+	return rep, nil
+}
+
+// loadReport reads the compare.json of an earlier run.
+func loadReport(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
 	}
-	fmt.Print(rep.markdown())
-	for _, r := range rep.Results {
-		if r.Err != "" && !r.Bounded {
-			fatal(fmt.Errorf("%s %s: %s", r.Proxier.label(), r.size(), r.Err))
-		}
+	rep := &report{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return rep, nil
 }
 
 func (c config) describe() string {

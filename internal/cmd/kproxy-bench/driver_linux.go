@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/benchwork/benchlb"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 	"github.com/kproxy-dev/kproxy/iptables"
@@ -59,7 +60,7 @@ func newProxier(backend string, ns netns.NsHandle) (proxier, error) {
 
 func newDriver(backend string, n, m int) (*driver, error) {
 	d := &driver{backend: backend, n: n, m: m}
-	svcs, b, digest, err := workload(n, m)
+	svcs, b, digest, err := benchlb.Workload(n, m)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +153,7 @@ func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error
 		w.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, d.changes)
 		d.changes++
 		d.svcs[i] = w
-		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(service(w)) })
+		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(benchlb.Service(w)) })
 	})
 }
 
@@ -162,7 +163,7 @@ func (d *driver) serviceSamples(ctx context.Context, k, ms int) (add, del []floa
 	add, err = benchwork.Budget(k, ms, func(int) (time.Duration, error) {
 		x := d.added
 		d.added++
-		s := service(benchwork.Added(x, d.m))
+		s := benchlb.Service(benchwork.Added(x, d.m))
 		names = append(names, s.Name)
 		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(s) })
 	})

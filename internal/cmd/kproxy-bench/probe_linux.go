@@ -9,15 +9,15 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/benchwork"
 )
 
-// probe opens n TCP connections, round robin over the targets, each a new
-// flow, and prints the connect times' percentiles (a connect returns with
-// the SYN-ACK: one round trip through the node's rules for a new flow).
+// probe measures TCP connects to the targets (benchwork.Connect) and
+// prints their percentiles.
 func probe(args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ExitOnError)
 	targets := fs.String("targets", "", "comma-separated addr:port list")
@@ -25,31 +25,11 @@ func probe(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	addrs := strings.Split(*targets, ",")
-	var lat []float64
-	failed := 0
-	for i := range *n {
-		t0 := time.Now()
-		c, err := net.DialTimeout("tcp", addrs[i%len(addrs)], 2*time.Second)
-		el := time.Since(t0)
-		if err != nil {
-			failed++
-			continue
-		}
-		lat = append(lat, float64(el.Nanoseconds())/1e3)
-		// An abortive close (RST) leaves no TIME_WAIT behind, so the
-		// client's ports do not run out over a long probe.
-		_ = c.(*net.TCPConn).SetLinger(0)
-		c.Close()
+	lat, err := benchwork.Connect(strings.Split(*targets, ","), *n, 2*time.Second)
+	if err != nil {
+		return err
 	}
-	if len(lat) == 0 {
-		return fmt.Errorf("no connection succeeded (%d failed)", failed)
-	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"p50_us": pct(0.50), "p99_us": pct(0.99), "n": len(lat), "failed": failed,
-	})
+	return json.NewEncoder(os.Stdout).Encode(lat)
 }
 
 // serve accepts TCP connections on addr and closes them, until signalled.

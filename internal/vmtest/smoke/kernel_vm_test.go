@@ -4,16 +4,15 @@ package smoke
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/ipset"
-	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -64,21 +63,27 @@ func testVeth(t *testing.T, n *netnstest.Host, h *netlink.Handle) {
 }
 
 func testIPVS(t *testing.T, n *netnstest.Host) {
-	h, err := ipvs.New("/run/netns/" + n.NSName)
+	c, err := ipvsnl.Open(t.Context(), ipvsnl.Options{NetNS: int(n.NS)})
 	if err != nil {
-		t.Fatalf("ipvs handle: %v", err)
+		t.Fatalf("ipvs netlink: %v", err)
 	}
-	defer h.Close()
+	defer c.Close()
 	for i, sched := range []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh"} {
-		svc := &ipvs.Service{Address: net.IPv4(10, 96, 0, 10), Protocol: unix.IPPROTO_TCP, Port: uint16(80 + i),
-			SchedName: sched, AddressFamily: unix.AF_INET, Netmask: 0xffffffff}
-		if err := h.NewService(svc); err != nil {
-			t.Fatalf("add virtual server with scheduler %s: %v", sched, err)
+		svc := &ipvsnl.Service{Addr: netip.MustParseAddr("10.96.0.10"), Protocol: unix.IPPROTO_TCP, Port: uint16(80 + i),
+			Scheduler: sched, Family: unix.AF_INET, Netmask: 0xffffffff}
+		dst := &ipvsnl.Dest{Addr: netip.MustParseAddr("10.0.1.2"), Port: 8080, Weight: 1, FwdMethod: ipvsnl.Masquerade}
+		b := c.Batch()
+		b.NewService(svc)
+		b.NewDest(svc, dst)
+		errs, err := c.Send(t.Context(), b)
+		if err != nil {
+			t.Fatal(err)
 		}
-		dst := &ipvs.Destination{Address: net.IPv4(10, 0, 1, 2), Port: 8080, Weight: 1,
-			ConnectionFlags: ipvs.ConnectionFlagMasq, AddressFamily: unix.AF_INET}
-		if err := h.NewDestination(svc, dst); err != nil {
-			t.Fatalf("add real server: %v", err)
+		if errs[0] != nil {
+			t.Fatalf("add virtual server with scheduler %s: %v", sched, errs[0])
+		}
+		if errs[1] != nil {
+			t.Fatalf("add real server: %v", errs[1])
 		}
 	}
 	out := n.Exec(t, "ipvsadm", "-Sn")

@@ -3,7 +3,7 @@
 // Command vmrun runs the module's vm-tagged tests in a qemu guest booting
 // Debian's cloud kernel (see docs/vm-tests.md). `make test-vm` calls it.
 //
-//	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 30m] [-shell] [-- test flags]
+//	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 30m] [-shell] [-output file] [-- test flags]
 //
 // Arguments after the flags go to every test binary (-run X, -count 2, ...);
 // without any, the environment variable VMTEST_FLAGS gives them, split at
@@ -40,6 +40,7 @@ func run() int {
 	flag.IntVar(&c.MemoryMB, "mem", 2048, "guest memory in MiB")
 	flag.BoolVar(&c.Shell, "shell", false, "start a shell in the guest after the tests (interactive)")
 	flag.BoolVar(&c.Keep, "keep", false, "keep the run directory (binaries, initramfs, results.log) even when the run passed")
+	flag.StringVar(&c.Output, "output", "", "copy the tests' output (without kernel messages; benchmark lines included) to this file")
 	quiet := flag.Bool("q", false, "do not stream the guest console")
 	flag.Parse()
 	c.Patterns = strings.Fields(*pkgs)
