@@ -41,7 +41,11 @@
 // service's health check beside the proxier), over each family and
 // protocol, and expects Reach (with Masqueraded,
 // Preserved, Spread, Sticky or Shares), Refused (an ICMP port unreachable,
-// for TCP too) or Dropped.
+// for TCP too) or Dropped. Every ask is a new flow: a TCP ask's source port
+// is the kernel's, and the UDP and SCTP asks of each host take ports
+// 61000-65535 in turn (above the ephemeral ports), so that no ask meets a
+// conntrack entry an earlier one left, with an earlier stage's translation.
+// A backend under test must not listen there on the hosts that ask.
 //
 // # Running it on a backend
 //
