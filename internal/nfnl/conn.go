@@ -12,6 +12,8 @@ import (
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nlsock"
 )
 
 // Options configure a Conn.
@@ -42,50 +44,11 @@ type Conn struct {
 // Open opens a Conn. It needs CAP_NET_ADMIN in the target namespace to
 // change or read the ruleset.
 func Open(o Options) (*Conn, error) {
-	ns := o.NetNS
-	if ns < 0 {
-		ns = 0
-	}
-	s, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, "nfnl", &socket.Config{NetNS: ns})
+	s, err := nlsock.Open(unix.NETLINK_NETFILTER, "nfnl", o.NetNS, o.ReceiveBuffer)
 	if err != nil {
-		return nil, fmt.Errorf("nfnl: open netlink socket: %w", err)
+		return nil, fmt.Errorf("nfnl: %w", err)
 	}
-	c := &Conn{s: s, seq: 1, rbuf: make([]byte, 1<<20)}
-	if err := c.setup(o); err != nil {
-		_ = s.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
-func (c *Conn) setup(o Options) error {
-	if err := c.s.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("nfnl: bind netlink socket: %w", err)
-	}
-	// Errors carry only the failed message's header, not its payload, and
-	// the kernel's explanation when it has one.
-	for _, opt := range []int{unix.NETLINK_CAP_ACK, unix.NETLINK_EXT_ACK} {
-		if err := c.s.SetsockoptInt(unix.SOL_NETLINK, opt, 1); err != nil {
-			return fmt.Errorf("nfnl: set netlink socket option %d: %w", opt, err)
-		}
-	}
-	rcv := o.ReceiveBuffer
-	if rcv <= 0 {
-		rcv = 8 << 20
-	}
-	return c.setBuffer(unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, rcv)
-}
-
-// setBuffer sets a socket buffer size beyond the system limit when allowed
-// (CAP_NET_ADMIN), else as far as the limit goes.
-func (c *Conn) setBuffer(force, plain, size int) error {
-	if err := c.s.SetsockoptInt(unix.SOL_SOCKET, force, size); err == nil {
-		return nil
-	}
-	if err := c.s.SetsockoptInt(unix.SOL_SOCKET, plain, size); err != nil {
-		return fmt.Errorf("nfnl: set socket buffer to %d bytes: %w", size, err)
-	}
-	return nil
+	return &Conn{s: s, seq: 1, rbuf: make([]byte, 1<<20)}, nil
 }
 
 // Close closes the socket.
@@ -213,7 +176,7 @@ func (c *Conn) send(ctx context.Context, bufs ...[]byte) error {
 		n += len(p)
 	}
 	if need := n + 64<<10; need > c.sndbuf {
-		if err := c.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
+		if err := nlsock.SetBuffer(c.s, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
 			return err
 		}
 		c.sndbuf = need

@@ -13,6 +13,8 @@ import (
 
 	"github.com/mdlayher/socket"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nlsock"
 )
 
 // Errors. A message's own failure is an *Error; these are the socket's.
@@ -96,52 +98,19 @@ func (c *Conn) Stats() Stats {
 // Open opens a netlink socket of protocol proto (unix.NETLINK_ROUTE,
 // unix.NETLINK_GENERIC, ...).
 func Open(proto int, o Options) (*Conn, error) {
-	ns := max(o.NetNS, 0)
-	s, err := socket.Socket(unix.AF_NETLINK, unix.SOCK_RAW, proto, "netlink", &socket.Config{NetNS: ns})
+	s, err := nlsock.Open(proto, "netlink", o.NetNS, o.ReceiveBuffer)
 	if err != nil {
-		return nil, fmt.Errorf("open netlink socket: %w", err)
-	}
-	c := &Conn{s: s, seq: 1, rbuf: make([]byte, 64<<10), chunk: o.ChunkBytes}
-	if c.chunk <= 0 {
-		c.chunk = DefaultChunkBytes
-	}
-	if err := c.setup(o); err != nil {
-		_ = s.Close()
 		return nil, err
-	}
-	return c, nil
-}
-
-func (c *Conn) setup(o Options) error {
-	if err := c.s.Bind(&unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("bind netlink socket: %w", err)
-	}
-	for _, opt := range []int{unix.NETLINK_CAP_ACK, unix.NETLINK_EXT_ACK} {
-		if err := c.s.SetsockoptInt(unix.SOL_NETLINK, opt, 1); err != nil {
-			return fmt.Errorf("set netlink socket option %d: %w", opt, err)
-		}
 	}
 	// A dump of one link's addresses gets only them (rtnetlink's strict
 	// checks, Linux 4.20); older kernels send all, which Addresses
 	// filters.
-	_ = c.s.SetsockoptInt(unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
-	rcv := o.ReceiveBuffer
-	if rcv <= 0 {
-		rcv = 8 << 20
+	_ = s.SetsockoptInt(unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
+	c := &Conn{s: s, seq: 1, rbuf: make([]byte, 64<<10), chunk: o.ChunkBytes}
+	if c.chunk <= 0 {
+		c.chunk = DefaultChunkBytes
 	}
-	return c.setBuffer(unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, rcv)
-}
-
-// setBuffer sets a socket buffer size beyond the system limit when
-// allowed (CAP_NET_ADMIN), else as far as the limit goes.
-func (c *Conn) setBuffer(force, plain, size int) error {
-	if err := c.s.SetsockoptInt(unix.SOL_SOCKET, force, size); err == nil {
-		return nil
-	}
-	if err := c.s.SetsockoptInt(unix.SOL_SOCKET, plain, size); err != nil {
-		return fmt.Errorf("set socket buffer to %d bytes: %w", size, err)
-	}
-	return nil
+	return c, nil
 }
 
 // SyscallConn returns the socket's raw connection, for what a socket of
@@ -258,7 +227,7 @@ func (c *Conn) sendChunk(ctx context.Context, b *Batch, lo, hi int, errs []error
 // needed.
 func (c *Conn) send(ctx context.Context, p []byte, n int) error {
 	if need := len(p) + 64<<10; need > c.sndbuf {
-		if err := c.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
+		if err := nlsock.SetBuffer(c.s, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
 			return err
 		}
 		c.sndbuf = need
