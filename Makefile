@@ -168,7 +168,7 @@ bench: bench-ipvs
 .PHONY: bench-ebpf
 bench-ebpf: deps
 	$(GO) test -tags privileged -run '^$$' -bench 'ColdSync|SteadyMemory' -benchtime 3x -timeout 30m ./ebpf
-	$(GO) test -tags privileged -run '^$$' -bench 'OneEndpointChange' -benchtime 500x -timeout 30m ./ebpf
+	$(GO) test -tags privileged -run '^$$' -bench 'OneEndpointChange' -benchtime 2000x -timeout 30m ./ebpf
 	$(GO) test -tags privileged -run '^$$' -bench 'DataPath' -benchtime 1x -timeout 30m ./ebpf
 bench: bench-ebpf
 

@@ -48,7 +48,7 @@ func (c *content) add(pp *portPlan) {
 }
 
 func (c *content) addSet(s *setPlan) {
-	c.sets[s.id] = setVal{Count: uint32(len(s.slots)), Timeout: s.timeout}
+	c.sets[s.id] = s.value()
 	c.names[s.id] = newName(s.name)
 	for i, e := range s.slots {
 		c.slots[slotKey{s.id, uint32(i)}] = e
@@ -148,40 +148,100 @@ func diffMap[K comparable, V comparable](from, to map[K]V, o *ops[K, V], gone *[
 	}
 }
 
-// diffPlans returns the writes that turn a port's entries from old into
-// next (either may be nil).
-func diffPlans(old, next *portPlan) *delta {
-	from, to := newContent(), newContent()
+// diffPlans adds to d the writes that turn a port's entries from old into
+// next (either may be nil): what diffContent gives for the two ports'
+// contents, found set by set (slots compared by index), without building
+// them, for a change costs what changed.
+func diffPlans(d *delta, old, next *portPlan) {
+	var from, to map[feKey]feVal
+	var olds, nexts [2]*setPlan
 	if old != nil {
-		from.add(old)
+		from, olds = old.frontends, old.sets
 	}
 	if next != nil {
-		to.add(next)
+		to, nexts = next.frontends, next.sets
 	}
-	return diffContent(from, to)
-}
-
-// merge appends o's writes to d's.
-func (d *delta) merge(o *delta) {
-	d.memberGone = append(d.memberGone, o.memberGone...)
-	mergeOps(&d.members, &o.members)
-	mergeOps(&d.slots, &o.slots)
-	mergeOps(&d.sets, &o.sets)
-	mergeOps(&d.names, &o.names)
-	mergeOps(&d.fe, &o.fe)
-	d.setGone = append(d.setGone, o.setGone...)
-	d.slotGone = append(d.slotGone, o.slotGone...)
-	d.memberDrop = append(d.memberDrop, o.memberDrop...)
-	if o.cfg != nil {
-		d.cfg = o.cfg
+	diffMap(from, to, &d.fe, &d.fe.del)
+	for _, n := range nexts {
+		if n != nil {
+			diffSet(d, setByID(olds, n.id), n)
+		}
+	}
+	for _, o := range olds {
+		if o != nil && setByID(nexts, o.id) == nil {
+			diffSet(d, o, nil)
+		}
 	}
 }
 
-func mergeOps[K comparable, V any](d, o *ops[K, V]) {
-	for k, v := range o.put {
-		d.set(k, v)
+func setByID(sets [2]*setPlan, id uint32) *setPlan {
+	for _, s := range sets {
+		if s != nil && s.id == id {
+			return s
+		}
 	}
-	d.del = append(d.del, o.del...)
+	return nil
+}
+
+// diffSet records the writes that turn set o into set n, which has the
+// same id (o nil: the set is new; n nil: it goes).
+func diffSet(d *delta, o, n *setPlan) {
+	if n == nil {
+		d.setGone = append(d.setGone, o.id)
+		d.names.del = append(d.names.del, o.id)
+		for i := range o.slots {
+			d.slotGone = append(d.slotGone, slotKey{o.id, uint32(i)})
+		}
+		for e := range o.memberSet() {
+			d.memberDrop = append(d.memberDrop, memberKey{Set: o.id, endpoint: e})
+		}
+		return
+	}
+	var was []endpoint
+	if o == nil || o.value() != n.value() {
+		d.sets.set(n.id, n.value())
+	}
+	if o == nil || (o.name != n.name && newName(o.name) != newName(n.name)) {
+		d.names.set(n.id, newName(n.name))
+	}
+	if o != nil {
+		was = o.slots
+	}
+	for i, e := range n.slots {
+		if i >= len(was) || was[i] != e {
+			d.slots.set(slotKey{n.id, uint32(i)}, e)
+		}
+	}
+	for i := len(n.slots); i < len(was); i++ {
+		d.slotGone = append(d.slotGone, slotKey{n.id, uint32(i)})
+	}
+	in, out := n.memberSet(), o.memberSet()
+	for e := range in {
+		if !out[e] {
+			d.members.set(memberKey{Set: n.id, endpoint: e}, 1)
+		}
+	}
+	for e := range out {
+		if !in[e] {
+			d.memberGone = append(d.memberGone, memberKey{Set: n.id, endpoint: e})
+		}
+	}
+}
+
+// value is the set's entry in kp_sets.
+func (s *setPlan) value() setVal { return setVal{Count: uint32(len(s.slots)), Timeout: s.timeout} }
+
+// memberSet returns the endpoints kp_members lists for the set: none
+// unless it keeps affinity (nil set: none).
+func (s *setPlan) memberSet() map[endpoint]bool {
+	if s == nil || !s.members {
+		return nil
+	}
+	m := make(map[endpoint]bool, len(s.slots))
+	for _, e := range s.slots {
+		m[e] = true
+	}
+	return m
 }
 
 // sink receives a delta's writes: the maps, or a content standing in for

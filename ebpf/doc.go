@@ -105,7 +105,12 @@
 // (servicelb.Diff), each change ordered so that a lookup never meets half
 // of it: an endpoint's membership before its slots, slots before the count
 // that reaches them and after the count that no longer does, a set before
-// a frontend that names it, a frontend before the set it left.
+// a frontend that names it, a frontend before the set it left. The
+// writes are found port by port, from the port's plans before and after
+// (slots compared by index), without building the maps' content; they
+// are exactly what differs between the whole contents (a test checks it
+// on random walks), so a frontend one port gives up and another takes as
+// it was is not written at all.
 //
 // One endpoint added to a set is two map writes (its slot, then the
 // set's count), one removed two or three (the endpoint in the last slot

@@ -178,7 +178,10 @@ func put[K comparable, V any](m mapWriter, entries map[K]V) error {
 	}
 	keys := slices.Collect(maps.Keys(entries))
 	if len(keys) == 1 {
-		if err := m.Put(keys[0], entries[keys[0]]); err != nil {
+		// Pointers: cilium/ebpf passes their memory as it is, where a
+		// value would be encoded by reflection.
+		k, v := keys[0], entries[keys[0]]
+		if err := m.Put(&k, &v); err != nil {
 			return fmt.Errorf("write map %s: %w", m.String(), err)
 		}
 		return nil
@@ -200,7 +203,7 @@ func put[K comparable, V any](m mapWriter, entries map[K]V) error {
 // del deletes entries; one already gone is no error.
 func del[K comparable](m mapWriter, keys []K) error {
 	if len(keys) == 1 {
-		if err := m.Delete(keys[0]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(&keys[0]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from map %s: %w", m.String(), err)
 		}
 		return nil

@@ -196,6 +196,7 @@ func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb
 	s := &step{d: &delta{}, ports: map[servicelb.ServicePortKey]*portPlan{}, byNamespace: node.PodsByNamespace()}
 	m.ids.track()
 	var errs []error
+	var given map[feKey]feVal // frontends ports give up, and what they held
 	change := func(old *portPlan, sp *servicelb.ServicePort, key servicelb.ServicePortKey) {
 		var next *portPlan
 		if sp != nil {
@@ -210,7 +211,17 @@ func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb
 			}
 		}
 		s.freed = append(s.freed, goneSets(old, next)...)
-		s.d.merge(diffPlans(old, next))
+		if old != nil {
+			for k, v := range old.frontends {
+				if _, kept := next.frontend(k); !kept {
+					if given == nil {
+						given = map[feKey]feVal{}
+					}
+					given[k] = v
+				}
+			}
+		}
+		diffPlans(s.d, old, next)
 		s.ports[key] = next
 	}
 	for _, sp := range ch.Removed {
@@ -233,8 +244,14 @@ func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb
 		return nil, err
 	}
 	// A frontend one port gives up and another takes is written, not
-	// deleted.
-	s.d.fe.del = slices.DeleteFunc(s.d.fe.del, func(k feKey) bool { _, ok := s.d.fe.put[k]; return ok })
+	// deleted; not even written when it stays as it was.
+	s.d.fe.del = slices.DeleteFunc(s.d.fe.del, func(k feKey) bool {
+		v, ok := s.d.fe.put[k]
+		if ok && v == given[k] {
+			delete(s.d.fe.put, k)
+		}
+		return ok
+	})
 	return s, nil
 }
 

@@ -136,12 +136,12 @@ func gcd(a, b int) int {
 // in the order given) in slots, moving as few as it can from old: an
 // endpoint keeps the slots it has, new ones fill the slots of endpoints
 // that went, then the slots after the last; when the set shrinks, the
-// endpoints in the slots past its new end move into the gaps.
+// endpoints in the slots past its new end move into the gaps. It uses
+// want up.
 func relayout(old []endpoint, order []endpoint, want map[endpoint]int) []endpoint {
-	keep := make(map[endpoint]int, len(want))
+	keep := want
 	total := 0
-	for e, n := range want {
-		keep[e] = n
+	for _, n := range want {
 		total += n
 	}
 	next := make([]endpoint, max(len(old), total))
@@ -290,6 +290,15 @@ func planSet(sp *servicelb.ServicePort, r role, bs []servicelb.Backend, prev *se
 	}
 	s.slots = relayout(oldSlots, order, want)
 	return s, nil
+}
+
+// frontend returns a frontend's entry in the plan (nil: none).
+func (pp *portPlan) frontend(k feKey) (feVal, bool) {
+	if pp == nil {
+		return feVal{}, false
+	}
+	v, ok := pp.frontends[k]
+	return v, ok
 }
 
 // setIDs returns the ids of a plan's sets.

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -261,6 +262,7 @@ func walkPlans(t *testing.T, walk []*servicelb.State, caps *servicelb.Capabiliti
 	kernel := m.content(7)
 	for i := 1; i < len(walk); i++ {
 		ch := servicelb.Diff(walk[i-1], walk[i])
+		before := m.content(7)
 		s, err := m.plan(walk[i], &ch, caps)
 		require.NoError(t, err, "step %d", i)
 		require.NoError(t, s.d.run(kernel, func() {
@@ -272,9 +274,35 @@ func walkPlans(t *testing.T, walk []*servicelb.State, caps *servicelb.Capabiliti
 		require.Equal(t, canon(t, fresh.content(7)), canon(t, kernel), "step %d: incremental differs from fresh", i)
 		require.Equal(t, m.content(7), kernel, "step %d: the model differs from the maps", i)
 		require.Equal(t, slices.Sorted(maps.Keys(m.ids.used)), setIDsOf(kernel), "step %d: ids in use", i)
+		require.Equal(t, sorted(diffContent(before, m.content(7))), sorted(s.d), "step %d: the writes are not what changed", i)
 		text := formatContent(m.content(0), &hookContent{}, m.annotations())
 		require.Contains(t, text, fmt.Sprintf("map %s: %d entries", mapFrontends, len(kernel.fe)), "step %d: render", i)
 	}
+}
+
+// sorted returns d with its lists of keys sorted (and empty ones nil),
+// for comparing deltas made in different orders.
+func sorted(d *delta) delta {
+	out := *d
+	sortKeys(&out.memberGone)
+	sortKeys(&out.members.del)
+	sortKeys(&out.slots.del)
+	sortKeys(&out.sets.del)
+	sortKeys(&out.names.del)
+	sortKeys(&out.fe.del)
+	sortKeys(&out.setGone)
+	sortKeys(&out.slotGone)
+	sortKeys(&out.memberDrop)
+	return out
+}
+
+func sortKeys[K any](keys *[]K) {
+	if len(*keys) == 0 {
+		*keys = nil
+		return
+	}
+	*keys = slices.Clone(*keys)
+	slices.SortFunc(*keys, func(a, b K) int { return strings.Compare(fmt.Sprintf("%#v", a), fmt.Sprintf("%#v", b)) })
 }
 
 func setIDsOf(c *content) []uint32 { return slices.Sorted(maps.Keys(c.sets)) }

@@ -51,11 +51,15 @@ func (c *Changes) Len() int { return len(c.Added) + len(c.Removed) + len(c.Chang
 // of services that changed are compared in full.
 func Diff(from, to *State) Changes {
 	var c Changes
-	if from == nil {
+	switch {
+	case from == nil:
 		from = &State{}
 		c.NodeChanged = true
-	} else if !reflect.DeepEqual(from.node, to.node) {
-		c.NodeChanged = true
+	case from.svcs.sameBase(&to.svcs):
+		// One Builder's States with no SetNode between them (which
+		// starts a new base): the same node.
+	default:
+		c.NodeChanged = !reflect.DeepEqual(from.node, to.node)
 	}
 	service := func(oe, ne *entry) {
 		switch {

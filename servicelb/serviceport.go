@@ -18,7 +18,7 @@ type ServicePortKey struct {
 // String formats the key as "service:port/family", such as
 // "default/web:http/ipv4".
 func (k ServicePortKey) String() string {
-	return fmt.Sprintf("%s:%s/%s", k.Service, k.Port, k.Family)
+	return k.Service + ":" + k.Port + "/" + k.Family.String()
 }
 
 // Compare orders keys by service, port and family.
