@@ -39,7 +39,9 @@ func newContent() *content {
 
 // add adds a port's entries.
 func (c *content) add(pp *portPlan) {
-	maps.Copy(c.fe, pp.frontends)
+	for _, f := range pp.frontends {
+		c.fe[f.key] = f.val
+	}
 	for _, s := range pp.sets {
 		if s != nil {
 			c.addSet(s)
@@ -153,15 +155,23 @@ func diffMap[K comparable, V comparable](from, to map[K]V, o *ops[K, V], gone *[
 // contents, found set by set (slots compared by index), without building
 // them, for a change costs what changed.
 func diffPlans(d *delta, old, next *portPlan) {
-	var from, to map[feKey]feVal
 	var olds, nexts [2]*setPlan
 	if old != nil {
-		from, olds = old.frontends, old.sets
+		olds = old.sets
+		for _, f := range old.frontends {
+			if next.index(f.key) < 0 {
+				d.fe.del = append(d.fe.del, f.key)
+			}
+		}
 	}
 	if next != nil {
-		to, nexts = next.frontends, next.sets
+		nexts = next.sets
+		for _, f := range next.frontends {
+			if v, ok := old.frontend(f.key); !ok || v != f.val {
+				d.fe.set(f.key, f.val)
+			}
+		}
 	}
-	diffMap(from, to, &d.fe, &d.fe.del)
 	for _, n := range nexts {
 		if n != nil {
 			diffSet(d, setByID(olds, n.id), n)

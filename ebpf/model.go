@@ -68,11 +68,11 @@ func (m *model) usesSet(id uint32) bool {
 func (m *model) checkFrontends() error {
 	seen := map[feKey]servicelb.ServicePortKey{}
 	for k, pp := range m.ports {
-		for fe := range pp.frontends {
-			if o, ok := seen[fe]; ok {
-				return fmt.Errorf("frontend %s held by both %s and %s", fe, o, k)
+		for _, fe := range pp.frontends {
+			if o, ok := seen[fe.key]; ok {
+				return fmt.Errorf("frontend %s held by both %s and %s", fe.key, o, k)
 			}
-			seen[fe] = k
+			seen[fe.key] = k
 		}
 	}
 	return nil
@@ -92,8 +92,8 @@ func (m *model) content(cookie uint64) *content {
 func (m *model) annotations() map[feKey]string {
 	out := map[feKey]string{}
 	for k, pp := range m.ports {
-		for fe := range pp.frontends {
-			out[fe] = fmt.Sprintf("%s %s", k, pp.kinds[fe])
+		for _, fe := range pp.frontends {
+			out[fe.key] = fmt.Sprintf("%s %s", k, fe.kind)
 		}
 	}
 	return out
@@ -212,12 +212,12 @@ func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb
 		}
 		s.freed = append(s.freed, goneSets(old, next)...)
 		if old != nil {
-			for k, v := range old.frontends {
-				if _, kept := next.frontend(k); !kept {
+			for _, f := range old.frontends {
+				if next.index(f.key) < 0 {
 					if given == nil {
 						given = map[feKey]feVal{}
 					}
-					given[k] = v
+					given[f.key] = f.val
 				}
 			}
 		}

@@ -183,10 +183,18 @@ type setPlan struct {
 
 // portPlan is what one service port holds in the maps.
 type portPlan struct {
-	frontends map[feKey]feVal
-	// kinds name each frontend's kind, for Render.
-	kinds map[feKey]servicelb.FrontendKind
-	sets  [2]*setPlan
+	// frontends lists the port's frontends, each once: a port has few,
+	// and a slice of them takes a tenth of the memory of a map.
+	frontends []frontendEntry
+	sets      [2]*setPlan
+}
+
+// frontendEntry is a frontend of a port: its key and value in
+// kp_frontends, and its kind, for Render.
+type frontendEntry struct {
+	key  feKey
+	val  feVal
+	kind servicelb.FrontendKind
 }
 
 // ids hands out set ids: the lowest free one from 1.
@@ -237,7 +245,7 @@ func setName(k servicelb.ServicePortKey, r role) string { return k.String() + " 
 // restarted process found in the kernel); new sets take ids from a.
 func planPort(sp *servicelb.ServicePort, byNamespace bool, old *portPlan, a *ids) (*portPlan, error) {
 	fes, used := planFrontends(sp, byNamespace)
-	pp := &portPlan{frontends: make(map[feKey]feVal, len(fes)), kinds: make(map[feKey]servicelb.FrontendKind, len(fes))}
+	pp := &portPlan{frontends: make([]frontendEntry, 0, len(fes))}
 	for r, bs := range [2][]servicelb.Backend{sp.Cluster, sp.Local} {
 		if !used[r] {
 			continue
@@ -260,8 +268,12 @@ func planPort(sp *servicelb.ServicePort, byNamespace bool, old *portPlan, a *ids
 		if f.podAct == actForward {
 			v.PodSet = pp.sets[f.podRol].id
 		}
-		pp.frontends[f.key] = v
-		pp.kinds[f.key] = f.kind
+		e := frontendEntry{key: f.key, val: v, kind: f.kind}
+		if i := pp.index(f.key); i >= 0 {
+			pp.frontends[i] = e // servicelb lists each frontend once: a guard
+		} else {
+			pp.frontends = append(pp.frontends, e)
+		}
 	}
 	return pp, nil
 }
@@ -292,13 +304,25 @@ func planSet(sp *servicelb.ServicePort, r role, bs []servicelb.Backend, prev *se
 	return s, nil
 }
 
-// frontend returns a frontend's entry in the plan (nil: none).
+// frontend returns a frontend's entry in the plan (a nil plan has none).
 func (pp *portPlan) frontend(k feKey) (feVal, bool) {
-	if pp == nil {
-		return feVal{}, false
+	if i := pp.index(k); i >= 0 {
+		return pp.frontends[i].val, true
 	}
-	v, ok := pp.frontends[k]
-	return v, ok
+	return feVal{}, false
+}
+
+// index returns where the plan lists a frontend, or -1.
+func (pp *portPlan) index(k feKey) int {
+	if pp == nil {
+		return -1
+	}
+	for i, f := range pp.frontends {
+		if f.key == k {
+			return i
+		}
+	}
+	return -1
 }
 
 // setIDs returns the ids of a plan's sets.
