@@ -114,10 +114,21 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 	ports := m.sortedPorts()
 	// Each port's chains and rules, then its elements in the dispatch map
 	// and the firewall sets, which refer to its chains.
+	// The backends maps are written one after the other, at the end:
+	// they share one writer (and its buffer), which the ports never
+	// reach.
 	writers := map[setID]*elemWriter{}
 	for _, d := range defs {
-		writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
+		if d.id.kind() != kindBackends {
+			writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
+		}
 	}
+	backends := &elemWriter{b: b, table: p.table}
+	// The backends elements of a port are made in scratch, their bytes in
+	// arena: a buffer that is only appended to, never reused, since the
+	// writer holds the elements until it flushes; a full one is replaced.
+	var scratch []elem
+	var arena []byte
 	byShard := map[setID][]*portPlan{}
 	for _, pp := range ports {
 		var owner any = pp.sp.Key
@@ -142,10 +153,17 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 		w := writers[d.id]
 		switch d.id.kind() {
 		case kindBackends:
+			w = backends
+			w.set = d.set.Name
 			for _, pp := range byShard[d.id] {
 				for i := range pp.uses {
 					if pp.uses[i] && shardSet(pp.sp.Family, pp.slot[i]) == d.id {
-						w.add(pp.sp.Key, backendElems(pp.slot[i], targets(pp.sp, i), bucketCounts(targets(pp.sp, i)))...)
+						bs := targets(pp.sp, i)
+						if need := len(bs) * backendElemBytes; cap(arena)-len(arena) < need {
+							arena = make([]byte, 0, max(64<<10, need))
+						}
+						scratch, arena = appendBackendElems(scratch[:0], arena, pp.slot[i], bs, bucketCounts(bs))
+						w.add(pp.sp.Key, scratch...)
 					}
 				}
 			}

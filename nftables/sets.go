@@ -361,11 +361,20 @@ func hairpinElem(a netip.Addr) elem {
 // the kernel keeps apart from the next interval's start at the same key).
 // They come in ascending order, as the kernel accepts them.
 func backendElems(slot uint32, bs []servicelb.Backend, counts []uint32) []elem {
+	out, _ := appendBackendElems(make([]elem, 0, 2*len(bs)), make([]byte, 0, len(bs)*backendElemBytes), slot, bs, counts)
+	return out
+}
+
+// backendElemBytes bounds the bytes of one endpoint's two elements: two
+// keys, an address and a port.
+const backendElemBytes = 8 + 16 + 4
+
+// appendBackendElems appends backendElems' elements to out, their bytes
+// to buf (each range's start key, end key and data), and returns both.
+// The elements keep referring to buf's bytes: buf may be appended to
+// again, not overwritten, while they are in use.
+func appendBackendElems(out []elem, buf []byte, slot uint32, bs []servicelb.Backend, counts []uint32) ([]elem, []byte) {
 	base := slot * bucketStride
-	out := make([]elem, 0, 2*len(bs))
-	// The elements' bytes share one buffer: each range's start key, end
-	// key and data.
-	buf := make([]byte, 0, len(bs)*(8+addrLen(servicelb.FamilyOf(bs[0].Addr))+4))
 	lo := uint32(0)
 	for i, b := range bs {
 		end := lo + counts[i]
@@ -379,7 +388,7 @@ func backendElems(slot uint32, bs []servicelb.Backend, counts []uint32) []elem {
 			elem{key: buf[at+4 : at+8 : at+8], flags: nfnl.ElemIntervalEnd})
 		lo = end
 	}
-	return out
+	return out, buf
 }
 
 // rangeElems returns the two elements of one endpoint's range of a slot
