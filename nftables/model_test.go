@@ -79,6 +79,37 @@ func TestWriteAllocations(t *testing.T) {
 	assert.Less(t, allocs/n, 60.0, "allocations per port of 10 endpoints")
 }
 
+// TestWriteAllocatesLittleBeyondItsBatch: a cold write's garbage is a
+// small multiple of the batch it makes, whatever the number of backends
+// maps it fills: what it allocates past the batch raises the peak memory
+// of a cold sync.
+func TestWriteAllocatesLittleBeyondItsBatch(t *testing.T) {
+	b, err := servicelb.NewBuilder(testNode)
+	require.NoError(t, err)
+	const n = 2000
+	for i := range n {
+		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
+		for j := range 5 {
+			x := i*5 + j
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)})})
+		}
+		require.NoError(t, b.Upsert(s))
+	}
+	p := newPlanner("kproxy", DefaultAffinitySize)
+	m, err := p.build(b.State())
+	require.NoError(t, err)
+	var batch nfnl.Batch
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	require.NoError(t, p.write(m, &batch))
+	runtime.ReadMemStats(&after)
+	ratio := float64(after.TotalAlloc-before.TotalAlloc) / float64(batch.Size())
+	t.Logf("%d shards: %.2f bytes allocated per byte of batch", len(m.shards), ratio)
+	assert.Less(t, ratio, 5.0, "bytes allocated per byte of the batch")
+}
+
 // TestWriteSizesItsBatch: a cold sync grows its batch once, to about what
 // the table takes: no more than half again, which a large table would
 // hold in memory it never uses, and not less, which would copy it.
