@@ -214,8 +214,10 @@ bench-report:
 	cd bench && GOWORK=off $(GO) build -o $(BENCH_BIN)/ ./cmd/benchcompare
 	$(BENCH_BIN)/benchcompare -from bench/results/compare.json -out bench/results -readme README.md $(BENCH_IPVS_FLAG)
 
-# The same comparison at 100 x 5 with short bounds, as a smoke test.
+# The bench module's unit tests (its parsing and its report), and the same
+# comparison at 100 x 5 with short bounds, as a smoke test.
 test-bench-smoke: deps bench-compare-build
+	cd bench && GOWORK=off $(GO) test ./...
 	$(BENCH_BIN)/benchcompare -kproxy-driver $(BENCH_BIN)/kproxy-bench -kubeproxy-driver $(BENCH_BIN)/kubeproxy-driver \
 		-sizes 100x5 -bound 30s -changes 10 -change-budget 2s -services 3 -probes 100 -out $(BENCH_BIN)/smoke > /dev/null
 # The userspace backend's benchmarks: on loopback and through network

@@ -94,32 +94,13 @@ func dataPath(b *testing.B, n, m int) {
 }
 
 // probeBoth makes n connections through the services and n direct ones
-// from the client, in alternate rounds of 50, so that both meet the same
-// moments of a machine shared with other work.
+// from the client (benchwork.ConnectBoth).
 func probeBoth(tp *netnstest.Topology, vips, direct []string, n int) (through, routed benchwork.Latency, err error) {
-	const round = 50
-	var tt, rt []float64
-	var tf, rf int
-	err = tp.Client.Do(func() error {
-		for done := 0; done < n; done += round {
-			k := min(round, n-done)
-			t, f := benchwork.ConnectTimes(direct, k, 2*time.Second)
-			rt, rf = append(rt, t...), rf+f
-			t, f = benchwork.ConnectTimes(vips, k, 2*time.Second)
-			tt, tf = append(tt, t...), tf+f
-		}
-		return nil
+	err = tp.Client.Do(func() (err error) {
+		through, routed, err = benchwork.ConnectBoth(vips, direct, n, 2*time.Second)
+		return err
 	})
-	if err != nil {
-		return through, routed, err
-	}
-	if routed, err = benchwork.Percentiles(rt, rf); err != nil {
-		return through, routed, fmt.Errorf("direct: %w", err)
-	}
-	if through, err = benchwork.Percentiles(tt, tf); err != nil {
-		return through, routed, fmt.Errorf("through the services: %w", err)
-	}
-	return through, routed, nil
+	return through, routed, err
 }
 
 // parseSizes reads "NxM,..." sizes.

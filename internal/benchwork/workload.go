@@ -198,6 +198,31 @@ func Connect(targets []string, n int, timeout time.Duration) (Latency, error) {
 	return Percentiles(times, failed)
 }
 
+// ConnectBoth makes n connections through targets and n to direct (the
+// same path without the service) in alternate rounds of 50, so that both
+// meet the same moments of a machine shared with other work, and returns
+// the percentiles of each. It fails when either has no connection that
+// succeeded.
+func ConnectBoth(targets, direct []string, n int, timeout time.Duration) (through, routed Latency, err error) {
+	const round = 50
+	var tt, rt []float64
+	var tf, rf int
+	for done := 0; done < n; done += round {
+		k := min(round, n-done)
+		t, f := ConnectTimes(direct, k, timeout)
+		rt, rf = append(rt, t...), rf+f
+		t, f = ConnectTimes(targets, k, timeout)
+		tt, tf = append(tt, t...), tf+f
+	}
+	if routed, err = Percentiles(rt, rf); err != nil {
+		return through, routed, fmt.Errorf("direct: %w", err)
+	}
+	if through, err = Percentiles(tt, tf); err != nil {
+		return through, routed, fmt.Errorf("through the services: %w", err)
+	}
+	return through, routed, nil
+}
+
 // ConnectTimes opens n TCP connections, round robin over targets, and
 // returns the time of each that succeeded, in microseconds, and how many
 // failed. Each connection ends with a reset, which leaves no TIME_WAIT

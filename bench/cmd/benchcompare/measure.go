@@ -181,12 +181,15 @@ func (c config) dataPath(r *result, t *topo, vips, direct []string) error {
 			return err
 		}
 	}
-	n := strconv.Itoa(c.probes)
-	r.Connect, r.Direct = new(latency), new(latency)
-	if err := run(t.client, c.log, r.Direct, c.kproxy, "probe", "-n", n, "-targets", strings.Join(direct, ",")); err != nil {
+	// One probe connects through the services and directly in turn, so
+	// that the two meet the same moments of the machine.
+	var both struct{ Connect, Direct *latency }
+	if err := run(t.client, c.log, &both, c.kproxy, "probe", "-n", strconv.Itoa(c.probes),
+		"-targets", strings.Join(vips, ","), "-direct", strings.Join(direct, ",")); err != nil {
 		return err
 	}
-	return run(t.client, c.log, r.Connect, c.kproxy, "probe", "-n", n, "-targets", strings.Join(vips, ","))
+	r.Connect, r.Direct = both.Connect, both.Direct
+	return nil
 }
 
 // adopt is a new process over the full table the first one left: its

@@ -17,19 +17,30 @@ import (
 )
 
 // probe measures TCP connects to the targets (benchwork.Connect) and
-// prints their percentiles.
+// prints their percentiles; with -direct, connects to those too, in turn
+// with the targets' (benchwork.ConnectBoth), and prints both, as
+// {"connect": ..., "direct": ...}.
 func probe(args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ExitOnError)
 	targets := fs.String("targets", "", "comma-separated addr:port list")
-	n := fs.Int("n", 1000, "connections")
+	direct := fs.String("direct", "", "comma-separated addr:port list of the same path without the service")
+	n := fs.Int("n", 1000, "connections (to each list)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	lat, err := benchwork.Connect(strings.Split(*targets, ","), *n, 2*time.Second)
+	out := json.NewEncoder(os.Stdout)
+	if *direct == "" {
+		lat, err := benchwork.Connect(strings.Split(*targets, ","), *n, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		return out.Encode(lat)
+	}
+	through, routed, err := benchwork.ConnectBoth(strings.Split(*targets, ","), strings.Split(*direct, ","), *n, 2*time.Second)
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(lat)
+	return out.Encode(map[string]benchwork.Latency{"connect": through, "direct": routed})
 }
 
 // serve accepts TCP connections on addr and closes them, until signalled.

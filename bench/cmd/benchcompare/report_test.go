@@ -1,0 +1,33 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestFirstPacketOverDirect: the flatness of the first packet takes each
+// size's time through the services over the direct time of the same
+// probe, so that a machine busier during one size than the other moves
+// both alike.
+func TestFirstPacketOverDirect(t *testing.T) {
+	nft := proxier{"kproxy", "nftables"}
+	rep := &report{Results: []*result{
+		{Proxier: nft, N: 1000, M: 10, Connect: &latency{P50: 40, P99: 100, N: 1000}, Direct: &latency{P50: 50, P99: 110, N: 1000}},
+		// The machine was twice as slow: both paths doubled.
+		{Proxier: nft, N: 50000, M: 5, Connect: &latency{P50: 84, P99: 200, N: 1000}, Direct: &latency{P50: 100, P99: 220, N: 1000}},
+	}}
+	md := rep.markdown()
+	for _, want := range []string{
+		"kproxy nftables, 50k services against 1k: p50 2.10x, p99 2.00x; each over the direct path's in the same probe, p50 1.05x, p99 1.00x.",
+		"| nftables first packet p50 over the direct path's, 50k x 5 over 1k x 10 | at most 1.1 | 1.05 | yes |",
+		"| nftables first packet p99 over the direct path's, 50k x 5 over 1k x 10 | at most 1.1 | 1.00 | yes |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	rep.Results[1].Direct = nil
+	if md := rep.markdown(); !strings.Contains(md, "| nftables first packet p50 over the direct path's, 50k x 5 over 1k x 10 | at most 1.1 | not measured | - |") {
+		t.Errorf("a size without its direct time is measured:\n%s", md)
+	}
+}
