@@ -194,8 +194,14 @@ func (rep *report) dataPathMarkdown(b *strings.Builder) {
 			p99 := func(l *latency) float64 { return l.P99 }
 			g50, ok50 := flatGrowth(large.Connect, large.Direct, small.Connect, small.Direct, p50)
 			g99, ok99 := flatGrowth(large.Connect, large.Direct, small.Connect, small.Direct, p99)
-			if ok50 && ok99 {
+			switch {
+			case !ok50 || !ok99:
+			case be == "nftables":
 				fmt.Fprintf(b, "; each over the direct path's in the same probe, p50 %.2fx, p99 %.2fx", g50, g99)
+			default:
+				// A new flow to any address walks iptables' rules: its
+				// direct path grows with the services too.
+				fmt.Fprintf(b, "; its direct connects cross the same rules, and grew p50 %.2fx", large.Direct.P50/small.Direct.P50)
 			}
 			b.WriteString(".\n")
 		}

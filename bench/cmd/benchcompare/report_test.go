@@ -26,6 +26,15 @@ func TestFirstPacketOverDirect(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
+	// iptables' direct path crosses its rules: the raw ratio, and the
+	// direct path's growth.
+	ipt := proxier{"kproxy", "iptables"}
+	rep.Results = append(rep.Results,
+		&result{Proxier: ipt, N: 1000, M: 10, Connect: &latency{P50: 50, P99: 100, N: 1000}, Direct: &latency{P50: 60, P99: 120, N: 1000}},
+		&result{Proxier: ipt, N: 50000, M: 5, Connect: &latency{P50: 300, P99: 900, N: 1000}, Direct: &latency{P50: 1500, P99: 3000, N: 1000}})
+	if md := rep.markdown(); !strings.Contains(md, "kproxy iptables, 50k services against 1k: p50 6.00x, p99 9.00x; its direct connects cross the same rules, and grew p50 25.00x.") {
+		t.Errorf("iptables' first packet:\n%s", md)
+	}
 	rep.Results[1].Direct = nil
 	if md := rep.markdown(); !strings.Contains(md, "| nftables first packet p50 over the direct path's, 50k x 5 over 1k x 10 | at most 1.1 | not measured | - |") {
 		t.Errorf("a size without its direct time is measured:\n%s", md)
