@@ -211,17 +211,14 @@ func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb
 			}
 		}
 		s.freed = append(s.freed, goneSets(old, next)...)
-		if old != nil {
-			for _, f := range old.frontends {
-				if next.index(f.key) < 0 {
-					if given == nil {
-						given = map[feKey]feVal{}
-					}
-					given[f.key] = f.val
-				}
-			}
-		}
+		gone := len(s.d.fe.del)
 		diffPlans(s.d, old, next)
+		for _, k := range s.d.fe.del[gone:] {
+			if given == nil {
+				given = map[feKey]feVal{}
+			}
+			given[k], _ = old.frontend(k)
+		}
 		s.ports[key] = next
 	}
 	for _, sp := range ch.Removed {
