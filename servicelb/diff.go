@@ -47,8 +47,9 @@ func (c *Changes) Len() int { return len(c.Added) + len(c.Removed) + len(c.Chang
 // empty state on an unknown node. Services the two States share are skipped
 // by identity, and States taken one after another from one Builder (as a
 // Runner takes them) are compared by the services changed between them
-// alone, so Diff costs what changed, not what is there; only service ports
-// of services that changed are compared in full.
+// alone, and have the same node unless SetNode came between them, so Diff
+// costs what changed, not what is there; only service ports of services
+// that changed are compared in full.
 func Diff(from, to *State) Changes {
 	var c Changes
 	switch {
