@@ -15,23 +15,31 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// TestModelHoldsLittleBesideTheState: the model of a State holds a port as
-// its ServicePort and its slots, not its chains and elements, so that what
-// it keeps beside the State is a small part of what the State holds.
-func TestModelHoldsLittleBesideTheState(t *testing.T) {
+// scaleState returns a State of n services of one TCP port, each with
+// eps endpoints of its own.
+func scaleState(t *testing.T, n, eps int) *servicelb.State {
+	t.Helper()
 	b, err := servicelb.NewBuilder(testNode)
 	require.NoError(t, err)
-	const n = 2000
 	for i := range n {
 		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
-		for j := range 5 {
-			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(i >> 4), byte(i<<4 | j)})})
+		for j := range eps {
+			x := i*eps + j
+			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64 + byte(x>>16), byte(x >> 8), byte(x)})})
 		}
 		require.NoError(t, b.Upsert(s))
 	}
-	st := b.State()
+	return b.State()
+}
+
+// TestModelHoldsLittleBesideTheState: the model of a State holds a port as
+// its ServicePort and its slots, not its chains and elements, so that what
+// it keeps beside the State is a small part of what the State holds.
+func TestModelHoldsLittleBesideTheState(t *testing.T) {
+	const n = 2000
+	st := scaleState(t, n, 5)
 	heap := func() int64 {
 		runtime.GC()
 		runtime.GC()
@@ -54,20 +62,8 @@ func TestModelHoldsLittleBesideTheState(t *testing.T) {
 // with a few dozen allocations, its endpoints' elements included, not a
 // few for each element.
 func TestWriteAllocations(t *testing.T) {
-	b, err := servicelb.NewBuilder(testNode)
-	require.NoError(t, err)
 	const n = 500
-	for i := range n {
-		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
-			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
-			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
-		for j := range 10 {
-			x := i*10 + j
-			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)})})
-		}
-		require.NoError(t, b.Upsert(s))
-	}
-	st := b.State()
+	st := scaleState(t, n, 10)
 	p := newPlanner("kproxy", DefaultAffinitySize)
 	allocs := testing.AllocsPerRun(3, func() {
 		m, err := p.build(st)
@@ -84,21 +80,9 @@ func TestWriteAllocations(t *testing.T) {
 // maps it fills: what it allocates past the batch raises the peak memory
 // of a cold sync.
 func TestWriteAllocatesLittleBeyondItsBatch(t *testing.T) {
-	b, err := servicelb.NewBuilder(testNode)
-	require.NoError(t, err)
 	const n = 2000
-	for i := range n {
-		s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
-			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
-			Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
-		for j := range 5 {
-			x := i*5 + j
-			s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64, byte(x >> 8), byte(x)})})
-		}
-		require.NoError(t, b.Upsert(s))
-	}
 	p := newPlanner("kproxy", DefaultAffinitySize)
-	m, err := p.build(b.State())
+	m, err := p.build(scaleState(t, n, 5))
 	require.NoError(t, err)
 	var batch nfnl.Batch
 	var before, after runtime.MemStats
@@ -115,20 +99,8 @@ func TestWriteAllocatesLittleBeyondItsBatch(t *testing.T) {
 // hold in memory it never uses, and not less, which would copy it.
 func TestWriteSizesItsBatch(t *testing.T) {
 	for _, eps := range []int{5, 50} {
-		b, err := servicelb.NewBuilder(testNode)
-		require.NoError(t, err)
-		for i := range 500 {
-			s := servicelb.Service{Name: fmt.Sprintf("ns/svc%d", i),
-				ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
-				Ports:      []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}}}
-			for j := range eps {
-				x := i*eps + j
-				s.Endpoints = append(s.Endpoints, servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 64 + byte(x>>16), byte(x >> 8), byte(x)})})
-			}
-			require.NoError(t, b.Upsert(s))
-		}
 		p := newPlanner("kproxy", DefaultAffinitySize)
-		m, err := p.build(b.State())
+		m, err := p.build(scaleState(t, 500, eps))
 		require.NoError(t, err)
 		var batch nfnl.Batch
 		require.NoError(t, p.write(m, &batch))
