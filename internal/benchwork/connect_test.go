@@ -2,8 +2,12 @@ package benchwork
 
 import (
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestConnect(t *testing.T) {
@@ -61,4 +65,47 @@ func TestPercentiles(t *testing.T) {
 	if _, err := Percentiles(nil, 2); err == nil {
 		t.Error("no samples, no error")
 	}
+}
+
+// TestConnectBoth: n connections through the targets and n direct ones,
+// each side's percentiles apart; either side without a connection
+// fails, saying which.
+func TestConnectBoth(t *testing.T) {
+	listen := func() (addr string, accepted *atomic.Int64) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { ln.Close() })
+		accepted = new(atomic.Int64)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted.Add(1)
+				c.Close()
+			}
+		}()
+		return ln.Addr().String(), accepted
+	}
+	vip, vipConns := listen()
+	direct, directConns := listen()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := closed.Addr().String()
+	closed.Close()
+
+	// Half of the direct connections are refused: the two sides are
+	// told apart.
+	through, routed, err := ConnectBoth([]string{vip}, []string{direct, refused}, 120, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, Latency{P50: through.P50, P99: through.P99, N: 120}, through)
+	assert.Equal(t, Latency{P50: routed.P50, P99: routed.P99, N: 60, Failed: 60}, routed)
+	assert.Eventually(t, func() bool { return vipConns.Load() == 120 && directConns.Load() == 60 },
+		5*time.Second, 10*time.Millisecond, "each listener gets its own connections")
+
+	_, _, err = ConnectBoth([]string{vip}, []string{refused}, 3, time.Second)
+	assert.ErrorContains(t, err, "direct")
+	_, _, err = ConnectBoth([]string{refused}, []string{direct}, 3, time.Second)
+	assert.ErrorContains(t, err, "through the services")
 }
