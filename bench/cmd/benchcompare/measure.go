@@ -43,6 +43,10 @@ type result struct {
 	ElementFloor float64 // median element commit in the loaded namespace
 	ColdReplay   float64 // the cold sync's batches replayed in an empty namespace
 	ColdAgain    float64 // the cold sync made again, in an empty namespace
+	// One-endpoint changes made again over the same state in a namespace
+	// of their own (median), and their batches replayed over the same
+	// table in another (median).
+	ChangeAgain, ChangeReplay float64
 }
 
 type latency struct {
@@ -171,6 +175,12 @@ func (c config) first(r *result, t *topo, pr proxier, sz size, want string, vips
 			return fmt.Errorf("cold floor: %w", err)
 		}
 		r.ColdAgain, r.ColdReplay = fc.Sync, fc.Replay
+		if pr.Backend == "nftables" {
+			if err := p.ask(2*c.bound+2*c.changeBudget, &fc, "floor-change", strconv.Itoa(c.changes), budget); err != nil {
+				return fmt.Errorf("change floor: %w", err)
+			}
+			r.ChangeAgain, r.ChangeReplay = fc.Sync, fc.Replay
+		}
 	}
 	return nil
 }

@@ -157,8 +157,46 @@ func (rep *report) markdown() string {
 	}
 	rep.dataPathMarkdown(&b)
 	rep.ipvsMarkdown(&b)
+	rep.floorsMarkdown(&b)
 	rep.targetsMarkdown(&b)
 	return b.String()
+}
+
+// floorsMarkdown sets kproxy nftables' syncs beside the kernel's own cost
+// of committing what they send: the batches of a cold sync and of
+// one-endpoint changes, captured and replayed with bare netlink calls
+// over the same table, and one element added to and deleted from a small
+// set of a table of its own in the loaded namespace.
+func (rep *report) floorsMarkdown(b *strings.Builder) {
+	var rows strings.Builder
+	for _, sz := range rep.sizes() {
+		r := rep.find("kproxy", "nftables", sz)
+		if r == nil || r.ColdReplay == 0 {
+			continue
+		}
+		ms := func(v float64) string {
+			if v > 0 && v < 1 {
+				return fmt.Sprintf("%.0f µs", v*1000)
+			}
+			return ms(v)
+		}
+		over := func(x, y float64) string {
+			if x == 0 || y == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2fx", x/y)
+		}
+		fmt.Fprintf(&rows, "| %s | %s / %s, %s | %s / %s, %s | %s | %s |\n", sz,
+			ms(r.ColdAgain), ms(r.ColdReplay), over(r.ColdAgain, r.ColdReplay),
+			ms(r.ChangeAgain), ms(r.ChangeReplay), over(r.ChangeAgain, r.ChangeReplay),
+			ms(r.ElementFloor), over(median(r.Change), r.ElementFloor))
+	}
+	if rows.Len() == 0 {
+		return
+	}
+	b.WriteString("**The kernel's share** (kproxy nftables): each sync made again over the same state in a namespace of its own, over its batches replayed with bare netlink calls over the same table in another; and the cheapest element commit of the loaded namespace (one element added to and deleted from a small set of a table of its own), with the one endpoint change's median over it.\n\n| size | cold sync, made again / replayed | one endpoint change (median), made again / replayed | element commit | change over it |\n|---|---|---|---|---|\n")
+	b.WriteString(rows.String())
+	b.WriteString("\n")
 }
 
 func lat(l *latency) string {

@@ -40,3 +40,21 @@ func TestFirstPacketOverDirect(t *testing.T) {
 		t.Errorf("a size without its direct time is measured:\n%s", md)
 	}
 }
+
+// TestKernelShare: the report sets each kproxy nftables sync beside the
+// kernel's commit of its batches, replayed, and the change beside the
+// cheapest element commit.
+func TestKernelShare(t *testing.T) {
+	rep := &report{Results: []*result{{Proxier: proxier{"kproxy", "nftables"}, N: 1000, M: 10,
+		Cold: 60, Change: []float64{0.05, 0.06, 0.07}, ElementFloor: 0.015,
+		ColdAgain: 62, ColdReplay: 50, ChangeAgain: 0.056, ChangeReplay: 0.028}}}
+	md := rep.markdown()
+	want := "| 1k x 10 | 62 ms / 50 ms, 1.24x | 56 µs / 28 µs, 2.00x | 15 µs | 4.00x |"
+	if !strings.Contains(md, want) {
+		t.Errorf("report lacks %q:\n%s", want, md)
+	}
+	rep.Results[0].ColdReplay = 0
+	if md := rep.markdown(); strings.Contains(md, "The kernel's share") {
+		t.Errorf("a report without floors has their section:\n%s", md)
+	}
+}

@@ -73,7 +73,7 @@ func newDriver(backend string, n, m int) (*driver, error) {
 // do runs one command: sync; change K MS (up to K one-endpoint changes,
 // or fewer once MS milliseconds are spent, at least 3); service K MS (K
 // services added, then removed, one sync each); mem; floor-element K;
-// floor-cold; cpuprofile FILE (starts, or stops without FILE);
+// floor-change K MS; floor-cold; cpuprofile FILE (starts, or stops without FILE);
 // heapprofile FILE.
 func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	arg := func(i, def int) int {
@@ -110,6 +110,8 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	case "floor-element":
 		ms, err := elementFloor(ctx, arg(1, 100))
 		return map[string]any{"ms": ms}, err
+	case "floor-change":
+		return d.changeFloor(ctx, arg(1, 100), arg(2, 30000))
 	case "floor-cold":
 		return d.coldFloor(ctx)
 	case "cpuprofile":
@@ -147,14 +149,21 @@ func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) erro
 // changeSamples replaces one endpoint of one service per sync.
 func (d *driver) changeSamples(ctx context.Context, k, ms int) ([]float64, error) {
 	return benchwork.Budget(k, ms, func(int) (time.Duration, error) {
-		i, j := benchwork.ChangeTarget(d.changes, d.n, d.m)
-		w := d.svcs[i]
-		w.Endpoints = slices.Clone(w.Endpoints)
-		w.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, d.changes)
+		w := d.changed(d.svcs, d.changes)
 		d.changes++
-		d.svcs[i] = w
 		return d.apply(ctx, func(b *servicelb.Builder) error { return b.Upsert(benchlb.Service(w)) })
 	})
+}
+
+// changed makes the k-th one-endpoint change in svcs and returns the
+// service it changed.
+func (d *driver) changed(svcs []benchwork.Service, k int) benchwork.Service {
+	i, j := benchwork.ChangeTarget(k, d.n, d.m)
+	w := svcs[i]
+	w.Endpoints = slices.Clone(w.Endpoints)
+	w.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, k)
+	svcs[i] = w
+	return w
 }
 
 // serviceSamples adds k services one sync each, then deletes them.
@@ -221,6 +230,73 @@ func median(s []float64) float64 {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// changeFloor measures the kernel's own cost of the one-endpoint changes
+// the proxier makes: in a new namespace, a new proxier syncs the current
+// state and then k changes like those of changeSamples (from a copy: the
+// driver's own state stays), keeping the batch of each; another new
+// namespace commits the same cold batches and then replays the changes'
+// batches, each timed alone. Like changeSamples it makes up to k changes,
+// or fewer once ms milliseconds are spent (at least 3). It returns the median time of the changes'
+// syncs and of their replays: what a change costs over what its commit
+// costs the kernel.
+func (d *driver) changeFloor(ctx context.Context, k, ms int) (map[string]any, error) {
+	var cold [][]byte
+	var changes [][][]byte
+	var syncs []float64
+	err := inNewNS(func(ns netns.NsHandle) error {
+		p, err := newProxier(d.backend, ns)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		frames := &cold
+		tctx := nfnl.WithTap(ctx, func(f []byte) { *frames = append(*frames, slices.Clone(f)) })
+		if err := p.Sync(tctx, d.st); err != nil {
+			return err
+		}
+		b, svcs := d.st.Edit(), slices.Clone(d.svcs)
+		syncs, err = benchwork.Budget(k, ms, func(i int) (time.Duration, error) {
+			if err := b.Upsert(benchlb.Service(d.changed(svcs, d.changes+i))); err != nil {
+				return 0, err
+			}
+			st := b.State()
+			changes = append(changes, nil)
+			frames = &changes[i]
+			t0 := time.Now()
+			err := p.Sync(tctx, st)
+			return time.Since(t0), err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	replays := make([]float64, len(changes))
+	err = inNewNS(func(netns.NsHandle) error {
+		conn, err := nfnl.Open(nfnl.Options{})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		for _, f := range cold {
+			if err := conn.Replay(ctx, f); err != nil {
+				return err
+			}
+		}
+		for i, fs := range changes {
+			t0 := time.Now()
+			for _, f := range fs {
+				if err := conn.Replay(ctx, f); err != nil {
+					return fmt.Errorf("change %d: %w", i, err)
+				}
+			}
+			replays[i] = msSince(t0)
+		}
+		return nil
+	})
+	return map[string]any{"sync_ms": median(syncs), "replay_ms": median(replays)}, err
 }
 
 // coldFloor makes the same cold sync again, in a new empty namespace,
