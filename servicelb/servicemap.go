@@ -1,6 +1,9 @@
 package servicelb
 
-import "maps"
+import (
+	"maps"
+	"slices"
+)
 
 // serviceMap is the services of a State or Builder by name: a base map and
 // an overlay of the changes made since the base was last shared with a
@@ -8,12 +11,25 @@ import "maps"
 // from one Builder share their base until the overlay grows past about
 // twice the square root of the number of services; so a change costs a
 // copy of the overlay at most once per snapshot instead of a copy of every
-// service, and Diff of two States on one base reads only their overlays.
+// service, and Diff of two States on one base reads only their overlays, or
+// only the names set between them when one journal holds both.
 type serviceMap struct {
 	base *baseMap
 	over map[string]*entry
 	n    int
+	// names are the services set, in order, since journal began (when the
+	// writer first shared its base): each later map of the same writer
+	// extends them, so two maps with one journal differ by the names
+	// past the shorter's. The writer appends to its own copy of the
+	// slice, past the length of every copy a State took, so a State's
+	// names never change.
+	journal *journal
+	names   []string
 }
+
+// journal identifies one writer's run of names; it is not empty, so that
+// two journals never share an address.
+type journal struct{ _ byte }
 
 // baseMap is a pointer so that two serviceMaps can tell that they share it.
 type baseMap struct{ m map[string]*entry }
@@ -50,8 +66,19 @@ func (s *serviceMap) sameBase(t *serviceMap) bool {
 }
 
 // changedNames returns the names whose entries may differ between s and t,
-// which share a base: those in either overlay.
+// which share a base, each once: those set between them when one journal
+// holds both, else those in either overlay.
 func (s *serviceMap) changedNames(t *serviceMap) []string {
+	if s.journal != nil && s.journal == t.journal {
+		names := t.names[min(len(s.names), len(t.names)):]
+		if len(s.names) > len(t.names) {
+			names = s.names[len(t.names):]
+		}
+		if len(names) > 1 {
+			names = slices.Compact(slices.Sorted(slices.Values(names)))
+		}
+		return names
+	}
 	names := make([]string, 0, len(s.over)+len(t.over))
 	for name := range s.over {
 		names = append(names, name)
@@ -78,8 +105,22 @@ func newMapWriter() mapWriter {
 }
 
 // share marks the map as held by a State: later writes copy before they
-// change anything the State can see.
-func (w *mapWriter) share() { w.baseShared, w.overShared = true, true }
+// change anything the State can see. The first share of a base begins
+// its journal.
+func (w *mapWriter) share() {
+	if w.journal == nil {
+		w.journal, w.names = &journal{}, nil
+	}
+	w.baseShared, w.overShared = true, true
+}
+
+// fork makes w a writer of its own over a map a State holds: its journal
+// goes its own way from there (the State's writer may still extend the
+// one they share).
+func (w *mapWriter) fork() {
+	w.journal, w.names = nil, nil
+	w.share()
+}
 
 // set adds or replaces, or with a nil e deletes, the named service.
 func (w *mapWriter) set(name string, e *entry) {
@@ -112,6 +153,15 @@ func (w *mapWriter) set(name string, e *entry) {
 	}
 	if len(w.over) > overlayLimit(w.n) {
 		w.compact()
+		return
+	}
+	if w.journal != nil {
+		if len(w.names) >= journalLimit(w.n) {
+			// Bounded like the overlay: a new journal, which Diff
+			// does not read across.
+			w.journal, w.names = &journal{}, nil
+		}
+		w.names = append(w.names, name)
 	}
 }
 
@@ -121,7 +171,12 @@ func (w *mapWriter) compact() {
 	w.each(func(name string, e *entry) { m[name] = e })
 	w.base, w.over = &baseMap{m: m}, nil
 	w.baseShared, w.overShared = false, false
+	w.journal, w.names = nil, nil
 }
+
+// journalLimit bounds a journal of a map of n services: a few times the
+// overlay's limit, which changes to a few services never reach.
+func journalLimit(n int) int { return 4 * overlayLimit(n) }
 
 // overlayLimit bounds the overlay of a map of n services: about 2√n, so
 // that copying the overlay once per snapshot and compacting once per limit

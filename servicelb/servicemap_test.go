@@ -130,8 +130,9 @@ func checkDiff(t *testing.T, from, to *State) {
 }
 
 // TestDiffOfConsecutiveStatesReadsOnlyChanges: with many services, Diff of
-// two States one change apart looks at the changed service, not at all of
-// them; the overlay stays small.
+// two States one change apart looks at the changed service alone, not at
+// all of them nor at every service of their overlays; the overlay stays
+// small.
 func TestDiffOfConsecutiveStatesReadsOnlyChanges(t *testing.T) {
 	b, _ := NewBuilder(NodeConfig{})
 	for i := range 5000 {
@@ -149,14 +150,57 @@ func TestDiffOfConsecutiveStatesReadsOnlyChanges(t *testing.T) {
 			t.Fatalf("overlay of %d entries, over its limit of %d", n, overlayLimit(5000))
 		}
 		if cur.svcs.sameBase(&prev.svcs) {
-			if names := prev.svcs.changedNames(&cur.svcs); len(names) > overlayLimit(5000) {
-				t.Fatalf("Diff of one change reads %d services", len(names))
+			if names := prev.svcs.changedNames(&cur.svcs); len(names) != 1 {
+				t.Fatalf("Diff of one change reads %d services, of an overlay of %d", len(names), len(cur.svcs.over))
 			}
 		}
 		if c := Diff(prev, cur); len(c.Changed) != 2 || len(c.Added)+len(c.Removed) != 0 {
 			t.Fatalf("change %d: %+v", i, c)
 		}
 		prev = cur
+	}
+}
+
+// TestForkedBuildersKeepTheirChanges: two Builders that go on from one
+// State (its own and one from Edit) each record their own changes; Diff
+// of the State and either one's next State finds exactly that Builder's
+// change, and Diff between the two, both.
+func TestForkedBuildersKeepTheirChanges(t *testing.T) {
+	b, _ := NewBuilder(NodeConfig{})
+	for i := range 50 {
+		if err := b.Upsert(simple(fmt.Sprintf("s%02d", i), fmt.Sprintf("10.96.0.%d", i+1), "10.0.0.1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.State()
+	// A few changes, so that the State's names have room past them.
+	for i := range 3 {
+		if err := b.Upsert(simple(fmt.Sprintf("s%02d", i), fmt.Sprintf("10.96.0.%d", i+1), "10.0.0.2")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := b.State()
+	e := s.Edit()
+	if err := b.Upsert(simple("s10", "10.96.0.11", "10.0.0.3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Upsert(simple("s20", "10.96.0.21", "10.0.0.4")); err != nil {
+		t.Fatal(err)
+	}
+	bs, es := b.State(), e.State()
+	for _, c := range []struct {
+		from, to *State
+		want     []string
+	}{{s, bs, []string{"s10"}}, {s, es, []string{"s20"}}, {bs, es, []string{"s10", "s20"}}} {
+		var got []string
+		for _, pc := range Diff(c.from, c.to).Changed {
+			got = append(got, pc.New.Key.Service)
+		}
+		got = slices.Compact(got)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("Diff found changes to %v, want %v", got, c.want)
+		}
+		checkDiff(t, c.from, c.to)
 	}
 }
 

@@ -114,7 +114,7 @@ func (s *State) Conflicts() []Conflict { return slices.Clone(s.conflicts) }
 // kept across changes, as a Runner keeps one, does not.
 func (s *State) Edit() *Builder {
 	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs}}
-	b.w.share()
+	b.w.fork()
 	b.index()
 	return b
 }
