@@ -274,8 +274,10 @@ func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
 		c = rangesOf(cur.bs)
 	}
 	base := slot * bucketStride
-	del := func(i int) { d.delElem(set, o.elems(base, i)...) }
-	add := func(i int) { d.addElem(set, c.elems(base, i)...) }
+	// The slot's elements go out and in as two runs of one owner.
+	var dels, adds []elem
+	del := func(i int) { dels = o.appendElems(dels, base, i) }
+	add := func(i int) { adds = c.appendElems(adds, base, i) }
 	i, j := 0, 0
 	for i < o.len() || j < c.len() {
 		switch {
@@ -291,11 +293,17 @@ func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
 			i, j = i+1, j+1
 		default:
 			if o.bs[i].AddrPort() != c.bs[j].AddrPort() {
-				d.delElem(set, o.elems(base, i)[0])
-				d.addElem(set, c.elems(base, j)[0])
+				dels = append(dels, o.start(base, i))
+				adds = append(adds, c.start(base, j))
 			}
 			i, j = i+1, j+1
 		}
+	}
+	if len(dels) > 0 {
+		d.delElem(set, dels...)
+	}
+	if len(adds) > 0 {
+		d.addElem(set, adds...)
 	}
 }
 

@@ -391,12 +391,16 @@ func appendBackendElems(out []elem, buf []byte, slot uint32, bs []servicelb.Back
 	return out, buf
 }
 
-// rangeElems returns the two elements of one endpoint's range of a slot
-// from base: buckets lo to end-1.
-func rangeElems(base, lo, end uint32, b servicelb.Backend) []elem {
+// rangeStart is the element that begins a range, holding its endpoint.
+func rangeStart(base, lo uint32, b servicelb.Backend) elem {
 	data := appendAddr(make([]byte, 0, b.Addr.BitLen()/8+4), b.Addr)
 	data = append(binary.BigEndian.AppendUint16(data, b.Port), 0, 0)
-	return []elem{{key: bigU32(base + lo), data: data}, {key: bigU32(base + end), flags: nfnl.ElemIntervalEnd}}
+	return elem{key: bigU32(base + lo), data: data}
+}
+
+// rangeEnd is the element that ends a range.
+func rangeEnd(base, end uint32) elem {
+	return elem{key: bigU32(base + end), flags: nfnl.ElemIntervalEnd}
 }
 
 // ranges are the buckets of one slot shared among its endpoints, in
@@ -422,7 +426,12 @@ func rangesOf(bs []servicelb.Backend) ranges {
 
 func (r *ranges) len() int { return len(r.bs) }
 
-// elems returns the elements of range i in a slot from base.
-func (r *ranges) elems(base uint32, i int) []elem {
-	return rangeElems(base, r.lo[i], r.lo[i+1], r.bs[i])
+// appendElems appends the elements of range i in a slot from base.
+func (r *ranges) appendElems(es []elem, base uint32, i int) []elem {
+	return append(es, r.start(base, i), rangeEnd(base, r.lo[i+1]))
+}
+
+// start returns the element that begins range i in a slot from base.
+func (r *ranges) start(base uint32, i int) elem {
+	return rangeStart(base, r.lo[i], r.bs[i])
 }
