@@ -70,10 +70,11 @@ func (s *serviceMap) sameBase(t *serviceMap) bool {
 // holds both, else those in either overlay.
 func (s *serviceMap) changedNames(t *serviceMap) []string {
 	if s.journal != nil && s.journal == t.journal {
-		names := t.names[min(len(s.names), len(t.names)):]
-		if len(s.names) > len(t.names) {
-			names = s.names[len(t.names):]
+		short, long := s.names, t.names
+		if len(short) > len(long) {
+			short, long = long, short
 		}
+		names := long[len(short):]
 		if len(names) > 1 {
 			names = slices.Compact(slices.Sorted(slices.Values(names)))
 		}

@@ -168,23 +168,24 @@ func (rep *report) markdown() string {
 // over the same table, and one element added to and deleted from a small
 // set of a table of its own in the loaded namespace.
 func (rep *report) floorsMarkdown(b *strings.Builder) {
+	// Times under a millisecond in µs, which ms would round away.
+	ms := func(v float64) string {
+		if v > 0 && v < 1 {
+			return fmt.Sprintf("%.0f µs", v*1000)
+		}
+		return ms(v)
+	}
+	over := func(x, y float64) string {
+		if r, ok := ratioOf(x, y); ok {
+			return fmt.Sprintf("%.2fx", r)
+		}
+		return "-"
+	}
 	var rows strings.Builder
 	for _, sz := range rep.sizes() {
 		r := rep.find("kproxy", "nftables", sz)
 		if r == nil || r.ColdReplay == 0 {
 			continue
-		}
-		ms := func(v float64) string {
-			if v > 0 && v < 1 {
-				return fmt.Sprintf("%.0f µs", v*1000)
-			}
-			return ms(v)
-		}
-		over := func(x, y float64) string {
-			if x == 0 || y == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.2fx", x/y)
 		}
 		fmt.Fprintf(&rows, "| %s | %s / %s, %s | %s / %s, %s | %s | %s |\n", sz,
 			ms(r.ColdAgain), ms(r.ColdReplay), over(r.ColdAgain, r.ColdReplay),

@@ -238,32 +238,28 @@ func median(s []float64) float64 {
 // driver's own state stays), keeping the batch of each; another new
 // namespace commits the same cold batches and then replays the changes'
 // batches, each timed alone. Like changeSamples it makes up to k changes,
-// or fewer once ms milliseconds are spent (at least 3). It returns the median time of the changes'
-// syncs and of their replays: what a change costs over what its commit
-// costs the kernel.
+// or fewer once ms milliseconds are spent (at least 3). It returns the
+// median time of the changes' syncs and of their replays: what a change
+// costs over what its commit costs the kernel.
 func (d *driver) changeFloor(ctx context.Context, k, ms int) (map[string]any, error) {
 	var cold [][]byte
 	var changes [][][]byte
 	var syncs []float64
-	err := inNewNS(func(ns netns.NsHandle) error {
-		p, err := newProxier(d.backend, ns)
-		if err != nil {
-			return err
-		}
-		defer p.Close()
-		frames := &cold
-		tctx := nfnl.WithTap(ctx, func(f []byte) { *frames = append(*frames, slices.Clone(f)) })
+	err := d.withNewProxier(func(p proxier) error {
+		t := tape{reel: &cold}
+		tctx := t.context(ctx)
 		if err := p.Sync(tctx, d.st); err != nil {
 			return err
 		}
 		b, svcs := d.st.Edit(), slices.Clone(d.svcs)
+		var err error
 		syncs, err = benchwork.Budget(k, ms, func(i int) (time.Duration, error) {
 			if err := b.Upsert(benchlb.Service(d.changed(svcs, d.changes+i))); err != nil {
 				return 0, err
 			}
 			st := b.State()
 			changes = append(changes, nil)
-			frames = &changes[i]
+			t.reel = &changes[i]
 			t0 := time.Now()
 			err := p.Sync(tctx, st)
 			return time.Since(t0), err
@@ -274,23 +270,14 @@ func (d *driver) changeFloor(ctx context.Context, k, ms int) (map[string]any, er
 		return nil, err
 	}
 	replays := make([]float64, len(changes))
-	err = inNewNS(func(netns.NsHandle) error {
-		conn, err := nfnl.Open(nfnl.Options{})
-		if err != nil {
+	err = withNewConn(func(conn *nfnl.Conn) error {
+		if err := replayAll(ctx, conn, cold); err != nil {
 			return err
-		}
-		defer conn.Close()
-		for _, f := range cold {
-			if err := conn.Replay(ctx, f); err != nil {
-				return err
-			}
 		}
 		for i, fs := range changes {
 			t0 := time.Now()
-			for _, f := range fs {
-				if err := conn.Replay(ctx, f); err != nil {
-					return fmt.Errorf("change %d: %w", i, err)
-				}
+			if err := replayAll(ctx, conn, fs); err != nil {
+				return fmt.Errorf("change %d: %w", i, err)
 			}
 			replays[i] = msSince(t0)
 		}
@@ -306,16 +293,11 @@ func (d *driver) changeFloor(ctx context.Context, k, ms int) (map[string]any, er
 func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
 	var frames [][]byte
 	var syncMS, syncCPU float64
-	err := inNewNS(func(ns netns.NsHandle) error {
-		p, err := newProxier(d.backend, ns)
-		if err != nil {
-			return err
-		}
-		defer p.Close()
-		tctx := nfnl.WithTap(ctx, func(f []byte) { frames = append(frames, slices.Clone(f)) })
+	err := d.withNewProxier(func(p proxier) error {
+		t := tape{reel: &frames}
 		c0 := cpuMS(syscall.RUSAGE_SELF)
 		t0 := time.Now()
-		err = p.Sync(tctx, d.st)
+		err := p.Sync(t.context(ctx), d.st)
 		syncMS = msSince(t0)
 		syncCPU = cpuMS(syscall.RUSAGE_SELF) - c0
 		return err
@@ -324,24 +306,58 @@ func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
 		return nil, err
 	}
 	var replayMS, replayCPU float64
-	err = inNewNS(func(netns.NsHandle) error {
+	err = withNewConn(func(conn *nfnl.Conn) error {
+		c0 := cpuMS(syscall.RUSAGE_THREAD)
+		t0 := time.Now()
+		err := replayAll(ctx, conn, frames)
+		replayMS = msSince(t0)
+		replayCPU = cpuMS(syscall.RUSAGE_THREAD) - c0
+		return err
+	})
+	return map[string]any{"sync_ms": syncMS, "replay_ms": replayMS, "batches": len(frames), "sync_cpu_ms": syncCPU, "replay_cpu_ms": replayCPU}, err
+}
+
+// tape keeps the batches committed under its context (nfnl.WithTap), each
+// into the reel it points to when it is committed.
+type tape struct{ reel *[][]byte }
+
+func (t *tape) context(ctx context.Context) context.Context {
+	return nfnl.WithTap(ctx, func(f []byte) { *t.reel = append(*t.reel, slices.Clone(f)) })
+}
+
+// replayAll replays the captured batches in order (nfnl.Conn.Replay).
+func replayAll(ctx context.Context, conn *nfnl.Conn, frames [][]byte) error {
+	for _, f := range frames {
+		if err := conn.Replay(ctx, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// withNewProxier runs f with a new proxier of the driver's backend in a
+// new network namespace.
+func (d *driver) withNewProxier(f func(p proxier) error) error {
+	return inNewNS(func(ns netns.NsHandle) error {
+		p, err := newProxier(d.backend, ns)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		return f(p)
+	})
+}
+
+// withNewConn runs f with a netlink connection in a new network namespace.
+func withNewConn(f func(conn *nfnl.Conn) error) error {
+	return inNewNS(func(netns.NsHandle) error {
 		conn, err := nfnl.Open(nfnl.Options{})
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
-		c0 := cpuMS(syscall.RUSAGE_THREAD)
-		t0 := time.Now()
-		for _, f := range frames {
-			if err := conn.Replay(ctx, f); err != nil {
-				return err
-			}
-		}
-		replayMS = msSince(t0)
-		replayCPU = cpuMS(syscall.RUSAGE_THREAD) - c0
-		return nil
+		return f(conn)
 	})
-	return map[string]any{"sync_ms": syncMS, "replay_ms": replayMS, "batches": len(frames), "sync_cpu_ms": syncCPU, "replay_cpu_ms": replayCPU}, err
 }
 
 // inNewNS runs f on a thread in a new network namespace, with a handle of
