@@ -164,6 +164,21 @@ func (f *fixture) slice(eps []ep) {
 	}
 }
 
+// label sets a label of a slice, or removes it when value is "-".
+func (f *fixture) label(slice, key, value string) {
+	f.t.Helper()
+	ctx := context.Background()
+	sl, err := f.slices.Get(ctx, slice, metav1.GetOptions{})
+	require.NoError(f.t, err)
+	if value == "-" {
+		delete(sl.Labels, key)
+	} else {
+		sl.Labels[key] = value
+	}
+	_, err = f.slices.Update(ctx, sl, metav1.UpdateOptions{})
+	require.NoError(f.t, err)
+}
+
 func (f *fixture) create(s *corev1.Service) *corev1.Service {
 	f.t.Helper()
 	out, err := f.svcs.Create(context.Background(), s, metav1.CreateOptions{})
@@ -218,6 +233,12 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	f.create(service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{LabelProxyName: "someone-else"} }))
 
 	checkLocal(t, f, w)
+
+	t.Log("web's slice labelled service.kubernetes.io/headless is read no more: web has no endpoints; unlabelled, it has them again")
+	f.label("web-a", LabelHeadless, "")
+	w.Expect(t, 2*time.Second, vip)
+	f.label("web-a", LabelHeadless, "-")
+	w.Expect(t, 2*time.Second, vip, 2, 3)
 
 	t.Log("endpoint slice deleted: no backends")
 	if err := f.slices.Delete(ctx, "web-a", metav1.DeleteOptions{}); err != nil {

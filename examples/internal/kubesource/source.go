@@ -93,7 +93,10 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	sel := Selector(s.ProxyName).String()
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(s.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	sliceFactory := informers.NewSharedInformerFactory(s.Client, 0)
+	// As kube-proxy: no slice labelled headless is read, whatever its
+	// service.
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(s.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }))
 	svcInf := svcFactory.Core().V1().Services().Informer()
 	sliceInf := sliceFactory.Discovery().V1().EndpointSlices().Informer()
 	if err := sliceInf.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {

@@ -2,7 +2,8 @@
 // informers on Services and EndpointSlices, translated to servicelb
 // services with kube-proxy's rules. Headless and ExternalName services are
 // skipped; the service.kubernetes.io/service-proxy-name label picks which
-// services this proxy handles; load-balancer ingress addresses in Proxy
+// services this proxy handles, and EndpointSlices labelled
+// service.kubernetes.io/headless are not read; load-balancer ingress addresses in Proxy
 // mode are not captured; an endpoint serves exactly the ports its slice
 // lists; endpoint conditions (ready, serving, terminating), node names,
 // zones and topology hints are kept as they are, for servicelb's endpoint
@@ -29,6 +30,10 @@ const (
 	// LabelProxyName names the proxy that handles a service: a proxy
 	// without a name handles only services without the label.
 	LabelProxyName = "service.kubernetes.io/service-proxy-name"
+	// LabelHeadless marks an EndpointSlice that no proxy reads: the
+	// slices of a headless service carry it, and a slice given it leaves
+	// its service's endpoints, as kube-proxy watches no such slice.
+	LabelHeadless = "service.kubernetes.io/headless"
 	// AnnotationScheduler sets servicelb.Service.Scheduler, such as "rr".
 	AnnotationScheduler = "kproxy.dev/scheduler"
 )
