@@ -4,11 +4,10 @@
 //
 // kube-apiserver and Consul are built from the Go module proxy by small
 // modules under modules/ (their go.mod and go.sum pin every dependency;
-// they sit outside the workspace and build with GOWORK=off). The binaries
-// are cached in CacheDir, keyed on the server's version, its go.sum and the
-// Go version, so they are built once per machine; a file lock keeps
-// concurrent test processes from building the same binary twice. etcd is
-// Debian's etcd-server package.
+// they sit outside the workspace and build with GOWORK=off). Package
+// modbuild builds and caches the binaries, keyed on the module's go.mod and
+// go.sum, the linker flags and the Go version, so they are built once per
+// machine. etcd is Debian's etcd-server package.
 //
 // Every process started here is ended by its pid on Stop, and is sent
 // SIGKILL by the kernel if the test process dies first.
@@ -16,17 +15,14 @@ package testservers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
-	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/modbuild"
 )
 
 // Server is one server this package can build.
@@ -58,20 +54,6 @@ var (
 	}
 )
 
-// CacheDir returns where built servers are kept: $KPROXY_SERVER_CACHE, or
-// kproxy/servers under the user cache directory ($XDG_CACHE_HOME or
-// ~/.cache).
-func CacheDir() (string, error) {
-	if d := os.Getenv("KPROXY_SERVER_CACHE"); d != "" {
-		return d, nil
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("server cache: %w (set KPROXY_SERVER_CACHE)", err)
-	}
-	return filepath.Join(d, "kproxy", "servers"), nil
-}
-
 // ModulesDir returns the directory holding the building modules:
 // $KPROXY_SERVER_MODULES, or modules/ beside this source file.
 func ModulesDir() (string, error) {
@@ -92,79 +74,15 @@ func (s Server) Binary(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(mods, s.Module)
-	key, err := s.key(ctx, dir)
+	b := modbuild.Build{
+		Name: s.Name + "-" + s.Version, Dir: filepath.Join(mods, s.Module),
+		Packages: []string{s.Package}, LDFlags: s.LDFlags, Log: os.Stderr,
+	}
+	dir, _, err := b.Output(ctx)
 	if err != nil {
 		return "", err
 	}
-	cache, err := CacheDir()
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(cache, fmt.Sprintf("%s-%s-%s", s.Name, s.Version, key), s.Name)
-	if _, err := os.Stat(out); err == nil {
-		return out, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return "", fmt.Errorf("build %s: %w", s.Name, err)
-	}
-	unlock, err := lock(filepath.Dir(out) + ".lock")
-	if err != nil {
-		return "", fmt.Errorf("build %s: %w", s.Name, err)
-	}
-	defer unlock()
-	if _, err := os.Stat(out); err == nil {
-		return out, nil // another process built it while we waited
-	}
-	return out, s.build(ctx, dir, out)
-}
-
-// key hashes what decides the binary: the module's go.mod and go.sum, the
-// linker flags and the Go version.
-func (s Server) key(ctx context.Context, dir string) (string, error) {
-	h := sha256.New()
-	for _, f := range []string{"go.mod", "go.sum"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			return "", fmt.Errorf("build %s: %w", s.Name, err)
-		}
-		h.Write(b)
-	}
-	gover, err := exec.CommandContext(ctx, "go", "env", "GOVERSION").Output()
-	if err != nil {
-		return "", fmt.Errorf("build %s: go env GOVERSION: %w", s.Name, err)
-	}
-	fmt.Fprintf(h, "%s\n%s\n%s", s.Package, s.LDFlags, gover)
-	return hex.EncodeToString(h.Sum(nil))[:12], nil
-}
-
-func (s Server) build(ctx context.Context, dir, out string) error {
-	tmp := out + ".tmp"
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w "+s.LDFlags, "-o", tmp, s.Package)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
-	start := time.Now()
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build %s %s in %s: %w\n%s", s.Name, s.Version, dir, err, tail(string(b), 40))
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return fmt.Errorf("build %s: %w", s.Name, err)
-	}
-	fmt.Fprintf(os.Stderr, "testservers: built %s %s in %s\n", s.Name, s.Version, time.Since(start).Round(time.Second))
-	return nil
-}
-
-// lock takes an exclusive lock on the file at path.
-func lock(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { f.Close() }, nil
+	return filepath.Join(dir, modbuild.Binary(s.Package)), nil
 }
 
 // EtcdBinary returns the path of Debian's etcd (package etcd-server).
