@@ -9,6 +9,8 @@
 #   make image        pack ./bin/kproxy into an OCI image layout, ./bin/kproxy-image
 #   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make vulncheck    govulncheck of both modules (not in test: fetches the database)
+#   make test-e2e     Kubernetes' own e2e tests of services in a real cluster, kproxy
+#                     beside kube-proxy (root; not in test; make test runs its smoke)
 #   make bench-compare  kproxy against kube-proxy's own proxiers (root; not in test);
 #                     bench-report writes its report again with bench-ipvs's results
 #   make fuzz         every fuzz target for FUZZTIME each (default 30s)
@@ -36,7 +38,7 @@ COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
 .PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
 
-test: deps lint test-unit test-netns test-vm test-examples test-bench-smoke
+test: deps lint test-unit test-netns test-vm test-examples test-bench-smoke test-e2e-smoke
 
 deps:
 	@hack/deps.sh
@@ -55,9 +57,11 @@ lint:
 	GO=$(GO) hack/consumer.sh
 	GOOS=darwin $(GO) build $(CORE)
 	GOOS=windows $(GO) vet $(CORE)
+	cd e2e && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck ./...
 
 test-unit:
 	$(GO) test -count=1 $(CORE) $(EXAMPLES)
+	cd e2e && GOWORK=off $(GO) test -count=1 ./...
 
 test-netns: deps
 	$(GO) test -count=1 -tags privileged $(CORE)
@@ -238,3 +242,31 @@ bench-userspace: deps
 	VMTEST_PKGS=./userspace VMTEST_FLAGS='-run ^$$ -bench IdleConnections -benchtime 1x' \
 		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 30m
 bench: bench-userspace
+
+# The real-cluster tests (e2e/, a module of its own; see e2e/README.md): a
+# Kubernetes cluster of a control plane and three nodes built from source
+# in namespaces of its own, kproxy deployed by deploy/ in kube-proxy's
+# place, and Kubernetes' own e2e tests of services run against each of
+# kproxy's backends and kube-proxy's modes, each proxy in a cluster of its
+# own. test-e2e runs the full selection for E2E_PROXIES and writes
+# e2e/results (the report, README.md there, and each proxy's JUnit
+# report); it fails on a test kube-proxy passes and kproxy fails, unless
+# kproxy's backend declares the limit. test-e2e-smoke (part of make test)
+# runs a handful of Services tests against kproxy's nftables backend.
+# e2e-up starts a cluster with E2E_PROXY and keeps it until interrupted.
+E2E_BIN     := $(CURDIR)/.cache/e2e/kproxy-e2e
+E2E_PROXIES ?= kube-proxy-nftables,kproxy-nftables,kube-proxy-iptables,kproxy-iptables,kproxy-ebpf,kproxy-userspace
+E2E_PROXY   ?= kproxy-nftables
+E2E_FLAGS   ?=
+.PHONY: test-e2e test-e2e-smoke e2e-build e2e-up e2e-reap
+e2e-build:
+	@e2e/hack/deps.sh
+	cd e2e && GOWORK=off $(GO) build -o $(E2E_BIN) ./cmd/kproxy-e2e
+test-e2e: image e2e-build
+	cd e2e && $(E2E_BIN) run -repo $(CURDIR) -suite full -proxies $(E2E_PROXIES) -results results $(E2E_FLAGS)
+test-e2e-smoke: image e2e-build
+	cd e2e && $(E2E_BIN) run -repo $(CURDIR) -suite smoke -proxies kproxy-nftables -results $(CURDIR)/.cache/e2e-smoke $(E2E_FLAGS)
+e2e-up: image e2e-build
+	cd e2e && $(E2E_BIN) up -repo $(CURDIR) -proxies $(E2E_PROXY) $(E2E_FLAGS)
+e2e-reap: e2e-build
+	$(E2E_BIN) reap
