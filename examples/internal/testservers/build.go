@@ -3,8 +3,9 @@
 // listening on 127.0.0.1 only, on free ports.
 //
 // kube-apiserver and Consul are built from the Go module proxy by small
-// modules under modules/ (their go.mod and go.sum pin every dependency;
-// they sit outside the workspace and build with GOWORK=off). Package
+// modules (their go.mod and go.sum pin every dependency; they sit outside
+// the workspace and build with GOWORK=off): Consul's under modules/,
+// kube-apiserver's the real-cluster tests' e2e/modules/kubernetes. Package
 // modbuild builds and caches the binaries, keyed on the module's go.mod and
 // go.sum, the linker flags and the Go version, so they are built once per
 // machine. etcd is Debian's etcd-server package.
@@ -31,7 +32,8 @@ type Server struct {
 	Name string
 	// Version is the server's version.
 	Version string
-	// Module is the directory under modules/ that builds it.
+	// Module is the directory, under modules/ or relative to it, of the
+	// module that builds it.
 	Module string
 	// Package is the main package to build.
 	Package string
@@ -41,8 +43,11 @@ type Server struct {
 
 // The servers built from the module proxy.
 var (
+	// KubeAPIServer is built by the real-cluster tests' Kubernetes module
+	// (e2e/modules/kubernetes), of the same release: one compile serves
+	// both.
 	KubeAPIServer = Server{
-		Name: "kube-apiserver", Version: "v1.36.3", Module: "kube-apiserver",
+		Name: "kube-apiserver", Version: "v1.36.3", Module: "../../../../e2e/modules/kubernetes",
 		Package: "k8s.io/kubernetes/cmd/kube-apiserver",
 		LDFlags: "-X k8s.io/component-base/version.gitVersion=v1.36.3" +
 			" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36",
