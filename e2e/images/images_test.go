@@ -104,6 +104,28 @@ func TestRootfsMissingLibrary(t *testing.T) {
 	assert.Contains(t, r.Err().Error(), "/usr/bin/curl needs libcurl.so.4")
 }
 
+func TestRootfsTreeKeepsLinks(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "libxt_NAT.so"), []byte("not ELF"), 0o644))
+	require.NoError(t, os.Symlink("libxt_NAT.so", filepath.Join(dir, "libxt_MASQUERADE.so")))
+	r := NewRootfs()
+	r.Tree(dir)
+	require.NoError(t, r.Err())
+	archive := filepath.Join(t.TempDir(), "a.tar")
+	require.NoError(t, WriteArchive(archive, Image{Name: "example.org/x:1", Rootfs: r}))
+	files := readArchive(t, archive)
+	var layer map[string]string
+	for name, b := range files {
+		if strings.HasPrefix(name, "blobs/") && len(b) > 1024 && string(b[257:262]) == "ustar" {
+			layer = layerFiles(t, b)
+		}
+	}
+	require.NotNil(t, layer)
+	assert.Equal(t, "libxt_NAT.so", layer[strings.TrimPrefix(filepath.Join(dir, "libxt_MASQUERADE.so"), "/")],
+		"a link of the tree (an iptables extension by another name) stays a link")
+	assert.Contains(t, layer, strings.TrimPrefix(filepath.Join(dir, "libxt_NAT.so"), "/"))
+}
+
 func TestCanonical(t *testing.T) {
 	for in, want := range map[string]string{
 		"/bin/sh": "/usr/bin/sh", "bin/sh": "/usr/bin/sh", "/lib64/ld.so": "/usr/lib64/ld.so",

@@ -86,15 +86,22 @@ func (r *Rootfs) Copy(host, p string) {
 // Program adds a program of the machine at its own path.
 func (r *Rootfs) Program(host string) { r.Copy(host, host) }
 
-// Tree adds every regular file under the machine's directory dir, at the
-// same paths, each with what it needs.
+// Tree adds every regular file and symbolic link under the machine's
+// directory dir, at the same paths, each file with what it needs.
 func (r *Rootfs) Tree(dir string) {
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.Type().IsRegular() {
+		switch {
+		case d.Type().IsRegular():
 			r.Copy(p, p)
+		case d.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			r.Symlink(canonical(p), target)
 		}
 		return nil
 	})
