@@ -4,7 +4,7 @@
 // puts their results side by side (make test-e2e):
 //
 //	kproxy-e2e run [-suite full|smoke] [-proxies kproxy-nftables,...] [-results DIR]
-//	kproxy-e2e up [-proxy kproxy-nftables]   start a cluster and keep it, for a look inside
+//	kproxy-e2e up [-proxies kproxy-nftables] start a cluster with the first proxy and keep it, for a look inside
 //	kproxy-e2e reap                           remove what a crashed run left
 //	kproxy-e2e report [-results DIR]          write the report again from the JUnit files
 //
@@ -84,7 +84,6 @@ type options struct {
 	nodes                           int
 	suite                           suite.Suite
 	proxies                         []proxy.Proxy
-	keep                            bool
 }
 
 func (o *options) register(fs *flag.FlagSet) (suiteName, proxies *string, procs *int) {
