@@ -28,6 +28,21 @@ func (c *Cluster) nodesUp(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	// kubectl wait finds no node before the kubelets have registered
+	// theirs.
+	var none *proc
+	if err := none.wait(ctx, "the nodes' registration", 2*time.Minute, func() error {
+		out, err := c.Kubectl(ctx, "get", "nodes", "-o", "name")
+		if err != nil {
+			return err
+		}
+		if n := len(strings.Fields(string(out))); n < len(c.Nodes) {
+			return fmt.Errorf("%d of %d nodes registered", n, len(c.Nodes))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	_, err := c.Kubectl(ctx, "wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
 	return err
 }
