@@ -23,7 +23,17 @@ type Limit struct {
 
 // Limits are the declared limits. A test that matches one is not a
 // regression: the report says why instead.
-var Limits = []Limit{}
+var Limits = []Limit{
+	{
+		Proxy: "kproxy-userspace", Feature: servicelb.FeaturePreserveSource,
+		Spec: regexp.MustCompile(`\[sig-network\] Services should (` +
+			`support externalTrafficPolicy=Local for type=NodePort|` +
+			`implement NodePort and HealthCheckNodePort correctly when ExternalTrafficPolicy changes|` +
+			`preserve source pod IP for traffic thru service cluster IP)`),
+		Why: "the userspace backend connects to the endpoint itself: the endpoint sees the node's address, " +
+			"never the client's (package userspace; its Capabilities lack FeaturePreserveSource), and the test checks the client's",
+	},
+}
 
 // Declared returns the limit of the proxy that covers the test, or nil.
 func Declared(proxy, spec string) *Limit {
