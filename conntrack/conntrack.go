@@ -238,7 +238,7 @@ func (c *Client) removeMatching(ctx context.Context, fam uint8, ix index, entrie
 	n := 0
 	var errs []error
 	for _, e := range entries {
-		if !ix.matches(e.flow.Protocol, e.flow.Orig.Dst, e.flow.Reply.Src.Addr()) {
+		if !ix.matches(e.flow.Protocol, e.flow.Orig.Dst, e.flow.Reply.Src) {
 			continue
 		}
 		if ctx.Err() != nil {

@@ -139,7 +139,7 @@ func TestDeleteStaleInNamespace(t *testing.T) {
 		t.Fatalf("conntrack -L shows %d flows to %s via %s before deletion, want 1", n, vip, ep0)
 	}
 
-	n, err := c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{ep1}}})
+	n, err := c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.AddrPort{netip.AddrPortFrom(ep1, 5353)}}})
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteStale VIP endpoint: %d, %v; want 1", n, err)
 	}
@@ -157,12 +157,13 @@ func TestDeleteStaleInNamespace(t *testing.T) {
 	}
 
 	// A node port on a node address; a filter that keeps the endpoint
-	// deletes nothing.
-	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: nodeIP, Port: 30053, Serving: []netip.Addr{ep1}}})
+	// deletes nothing; one that keeps the endpoint at another port (its
+	// target port changed) deletes it.
+	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: nodeIP, Port: 30053, Serving: []netip.AddrPort{netip.AddrPortFrom(ep1, 5353)}}})
 	if err != nil || n != 0 {
 		t.Fatalf("DeleteStale node port, endpoint serving: %d, %v; want 0", n, err)
 	}
-	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: nodeIP, Port: 30053, Serving: []netip.Addr{ep0}}})
+	n, err = c.DeleteStale(ctx, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: nodeIP, Port: 30053, Serving: []netip.AddrPort{netip.AddrPortFrom(ep1, 5354)}}})
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteStale node port: %d, %v; want 1", n, err)
 	}

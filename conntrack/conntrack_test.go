@@ -84,8 +84,8 @@ func TestDeleteStaleDumpsOncePerFamily(t *testing.T) {
 		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Port: 53})
 	}
 	stale = append(stale,
-		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{ep2}},
-		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: node, Port: 30053, Serving: []netip.Addr{ep2}})
+		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.AddrPort{netip.AddrPortFrom(ep2, 53)}},
+		servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: node, Port: 30053, Serving: []netip.AddrPort{netip.AddrPortFrom(ep2, 53)}})
 	n, err := c.DeleteStale(context.Background(), stale)
 	if err != nil || n != 2 {
 		t.Fatalf("deleted %d, %v; want 2", n, err)

@@ -48,7 +48,7 @@ table ip6 kpt_ct {
 	}
 	defer c.Close()
 	n, err := c.DeleteStale(t.Context(), []servicelb.StaleFlow{
-		{Protocol: servicelb.SCTP, Dst: vips[0].Addr(), Port: 90, Serving: []netip.Addr{netip.MustParseAddr("10.244.2.2")}},
+		{Protocol: servicelb.SCTP, Dst: vips[0].Addr(), Port: 90, Serving: []netip.AddrPort{netip.MustParseAddrPort("10.244.2.2:9000")}},
 		{Protocol: servicelb.SCTP, Dst: vips[2].Addr(), Port: 90},
 	})
 	if err != nil || n != 2 {

@@ -56,8 +56,8 @@ func protoName(p uint8) string {
 
 // Matches reports whether the flow is one that s selects as stale: same
 // protocol, original destination address and port, and a reply source
-// (the endpoint) that s does not keep.
+// (the endpoint's address and port) that s does not keep.
 func (f Flow) Matches(s servicelb.StaleFlow) bool {
 	return f.Protocol == s.Protocol.Number() && f.Orig.Dst.Port() == s.Port &&
-		f.Orig.Dst.Addr() == s.Dst.Unmap() && !s.Keeps(f.Reply.Src.Addr())
+		f.Orig.Dst.Addr() == s.Dst.Unmap() && !s.Keeps(f.Reply.Src)
 }

@@ -30,21 +30,21 @@ func (ix index) add(s servicelb.StaleFlow) {
 		ix[k] = dsts
 	}
 	dst := s.Dst.Unmap()
-	serving := make([]netip.Addr, 0, len(s.Serving))
+	serving := make([]netip.AddrPort, 0, len(s.Serving))
 	for _, a := range s.Serving {
-		serving = append(serving, a.Unmap())
+		serving = append(serving, netip.AddrPortFrom(a.Addr().Unmap(), a.Port()))
 	}
 	if d := dsts[dst]; d != nil {
 		serving = append(serving, d.Serving...)
 	}
-	slices.SortFunc(serving, netip.Addr.Compare)
+	slices.SortFunc(serving, netip.AddrPort.Compare)
 	s.Dst, s.Serving = dst, slices.Compact(serving)
 	dsts[dst] = &s
 }
 
 // matches reports whether a filter selects a flow given by its protocol,
 // original destination and reply source.
-func (ix index) matches(proto uint8, dst netip.AddrPort, replySrc netip.Addr) bool {
+func (ix index) matches(proto uint8, dst netip.AddrPort, replySrc netip.AddrPort) bool {
 	d := ix[portKey{proto, dst.Port()}][dst.Addr()]
 	return d != nil && !d.Keeps(replySrc)
 }
@@ -79,12 +79,12 @@ func family(s servicelb.StaleFlow) (servicelb.Family, error) {
 	case s.Dst.Zone() != "":
 		return 0, fmt.Errorf("%w: zoned address", ErrInvalidStaleFlow)
 	}
-	for _, a := range s.Serving {
-		if a = a.Unmap(); !a.IsValid() || a.Is4() != dst.Is4() || a.Zone() != "" {
-			return 0, fmt.Errorf("%w: serving endpoint %s does not fit destination %s", ErrInvalidStaleFlow, a, dst)
+	for _, ap := range s.Serving {
+		if a := ap.Addr().Unmap(); !a.IsValid() || a.Is4() != dst.Is4() || a.Zone() != "" || ap.Port() == 0 {
+			return 0, fmt.Errorf("%w: serving endpoint %s does not fit destination %s", ErrInvalidStaleFlow, ap, dst)
 		}
 	}
-	if !slices.IsSortedFunc(s.Serving, netip.Addr.Compare) {
+	if !slices.IsSortedFunc(s.Serving, netip.AddrPort.Compare) {
 		return 0, fmt.Errorf("%w: serving endpoints not sorted", ErrInvalidStaleFlow)
 	}
 	return servicelb.FamilyOf(dst), nil

@@ -37,26 +37,27 @@ func mkFlow(proto uint8, client, dst netip.AddrPort, endpoint netip.AddrPort) Fl
 		Reply: Tuple{Src: endpoint, Dst: client}, Timeout: 30 * time.Second}
 }
 
-func (ix index) matchFlow(f Flow) bool { return ix.matches(f.Protocol, f.Orig.Dst, f.Reply.Src.Addr()) }
+func (ix index) matchFlow(f Flow) bool { return ix.matches(f.Protocol, f.Orig.Dst, f.Reply.Src) }
 
-func keep(as ...netip.Addr) []netip.Addr { return as }
+func keep(as ...netip.AddrPort) []netip.AddrPort { return as }
+
+var ap = netip.AddrPortFrom
 
 func TestIndexMatches(t *testing.T) {
 	stale := []servicelb.StaleFlow{
-		{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ep2)},
-		{Protocol: servicelb.UDP, Dst: node, Port: 30053, Serving: keep(ep1)},
+		{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ap(ep2, 5353))},
+		{Protocol: servicelb.UDP, Dst: node, Port: 30053, Serving: keep(ap(ep1, 53))},
 		{Protocol: servicelb.SCTP, Dst: vip, Port: 9000}, // every flow to the VIP port
 		{Protocol: servicelb.UDP, Dst: vip6, Port: 53},
 		{Protocol: servicelb.UDP, Dst: netip.AddrFrom16(vip.As16()), Port: 54}, // IPv4-mapped: unmapped
 		// Two filters of one frontend: a flow either keeps stays.
-		{Protocol: servicelb.UDP, Dst: node, Port: 30099, Serving: keep(ep1)},
-		{Protocol: servicelb.UDP, Dst: node, Port: 30099, Serving: keep(ep2)},
+		{Protocol: servicelb.UDP, Dst: node, Port: 30099, Serving: keep(ap(ep1, 1))},
+		{Protocol: servicelb.UDP, Dst: node, Port: 30099, Serving: keep(ap(ep2, 1))},
 	}
 	idx, err := buildIndex(stale)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ap := netip.AddrPortFrom
 	cases := []struct {
 		name string
 		f    Flow
@@ -64,12 +65,14 @@ func TestIndexMatches(t *testing.T) {
 	}{
 		{"vip to an endpoint that no longer serves", mkFlow(udpNo, cli, ap(vip, 53), ap(ep1, 5353)), true},
 		{"vip to a serving endpoint", mkFlow(udpNo, cli, ap(vip, 53), ap(ep2, 5353)), false},
+		{"vip to a serving endpoint's other port (a target port that changed)", mkFlow(udpNo, cli, ap(vip, 53), ap(ep2, 5354)), true},
 		{"untranslated flow to the vip", mkFlow(udpNo, cli, ap(vip, 53), ap(vip, 53)), true},
 		{"tcp", mkFlow(unix.IPPROTO_TCP, cli, ap(vip, 53), ap(ep1, 5353)), false},
 		{"other port", mkFlow(udpNo, cli, ap(vip, 5353), ap(ep1, 5353)), false},
 		{"node port to an endpoint that no longer serves", mkFlow(udpNo, cli, ap(node, 30053), ap(ep2, 53)), true},
 		{"node port on another address", mkFlow(udpNo, cli, ap(ep1, 30053), ap(ep2, 53)), false},
 		{"node port to a serving endpoint", mkFlow(udpNo, cli, ap(node, 30053), ap(ep1, 53)), false},
+		{"node port to a serving endpoint's other port", mkFlow(udpNo, cli, ap(node, 30053), ap(ep1, 8053)), true},
 		{"sctp, nothing serves", mkFlow(unix.IPPROTO_SCTP, cli, ap(vip, 9000), ap(ep2, 9000)), true},
 		{"sctp other vip", mkFlow(unix.IPPROTO_SCTP, cli, ap(node, 9000), ap(ep2, 9000)), false},
 		{"ipv6, nothing serves", mkFlow(udpNo, cli6, ap(vip6, 53), ap(ep61, 53)), true},
@@ -103,11 +106,13 @@ func TestIndexAgreesWithNaiveMatching(t *testing.T) {
 		for range rng.IntN(8) + 1 {
 			s := servicelb.StaleFlow{Protocol: protos[rng.IntN(2)], Port: uint16(rng.IntN(3) + 1), Dst: pick()}
 			for _, a := range v4 {
-				if rng.IntN(2) == 0 {
-					s.Serving = append(s.Serving, a)
+				for _, port := range []uint16{7, 8} {
+					if rng.IntN(2) == 0 {
+						s.Serving = append(s.Serving, ap(a, port))
+					}
 				}
 			}
-			slices.SortFunc(s.Serving, netip.Addr.Compare)
+			slices.SortFunc(s.Serving, netip.AddrPort.Compare)
 			k := fmt.Sprint(s.Protocol, s.Dst, s.Port)
 			if seen[k] {
 				continue
@@ -120,7 +125,7 @@ func TestIndexAgreesWithNaiveMatching(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 200 {
-			f := mkFlow(protos[rng.IntN(3)].Number(), cli, netip.AddrPortFrom(pick(), uint16(rng.IntN(3)+1)), netip.AddrPortFrom(pick(), 7))
+			f := mkFlow(protos[rng.IntN(3)].Number(), cli, ap(pick(), uint16(rng.IntN(3)+1)), ap(pick(), uint16(7+rng.IntN(2))))
 			naive := false
 			for _, s := range stale {
 				naive = naive || f.Matches(s)
@@ -138,8 +143,9 @@ func TestBuildIndexRejectsInvalidFilters(t *testing.T) {
 		"unknown protocol": {Protocol: "ICMP", Dst: vip, Port: 53},
 		"port 0":           {Protocol: servicelb.UDP, Dst: vip},
 		"no destination":   {Protocol: servicelb.UDP, Port: 53},
-		"mixed families":   {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ep61)},
-		"unsorted":         {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ep2, ep1)},
+		"mixed families":   {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ap(ep61, 53))},
+		"unsorted":         {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ap(ep2, 53), ap(ep1, 53))},
+		"endpoint port 0":  {Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: keep(ap(ep1, 0))},
 		"zoned":            {Protocol: servicelb.UDP, Dst: netip.MustParseAddr("fe80::1%eth0"), Port: 53},
 	} {
 		_, err := buildIndex([]servicelb.StaleFlow{good, s})
@@ -157,7 +163,7 @@ func BenchmarkMatch(b *testing.B) {
 	var stale []servicelb.StaleFlow
 	for i := range 2000 {
 		stale = append(stale, servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 53,
-			Serving: keep(netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)}))})
+			Serving: keep(ap(netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)}), 53))})
 	}
 	var flows []Flow
 	for i := range 20000 {

@@ -83,7 +83,11 @@ func TestStaleFlows(t *testing.T) {
 	}
 	frontend := func(port uint16, serving ...string) servicelb.StaleFlow {
 		ip := map[uint16]string{53: "10.96.0.53", 80: "10.96.0.80"}[port]
-		return servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: netip.MustParseAddr(ip), Port: port, Serving: addrs(serving...)}
+		var eps []netip.AddrPort
+		for _, a := range addrs(serving...) {
+			eps = append(eps, netip.AddrPortFrom(a, port))
+		}
+		return servicelb.StaleFlow{Protocol: servicelb.UDP, Dst: netip.MustParseAddr(ip), Port: port, Serving: eps}
 	}
 
 	st, err := sync(dns("10.244.1.2", "10.244.2.2"), web)

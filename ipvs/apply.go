@@ -184,7 +184,7 @@ func (p *Proxier) removals(ctx context.Context, vs, want *VirtualServer) ([]ipvs
 		}
 	}
 	drains := func(r RealServer) bool {
-		_, serving := slices.BinarySearchFunc(want.serving, r.Addr, netip.Addr.Compare)
+		_, serving := slices.BinarySearchFunc(want.serving, r.AddrPort(), netip.AddrPort.Compare)
 		return want.Protocol == servicelb.TCP || serving
 	}
 	var ops []ipvsOp

@@ -141,10 +141,11 @@ func TestUDPRemovedAtOnce(t *testing.T) {
 	e.sync(st)
 	e.checkIPVS(st)
 	want := []servicelb.StaleFlow{
-		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Serving: []netip.Addr{backendAddr(1, servicelb.IPv4)}},
-		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Serving: []netip.Addr{backendAddr(1, servicelb.IPv6)}},
+		{Protocol: udp, Dst: a("10.96.0.40"), Port: 53, Serving: []netip.AddrPort{ap(backendAddr(1, servicelb.IPv4), 5353)}},
+		{Protocol: udp, Dst: a("fd00:96::40"), Port: 53, Serving: []netip.AddrPort{ap(backendAddr(1, servicelb.IPv6), 5353)}},
 	}
-	if diff := cmp.Diff(want, rec.flows, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+	if diff := cmp.Diff(want, rec.flows, cmp.Comparer(func(x, y netip.Addr) bool { return x == y }),
+		cmp.Comparer(func(x, y netip.AddrPort) bool { return x == y })); diff != "" {
 		t.Errorf("stale flows (-want +got):\n%s", diff)
 	}
 	if counts := e.tp.Client.Count(t, "udp", dst, 4); counts["backend-1"] != 4 {

@@ -36,10 +36,10 @@ type VirtualServer struct {
 	Persistence uint32
 	// Real are the real servers, ordered by address and port.
 	Real []RealServer
-	// serving are the addresses of the endpoints serving the port, sorted:
-	// a removed UDP or SCTP real server among them drains (see
-	// removeReals).
-	serving []netip.Addr
+	// serving are the endpoints (address and port) serving the port,
+	// sorted: a removed UDP or SCTP real server among them drains (see
+	// removals).
+	serving []netip.AddrPort
 }
 
 // RealServer is one real server (endpoint) of a virtual server, reached by

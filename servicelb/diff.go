@@ -122,27 +122,29 @@ func samePort(a, b *ServicePort) bool {
 }
 
 // StaleFlow selects the UDP or SCTP conntrack flows to one frontend that
-// must be deleted: those whose endpoint (the flow's reply source) does not
-// serve the frontend. Such a flow would keep sending a client's datagrams
-// to an endpoint that is gone, or past a service that gained endpoints
-// after the flow began. Flows to endpoints that still serve are kept, even
-// when the policies, topology or weights no longer select them, so that a
-// UDP session behaves as a TCP connection does (kube-proxy's
+// must be deleted: those whose endpoint (the flow's reply source address
+// and port) does not serve the frontend. Such a flow would keep sending a
+// client's datagrams to an endpoint that is gone, to a target port the
+// service no longer names, or past a service that gained endpoints after
+// the flow began. Flows to endpoints that still serve are kept, even when
+// the policies, topology or weights no longer select them, so that a UDP
+// session behaves as a TCP connection does (kube-proxy's
 // CleanStaleEntries).
 type StaleFlow struct {
 	Protocol Protocol
 	// Dst and Port are the frontend: the flow's original destination.
 	Dst  netip.Addr
 	Port uint16
-	// Serving lists, sorted, the endpoints whose flows to the frontend
-	// stay; empty means every flow to it is stale.
-	Serving []netip.Addr
+	// Serving lists, sorted, the endpoints (address and target port)
+	// whose flows to the frontend stay; empty means every flow to it is
+	// stale.
+	Serving []netip.AddrPort
 }
 
 // Keeps reports whether a flow to the frontend whose reply comes from
 // endpoint stays.
-func (f *StaleFlow) Keeps(endpoint netip.Addr) bool {
-	_, found := slices.BinarySearchFunc(f.Serving, endpoint, netip.Addr.Compare)
+func (f *StaleFlow) Keeps(endpoint netip.AddrPort) bool {
+	_, found := slices.BinarySearchFunc(f.Serving, endpoint, netip.AddrPort.Compare)
 	return found
 }
 
@@ -155,7 +157,7 @@ type flowKey struct {
 
 // flowFrontends adds the UDP and SCTP frontends of sp, with the endpoints
 // serving them, to m.
-func flowFrontends(m map[flowKey][]netip.Addr, sp *ServicePort) {
+func flowFrontends(m map[flowKey][]netip.AddrPort, sp *ServicePort) {
 	if sp.Port.Protocol == TCP {
 		return
 	}
@@ -165,12 +167,12 @@ func flowFrontends(m map[flowKey][]netip.Addr, sp *ServicePort) {
 	}
 }
 
-func mergeAddrs(a, b []netip.Addr) []netip.Addr {
+func mergeAddrs(a, b []netip.AddrPort) []netip.AddrPort {
 	if len(a) == 0 {
 		return b
 	}
 	out := slices.Concat(a, b)
-	slices.SortFunc(out, netip.Addr.Compare)
+	slices.SortFunc(out, netip.AddrPort.Compare)
 	return slices.Compact(out)
 }
 
@@ -178,7 +180,7 @@ func mergeAddrs(a, b []netip.Addr) []netip.Addr {
 // UDP or SCTP frontend where an endpoint stopped serving (or the frontend
 // went away), or where endpoints serve a frontend that none served before.
 func (c *Changes) StaleFlows() []StaleFlow {
-	before, after := map[flowKey][]netip.Addr{}, map[flowKey][]netip.Addr{}
+	before, after := map[flowKey][]netip.AddrPort{}, map[flowKey][]netip.AddrPort{}
 	for _, sp := range c.Removed {
 		flowFrontends(before, sp)
 	}
@@ -195,7 +197,10 @@ func (c *Changes) StaleFlows() []StaleFlow {
 	}
 	for k, old := range before {
 		now := after[k]
-		if slices.ContainsFunc(old, func(a netip.Addr) bool { _, ok := slices.BinarySearchFunc(now, a, netip.Addr.Compare); return !ok }) ||
+		if slices.ContainsFunc(old, func(a netip.AddrPort) bool {
+			_, ok := slices.BinarySearchFunc(now, a, netip.AddrPort.Compare)
+			return !ok
+		}) ||
 			(len(old) == 0 && len(now) > 0) {
 			add(k)
 		}
@@ -213,7 +218,7 @@ func (c *Changes) StaleFlows() []StaleFlow {
 // state with the endpoints serving it: all a conntrack table needs to be
 // reconciled with the state, as after a restart.
 func (s *State) StaleFlows() []StaleFlow {
-	m := map[flowKey][]netip.Addr{}
+	m := map[flowKey][]netip.AddrPort{}
 	s.svcs.each(func(_ string, e *entry) {
 		for _, sp := range e.ports {
 			flowFrontends(m, sp)

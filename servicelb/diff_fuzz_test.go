@@ -53,7 +53,7 @@ func FuzzDiff(f *testing.F) {
 		checkFrontends(t, b)
 		for _, s := range c.StaleFlows() {
 			for _, e := range s.Serving {
-				if e.Is4() != s.Dst.Is4() {
+				if e.Addr().Is4() != s.Dst.Is4() {
 					t.Fatalf("stale-flow filter %+v mixes families", s)
 				}
 			}

@@ -131,6 +131,11 @@ func TestStaleFlows(t *testing.T) {
 			Endpoints: eps,
 		}
 	}
+	retargeted := func(eps ...Endpoint) Service {
+		s := svc(eps...)
+		s.Ports[0].TargetPort = 5353
+		return s
+	}
 	ready := func(addr string) Endpoint { return Endpoint{Addr: a(addr)} }
 	terminating := func(addr string) Endpoint {
 		return Endpoint{Addr: a(addr), Ready: new(false), Serving: new(true), Terminating: true}
@@ -161,11 +166,15 @@ func TestStaleFlows(t *testing.T) {
 		from, to *State
 		want     []string
 	}{
-		{"endpoint removed", two, one, all("[10.0.0.1]")},
+		{"endpoint removed", two, one, all("[10.0.0.1:53]")},
 		{"endpoint added", one, two, []string{}},
-		{"first endpoint", empty, one, all("[10.0.0.1]")},
+		{"first endpoint", empty, one, all("[10.0.0.1:53]")},
 		{"service removed", one, state(), all("[]")},
-		{"new service with endpoints", state(), one, all("[10.0.0.1]")},
+		{"new service with endpoints", state(), one, all("[10.0.0.1:53]")},
+		// The endpoint serves on another port: its flows to the old
+		// one are stale, as kube-proxy reads a flow's reply source
+		// address and port.
+		{"target port changed", one, state(retargeted(ready("10.0.0.1"))), all("[10.0.0.1:5353]")},
 		{"new service without endpoints", state(), empty, []string{}},
 		// A serving, terminating endpoint is deselected once another
 		// is ready; its flows stay.
@@ -173,7 +182,7 @@ func TestStaleFlows(t *testing.T) {
 			state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), []string{}},
 		{"endpoint drained by weight 0", one, state(svc(Endpoint{Addr: a("10.0.0.1"), Weight: Weight(0)})), []string{}},
 		{"endpoint stops serving", state(svc(terminating("10.0.0.1"), ready("10.0.0.2"))), two,
-			all("[10.0.0.1 10.0.0.2]")[:0]},
+			all("[10.0.0.1:53 10.0.0.2:53]")[:0]},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if diff := cmp.Diff(tt.want, flows(tt.from, tt.to)); diff != "" {
@@ -195,13 +204,14 @@ func TestStaleFlowsOfState(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []StaleFlow{
-		{Protocol: SCTP, Dst: a("10.96.0.1"), Port: 99, Serving: []netip.Addr{a("10.0.0.1"), a("10.0.0.2")}},
-		{Protocol: UDP, Dst: a("10.96.0.1"), Port: 53, Serving: []netip.Addr{a("10.0.0.1"), a("10.0.0.2")}},
+		{Protocol: SCTP, Dst: a("10.96.0.1"), Port: 99, Serving: []netip.AddrPort{ap("10.0.0.1", 99), ap("10.0.0.2", 99)}},
+		{Protocol: UDP, Dst: a("10.96.0.1"), Port: 53, Serving: []netip.AddrPort{ap("10.0.0.1", 53), ap("10.0.0.2", 53)}},
 	}
-	if diff := cmp.Diff(want, st.StaleFlows(), cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+	if diff := cmp.Diff(want, st.StaleFlows(), cmp.Comparer(func(x, y netip.Addr) bool { return x == y }),
+		cmp.Comparer(func(x, y netip.AddrPort) bool { return x == y })); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if !want[0].Keeps(a("10.0.0.2")) || want[0].Keeps(a("10.0.0.3")) {
+	if !want[0].Keeps(ap("10.0.0.2", 99)) || want[0].Keeps(ap("10.0.0.3", 99)) || want[0].Keeps(ap("10.0.0.2", 98)) {
 		t.Error("Keeps")
 	}
 }
@@ -352,7 +362,7 @@ func TestSamePortSeesEveryField(t *testing.T) {
 		"Scheduler":           func(sp *ServicePort) { sp.Scheduler = SchedulerRoundRobin },
 		"HealthCheckNodePort": func(sp *ServicePort) { sp.HealthCheckNodePort = 30100 },
 		"Hairpin":             func(sp *ServicePort) { sp.Hairpin = []netip.Addr{a("10.0.0.1")} },
-		"Serving":             func(sp *ServicePort) { sp.Serving = []netip.Addr{a("10.0.0.1")} },
+		"Serving":             func(sp *ServicePort) { sp.Serving = []netip.AddrPort{ap("10.0.0.1", 80)} },
 	}
 	typ := reflect.TypeFor[ServicePort]()
 	for i := range typ.NumField() {
@@ -377,3 +387,7 @@ func TestSamePortSeesEveryField(t *testing.T) {
 		t.Error("an empty list differs from none")
 	}
 }
+
+// ap is an endpoint at a port, as ServicePort.Serving and StaleFlow.Serving
+// list them.
+func ap(addr string, port uint16) netip.AddrPort { return netip.AddrPortFrom(a(addr), port) }

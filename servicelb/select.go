@@ -82,16 +82,16 @@ func endpointPort(e *Endpoint, p Port) (uint16, bool) {
 	return cmp.Or(p.TargetPort, p.Port), true
 }
 
-// serving returns the addresses of the endpoints of family f that serve
-// port p (ready, or serving), whatever their weight, sorted.
-func serving(s *Service, p Port, f Family) []netip.Addr {
-	is := func(e *Endpoint) bool {
-		_, ok := endpointPort(e, p)
-		return ok && FamilyOf(e.Addr) == f && (e.IsReady() || e.IsServing())
+// serving returns the endpoints of family f that serve port p (ready, or
+// serving), each at its target port of p, whatever their weight, sorted.
+func serving(s *Service, p Port, f Family) []netip.AddrPort {
+	port := func(e *Endpoint) (uint16, bool) {
+		tp, ok := endpointPort(e, p)
+		return tp, ok && FamilyOf(e.Addr) == f && (e.IsReady() || e.IsServing())
 	}
 	n := 0
 	for i := range s.Endpoints {
-		if is(&s.Endpoints[i]) {
+		if _, ok := port(&s.Endpoints[i]); ok {
 			n++
 		}
 	}
@@ -99,13 +99,13 @@ func serving(s *Service, p Port, f Family) []netip.Addr {
 		return nil
 	}
 	// The service port keeps the slice: sized once, it holds no spare room.
-	out := make([]netip.Addr, 0, n)
+	out := make([]netip.AddrPort, 0, n)
 	for i := range s.Endpoints {
-		if e := &s.Endpoints[i]; is(e) {
-			out = append(out, e.Addr)
+		if tp, ok := port(&s.Endpoints[i]); ok {
+			out = append(out, netip.AddrPortFrom(s.Endpoints[i].Addr, tp))
 		}
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
+	slices.SortFunc(out, netip.AddrPort.Compare)
 	return slices.Compact(out)
 }
 
@@ -244,11 +244,6 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 			sp.Hairpin[i] = b.Addr
 		}
 		sp.Hairpin = slices.Compact(sp.Hairpin)
-		if slices.Equal(sp.Hairpin, sp.Serving) {
-			// Every serving endpoint is one a verdict may forward to, as
-			// when all are ready: the port keeps one list of them.
-			sp.Hairpin = sp.Serving
-		}
 	}
 	return sp
 }

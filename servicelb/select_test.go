@@ -435,28 +435,3 @@ func TestExternalLocalNeedsExternalAccess(t *testing.T) {
 		t.Errorf("a cluster-IP-only port: accessible=%v internal=%v, want false, cluster", sp.ExternallyAccessible(), sp.Internal)
 	}
 }
-
-// TestHairpinSharesServing: a port whose serving endpoints are all ones
-// its verdicts may forward to keeps one list of their addresses for both
-// Hairpin and Serving; a port that forwards to some of them keeps two.
-func TestHairpinSharesServing(t *testing.T) {
-	node := NodeConfig{NodeName: "n1"}
-	svc := Service{Name: "ns/web", ClusterIPs: []netip.Addr{a("10.96.0.1")}, Ports: []Port{{Name: "p", Protocol: TCP, Port: 80}},
-		Endpoints: []Endpoint{{Addr: a("10.0.0.1")}, {Addr: a("10.0.0.2")}}}
-	st, err := NewState(node, svc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sp := st.Ports()[0]
-	if len(sp.Hairpin) != 2 || &sp.Hairpin[0] != &sp.Serving[0] {
-		t.Errorf("all ready: Hairpin %v and Serving %v are not one list", sp.Hairpin, sp.Serving)
-	}
-	svc.Endpoints = append(svc.Endpoints, Endpoint{Addr: a("10.0.0.3"), Ready: new(false), Serving: new(true), Terminating: true})
-	if st, err = NewState(node, svc); err != nil {
-		t.Fatal(err)
-	}
-	sp = st.Ports()[0]
-	if len(sp.Hairpin) != 2 || len(sp.Serving) != 3 {
-		t.Errorf("one terminating: Hairpin %v, Serving %v", sp.Hairpin, sp.Serving)
-	}
-}

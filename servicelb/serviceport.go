@@ -82,12 +82,12 @@ type ServicePort struct {
 	// masqueraded, so that the endpoint's reply comes back through the
 	// node.
 	Hairpin []netip.Addr
-	// Serving lists the addresses of every endpoint of this family that
-	// serves the port (ready, or serving while terminating), whatever the
-	// policies, topology or weights select, sorted. A UDP or SCTP flow to
-	// a frontend of the port whose endpoint is not among them is stale
-	// (see StaleFlow).
-	Serving []netip.Addr
+	// Serving lists every endpoint of this family that serves the port
+	// (ready, or serving while terminating), at its target port, whatever
+	// the policies, topology or weights select, sorted. A UDP or SCTP flow
+	// to a frontend of the port whose endpoint address and port are not
+	// among them is stale (see StaleFlow).
+	Serving []netip.AddrPort
 }
 
 // ExternallyAccessible reports whether the port is reachable from outside the cluster:

@@ -194,7 +194,7 @@ func (p *Proxier) track(c *conn) bool {
 	ps := c.ps
 	ps.mu.Lock()
 	ps.conns[c] = struct{}{}
-	if ps.gone.Load() || !serving(ps.tab.Load().sp, c.to.Addr()) {
+	if ps.gone.Load() || !serving(ps.tab.Load().sp, c.to) {
 		p.startDrain(c)
 	}
 	ps.mu.Unlock()
@@ -235,7 +235,7 @@ func (p *Proxier) redrain(ps *portState) {
 	gone := ps.gone.Load()
 	for c := range ps.conns {
 		switch {
-		case gone || !serving(sp, c.to.Addr()):
+		case gone || !serving(sp, c.to):
 			p.startDrain(c)
 		case c.drain != nil:
 			c.drain.Stop()

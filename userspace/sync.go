@@ -335,7 +335,7 @@ func (p *Proxier) settlePort(ps *portState) {
 	}
 	sp := ps.sp
 	for _, l := range ps.lns {
-		n := l.udp.closeIf(func(s *session) bool { return !serving(sp, s.to.Addr()) })
+		n := l.udp.closeIf(func(s *session) bool { return !serving(sp, s.to) })
 		ps.stats.drained.Add(uint64(n))
 	}
 }

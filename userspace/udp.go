@@ -182,7 +182,7 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 	go p.sessionLoop(s)
 	// A sync that ran since the decision closes the sessions to
 	// endpoints that stopped serving; this one was not there yet.
-	if ps.gone.Load() || !serving(ps.tab.Load().sp, to.Addr()) {
+	if ps.gone.Load() || !serving(ps.tab.Load().sp, to) {
 		f.Close()
 		return nil
 	}

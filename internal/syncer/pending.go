@@ -46,7 +46,7 @@ func (pf *pendingFlows) refresh(ch *servicelb.Changes) {
 	if pf.empty() {
 		return
 	}
-	set := func(sp *servicelb.ServicePort, serving []netip.Addr) {
+	set := func(sp *servicelb.ServicePort, serving []netip.AddrPort) {
 		for _, f := range sp.Frontends() {
 			k := flowKey{sp.Port.Protocol, f.Addr, f.Port}
 			if x, ok := pf.m[k]; ok {

@@ -13,26 +13,26 @@ import (
 // TestPendingFlows: a pending filter follows the changes of its frontend
 // until it is deleted; a full rewrite covers every frontend of the state.
 func TestPendingFlows(t *testing.T) {
-	a, b := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.2.2")
+	a, b := netip.MustParseAddrPort("10.244.1.2:53"), netip.MustParseAddrPort("10.244.2.2:53")
 	vip := netip.MustParseAddr("10.96.0.10")
-	port := func(serving ...netip.Addr) *servicelb.ServicePort {
+	port := func(serving ...netip.AddrPort) *servicelb.ServicePort {
 		return &servicelb.ServicePort{Key: servicelb.ServicePortKey{Service: "d/s", Family: servicelb.IPv4},
 			Port: servicelb.Port{Protocol: servicelb.UDP, Port: 53}, ClusterIP: vip, Serving: serving}
 	}
 	var pf pendingFlows
 	pf.refresh(&servicelb.Changes{Changed: []servicelb.PortChange{{Old: port(a, b), New: port(a)}}})
 	require.True(t, pf.empty(), "refresh adds nothing")
-	pf.add([]servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{a}}})
+	pf.add([]servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.AddrPort{a}}})
 	// b serves again: a retry must keep its flows.
 	pf.refresh(&servicelb.Changes{Changed: []servicelb.PortChange{{Old: port(a), New: port(a, b)}}})
-	assert.Equal(t, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{a, b}}}, pf.list())
+	assert.Equal(t, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.AddrPort{a, b}}}, pf.list())
 	pf.refresh(&servicelb.Changes{Removed: []*servicelb.ServicePort{port(a, b)}})
 	assert.Equal(t, []servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53}}, pf.list(), "a frontend gone keeps no flow")
 
 	st, err := servicelb.NewState(servicelb.NodeConfig{}, servicelb.Service{Name: "d/t", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")},
-		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: []servicelb.Endpoint{{Addr: b}}})
+		Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: []servicelb.Endpoint{{Addr: b.Addr()}}})
 	require.NoError(t, err)
-	pf.add([]servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.Addr{a}}})
+	pf.add([]servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53, Serving: []netip.AddrPort{a}}})
 	pf.reset(st)
 	assert.Equal(t, append([]servicelb.StaleFlow{{Protocol: servicelb.UDP, Dst: vip, Port: 53}}, st.StaleFlows()...), pf.list())
 	pf.clear()

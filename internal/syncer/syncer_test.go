@@ -188,7 +188,7 @@ func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
 	ep := netip.MustParseAddr
 	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
 	require.Len(t, c.calls, 1, "the first sync reconciles the whole table")
-	assert.Equal(t, []netip.Addr{ep("10.0.0.1"), ep("10.0.0.2")}, c.calls[0][0].Serving)
+	assert.Equal(t, []netip.AddrPort{netip.AddrPortFrom(ep("10.0.0.1"), 53), netip.AddrPortFrom(ep("10.0.0.2"), 53)}, c.calls[0][0].Serving)
 	c.fail = 1
 	err := e.Sync(ctx, state(t, udpService("10.0.0.1")))
 	require.Error(t, err)
@@ -197,7 +197,7 @@ func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
 	// keeps its flows.
 	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
 	require.Len(t, c.calls, 3)
-	assert.Equal(t, []netip.Addr{ep("10.0.0.1"), ep("10.0.0.2")}, c.calls[2][0].Serving)
+	assert.Equal(t, []netip.AddrPort{netip.AddrPortFrom(ep("10.0.0.1"), 53), netip.AddrPortFrom(ep("10.0.0.2"), 53)}, c.calls[2][0].Serving)
 	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
 	assert.Len(t, c.calls, 3, "nothing pending, nothing deleted")
 }
