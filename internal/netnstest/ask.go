@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,6 +55,9 @@ type Reply struct {
 	// the client's own when its source address is preserved, the node's
 	// when it is masqueraded.
 	Client netip.AddrPort
+	// Port is the port the server answered on; 0 from a server that
+	// does not say.
+	Port uint16
 }
 
 // AskError is a failed ask. errors.Is(err, ErrRefused) and
@@ -361,15 +365,23 @@ func classify(err error) error {
 
 // parseReply parses "<host name> <client addr:port>".
 func parseReply(text string) (Reply, error) {
-	host, client, ok := strings.Cut(strings.TrimSpace(text), " ")
-	if !ok || host == "" {
+	f := strings.Fields(text)
+	if len(f) < 2 || len(f) > 3 || strings.HasPrefix(text, " ") {
 		return Reply{}, fmt.Errorf("malformed reply %q", text)
 	}
-	ap, err := netip.ParseAddrPort(client)
+	ap, err := netip.ParseAddrPort(f[1])
 	if err != nil {
 		return Reply{}, fmt.Errorf("malformed reply %q: %w", text, err)
 	}
-	return Reply{Host: host, Client: ap}, nil
+	r := Reply{Host: f[0], Client: ap}
+	if len(f) == 3 {
+		port, err := strconv.ParseUint(f[2], 10, 16)
+		if err != nil {
+			return Reply{}, fmt.Errorf("malformed reply %q: port: %w", text, err)
+		}
+		r.Port = uint16(port)
+	}
+	return r, nil
 }
 
 // failureKey returns the Count key of a failed ask.

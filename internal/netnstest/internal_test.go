@@ -56,10 +56,14 @@ func TestLeftoverPID(t *testing.T) {
 
 func TestParseReply(t *testing.T) {
 	r, err := parseReply("backend-1 [fd00:c::2]:40000\n")
-	if err != nil || r.Host != "backend-1" || r.Client != netip.MustParseAddrPort("[fd00:c::2]:40000") {
+	if err != nil || r.Host != "backend-1" || r.Client != netip.MustParseAddrPort("[fd00:c::2]:40000") || r.Port != 0 {
 		t.Errorf("got %+v, %v", r, err)
 	}
-	for _, bad := range []string{"", "backend-1", " 1.2.3.4:5", "backend-1 1.2.3.4", "backend-1 x:1"} {
+	r, err = parseReply("backend-1 10.0.0.1:40000 8081\n")
+	if err != nil || r.Host != "backend-1" || r.Client != netip.MustParseAddrPort("10.0.0.1:40000") || r.Port != 8081 {
+		t.Errorf("got %+v, %v", r, err)
+	}
+	for _, bad := range []string{"", "backend-1", " 1.2.3.4:5", "backend-1 1.2.3.4", "backend-1 x:1", "backend-1 1.2.3.4:5 x", "backend-1 1.2.3.4:5 70000", "a 1.2.3.4:5 6 7"} {
 		if _, err := parseReply(bad); err == nil {
 			t.Errorf("parseReply(%q) accepted", bad)
 		}

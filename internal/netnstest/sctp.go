@@ -54,12 +54,12 @@ func (h *Host) serveSCTP(s *Server, port uint16) error {
 			return err
 		}
 		s.closers = append(s.closers, ln)
-		s.wg.Go(func() { h.acceptSCTP(s, ln) })
+		s.wg.Go(func() { h.acceptSCTP(s, ln, port) })
 	}
 	return nil
 }
 
-func (h *Host) acceptSCTP(s *Server, ln *os.File) {
+func (h *Host) acceptSCTP(s *Server, ln *os.File, port uint16) {
 	rc, err := ln.SyscallConn()
 	if err != nil {
 		return
@@ -78,11 +78,11 @@ func (h *Host) acceptSCTP(s *Server, ln *os.File) {
 			continue
 		}
 		c := os.NewFile(uintptr(nfd), "sctp")
-		s.wg.Go(func() { h.answerSCTP(c) })
+		s.wg.Go(func() { h.answerSCTP(c, port) })
 	}
 }
 
-func (h *Host) answerSCTP(c *os.File) {
+func (h *Host) answerSCTP(c *os.File, port uint16) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(connTimeout))
 	buf := make([]byte, 512)
@@ -98,5 +98,5 @@ func (h *Host) answerSCTP(c *os.File) {
 	if err != nil {
 		return
 	}
-	c.Write(h.reply(sockaddr.To(peer)))
+	c.Write(h.reply(sockaddr.To(peer), port))
 }

@@ -42,15 +42,16 @@ func (s *Server) Close() {
 	})
 }
 
-// reply formats the echo servers' answer.
-func (h *Host) reply(client netip.AddrPort) []byte {
-	return fmt.Appendf(nil, "%s %s\n", h.Name, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()))
+// reply formats the echo servers' answer: the host's name, the client as
+// the server saw it, and the port the server answered on.
+func (h *Host) reply(client netip.AddrPort, port uint16) []byte {
+	return fmt.Appendf(nil, "%s %s %d\n", h.Name, netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), port)
 }
 
 // Serve starts an echo server for proto ("tcp", "udp" or "sctp") on port,
 // listening on every address of the host, IPv4 and IPv6, with sockets
-// created in its namespace. Each reply is "<host name> <client addr:port>",
-// the client as the server saw it. The server stops when the test ends.
+// created in its namespace. Each reply is "<host name> <client addr:port>
+// <port>": the client as the server saw it, and the port it answered on. The server stops when the test ends.
 func (h *Host) Serve(t testing.TB, proto string, port uint16) *Server {
 	t.Helper()
 	s := &Server{}
@@ -84,12 +85,12 @@ func (h *Host) serveTCP(s *Server, port uint16) error {
 			return err
 		}
 		s.closers = append(s.closers, ln)
-		s.wg.Go(func() { h.acceptTCP(s, ln) })
+		s.wg.Go(func() { h.acceptTCP(s, ln, port) })
 	}
 	return nil
 }
 
-func (h *Host) acceptTCP(s *Server, ln net.Listener) {
+func (h *Host) acceptTCP(s *Server, ln net.Listener, port uint16) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -104,7 +105,7 @@ func (h *Host) acceptTCP(s *Server, ln net.Listener) {
 			if _, err := bufio.NewReader(c).ReadString('\n'); err != nil && err != io.EOF {
 				return
 			}
-			c.Write(h.reply(c.RemoteAddr().(*net.TCPAddr).AddrPort()))
+			c.Write(h.reply(c.RemoteAddr().(*net.TCPAddr).AddrPort(), port))
 		})
 	}
 }
@@ -128,19 +129,19 @@ func (h *Host) serveUDP(s *Server, port uint16) error {
 			if err := p.SetControlMessage(ipv4.FlagDst|ipv4.FlagInterface, true); err != nil {
 				return fmt.Errorf("udp4 control messages: %w", err)
 			}
-			s.wg.Go(func() { h.answerUDP4(p) })
+			s.wg.Go(func() { h.answerUDP4(p, port) })
 		} else {
 			p := ipv6.NewPacketConn(pc)
 			if err := p.SetControlMessage(ipv6.FlagDst|ipv6.FlagInterface, true); err != nil {
 				return fmt.Errorf("udp6 control messages: %w", err)
 			}
-			s.wg.Go(func() { h.answerUDP6(p) })
+			s.wg.Go(func() { h.answerUDP6(p, port) })
 		}
 	}
 	return nil
 }
 
-func (h *Host) answerUDP4(p *ipv4.PacketConn) {
+func (h *Host) answerUDP4(p *ipv4.PacketConn, port uint16) {
 	buf := make([]byte, 2048)
 	for {
 		_, cm, src, err := p.ReadFrom(buf)
@@ -154,11 +155,11 @@ func (h *Host) answerUDP4(p *ipv4.PacketConn) {
 		if cm != nil {
 			out = &ipv4.ControlMessage{Src: cm.Dst}
 		}
-		p.WriteTo(h.reply(src.(*net.UDPAddr).AddrPort()), out, src)
+		p.WriteTo(h.reply(src.(*net.UDPAddr).AddrPort(), port), out, src)
 	}
 }
 
-func (h *Host) answerUDP6(p *ipv6.PacketConn) {
+func (h *Host) answerUDP6(p *ipv6.PacketConn, port uint16) {
 	buf := make([]byte, 2048)
 	for {
 		_, cm, src, err := p.ReadFrom(buf)
@@ -175,6 +176,6 @@ func (h *Host) answerUDP6(p *ipv6.PacketConn) {
 				out.IfIndex = cm.IfIndex
 			}
 		}
-		p.WriteTo(h.reply(src.(*net.UDPAddr).AddrPort()), out, src)
+		p.WriteTo(h.reply(src.(*net.UDPAddr).AddrPort(), port), out, src)
 	}
 }

@@ -81,6 +81,17 @@ func Weighted(w uint16, eps []servicelb.Endpoint) []servicelb.Endpoint {
 	return Edit(eps, func(e *servicelb.Endpoint) { e.Weight = servicelb.Weight(w) })
 }
 
+// OnPorts has endpoints serve every port of the service (as One builds
+// it) on port instead of TargetPort.
+func OnPorts(port uint16, eps []servicelb.Endpoint) []servicelb.Endpoint {
+	return Edit(eps, func(e *servicelb.Endpoint) {
+		e.Ports = map[string]uint16{}
+		for _, p := range []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP} {
+			e.Ports[p.Lower()] = port
+		}
+	})
+}
+
 // Hinted gives endpoints topology hints.
 func Hinted(zones, nodes []string, eps []servicelb.Endpoint) []servicelb.Endpoint {
 	return Edit(eps, func(e *servicelb.Endpoint) { e.Hints = servicelb.Hints{ForZones: zones, ForNodes: nodes} })

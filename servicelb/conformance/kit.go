@@ -578,6 +578,10 @@ func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip
 			t.Errorf("%s: answered by %s, want one of endpoints %v", what, r.Host, w.backends)
 			return
 		}
+		if w.port != 0 && r.Port != w.port {
+			t.Errorf("%s: answered by %s on port %d, want port %d", what, r.Host, r.Port, w.port)
+			return
+		}
 		counts[i]++
 		source := w.source
 		if source == preserved && !l.caps.Features.Has(servicelb.FeaturePreserveSource) {

@@ -32,7 +32,7 @@ func NoSCTPChecks() []string {
 		"affinity/per-client", "affinity/lasts-while-renewed-then-expires",
 		"stale-flows/endpoint-removed", "stale-flows/serving-terminating-endpoint-keeps-its-flows",
 		"stale-flows/drained-endpoint-keeps-its-flows", "stale-flows/deselected-by-policy-keeps-its-flows",
-		"stale-flows/restart-reconciles-the-table",
+		"stale-flows/restart-reconciles-the-table", "stale-flows/target-port-changed",
 		"scheduler/maglev-spreads-one-clients-connections",
 	}
 }
@@ -568,6 +568,14 @@ func staleFlowScenarios() []Scenario {
 		{Name: "stale-flows/restart-reconciles-the-table", Follows: followStale + " (the first sync reconciles the whole table)", Stages: []Stage{
 			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
 			{Restart: true, Services: One(func() []servicelb.Endpoint { return RemoteEps(1) }), Expect: []Check{udpSession(Reach(1))}},
+		}},
+		// The endpoint stays, on another port: a flow keeps its
+		// endpoint's address and port, so the old port's flows are
+		// stale (the e2e test "Conntrack should be able to cleanup
+		// conntrack entries when UDP service target port changes").
+		{Name: "stale-flows/target-port-changed", Follows: followStale + " (an endpoint is its address and port)", Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0).OnPort(TargetPort))),
+			stage(func() []servicelb.Endpoint { return OnPorts(AltTargetPort, RemoteEps(0)) }, udpSession(Reach(0).OnPort(AltTargetPort))),
 		}},
 	}
 }

@@ -235,6 +235,7 @@ type Outcome struct {
 	spread   bool
 	sticky   bool
 	shares   map[int]float64
+	port     uint16
 }
 
 type outcomeKind uint8
@@ -272,6 +273,10 @@ func (o Outcome) Masqueraded() Outcome { o.source = masqueraded; return o }
 // Preserved adds that the endpoint sees the client's own address (the
 // node's, on a backend without servicelb.FeaturePreserveSource).
 func (o Outcome) Preserved() Outcome { o.source = preserved; return o }
+
+// OnPort adds that every answer comes from the endpoint's port p
+// (TargetPort or AltTargetPort).
+func (o Outcome) OnPort(p uint16) Outcome { o.port = p; return o }
 
 // Spread adds that every endpoint given answers some of 40 flows.
 func (o Outcome) Spread() Outcome { o.spread = true; return o }
