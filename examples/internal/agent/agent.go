@@ -525,7 +525,7 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	h := Handler(a.metrics, a.health, a.cfg.HealthTimeout())
+	h := Handler(a.metrics, a.cfg.Backend, a.health, a.cfg.HealthTimeout())
 	if a.cfg.Profiling {
 		h = withProfiling(h)
 	}

@@ -189,7 +189,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 	cfg.MinSyncInterval = 10 * time.Millisecond
 	p := &fake.Proxier{}
 	a, src := startAgent(t, cfg, p, io.Discard)
-	h := Handler(a.Metrics(), a.health, time.Minute)
+	h := Handler(a.Metrics(), "nftables", a.health, time.Minute)
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
@@ -197,6 +197,9 @@ func TestMetricsAndHealthz(t *testing.T) {
 	}
 	if code, body := get("/healthz"); code != 503 || !strings.Contains(body, "ready=false") {
 		t.Errorf("/healthz before sync: %d %q", code, body)
+	}
+	if code, body := get("/proxyMode"); code != 200 || body != "nftables" {
+		t.Errorf("/proxyMode: %d %q, want 200 nftables, as kube-proxy answers", code, body)
 	}
 	if err := src.Upsert(web); err != nil {
 		t.Fatal(err)

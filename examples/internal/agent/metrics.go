@@ -113,11 +113,18 @@ func (m *Metrics) ProxyAnswered(path string, code int) { m.kube.proxyAnswered(pa
 // Invalid counts an object a source rejected.
 func (m *Metrics) Invalid(source string) { m.invalid.WithLabelValues(source).Inc() }
 
-// Handler serves /metrics, and /healthz: 200 while the runner is ready and
-// no change has waited longer than timeout, else 503.
-func Handler(m *Metrics, health func() servicelb.Health, timeout time.Duration) http.Handler {
+// Handler serves /metrics; /healthz: 200 while the runner is ready and no
+// change has waited longer than timeout, else 503; and /proxyMode: the
+// backend (kube-proxy's mode there, which tools and Kubernetes' own tests
+// read).
+func Handler(m *Metrics, mode string, health func() servicelb.Health, timeout time.Duration) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		fmt.Fprint(w, mode)
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		h := health()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
