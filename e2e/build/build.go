@@ -40,6 +40,7 @@ func Kubernetes(e2eDir string, log io.Writer) modbuild.Build {
 		"k8s.io/kubernetes/cmd/kubeadm",
 		"k8s.io/kubernetes/cmd/kube-proxy",
 		"k8s.io/kubernetes/test/images/agnhost",
+		"k8s.io/kubernetes/test/images/regression-issue-74839",
 		"github.com/onsi/ginkgo/v2/ginkgo",
 	}
 	major, minor, _ := strings.Cut(strings.TrimPrefix(KubernetesVersion, "v"), ".")

@@ -35,7 +35,8 @@ var kubeletSysctls = map[string]string{
 //     hierarchies bound back under /sys/fs/cgroup;
 //   - a bpf filesystem of its own on /sys/fs/bpf, for the proxies' pins;
 //   - a tmpfs on /run: containerd's sockets and state, xtables.lock;
-//   - the node's directories over /var/lib and /var/log;
+//   - the node's directories over /var/lib and /var/log, and an empty
+//     /etc/resolv.conf;
 //   - the node's files over the sysctls kubelet checks.
 //
 // Nothing of it is visible outside the node's mount namespace, and all
@@ -60,11 +61,17 @@ func Hold(hostname, dir string) error {
 		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=755"},
 		{filepath.Join(dir, "var-lib"), "/var/lib", "", unix.MS_BIND, ""},
 		{filepath.Join(dir, "var-log"), "/var/log", "", unix.MS_BIND, ""},
+		// No name server: a pull of an image the node lacks fails at
+		// once instead of waiting for an answer that cannot come.
+		{filepath.Join(dir, "etc-resolv.conf"), "/etc/resolv.conf", "", unix.MS_BIND, ""},
 	}
 	for _, d := range []string{"var-lib", "var-log", "sysctl"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc-resolv.conf"), nil, 0o644); err != nil {
+		return err
 	}
 	for key, value := range kubeletSysctls {
 		f := filepath.Join(dir, "sysctl", filepath.Base(key))

@@ -48,11 +48,20 @@ func NewRootfs() *Rootfs {
 		r.Symlink("/"+d, "usr/"+d)
 	}
 	r.entries["/tmp"] = entry{dir: true, mode: 0o1777}
-	r.File("/etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"), 0o644)
-	r.File("/etc/group", []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644)
+	r.File("/etc/passwd", []byte(passwd), 0o644)
+	r.File("/etc/group", []byte(group), 0o644)
 	r.File("/etc/nsswitch.conf", []byte("passwd: files\ngroup: files\nhosts: files dns\n"), 0o644)
 	return r
 }
+
+// The accounts of every image: root and nobody.
+const (
+	passwd = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+	group  = "root:x:0:\nnogroup:x:65534:\n"
+)
+
+// Dir adds an empty directory.
+func (r *Rootfs) Dir(p string) { r.entries[canonical(p)] = entry{dir: true, mode: 0o755} }
 
 // Err returns the first error of an operation.
 func (r *Rootfs) Err() error { return r.err }

@@ -18,6 +18,9 @@ const (
 	Nginx       = "registry.k8s.io/e2e-test-images/nginx:1.15-4"
 	GlibcDNS    = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0"
 	Pause       = "registry.k8s.io/pause:3.10.2"
+	// RegressionIssue74839 sends the out-of-window TCP packets of the
+	// Conntrack test of kube-proxy's INVALID drop.
+	RegressionIssue74839 = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.4"
 	// KubeProxy is kube-proxy's image as kubeadm names it
 	// (imageRepository/kube-proxy:kubernetesVersion).
 	KubeProxy = "registry.k8s.io/kube-proxy:v1.36.3"
@@ -34,23 +37,30 @@ type Sources struct {
 	Porter string
 	// Pause is the sandbox program (package pause).
 	Pause string
+	// RegressionIssue74839 is that image's program, of the release.
+	RegressionIssue74839 string
+	// CoreDNS is held by agnhost's image at /coredns, as the release's
+	// image holds it: the DNS tests run it as a name server of their own.
+	CoreDNS string
 	// KubeProxy is the kube-proxy binary of the release.
 	KubeProxy string
 }
 
 // Debian's programs the test images hold, from the machine's packages
-// (dash, curl, wget, netcat-openbsd, bind9-dnsutils, libc-bin, iproute2):
+// (dash, bash, curl, wget, netcat-openbsd, bind9-dnsutils, libc-bin,
+// iproute2), as the release's agnhost image holds Alpine's:
 // the tests shell into agnhost pods and run them. Where busybox has an
 // applet of the same name, Debian's is used: busybox's nc lacks -v, -t
 // and -u, and its wget crashes.
 var debianTools = []string{
-	"/usr/bin/dash", "/usr/bin/curl", "/usr/bin/wget", "/usr/bin/nc.openbsd",
+	"/usr/bin/dash", "/usr/bin/bash", "/usr/bin/curl", "/usr/bin/wget", "/usr/bin/nc.openbsd",
 	"/usr/bin/dig", "/usr/bin/host", "/usr/bin/nslookup", "/usr/bin/getent", "/usr/bin/ip",
 }
 
 // Test returns the test images: agnhost (two versions), stand-ins for
 // nginx (agnhost serving HTTP on port 80) and glibc-dns-testing (the
-// same tools, started with a shell), busybox and pause.
+// same tools, started with a shell), busybox, pause, and
+// regression-issue-74839.
 func Test(src Sources) ([]Image, error) {
 	bb, err := busybox()
 	if err != nil {
@@ -58,6 +68,13 @@ func Test(src Sources) ([]Image, error) {
 	}
 	agn := NewRootfs()
 	agn.Copy(src.Agnhost, "/agnhost")
+	agn.Symlink("/agnhost-2", "agnhost")
+	agn.Copy(src.CoreDNS, "/coredns")
+	agn.Dir("/uploads")
+	// The user and group the release's image defines, which tests of
+	// run-as settings name.
+	agn.File("/etc/passwd", []byte(passwd+"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"), 0o644)
+	agn.File("/etc/group", []byte(group+"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"), 0o644)
 	for _, t := range debianTools {
 		agn.Program(t)
 	}
@@ -74,7 +91,9 @@ func Test(src Sources) ([]Image, error) {
 	bb.addTo(box)
 	pause := NewRootfs()
 	pause.Copy(src.Pause, "/pause")
-	for _, r := range []*Rootfs{box, pause} {
+	reg := NewRootfs()
+	reg.Copy(src.RegressionIssue74839, "/regression-issue-74839")
+	for _, r := range []*Rootfs{box, pause, reg} {
 		if err := r.Err(); err != nil {
 			return nil, err
 		}
@@ -86,6 +105,7 @@ func Test(src Sources) ([]Image, error) {
 		{Name: GlibcDNS, Rootfs: agn, Cmd: []string{"sh"}},
 		{Name: BusyBox, Rootfs: box, Cmd: []string{"sh"}},
 		{Name: Pause, Rootfs: pause, Entrypoint: []string{"/pause"}},
+		{Name: RegressionIssue74839, Rootfs: reg, Entrypoint: []string{"/regression-issue-74839"}},
 	}, nil
 }
 

@@ -202,6 +202,7 @@ func prepare(ctx context.Context, o options, t *times) (*artifacts, error) {
 	srcs := images.Sources{
 		Agnhost: filepath.Join(art.kube, "agnhost"), Porter: filepath.Join(src, "test", "images", "agnhost", "porter"),
 		Pause: pause, KubeProxy: filepath.Join(art.kube, "kube-proxy"),
+		RegressionIssue74839: filepath.Join(art.kube, "regression-issue-74839"), CoreDNS: art.coredns,
 	}
 	test, err := images.Test(srcs)
 	if err != nil {
