@@ -98,8 +98,8 @@ image: kproxy
 # (IPVS); then the demo runs as a smoke test.
 test-examples: deps kproxy
 	@examples/hack/deps.sh
-	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) run ./examples/internal/testservers/cmd/buildservers
-	KPROXY_SERVER_MODULES=$(CURDIR)/examples/internal/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
+	KPROXY_SERVER_MODULES=$(CURDIR)/internal/testkit/testservers/modules $(GO) run ./internal/testkit/testservers/cmd/buildservers
+	KPROXY_SERVER_MODULES=$(CURDIR)/internal/testkit/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
 	VMTEST_PKGS='./examples/demo ./examples/internal/filesource ./examples/cmd/kproxy' VMTEST_FLAGS= $(GO) run ./internal/vmtest/cmd/vmrun -q
 	$(GO) run ./examples/demo
 

@@ -18,7 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kproxy-dev/kproxy/internal/modbuild"
+	"github.com/kproxy-dev/kproxy/internal/testkit/modbuild"
 )
 
 // The versions built. KubernetesVersion is the release of the cluster, of

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
+	"github.com/kproxy-dev/kproxy/internal/testkit/testservers"
 )
 
 // kproxy reaches a Consul agent that denies by ACL and requires client

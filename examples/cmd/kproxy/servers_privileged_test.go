@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
+	"github.com/kproxy-dev/kproxy/internal/testkit/testservers"
 )
 
 // The servers the tests share, started by the first test that needs one

@@ -13,8 +13,8 @@ import (
 
 	"github.com/kproxy-dev/kproxy/examples/internal/e2e"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
-	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
+	"github.com/kproxy-dev/kproxy/internal/testkit/testservers"
 )
 
 var consul *testservers.ConsulAgent

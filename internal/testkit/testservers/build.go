@@ -23,7 +23,7 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/kproxy-dev/kproxy/internal/modbuild"
+	"github.com/kproxy-dev/kproxy/internal/testkit/modbuild"
 )
 
 // Server is one server this package can build.

@@ -3,7 +3,7 @@
 // that the tests themselves never wait for a build, and checks that etcd is
 // installed. It prints each binary's path.
 //
-//	go run ./examples/internal/testservers/cmd/buildservers
+//	go run ./internal/testkit/testservers/cmd/buildservers
 package main
 
 import (
@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/examples/internal/testservers"
+	"github.com/kproxy-dev/kproxy/internal/testkit/testservers"
 )
 
 func main() {
