@@ -1,5 +1,3 @@
-//go:build linux
-
 // Package modbuild builds the programs the project's tests run against
 // (servers, a cluster's components, test binaries) from the Go module
 // proxy, once per machine. Each is built by a small module of its own,
@@ -25,7 +23,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -185,19 +182,6 @@ func (b Build) run(ctx context.Context, what string, args []string) error {
 		fmt.Fprintf(b.Log, "%s: %s: %s\n", b.Name, what, time.Since(start).Round(time.Second))
 	}
 	return nil
-}
-
-// lock takes an exclusive lock on the file at path.
-func lock(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { f.Close() }, nil
 }
 
 func tail(s string, lines int) string {

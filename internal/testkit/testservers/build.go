@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package testservers builds and runs the real servers the examples' tests
 // talk to: kube-apiserver with etcd, and a Consul agent in -dev mode, all
 // listening on 127.0.0.1 only, on free ports.

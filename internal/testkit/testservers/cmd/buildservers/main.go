@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command buildservers builds the servers the examples' tests run
 // (kube-apiserver and Consul, from the Go module proxy) into the cache, so
 // that the tests themselves never wait for a build, and checks that etcd is
