@@ -1,42 +1,46 @@
-package kubesource
+package kube
 
 import (
-	"context"
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
-// TestNodeCIDRs: a Node's spec.podCIDRs (else spec.podCIDR) are its pod
-// CIDRs; a node without any, a malformed one or a missing node is an
-// error.
-func TestNodeCIDRs(t *testing.T) {
-	node := func(name, single string, cidrs ...string) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDR: single, PodCIDRs: cidrs}}
+// TestNodeOf: a Node's primary address per family (an InternalIP, else
+// an ExternalIP, IPv4 first), its pod CIDRs (spec.podCIDRs, else
+// spec.podCIDR), its zone and its eligibility, as kube-proxy reads them.
+func TestNodeOf(t *testing.T) {
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{LabelZone: "zone-a"}},
+		Spec:       corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "fd00:244:1::/64"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: "n1"},
+			{Type: corev1.NodeExternalIP, Address: "203.0.113.1"},
+			{Type: corev1.NodeInternalIP, Address: "fd00::11"},
+			{Type: corev1.NodeInternalIP, Address: "10.0.0.011"},
+			{Type: corev1.NodeInternalIP, Address: "10.0.0.12"},
+		}},
 	}
-	c := fake.NewClientset(
-		node("dual", "10.244.1.0/24", "10.244.1.0/24", "fd00:244:1::/64"),
-		node("old", "10.244.2.0/24"),
-		node("none", ""),
-		node("bad", "", "10.244.3.0/33"),
-	)
-	ctx := context.Background()
-	got, err := NodeCIDRs(ctx, c, "dual")
-	require.NoError(t, err)
-	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}, got)
-	got, err = NodeCIDRs(ctx, c, "old")
-	require.NoError(t, err)
-	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}, got)
-	for name, want := range map[string]string{"none": "no spec.podCIDRs", "bad": "spec.podCIDRs", "missing": "node missing not found"} {
-		_, err := NodeCIDRs(ctx, c, name)
-		require.Error(t, err, name)
-		assert.Contains(t, err.Error(), want, name)
-	}
+	got := NodeOf(n)
+	assert.Equal(t, Node{
+		Name: "n1", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.11"), netip.MustParseAddr("fd00::11")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")},
+		Zone:     "zone-a",
+	}, got)
+
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "203.0.113.1"}}
+	n.Spec.PodCIDRs = nil
+	got = NodeOf(n)
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.1")}, got.IPs, "no InternalIP: the ExternalIP")
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, got.PodCIDRs, "spec.podCIDR when podCIDRs are missing")
+	assert.True(t, got.Equal(NodeOf(n)))
+
+	n.Spec.PodCIDR = ""
+	assert.Empty(t, NodeOf(n).PodCIDRs, "none allocated yet")
+	assert.Equal(t, "no Node object of this name", NodeOf(nil).Ineligible)
 }
 
 // TestIneligible: a node may take traffic unless it is not found, being
@@ -67,4 +71,10 @@ func TestIneligible(t *testing.T) {
 			assert.Contains(t, got, tc.want, tc.name)
 		}
 	}
+}
+
+// TestNodeName: the node's name as kube-proxy makes it of
+// --hostname-override or the hostname.
+func TestNodeName(t *testing.T) {
+	assert.Equal(t, "node-a", NodeName("  Node-A\n"))
 }

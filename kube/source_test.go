@@ -1,7 +1,8 @@
-package kubesource
+package kube
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
@@ -95,4 +97,65 @@ func TestSliceTriggerTime(t *testing.T) {
 	sl.Annotations[corev1.EndpointsLastChangeTriggerTime] = "yesterday"
 	assert.Zero(t, sliceTriggerTime(sl, since))
 	assert.Zero(t, sliceTriggerTime(svc(nil), since))
+}
+
+// TestSourceFollowsNodeAndServiceCIDRs: the source tells its Node's facts
+// and the ServiceCIDRs' prefixes, first and at each change; with
+// WaitPodCIDRs it reports itself synced (so that the Runner syncs) only
+// once the Node has pod CIDRs, and never gives up.
+func TestSourceFollowsNodeAndServiceCIDRs(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.11"}}}}
+	cidr := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}}
+	c := k8sfake.NewClientset(svc(nil), node, cidr)
+	r, err := servicelb.NewRunner(&fake.Proxier{}, servicelb.RunnerOptions{MinSyncInterval: time.Millisecond})
+	require.NoError(t, err)
+	nodes, cidrs := make(chan Node, 10), make(chan []netip.Prefix, 10)
+	src := &Source{Client: c, NodeName: "n1", WaitPodCIDRs: true,
+		OnNode: func(n Node) { nodes <- n }, OnServiceCIDRs: func(p []netip.Prefix) { cidrs <- p }}
+	go func() { _ = r.Run(ctx) }()
+	go func() {
+		_ = src.Run(ctx, r.Source(src.Name()), func(o string, err error) { t.Errorf("%s: %v", o, err) })
+	}()
+	recv := func(ch <-chan Node) Node {
+		t.Helper()
+		select {
+		case n := <-ch:
+			return n
+		case <-time.After(10 * time.Second):
+			t.Fatal("no node reading")
+			return Node{}
+		}
+	}
+	n := recv(nodes)
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("10.0.0.11")}, n.IPs)
+	assert.Empty(t, n.PodCIDRs)
+	select {
+	case p := <-cidrs:
+		assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}, p)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no service CIDRs")
+	}
+	short, stop := context.WithTimeout(ctx, 2*time.Second)
+	assert.Error(t, r.WaitSynced(short), "no sync while the node has no pod CIDRs")
+	stop()
+
+	node.Spec.PodCIDRs = []string{"10.244.1.0/24"}
+	node.Labels = map[string]string{LabelZone: "zone-a"}
+	_, err = c.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	n = recv(nodes)
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, n.PodCIDRs)
+	assert.Equal(t, "zone-a", n.Zone)
+	long, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	require.NoError(t, r.WaitSynced(long), "synced once the node has pod CIDRs")
+	assert.True(t, src.NodeEligible())
+
+	require.NoError(t, c.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}))
+	assert.Equal(t, "no Node object of this name", recv(nodes).Ineligible)
+	assert.False(t, src.NodeEligible())
 }

@@ -1,13 +1,13 @@
-package kubesource
+package kube
 
 import (
-	"errors"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,8 +121,11 @@ func TestTranslate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got, cmpAddrs); diff != "" {
+			if diff := cmp.Diff(tc.want, got.Service, cmpAddrs); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
+			}
+			if len(got.Skipped) > 0 {
+				t.Errorf("skipped %v", got.Skipped)
 			}
 		})
 	}
@@ -147,7 +150,7 @@ func TestSlicePortsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := servicelb.NewState(servicelb.NodeConfig{}, got)
+	st, err := servicelb.NewState(servicelb.NodeConfig{}, got.Service)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,34 +169,91 @@ func TestSlicePortsOnly(t *testing.T) {
 	}
 }
 
-func TestTranslateSkipsAndErrors(t *testing.T) {
+func TestTranslateSkips(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		svc  *corev1.Service
-		skip bool
 		want string
 	}{
-		{"headless", svc(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), true, "headless"},
-		{"external name", svc(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }), true, "ExternalName"},
-		{"bad external IP", svc(func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"1.2.3"} }), false, "spec.externalIPs[0]"},
+		{"headless", svc(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), "headless"},
+		{"external name", svc(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }), "ExternalName"},
+		{"a cluster IP that is no IP", svc(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "x", []string{"x"} }), `spec.clusterIPs[0] "x"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Translate(tc.svc, nil)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err %v, want one mentioning %q", err, tc.want)
-			}
-			if errors.Is(err, ErrSkipped) != tc.skip {
-				t.Errorf("errors.Is(err, ErrSkipped) = %v, want %v", !tc.skip, tc.skip)
-			}
+			require.ErrorIs(t, err, ErrSkipped)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Contains(t, err.Error(), "service ns/web")
 		})
 	}
 }
 
+// TestTranslateLeavesOutWhatItCannotRead: an address that is no IP, a
+// source range that is no CIDR, a slice port without a name or a number
+// are left out and named; the rest of the service is translated, as
+// kube-proxy proxies it. Leading zeros of IPv4 octets read as kube-proxy
+// reads them.
+func TestTranslateLeavesOutWhatItCannotRead(t *testing.T) {
+	s := svc(func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalIPs = []string{"1.2.3", "192.0.2.1"}
+		s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/33", "198.51.100.0/24"}
+	})
+	sl := slice("a", discoveryv1.AddressTypeIPv4,
+		discoveryv1.Endpoint{Addresses: []string{"10.244.001.003"}},
+		discoveryv1.Endpoint{Addresses: []string{"not-an-ip"}},
+		discoveryv1.Endpoint{Addresses: []string{"10.244.1.4"}})
+	sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Port: ptr(int32(1))}, discoveryv1.EndpointPort{Name: ptr("http")})
+	got, err := Translate(s, []*discoveryv1.EndpointSlice{sl})
+	require.NoError(t, err)
+	assert.Equal(t, addrs("192.0.2.1"), got.Service.ExternalIPs)
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, got.Service.SourceRanges)
+	var eps []netip.Addr
+	for _, e := range got.Service.Endpoints {
+		eps = append(eps, e.Addr)
+		assert.Equal(t, map[string]uint16{"http": 8080}, e.Ports)
+	}
+	assert.Equal(t, addrs("10.244.1.3", "10.244.1.4"), eps, "10.244.001.003 is 10.244.1.3, as kube-proxy reads it")
+	var skipped []string
+	for _, e := range got.Skipped {
+		skipped = append(skipped, e.Error())
+	}
+	assert.Equal(t, []string{
+		`spec.externalIPs[0] "1.2.3" is no IP address`,
+		`spec.loadBalancerSourceRanges[0] "198.51.100.0/33" is no CIDR`,
+		`endpointslice a: ports[1] has no name`,
+		`endpointslice a: ports[2] ("http") has no port number`,
+		`endpointslice a: endpoints[1].addresses[0] "not-an-ip" is no IP address`,
+	}, skipped)
+}
+
+// TestSlicePortProtocol: a slice port serves the service port of its
+// name and protocol alone, as kube-proxy keys a slice's endpoints by
+// both: a TCP port of the name of a UDP service port is no endpoint of
+// it.
+func TestSlicePortProtocol(t *testing.T) {
+	s := svc(func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}}
+	})
+	sl := slice("a", discoveryv1.AddressTypeIPv4, discoveryv1.Endpoint{Addresses: []string{"10.244.1.2"}})
+	sl.Ports = []discoveryv1.EndpointPort{{Name: ptr("dns"), Port: ptr(int32(5353)), Protocol: ptr(corev1.ProtocolTCP)}}
+	got, err := Translate(s, []*discoveryv1.EndpointSlice{sl})
+	require.NoError(t, err)
+	st, err := servicelb.NewState(servicelb.NodeConfig{}, got.Service)
+	require.NoError(t, err)
+	assert.Empty(t, st.Port(servicelb.ServicePortKey{Service: "ns/web", Port: "dns", Family: servicelb.IPv4}).Cluster,
+		"the UDP port has no endpoint: the slice names a TCP one")
+	sl.Ports[0].Protocol = ptr(corev1.ProtocolUDP)
+	got, err = Translate(s, []*discoveryv1.EndpointSlice{sl})
+	require.NoError(t, err)
+	st, err = servicelb.NewState(servicelb.NodeConfig{}, got.Service)
+	require.NoError(t, err)
+	assert.Len(t, st.Port(servicelb.ServicePortKey{Service: "ns/web", Port: "dns", Family: servicelb.IPv4}).Cluster, 1)
+}
+
+// TestSelector: kube-proxy's label selector of Services and
+// EndpointSlices.
 func TestSelector(t *testing.T) {
-	if got := Selector("").String(); got != "!"+LabelProxyName {
-		t.Errorf("Selector(\"\") = %q", got)
-	}
-	if got := Selector("mine").String(); got != LabelProxyName+"=mine" {
-		t.Errorf("Selector(mine) = %q", got)
-	}
+	assert.Equal(t, "!"+LabelHeadless+",!"+LabelProxyName, Selector("").String())
+	assert.Equal(t, "!"+LabelHeadless+","+LabelProxyName+"=mine", Selector("mine").String())
 }
