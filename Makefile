@@ -24,8 +24,10 @@ GOFLAGS  ?=
 CI       ?=
 export CI
 
-# Packages of the core module and of the examples module.
+# Packages of the core module, of the Kubernetes layer's module and of
+# the examples module.
 CORE     := ./...
+KUBE     := ./kube/...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
 # Lint also sees the soak (internal/soak), whose run builds only with
@@ -51,8 +53,9 @@ STATICCHECK := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet -tags $(TAGS_LINT) $(CORE) $(EXAMPLES)
+	$(GO) vet -tags $(TAGS_LINT) $(CORE) $(KUBE) $(EXAMPLES)
 	$(STATICCHECK) -tags $(TAGS_LINT) $(CORE)
+	cd kube && $(STATICCHECK) -tags $(TAGS_ALL) ./...
 	cd examples && $(STATICCHECK) -tags $(TAGS_ALL) ./...
 	GO=$(GO) hack/consumer.sh
 	GOOS=darwin $(GO) build $(CORE)
@@ -60,7 +63,7 @@ lint:
 	cd e2e && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck ./...
 
 test-unit:
-	$(GO) test -count=1 $(CORE) $(EXAMPLES)
+	$(GO) test -count=1 $(CORE) $(KUBE) $(EXAMPLES)
 	cd e2e && GOWORK=off $(GO) test -count=1 ./...
 
 test-netns: deps

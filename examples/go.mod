@@ -18,9 +18,12 @@ require (
 	k8s.io/api v0.36.3
 	k8s.io/apimachinery v0.36.3
 	k8s.io/client-go v0.36.3
-	k8s.io/component-base v0.36.3
-	k8s.io/kube-proxy v0.36.3
 	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
+	k8s.io/component-base v0.36.3 // indirect
+	k8s.io/kube-proxy v0.36.3 // indirect
 )
 
 require (
@@ -52,6 +55,7 @@ require (
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/kproxy-dev/kproxy/kube v0.0.0
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/mattn/go-colorable v0.1.13 // indirect
@@ -97,3 +101,5 @@ require (
 )
 
 replace github.com/kproxy-dev/kproxy => ../
+
+replace github.com/kproxy-dev/kproxy/kube => ../kube

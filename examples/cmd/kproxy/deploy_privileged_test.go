@@ -26,8 +26,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kproxy-dev/kproxy/examples/internal/kubeproxyconfig"
-	"github.com/kproxy-dev/kproxy/examples/internal/kubesource"
+	kubelayer "github.com/kproxy-dev/kproxy/kube"
+	"github.com/kproxy-dev/kproxy/kube/kubeproxyconfig"
 )
 
 const deployDir = "../../../deploy/kubernetes"
@@ -102,7 +102,7 @@ func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured, dr
 // The manifests are valid objects for the API server, and the ConfigMap's
 // configuration is one kproxy uses whole.
 func TestDeployManifestsValidate(t *testing.T) {
-	cfg, err := kubesource.RestConfig(apiServer(t).Kubeconfig)
+	cfg, err := kubelayer.RestConfig(kubelayer.ClientOptions{Kubeconfig: apiServer(t).Kubeconfig})
 	require.NoError(t, err)
 	objs := manifests(t)
 	apply(t, cfg, objs, true)
@@ -177,7 +177,7 @@ func allowed(t *testing.T, c kubernetes.Interface, r rule) bool {
 func TestDeployRBAC(t *testing.T) {
 	kube := apiServer(t)
 	admin := adminClient(t)
-	cfg, err := kubesource.RestConfig(kube.Kubeconfig)
+	cfg, err := kubelayer.RestConfig(kubelayer.ClientOptions{Kubeconfig: kube.Kubeconfig})
 	require.NoError(t, err)
 	objs := manifests(t)
 	var rbac []*unstructured.Unstructured
@@ -195,13 +195,14 @@ func TestDeployRBAC(t *testing.T) {
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	kubeconfig := saKubeconfig(t, find(t, objs, "ConfigMap"), kube.URL, tok.Status.Token)
-	saCfg, err := kubesource.RestConfig(kubeconfig)
+	saCfg, err := kubelayer.RestConfig(kubelayer.ClientOptions{Kubeconfig: kubeconfig})
 	require.NoError(t, err)
 	saClient, err := kubernetes.NewForConfig(saCfg)
 	require.NoError(t, err)
 
 	want := []rule{{"", "nodes", "list"}, {"", "nodes", "watch"}, {"", "services", "list"}, {"", "services", "watch"},
-		{"discovery.k8s.io", "endpointslices", "list"}, {"discovery.k8s.io", "endpointslices", "watch"}}
+		{"discovery.k8s.io", "endpointslices", "list"}, {"discovery.k8s.io", "endpointslices", "watch"},
+		{"networking.k8s.io", "servicecidrs", "list"}, {"networking.k8s.io", "servicecidrs", "watch"}}
 	assert.ElementsMatch(t, want, granted(t, saClient, "default"), "granted exactly what kproxy uses")
 	assert.ElementsMatch(t, want, granted(t, saClient, "kube-system"))
 

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kproxy-dev/kproxy/examples/internal/kubesource"
+	kubelayer "github.com/kproxy-dev/kproxy/kube"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -23,7 +23,7 @@ func ptr[T any](v T) *T { return &v }
 // token.
 func adminClient(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	cfg, err := kubesource.RestConfig(apiServer(t).Kubeconfig)
+	cfg, err := kubelayer.RestConfig(kubelayer.ClientOptions{Kubeconfig: apiServer(t).Kubeconfig})
 	require.NoError(t, err)
 	c, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)

@@ -31,18 +31,12 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
-
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
-	"github.com/kproxy-dev/kproxy/examples/internal/kubeproxyconfig"
-	"github.com/kproxy-dev/kproxy/examples/internal/kubesource"
+	"github.com/kproxy-dev/kproxy/kube/kubeproxyconfig"
 )
 
 // Set at link time: -ldflags "-X main.version=v0.3.0 -X main.commit=...".
@@ -151,11 +145,7 @@ func program() agent.Program {
 			if ss.choice != "kubernetes" {
 				return nil, fmt.Errorf("--source %s knows no node's pod CIDRs: give --node-cidrs", ss.choice)
 			}
-			c, err := ss.kube.connect()
-			if err != nil {
-				return nil, err
-			}
-			return kubesource.NodeCIDRs(ctx, c, node)
+			return ss.kube.podCIDRs(ctx, node)
 		},
 	}
 }
@@ -183,72 +173,6 @@ func loadConfig(path string, given func(string) (string, bool)) (agent.ConfigFil
 		out.Ignored = append(out.Ignored, agent.IgnoredField{Field: i.Field, Value: i.Value, Reason: i.Reason})
 	}
 	return out, nil
-}
-
-// kubeSource is --source kubernetes.
-type kubeSource struct {
-	kubeconfig, proxyName, contentType string
-	qps                                float64
-	burst                              int
-	client                             kubernetes.Interface
-}
-
-func (k *kubeSource) register(fs *flag.FlagSet) []string {
-	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes source: kubeconfig file (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)")
-	fs.StringVar(&k.proxyName, "proxy-name", "", "kubernetes source: handle only services labelled "+kubesource.LabelProxyName+"=NAME (default: only services without the label)")
-	fs.Float64Var(&k.qps, "kube-api-qps", 0, "kubernetes source: queries per second to the API server (default: client-go's, 5)")
-	fs.IntVar(&k.burst, "kube-api-burst", 0, "kubernetes source: burst of queries to the API server (default: client-go's, 10)")
-	fs.StringVar(&k.contentType, "kube-api-content-type", "", "kubernetes source: content type of requests to the API server, such as application/vnd.kubernetes.protobuf (default: JSON)")
-	return []string{"kubeconfig", "proxy-name", "kube-api-qps", "kube-api-burst", "kube-api-content-type"}
-}
-
-// restConfig returns the API client's configuration.
-func (k *kubeSource) restConfig() (*rest.Config, error) {
-	cfg, err := kubesource.RestConfig(k.kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = float32(k.qps), k.burst
-	if k.contentType != "" {
-		cfg.ContentType = k.contentType
-	}
-	return cfg, nil
-}
-
-// connect returns the API client, made once.
-func (k *kubeSource) connect() (kubernetes.Interface, error) {
-	if k.client != nil {
-		return k.client, nil
-	}
-	cfg, err := k.restConfig()
-	if err != nil {
-		return nil, err
-	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	k.client = c
-	return c, nil
-}
-
-func (k *kubeSource) start(s agent.Setup) (agent.Source, error) {
-	if s.Config.NodeName == "" {
-		// kube-proxy's default: the node is named as the host.
-		h, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("--node-name not given, and no hostname: %w", err)
-		}
-		s.Config.NodeName = strings.ToLower(h)
-		s.Logger.Info("node name from the hostname", "node", s.Config.NodeName)
-	}
-	// client-go logs through klog: into kproxy's log, in its format.
-	klog.SetSlogLogger(s.Logger)
-	c, err := k.connect()
-	if err != nil {
-		return nil, err
-	}
-	return &kubesource.Source{Client: c, ProxyName: k.proxyName, NodeName: s.Config.NodeName, Logger: s.Logger}, nil
 }
 
 // consulSource is --source consul.

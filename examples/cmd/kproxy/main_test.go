@@ -21,6 +21,7 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
+	"github.com/kproxy-dev/kproxy/kube"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -210,21 +211,22 @@ func TestKubeClientSettings(t *testing.T) {
 }
 
 // With the kubernetes source and no --node-name, the node is named as
-// the host, lower-cased, as kube-proxy names it; a given name stays.
+// the host, lower-cased, as kube-proxy names it; a given name is lowered
+// and trimmed as kube-proxy's --hostname-override.
 func TestNodeNameFromHostname(t *testing.T) {
 	host, err := os.Hostname()
 	require.NoError(t, err)
-	k := &kubeSource{kubeconfig: writeKubeconfig(t, "https://127.0.0.1:1", "token")}
+	k := &kubeSource{opts: kube.ClientOptions{Kubeconfig: writeKubeconfig(t, "https://127.0.0.1:1", "token")}}
 	var cfg agent.Config
 	s := agent.Setup{Config: &cfg, Logger: discard(), Given: func(string) bool { return false }}
 	_, err = k.start(s)
 	require.NoError(t, err)
 	assert.Equal(t, strings.ToLower(host), cfg.NodeName)
 
-	cfg.NodeName = "given"
+	cfg.NodeName = " Node-1.Example "
 	_, err = k.start(s)
 	require.NoError(t, err)
-	assert.Equal(t, "given", cfg.NodeName)
+	assert.Equal(t, "node-1.example", cfg.NodeName)
 }
 
 // writeKubeconfig writes a kubeconfig for server with a bearer token.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,7 +34,7 @@ type Source interface {
 }
 
 // Reporter is told about an object a source skipped, and why.
-type Reporter func(object string, err error)
+type Reporter = func(object string, err error)
 
 // NodeWatcher is a Source that also follows this node's own object, as
 // kube-proxy watches its Node: while NodeEligible says the node may not
@@ -43,6 +44,17 @@ type Reporter func(object string, err error)
 type NodeWatcher interface {
 	Source
 	NodeEligible() bool
+}
+
+// NodeFollower is a Source that also learns facts of this node (its
+// addresses, zone, pod CIDRs, the cluster's service CIDRs) and follows
+// them, as kube-proxy reads its Node: before Run, the agent hands it
+// update, which the source calls with an edit of the node config each
+// time they change; the agent applies it to the runner (SetNode), and an
+// edit the runner refuses is logged and changes nothing.
+type NodeFollower interface {
+	Source
+	FollowNode(update func(edit func(*servicelb.NodeConfig)))
 }
 
 // Options configure an Agent.
@@ -68,8 +80,10 @@ type Agent struct {
 	metrics *Metrics
 	ns      netns.NsHandle
 	// node is the node config; LocalIPs follow the namespace's addresses
-	// (nodeaddr) while Run runs.
-	node servicelb.NodeConfig
+	// (nodeaddr) while Run runs, and NodeFollowers edit the rest. nodeMu
+	// orders the edits.
+	nodeMu sync.Mutex
+	node   servicelb.NodeConfig
 	// proxyHealth judges and serves the proxy's health; services serves
 	// the health check node ports, nil when off.
 	proxyHealth *healthcheck.Proxy
@@ -183,15 +197,30 @@ func (a *Agent) addrOptions() nodeaddr.Options {
 func (a *Agent) followAddresses(ctx context.Context) error {
 	w := nodeaddr.Watcher{Options: a.addrOptions()}
 	return w.Run(ctx, func(addrs []netip.Addr) {
-		node := a.node
-		node.LocalIPs = addrs
-		if err := a.runner.SetNode(node); err != nil {
-			a.log.Error("the node's addresses changed, but the node config they make is refused", "addresses", addrs, "err", err)
-			return
+		if a.updateNode(func(n *servicelb.NodeConfig) { n.LocalIPs = addrs }) {
+			a.log.Info("node addresses", "addresses", addrs)
 		}
-		a.node = node
-		a.log.Info("node addresses", "addresses", addrs)
 	})
+}
+
+// updateNode applies an edit of the node config to the runner, and
+// reports whether the runner took it; one it refuses is logged and
+// changes nothing.
+func (a *Agent) updateNode(edit func(*servicelb.NodeConfig)) bool {
+	a.nodeMu.Lock()
+	defer a.nodeMu.Unlock()
+	node := a.node
+	node.NodeIPs = slices.Clone(node.NodeIPs)
+	node.LocalIPs = slices.Clone(node.LocalIPs)
+	node.ServiceCIDRs = slices.Clone(node.ServiceCIDRs)
+	node.DetectLocal.NodeCIDRs = slices.Clone(node.DetectLocal.NodeCIDRs)
+	edit(&node)
+	if err := a.runner.SetNode(node); err != nil {
+		a.log.Error("a change of the node is refused", "err", err)
+		return false
+	}
+	a.node = node
+	return true
 }
 
 func (a *Agent) openNS() error {
@@ -429,6 +458,9 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 	for _, s := range sources {
 		if w, ok := s.(NodeWatcher); ok {
 			a.watchers = append(a.watchers, w)
+		}
+		if f, ok := s.(NodeFollower); ok {
+			f.FollowNode(func(edit func(*servicelb.NodeConfig)) { a.updateNode(edit) })
 		}
 	}
 	var wg sync.WaitGroup

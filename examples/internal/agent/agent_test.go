@@ -573,3 +573,62 @@ func TestBackendNamedOnce(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(err.Error(), "ebpf"), err.Error())
 	assert.True(t, strings.HasPrefix(err.Error(), "ebpf: remove pins: unpin link_connect4: "), err.Error())
 }
+
+// follower is a source that learns the node's zone and service CIDRs
+// before it reports itself synced, and a second zone after.
+type follower struct {
+	source
+	update func(func(*servicelb.NodeConfig))
+	later  chan struct{}
+}
+
+func (f *follower) FollowNode(update func(func(*servicelb.NodeConfig))) { f.update = update }
+
+func (f *follower) Run(ctx context.Context, dst *servicelb.Source, _ Reporter) error {
+	f.update(func(n *servicelb.NodeConfig) {
+		n.Zone = "zone-a"
+		n.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	})
+	// A node the runner refuses changes nothing.
+	f.update(func(n *servicelb.NodeConfig) { n.Zone, n.DetectLocal.Mode = "zone-x", "Bogus" })
+	for _, svc := range f.svcs {
+		if err := dst.Upsert(svc); err != nil {
+			return err
+		}
+	}
+	dst.Synced()
+	<-f.later
+	f.update(func(n *servicelb.NodeConfig) { n.Zone = "zone-b" })
+	<-ctx.Done()
+	return nil
+}
+
+// A NodeFollower's edits of the node reach the runner: those made before
+// the source is synced are in the first sync, later ones in a later sync;
+// an edit the runner refuses (an unknown detect-local mode) changes
+// nothing.
+func TestNodeFollower(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr, cfg.MinSyncInterval = "", time.Millisecond
+	p := &fake.Proxier{}
+	a, err := New(Options{Config: cfg, Dataplane: p})
+	require.NoError(t, err)
+	defer a.Close()
+	f := &follower{source: source{name: "follower", svcs: []servicelb.Service{web}}, later: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, f) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	recs, err := p.WaitSyncs(wait, 1)
+	require.NoError(t, err)
+	node := recs[0].State.Node()
+	assert.Equal(t, "zone-a", node.Zone)
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}, node.ServiceCIDRs)
+	close(f.later)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		recs := p.Records()
+		assert.Equal(c, "zone-b", recs[len(recs)-1].State.Node().Zone)
+	}, 10*time.Second, 10*time.Millisecond)
+}

@@ -29,29 +29,30 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
 	"github.com/kproxy-dev/kproxy/internal/testkit/testservers"
+	"github.com/kproxy-dev/kproxy/kube"
 )
 
-var kube *testservers.Kube
+var server *testservers.Kube
 
 func TestMain(m *testing.M) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	var err error
-	kube, err = testservers.StartKube(ctx)
+	server, err = testservers.StartKube(ctx)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kube-apiserver:", err)
 	}
 	code := m.Run()
-	kube.Stop()
+	server.Stop()
 	os.Exit(code)
 }
 
 func client(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	if kube == nil {
+	if server == nil {
 		testutil.SkipOrFail(t, "kube-apiserver did not start (see the error above)")
 	}
-	cfg, err := RestConfig(kube.Kubeconfig)
+	cfg, err := kube.RestConfig(kube.ClientOptions{Kubeconfig: server.Kubeconfig})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,14 +65,14 @@ func client(t *testing.T) kubernetes.Interface {
 
 func TestAPIServerFake(t *testing.T) {
 	c := client(t)
-	scenario(t, c, func(src *Source) *e2e.World { return e2e.StartFake(t, src) })
+	scenario(t, c, func(src *kube.Source) *e2e.World { return e2e.StartFake(t, src) })
 }
 
 func TestAPIServerPackets(t *testing.T) {
 	for _, backend := range []string{"nftables", "iptables"} {
 		t.Run(backend, func(t *testing.T) {
 			c := client(t)
-			scenario(t, c, func(src *Source) *e2e.World { return e2e.StartPackets(t, backend, src) })
+			scenario(t, c, func(src *kube.Source) *e2e.World { return e2e.StartPackets(t, backend, src) })
 		})
 	}
 }
@@ -94,14 +95,14 @@ func endpointSlice(ns, name, svc string, eps []ep) *discoveryv1.EndpointSlice {
 	sl := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
 	}
 	for _, e := range eps {
 		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
 			Addresses: []string{sandbox.BackendAddr(e.i).String()},
-			NodeName:  ptr(e2e.NodeName),
+			NodeName:  new(e2e.NodeName),
 			Conditions: discoveryv1.EndpointConditions{
-				Ready: ptr(e.ready), Serving: ptr(e.serving), Terminating: ptr(e.terminating)},
+				Ready: new(e.ready), Serving: new(e.serving), Terminating: new(e.terminating)},
 		})
 	}
 	return sl
@@ -191,14 +192,14 @@ func (f *fixture) create(s *corev1.Service) *corev1.Service {
 // scenario creates services and endpoint slices through the API and checks
 // that the agent follows each change within 2 s, skips what it must, and
 // reports a bad service without disturbing the others.
-func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.World) {
+func scenario(t *testing.T, c kubernetes.Interface, start func(*kube.Source) *e2e.World) {
 	ctx := context.Background()
 	f := newFixture(t, c)
 	ns := f.ns
 	web := f.create(service(ns, "web", nil))
 	f.slice(ready(1, 2, 3))
 
-	w := start(&Source{Client: c})
+	w := start(&kube.Source{Client: c})
 	key := ns + "/web"
 	vip := e2e.Target{Service: key, URL: fmt.Sprintf("http://%s:80/", web.Spec.ClusterIP)}
 	nodePort := e2e.Target{Service: key, URL: fmt.Sprintf("http://%s:%d/", sandbox.NodeAddr, web.Spec.Ports[0].NodePort)}
@@ -230,14 +231,14 @@ func scenario(t *testing.T, c kubernetes.Interface, start func(*Source) *e2e.Wor
 	f.create(service(ns, "headless", func(s *corev1.Service) {
 		s.Spec.Type, s.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
 	}))
-	f.create(service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{LabelProxyName: "someone-else"} }))
+	f.create(service(ns, "other", func(s *corev1.Service) { s.Labels = map[string]string{kube.LabelProxyName: "someone-else"} }))
 
 	checkLocal(t, f, w)
 
 	t.Log("web's slice labelled service.kubernetes.io/headless is read no more: web has no endpoints; unlabelled, it has them again")
-	f.label("web-a", LabelHeadless, "")
+	f.label("web-a", kube.LabelHeadless, "")
 	w.Expect(t, 2*time.Second, vip)
-	f.label("web-a", LabelHeadless, "-")
+	f.label("web-a", kube.LabelHeadless, "-")
 	w.Expect(t, 2*time.Second, vip, 2, 3)
 
 	t.Log("endpoint slice deleted: no backends")
@@ -277,10 +278,10 @@ func checkLocal(t *testing.T, f *fixture, w *e2e.World) {
 	t.Log("internal traffic policy Local: only the endpoint on this node")
 	local := f.create(service(f.ns, "local", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeClusterIP
-		s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+		s.Spec.InternalTrafficPolicy = new(corev1.ServiceInternalTrafficPolicyLocal)
 	}))
 	sl := endpointSlice(f.ns, "local-a", "local", ready(1, 2))
-	sl.Endpoints[1].NodeName = ptr("node-2")
+	sl.Endpoints[1].NodeName = new("node-2")
 	if _, err := f.slices.Create(context.Background(), sl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func TestAPIServerHealthCheck(t *testing.T) {
 	slice := func(node string) {
 		t.Helper()
 		sl := endpointSlice(f.ns, "lb-a", "lb", ready(1))
-		sl.Endpoints[0].NodeName = ptr(node)
+		sl.Endpoints[0].NodeName = new(node)
 		ctx := context.Background()
 		if old, err := f.slices.Get(ctx, sl.Name, metav1.GetOptions{}); err == nil {
 			sl.ResourceVersion = old.ResourceVersion
@@ -321,8 +322,8 @@ func TestAPIServerHealthCheck(t *testing.T) {
 	}
 	slice(e2e.NodeName)
 
-	node1 := e2e.StartPackets(t, "nftables", &Source{Client: c})
-	node2 := e2e.StartPackets(t, "nftables", &Source{Client: c}, func(cfg *agent.Config) { cfg.NodeName = "node-2" })
+	node1 := e2e.StartPackets(t, "nftables", &kube.Source{Client: c})
+	node2 := e2e.StartPackets(t, "nftables", &kube.Source{Client: c}, func(cfg *agent.Config) { cfg.NodeName = "node-2" })
 	nodePort := e2e.Target{Service: f.ns + "/lb", URL: fmt.Sprintf("http://%s:%d/", sandbox.NodeAddr, lb.Spec.Ports[0].NodePort)}
 	local := func(w *e2e.World, code, endpoints int) {
 		t.Helper()
@@ -385,7 +386,7 @@ func TestAPIServerNodeEligible(t *testing.T) {
 		}
 		_ = nodes.Delete(ctx, name, metav1.DeleteOptions{})
 	})
-	w := e2e.StartPackets(t, "nftables", &Source{Client: c, NodeName: name}, func(cfg *agent.Config) { cfg.NodeName = name })
+	w := e2e.StartPackets(t, "nftables", &kube.Source{Client: c, NodeName: name, NodeWait: time.Second}, func(cfg *agent.Config) { cfg.NodeName = name })
 	type health struct {
 		NodeEligible *bool `json:"nodeEligible"`
 		Healthy      bool  `json:"healthy"`
@@ -424,7 +425,7 @@ func TestAPIServerNodeEligible(t *testing.T) {
 	require.NoError(t, err)
 	expect("the Node created", http.StatusOK, true)
 	update(func(n *corev1.Node) {
-		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: ToBeDeletedTaint, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule})
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: kube.ToBeDeletedTaint, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule})
 	})
 	expect("the Node tainted ToBeDeletedByClusterAutoscaler", http.StatusServiceUnavailable, false)
 	update(func(n *corev1.Node) { n.Spec.Taints = nil })
