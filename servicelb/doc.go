@@ -61,7 +61,8 @@
 // [MaxNameLen] (so that every kernel object named after it fits the
 // kernel's limits); an invalid, unspecified, loopback, multicast, zoned or
 // IPv4-mapped address, or an address listed twice; two cluster IPs of one
-// family; no ports, port 0, a node port outside the node port range, two
+// family; no ports, port 0, a node port outside NodeConfig.NodePortRange
+// when one is set, two
 // ports with one name, one port number and protocol twice, or a health
 // check node port that is one of its own TCP node ports; a protocol other
 // than TCP, UDP and SCTP; a traffic policy other than Cluster and Local;

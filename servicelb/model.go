@@ -325,7 +325,9 @@ func (r PortRange) Contains(p uint16) bool { return p >= r.Min && p <= r.Max }
 // String formats the range as "min-max".
 func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
 
-// DefaultNodePortRange is Kubernetes' default node port range.
+// DefaultNodePortRange is the Kubernetes API server's default node port
+// range (--service-node-port-range); a NodeConfig bounds nothing unless
+// its NodePortRange is set.
 var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
 
 // NodeConfig describes the node a proxier runs on. The zero value is usable:
@@ -370,8 +372,12 @@ type NodeConfig struct {
 	// 127.0.0.0/8 that arrives from elsewhere; the userspace backend,
 	// which listens there; the ebpf one over the iptables backend).
 	LocalhostNodePorts bool `json:"localhostNodePorts,omitempty"`
-	// NodePortRange bounds Port.NodePort; the zero range means
-	// DefaultNodePortRange.
+	// NodePortRange, when set, bounds Port.NodePort and
+	// Service.HealthCheckNodePort: a service with a node port outside it
+	// is refused. The zero range bounds nothing, as kube-proxy knows no
+	// node port range: the API server allocates node ports, and a cluster
+	// may widen its range (--service-node-port-range) without telling the
+	// proxies.
 	NodePortRange PortRange `json:"nodePortRange,omitzero"`
 	// ClusterCIDRs hold the addresses of the cluster's workloads. Under
 	// the default local-traffic detection (DetectLocal), traffic from them
@@ -550,10 +556,11 @@ func (n *NodeConfig) MasqueradeMark() uint32 {
 	return 1 << b
 }
 
-// Ports returns the node port range with the default applied.
+// Ports returns the node ports a service may have: NodePortRange, or
+// every port when it is not set.
 func (n *NodeConfig) Ports() PortRange {
 	if n.NodePortRange == (PortRange{}) {
-		return DefaultNodePortRange
+		return PortRange{Min: 1, Max: 65535}
 	}
 	return n.NodePortRange
 }

@@ -41,6 +41,19 @@ func TestValidateAccepts(t *testing.T) {
 	}
 }
 
+// A node config without a node port range bounds no node port, as
+// kube-proxy knows no range: a cluster that widened the API server's
+// range (80-32767, 30000-40000) has its node ports served.
+func TestValidateNoNodePortRange(t *testing.T) {
+	for _, port := range []uint16{80, 20080, 40000} {
+		s := baseService()
+		s.Ports[0].NodePort = port
+		s.ExternalTrafficPolicy = PolicyLocal
+		s.HealthCheckNodePort = port + 1
+		require.NoError(t, Validate(&NodeConfig{}, &s), "node port %d", port)
+	}
+}
+
 func TestValidateRejects(t *testing.T) {
 	long := strings.Repeat("x", MaxNameLen+1)
 	tests := []struct {
@@ -75,9 +88,9 @@ func TestValidateRejects(t *testing.T) {
 		{"bad source range", func(s *Service) { s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.1/8")} }, NodeConfig{}, ErrInvalidPrefix, "sourceRanges[0]", "10.0.0.0/8"},
 		{"no ports", func(s *Service) { s.Ports = nil }, NodeConfig{}, ErrInvalidPort, "ports", ""},
 		{"port 0", func(s *Service) { s.Ports[1].Port = 0 }, NodeConfig{}, ErrInvalidPort, "ports[1].port", ""},
-		{"node port below range", func(s *Service) { s.Ports[0].NodePort = 80 }, NodeConfig{}, ErrNodePortRange, "ports[0].nodePort", "30000-32767"},
+		{"node port below range", func(s *Service) { s.Ports[0].NodePort = 80 }, NodeConfig{NodePortRange: DefaultNodePortRange}, ErrNodePortRange, "ports[0].nodePort", "30000-32767"},
 		{"node port outside custom range", func(s *Service) {}, NodeConfig{NodePortRange: PortRange{Min: 31000, Max: 31999}}, ErrNodePortRange, "ports[0].nodePort", "31000-31999"},
-		{"health check port", func(s *Service) { s.HealthCheckNodePort = 1 }, NodeConfig{}, ErrNodePortRange, "healthCheckNodePort", ""},
+		{"health check port", func(s *Service) { s.HealthCheckNodePort = 1 }, NodeConfig{NodePortRange: DefaultNodePortRange}, ErrNodePortRange, "healthCheckNodePort", ""},
 		{"duplicate port name", func(s *Service) { s.Ports[1].Name = "http" }, NodeConfig{}, ErrDuplicatePortName, "ports[1].name", "ports[0]"},
 		{"duplicate port", func(s *Service) { s.Ports[1].Protocol, s.Ports[1].Port = TCP, 80 }, NodeConfig{}, ErrDuplicatePort, "ports[1].port", ""},
 		{"duplicate node port", func(s *Service) { s.Ports[1].Protocol, s.Ports[1].NodePort = TCP, 30080 }, NodeConfig{}, ErrDuplicatePort, "ports[1].nodePort", ""},

@@ -121,7 +121,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", false, "set nf_conntrack_tcp_be_liberal: out-of-window TCP packets are not marked invalid")
 	fs.DurationVar(&c.Conntrack.UDPTimeout, "conntrack-udp-timeout", 0, "set the conntrack timeout of UDP flows; 0 leaves it alone")
 	fs.DurationVar(&c.Conntrack.UDPStreamTimeout, "conntrack-udp-timeout-stream", 0, "set the conntrack timeout of UDP streams; 0 leaves it alone")
-	fs.StringVar(&c.NodePortRange, "nodeport-range", "30000-32767", "node port range, min-max")
+	fs.StringVar(&c.NodePortRange, "nodeport-range", "", "refuse services with a node port outside this range, min-max (default: no range, as kube-proxy, which serves any node port the API server allocated)")
 	fs.StringVar(&c.ClusterCIDRs, "cluster-cidrs", "", "comma-separated prefixes of the workloads' addresses; other sources are masqueraded")
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs")

@@ -171,7 +171,7 @@ func TestLocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := servicelb.NodeConfig{}
+	node := servicelb.NodeConfig{NodePortRange: servicelb.DefaultNodePortRange}
 	verr := servicelb.Validate(&node, &p.Services[0])
 	if verr == nil {
 		t.Fatal("no validation error")

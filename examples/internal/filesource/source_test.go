@@ -89,7 +89,7 @@ const (
     endpoints: [{addr: 10.2.0.1}]
 `
 	fileBroken = "services:\n  - name: a\n    ports: [\n"
-	// b is invalid (node port outside the range); a changes.
+	// b is invalid (port 0); a changes.
 	fileBadB = `services:
   - name: a
     clusterIPs: [10.96.0.1]
@@ -97,7 +97,7 @@ const (
     endpoints: [{addr: 10.1.0.3}]
   - name: b
     clusterIPs: [10.96.0.2]
-    ports: [{port: 80, nodePort: 80}]
+    ports: [{port: 0}]
     endpoints: [{addr: 10.2.0.9}]
 `
 	fileOnlyB = `services:
@@ -158,7 +158,7 @@ func TestSourceFollowsFile(t *testing.T) {
 
 	write(fileBadB)
 	waitFor(t, "a's change applied", func() bool { return endpointsOf(p, "a") == "10.1.0.3" })
-	if !rep.find(path + `:8: service "b": ports[0].nodePort: 80: node port outside the node port range`) {
+	if !rep.find(path + `:8: service "b": ports[0].port: 0: invalid port`) {
 		t.Errorf("invalid b not reported with its line and field; reports: %q", rep.got)
 	}
 	if got := endpointsOf(p, "b"); got != "10.2.0.1" {
