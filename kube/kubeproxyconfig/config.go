@@ -1,9 +1,19 @@
 // Package kubeproxyconfig reads kube-proxy's configuration file (a
 // KubeProxyConfiguration of kubeproxy.config.k8s.io/v1alpha1, with
-// kube-proxy's own published types) and translates it into the kproxy
-// binary's flags: every field kproxy supports becomes the value of a flag,
-// and every other field that is set is named, with the reason kproxy
-// ignores it.
+// kube-proxy's own published types) and kube-proxy's command line
+// (Options), defaults and validates the configuration as kube-proxy v1.36
+// does on Linux (Default, Validate), and translates it into the kproxy
+// binary's flags (Resolve, Translate): every field kproxy supports
+// becomes the value of a flag, and every other field that is set is
+// named, with the reason kproxy ignores it.
+//
+// A file means what it means to kube-proxy: a file without a mode is the
+// iptables mode's, its conntrack settings size and time the conntrack
+// table unless set to 0, iptables' localhostNodePorts is on, and the
+// nftables mode serves node ports on the node's primary addresses.
+// Where kproxy departs from kube-proxy: masqueradeBit 0 means kproxy's
+// default bit, 14 (kube-proxy: bit 0); the modes also take kproxy's
+// ebpf and userspace.
 //
 // The mode-specific sections are read as kube-proxy reads them: the
 // nftables mode reads nftables, the iptables mode iptables, the ipvs mode
@@ -141,11 +151,9 @@ func isLeaf(t reflect.Type) bool {
 // command line's choices.
 type Context struct {
 	// Backend is the --backend given on the command line; empty means the
-	// file's mode decides, else Default.
+	// file's mode decides (iptables, kube-proxy's default, when it names
+	// none).
 	Backend string
-	// Default is the backend when neither the command line nor the file
-	// names one.
-	Default string
 	// Source is the kproxy source in use (kubernetes, consul, file): the
 	// client connection settings apply to the kubernetes source only.
 	Source string
@@ -172,21 +180,45 @@ type Ignored struct {
 type Result struct {
 	Settings []Setting
 	Ignored  []Ignored
+	// Warnings are what kube-proxy would warn of in this configuration,
+	// such as local traffic told by an empty clusterCIDR.
+	Warnings []string
 	// seen holds every field path the translation looked at, set or not:
 	// a test checks that no field of the type is left out.
 	seen map[string]bool
 }
 
+// Resolve is what a file means to kproxy, as it means it to kube-proxy:
+// the file is defaulted as kube-proxy defaults it (Default) for the mode
+// of the backend the command line names (ctx.Backend, when it is one of
+// kube-proxy's modes; else the file's), refused where kube-proxy refuses
+// it (Validate: every fault, each a *FieldError), and translated
+// (Translate): the flag values are those of the defaulted file, and the
+// fields ignored are those the file itself sets. c is not changed.
+func Resolve(c *Config, ctx Context) (Result, error) {
+	ignored := Translate(c.DeepCopy(), ctx).Ignored
+	d := c.DeepCopy()
+	switch m := kpv1alpha1.ProxyMode(ctx.Backend); m {
+	case ModeIPTables, ModeIPVS, ModeNFTables:
+		d.Mode = m
+	}
+	Default(d)
+	if err := Validate(d); err != nil {
+		return Result{}, err
+	}
+	r := Translate(d, ctx)
+	r.Ignored = ignored
+	return r, nil
+}
+
 // Translate turns a KubeProxyConfiguration into kproxy flag values and
-// the list of set fields it ignores.
+// the list of set fields it ignores, as it stands: Resolve defaults and
+// validates it first.
 func Translate(c *Config, ctx Context) Result {
 	t := &translator{r: Result{seen: map[string]bool{}}}
 	backend := ctx.Backend
 	if backend == "" {
 		backend = string(c.Mode)
-	}
-	if backend == "" {
-		backend = ctx.Default
 	}
 	t.general(c, ctx)
 	t.modes(c, backend)
@@ -283,7 +315,13 @@ func (t *translator) general(c *Config, ctx Context) {
 	t.silent("bindAddressHardFail")
 	t.set("enableProfiling", "profiling", c.EnableProfiling)
 	t.ignore("showHiddenMetricsForVersion", c.ShowHiddenMetricsForVersion, "kproxy hides no metrics")
-	t.set("detectLocalMode", "detect-local-mode", string(c.DetectLocalMode))
+	if c.DetectLocalMode == LocalClusterCIDR && strings.TrimSpace(c.ClusterCIDR) == "" {
+		// kube-proxy then tells no traffic local, and says so.
+		t.silent("detectLocalMode")
+		t.r.Warnings = append(t.r.Warnings, "detectLocalMode is ClusterCIDR, but clusterCIDR is empty: no traffic is told local, and none is masqueraded for coming from outside the cluster, as in kube-proxy")
+	} else {
+		t.set("detectLocalMode", "detect-local-mode", string(c.DetectLocalMode))
+	}
 	t.detectLocal(c)
 	t.set("clusterCIDR", "cluster-cidrs", c.ClusterCIDR)
 	t.set("nodePortAddresses", "nodeport-addresses", c.NodePortAddresses)

@@ -105,7 +105,7 @@ conntrack:
 // field kproxy does not use is named, once; the other modes' sections say
 // nothing.
 func TestTranslateIPTables(t *testing.T) {
-	r := Translate(parse(t, full), Context{Default: "nftables", Source: "kubernetes"})
+	r := Translate(parse(t, full), Context{Source: "kubernetes"})
 	assert.Equal(t, map[string]string{
 		"mode -> --backend":                                                      "iptables",
 		"clientConnection.kubeconfig -> --kubeconfig":                            "/etc/kproxy/kubeconfig",
@@ -207,7 +207,7 @@ func TestKubeadmConfig(t *testing.T) {
 	c, warnings, err := Load(filepath.Join("testdata", "kubeadm.yaml"))
 	require.NoError(t, err)
 	assert.Empty(t, warnings)
-	r := Translate(c, Context{Default: "nftables", Source: "kubernetes"})
+	r := Translate(c, Context{Source: "kubernetes"})
 	assert.Equal(t, map[string]string{
 		"clientConnection.kubeconfig -> --kubeconfig": "/var/lib/kube-proxy/kubeconfig.conf",
 		"clusterCIDR -> --cluster-cidrs":              "10.244.0.0/16",
@@ -233,4 +233,76 @@ func TestParseErrors(t *testing.T) {
 
 	_, _, err = Load(filepath.Join(t.TempDir(), "absent.yaml"))
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// Resolve reads a file as kube-proxy does: defaulted, then translated.
+// Addresses without a port get kube-proxy's ports; an empty clusterCIDR
+// under ClusterCIDR tells no traffic local, with a warning, rather than
+// refusing to start; the nftables mode serves node ports on the primary
+// addresses; conntrack is sized and timed unless set to 0; the iptables
+// mode serves node ports on 127.0.0.1. The fields named ignored are those
+// the file sets, never a default.
+func TestResolve(t *testing.T) {
+	r, err := Resolve(parse(t, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+healthzBindAddress: 0.0.0.0
+metricsBindAddress: 0.0.0.0
+detectLocalMode: ClusterCIDR
+`), Context{Source: "kubernetes"})
+	require.NoError(t, err)
+	s := settings(r)
+	assert.Equal(t, "0.0.0.0:10256", s["healthzBindAddress -> --healthz-bind-address"])
+	assert.Equal(t, "0.0.0.0:10249", s["metricsBindAddress -> --metrics-bind-address"])
+	assert.NotContains(t, s, "detectLocalMode -> --detect-local-mode")
+	assert.Len(t, r.Warnings, 1)
+	assert.Contains(t, r.Warnings[0], "clusterCIDR is empty")
+	assert.Equal(t, "primary", s["nodePortAddresses -> --nodeport-addresses"])
+	assert.Equal(t, "32768", s["conntrack.maxPerCore -> --conntrack-max-per-core"])
+	assert.Equal(t, "131072", s["conntrack.min -> --conntrack-min"])
+	assert.Equal(t, "24h0m0s", s["conntrack.tcpEstablishedTimeout -> --conntrack-tcp-timeout-established"])
+	assert.Equal(t, "1h0m0s", s["conntrack.tcpCloseWaitTimeout -> --conntrack-tcp-timeout-close-wait"])
+	assert.Equal(t, "14", s["nftables.masqueradeBit -> --masquerade-bit"])
+	assert.Empty(t, r.Ignored, "no default is named ignored")
+
+	// kubeadm's file: the iptables mode, node ports on 127.0.0.1, node
+	// ports on every address.
+	c, _, err := Load(filepath.Join("testdata", "kubeadm.yaml"))
+	require.NoError(t, err)
+	r, err = Resolve(c, Context{Source: "kubernetes"})
+	require.NoError(t, err)
+	s = settings(r)
+	assert.Equal(t, "iptables", s["mode -> --backend"])
+	assert.Equal(t, "true", s["iptables.localhostNodePorts -> --localhost-nodeports"])
+	assert.NotContains(t, s, "nodePortAddresses -> --nodeport-addresses")
+	assert.Equal(t, "ClusterCIDR", s["detectLocalMode -> --detect-local-mode"])
+	assert.Empty(t, r.Warnings)
+
+	// The command line's backend is the mode the file is defaulted for.
+	r, err = Resolve(c, Context{Source: "kubernetes", Backend: "nftables"})
+	require.NoError(t, err)
+	assert.Equal(t, "primary", settings(r)["nodePortAddresses -> --nodeport-addresses"])
+	assert.Empty(t, c.Mode, "the file is not changed")
+
+	// Explicit zeros stay: nothing tuned.
+	r, err = Resolve(parse(t, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+iptables: {localhostNodePorts: false}
+`), Context{Source: "kubernetes"})
+	require.NoError(t, err)
+	s = settings(r)
+	assert.Equal(t, "0", s["conntrack.maxPerCore -> --conntrack-max-per-core"])
+	assert.Equal(t, "0s", s["conntrack.tcpEstablishedTimeout -> --conntrack-tcp-timeout-established"])
+	assert.Equal(t, "false", s["iptables.localhostNodePorts -> --localhost-nodeports"])
+
+	// What kube-proxy refuses is refused, naming the field.
+	_, err = Resolve(parse(t, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+healthzBindAddress: node-1:10256
+conntrack: {maxPerCore: -1}
+`), Context{Source: "kubernetes"})
+	assert.ErrorIs(t, err, ErrInvalid)
+	assert.ErrorContains(t, err, `healthzBindAddress "node-1:10256"`)
+	assert.ErrorContains(t, err, `conntrack.maxPerCore "-1"`)
 }

@@ -122,7 +122,7 @@ func TestDeployManifestsValidate(t *testing.T) {
 	c, warnings, err := kubeproxyconfig.Parse([]byte(data["config.yaml"]))
 	require.NoError(t, err)
 	assert.Empty(t, warnings)
-	r := kubeproxyconfig.Translate(c, kubeproxyconfig.Context{Default: "nftables", Source: "kubernetes"})
+	r := kubeproxyconfig.Translate(c, kubeproxyconfig.Context{Source: "kubernetes"})
 	assert.Empty(t, r.Ignored, "the shipped configuration sets nothing kproxy ignores")
 	_, err = clientcmd.Load([]byte(data["kubeconfig.conf"]))
 	require.NoError(t, err)

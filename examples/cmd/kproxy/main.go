@@ -161,11 +161,12 @@ func loadConfig(path string, given func(string) (string, bool)) (agent.ConfigFil
 	ctx.Source, _ = given("source")
 	if b, set := given("backend"); set {
 		ctx.Backend = b
-	} else {
-		ctx.Default = b
 	}
-	r := kubeproxyconfig.Translate(c, ctx)
-	out := agent.ConfigFile{Warnings: warnings}
+	r, err := kubeproxyconfig.Resolve(c, ctx)
+	if err != nil {
+		return agent.ConfigFile{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	out := agent.ConfigFile{Warnings: append(warnings, r.Warnings...)}
 	for _, s := range r.Settings {
 		out.Settings = append(out.Settings, agent.FileSetting{Field: s.Field, Flag: s.Flag, Value: s.Value})
 	}

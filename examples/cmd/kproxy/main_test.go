@@ -169,6 +169,34 @@ conntrack: {maxPerCore: 0}
 	assert.Contains(t, logs, "want apiVersion kubeproxy.config.k8s.io/v1alpha1, kind KubeProxyConfiguration")
 }
 
+// A file kube-proxy runs with, kproxy runs with: detectLocalMode
+// ClusterCIDR without a clusterCIDR tells no traffic local, with a
+// warning, rather than ending the process; addresses without a port get
+// kube-proxy's ports. What kube-proxy refuses, kproxy refuses, naming the
+// field.
+func TestKubeProxyConfigAsKubeProxyReadsIt(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "kube-proxy.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+detectLocalMode: ClusterCIDR
+healthzBindAddress: 0.0.0.0
+`), 0o644))
+	code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--dry-run", "--once")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "# nftables dry run", "mode")
+	assert.Contains(t, logs, "clusterCIDR is empty")
+
+	require.NoError(t, os.WriteFile(cfg, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+nftables: {masqueradeBit: 40}
+mode: nftables
+`), 0o644))
+	code, _, logs = run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--dry-run", "--once")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, logs, `nftables.masqueradeBit "40": must be within 0 and 31`)
+}
+
 // has checks that out holds want, and shows only the start of out when it
 // does not.
 func has(t *testing.T, out, want, why string) {
