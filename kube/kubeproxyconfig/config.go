@@ -62,6 +62,18 @@ func Load(path string) (*Config, []string, error) {
 	return c, warnings, nil
 }
 
+// Write writes c to a file as YAML, as kube-proxy's --write-config-to
+// writes the configuration it runs with.
+func Write(path string, c *Config) error {
+	out := c.DeepCopy()
+	out.APIVersion, out.Kind = APIVersion, Kind
+	data, err := yaml.Marshal(out)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
 // Parse decodes a KubeProxyConfiguration.
 func Parse(data []byte) (*Config, []string, error) {
 	var tm metav1.TypeMeta

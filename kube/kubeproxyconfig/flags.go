@@ -248,17 +248,32 @@ func (o *Options) addLogFlags(fs *pflag.FlagSet, add func(string, func())) {
 	})
 }
 
+// Given returns the names of the flags AddFlags registered that the
+// command line set, sorted.
+func (o *Options) Given() []string {
+	var out []string
+	for name := range o.mine {
+		if o.changed(name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // changed reports whether the command line set a flag of kube-proxy's.
 func (o *Options) changed(name string) bool {
 	f := o.fs.Lookup(name)
 	return f != nil && f.Changed
 }
 
-// Complete returns the configuration kube-proxy would run with, defaulted
-// (Default), and a warning for each flag of the command line that it
-// ignores, as kube-proxy ignores it: with --config, every flag bound to
-// the configuration but for the logging flags, --hostname-override and
-// --master. It does not validate (Validate).
+// Complete returns the configuration kube-proxy would run with: the
+// --config file as written, or the flags' configuration (which holds
+// kube-proxy's defaults of the flags), with the platform's defaults; and
+// a warning for each flag of the command line that it ignores, as
+// kube-proxy ignores it: with --config, every flag bound to the
+// configuration but for the logging flags, --hostname-override and
+// --master. Resolve defaults and validates it.
 func (o *Options) Complete() (*Config, []string, error) {
 	var c *Config
 	var warnings []string
@@ -269,7 +284,6 @@ func (o *Options) Complete() (*Config, []string, error) {
 			return nil, nil, err
 		}
 		warnings = append(warnings, unknown...)
-		defaultScheme(c)
 		for _, name := range o.boundFlags() {
 			if o.changed(name) {
 				warnings = append(warnings, fmt.Sprintf("--%s is ignored: the --config file replaces the flags, as in kube-proxy", name))
@@ -289,6 +303,32 @@ func (o *Options) Complete() (*Config, []string, error) {
 		c.HostnameOverride = strings.ToLower(h)
 	}
 	return c, warnings, nil
+}
+
+// Resolve is Complete, then the package's Resolve: the configuration and
+// what it means to kproxy. Without --config, the fields named ignored
+// are those of the flags given, never a flag's default.
+func (o *Options) Resolve(ctx Context) (*Config, Result, error) {
+	c, warnings, err := o.Complete()
+	if err != nil {
+		return nil, Result{}, err
+	}
+	r, err := Resolve(c, ctx)
+	if err != nil {
+		return nil, Result{}, err
+	}
+	r.Warnings = append(warnings, r.Warnings...)
+	if o.ConfigFile == "" {
+		base := NewOptions()
+		base.fs = pflag.NewFlagSet("", pflag.ContinueOnError)
+		bc, _, err := base.Complete()
+		if err != nil {
+			return nil, Result{}, err
+		}
+		defaults := Translate(bc, ctx).Ignored
+		r.Ignored = slices.DeleteFunc(r.Ignored, func(i Ignored) bool { return slices.Contains(defaults, i) })
+	}
+	return c, r, nil
 }
 
 // boundFlags are the flags AddFlags registered that are bound to the

@@ -131,14 +131,16 @@ func (ss *sources) start(s agent.Setup) ([]agent.Source, error) {
 
 func program() agent.Program {
 	ss := newSources()
+	kp := kubeproxyconfig.NewOptions()
 	return agent.Program{
 		Name: "kproxy",
 		Usage: "kproxy: a node proxy with kube-proxy's semantics, fed by Kubernetes, Consul or a file.\n" +
 			"Needs CAP_NET_ADMIN unless --dry-run.",
-		Build: agent.NewBuildInfo(version, commit),
-		Flags: ss.register,
+		Build:     agent.NewBuildInfo(version, commit),
+		Flags:     ss.register,
+		MoreFlags: kp.AddFlags,
 		LoadConfig: func(path string, given func(string) (string, bool)) (agent.ConfigFile, error) {
-			return loadConfig(path, given)
+			return loadConfig(kp, path, given)
 		},
 		Sources: ss.start,
 		NodeCIDRs: func(ctx context.Context, node string) ([]netip.Prefix, error) {
@@ -150,23 +152,37 @@ func program() agent.Program {
 	}
 }
 
-// loadConfig reads a KubeProxyConfiguration for the backend and source
-// the command line chose (or their defaults).
-func loadConfig(path string, given func(string) (string, bool)) (agent.ConfigFile, error) {
-	c, warnings, err := kubeproxyconfig.Load(path)
-	if err != nil {
-		return agent.ConfigFile{}, err
+// loadConfig reads kube-proxy's configuration, from the --config file or,
+// without one, from kube-proxy's flags given, for the backend and source
+// the command line chose: with neither, it gives nothing, and kproxy's
+// flags and their defaults alone decide.
+func loadConfig(kp *kubeproxyconfig.Options, path string, given func(string) (string, bool)) (agent.ConfigFile, error) {
+	kp.ConfigFile = path
+	if path == "" && len(kp.Given()) == 0 {
+		return agent.ConfigFile{}, nil
 	}
 	ctx := kubeproxyconfig.Context{}
 	ctx.Source, _ = given("source")
 	if b, set := given("backend"); set {
 		ctx.Backend = b
 	}
-	r, err := kubeproxyconfig.Resolve(c, ctx)
+	c, r, err := kp.Resolve(ctx)
 	if err != nil {
+		if path == "" {
+			return agent.ConfigFile{}, fmt.Errorf("kube-proxy flags: %w", err)
+		}
 		return agent.ConfigFile{}, fmt.Errorf("config %s: %w", path, err)
 	}
-	out := agent.ConfigFile{Warnings: append(warnings, r.Warnings...)}
+	out := agent.ConfigFile{Warnings: r.Warnings}
+	switch {
+	case kp.WriteConfigTo != "":
+		if err := kubeproxyconfig.Write(kp.WriteConfigTo, c); err != nil {
+			return agent.ConfigFile{}, fmt.Errorf("--write-config-to: %w", err)
+		}
+		out.Done = "configuration written to " + kp.WriteConfigTo
+	case kp.InitOnly:
+		out.Done = "--init-only: kproxy sets the node up as it starts; nothing to do before"
+	}
 	for _, s := range r.Settings {
 		out.Settings = append(out.Settings, agent.FileSetting{Field: s.Field, Flag: s.Flag, Value: s.Value})
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/kube"
+	"github.com/kproxy-dev/kproxy/kube/kubeproxyconfig"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -195,6 +196,54 @@ mode: nftables
 	code, _, logs = run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--dry-run", "--once")
 	assert.Equal(t, 2, code)
 	assert.Contains(t, logs, `nftables.masqueradeBit "40": must be within 0 and 31`)
+}
+
+// kubeadm's kube-proxy command line runs as kube-proxy runs it: the
+// ConfigMap's file as kubeadm writes it (no mode: iptables), the node's
+// name from --hostname-override, lowered, and -v=2 in pflag's syntax.
+func TestKubeadmCommandLine(t *testing.T) {
+	cfg := filepath.Join("..", "..", "..", "kube", "kubeproxyconfig", "testdata", "kubeadm.yaml")
+	code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--dry-run", "--once",
+		"--config="+cfg, "--hostname-override=Node-1", "-v=2")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "# iptables dry run", "kube-proxy's default mode")
+	assert.Contains(t, logs, "node=node-1")
+	assert.Equal(t, 1, strings.Count(logs, "config field ignored"), "only the kubeconfig, with --source file: %s", logs)
+}
+
+// kube-proxy's flags without a file mean what they mean to kube-proxy: a
+// flag kproxy has no use for is named, not refused, and never one left at
+// its default; --write-config-to writes the configuration and exits.
+func TestKubeProxyFlags(t *testing.T) {
+	written := filepath.Join(t.TempDir(), "kube-proxy.yaml")
+	code, _, logs := run(t, "--source", "file", "--file", servicesFile(t), "--log-format", "json",
+		"--proxy-mode=nftables", "--cluster-cidr=10.244.0.0/16", "--oom-score-adj=-500", "--write-config-to", written)
+	require.Equal(t, 0, code, logs)
+	var ignored []string
+	for _, rec := range jsonLogs(t, logs) {
+		if rec["msg"] == "config field ignored" {
+			ignored = append(ignored, rec["field"].(string)+"="+rec["value"].(string))
+		}
+	}
+	assert.Equal(t, []string{"oomScoreAdj=-500"}, ignored)
+	c, warnings, err := kubeproxyconfig.Load(written)
+	require.NoError(t, err)
+	assert.Empty(t, warnings)
+	assert.EqualValues(t, "nftables", c.Mode)
+	assert.Equal(t, "10.244.0.0/16", c.ClusterCIDR)
+	assert.Equal(t, []string{"primary"}, c.NodePortAddresses)
+
+	// They run: the mode is the backend.
+	code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--dry-run", "--once",
+		"--proxy-mode", "nftables", "--cluster-cidr", "10.244.0.0/16", "--init-only=false")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "# nftables dry run", "--proxy-mode")
+	has(t, out, "10.244.0.0/16", "--cluster-cidr")
+
+	// A bad value is refused as kube-proxy refuses it.
+	code, _, logs = run(t, "--source", "file", "--file", servicesFile(t), "--dry-run", "--once", "--iptables-masquerade-bit=40")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, logs, "iptables.masqueradeBit")
 }
 
 // has checks that out holds want, and shows only the start of out when it

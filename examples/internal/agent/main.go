@@ -10,19 +10,35 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // DefaultMetricsAddr is where a program serves its metrics unless told
-// otherwise: kube-proxy's metricsBindAddress.
-const DefaultMetricsAddr = "127.0.0.1:10249"
+// otherwise: kube-proxy's metricsBindAddress; DefaultMetricsPort is its
+// port, that of an address given without one.
+const (
+	DefaultMetricsAddr = "127.0.0.1:10249"
+	DefaultMetricsPort = 10249
+	// healthzPort is the port of the proxy's health (healthcheck's
+	// DefaultAddr).
+	healthzPort = 10256
+)
+
+// withPort returns an address alone joined with port, and anything else
+// as it is.
+func withPort(addr string, port int) string {
+	if a, err := netip.ParseAddr(addr); err == nil {
+		return netip.AddrPortFrom(a, uint16(port)).String()
+	}
+	return addr
+}
 
 // Program is a node agent binary: its help text, its own flags, its
 // configuration file and its sources.
@@ -36,10 +52,18 @@ type Program struct {
 	Build BuildInfo
 	// Flags registers the agent's own flags.
 	Flags func(fs *flag.FlagSet)
-	// LoadConfig, when set, reads the --config file: the flag values it
-	// gives (applied to the flags the command line does not set) and the
-	// fields it ignores. given returns a flag's value from the command
-	// line, and whether the command line set it.
+	// MoreFlags, when set, registers flags beside the agent's that another
+	// program's command line has (kproxy: kube-proxy's), with that
+	// program's syntax (spf13/pflag's, as kube-proxy's: --name=value,
+	// -v=2); a flag of the same name as one of the agent's is the agent's.
+	// LoadConfig makes flag values of them.
+	MoreFlags func(fs *pflag.FlagSet)
+	// LoadConfig, when set, reads the --config file (path, empty when none
+	// is named) and the MoreFlags given: the flag values they give
+	// (applied to the flags the command line does not set) and the fields
+	// they set that are ignored. given returns a flag's value from the
+	// command line, and whether the command line set it. Without MoreFlags
+	// it is called only with a path.
 	LoadConfig func(path string, given func(flag string) (string, bool)) (ConfigFile, error)
 	// Sources returns the agent's sources once the flags are parsed. It
 	// may fill in defaults in s.Config.
@@ -70,6 +94,10 @@ type ConfigFile struct {
 	// (unknown fields).
 	Ignored  []IgnoredField
 	Warnings []string
+	// Done, when set, says that the command line asked for no more than
+	// what reading it did (such as writing the configuration out): the
+	// program logs it and exits with status 0.
+	Done string
 }
 
 // FileSetting is a flag's value from a configuration file's field.
@@ -107,23 +135,32 @@ func (o *programFlags) register(fs *flag.FlagSet, c *Config) {
 // Run runs the program with args until ctx ends and returns its exit code;
 // logs go to errOut.
 func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Writer) int {
-	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
-	fs.SetOutput(errOut)
+	gfs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
 	var cfg Config
-	cfg.RegisterFlags(fs)
+	cfg.RegisterFlags(gfs)
 	var o programFlags
-	o.register(fs, &cfg)
+	o.register(gfs, &cfg)
 	if p.Flags != nil {
-		p.Flags(fs)
+		p.Flags(gfs)
+	}
+	// The command line is parsed as kube-proxy's is, by pflag: the
+	// agent's flags, and MoreFlags beside them.
+	fs := pflag.NewFlagSet(p.Name, pflag.ContinueOnError)
+	fs.SetOutput(errOut)
+	fs.SortFlags = false
+	fs.AddGoFlagSet(gfs)
+	if p.MoreFlags != nil {
+		p.MoreFlags(fs)
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(errOut, "%s\n\nUsage: %s [flags]\n\nFlags:\n", p.Usage, p.Name)
-		printDefaults(fs, errOut)
+		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintf(errOut, "%s: %v\n", p.Name, err)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -135,7 +172,7 @@ func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Write
 		return 0
 	}
 	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { given[f.Name] = true })
 	if given["metrics-addr"] && !given["metrics-bind-address"] {
 		cfg.MetricsAddr = o.metricsAddr
 	}
@@ -144,12 +181,20 @@ func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Write
 		fmt.Fprintf(errOut, "%s: %v\n", p.Name, err)
 		return 2
 	}
+	// An address without a port is served on the server's port, as
+	// kube-proxy reads --healthz-bind-address and --metrics-bind-address.
+	cfg.HealthzBindAddress = withPort(cfg.HealthzBindAddress, healthzPort)
+	cfg.MetricsAddr = withPort(cfg.MetricsAddr, DefaultMetricsPort)
 	log, err := cfg.LoggerTo(errOut)
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", p.Name, err)
 		return 2
 	}
 	warnConfig(log, o.config, file)
+	if file.Done != "" {
+		log.Info(file.Done)
+		return 0
+	}
 	if given["metrics-addr"] {
 		log.Warn("--metrics-addr is deprecated: use --metrics-bind-address")
 	}
@@ -164,22 +209,10 @@ func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Write
 	return 0
 }
 
-// printDefaults prints the flags as flag.PrintDefaults does, with two
-// dashes, as the documentation writes them (either works).
-func printDefaults(fs *flag.FlagSet, w io.Writer) {
-	var b strings.Builder
-	fs.SetOutput(&b)
-	fs.PrintDefaults()
-	fs.SetOutput(w)
-	fmt.Fprint(w, flagLine.ReplaceAllString(b.String(), "  --"))
-}
-
-var flagLine = regexp.MustCompile(`(?m)^  -`)
-
 // applyConfig reads the config file, if any, and sets the flags it gives
 // that the command line does not.
-func (p Program) applyConfig(fs *flag.FlagSet, path string, given map[string]bool) (ConfigFile, error) {
-	if path == "" {
+func (p Program) applyConfig(fs *pflag.FlagSet, path string, given map[string]bool) (ConfigFile, error) {
+	if path == "" && (p.MoreFlags == nil || p.LoadConfig == nil) {
 		return ConfigFile{}, nil
 	}
 	if p.LoadConfig == nil {
@@ -200,7 +233,11 @@ func (p Program) applyConfig(fs *flag.FlagSet, path string, given map[string]boo
 			continue
 		}
 		if err := fs.Set(s.Flag, s.Value); err != nil {
-			return file, fmt.Errorf("config %s: %s: %q: --%s: %w", path, s.Field, s.Value, s.Flag, err)
+			from := "config " + path
+			if path == "" {
+				from = "flags"
+			}
+			return file, fmt.Errorf("%s: %s: %q: --%s: %w", from, s.Field, s.Value, s.Flag, err)
 		}
 	}
 	return file, nil

@@ -176,7 +176,7 @@ func TestProgramConfigFile(t *testing.T) {
 	file.Settings = append(file.Settings, FileSetting{Field: "iptables.minSyncPeriod", Flag: "min-sync-interval", Value: "soon"})
 	code, _, logs = runProgram(t, p, "--config", "kp.yaml")
 	assert.Equal(t, 2, code)
-	assert.Contains(t, logs, `config kp.yaml: iptables.minSyncPeriod: "soon": --min-sync-interval: parse error`)
+	assert.Contains(t, logs, `config kp.yaml: iptables.minSyncPeriod: "soon": --min-sync-interval: invalid argument "soon"`)
 
 	p.LoadConfig = func(string, func(string) (string, bool)) (ConfigFile, error) {
 		return ConfigFile{}, errors.New("config kp.yaml: broken")
@@ -253,4 +253,14 @@ func TestProgramCleanupDryRun(t *testing.T) {
 	code, _, logs := runProgram(t, p, "--cleanup", "--dry-run")
 	assert.Equal(t, 2, code)
 	assert.Contains(t, logs, "a dry run removes nothing")
+}
+
+// An address without a port gets the server's, as kube-proxy reads its
+// address flags; anything else is left for the listener to judge.
+func TestWithPort(t *testing.T) {
+	assert.Equal(t, "0.0.0.0:10256", withPort("0.0.0.0", healthzPort))
+	assert.Equal(t, "[::]:10249", withPort("::", DefaultMetricsPort))
+	assert.Equal(t, "127.0.0.1:9000", withPort("127.0.0.1:9000", DefaultMetricsPort))
+	assert.Equal(t, "", withPort("", DefaultMetricsPort), "off stays off")
+	assert.Equal(t, "node-1", withPort("node-1", DefaultMetricsPort))
 }

@@ -156,11 +156,12 @@ func TestKubeProxyMetrics(t *testing.T) {
 	}
 
 	var e exposition
-	require.Eventually(t, func() bool { // the hooks run after Sync returns
+	require.Eventually(t, func() bool { // the hooks run after Sync returns, each family's
 		_, body := httpGet(t, "http://"+cfg.MetricsAddr+"/metrics")
 		e = parseExposition(t, body)
-		return e.samples[`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`] == 5
-	}, 5*time.Second, 10*time.Millisecond)
+		return e.samples[`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`] == 5 &&
+			e.samples[`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"}`] == 2
+	}, 10*time.Second, 10*time.Millisecond)
 
 	for name, typ := range map[string]string{
 		"kubeproxy_sync_proxy_rules_duration_seconds":              "histogram",
