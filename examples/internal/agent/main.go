@@ -107,13 +107,26 @@ type FileSetting struct{ Field, Flag, Value string }
 type IgnoredField struct{ Field, Value, Reason string }
 
 // Main runs the program with the process's arguments until SIGINT or
-// SIGTERM, and exits: 0 on success, 1 on error, 2 on bad flags.
+// SIGTERM, and exits: 0 on success, 1 on error, 2 on bad flags. The
+// first signal asks the program to stop; a second one, or ShutdownTimeout
+// without the program done, ends the process at once with status 1, so
+// that a signal always ends it.
 func Main(p Program) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal now ends the process, by default
+		time.Sleep(ShutdownTimeout)
+		fmt.Fprintf(os.Stderr, "%s: not stopped %s after the signal; exiting\n", p.Name, ShutdownTimeout)
+		os.Exit(1)
+	}()
 	code := p.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
+
+// ShutdownTimeout bounds the time from SIGTERM to the end of the process.
+const ShutdownTimeout = 30 * time.Second
 
 // programFlags are the flags of a binary beside the agent's Config.
 type programFlags struct {

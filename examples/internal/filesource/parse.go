@@ -50,6 +50,9 @@ type Parsed struct {
 	Services []servicelb.Service
 	// Bad maps the name of each service left out to its problems.
 	Bad map[string]error
+	// Stated says whether the file has a services key (services: [] is an
+	// empty set, stated), rather than being empty or having none.
+	Stated bool
 
 	root  *yaml.Node
 	index map[string]int // service name to its position in the file
@@ -83,7 +86,7 @@ func Parse(file string, data []byte) (*Parsed, error) {
 	}
 	var services []*yaml.Node
 	if n := child(doc, segment{key: "services", index: -1}); n != nil {
-		services = n.Content
+		services, p.Stated = n.Content, true
 	}
 	bad := map[int][]error{}
 	for _, fe := range c.bad {

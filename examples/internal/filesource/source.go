@@ -1,15 +1,18 @@
 package filesource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -21,10 +24,17 @@ import (
 // Source feeds the services of a file to a runner and follows the file's
 // changes. A change that does not parse is reported and changes nothing; a
 // service that is invalid is reported and keeps its last good version (or
-// stays absent), while the other services are applied.
+// stays absent), while the other services are applied. A file emptied,
+// or without a services key, keeps the last good state with a warning
+// (an editor's or a deploy tool's half-written file must not withdraw
+// every service): only "services: []" removes them all. The file must be
+// a regular file (a symbolic link to one is followed, as in a ConfigMap's
+// volume) of at most MaxBytes: anything else is refused, never read.
 type Source struct {
 	// Path is the file.
 	Path string
+	// MaxBytes bounds the file's size; zero means DefaultMaxBytes.
+	MaxBytes int64
 	// Logger receives what changed; nil discards.
 	Logger *slog.Logger
 	// Debounce is how long the file must be quiet before it is read after
@@ -35,6 +45,10 @@ type Source struct {
 }
 
 var _ agent.Source = (*Source)(nil)
+
+// DefaultMaxBytes is the largest services file read by default: 64 MiB,
+// some 200,000 services.
+const DefaultMaxBytes = 64 << 20
 
 // Name returns "file".
 func (s *Source) Name() string { return "file" }
@@ -96,13 +110,18 @@ func (s *Source) watch(ctx context.Context, w *fsnotify.Watcher, dst *servicelb.
 // load reads and applies the file. A whole-file error is returned with
 // nothing applied; problems of single services are reported.
 func (s *Source) load(dst *servicelb.Source, report agent.Reporter) error {
-	data, err := os.ReadFile(s.Path)
+	data, err := s.read()
 	if err != nil {
 		return fmt.Errorf("read services: %w", err)
 	}
 	p, err := Parse(s.Path, data)
 	if err != nil {
 		return err
+	}
+	if !p.Stated && len(s.good) > 0 {
+		s.Logger.Warn("the services file states no services (empty, or no services key): keeping the last good state; write \"services: []\" to remove them all",
+			"file", s.Path, "services", len(s.good))
+		return nil
 	}
 	svcs := p.Services
 	for name, err := range p.Bad {
@@ -132,6 +151,39 @@ func (s *Source) load(dst *servicelb.Source, report agent.Reporter) error {
 		"addedNames", sample(added), "changedNames", sample(changed), "removedNames", sample(removed))
 	s.good = next
 	return nil
+}
+
+// read reads the file, if it is a regular file of at most MaxBytes. It is
+// opened without blocking, so that a FIFO put in its place never stalls
+// the source, and checked again once open.
+func (s *Source) read() ([]byte, error) {
+	limit := cmp.Or(s.MaxBytes, DefaultMaxBytes)
+	fi, err := os.Stat(s.Path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", s.Path, fi.Mode().Type())
+	}
+	f, err := os.OpenFile(s.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", s.Path, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes", s.Path, limit)
+	}
+	return data, nil
 }
 
 // sampleSize is how many names a log line lists of a kind of change: a

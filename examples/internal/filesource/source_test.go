@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,4 +243,74 @@ func TestLoadLogIsBounded(t *testing.T) {
 	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
 		assert.Less(t, len(line), 512, "log line of %d bytes", len(line))
 	}
+}
+
+// An emptied file, or one without a services key, keeps the last good
+// state with a warning; "services: []" states the empty set and removes
+// every service.
+func TestSourceEmptiedFileKeepsState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(fileV1), 0o644))
+	var logs syncBuffer
+	src := &Source{Path: path, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	p := &fake.Proxier{}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{})
+	require.NoError(t, err)
+	dst := r.Source(src.Name())
+	noReport := func(o string, err error) { t.Errorf("%s: %v", o, err) }
+	require.NoError(t, src.load(dst, noReport))
+	require.Len(t, src.good, 2)
+	for _, doc := range []string{"", "\n", "# every service moved elsewhere\n", "{}\n"} {
+		require.NoError(t, os.WriteFile(path, []byte(doc), 0o644))
+		require.NoError(t, src.load(dst, noReport))
+		assert.Len(t, src.good, 2, "after %q", doc)
+		assert.Equal(t, 2, r.State().Len(), "after %q", doc)
+	}
+	assert.Contains(t, logs.String(), `write \"services: []\" to remove them all`)
+	require.NoError(t, os.WriteFile(path, []byte("services: []\n"), 0o644))
+	require.NoError(t, src.load(dst, noReport))
+	assert.Empty(t, src.good)
+	assert.Equal(t, 0, r.State().Len())
+}
+
+// The file must be a regular file of a bounded size: a FIFO is refused at
+// once (never opened to wait for a writer), a device is never read, and a
+// file above MaxBytes is refused; each keeps the last good state.
+func TestSourceReadsOnlyRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "services.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(fileV1), 0o644))
+	src := &Source{Path: path, MaxBytes: int64(len(fileV1)), Logger: slog.New(slog.DiscardHandler)}
+	r, err := servicelb.NewRunner(&fake.Proxier{}, servicelb.RunnerOptions{})
+	require.NoError(t, err)
+	dst := r.Source(src.Name())
+	require.NoError(t, src.load(dst, func(string, error) {}))
+
+	require.NoError(t, os.WriteFile(path, []byte(fileV1+"\n# one byte too many"), 0o644))
+	assert.ErrorContains(t, src.load(dst, func(string, error) {}), "larger than")
+
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, syscall.Mkfifo(path, 0o644))
+	done := make(chan error, 1)
+	go func() { done <- src.load(dst, func(string, error) {}) }()
+	select {
+	case err := <-done:
+		assert.ErrorContains(t, err, "not a regular file")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a FIFO blocked the load")
+	}
+
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.Symlink("/dev/zero", path))
+	assert.ErrorContains(t, src.load(dst, func(string, error) {}), "not a regular file")
+	assert.Equal(t, 2, r.State().Len(), "the last good state kept")
+
+	// A symbolic link to a regular file, as a ConfigMap volume has, is
+	// read.
+	require.NoError(t, os.Remove(path))
+	real := filepath.Join(dir, "..data")
+	require.NoError(t, os.WriteFile(real, []byte(fileV2), 0o644))
+	require.NoError(t, os.Symlink(real, path))
+	src.MaxBytes = 0
+	require.NoError(t, src.load(dst, func(string, error) {}))
 }
