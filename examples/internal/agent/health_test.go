@@ -35,17 +35,6 @@ func TestHealthFlags(t *testing.T) {
 	assert.False(t, c.ServiceHealthChecks)
 }
 
-// TestChangeCountersNeverGoBack: counts of changes that arrive late are
-// ignored, so that the counters never go back.
-func TestChangeCountersNeverGoBack(t *testing.T) {
-	m := NewMetrics("nftables", func() servicelb.Health { return servicelb.Health{} })
-	m.kube.changed(servicelb.ChangeStats{Services: 3, Endpoints: 5, ServicesPending: 1})
-	m.kube.changed(servicelb.ChangeStats{Services: 2, Endpoints: 5})
-	assert.Equal(t, servicelb.ChangeStats{Services: 3, Endpoints: 5, ServicesPending: 1}, m.kube.changes)
-	m.kube.changed(servicelb.ChangeStats{Services: 3, Endpoints: 5})
-	assert.Equal(t, servicelb.ChangeStats{Services: 3, Endpoints: 5}, m.kube.changes)
-}
-
 // watching is a source that follows the node: it delivers nothing and
 // says the node is eligible while eligible holds.
 type watching struct{ eligible atomic.Bool }

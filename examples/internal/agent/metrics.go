@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kproxy-dev/kproxy/kube/metrics"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -18,7 +19,7 @@ import (
 // the kproxy namespace. They live in their own registry.
 type Metrics struct {
 	Registry *prometheus.Registry
-	kube     *kubeProxyMetrics
+	kube     *metrics.KubeProxy
 
 	syncDuration   prometheus.Histogram
 	programming    prometheus.Histogram
@@ -73,7 +74,7 @@ func NewMetrics(backend string, health func() servicelb.Health) *Metrics {
 	m.Registry.MustRegister(m.syncDuration, m.programming, m.lastSync, m.syncFailures,
 		m.serviceChanges, m.pending, m.invalid, queued,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.kube = newKubeProxyMetrics(m.Registry, health)
+	m.kube = metrics.NewKubeProxy(m.Registry, health)
 	return m
 }
 
@@ -88,7 +89,7 @@ func unixSeconds(t time.Time) float64 {
 func (m *Metrics) Hooks() servicelb.Hooks {
 	return servicelb.Hooks{
 		Synced: func(r servicelb.SyncResult) {
-			m.kube.synced(r)
+			m.kube.Synced(r)
 			m.syncDuration.Observe(r.Duration.Seconds())
 			if r.Err != nil {
 				m.syncFailures.Inc()
@@ -101,14 +102,14 @@ func (m *Metrics) Hooks() servicelb.Hooks {
 			}
 		},
 		Pending: func(n int) { m.pending.Set(float64(n)) },
-		Changes: m.kube.changed,
-		Applied: m.kube.stateApplied,
+		Changes: m.kube.Changed,
+		Applied: m.kube.StateApplied,
 	}
 }
 
 // ProxyAnswered counts an answer of the proxy's health server (see
 // healthcheck.ProxyOptions.Answered).
-func (m *Metrics) ProxyAnswered(path string, code int) { m.kube.proxyAnswered(path, code) }
+func (m *Metrics) ProxyAnswered(path string, code int) { m.kube.ProxyAnswered(path, code) }
 
 // Invalid counts an object a source rejected.
 func (m *Metrics) Invalid(source string) { m.invalid.WithLabelValues(source).Inc() }

@@ -1,22 +1,29 @@
-package agent
+// Package metrics serves kube-proxy's Prometheus metrics from a
+// servicelb.Runner: kube-proxy's names, types, buckets and labels
+// (kube-proxy's pkg/proxy/metrics), so that its dashboards and alerts
+// work unchanged on a node proxy built on kproxy. KubeProxy registers
+// them; its Hooks feed them from the Runner, and ProxyAnswered from the
+// proxy's health server (healthcheck.ProxyOptions.Answered).
+package metrics
 
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// kubeProxyMetrics are kube-proxy's metrics under their own names, types,
+// KubeProxy are kube-proxy's metrics under their own names, types,
 // buckets and labels (kube-proxy's pkg/proxy/metrics), so that its
 // dashboards and alerts work unchanged. kube-proxy runs a proxier per
 // address family and labels what each does with its ip_family ("IPv4",
 // "IPv6"); a kproxy sync programs every family of the backend, so each
 // sync counts in each of them, and each change in the families it touched
 // (servicelb.SyncResult.Families).
-type kubeProxyMetrics struct {
+type KubeProxy struct {
 	syncDuration, fullSync, partialSync *prometheus.HistogramVec
 	lastSync                            *prometheus.GaugeVec
 	programming                         *prometheus.HistogramVec
@@ -60,14 +67,15 @@ func mergeBuckets(bs ...[]float64) []float64 {
 	return out
 }
 
-// newKubeProxyMetrics registers kube-proxy's metrics; health reports the
-// runner's state for the time the last change of each family was queued.
-func newKubeProxyMetrics(reg *prometheus.Registry, health func() servicelb.Health) *kubeProxyMetrics {
+// NewKubeProxy registers kube-proxy's metrics on reg; health reports the
+// runner's state (servicelb.Runner.Health) for the time the last change
+// of each family was queued.
+func NewKubeProxy(reg prometheus.Registerer, health func() servicelb.Health) *KubeProxy {
 	const ns = "kubeproxy"
 	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets}, []string{ipFamily})
 	}
-	m := &kubeProxyMetrics{
+	m := &KubeProxy{
 		syncDuration: histogram("sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", syncBuckets),
 		fullSync:     histogram("sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs", syncBuckets),
 		partialSync:  histogram("sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs", syncBuckets),
@@ -119,11 +127,11 @@ func (c lastQueued) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// synced records a sync attempt in each family it programmed: its
+// Synced records a sync attempt (servicelb.Hooks.Synced) in each family it programmed: its
 // duration, full or partial, and for a success its end, the latency of
 // each change it applied in the family, and the family's services with
 // no local endpoint for their Local policy.
-func (m *kubeProxyMetrics) synced(r servicelb.SyncResult) {
+func (m *KubeProxy) Synced(r servicelb.SyncResult) {
 	d := r.Duration.Seconds()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -148,9 +156,9 @@ func (m *kubeProxyMetrics) synced(r servicelb.SyncResult) {
 	}
 }
 
-// changed records the counts of changes, unless they are older than
+// Changed records the counts of changes (servicelb.Hooks.Changes), unless they are older than
 // those recorded: a counter must never go back.
-func (m *kubeProxyMetrics) changed(s servicelb.ChangeStats) {
+func (m *KubeProxy) Changed(s servicelb.ChangeStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s.Services < m.changes.Services || s.Endpoints < m.changes.Endpoints {
@@ -159,12 +167,12 @@ func (m *kubeProxyMetrics) changed(s servicelb.ChangeStats) {
 	m.changes = s
 }
 
-// stateApplied counts, in the cost of what changed, the service ports that
+// StateApplied (servicelb.Hooks.Applied) counts, in the cost of what changed, the service ports that
 // drop traffic of a Local policy for want of a local endpoint, by policy
 // and family: those whose cluster IP drops (internal), and those whose
 // node ports, external and load-balancer IPs drop traffic from outside
-// (external). The next synced publishes the counts.
-func (m *kubeProxyMetrics) stateApplied(st *servicelb.State) {
+// (external). The next Synced publishes the counts.
+func (m *KubeProxy) StateApplied(st *servicelb.State) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ch := servicelb.Diff(m.applied, st)
@@ -189,13 +197,26 @@ func (m *kubeProxyMetrics) stateApplied(st *servicelb.State) {
 	m.applied = st
 }
 
-// proxyAnswered counts an answer of the proxy's /healthz or /livez by its
+// ProxyAnswered counts an answer of the proxy's /healthz or /livez by its
 // status code, as kube-proxy's proxy_healthz_total and proxy_livez_total.
-func (m *kubeProxyMetrics) proxyAnswered(path string, code int) {
+func (m *KubeProxy) ProxyAnswered(path string, code int) {
 	switch path {
 	case "/healthz":
 		m.healthz.WithLabelValues(strconv.Itoa(code)).Inc()
 	case "/livez":
 		m.livez.WithLabelValues(strconv.Itoa(code)).Inc()
 	}
+}
+
+// Hooks returns the runner hooks that feed the metrics; a program that
+// has hooks of its own calls Synced, Changed and StateApplied from them.
+func (m *KubeProxy) Hooks() servicelb.Hooks {
+	return servicelb.Hooks{Synced: m.Synced, Changes: m.Changed, Applied: m.StateApplied}
+}
+
+func unixSeconds(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return float64(t.UnixNano()) / 1e9
 }
