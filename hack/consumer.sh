@@ -6,6 +6,8 @@
 #  - one that imports ebpf gets staticcheck's module (honnef.co/go/tools)
 #    only as cilium/ebpf's go.mod requires it (its tool directives; see the
 #    README's note on dependencies), and nothing of the kind from kproxy;
+#  - a module that feeds kproxy from Kubernetes (the kube module, its own
+#    go.mod) builds outside, with no lint tools or HashiCorp modules;
 #  - a third-party backend's conformance test (conformance.Run, with
 #    conformance.Main as its TestMain, for a backend with socket hooks)
 #    must build: it is vetted and compiled (go test -c), not run.
@@ -139,4 +141,46 @@ SRC
 	GOWORK=off $GO vet ./...
 	GOWORK=off $GO test -c -o "$dir/backend.test" .
 	echo "a third-party backend's conformance test builds outside the module"
+)
+
+module example.com/kubeconsumer "$dir/kube"
+cat >>"$dir/kube/go.mod" <<MOD
+require github.com/kproxy-dev/kproxy/kube v0.0.0
+
+replace github.com/kproxy-dev/kproxy/kube => $root/kube
+MOD
+cat >"$dir/kube/main.go" <<'SRC'
+package main
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kproxy-dev/kproxy/kube"
+	"github.com/kproxy-dev/kproxy/kube/kubeproxyconfig"
+	"github.com/kproxy-dev/kproxy/kube/metrics"
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+func main() {
+	t, err := kube.Translate(nil, nil)
+	c := &kubeproxyconfig.Config{}
+	kubeproxyconfig.Default(c)
+	m := metrics.NewKubeProxy(prometheus.NewRegistry(), func() servicelb.Health { return servicelb.Health{} })
+	fmt.Println(t, err, kubeproxyconfig.Validate(c), m)
+}
+SRC
+(
+	cd "$dir/kube"
+	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
+	GOWORK=off $GO build ./...
+	mods=$(GOWORK=off $GO list -m all)
+	bad=$(echo "$mods" | grep -E 'honnef.co|golangci|staticcheck|golang.org/x/vuln|hashicorp' || true)
+	if [ -n "$bad" ]; then
+		echo "a consumer of kube lists:" >&2
+		echo "$bad" >&2
+		exit 1
+	fi
+	echo "kube consumer module graph: $(echo "$mods" | wc -l) modules, no tools or hashicorp"
 )
