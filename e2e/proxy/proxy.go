@@ -3,7 +3,9 @@
 // the backends' variants in deploy/backends), kube-proxy by kubeadm's own
 // addon phase (kubeadm init phase addon kube-proxy), each with the few
 // settings the cluster decides (its API server's address, the image's
-// name) and nothing else changed.
+// name) and nothing else changed; and kproxy as a drop-in
+// (kproxy-kubeadm): kubeadm's kube-proxy DaemonSet and ConfigMap, with
+// only the image replaced by kproxy's.
 package proxy
 
 import (
@@ -27,6 +29,10 @@ type Proxy struct {
 	// Backend is the dataplane: nftables, iptables, ebpf or userspace
 	// (kproxy), nftables or iptables (kube-proxy's modes).
 	Backend string
+	// Kubeadm deploys kproxy by kubeadm's kube-proxy addon, its command
+	// line and its ConfigMap (no mode: kube-proxy's default, iptables), with
+	// the image replaced by kproxy's.
+	Kubeadm bool
 }
 
 // All are the proxies this machine can run, kube-proxy's modes beside
@@ -34,12 +40,13 @@ type Proxy struct {
 // the ip_vs modules, which this machine's kernel lacks: its semantics are
 // proven by the conformance kit in a VM (make test-vm).
 var All = []Proxy{
-	{"kube-proxy-nftables", "kube-proxy", "nftables"},
-	{"kproxy-nftables", "kproxy", "nftables"},
-	{"kube-proxy-iptables", "kube-proxy", "iptables"},
-	{"kproxy-iptables", "kproxy", "iptables"},
-	{"kproxy-ebpf", "kproxy", "ebpf"},
-	{"kproxy-userspace", "kproxy", "userspace"},
+	{"kube-proxy-nftables", "kube-proxy", "nftables", false},
+	{"kproxy-nftables", "kproxy", "nftables", false},
+	{"kube-proxy-iptables", "kube-proxy", "iptables", false},
+	{"kproxy-iptables", "kproxy", "iptables", false},
+	{"kproxy-ebpf", "kproxy", "ebpf", false},
+	{"kproxy-userspace", "kproxy", "userspace", false},
+	{"kproxy-kubeadm", "kproxy", "iptables", true},
 }
 
 // Lookup returns the proxy of a name of All.
@@ -79,7 +86,7 @@ func (p Proxy) Deploy(ctx context.Context, c *cluster.Cluster, env Env) error {
 	}
 	var ds string
 	var err error
-	if p.KubeProxy() {
+	if p.KubeProxy() || p.Kubeadm {
 		ds, err = p.deployKubeProxy(ctx, c, env)
 	} else {
 		ds, err = p.deployKProxy(ctx, c, env)
@@ -98,12 +105,21 @@ func (p Proxy) Deploy(ctx context.Context, c *cluster.Cluster, env Env) error {
 // ConfigMap and DaemonSet as it does for its own clusters.
 func (p Proxy) deployKubeProxy(ctx context.Context, c *cluster.Cluster, env Env) (string, error) {
 	cfg := filepath.Join(env.Dir, "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig(p.Backend)), 0o644); err != nil {
+	mode := p.Backend
+	if p.Kubeadm {
+		mode = "" // kubeadm's default: kube-proxy's, iptables
+	}
+	if err := os.WriteFile(cfg, []byte(kubeadmConfig(mode)), 0o644); err != nil {
 		return "", err
 	}
 	cmd := c.Command(ctx, env.KubeadmBin, "init", "phase", "addon", "kube-proxy", "--config", cfg, "--kubeconfig", c.Kubeconfig)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("kubeadm: %w: %s", err, out)
+	}
+	if p.Kubeadm {
+		if _, err := c.Kubectl(ctx, "-n", "kube-system", "set", "image", "daemonset/kube-proxy", "kube-proxy="+env.KProxyImage); err != nil {
+			return "", err
+		}
 	}
 	return "kube-proxy", nil
 }

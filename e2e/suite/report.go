@@ -141,7 +141,7 @@ func order(proxy string) int {
 	return len(columnOrder)
 }
 
-var columnOrder = []string{"kube-proxy-nftables", "kproxy-nftables", "kube-proxy-iptables", "kproxy-iptables", "kproxy-ebpf", "kproxy-userspace"}
+var columnOrder = []string{"kube-proxy-nftables", "kproxy-nftables", "kube-proxy-iptables", "kproxy-iptables", "kproxy-ebpf", "kproxy-userspace", "kproxy-kubeadm"}
 
 func readColumn(dir, name string) (*column, error) {
 	sub := filepath.Join(dir, name)
@@ -213,9 +213,10 @@ func trimJUnit(path string, results []Result) error {
 }
 
 // baseline is the kube-proxy column a kproxy column is held to: the mode
-// of the same dataplane, nftables for the backends kube-proxy lacks.
+// of the same dataplane (kubeadm's configuration runs iptables), nftables
+// for the backends kube-proxy lacks.
 func baseline(proxy string) string {
-	if proxy == "kproxy-iptables" {
+	if proxy == "kproxy-iptables" || proxy == "kproxy-kubeadm" {
 		return "kube-proxy-iptables"
 	}
 	return "kube-proxy-nftables"

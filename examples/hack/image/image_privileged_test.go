@@ -84,6 +84,9 @@ func TestImage(t *testing.T) {
 	got, err := exec.Command(filepath.Join(root, cf.Config.Entrypoint[0]), "--version").CombinedOutput()
 	require.NoError(t, err, string(got))
 	assert.True(t, strings.HasPrefix(string(got), "kproxy v9.8.7 (commit feedface, go"), string(got))
+	link, err := os.Readlink(filepath.Join(root, KubeProxyPath))
+	require.NoError(t, err)
+	assert.Equal(t, "kproxy", link, "kube-proxy's path runs kproxy")
 	bundle, err := os.ReadFile(filepath.Join(root, CABundlePath))
 	require.NoError(t, err)
 	host, err := os.ReadFile(DefaultCABundle)
@@ -247,6 +250,8 @@ func unpack(t *testing.T, rc io.ReadCloser, root string) {
 			_, err = io.Copy(f, tr)
 			require.NoError(t, err)
 			require.NoError(t, f.Close())
+		case tar.TypeSymlink:
+			require.NoError(t, os.Symlink(h.Linkname, path))
 		default:
 			t.Fatalf("unexpected entry %s (type %c)", h.Name, h.Typeflag)
 		}

@@ -42,6 +42,12 @@ import (
 // BinaryPath is where the image holds kproxy.
 const BinaryPath = "/usr/local/bin/kproxy"
 
+// KubeProxyPath is a symbolic link to kproxy where kube-proxy's image holds
+// kube-proxy, so that an installer's kube-proxy DaemonSet (kubeadm's runs
+// /usr/local/bin/kube-proxy --config=... --hostname-override=...) runs
+// kproxy with its image replaced and nothing else.
+const KubeProxyPath = "/usr/local/bin/kube-proxy"
+
 // CABundlePath is where the image holds the CA certificates: the first
 // file Go's crypto/x509 reads for the system's roots on Linux (as do
 // OpenSSL and most tools on Debian).
@@ -99,13 +105,13 @@ func Build(o Options) (v1.Hash, error) {
 	if err := checkStatic(o.Binary); err != nil {
 		return v1.Hash{}, err
 	}
-	files := []file{{BinaryPath, 0o755, bin}}
+	files := []file{{path: BinaryPath, mode: 0o755, data: bin}, {path: KubeProxyPath, mode: 0o777, link: "kproxy"}}
 	if o.CABundle != "" {
 		pem, err := readCABundle(o.CABundle)
 		if err != nil {
 			return v1.Hash{}, err
 		}
-		files = append(files, file{CABundlePath, 0o644, pem})
+		files = append(files, file{path: CABundlePath, mode: 0o644, data: pem})
 	}
 	img, err := image(files, o)
 	if err != nil {
@@ -205,11 +211,12 @@ func image(files []file, o Options) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
-// file is one regular file of the image.
+// file is one regular file of the image, or a symbolic link to link.
 type file struct {
 	path string
 	mode int64
 	data []byte
+	link string
 }
 
 // filesLayer is a gzipped tar of files, with their directories, every time
@@ -230,6 +237,9 @@ func filesLayer(files []file) (v1.Layer, error) {
 			}
 		}
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: f.mode, Size: int64(len(f.data)), Format: tar.FormatPAX}
+		if f.link != "" {
+			h = &tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: f.link, Mode: f.mode, Format: tar.FormatPAX}
+		}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, err
 		}
