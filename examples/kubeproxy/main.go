@@ -76,7 +76,7 @@ func main() {
 		node = next
 	}
 	src := &kube.Source{Client: client, NodeName: node.NodeName, Logger: log,
-		OnNode: func(n kube.Node) { update(func(c *servicelb.NodeConfig) { c.NodeIPs, c.Zone = n.IPs, n.Zone }) },
+		OnNode:         func(n kube.Node) { update(func(c *servicelb.NodeConfig) { c.NodeIPs, c.Zone = n.IPs, n.Zone }) },
 		OnServiceCIDRs: func(p []netip.Prefix) { update(func(c *servicelb.NodeConfig) { c.ServiceCIDRs = p }) },
 	}
 	dst := runner.Source(src.Name())
