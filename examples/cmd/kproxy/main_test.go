@@ -8,6 +8,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	fakekube "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/consulsource"
@@ -318,4 +322,42 @@ contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 `), 0o600))
 	return path
+}
+
+// Under detect-local-mode NodeCIDR, the node's pod CIDRs are waited for:
+// a Node not there yet, or without pod CIDRs yet, delays the start
+// rather than ending it; the context ends the wait.
+func TestPodCIDRsAwaited(t *testing.T) {
+	client := fakekube.NewClientset()
+	k := &kubeSource{client: client, log: func(string, ...any) {}}
+	got := make(chan []netip.Prefix, 1)
+	go func() {
+		cidrs, err := k.podCIDRs(context.Background(), "node-1")
+		assert.NoError(t, err)
+		got <- cidrs
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	ctx := context.Background()
+	n, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	time.Sleep(1500 * time.Millisecond)
+	select {
+	case c := <-got:
+		t.Fatalf("returned %v before the Node had pod CIDRs", c)
+	default:
+	}
+	n.Spec.PodCIDRs = []string{"10.244.1.0/24"}
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	select {
+	case c := <-got:
+		assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, c)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pod CIDRs were not read")
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = k.podCIDRs(ctx, "node-2")
+	assert.ErrorIs(t, err, context.Canceled)
 }
