@@ -3,6 +3,7 @@ package consulsource
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -25,6 +26,11 @@ type Source struct {
 	// (default 30 s); a success starts over.
 	RetryInterval    time.Duration
 	MaxRetryInterval time.Duration
+	// MinQueryInterval is the least time between the starts of two
+	// queries of one watch; default 1 s. A blocking query that Consul (or
+	// a proxy between) answers at once, with the index unchanged or reset,
+	// is then never repeated in a hot loop.
+	MinQueryInterval time.Duration
 	// Logger receives query failures and skipped services; nil discards.
 	Logger *slog.Logger
 
@@ -59,13 +65,18 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	if s.MaxRetryInterval == 0 {
 		s.MaxRetryInterval = 30 * time.Second
 	}
+	if s.MinQueryInterval == 0 {
+		s.MinQueryInterval = time.Second
+	}
 	s.dst, s.report = dst, report
 	s.watchers, s.waiting, s.invalid = map[string]context.CancelFunc{}, map[string]bool{}, map[string]string{}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var index uint64
 	b := s.backoff()
+	var last time.Time
 	for ctx.Err() == nil {
+		s.pace(ctx, &last)
 		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
 		names, meta, err := s.Client.Catalog().Services(opts)
 		if err != nil {
@@ -77,6 +88,18 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 		s.follow(ctx, &wg, names)
 	}
 	return nil
+}
+
+// pace waits until MinQueryInterval has passed since *last, the start of
+// the previous query, and sets *last to now.
+func (s *Source) pace(ctx context.Context, last *time.Time) {
+	if wait := s.MinQueryInterval - time.Since(*last); !last.IsZero() && wait > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	*last = time.Now()
 }
 
 // nextIndex applies Consul's rules for blocking query indexes: start over
@@ -144,14 +167,27 @@ func (s *Source) follow(ctx context.Context, wg *sync.WaitGroup, names map[strin
 	s.checkSynced()
 }
 
-// watch follows one service's health until ctx ends.
+// watch follows one service's health until ctx ends. A query that fails
+// is reported, and tried again; a service whose first query failed is
+// left out (a later failure keeps its last good version), so that one
+// service Consul does not answer for never holds back the others.
 func (s *Source) watch(ctx context.Context, name string) {
 	var index uint64
+	var last time.Time
 	b := s.backoff()
 	for ctx.Err() == nil {
+		s.pace(ctx, &last)
 		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
 		entries, meta, err := s.Client.Health().Service(name, "", false, opts)
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.mu.Lock()
+			s.reportOnce(name, fmt.Errorf("health query: %w", err))
+			delete(s.waiting, name)
+			s.checkSynced()
+			s.mu.Unlock()
 			s.retry(ctx, "health "+name, err, &b)
 			continue
 		}
@@ -183,13 +219,19 @@ func (s *Source) apply(name string, entries []*api.ServiceEntry) {
 		err = s.dst.Upsert(svc)
 	}
 	if err != nil {
-		if s.invalid[name] != err.Error() {
-			s.invalid[name] = err.Error()
-			s.report(NamePrefix+name, err)
-		}
+		s.reportOnce(name, err)
 		return
 	}
 	delete(s.invalid, name)
+}
+
+// reportOnce reports a service's error unless it was the last reported;
+// s.mu is held.
+func (s *Source) reportOnce(name string, err error) {
+	if s.invalid[name] != err.Error() {
+		s.invalid[name] = err.Error()
+		s.report(NamePrefix+name, err)
+	}
 }
 
 // remove deletes a service; s.mu is held.

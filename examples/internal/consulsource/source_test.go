@@ -2,8 +2,11 @@ package consulsource
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -54,7 +57,7 @@ func TestRetryBacksOff(t *testing.T) {
 	require.NoError(t, err)
 
 	var log retryLog
-	src := &Source{Client: c, RetryInterval: 20 * time.Millisecond, MaxRetryInterval: 80 * time.Millisecond,
+	src := &Source{Client: c, RetryInterval: 20 * time.Millisecond, MaxRetryInterval: 80 * time.Millisecond, MinQueryInterval: time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))}
 	r, err := servicelb.NewRunner(&fake.Proxier{}, servicelb.RunnerOptions{})
 	require.NoError(t, err)
@@ -81,4 +84,77 @@ func TestNewClientErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "needs its key")
 	_, err = NewClient(ClientOptions{CAFile: "/nonexistent/ca.pem"})
 	assert.Error(t, err, "a CA file that cannot be read")
+}
+
+// fakeAgent is a Consul agent's HTTP API that lists web and bad: web's
+// health answers one passing instance, bad's a 500. Every answer comes
+// at once, with the same index, as a proxy that does not hold blocking
+// queries answers. It counts the queries of each path.
+type fakeAgent struct {
+	mu      sync.Mutex
+	queries map[string]int
+}
+
+func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.queries[r.URL.Path]++
+	f.mu.Unlock()
+	w.Header().Set("X-Consul-Index", "7")
+	switch r.URL.Path {
+	case "/v1/catalog/services":
+		fmt.Fprint(w, `{"web": [], "bad": []}`)
+	case "/v1/health/service/web":
+		fmt.Fprint(w, `[{"Node": {"Node": "n1", "Address": "10.1.0.1"},
+			"Service": {"ID": "web-1", "Service": "web", "Address": "10.1.0.1", "Port": 8080},
+			"Checks": [{"Status": "passing"}]}]`)
+	default:
+		http.Error(w, "broken", http.StatusInternalServerError)
+	}
+}
+
+func (f *fakeAgent) count(path string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.queries[path]
+}
+
+// One service whose health query fails is reported and left out; the
+// others are programmed (the source syncs). A Consul that answers
+// blocking queries at once is queried at most once per MinQueryInterval
+// by each watch, never in a hot loop.
+func TestFailingServiceAndEagerAgent(t *testing.T) {
+	agent := &fakeAgent{queries: map[string]int{}}
+	server := httptest.NewServer(agent)
+	defer server.Close()
+	c, err := NewClient(ClientOptions{Addr: server.URL})
+	require.NoError(t, err)
+	p := &fake.Proxier{}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{MinSyncInterval: time.Millisecond})
+	require.NoError(t, err)
+	src := &Source{Client: c, RetryInterval: 10 * time.Millisecond, MinQueryInterval: 200 * time.Millisecond,
+		Options: Options{Mapping: map[string]Mapping{"web": {VIP: "10.96.0.10", Port: 80}, "bad": {VIP: "10.96.0.11", Port: 80}}}}
+	var mu sync.Mutex
+	reported := map[string]string{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = r.Run(ctx) })
+	dst := r.Source("consul")
+	wg.Go(func() {
+		_ = src.Run(ctx, dst, func(o string, err error) { mu.Lock(); reported[o] = err.Error(); mu.Unlock() })
+	})
+	wait, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	recs, err := p.WaitSyncs(wait, 1)
+	require.NoError(t, err, "the source never synced")
+	_, hasWeb := recs[0].State.Service("consul/web")
+	assert.True(t, hasWeb)
+	mu.Lock()
+	assert.Contains(t, reported["consul/bad"], "health query")
+	mu.Unlock()
+
+	time.Sleep(2 * time.Second)
+	for _, path := range []string{"/v1/catalog/services", "/v1/health/service/web", "/v1/health/service/bad"} {
+		assert.LessOrEqual(t, agent.count(path), 15, "%s queried in a hot loop", path)
+	}
 }
