@@ -18,7 +18,7 @@ import (
 // and go.sum files.
 func TestWorkspaceSumComplete(t *testing.T) {
 	dir := t.TempDir()
-	files := []string{"go.work", "go.work.sum", "go.mod", "go.sum", "examples/go.mod", "examples/go.sum"}
+	files := []string{"go.work", "go.work.sum", "go.mod", "go.sum", "kube/go.mod", "kube/go.sum", "examples/go.mod", "examples/go.sum"}
 	for _, f := range files {
 		b, err := os.ReadFile(filepath.Join("..", f))
 		require.NoError(t, err)
