@@ -9,6 +9,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -72,14 +73,23 @@ func (k *kubeSource) podCIDRs(ctx context.Context, node string) ([]netip.Prefix,
 		return nil, err
 	}
 	warned := time.Time{}
+	// Listed by name, as the Source watches it: the ClusterRole grants
+	// list and watch on nodes, not get.
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()}
 	for {
-		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		list, err := c.CoreV1().Nodes().List(ctx, opts)
 		var why any = err
 		if err == nil {
-			if cidrs := kube.NodeOf(n).PodCIDRs; len(cidrs) > 0 {
-				return cidrs, nil
+			why = "no Node of this name yet"
+			for i := range list.Items {
+				if list.Items[i].Name != node {
+					continue
+				}
+				if cidrs := kube.NodeOf(&list.Items[i]).PodCIDRs; len(cidrs) > 0 {
+					return cidrs, nil
+				}
+				why = "the Node has no pod CIDRs yet"
 			}
-			why = "the Node has no pod CIDRs yet"
 		}
 		if time.Since(warned) >= kube.DefaultNodeWait && k.log != nil {
 			k.log("waiting for the node's pod CIDRs (detect-local-mode NodeCIDR)", "node", node, "why", why)
