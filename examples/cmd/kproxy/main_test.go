@@ -361,3 +361,41 @@ func TestPodCIDRsAwaited(t *testing.T) {
 	_, err = k.podCIDRs(ctx, "node-2")
 	assert.ErrorIs(t, err, context.Canceled)
 }
+
+// The Node's facts fill in what the flags and the file leave unsaid: its
+// primary addresses, its zone, its pod CIDRs under NodeCIDR; the
+// ServiceCIDRs the service CIDRs. What the command line gives stays.
+func TestKubeNodeFollows(t *testing.T) {
+	node := kube.Node{Name: "n1", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}, Zone: "zone-a",
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	cidrs := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	follow := func(cfg agent.Config) servicelb.NodeConfig {
+		t.Helper()
+		k := &kubeSource{opts: kube.ClientOptions{Kubeconfig: writeKubeconfig(t, "https://127.0.0.1:1", "token")}}
+		cfg.NodeName = "n1"
+		src, err := k.start(agent.Setup{Config: &cfg, Logger: discard(), Given: func(string) bool { return false }})
+		require.NoError(t, err)
+		f, ok := src.(agent.NodeFollower)
+		require.True(t, ok, "the kubernetes source follows the node")
+		var n servicelb.NodeConfig
+		f.FollowNode(func(edit func(*servicelb.NodeConfig)) { edit(&n) })
+		ks := src.(*kubeNode)
+		ks.OnNode(node)
+		ks.OnServiceCIDRs(cidrs)
+		return n
+	}
+	n := follow(agent.Config{DetectLocalMode: "NodeCIDR"})
+	assert.Equal(t, node.IPs, n.NodeIPs)
+	assert.Equal(t, "zone-a", n.Zone)
+	assert.Equal(t, node.PodCIDRs, n.DetectLocal.NodeCIDRs)
+	assert.Equal(t, cidrs, n.ServiceCIDRs)
+
+	n = follow(agent.Config{NodeIPs: "192.0.2.99", Zone: "given", ServiceCIDRs: "10.97.0.0/16", NodeCIDRs: "10.245.0.0/24", DetectLocalMode: "NodeCIDR"})
+	assert.Empty(t, n.NodeIPs, "--node-ips stays")
+	assert.Empty(t, n.Zone, "--zone stays")
+	assert.Empty(t, n.DetectLocal.NodeCIDRs, "--node-cidrs stays")
+	assert.Empty(t, n.ServiceCIDRs, "--service-cidrs stays")
+
+	n = follow(agent.Config{})
+	assert.Empty(t, n.DetectLocal.NodeCIDRs, "pod CIDRs only under NodeCIDR")
+}
