@@ -31,11 +31,21 @@ type Source struct {
 	// a proxy between) answers at once, with the index unchanged or reset,
 	// is then never repeated in a hot loop.
 	MinQueryInterval time.Duration
+	// MaxQueries bounds the health queries in flight at once, each a
+	// connection to the agent, which refuses more than its
+	// limits.http_max_conns_per_client (200) from one address; default
+	// 100. With more services than that, the services take turns: each
+	// blocking query waits at most CrowdedWaitTime (default 10 s), so that
+	// a service's change is seen within about CrowdedWaitTime times the
+	// services per query.
+	MaxQueries      int
+	CrowdedWaitTime time.Duration
 	// Logger receives query failures and skipped services; nil discards.
 	Logger *slog.Logger
 
 	dst    *servicelb.Source
 	report agent.Reporter
+	slots  chan struct{} // one per health query in flight
 
 	mu       sync.Mutex
 	watchers map[string]context.CancelFunc
@@ -68,6 +78,13 @@ func (s *Source) Run(ctx context.Context, dst *servicelb.Source, report agent.Re
 	if s.MinQueryInterval == 0 {
 		s.MinQueryInterval = time.Second
 	}
+	if s.MaxQueries <= 0 {
+		s.MaxQueries = 100
+	}
+	if s.CrowdedWaitTime <= 0 {
+		s.CrowdedWaitTime = 10 * time.Second
+	}
+	s.slots = make(chan struct{}, s.MaxQueries)
 	s.dst, s.report = dst, report
 	s.watchers, s.waiting, s.invalid = map[string]context.CancelFunc{}, map[string]bool{}, map[string]string{}
 	var wg sync.WaitGroup
@@ -177,8 +194,7 @@ func (s *Source) watch(ctx context.Context, name string) {
 	b := s.backoff()
 	for ctx.Err() == nil {
 		s.pace(ctx, &last)
-		opts := (&api.QueryOptions{WaitIndex: index, WaitTime: s.WaitTime}).WithContext(ctx)
-		entries, meta, err := s.Client.Health().Service(name, "", false, opts)
+		entries, meta, err := s.query(ctx, name, index)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -201,6 +217,25 @@ func (s *Source) watch(ctx context.Context, name string) {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// query runs one blocking health query of a service in one of the slots,
+// waiting for one first.
+func (s *Source) query(ctx context.Context, name string, index uint64) ([]*api.ServiceEntry, *api.QueryMeta, error) {
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	defer func() { <-s.slots }()
+	wait := s.WaitTime
+	s.mu.Lock()
+	if len(s.watchers) > s.MaxQueries {
+		wait = min(wait, s.CrowdedWaitTime)
+	}
+	s.mu.Unlock()
+	opts := (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx)
+	return s.Client.Health().Service(name, "", false, opts)
 }
 
 // apply translates and upserts a service; s.mu is held.

@@ -158,3 +158,80 @@ func TestFailingServiceAndEagerAgent(t *testing.T) {
 		assert.LessOrEqual(t, agent.count(path), 15, "%s queried in a hot loop", path)
 	}
 }
+
+// blockingAgent lists services svc0..svc<n-1>, each with one passing
+// instance, and holds every blocking query (one with an index) for its
+// wait, as Consul does when nothing changes. It records the most health
+// queries in flight at once.
+type blockingAgent struct {
+	n              int
+	mu             sync.Mutex
+	inFlight, most int
+}
+
+func (b *blockingAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	health := strings.HasPrefix(r.URL.Path, "/v1/health/service/")
+	if health {
+		b.mu.Lock()
+		b.inFlight++
+		b.most = max(b.most, b.inFlight)
+		b.mu.Unlock()
+		defer func() { b.mu.Lock(); b.inFlight--; b.mu.Unlock() }()
+	}
+	if r.URL.Query().Get("index") != "" {
+		wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
+		select {
+		case <-time.After(wait):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	w.Header().Set("X-Consul-Index", "5")
+	if !health {
+		names := make([]string, b.n)
+		for i := range names {
+			names[i] = fmt.Sprintf(`"svc%d": []`, i)
+		}
+		fmt.Fprint(w, "{"+strings.Join(names, ",")+"}")
+		return
+	}
+	name := strings.TrimPrefix(r.URL.Path, "/v1/health/service/")
+	fmt.Fprintf(w, `[{"Node": {"Node": "n1", "Address": "10.1.0.1"},
+		"Service": {"ID": "%s-1", "Service": "%s", "Address": "10.1.0.1", "Port": 8080, "Meta": {"kproxy-vip": "10.96.1.%s"}},
+		"Checks": [{"Status": "passing"}]}]`, name, name, strings.TrimPrefix(name, "svc"))
+}
+
+func (b *blockingAgent) mostInFlight() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.most
+}
+
+// The health queries in flight at once, each a connection to the agent,
+// are at most MaxQueries: with more services, they take turns, each
+// query waiting CrowdedWaitTime at most, and every service is read.
+func TestQueriesBounded(t *testing.T) {
+	agent := &blockingAgent{n: 12}
+	server := httptest.NewServer(agent)
+	defer server.Close()
+	c, err := NewClient(ClientOptions{Addr: server.URL})
+	require.NoError(t, err)
+	p := &fake.Proxier{}
+	r, err := servicelb.NewRunner(p, servicelb.RunnerOptions{MinSyncInterval: time.Millisecond})
+	require.NoError(t, err)
+	src := &Source{Client: c, MaxQueries: 4, CrowdedWaitTime: 100 * time.Millisecond, MinQueryInterval: time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = r.Run(ctx) })
+	dst := r.Source("consul")
+	wg.Go(func() { _ = src.Run(ctx, dst, func(o string, err error) { t.Errorf("%s: %v", o, err) }) })
+	wait, stop := context.WithTimeout(ctx, 20*time.Second)
+	defer stop()
+	recs, err := p.WaitSyncs(wait, 1)
+	require.NoError(t, err)
+	assert.Equal(t, 12, recs[0].State.Len(), "every service read")
+	time.Sleep(time.Second)
+	assert.LessOrEqual(t, agent.mostInFlight(), 4, "health queries in flight at once")
+	assert.Equal(t, 4, agent.mostInFlight(), "the slots are used")
+}
