@@ -12,8 +12,9 @@
 // table unless set to 0, iptables' localhostNodePorts is on, and the
 // nftables mode serves node ports on the node's primary addresses.
 // Where kproxy departs from kube-proxy: masqueradeBit 0 means kproxy's
-// default bit, 14 (kube-proxy: bit 0); the modes also take kproxy's
-// ebpf and userspace.
+// default bit, 14 (kube-proxy: bit 0), because servicelb.NodeConfig reads
+// a zero MasqueradeBit as its default and has no way yet to say bit 0;
+// the modes also take kproxy's ebpf and userspace.
 //
 // The mode-specific sections are read as kube-proxy reads them: the
 // nftables mode reads nftables, the iptables mode iptables, the ipvs mode
