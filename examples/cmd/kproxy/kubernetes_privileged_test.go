@@ -3,10 +3,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -80,4 +85,50 @@ func TestDryRunAgainstAPIServer(t *testing.T) {
 		"--node-name", "n1", "--detect-local-mode", "NodeCIDR")
 	require.Equal(t, 0, code, logs)
 	has(t, out, "! -s 10.100.1.0/24 -d 10.96.7.7/32", "NodeCIDR")
+}
+
+// kubeadm's kube-proxy, as its DaemonSet runs it, with kproxy in its
+// place: the ConfigMap's file as kubeadm writes it (no mode: iptables;
+// its kubeconfig pointed at this API server) and the DaemonSet's command
+// line, --config and --hostname-override, in a node's namespace (--netns
+// stands for the pod's host network). The service is served to a client,
+// through the iptables backend, and the file's conntrack defaults are the
+// namespace's. The file sets conntrack.maxPerCore 0, as a cluster whose
+// nodes are network namespaces (kind's) sets it: only the initial
+// namespace may size the table, and kube-proxy, as kproxy, stops when it
+// cannot.
+func TestKubeadmDaemonSet(t *testing.T) {
+	sb := newSandbox(t)
+	c := adminClient(t)
+	createWeb(t, c, "kubeadm", "10.96.9.9")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sl, err := c.DiscoveryV1().EndpointSlices("kubeadm").Get(ctx, "web-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	sl.Endpoints[0].Addresses = []string{sb.Backends[0].Addr.String()}
+	_, err = c.DiscoveryV1().EndpointSlices("kubeadm").Update(ctx, sl, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	_, err = c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	file, err := os.ReadFile(filepath.Join("..", "..", "..", "kube", "kubeproxyconfig", "testdata", "kubeadm.yaml"))
+	require.NoError(t, err)
+	config := filepath.Join(t.TempDir(), "config.conf")
+	file = bytes.Replace(file, []byte("/var/lib/kube-proxy/kubeconfig.conf"), []byte(apiServer(t).Kubeconfig), 1)
+	file = bytes.Replace(file, []byte("maxPerCore: null"), []byte("maxPerCore: 0"), 1)
+	require.NoError(t, os.WriteFile(config, file, 0o644))
+	code, _, logs := run(t, "--config="+config, "--hostname-override=Node-1", "--netns", sb.Node.NSName, "--once")
+	require.Equal(t, 0, code, logs)
+	assert.Contains(t, logs, "backend=iptables")
+	assert.Contains(t, logs, "node=node-1")
+
+	got, err := sb.Get(ctx, "http://10.96.9.9/")
+	if err != nil {
+		rules, _ := in(t, sb, "iptables-nft-save")
+		t.Fatalf("%v\n%s\n%s", err, logs, rules)
+	}
+	assert.Equal(t, sb.Backends[0].Name, got)
+	timeout, ok := in(t, sb, "sysctl", "-n", "net.netfilter.nf_conntrack_tcp_timeout_established")
+	require.True(t, ok, timeout)
+	assert.Equal(t, "86400", strings.TrimSpace(timeout), "kube-proxy's default, 24h, in the node's namespace")
 }
