@@ -255,7 +255,8 @@ bench: bench-userspace
 # e2e/results (the report, README.md there, and each proxy's JUnit
 # report); it fails on a test kube-proxy passes and kproxy fails, unless
 # kproxy's backend declares the limit. test-e2e-smoke (part of make test)
-# runs a handful of Services tests against kproxy's nftables backend.
+# runs a handful of Services tests against kproxy's nftables backend and
+# against kubeadm's kube-proxy DaemonSet with kproxy's image.
 # e2e-up starts a cluster with E2E_PROXY and keeps it until interrupted.
 E2E_BIN     := $(CURDIR)/.cache/e2e/kproxy-e2e
 E2E_PROXIES ?= kube-proxy-nftables,kproxy-nftables,kube-proxy-iptables,kproxy-iptables,kproxy-ebpf,kproxy-userspace,kproxy-kubeadm
@@ -268,7 +269,7 @@ e2e-build:
 test-e2e: image e2e-build
 	cd e2e && $(E2E_BIN) run -repo $(CURDIR) -suite full -proxies $(E2E_PROXIES) -results results $(E2E_FLAGS)
 test-e2e-smoke: image e2e-build
-	cd e2e && $(E2E_BIN) run -repo $(CURDIR) -suite smoke -proxies kproxy-nftables -results $(CURDIR)/.cache/e2e-smoke $(E2E_FLAGS)
+	cd e2e && $(E2E_BIN) run -repo $(CURDIR) -suite smoke -proxies kproxy-nftables,kproxy-kubeadm -results $(CURDIR)/.cache/e2e-smoke $(E2E_FLAGS)
 e2e-up: image e2e-build
 	cd e2e && $(E2E_BIN) up -repo $(CURDIR) -proxies $(E2E_PROXY) $(E2E_FLAGS)
 e2e-reap: e2e-build
