@@ -31,6 +31,23 @@ replace github.com/kproxy-dev/kproxy => $root
 MOD
 }
 
+# graph DIR WHAT PATTERN: tidies and builds the consumer module in DIR,
+# fails naming the modules of its graph that match PATTERN, and prints
+# the graph's size.
+graph() {
+	cd "$1"
+	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
+	GOWORK=off $GO build ./...
+	mods=$(GOWORK=off $GO list -m all)
+	bad=$(echo "$mods" | grep -E "$3" || true)
+	if [ -n "$bad" ]; then
+		echo "a consumer of $2 lists:" >&2
+		echo "$bad" >&2
+		exit 1
+	fi
+	count=$(echo "$mods" | wc -l)
+}
+
 module example.com/consumer "$dir/consumer"
 cat >"$dir/consumer/main.go" <<'SRC'
 package main
@@ -48,17 +65,8 @@ func main() {
 }
 SRC
 (
-	cd "$dir/consumer"
-	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
-	GOWORK=off $GO build ./...
-	mods=$(GOWORK=off $GO list -m all)
-	bad=$(echo "$mods" | grep -E 'honnef.co|golangci|staticcheck|golang.org/x/vuln|k8s.io|sigs.k8s.io|hashicorp' || true)
-	if [ -n "$bad" ]; then
-		echo "a consumer of servicelb and nftables lists:" >&2
-		echo "$bad" >&2
-		exit 1
-	fi
-	echo "consumer module graph: $(echo "$mods" | wc -l) modules, no tools, k8s.io or hashicorp"
+	graph "$dir/consumer" "servicelb and nftables" 'honnef.co|golangci|staticcheck|golang.org/x/vuln|k8s.io|sigs.k8s.io|hashicorp'
+	echo "consumer module graph: $count modules, no tools, k8s.io or hashicorp"
 )
 
 module example.com/ebpfconsumer "$dir/ebpf"
@@ -172,15 +180,6 @@ func main() {
 }
 SRC
 (
-	cd "$dir/kube"
-	GOWORK=off GOFLAGS=-mod=mod $GO mod tidy >/dev/null
-	GOWORK=off $GO build ./...
-	mods=$(GOWORK=off $GO list -m all)
-	bad=$(echo "$mods" | grep -E 'honnef.co|golangci|staticcheck|golang.org/x/vuln|hashicorp' || true)
-	if [ -n "$bad" ]; then
-		echo "a consumer of kube lists:" >&2
-		echo "$bad" >&2
-		exit 1
-	fi
-	echo "kube consumer module graph: $(echo "$mods" | wc -l) modules, no tools or hashicorp"
+	graph "$dir/kube" kube 'honnef.co|golangci|staticcheck|golang.org/x/vuln|hashicorp'
+	echo "kube consumer module graph: $count modules, no tools or hashicorp"
 )
