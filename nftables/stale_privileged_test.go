@@ -102,7 +102,7 @@ func TestStaleFlowFilters(t *testing.T) {
 	calls := ct.take()
 	require.Len(t, calls, 1)
 	for _, f := range calls[0] {
-		require.Equal(t, []netip.Addr{a, b}, f.Serving, "retried filter %v", f)
+		require.Equal(t, []netip.AddrPort{netip.AddrPortFrom(a, 53), netip.AddrPortFrom(b, 53)}, f.Serving, "retried filter %v", f)
 	}
 
 	// A repair of the table reconciles every frontend again, and so does

@@ -192,9 +192,9 @@ func TestLocalPoliciesFromPodAndNode(t *testing.T) {
 				assert.ErrorIs(t, err, netnstest.ErrTimeout, "client to %s", tc.np)
 				for _, proto := range []string{"tcp", "udp"} {
 					r := mustAsk(t, l.tp.Backends[2], proto, tc.np)
-					assert.Equal(t, netnstest.Reply{Host: "backend-1", Client: netip.AddrPortFrom(tc.pod, r.Client.Port())}, r, "pod %s to %s", proto, tc.np)
+					assert.Equal(t, netnstest.Reply{Host: "backend-1", Client: netip.AddrPortFrom(tc.pod, r.Client.Port()), Port: backendPort}, r, "pod %s to %s", proto, tc.np)
 					r = mustAsk(t, l.tp.Node, proto, tc.np)
-					assert.Equal(t, netnstest.Reply{Host: "backend-1", Client: netip.AddrPortFrom(tc.node, r.Client.Port())}, r, "node %s to %s", proto, tc.np)
+					assert.Equal(t, netnstest.Reply{Host: "backend-1", Client: netip.AddrPortFrom(tc.node, r.Client.Port()), Port: backendPort}, r, "node %s to %s", proto, tc.np)
 				}
 				for _, h := range []*netnstest.Host{l.tp.Client, l.tp.Backends[2], l.tp.Node} {
 					r, err := ask(t, h, "tcp", tc.cluster)
@@ -260,7 +260,7 @@ func TestHairpinRemoteEndpoint(t *testing.T) {
 		for _, proto := range []string{"tcp", "udp"} {
 			r, err := ask(t, b, proto, netip.AddrPortFrom(tc.dst, 80))
 			if assert.NoError(t, err, "hairpin %s %s", proto, tc.dst) {
-				assert.Equal(t, netnstest.Reply{Host: "backend-0", Client: netip.AddrPortFrom(tc.want, r.Client.Port())}, r)
+				assert.Equal(t, netnstest.Reply{Host: "backend-0", Client: netip.AddrPortFrom(tc.want, r.Client.Port()), Port: backendPort}, r)
 			}
 		}
 	}
