@@ -81,17 +81,22 @@ func (ss *sessions) remove(s *session) bool {
 	return true
 }
 
-// closeIf ends the sessions that match; their goroutines return.
+// closeIf ends the sessions that match; their goroutines return. They
+// leave the table before their sockets close, so that their clients'
+// next datagrams start new sessions at once, never meeting a closed one.
 func (ss *sessions) closeIf(match func(*session) bool) int {
 	ss.mu.Lock()
 	var out []*session
 	for _, s := range ss.m {
 		if match(s) {
+			s.ended = true
+			delete(ss.m, s.client)
 			out = append(out, s)
 		}
 	}
 	ss.mu.Unlock()
 	for _, s := range out {
+		s.ps.stats.active.Add(-1)
 		s.s.f.Close()
 	}
 	return len(out)
@@ -127,18 +132,19 @@ func (p *Proxier) udpLoop(l *listener) {
 			continue
 		}
 		client := sockaddr.To(from)
-		s := l.udp.get(client)
-		if s == nil {
-			in := func() string {
-				var name string
-				_ = l.rc.Control(func(fd uintptr) { name = ifaceName(int(fd), pktinfoIndex(oob[:oobn], l.key.at.Addr().Is6())) })
-				return name
-			}
-			if s = p.newSession(l, client, from, in); s == nil {
-				continue
-			}
+		// A session that ended since the lookup (a sync found its
+		// endpoint stale) takes no datagram: the client starts anew.
+		if s := l.udp.get(client); s != nil && s.forward(buf[:n]) {
+			continue
 		}
-		s.forward(buf[:n])
+		in := func() string {
+			var name string
+			_ = l.rc.Control(func(fd uintptr) { name = ifaceName(int(fd), pktinfoIndex(oob[:oobn], l.key.at.Addr().Is6())) })
+			return name
+		}
+		if s := p.newSession(l, client, from, in); s != nil {
+			s.forward(buf[:n])
+		}
 	}
 }
 
@@ -183,29 +189,34 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 	// A sync that ran since the decision closes the sessions to
 	// endpoints that stopped serving; this one was not there yet.
 	if ps.gone.Load() || !serving(ps.tab.Load().sp, to) {
-		f.Close()
+		s.end()
 		return nil
 	}
 	return s
 }
 
-// forward sends one datagram of the client to the endpoint. A datagram
-// that finds the socket's buffer full is dropped, as the network would;
-// an error the endpoint reported (an ICMP port unreachable for an
-// earlier datagram) ends the session, so that the client's next
+// forward sends one datagram of the client to the endpoint, and reports
+// false when the session has ended instead, leaving the datagram to a
+// new one. A datagram that finds the socket's buffer full is dropped, as
+// the network would; an error the endpoint reported (an ICMP port
+// unreachable for an earlier datagram) ends the session, so that this
 // datagram finds an endpoint again.
-func (s *session) forward(b []byte) {
+func (s *session) forward(b []byte) bool {
 	var werr error
 	err := s.s.rc.Control(func(fd uintptr) { _, werr = unix.Write(int(fd), b) })
 	switch {
-	case err != nil, werr == unix.EAGAIN:
+	case err != nil:
+		return false
+	case werr == unix.EAGAIN:
 	case werr != nil:
 		s.ps.stats.dialErrors.Add(1)
-		s.s.f.Close()
+		s.end()
+		return false
 	default:
 		s.ps.stats.bytesIn.Add(uint64(len(b)))
 		s.act.touch()
 	}
+	return true
 }
 
 // sessionLoop sends the endpoint's replies to the client from the

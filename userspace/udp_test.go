@@ -3,7 +3,10 @@
 package userspace
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -111,6 +114,41 @@ func TestUDPStaleSessions(t *testing.T) {
 	name, _ = sendUDP(t, c, at, "x")
 	assert.Equal(t, "ep-2", name, "the session to a removed endpoint went on")
 	assert.Equal(t, uint64(2), stats(t, p, key(1, "udp")).Drained)
+}
+
+// TestUDPStaleSessionEndsWithSync: a sync that finds a session's
+// endpoint stale ends it before it returns, so that the client's very
+// next datagram starts a new session: none is lost to the old one.
+func TestUDPStaleSessionEndsWithSync(t *testing.T) {
+	w := newWorld(t, 2)
+	p := newProxier(t, w, Options{})
+	c := udpClient(t)
+	for i := range 100 {
+		mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(i%2))))
+		require.Zero(t, stats(t, p, key(1, "udp")).Active, "round %d: the stale session outlived the sync", i)
+		name, _ := sendUDP(t, c, w.at(key(1, "udp")), "x")
+		require.Equal(t, fmt.Sprintf("ep-%d", i%2), name, "round %d", i)
+	}
+}
+
+// TestSessionsCloseIfRemoves: the sessions closeIf ends leave the table
+// before it returns, whatever their goroutines do, and count no longer.
+func TestSessionsCloseIfRemoves(t *testing.T) {
+	ss := newSessions()
+	ps := &portState{}
+	client := netip.MustParseAddrPort("10.0.0.1:4000")
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer w.Close()
+	sd, err := newSide(r)
+	require.NoError(t, err)
+	s := &session{ps: ps, client: client, s: sd}
+	require.True(t, ss.add(s))
+	ps.stats.active.Add(1)
+	require.Equal(t, 1, ss.closeIf(func(*session) bool { return true }))
+	assert.Nil(t, ss.get(client), "an ended session still takes its client's datagrams")
+	assert.Zero(t, ps.stats.active.Load())
+	assert.False(t, ss.remove(s), "an ended session was removed twice")
 }
 
 // TestUDPNoEndpoints: a UDP port without endpoints has no socket: the
