@@ -3,7 +3,7 @@
 // source on this machine (package cluster), and writes the report that
 // puts their results side by side (make test-e2e):
 //
-//	kproxy-e2e run [-suite full|smoke] [-proxies kproxy-nftables,...] [-results DIR]
+//	kproxy-e2e run [-suite full|smoke] [-focus REGEXP] [-proxies kproxy-nftables,...] [-results DIR]
 //	kproxy-e2e up [-proxies kproxy-nftables] start a cluster with the first proxy and keep it, for a look inside
 //	kproxy-e2e reap                           remove what a crashed run left
 //	kproxy-e2e report [-results DIR]          write the report again from the JUnit files
@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -86,7 +87,7 @@ type options struct {
 	proxies                         []proxy.Proxy
 }
 
-func (o *options) register(fs *flag.FlagSet) (suiteName, proxies *string, procs *int) {
+func (o *options) register(fs *flag.FlagSet) (suiteName, proxies, focus *string, procs *int) {
 	fs.StringVar(&o.repo, "repo", "..", "the project's checkout")
 	fs.StringVar(&o.dir, "dir", cluster.DefaultDir, "the cluster's directory while it runs")
 	fs.StringVar(&o.kproxyImage, "kproxy-image", "", "kproxy's OCI image layout (default: REPO/bin/kproxy-image, from make image)")
@@ -98,13 +99,20 @@ func (o *options) register(fs *flag.FlagSet) (suiteName, proxies *string, procs 
 	}
 	proxies = fs.String("proxies", strings.Join(names, ","), "the proxies, each in a cluster of its own, in this order")
 	procs = fs.Int("procs", 0, "ginkgo's parallel processes (default: the suite's)")
-	return suiteName, proxies, procs
+	focus = fs.String("focus", "", "the tests to run, a regular expression over their full texts, in place of the suite's (its skips stay), such as one failing test's name")
+	return suiteName, proxies, focus, procs
 }
 
-func (o *options) parse(suiteName, proxies string, procs int) error {
+func (o *options) parse(suiteName, proxies, focus string, procs int) error {
 	var err error
 	if o.suite, err = suite.Lookup(suiteName); err != nil {
 		return err
+	}
+	if focus != "" {
+		if _, err := regexp.Compile(focus); err != nil {
+			return fmt.Errorf("-focus: %w", err)
+		}
+		o.suite.Focus = focus
 	}
 	if procs > 0 {
 		o.suite.Procs = procs
@@ -128,10 +136,10 @@ func (o *options) parse(suiteName, proxies string, procs int) error {
 func runCmd(ctx context.Context, args []string) error {
 	var o options
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	suiteName, proxies, procs := o.register(fs)
+	suiteName, proxies, focus, procs := o.register(fs)
 	fs.StringVar(&o.results, "results", "results", "where each proxy's JUnit report and the report go")
 	fs.Parse(args)
-	if err := o.parse(*suiteName, *proxies, *procs); err != nil {
+	if err := o.parse(*suiteName, *proxies, *focus, *procs); err != nil {
 		return err
 	}
 	results, err := filepath.Abs(o.results)
@@ -270,9 +278,9 @@ func runProxy(ctx context.Context, o options, art *artifacts, p proxy.Proxy, dir
 func upCmd(ctx context.Context, args []string) error {
 	var o options
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
-	suiteName, proxies, procs := o.register(fs)
+	suiteName, proxies, focus, procs := o.register(fs)
 	fs.Parse(args)
-	if err := o.parse(*suiteName, *proxies, *procs); err != nil {
+	if err := o.parse(*suiteName, *proxies, *focus, *procs); err != nil {
 		return err
 	}
 	t := newTimes()
