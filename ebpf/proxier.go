@@ -220,9 +220,10 @@ func (p *Proxier) Capabilities() servicelb.Capabilities { return p.caps }
 // pod's socket from the node's by its network namespace inside the
 // attached cgroup; under a local-traffic detection by interface they
 // leave to the packet path the pods' flows whose verdict depends on it,
-// so every mode is theirs (FeatureLocalByInterface included).
+// so every mode is theirs (FeatureLocalByInterface included). They listen
+// on no port (FeatureFreePorts).
 const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | servicelb.FeaturePreserveSource |
-	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface
+	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface | servicelb.FeatureFreePorts
 
 // passedFeatures are the features whose flows the hooks leave to the
 // packet path. The hooks' own refusals (ECONNREFUSED, EPERM at the

@@ -97,11 +97,19 @@ const (
 	// as the node's own addresses has the kernel refuse it, as at any
 	// closed port.
 	FeatureUndefinedPorts
+	// FeatureFreePorts: serving a frontend takes none of the node's
+	// ports: a process of the node binds any port on the wildcard address
+	// (0.0.0.0, ::), as a host-network server does. A proxy that listens
+	// on its frontends (package userspace) lacks it: while a frontend
+	// listens on a port, binding the wildcard address on that port fails
+	// with EADDRINUSE (binding one of the node's own addresses does not),
+	// and a frontend whose port a process bound first is left out.
+	FeatureFreePorts
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
 		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts |
-		FeatureLocalByInterface | FeaturePacketVerdicts | FeatureUndefinedPorts
+		FeatureLocalByInterface | FeaturePacketVerdicts | FeatureUndefinedPorts | FeatureFreePorts
 )
 
 // Has reports whether every feature of f is in fs.
@@ -115,7 +123,7 @@ var featureNames = []struct {
 	{FeaturePreserveSource, "preserve-source"}, {FeatureExternal, "external"}, {FeatureServiceCIDRs, "service-cidrs"},
 	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
 	{FeatureLocalByInterface, "local-by-interface"}, {FeaturePacketVerdicts, "packet-verdicts"},
-	{FeatureUndefinedPorts, "undefined-ports"},
+	{FeatureUndefinedPorts, "undefined-ports"}, {FeatureFreePorts, "free-ports"},
 }
 
 // String lists the features by name, such as "affinity,weights".

@@ -25,5 +25,6 @@ func TestConformanceSCTP(t *testing.T) {
 		}
 		return p
 	}}, conformance.Options{Protocols: []servicelb.Protocol{servicelb.SCTP}, DropTimeout: time.Second, AskTimeout: 5 * time.Second,
-		NotApplicable: append(conformance.NoSCTPChecks(), "cluster-ip/unallocated-service-address-dropped", "left-out/endpoint-capacity")})
+		NotApplicable: append(conformance.NoSCTPChecks(), "cluster-ip/unallocated-service-address-dropped", "left-out/endpoint-capacity",
+			"node-port/ports-stay-free")})
 }

@@ -187,7 +187,13 @@
 // Listen: where the proxy does not hold the cluster IPs, such a flow goes
 // wherever the node routes it). The origin of
 // a flow is told by its source address alone, so a node process that
-// sends from an address not in NodeConfig counts as outside. Every byte
+// sends from an address not in NodeConfig counts as outside. A listener
+// holds its port as any socket does (servicelb.FeatureFreePorts): a
+// process of the node that binds the wildcard address (0.0.0.0, ::) on a
+// port a frontend listens on, such as a host-network server on port 80
+// while a cluster IP serves port 80, gets EADDRINUSE, where binding one
+// of the node's own addresses succeeds; and a frontend whose port such a
+// process bound first is left out (a *ListenError). Every byte
 // crosses the proxy: each connection costs two sockets, and a stream
 // through it costs the kernel two TCP connections' work.
 //
@@ -258,4 +264,7 @@
 //     of a port.
 //   - scheduler/maglev-spreads-one-clients-connections: the proxy honours
 //     the schedulers random, rr and wrr, not mh (Maglev).
+//   - node-port/ports-stay-free: the listeners hold their ports, so a
+//     server of the node cannot bind the wildcard address on them
+//     (servicelb.FeatureFreePorts).
 package userspace

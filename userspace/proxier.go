@@ -130,7 +130,8 @@ func (p *Proxier) stopThread() {
 // schedulers random (the default, weighted) and rr and wrr (smooth
 // weighted round robin); any number of endpoints.
 func (p *Proxier) Capabilities() servicelb.Capabilities {
-	lacks := servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts | servicelb.FeatureServiceCIDRs
+	lacks := servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts | servicelb.FeatureServiceCIDRs |
+		servicelb.FeatureFreePorts
 	if !p.o.HoldAddresses || p.o.Listen != nil {
 		lacks |= servicelb.FeatureUndefinedPorts
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -247,7 +248,71 @@ func nodePortScenarios() []Scenario {
 					c(Outside, NodePort, Reach(0).Preserved()),
 				},
 			}}},
+		needs(servicelb.FeatureFreePorts, one("node-port/ports-stay-free",
+			"kube-proxy's kernel rules take no socket: a host-network server binds the wildcard address on any port",
+			One(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, WithNodePort()),
+			Check{Custom: portsStayFree},
+			c(Outside, ClusterIP, Reach(0, 1)), c(Outside, NodePort, Reach(0, 1)))),
 	}
+}
+
+// portsStayFree: a process of the node binds the wildcard address on the
+// service's port and on its node port, as a host-network server does,
+// while the service is served.
+func portsStayFree(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
+	t.Helper()
+	wildcard := netip.IPv4Unspecified()
+	if f == servicelb.IPv6 {
+		wildcard = netip.IPv6Unspecified()
+	}
+	for _, port := range []uint16{ServicePort, e.NodePortOf(0)} {
+		at := netip.AddrPortFrom(wildcard, port)
+		if err := e.NodeHost().Do(func() error { return bindServer(p, at) }); err != nil {
+			t.Errorf("%s %s: a server of the node binds %s: %v, want the port free", f, p.Lower(), at, err)
+		}
+	}
+}
+
+// bindServer binds a socket of protocol p at as a server does (a stream
+// socket with SO_REUSEADDR, listening; IPv6 only on an IPv6 address), and
+// closes it.
+func bindServer(p servicelb.Protocol, at netip.AddrPort) error {
+	var domain int
+	var sa syscall.Sockaddr
+	if at.Addr().Is4() {
+		domain, sa = syscall.AF_INET, &syscall.SockaddrInet4{Port: int(at.Port()), Addr: at.Addr().As4()}
+	} else {
+		domain, sa = syscall.AF_INET6, &syscall.SockaddrInet6{Port: int(at.Port()), Addr: at.Addr().As16()}
+	}
+	typ, proto := syscall.SOCK_STREAM, syscall.IPPROTO_TCP
+	switch p {
+	case servicelb.UDP:
+		typ, proto = syscall.SOCK_DGRAM, syscall.IPPROTO_UDP
+	case servicelb.SCTP:
+		proto = syscall.IPPROTO_SCTP
+	}
+	fd, err := syscall.Socket(domain, typ|syscall.SOCK_CLOEXEC, proto)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	if domain == syscall.AF_INET6 {
+		if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 1); err != nil {
+			return err
+		}
+	}
+	if typ == syscall.SOCK_STREAM {
+		if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+			return err
+		}
+	}
+	if err := syscall.Bind(fd, sa); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	if typ == syscall.SOCK_STREAM {
+		return syscall.Listen(fd, 1)
+	}
+	return nil
 }
 
 // addressAdded is the scenario of an address added to the node while the
