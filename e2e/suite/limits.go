@@ -33,6 +33,21 @@ var Limits = []Limit{
 		Why: "the userspace backend connects to the endpoint itself: the endpoint sees the node's address, " +
 			"never the client's (package userspace; its Capabilities lack FeaturePreserveSource), and the test checks the client's",
 	},
+	{
+		Proxy: "kproxy-userspace", Feature: servicelb.FeaturePreserveSource,
+		Spec: regexp.MustCompile(`\[sig-network\] Services should fallback to local terminating endpoints when there are no ready endpoints with externalTrafficPolicy=Local`),
+		Why: "the test wants a pod's connection to another node's node port to fail: with externalTrafficPolicy Local and no " +
+			"endpoint on that node, kube-proxy forwards a pod's flow to the endpoint on the pod's own node without masquerade, " +
+			"whose reply goes straight back to the pod and breaks the connection; the userspace backend connects to the endpoint " +
+			"from the node's address (its Capabilities lack FeaturePreserveSource), so the reply comes back through it and the connection succeeds",
+	},
+	{
+		Proxy: "kproxy-userspace", Feature: servicelb.FeatureFreePorts,
+		Spec: regexp.MustCompile(`\[sig-network\] DNS HostNetwork should resolve DNS of partial qualified names for services on hostNetwork pods`),
+		Why: "the test's host-network pod runs a server on 0.0.0.0:80, and the userspace backend's listeners hold their ports: " +
+			"while some cluster IP serves port 80, binding the wildcard address on it fails with EADDRINUSE " +
+			"(package userspace, Limits; its Capabilities lack FeatureFreePorts)",
+	},
 }
 
 // Declared returns the limit of the proxy that covers the test, or nil.
