@@ -81,6 +81,23 @@
 // check node port's serviceProxyHealthy is the proxy's liveness
 // (Proxy.Live).
 //
+// # Clients that may be hostile
+//
+// Both listen on every address of the node by default, so anyone who
+// reaches the node reaches them. Each server answers GET and HEAD only
+// (405 otherwise), reads at most 8 KiB of headers (431 beyond) within 5 s
+// and a request within 10 s, writes its answer within 10 s and closes a
+// keep-alive connection idle for a minute.
+// The health check node ports share one budget of connections
+// (ServicesOptions.MaxConns, 512 by default) and the proxy's health has
+// its own (ProxyOptions.MaxConns, 128): a connection beyond it is closed
+// as soon as it is accepted, with a warning at most every 10 s. A flood
+// of connections thus costs a bounded amount of memory and descriptors:
+// 150 clients that each send a header line of a million bytes and wait
+// cost the server under 1 MB (about 260 MB with Go's defaults, which
+// kube-proxy's servers keep), and the health is answered meanwhile once
+// the server has refused them.
+//
 // # Namespaces, privileges, what it owns
 //
 // Every listener is opened in the network namespace the options name

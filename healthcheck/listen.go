@@ -9,10 +9,10 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/internal/httpserve"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 )
 
@@ -68,21 +68,29 @@ type httpServer struct {
 	failed chan error
 }
 
-// serve starts serving h on lns.
-func serve(h http.Handler, lns []net.Listener, logger *slog.Logger) *httpServer {
-	s := &httpServer{lns: lns, srv: &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          log.New(slogWriter{logger}, "", 0),
-	}, failed: make(chan error, len(lns))}
+// serve starts serving h on lns, with package httpserve's limits, the
+// connections counted against conns.
+func serve(h http.Handler, lns []net.Listener, conns *httpserve.Conns, logger *slog.Logger) *httpServer {
+	s := &httpServer{lns: lns, srv: httpserve.Server(h, log.New(slogWriter{logger}, "", 0)), failed: make(chan error, len(lns))}
 	for _, ln := range lns {
 		s.wg.Go(func() {
-			if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.srv.Serve(conns.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
 				s.failed <- err
 			}
 		})
 	}
 	return s
+}
+
+// newConns returns a budget of n connections (def when n is not
+// positive) that warns on logger when it sheds one.
+func newConns(n, def int, server string, logger *slog.Logger) *httpserve.Conns {
+	if n <= 0 {
+		n = def
+	}
+	return httpserve.NewConns(n, func(shed uint64) {
+		logger.Warn("closing new connections at once: the server holds its most", "server", server, "maxConns", n, "shed", shed)
+	})
 }
 
 // close closes the listeners and the connections, and waits until no

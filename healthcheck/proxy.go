@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/internal/httpserve"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -49,9 +50,16 @@ type ProxyOptions struct {
 	// /livez with its status code, for metrics (kube-proxy's
 	// proxy_healthz_total and proxy_livez_total). It must not block.
 	Answered func(path string, code int)
+	// MaxConns bounds the connections Run's server holds at once; one
+	// beyond it is closed as soon as it is accepted, with a warning. Zero
+	// means DefaultProxyMaxConns.
+	MaxConns int
 	// Logger receives the server's start at Info; nil discards.
 	Logger *slog.Logger
 }
+
+// DefaultProxyMaxConns is the default of ProxyOptions.MaxConns.
+const DefaultProxyMaxConns = 128
 
 // Proxy serves a proxy's /healthz and /livez: see the package
 // documentation. It is an http.Handler, to mount on a server of one's
@@ -68,6 +76,9 @@ func NewProxy(o ProxyOptions) (*Proxy, error) {
 	}
 	if o.Timeout < 0 {
 		return nil, fmt.Errorf("healthcheck: negative timeout %s", o.Timeout)
+	}
+	if o.MaxConns < 0 {
+		return nil, fmt.Errorf("healthcheck: negative MaxConns %d", o.MaxConns)
 	}
 	o.Addr = cmp.Or(o.Addr, DefaultAddr)
 	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout(0))
@@ -124,8 +135,12 @@ func (p *Proxy) familyStatus(h servicelb.Health, now time.Time) map[string]famil
 	return out
 }
 
-// ServeHTTP answers /healthz and /livez; other paths are not found.
+// ServeHTTP answers /healthz and /livez; other paths are not found, and
+// methods other than GET and HEAD not allowed.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !httpserve.Readable(w, r) {
+		return
+	}
 	h, now := p.o.Health(), p.o.Now()
 	var st proxyStatus
 	var ok bool
@@ -174,7 +189,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		return fmt.Errorf("healthcheck: proxy health server: %w", err)
 	}
 	p.log.Info("serving the proxy's health", "addr", ln.Addr().String())
-	s := serve(p, []net.Listener{ln}, p.log)
+	s := serve(p, []net.Listener{ln}, newConns(p.o.MaxConns, DefaultProxyMaxConns, "proxy health", p.log), p.log)
 	defer s.close()
 	select {
 	case <-ctx.Done():

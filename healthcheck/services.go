@@ -16,6 +16,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/kproxy-dev/kproxy/internal/httpserve"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -33,10 +34,19 @@ type ServicesOptions struct {
 	// such as Proxy.Live: a service is healthy only while it does. Nil
 	// means it always does.
 	ProxyHealthy func() bool
+	// MaxConns bounds the connections all the health check node ports
+	// hold at once; one beyond it is closed as soon as it is accepted,
+	// with a warning. Zero or less means DefaultServicesMaxConns.
+	MaxConns int
 	// Logger receives the servers opened and closed at Info; nil
 	// discards.
 	Logger *slog.Logger
 }
+
+// DefaultServicesMaxConns is the default of ServicesOptions.MaxConns: a
+// load balancer probes a port every few seconds, on one connection or a
+// few.
+const DefaultServicesMaxConns = 512
 
 // ListenError is a health check node port that could not be opened.
 type ListenError struct {
@@ -55,8 +65,9 @@ func (e *ListenError) Unwrap() error { return e.Err }
 // one in the states given to Sync. Its methods are safe for concurrent
 // use.
 type Services struct {
-	o   ServicesOptions
-	log *slog.Logger
+	o     ServicesOptions
+	log   *slog.Logger
+	conns *httpserve.Conns
 
 	mu      sync.Mutex
 	last    *servicelb.State
@@ -84,6 +95,7 @@ func NewServices(o ServicesOptions) *Services {
 		s.o.ProxyHealthy = func() bool { return true }
 	}
 	s.o.Addrs = slices.Clone(o.Addrs)
+	s.conns = newConns(o.MaxConns, DefaultServicesMaxConns, "health check node ports", s.log)
 	return s
 }
 
@@ -164,7 +176,7 @@ func (s *Services) start(hc servicelb.HealthCheck) error {
 	}
 	sv := &serviceServer{service: hc.Service, port: hc.Port, healthy: s.o.ProxyHealthy}
 	sv.local.Store(int64(hc.LocalEndpoints))
-	sv.http = serve(sv, lns, s.log)
+	sv.http = serve(sv, lns, s.conns, s.log)
 	s.servers[hc.Service] = sv
 	s.log.Info("serving a health check node port", "service", hc.Service, "port", hc.Port, "localEndpoints", hc.LocalEndpoints)
 	return nil
@@ -213,7 +225,10 @@ type serviceStatus struct {
 	ServiceProxyHealthy bool  `json:"serviceProxyHealthy"`
 }
 
-func (sv *serviceServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+func (sv *serviceServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !httpserve.Readable(w, r) {
+		return
+	}
 	var st serviceStatus
 	st.Service.Namespace, st.Service.Name = splitName(sv.service)
 	st.LocalEndpoints = sv.local.Load()
