@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/healthcheck"
+	"github.com/kproxy-dev/kproxy/internal/httpserve"
 	"github.com/kproxy-dev/kproxy/ipvs"
 	"github.com/kproxy-dev/kproxy/nodeaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -552,6 +552,17 @@ func (a *Agent) reporter(source string) Reporter {
 	}
 }
 
+// exposed reports whether a listener on addr takes connections from
+// other hosts: it is not on a loopback address.
+func exposed(addr net.Addr) bool {
+	tcp, ok := addr.(*net.TCPAddr)
+	return !ok || !tcp.IP.IsLoopback()
+}
+
+// MetricsMaxConns bounds the connections the metrics server holds at
+// once: a scraper takes one, a person with curl another.
+const MetricsMaxConns = 64
+
 func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
 	if err != nil {
@@ -561,9 +572,20 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	if a.cfg.Profiling {
 		h = withProfiling(h)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// pprof's profile and trace move their write deadline on by the
+	// duration asked for.
+	srv := httpserve.Server(httpserve.ReadOnly(h), nil)
+	if a.cfg.Profiling {
+		if exposed(ln.Addr()) {
+			a.log.Warn("profiling is served to the network: /debug/pprof/ reads the process's command line "+
+				"and its profiles cost processor time; bind --metrics-bind-address to a loopback address", "addr", ln.Addr().String())
+		}
+	}
+	conns := httpserve.NewConns(MetricsMaxConns, func(shed uint64) {
+		a.log.Warn("closing new connections at once: the server holds its most", "server", "metrics", "maxConns", MetricsMaxConns, "shed", shed)
+	})
 	a.log.Info("serving metrics", "addr", ln.Addr().String(), "profiling", a.cfg.Profiling)
-	wg.Go(func() { _ = srv.Serve(ln) })
+	wg.Go(func() { _ = srv.Serve(conns.Listener(ln)) })
 	wg.Go(func() {
 		<-ctx.Done()
 		_ = srv.Close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -286,6 +287,72 @@ func TestProfiling(t *testing.T) {
 			code, body = httpGet(t, url+"/metrics")
 			assert.Equal(t, http.StatusOK, code)
 			assert.True(t, strings.Contains(body, "kubeproxy_sync_proxy_rules_service_changes_total"), "kube-proxy's metrics on /metrics")
+			if !on {
+				return
+			}
+			// A profile longer than the server's write timeout runs:
+			// the client gives up first.
+			_, err := (&http.Client{Timeout: time.Second}).Get(url + "/debug/pprof/profile?seconds=11")
+			var ne net.Error
+			if assert.ErrorAs(t, err, &ne, "an 11 s profile") {
+				assert.True(t, ne.Timeout(), "an 11 s profile: %v", err)
+			}
 		})
+	}
+}
+
+// TestMetricsServerLimits: the metrics server answers GET and HEAD only,
+// and holds at most MetricsMaxConns connections: one beyond is closed at
+// once, with a warning.
+func TestMetricsServerLimits(t *testing.T) {
+	cfg := defaults()
+	cfg.MetricsAddr = freeAddr(t)
+	var logs logBuffer
+	a, err := New(Options{Config: cfg, Dataplane: &fake.Proxier{}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; a.Close() })
+	url := "http://" + cfg.MetricsAddr
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(url + "/metrics")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	for _, path := range []string{"/metrics", "/healthz", "/proxyMode"} {
+		resp, err := http.Post(url+path, "text/plain", strings.NewReader("x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, path)
+	}
+	for range MetricsMaxConns {
+		c, err := net.Dial("tcp", cfg.MetricsAddr)
+		require.NoError(t, err)
+		defer c.Close()
+	}
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		extra, err := net.Dial("tcp", cfg.MetricsAddr)
+		if !assert.NoError(c, err) {
+			return
+		}
+		defer extra.Close()
+		_ = extra.SetReadDeadline(time.Now().Add(time.Second))
+		_, err = extra.Read(make([]byte, 1))
+		assert.ErrorIs(c, err, io.EOF, "a connection beyond the cap was kept")
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logs.String(), `server=metrics maxConns=64`)
+}
+
+// TestExposed: profiling on an address other hosts reach is warned of.
+func TestExposed(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:10249": false, "[::1]:10249": false, "0.0.0.0:10249": true, "[::]:10249": true, "10.0.0.1:10249": true,
+	} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		require.NoError(t, err)
+		assert.Equal(t, want, exposed(a), addr)
 	}
 }
