@@ -175,6 +175,12 @@
 //     that endpoint goes: no conntrack entry holds it, so none is deleted.
 //     (Destroying such sockets, bpf_sock_destroy from a socket iterator
 //     on 6.5 and later, is a later step.)
+//   - A new socket, and each datagram of an unconnected one, is
+//     translated afresh: a flow does not run on to its endpoint once its
+//     service has no serving endpoint or goes away, as a conntrack
+//     translation does (servicelb.FeatureLingeringFlows; the conformance
+//     kit's stale-flows/no-serving-endpoint-keeps-its-flows and
+//     stale-flows/deleted-service-keeps-its-flows do not apply).
 //   - A socket in another network namespace is a pod's
 //     (servicelb.FromPod) under the default local-traffic detection, by
 //     cluster CIDR, whose premise is that pods take their addresses from

@@ -112,7 +112,9 @@ func TestStaleFlows(t *testing.T) {
 	// Two failed syncs: the second change of t/dns replaces its filter,
 	// t/web's stays.
 	fc.fail = true
-	_, err = sync(dns("10.244.1.2", "10.244.3.2"), servicelb.Service{Name: web.Name, ClusterIPs: web.ClusterIPs, Ports: web.Ports})
+	web2 := web
+	web2.Endpoints = []servicelb.Endpoint{ep("10.244.1.9", "node-b")}
+	_, err = sync(dns("10.244.1.2", "10.244.3.2"), web2)
 	require.ErrorIs(t, err, errCleaner)
 	_, err = sync(dns("10.244.3.2"))
 	require.ErrorIs(t, err, errCleaner)
@@ -120,7 +122,7 @@ func TestStaleFlows(t *testing.T) {
 	fc.fail = false
 	_, err = sync()
 	require.NoError(t, err)
-	assert.Equal(t, [][]servicelb.StaleFlow{{frontend(53, "10.244.3.2"), frontend(80)}}, fc.take(), "pending filters, one per frontend")
+	assert.Equal(t, [][]servicelb.StaleFlow{{frontend(53, "10.244.3.2"), frontend(80, "10.244.1.9")}}, fc.take(), "pending filters, one per frontend")
 
 	// A repair reconciles the whole table.
 	h.Exec(t, "iptables-nft", "-t", "nat", "-F")

@@ -105,11 +105,19 @@ const (
 	// with EADDRINUSE (binding one of the node's own addresses does not),
 	// and a frontend whose port a process bound first is left out.
 	FeatureFreePorts
+	// FeatureLingeringFlows: a UDP or SCTP flow whose frontend no endpoint
+	// serves any more, or that went away, runs on to the endpoint it
+	// reached until it idles out, as a conntrack translation does (see
+	// StaleFlow). A proxy whose listener goes with the port's last
+	// serving endpoint (package userspace) lacks it, and so do socket
+	// hooks, which translate each new socket afresh (package ebpf).
+	FeatureLingeringFlows
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
 		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts |
-		FeatureLocalByInterface | FeaturePacketVerdicts | FeatureUndefinedPorts | FeatureFreePorts
+		FeatureLocalByInterface | FeaturePacketVerdicts | FeatureUndefinedPorts | FeatureFreePorts |
+		FeatureLingeringFlows
 )
 
 // Has reports whether every feature of f is in fs.
@@ -124,6 +132,7 @@ var featureNames = []struct {
 	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
 	{FeatureLocalByInterface, "local-by-interface"}, {FeaturePacketVerdicts, "packet-verdicts"},
 	{FeatureUndefinedPorts, "undefined-ports"}, {FeatureFreePorts, "free-ports"},
+	{FeatureLingeringFlows, "lingering-flows"},
 }
 
 // String lists the features by name, such as "affinity,weights".

@@ -123,21 +123,22 @@ func samePort(a, b *ServicePort) bool {
 
 // StaleFlow selects the UDP or SCTP conntrack flows to one frontend that
 // must be deleted: those whose endpoint (the flow's reply source address
-// and port) does not serve the frontend. Such a flow would keep sending a
-// client's datagrams to an endpoint that is gone, to a target port the
-// service no longer names, or past a service that gained endpoints after
-// the flow began. Flows to endpoints that still serve are kept, even when
-// the policies, topology or weights no longer select them, so that a UDP
-// session behaves as a TCP connection does (kube-proxy's
-// CleanStaleEntries).
+// and port) does not serve the frontend, while others do. Such a flow
+// would keep sending a client's datagrams to an endpoint that is gone, to
+// a target port the service no longer names, or past a service that
+// gained endpoints after the flow began, where a serving endpoint could
+// take them. Flows to endpoints that still serve are kept, even when the
+// policies, topology or weights no longer select them, so that a UDP
+// session behaves as a TCP connection does; and a frontend that no
+// endpoint serves, or that went away, has no StaleFlow: its flows run on
+// until they idle out (kube-proxy's CleanStaleEntries, from 1.31).
 type StaleFlow struct {
 	Protocol Protocol
 	// Dst and Port are the frontend: the flow's original destination.
 	Dst  netip.Addr
 	Port uint16
 	// Serving lists, sorted, the endpoints (address and target port)
-	// whose flows to the frontend stay; empty means every flow to it is
-	// stale.
+	// whose flows to the frontend stay; never empty.
 	Serving []netip.AddrPort
 }
 
@@ -177,8 +178,9 @@ func mergeAddrs(a, b []netip.AddrPort) []netip.AddrPort {
 }
 
 // StaleFlows returns the conntrack filters the changes call for: one per
-// UDP or SCTP frontend where an endpoint stopped serving (or the frontend
-// went away), or where endpoints serve a frontend that none served before.
+// UDP or SCTP frontend that endpoints serve after the changes, where one
+// of them stopped serving or none served before. A frontend left with no
+// serving endpoint, or gone, has none (see StaleFlow).
 func (c *Changes) StaleFlows() []StaleFlow {
 	before, after := map[flowKey][]netip.AddrPort{}, map[flowKey][]netip.AddrPort{}
 	for _, sp := range c.Removed {
@@ -197,11 +199,13 @@ func (c *Changes) StaleFlows() []StaleFlow {
 	}
 	for k, old := range before {
 		now := after[k]
-		if slices.ContainsFunc(old, func(a netip.AddrPort) bool {
+		if len(now) == 0 {
+			continue
+		}
+		if len(old) == 0 || slices.ContainsFunc(old, func(a netip.AddrPort) bool {
 			_, ok := slices.BinarySearchFunc(now, a, netip.AddrPort.Compare)
 			return !ok
-		}) ||
-			(len(old) == 0 && len(now) > 0) {
+		}) {
 			add(k)
 		}
 	}
@@ -215,8 +219,8 @@ func (c *Changes) StaleFlows() []StaleFlow {
 }
 
 // StaleFlows returns a filter for every UDP and SCTP frontend of the
-// state with the endpoints serving it: all a conntrack table needs to be
-// reconciled with the state, as after a restart.
+// state that endpoints serve, with those endpoints: all a conntrack table
+// needs to be reconciled with the state, as after a restart.
 func (s *State) StaleFlows() []StaleFlow {
 	m := map[flowKey][]netip.AddrPort{}
 	s.svcs.each(func(_ string, e *entry) {
@@ -226,7 +230,9 @@ func (s *State) StaleFlows() []StaleFlow {
 	})
 	out := make([]StaleFlow, 0, len(m))
 	for k, serving := range m {
-		out = append(out, StaleFlow{Protocol: k.proto, Dst: k.addr, Port: k.port, Serving: serving})
+		if len(serving) > 0 {
+			out = append(out, StaleFlow{Protocol: k.proto, Dst: k.addr, Port: k.port, Serving: serving})
+		}
 	}
 	sortStale(out)
 	return out

@@ -169,7 +169,13 @@ func TestStaleFlows(t *testing.T) {
 		{"endpoint removed", two, one, all("[10.0.0.1:53]")},
 		{"endpoint added", one, two, []string{}},
 		{"first endpoint", empty, one, all("[10.0.0.1:53]")},
-		{"service removed", one, state(), all("[]")},
+		// A frontend left without a serving endpoint, or gone, keeps
+		// its flows until they idle out (kube-proxy 1.31 on).
+		{"service removed", one, state(), []string{}},
+		{"last endpoint removed", one, empty, []string{}},
+		{"last endpoint stops serving", one, state(svc(Endpoint{Addr: a("10.0.0.1"), Ready: new(false), Serving: new(false)})), []string{}},
+		{"port removed", one, state(Service{Name: "ns/dns", ClusterIPs: []netip.Addr{a("10.96.0.10")},
+			Ports: []Port{{Name: "tcp", Protocol: TCP, Port: 53}}, Endpoints: []Endpoint{ready("10.0.0.1")}}), []string{}},
 		{"new service with endpoints", state(), one, all("[10.0.0.1:53]")},
 		// The endpoint serves on another port: its flows to the old
 		// one are stale, as kube-proxy reads a flow's reply source
@@ -192,13 +198,17 @@ func TestStaleFlows(t *testing.T) {
 	}
 }
 
-// TestStaleFlowsOfState: a state lists every UDP and SCTP frontend with
-// its serving endpoints, to reconcile a whole conntrack table.
+// TestStaleFlowsOfState: a state lists every UDP and SCTP frontend that
+// endpoints serve, with them, to reconcile a whole conntrack table.
 func TestStaleFlowsOfState(t *testing.T) {
 	st, err := NewState(NodeConfig{}, Service{
 		Name: "ns/x", ClusterIPs: []netip.Addr{a("10.96.0.1")},
 		Ports:     []Port{{Name: "u", Protocol: UDP, Port: 53}, {Name: "s", Protocol: SCTP, Port: 99}, {Name: "t", Protocol: TCP, Port: 80}},
 		Endpoints: []Endpoint{{Addr: a("10.0.0.2")}, {Addr: a("10.0.0.1"), Ready: new(false), Serving: new(true), Terminating: true}},
+	}, Service{
+		// No endpoint serves it: its flows stay, whatever they reach.
+		Name: "ns/y", ClusterIPs: []netip.Addr{a("10.96.0.2")}, Ports: []Port{{Name: "u", Protocol: UDP, Port: 53}},
+		Endpoints: []Endpoint{{Addr: a("10.0.0.3"), Ready: new(false), Serving: new(false)}},
 	})
 	if err != nil {
 		t.Fatal(err)

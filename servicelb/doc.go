@@ -216,6 +216,11 @@
 // no longer serves the port: [StaleFlow] keeps the flows of every serving
 // endpoint, whatever the policies, topology, weights or the terminating
 // fallback select, so that a UDP session lasts as a TCP connection does.
+// A flow is cut only where a serving endpoint can take its client's next
+// datagram: a frontend that no endpoint serves any longer (its last
+// endpoint turned unready under load but still answers), or that went
+// away (its service deleted, its port or address removed), keeps its
+// flows until they idle out, as kube-proxy leaves them from 1.31 on.
 // [Changes.StaleFlows] lists the frontends a change touched; a State's
 // [State.StaleFlows] lists them all, to reconcile a whole conntrack table
 // with the state after a restart.

@@ -19,7 +19,7 @@ import (
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformanceBackend(), conformance.Options{NotApplicable: []string{
 		"cluster-ip/unallocated-service-address-dropped", "left-out/endpoint-capacity", "scheduler/maglev-spreads-one-clients-connections",
-		"node-port/ports-stay-free",
+		"node-port/ports-stay-free", "stale-flows/no-serving-endpoint-keeps-its-flows", "stale-flows/deleted-service-keeps-its-flows",
 	}})
 }
 

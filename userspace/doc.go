@@ -267,4 +267,9 @@
 //   - node-port/ports-stay-free: the listeners hold their ports, so a
 //     server of the node cannot bind the wildcard address on them
 //     (servicelb.FeatureFreePorts).
+//   - stale-flows/no-serving-endpoint-keeps-its-flows and
+//     stale-flows/deleted-service-keeps-its-flows: a port that no endpoint
+//     serves has no listener, so its UDP sessions end with its last
+//     serving endpoint or with the port (servicelb.FeatureLingeringFlows),
+//     where a conntrack translation would run on until it idles out.
 package userspace

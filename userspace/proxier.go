@@ -131,7 +131,7 @@ func (p *Proxier) stopThread() {
 // weighted round robin); any number of endpoints.
 func (p *Proxier) Capabilities() servicelb.Capabilities {
 	lacks := servicelb.FeaturePreserveSource | servicelb.FeaturePacketVerdicts | servicelb.FeatureServiceCIDRs |
-		servicelb.FeatureFreePorts
+		servicelb.FeatureFreePorts | servicelb.FeatureLingeringFlows
 	if !p.o.HoldAddresses || p.o.Listen != nil {
 		lacks |= servicelb.FeatureUndefinedPorts
 	}

@@ -447,6 +447,6 @@ func TestConformanceUnprivileged(t *testing.T) {
 	}, conformance.Options{NotApplicable: []string{
 		"cluster-ip/undefined-port-rejected",
 		"cluster-ip/unallocated-service-address-dropped", "left-out/endpoint-capacity", "scheduler/maglev-spreads-one-clients-connections",
-		"node-port/ports-stay-free",
+		"node-port/ports-stay-free", "stale-flows/no-serving-endpoint-keeps-its-flows", "stale-flows/deleted-service-keeps-its-flows",
 	}})
 }

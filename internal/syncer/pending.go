@@ -39,9 +39,9 @@ func (pf *pendingFlows) add(fs []servicelb.StaleFlow) {
 	}
 }
 
-// refresh updates the pending filters of the frontends ch touches: a
-// frontend that went keeps no flow, one that stays keeps the endpoints
-// serving it now.
+// refresh updates the pending filters of the frontends ch touches: one
+// that stays keeps the endpoints serving it now; one that went, or that
+// no endpoint serves any more, deletes no flow (servicelb.StaleFlow).
 func (pf *pendingFlows) refresh(ch *servicelb.Changes) {
 	if pf.empty() {
 		return
@@ -67,16 +67,13 @@ func (pf *pendingFlows) refresh(ch *servicelb.Changes) {
 	for _, sp := range ch.Added {
 		set(sp, sp.Serving)
 	}
+	maps.DeleteFunc(pf.m, func(_ flowKey, x servicelb.StaleFlow) bool { return len(x.Serving) == 0 })
 }
 
 // reset makes the pending filters those that reconcile the whole
-// conntrack table with st: one per frontend of st, and one that keeps
-// nothing for each pending frontend st no longer has.
+// conntrack table with st: one per frontend of st that endpoints serve.
 func (pf *pendingFlows) reset(st *servicelb.State) {
-	for k, x := range pf.m {
-		x.Serving = nil
-		pf.m[k] = x
-	}
+	pf.clear()
 	pf.add(st.StaleFlows())
 }
 

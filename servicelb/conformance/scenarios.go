@@ -34,6 +34,7 @@ func NoSCTPChecks() []string {
 		"stale-flows/endpoint-removed", "stale-flows/serving-terminating-endpoint-keeps-its-flows",
 		"stale-flows/drained-endpoint-keeps-its-flows", "stale-flows/deselected-by-policy-keeps-its-flows",
 		"stale-flows/restart-reconciles-the-table", "stale-flows/target-port-changed",
+		"stale-flows/no-serving-endpoint-keeps-its-flows", "stale-flows/deleted-service-keeps-its-flows",
 		"scheduler/maglev-spreads-one-clients-connections",
 	}
 }
@@ -642,6 +643,20 @@ func staleFlowScenarios() []Scenario {
 			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0).OnPort(TargetPort))),
 			stage(func() []servicelb.Endpoint { return OnPorts(AltTargetPort, RemoteEps(0)) }, udpSession(Reach(0).OnPort(AltTargetPort))),
 		}},
+		// A flow is cut only where a serving endpoint can take its
+		// client's next datagram: the last endpoint turned unready (it
+		// still answers) and a deleted service leave their flows to run
+		// out.
+		needs(servicelb.FeatureLingeringFlows, Scenario{Name: "stale-flows/no-serving-endpoint-keeps-its-flows",
+			Follows: followStale + " (a service without serving endpoints is left alone)", Stages: []Stage{
+				stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
+				stage(func() []servicelb.Endpoint { return NotServing(RemoteEps(0)) }, udpSession(Reach(0))),
+			}}),
+		needs(servicelb.FeatureLingeringFlows, Scenario{Name: "stale-flows/deleted-service-keeps-its-flows",
+			Follows: followStale + " (only the services proxied are reconciled)", Stages: []Stage{
+				stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
+				{Services: func(*Env) []servicelb.Service { return nil }, Expect: []Check{udpSession(Reach(0))}},
+			}}),
 	}
 }
 
