@@ -129,8 +129,9 @@ func (l *listener) Accept() (net.Conn, error) {
 		case <-l.c.free:
 			return &budgeted{Conn: conn, c: l.c}, nil
 		default:
-			_ = conn.Close()
+			// Counted and reported before its client can see it end.
 			l.c.shedOne()
+			_ = conn.Close()
 		}
 	}
 }
