@@ -48,6 +48,12 @@ type Options struct {
 	// NoConntrackCleanup turns off the deletion of the conntrack flows a
 	// sync leaves stale (see servicelb.StaleFlow).
 	NoConntrackCleanup bool
+	// ConntrackTCPLiberal says that the node's conntrack marks no
+	// out-of-window TCP packet invalid (conntrack.Tuning.TCPBeLiberal):
+	// P-FORWARD then drops no packet conntrack calls invalid, as
+	// kube-proxy's iptables mode drops none under
+	// --conntrack-tcp-be-liberal.
+	ConntrackTCPLiberal bool
 	// Conntrack deletes the stale flows; nil means a conntrack.Client of
 	// its own in NetNS, opened by New.
 	Conntrack conntrack.FlowCleaner

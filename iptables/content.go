@@ -79,7 +79,7 @@ func (px *Proxier) portsContent(node *servicelb.NodeConfig, ports []*servicelb.S
 	}
 	out := map[xtables.Table]*xtables.TableContent{}
 	for _, f := range px.opts.Families {
-		pl := newPlanner(px.n, f, node, px.opts.dropMark())
+		pl := newPlanner(px.n, f, node, &px.opts)
 		natT, filterT := familyTables(f)
 		out[natT], out[filterT] = pl.nodeContent()
 		out[natT].Parts = pl.portChains(ports)
@@ -175,7 +175,7 @@ func (px *Proxier) changes(st *servicelb.State, c *servicelb.Changes, w tableWri
 	}
 	node := st.Node()
 	for _, f := range px.opts.Families {
-		pl := newPlanner(px.n, f, &node, px.opts.dropMark())
+		pl := newPlanner(px.n, f, &node, &px.opts)
 		var services []string
 		change := func(old, cur *servicelb.ServicePort) {
 			sp := either(cur, old)

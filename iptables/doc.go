@@ -35,7 +35,8 @@
 // node's own flows meet them too) those of the other frontends,
 // P-NODEPORTS accepts health check node ports
 // (ServicePort.HealthCheckNodePort), P-PROXY-FIREWALL drops what
-// P-MARK-DROP marked (Options.DropBit) and P-FORWARD accepts forwarded
+// P-MARK-DROP marked (Options.DropBit) and P-FORWARD drops what conntrack
+// calls invalid (unless Options.ConntrackTCPLiberal) and accepts forwarded
 // service traffic. P-MARK-MASQ sets the masquerade mark
 // (NodeConfig.MasqueradeBit) and P-POSTROUTING, from nat POSTROUTING,
 // masquerades marked flows with --random-fully.

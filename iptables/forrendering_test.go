@@ -34,3 +34,19 @@ func TestForRendering(t *testing.T) {
 	_, err = iptables.ForRendering(iptables.Options{ChainPrefix: "not a prefix"})
 	assert.ErrorIs(t, err, iptables.ErrInvalidOptions)
 }
+
+// TestConntrackTCPLiberal: the forward chain drops what conntrack calls
+// invalid, unless the node's conntrack is liberal, as kube-proxy's
+// iptables mode does under --conntrack-tcp-be-liberal.
+func TestConntrackTCPLiberal(t *testing.T) {
+	st, err := servicelb.NewState(servicelb.NodeConfig{NodeName: "n"})
+	require.NoError(t, err)
+	const drop = "-A KPROXY-FORWARD -m conntrack --ctstate INVALID -j DROP"
+	strict, err := iptables.Render(st, iptables.Options{})
+	require.NoError(t, err)
+	assert.Contains(t, strict, drop)
+	liberal, err := iptables.Render(st, iptables.Options{ConntrackTCPLiberal: true})
+	require.NoError(t, err)
+	assert.NotContains(t, liberal, "INVALID")
+	assert.Contains(t, liberal, "-A KPROXY-FORWARD -m comment --comment \"kubernetes forwarding rules\"")
+}

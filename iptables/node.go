@@ -53,12 +53,15 @@ func (p *planner) nodeRules() nodeRules {
 		nat = append(nat, xtables.Chain{Name: n.fixed(chainOffClusterMasq), Rules: rules})
 	}
 	nr.chains[xtables.NAT] = nat
+	var forward []xtables.Rule
+	if !p.liberal {
+		forward = append(forward, xtables.Rule{Matches: []xtables.Match{xtables.Conntrack{States: xtables.CtInvalid}}, Target: xtables.Drop})
+	}
+	forward = append(forward,
+		xtables.Rule{Matches: []xtables.Match{xtables.Comment("kubernetes forwarding rules"), masq}, Target: xtables.Accept},
+		xtables.Rule{Matches: []xtables.Match{xtables.Comment("kubernetes forwarding conntrack rule"), xtables.Conntrack{States: xtables.CtRelated | xtables.CtEstablished}}, Target: xtables.Accept})
 	nr.chains[xtables.Filter] = []xtables.Chain{
-		{Name: n.fixed(chainForward), Rules: []xtables.Rule{
-			{Matches: []xtables.Match{xtables.Conntrack{States: xtables.CtInvalid}}, Target: xtables.Drop},
-			{Matches: []xtables.Match{xtables.Comment("kubernetes forwarding rules"), masq}, Target: xtables.Accept},
-			{Matches: []xtables.Match{xtables.Comment("kubernetes forwarding conntrack rule"), xtables.Conntrack{States: xtables.CtRelated | xtables.CtEstablished}}, Target: xtables.Accept},
-		}},
+		{Name: n.fixed(chainForward), Rules: forward},
 		{Name: n.fixed(chainProxyFirewall), Rules: []xtables.Rule{
 			{Matches: []xtables.Match{xtables.Comment("drop traffic to load balancer IPs refused by their source ranges"), xtables.Mark{Value: p.drop, Mask: p.drop}}, Target: xtables.Drop},
 		}},

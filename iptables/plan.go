@@ -64,6 +64,8 @@ type planner struct {
 	node   *servicelb.NodeConfig
 	masq   uint32
 	drop   uint32
+	// liberal: Options.ConntrackTCPLiberal.
+	liberal bool
 	// pods is how the node's pods are recognised in the family: by a
 	// source in one of its prefixes, or by the input interface.
 	pods servicelb.LocalMatch
@@ -123,9 +125,10 @@ func (p *planner) matches(ms ...xtables.Match) []xtables.Match {
 	return append(carve(&p.arena.matches, len(ms)), ms...)
 }
 
-func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, dropMark uint32) *planner {
-	return &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: dropMark,
-		nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f), markMasq: xtables.Jump(n.fixed(chainMarkMasq))}
+func newPlanner(n names, f servicelb.Family, node *servicelb.NodeConfig, o *Options) *planner {
+	return &planner{n: n, family: f, fam: xfam(f), node: node, masq: node.MasqueradeMark(), drop: o.dropMark(),
+		liberal: o.ConntrackTCPLiberal, nodePortIPs: node.NodePortIPs(f), pods: node.LocalMatch(f),
+		markMasq: xtables.Jump(n.fixed(chainMarkMasq))}
 }
 
 func xfam(f servicelb.Family) xtables.Family {

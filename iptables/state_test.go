@@ -162,7 +162,7 @@ func TestContentMakesPortChainsOnDemand(t *testing.T) {
 	require.Equal(t, 3, groups, "one group a port")
 	require.Len(t, names, 3*11, "an SVC and ten SEP chains a port")
 	node := st.Node()
-	pl := newPlanner(px.n, servicelb.IPv4, &node, px.opts.dropMark())
+	pl := newPlanner(px.n, servicelb.IPv4, &node, &px.opts)
 	ports := map[string][]xtables.Rule{}
 	for _, sp := range st.Ports() {
 		for _, c := range pl.port(sp).chains {
@@ -183,7 +183,7 @@ func TestPortChainsAllocateLittle(t *testing.T) {
 	px := newOffline(t, Options{Families: []servicelb.Family{servicelb.IPv4}})
 	st := bigState(t, 1)
 	node := st.Node()
-	pl := newPlanner(px.n, servicelb.IPv4, &node, px.opts.dropMark())
+	pl := newPlanner(px.n, servicelb.IPv4, &node, &px.opts)
 	sp := st.Ports()[0]
 	allocs := testing.AllocsPerRun(20, func() { _ = pl.chains(pl.plan(sp)) })
 	t.Logf("%v allocations for a port of %d endpoints", allocs, len(sp.Cluster))

@@ -311,7 +311,7 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 		return err
 	}
 	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath,
-		Userspace: &uo}
+		ConntrackTCPLiberal: a.cfg.Conntrack.TCPBeLiberal, Userspace: &uo}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout

@@ -46,6 +46,10 @@ type BackendOptions struct {
 	// StrictARP is the ipvs backend's ipvs.Options.StrictARP; other
 	// backends ignore it.
 	StrictARP bool
+	// ConntrackTCPLiberal is the iptables backend's
+	// iptables.Options.ConntrackTCPLiberal (Config.Conntrack.TCPBeLiberal);
+	// other backends ignore it.
+	ConntrackTCPLiberal bool
 	// Cgroup and PinPath are the ebpf backend's (Config.Cgroup,
 	// Config.BPFPinPath).
 	Cgroup, PinPath string

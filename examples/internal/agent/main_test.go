@@ -264,3 +264,20 @@ func TestWithPort(t *testing.T) {
 	assert.Equal(t, "", withPort("", DefaultMetricsPort), "off stays off")
 	assert.Equal(t, "node-1", withPort("node-1", DefaultMetricsPort))
 }
+
+// --conntrack-tcp-be-liberal reaches the iptables backend: its forward
+// chain drops no invalid packet, as kube-proxy's does not.
+func TestConntrackTCPLiberalReachesIPTables(t *testing.T) {
+	p := Program{Name: "x", Usage: "x", Sources: func(Setup) ([]Source, error) { return []Source{oneService{web}}, nil }}
+	for _, tc := range []struct {
+		args    []string
+		invalid bool
+	}{{nil, true}, {[]string{"--conntrack-tcp-be-liberal"}, false}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var out, errOut bytes.Buffer
+		code := p.Run(ctx, append([]string{"--backend", "iptables", "--dry-run", "--once", "--node-name", "n1"}, tc.args...), &out, &errOut)
+		cancel()
+		require.Equal(t, 0, code, errOut.String())
+		assert.Equal(t, tc.invalid, strings.Contains(out.String(), "--ctstate INVALID -j DROP"), "%v:\n%s", tc.args, out.String())
+	}
+}
