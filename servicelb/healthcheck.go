@@ -18,8 +18,11 @@ type HealthCheck struct {
 	// Port is the service's health check node port (TCP).
 	Port uint16
 	// LocalEndpoints is the number of the service's endpoints on this
-	// node that are ready and take new flows, counted once per address
-	// over every port and family of the service. The node is healthy for
+	// node that are ready and take new flows, counted as kube-proxy
+	// counts them: once per address and target port over every port of
+	// the service, in one family (the family with more, where they
+	// differ: kube-proxy reports the count of whichever of its proxiers
+	// synced last). The node is healthy for
 	// the service while it is above zero. An endpoint that still serves
 	// while terminating does not count, although the node keeps sending
 	// it what arrives when no endpoint is ready, so that a load balancer
@@ -54,22 +57,28 @@ func (s *State) HealthChecks() []HealthCheck {
 
 func (e *entry) healthCheck() (HealthCheck, bool) {
 	hc := HealthCheck{Service: e.svc.Name}
-	var local []netip.Addr
+	var local [2][]netip.AddrPort // by family
 	for _, sp := range e.ports {
 		if sp.HealthCheckNodePort == 0 {
 			continue
 		}
 		hc.Port = sp.HealthCheckNodePort
+		f := 0
+		if sp.Key.Family == IPv6 {
+			f = 1
+		}
 		for _, b := range sp.Local {
 			if b.Ready {
-				local = append(local, b.Addr)
+				local[f] = append(local[f], b.AddrPort())
 			}
 		}
 	}
 	if hc.Port == 0 {
 		return HealthCheck{}, false
 	}
-	slices.SortFunc(local, netip.Addr.Compare)
-	hc.LocalEndpoints = len(slices.Compact(local))
+	for _, l := range local {
+		slices.SortFunc(l, netip.AddrPort.Compare)
+		hc.LocalEndpoints = max(hc.LocalEndpoints, len(slices.Compact(l)))
+	}
 	return hc, true
 }

@@ -10,10 +10,11 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// TestHealthCheck: a service's health check counts the addresses of its
-// ready endpoints on this node, over every port and family, and nothing
-// else: not those of other nodes, not those serving while terminating
-// (which the node still forwards to), not drained ones.
+// TestHealthCheck: a service's health check counts its ready endpoints on
+// this node as kube-proxy counts them, once per address and target port
+// over every port, in one family (the larger count), and nothing else: not
+// those of other nodes, not those serving while terminating (which the
+// node still forwards to), not drained ones.
 func TestHealthCheck(t *testing.T) {
 	node := servicelb.NodeConfig{NodeName: "n1", NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}}
 	ep := func(addr, nodeName string, mut func(*servicelb.Endpoint)) servicelb.Endpoint {
@@ -37,19 +38,27 @@ func TestHealthCheck(t *testing.T) {
 			Endpoints:             eps,
 		}
 	}
+	sameTarget := func(s servicelb.Service) servicelb.Service {
+		s.Ports[0].TargetPort, s.Ports[1].TargetPort = 8080, 8080
+		return s
+	}
 	for _, tc := range []struct {
 		name string
 		svc  servicelb.Service
 		want int
 	}{
-		{"one address on two ports counts once", lb("d/a", 31000,
-			ep("10.244.1.2", "n1", nil), ep("10.244.2.2", "n2", nil)), 1},
-		{"each family's address counts", lb("d/a", 31000,
-			ep("10.244.1.2", "n1", nil), ep("fd00:244:1::2", "n1", nil), ep("10.244.1.3", "n1", nil)), 3},
+		{"one address on two target ports counts twice", lb("d/a", 31000,
+			ep("10.244.1.2", "n1", nil), ep("10.244.2.2", "n2", nil)), 2},
+		{"one address on one target port counts once", sameTarget(lb("d/a", 31000,
+			ep("10.244.1.2", "n1", nil), ep("10.244.2.2", "n2", nil))), 1},
+		{"a dual-stack endpoint counts in one family", lb("d/a", 31000,
+			ep("10.244.1.2", "n1", nil), ep("fd00:244:1::2", "n1", nil)), 2},
+		{"the family with more counts", lb("d/a", 31000,
+			ep("10.244.1.2", "n1", nil), ep("fd00:244:1::2", "n1", nil), ep("10.244.1.3", "n1", nil)), 4},
 		{"only terminating endpoints here", lb("d/a", 31000,
 			ep("10.244.1.2", "n1", terminating), ep("10.244.2.2", "n2", nil)), 0},
 		{"ready beside terminating", lb("d/a", 31000,
-			ep("10.244.1.2", "n1", terminating), ep("10.244.1.3", "n1", nil)), 1},
+			ep("10.244.1.2", "n1", terminating), ep("10.244.1.3", "n1", nil)), 2},
 		{"drained", lb("d/a", 31000,
 			ep("10.244.1.2", "n1", func(e *servicelb.Endpoint) { e.Weight = servicelb.Weight(0) })), 0},
 		{"not ready", lb("d/a", 31000,
@@ -83,7 +92,7 @@ func TestHealthCheck(t *testing.T) {
 			assert.False(t, ok, name)
 		}
 		assert.Equal(t, []servicelb.HealthCheck{
-			{Service: "d/a", Port: 31000, LocalEndpoints: 1},
+			{Service: "d/a", Port: 31000, LocalEndpoints: 2},
 			{Service: "d/d", Port: 31001},
 		}, st.HealthChecks())
 	})
