@@ -114,7 +114,8 @@ func TestCapabilities(t *testing.T) {
 	pair := capabilities(packetPath{})
 	assert.Equal(t, "ebpf+packets", pair.Backend)
 	assert.Nil(t, pair.Protocols, "the packet path carries SCTP")
-	assert.Equal(t, servicelb.AllFeatures, pair.Features)
+	assert.Equal(t, servicelb.AllFeatures&^servicelb.FeatureLingeringFlows, pair.Features,
+		"the hooks translate each new socket afresh: a flow does not outlive its service's serving endpoints")
 	assert.Equal(t, MaxEndpoints, pair.MaxEndpoints)
 	assert.Equal(t, []servicelb.Scheduler{servicelb.SchedulerRandom}, pair.Schedulers)
 }
