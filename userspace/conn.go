@@ -130,22 +130,27 @@ func (p *Proxier) serveStream(l *listener, cf *os.File, peer netip.AddrPort) {
 }
 
 // pump moves the connection's bytes both ways until both ends are done,
-// or aborts it at the first error.
+// or aborts it at the first error of either direction, which ends the
+// other at once.
 func (p *Proxier) pump(c *conn) {
-	move := func(src, dst side, count *atomic.Uint64) error {
+	move := func(src, dst side, count *atomic.Uint64) {
+		var err error
 		if c.ps.proto == servicelb.SCTP {
-			return copyMessages(src, dst, &c.act, count)
+			err = copyMessages(src, dst, &c.act, count)
+		} else {
+			err = splicer{pipes: &p.pipes, act: &c.act, stall: p.o.StallTimeout}.run(src, dst, count)
 		}
-		return splicer{pipes: &p.pipes, act: &c.act}.run(src, dst, count)
+		if err != nil {
+			c.abort()
+		}
 	}
-	up := make(chan error, 1)
-	go func() { up <- move(c.client, c.backend, &c.ps.stats.bytesIn) }()
-	if err := move(c.backend, c.client, &c.ps.stats.bytesOut); err != nil {
-		c.abort()
-	}
-	if err := <-up; err != nil {
-		c.abort()
-	}
+	up := make(chan struct{})
+	go func() {
+		defer close(up)
+		move(c.client, c.backend, &c.ps.stats.bytesIn)
+	}()
+	move(c.backend, c.client, &c.ps.stats.bytesOut)
+	<-up
 	if !c.aborted.Load() {
 		c.client.f.Close()
 		c.backend.f.Close()

@@ -95,9 +95,16 @@
 // space; a direction holds a pipe only while bytes are in it, so an idle
 // connection holds two sockets and two parked goroutines and nothing
 // more. The end of one direction is passed on (a half-close: the other
-// direction goes on), a reset on either side resets both, and a
-// connection that moves nothing either way for Options.IdleTimeout is
-// closed. Keepalives run on both sides. A socket whose peer is near (a
+// direction goes on), a reset or failure on either side resets both at
+// once, and a connection that moves nothing either way for
+// Options.IdleTimeout is closed. A receiver that takes none of the bytes
+// the proxy holds for it for Options.StallTimeout (5 minutes) has its
+// connection reset, so that a peer that stopped reading cannot keep a
+// pipe of bytes and the sockets' buffers for the idle timeout: not even
+// after the client that sent them left, whose end of stream waits
+// behind the bytes the proxy has not read and so never reaches it (100
+// such clients held 100 pipes, 1 MiB each, until the idle timeout; now
+// until StallTimeout). Keepalives run on both sides. A socket whose peer is near (a
 // round trip under 200 µs, as the kernel measured it during the
 // handshake: the node itself, its pods, its network's hosts) has its
 // kernel buffers capped at 512 KiB, which still covers the

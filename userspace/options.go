@@ -19,6 +19,7 @@ const (
 	DefaultDialAttempts    = 4
 	DefaultIdleTimeout     = 24 * time.Hour
 	DefaultUDPIdleTimeout  = 30 * time.Second
+	DefaultStallTimeout    = 5 * time.Minute
 	DefaultMaxUDPSessions  = 16384
 )
 
@@ -69,6 +70,15 @@ type Options struct {
 	// TCP), negative for none. Keepalives (on both sides) find dead
 	// peers sooner.
 	IdleTimeout time.Duration
+	// StallTimeout resets a TCP connection whose proxy holds bytes for a
+	// receiver that takes none of them for that long, freeing them (a
+	// pipe of up to 1 MiB, and the sockets' buffers). A receiver that
+	// reads again within it loses nothing; one that never does (a peer
+	// that stopped reading, an endpoint that never reads the upload of a
+	// client that has left) cannot keep them for IdleTimeout. The
+	// kernel's backends hold no byte, so they need no such bound. Default
+	// DefaultStallTimeout; negative for none.
+	StallTimeout time.Duration
 	// UDPIdleTimeout ends a UDP session (a client address and port and
 	// the endpoint it reached) that carried no datagram either way for
 	// that long; default DefaultUDPIdleTimeout.
@@ -142,6 +152,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.UDPIdleTimeout == 0 {
 		o.UDPIdleTimeout = DefaultUDPIdleTimeout
+	}
+	switch {
+	case o.StallTimeout == 0:
+		o.StallTimeout = DefaultStallTimeout
+	case o.StallTimeout < 0:
+		o.StallTimeout = 0
 	}
 	if o.MaxUDPSessions == 0 {
 		o.MaxUDPSessions = DefaultMaxUDPSessions

@@ -106,6 +106,10 @@ func newSide(f *os.File) (side, error) {
 // errIdle: a connection moved no data for Options.IdleTimeout.
 var errIdle = errors.New("idle timeout")
 
+// errStalled: the receiver of bytes the proxy held took none of them for
+// Options.StallTimeout.
+var errStalled = errors.New("stalled transfer")
+
 // activity is when a connection last moved data, and how long it may
 // idle: both directions share it, so that one busy direction keeps the
 // other's wait alive.
@@ -154,6 +158,8 @@ func (a *activity) expired(s side, read bool) bool {
 type splicer struct {
 	pipes *pipePool
 	act   *activity
+	// stall is Options.StallTimeout; zero for none.
+	stall time.Duration
 }
 
 // run moves src's bytes to dst until src ends, then ends dst's writing
@@ -222,32 +228,69 @@ func (s splicer) fill(src side, pp **pipe) (int, error) {
 	}
 }
 
-// drain moves the n bytes in p to dst.
+// drain moves the n bytes in p to dst. A dst that takes none of them for
+// StallTimeout ends the transfer, so that a peer that never reads cannot
+// keep the bytes (a pipe of them, and the sockets' buffers) for the
+// connection's whole idle timeout, as after the client that sent them
+// left: its end of stream waits behind the bytes the proxy has not read,
+// so the proxy cannot see it.
 func (s splicer) drain(dst side, p *pipe, n int) error {
+	stalled, armed := time.Now(), false
 	for n > 0 {
 		var m int64
 		var serr error
 		err := dst.rc.Write(func(fd uintptr) bool {
 			m, serr = unix.Splice(p.r, nil, int(fd), nil, n, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
-			return serr != unix.EAGAIN
+			// The first time dst is full, come back to set the
+			// deadline of the check before waiting.
+			return serr != unix.EAGAIN || (s.stall > 0 && !armed)
 		})
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			if s.act.expired(dst, false) {
 				return errIdle
 			}
+			if s.stall > 0 {
+				if time.Since(stalled) >= s.stall {
+					return errStalled
+				}
+				s.check(dst, stalled)
+			}
 			continue
 		case err != nil:
 			return err
+		case serr == unix.EAGAIN:
+			armed = true
+			s.check(dst, stalled)
+			continue
 		case serr == unix.EINTR:
 			continue
 		case serr != nil:
 			return os.NewSyscallError("splice", serr)
 		}
-		n -= int(m)
+		if m > 0 {
+			n -= int(m)
+			stalled = time.Now()
+		}
+	}
+	if armed {
+		s.act.expired(dst, false) // back to the activity's deadline
 	}
 	return nil
 }
+
+// check sets dst's write deadline to the end of the stall that began at
+// stalled, or the activity's deadline when it comes first.
+func (s splicer) check(dst side, stalled time.Time) {
+	next := stalled.Add(s.stall)
+	if s.act.idle > 0 {
+		if d := time.Unix(0, s.act.last.Load()).Add(s.act.idle); d.Before(next) {
+			next = d
+		}
+	}
+	_ = dst.f.SetWriteDeadline(next)
+}
+
 
 // shutdownWrite ends the writing side of a socket: its peer reads the end
 // of the stream.

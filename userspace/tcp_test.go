@@ -7,10 +7,12 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -445,4 +447,90 @@ func TestNearPeerBuffers(t *testing.T) {
 	assert.Zero(t, bufferFor(0), "not measured")
 	assert.Zero(t, bufferFor(nearRTT))
 	assert.Zero(t, bufferFor(20*time.Millisecond))
+}
+
+// TestStalledTransferEnds: clients that write more than an endpoint that
+// never reads will take, and then leave, keep nothing in the proxy once
+// StallTimeout passes without the endpoint taking a byte: their
+// connections end, and with them the pipes and sockets of their bytes.
+func TestStalledTransferEnds(t *testing.T) {
+	w := newWorld(t, 0)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	var held []net.Conn // accepted, never read
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	w.real[netip.AddrPortFrom(epAddr(0), tcpTarget)] = netip.MustParseAddrPort(ln.Addr().String())
+	p := newProxier(t, w, Options{StallTimeout: 500 * time.Millisecond})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	before := pipeFDs(t)
+	const clients = 20
+	payload := make([]byte, 4<<20)
+	var wg sync.WaitGroup
+	for range clients {
+		c, err := net.Dial("tcp", w.at(key(1, "tcp")).String())
+		require.NoError(t, err)
+		wg.Go(func() {
+			defer c.Close()
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write(payload) // stops when every buffer on the way is full
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(clients), p.activeConns(), "the connections ended before their clients left")
+	heldPipes, heldRSS := pipeFDs(t)-before, rss(t)
+	assert.Eventually(t, func() bool { return p.activeConns() == 0 }, 5*time.Second, 50*time.Millisecond,
+		"connections whose clients left, stalled on an endpoint that never reads, were kept")
+	t.Logf("%d clients gone: %d pipe descriptors and %d MiB resident while stalled, %d and %d MiB after",
+		clients, heldPipes, heldRSS>>20, pipeFDs(t)-before, rss(t)>>20)
+	assert.LessOrEqual(t, pipeFDs(t)-before, 2*spare, "pipes beyond the pool's spares kept")
+}
+
+// rss returns the process's resident memory, in bytes.
+func rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var kb int64
+			_, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// pipeFDs counts the process's pipe descriptors.
+func pipeFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
+			n++
+		}
+	}
+	return n
 }
