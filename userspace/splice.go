@@ -291,7 +291,6 @@ func (s splicer) check(dst side, stalled time.Time) {
 	_ = dst.f.SetWriteDeadline(next)
 }
 
-
 // shutdownWrite ends the writing side of a socket: its peer reads the end
 // of the stream.
 func shutdownWrite(s side) error {
