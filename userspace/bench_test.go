@@ -52,7 +52,9 @@ func benchSetup(b testing.TB) (direct, proxied path, p *Proxier) {
 		netip.AddrPortFrom(epAddr(1), tcpTarget): sink,
 		netip.AddrPortFrom(epAddr(0), udpTarget): udp,
 	}, listen: map[servicelb.ServicePortKey]netip.AddrPort{}}
-	p = newProxier(b, w, Options{})
+	// The loads measured here open as many connections to one service
+	// as the descriptor limit allows: no flow budget.
+	p = newProxier(b, w, Options{MaxFlows: 1 << 30, MaxPortFlows: 1 << 30})
 	mustSync(b, p, mustState(b, servicelb.NodeConfig{}, service(1, ep(0)), service(2, ep(1))))
 	dial := func(p servicelb.Protocol, to netip.AddrPort) (net.Conn, error) {
 		return net.Dial(strings.ToLower(string(p)), to.String())

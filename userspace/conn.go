@@ -62,6 +62,7 @@ func (p *Proxier) acceptLoop(l *listener) {
 		case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
 			// Out of descriptors or memory: wait for connections to end
 			// rather than spin.
+			p.local(l.binding.Load().port, "accept", os.NewSyscallError("accept", aerr))
 			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
 			if !l.sleep(pause) {
 				return
@@ -73,17 +74,25 @@ func (p *Proxier) acceptLoop(l *listener) {
 			p.log.Warn("listener failed; the next sync opens it again", "listener", l.key, "err", os.NewSyscallError("accept", aerr))
 			return
 		}
+		cf := os.NewFile(uintptr(nfd), "")
+		b := l.binding.Load()
+		if !p.budget.admit(b.port) {
+			p.shed(b.port)
+			reset(cf)
+			continue
+		}
 		setStreamOptions(nfd, l.key.proto)
 		p.wg.Add(1)
-		go p.serveStream(l, os.NewFile(uintptr(nfd), ""), sockaddr.To(sa))
+		go p.serveStream(l, b, cf, sockaddr.To(sa))
 	}
 }
 
-// serveStream forwards one accepted connection, or resets it.
-func (p *Proxier) serveStream(l *listener, cf *os.File, peer netip.AddrPort) {
+// serveStream forwards one accepted connection, admitted to the budget
+// for b's port, or resets it.
+func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.AddrPort) {
 	defer p.wg.Done()
-	b := l.binding.Load()
 	ps := b.port
+	defer p.budget.release(ps)
 	in := func() string {
 		if l.key.proto == servicelb.SCTP {
 			return p.routes.iface(peer.Addr())
@@ -98,7 +107,9 @@ func (p *Proxier) serveStream(l *listener, cf *os.File, peer netip.AddrPort) {
 	}
 	bf, to, err := p.dial(ps, d, peer.Addr())
 	if err != nil {
-		ps.stats.refused.Add(1)
+		if !localError(err) {
+			ps.stats.refused.Add(1)
+		}
 		reset(cf)
 		return
 	}
@@ -172,6 +183,12 @@ func (p *Proxier) dial(ps *portState, d decision, client netip.Addr) (*os.File, 
 		f, err := p.socks.connect(ps.proto, to, p.o.ConnectTimeout)
 		if err == nil {
 			return f, to, nil
+		}
+		if localError(err) {
+			// The node's want, not the endpoint's failure: its pin
+			// stays, and no other endpoint would fare better.
+			p.local(ps, "connect", err)
+			return nil, netip.AddrPort{}, err
 		}
 		last = err
 		ps.stats.dialErrors.Add(1)

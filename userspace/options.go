@@ -86,6 +86,15 @@ type Options struct {
 	// MaxUDPSessions bounds the UDP sessions of one listener; datagrams
 	// of new clients beyond it are dropped. Default DefaultMaxUDPSessions.
 	MaxUDPSessions int
+	// MaxFlows bounds the TCP and SCTP connections and UDP sessions the
+	// proxy holds at once, over all its ports, and MaxPortFlows those of
+	// one service port: a new flow beyond either is shed at once (a
+	// connection reset, a new UDP client's datagram dropped) and counted
+	// (PortStats.Shed), with a warning at most every 10 s. MaxFlows
+	// defaults to DefaultMaxFlows(), what the process's descriptor limit
+	// leaves after a reserve for everything else; MaxPortFlows to half of
+	// MaxFlows, so that a flood on one service leaves the others room.
+	MaxFlows, MaxPortFlows int
 	// DrainTimeout bounds how long a TCP or SCTP connection to an
 	// endpoint that stopped serving its port (or to a service port that
 	// went away) keeps running; zero lets it run until it ends, as the
@@ -162,8 +171,15 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxUDPSessions == 0 {
 		o.MaxUDPSessions = DefaultMaxUDPSessions
 	}
+	if o.MaxFlows == 0 {
+		o.MaxFlows = DefaultMaxFlows()
+	}
+	if o.MaxPortFlows == 0 {
+		o.MaxPortFlows = max(o.MaxFlows/2, 1)
+	}
 	switch {
-	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0:
+	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0,
+		o.MaxFlows < 0, o.MaxPortFlows < 0:
 		return o, fmt.Errorf("userspace: %w: negative timeout or bound", ErrInvalidOptions)
 	case len(o.Link) >= 16:
 		return o, fmt.Errorf("userspace: %w: link name %q longer than 15 bytes", ErrInvalidOptions, o.Link)

@@ -42,6 +42,8 @@ type Proxier struct {
 	dirty  atomic.Bool
 	// now is the clock of affinity pins; tests replace it.
 	now func() time.Time
+	// budget bounds the flows (see budget.go).
+	budget budget
 
 	mu        sync.Mutex
 	eng       *syncer.Engine
@@ -90,7 +92,8 @@ func New(o Options) (*Proxier, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p := &Proxier{o: o, log: log, pipes: pipePool{size: pipeSize}, now: time.Now,
-		ports: map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
+		budget: budget{max: int64(o.MaxFlows), portMax: int64(o.MaxPortFlows)},
+		ports:  map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
 	p.node.Store(newNode(servicelb.NodeConfig{}))
 	p.routes.ns = o.NetNS
 	if otherNS(o.NetNS) {

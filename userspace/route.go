@@ -70,6 +70,8 @@ type portState struct {
 	key   servicelb.ServicePortKey
 	proto servicelb.Protocol
 	stats portStats
+	// flows counts the port's connections and sessions (see budget).
+	flows atomic.Int64
 	tab   atomic.Pointer[table]
 
 	// conns are the open TCP and SCTP connections, for draining.

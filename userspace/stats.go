@@ -34,6 +34,13 @@ type PortStats struct {
 	// SessionsDropped counts the datagrams of new UDP clients dropped
 	// because the listener's sessions were at Options.MaxUDPSessions.
 	SessionsDropped uint64
+	// Shed counts the new flows refused because the proxy held
+	// Options.MaxFlows, or the port Options.MaxPortFlows.
+	Shed uint64
+	// LocalErrors counts the flows that failed for the node's own want of
+	// descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), which are
+	// no endpoint's failure.
+	LocalErrors uint64
 }
 
 // portStats are a service port's counters, updated from the data path.
@@ -43,6 +50,7 @@ type portStats struct {
 	bytesIn, bytesOut            atomic.Uint64
 	dialErrors, refused, drained atomic.Uint64
 	sessionsDropped              atomic.Uint64
+	shed, localErrors            atomic.Uint64
 }
 
 func (s *portStats) snapshot(k servicelb.ServicePortKey, p servicelb.Protocol) PortStats {
@@ -51,6 +59,6 @@ func (s *portStats) snapshot(k servicelb.ServicePortKey, p servicelb.Protocol) P
 		Active: s.active.Load(), Accepted: s.accepted.Load(),
 		BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
 		DialErrors: s.dialErrors.Load(), Refused: s.refused.Load(), Drained: s.drained.Load(),
-		SessionsDropped: s.sessionsDropped.Load(),
+		SessionsDropped: s.sessionsDropped.Load(), Shed: s.shed.Load(), LocalErrors: s.localErrors.Load(),
 	}
 }

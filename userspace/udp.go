@@ -38,6 +38,7 @@ func newSessions() *sessions { return &sessions{m: map[netip.AddrPort]*session{}
 type session struct {
 	l        *listener
 	ps       *portState
+	budget   *budget // the flow budget it is counted in
 	client   netip.AddrPort
 	clientSA unix.Sockaddr
 	to       netip.AddrPort
@@ -97,6 +98,7 @@ func (ss *sessions) closeIf(match func(*session) bool) int {
 	ss.mu.Unlock()
 	for _, s := range out {
 		s.ps.stats.active.Add(-1)
+		s.budget.release(s.ps)
 		s.s.f.Close()
 	}
 	return len(out)
@@ -164,20 +166,29 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 		ps.stats.sessionsDropped.Add(1)
 		return nil
 	}
+	if !p.budget.admit(ps) {
+		p.shed(ps)
+		return nil
+	}
 	f, to, err := p.dial(ps, d, client.Addr())
 	if err != nil {
-		ps.stats.refused.Add(1)
+		if !localError(err) {
+			ps.stats.refused.Add(1)
+		}
+		p.budget.release(ps)
 		return nil
 	}
 	sd, err := newSide(f)
 	if err != nil {
 		f.Close()
+		p.budget.release(ps)
 		return nil
 	}
-	s := &session{l: l, ps: ps, client: client, clientSA: sa, to: to, s: sd}
+	s := &session{l: l, ps: ps, budget: &p.budget, client: client, clientSA: sa, to: to, s: sd}
 	s.act.idle = p.o.UDPIdleTimeout
 	if !l.udp.add(s) {
 		f.Close()
+		p.budget.release(ps)
 		return nil
 	}
 	ps.stats.accepted.Add(1)
@@ -266,6 +277,7 @@ func (p *Proxier) sessionLoop(s *session) {
 func (s *session) end() {
 	if s.l.udp.remove(s) {
 		s.ps.stats.active.Add(-1)
+		s.budget.release(s.ps)
 	}
 	s.s.f.Close()
 }

@@ -142,12 +142,15 @@ func TestSessionsCloseIfRemoves(t *testing.T) {
 	defer w.Close()
 	sd, err := newSide(r)
 	require.NoError(t, err)
-	s := &session{ps: ps, client: client, s: sd}
+	b := &budget{max: 1, portMax: 1}
+	require.True(t, b.admit(ps))
+	s := &session{ps: ps, budget: b, client: client, s: sd}
 	require.True(t, ss.add(s))
 	ps.stats.active.Add(1)
 	require.Equal(t, 1, ss.closeIf(func(*session) bool { return true }))
 	assert.Nil(t, ss.get(client), "an ended session still takes its client's datagrams")
 	assert.Zero(t, ps.stats.active.Load())
+	assert.Zero(t, b.flows.Load(), "the session's flow was not given back")
 	assert.False(t, ss.remove(s), "an ended session was removed twice")
 }
 

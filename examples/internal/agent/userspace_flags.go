@@ -24,9 +24,11 @@ type UserspaceFlags struct {
 	// ListenAt serves service ports at addresses and ports of their own:
 	// comma-separated SERVICE[:PORT]=ADDRESS:PORT (userspace.ListenAt).
 	ListenAt string
-	// ConnectTimeout, IdleTimeout, DrainTimeout and UDPIdleTimeout are
-	// userspace.Options' own; zero means the package's default.
-	ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout time.Duration
+	// ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout,
+	// StallTimeout, MaxFlows and MaxPortFlows are userspace.Options' own;
+	// zero means the package's default.
+	ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout, StallTimeout time.Duration
+	MaxFlows, MaxPortFlows                                                  int
 }
 
 func (u *UserspaceFlags) register(fs *flag.FlagSet) {
@@ -42,17 +44,26 @@ func (u *UserspaceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&u.IdleTimeout, "userspace-idle-timeout", 0, fmt.Sprintf("userspace: close a TCP or SCTP connection that moved nothing either way for this long; negative for never (default %v)", userspace.DefaultIdleTimeout))
 	fs.DurationVar(&u.DrainTimeout, "userspace-drain-timeout", 0, "userspace: close a connection to an endpoint that stopped serving after this long (default: let it run until it ends)")
 	fs.DurationVar(&u.UDPIdleTimeout, "userspace-udp-idle-timeout", 0, fmt.Sprintf("userspace: end a UDP session that carried no datagram either way for this long (default %v)", userspace.DefaultUDPIdleTimeout))
+	fs.DurationVar(&u.StallTimeout, "userspace-stall-timeout", 0, fmt.Sprintf("userspace: reset a TCP connection whose receiver takes none of the bytes the proxy holds for it for this long; negative for never (default %v)", userspace.DefaultStallTimeout))
+	fs.IntVar(&u.MaxFlows, "userspace-max-flows", 0, "userspace: the most connections and UDP sessions held at once; new ones beyond are shed (default: what the descriptor limit leaves after a reserve)")
+	fs.IntVar(&u.MaxPortFlows, "userspace-max-port-flows", 0, "userspace: the most connections and UDP sessions of one service port (default: half of --userspace-max-flows)")
 }
 
 // Options returns the userspace.Options the flags describe (without the
 // namespace and the logger, which the agent sets).
 func (u UserspaceFlags) Options() (userspace.Options, error) {
 	o := userspace.Options{HoldAddresses: !u.NoHoldAddresses, ConnectTimeout: u.ConnectTimeout,
-		IdleTimeout: u.IdleTimeout, DrainTimeout: u.DrainTimeout, UDPIdleTimeout: u.UDPIdleTimeout}
+		IdleTimeout: u.IdleTimeout, DrainTimeout: u.DrainTimeout, UDPIdleTimeout: u.UDPIdleTimeout, StallTimeout: u.StallTimeout,
+		MaxFlows: u.MaxFlows, MaxPortFlows: u.MaxPortFlows}
 	var errs []error
 	for name, d := range map[string]time.Duration{"connect": u.ConnectTimeout, "drain": u.DrainTimeout, "udp-idle": u.UDPIdleTimeout} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("--userspace-%s-timeout %v: want a positive duration", name, d))
+		}
+	}
+	for name, n := range map[string]int{"max-flows": u.MaxFlows, "max-port-flows": u.MaxPortFlows} {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("--userspace-%s %d: want a positive number", name, n))
 		}
 	}
 	at := map[servicelb.ServicePortKey]netip.AddrPort{}

@@ -16,7 +16,7 @@ type portStatser interface{ Stats() []userspace.PortStats }
 type portStatsCollector struct {
 	s                                            portStatser
 	active, accepted, bytes, dialErrors, refused *prometheus.Desc
-	drained, sessionsDropped                     *prometheus.Desc
+	drained, sessionsDropped, shed, localErrors  *prometheus.Desc
 }
 
 // userspaceMetrics names the metrics, for the documentation and its test.
@@ -28,6 +28,8 @@ var userspaceMetrics = []string{
 	"kproxy_userspace_refused_total",
 	"kproxy_userspace_drained_total",
 	"kproxy_userspace_udp_sessions_dropped_total",
+	"kproxy_userspace_shed_total",
+	"kproxy_userspace_local_errors_total",
 }
 
 func newPortStatsCollector(s portStatser) *portStatsCollector {
@@ -44,11 +46,13 @@ func newPortStatsCollector(s portStatser) *portStatsCollector {
 		refused:         desc(userspaceMetrics[4], "Flows of the service port reset or discarded: dropped by a verdict, outside the source ranges, or with every endpoint failing."),
 		drained:         desc(userspaceMetrics[5], "Connections closed after their endpoint stopped serving (after the drain timeout), and UDP sessions ended for it."),
 		sessionsDropped: desc(userspaceMetrics[6], "Datagrams of new UDP clients dropped because the listener had its most sessions."),
+		shed:            desc(userspaceMetrics[7], "New flows of the service port shed because the proxy, or the port, held its most flows."),
+		localErrors:     desc(userspaceMetrics[8], "Flows of the service port that failed for the node's own want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)."),
 	}
 }
 
 func (c *portStatsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.bytes, c.dialErrors, c.refused, c.drained, c.sessionsDropped} {
+	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.bytes, c.dialErrors, c.refused, c.drained, c.sessionsDropped, c.shed, c.localErrors} {
 		ch <- d
 	}
 }
@@ -67,5 +71,7 @@ func (c *portStatsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.refused, s.Refused)
 		counter(c.drained, s.Drained)
 		counter(c.sessionsDropped, s.SessionsDropped)
+		counter(c.shed, s.Shed)
+		counter(c.localErrors, s.LocalErrors)
 	}
 }

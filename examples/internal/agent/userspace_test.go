@@ -39,7 +39,8 @@ func TestUserspaceFlags(t *testing.T) {
 	assert.True(t, o.HoldAddresses)
 
 	o, err = parse("--userspace-hold-addresses=false", "--userspace-connect-timeout=250ms", "--userspace-idle-timeout=-1s",
-		"--userspace-drain-timeout=30s", "--userspace-udp-idle-timeout=2m",
+		"--userspace-drain-timeout=30s", "--userspace-udp-idle-timeout=2m", "--userspace-stall-timeout=90s",
+		"--userspace-max-flows=1000", "--userspace-max-port-flows=300",
 		"--userspace-listen-at", "demo/web:http=127.0.0.1:18080, demo/dns=[::1]:5353")
 	require.NoError(t, err)
 	assert.False(t, o.HoldAddresses)
@@ -47,6 +48,9 @@ func TestUserspaceFlags(t *testing.T) {
 	assert.Equal(t, -time.Second, o.IdleTimeout)
 	assert.Equal(t, 30*time.Second, o.DrainTimeout)
 	assert.Equal(t, 2*time.Minute, o.UDPIdleTimeout)
+	assert.Equal(t, 90*time.Second, o.StallTimeout)
+	assert.Equal(t, 1000, o.MaxFlows)
+	assert.Equal(t, 300, o.MaxPortFlows)
 	require.NotNil(t, o.Listen)
 	st, err := servicelb.NewState(servicelb.NodeConfig{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
 		servicelb.Service{Name: "demo/web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
@@ -105,6 +109,7 @@ func TestUserspaceMetrics(t *testing.T) {
 	reg.MustRegister(newPortStatsCollector(fakeStats{{
 		Key:      servicelb.ServicePortKey{Service: "demo/web", Port: "http", Family: servicelb.IPv4},
 		Protocol: servicelb.TCP, Active: 3, Accepted: 10, BytesIn: 1000, BytesOut: 5000, DialErrors: 2, Refused: 1, Drained: 4, SessionsDropped: 0,
+		Shed: 5, LocalErrors: 6,
 	}}))
 	e := parseExposition(t, scrape(t, reg))
 	l := `{family="ipv4",port="http",protocol="tcp",service="demo/web"}`
@@ -115,6 +120,8 @@ func TestUserspaceMetrics(t *testing.T) {
 		"kproxy_userspace_refused_total" + l:              1,
 		"kproxy_userspace_drained_total" + l:              4,
 		"kproxy_userspace_udp_sessions_dropped_total" + l: 0,
+		"kproxy_userspace_shed_total" + l:                 5,
+		"kproxy_userspace_local_errors_total" + l:         6,
 		`kproxy_userspace_bytes_total{direction="in",family="ipv4",port="http",protocol="tcp",service="demo/web"}`:  1000,
 		`kproxy_userspace_bytes_total{direction="out",family="ipv4",port="http",protocol="tcp",service="demo/web"}`: 5000,
 	} {
