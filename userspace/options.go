@@ -171,12 +171,6 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxUDPSessions == 0 {
 		o.MaxUDPSessions = DefaultMaxUDPSessions
 	}
-	if o.MaxFlows == 0 {
-		o.MaxFlows = DefaultMaxFlows()
-	}
-	if o.MaxPortFlows == 0 {
-		o.MaxPortFlows = max(o.MaxFlows/2, 1)
-	}
 	switch {
 	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0,
 		o.MaxFlows < 0, o.MaxPortFlows < 0:

@@ -91,6 +91,12 @@ func New(o Options) (*Proxier, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if o.MaxFlows == 0 {
+		o.MaxFlows = DefaultMaxFlows()
+	}
+	if o.MaxPortFlows == 0 {
+		o.MaxPortFlows = max(o.MaxFlows/2, 1)
+	}
 	p := &Proxier{o: o, log: log, pipes: pipePool{size: pipeSize}, now: time.Now,
 		budget: budget{max: int64(o.MaxFlows), portMax: int64(o.MaxPortFlows)},
 		ports:  map[servicelb.ServicePortKey]*portState{}, listeners: map[listenKey]*listener{}, conns: map[*conn]struct{}{}}
