@@ -121,7 +121,13 @@
 // datagram either way (30 s by default, where kube-proxy's userspace mode
 // had 250 ms, which cut any protocol slower to answer), when its endpoint
 // refuses (an ICMP port unreachable), or when its endpoint stops serving;
-// a listener holds at most Options.MaxUDPSessions.
+// a listener holds at most Options.MaxUDPSessions. When the listener, or
+// the flow budget (below), holds its most, a new client takes the place
+// of the listener's oldest session that has had no reply, as conntrack
+// drops its unreplied entries first when its table is full, so that a
+// flood of clients that get no answer cannot keep the others out; only
+// when every session has had a reply is the new client's datagram
+// dropped.
 //
 // Flows are bounded: the proxy holds at most Options.MaxFlows connections
 // and UDP sessions at once (by default what the process's descriptor

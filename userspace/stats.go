@@ -32,8 +32,13 @@ type PortStats struct {
 	// closed for it at once.
 	Drained uint64
 	// SessionsDropped counts the datagrams of new UDP clients dropped
-	// because the listener's sessions were at Options.MaxUDPSessions.
+	// because the listener's sessions were at Options.MaxUDPSessions,
+	// every one of them replied to.
 	SessionsDropped uint64
+	// Evicted counts the UDP sessions that had no reply yet, ended to make
+	// room for a new client when the listener's sessions or the flow
+	// budget were full.
+	Evicted uint64
 	// Shed counts the new flows refused because the proxy held
 	// Options.MaxFlows, or the port Options.MaxPortFlows.
 	Shed uint64
@@ -50,7 +55,7 @@ type portStats struct {
 	bytesIn, bytesOut            atomic.Uint64
 	dialErrors, refused, drained atomic.Uint64
 	sessionsDropped              atomic.Uint64
-	shed, localErrors            atomic.Uint64
+	shed, localErrors, evicted   atomic.Uint64
 }
 
 func (s *portStats) snapshot(k servicelb.ServicePortKey, p servicelb.Protocol) PortStats {
@@ -60,5 +65,6 @@ func (s *portStats) snapshot(k servicelb.ServicePortKey, p servicelb.Protocol) P
 		BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
 		DialErrors: s.dialErrors.Load(), Refused: s.refused.Load(), Drained: s.drained.Load(),
 		SessionsDropped: s.sessionsDropped.Load(), Shed: s.shed.Load(), LocalErrors: s.localErrors.Load(),
+		Evicted: s.evicted.Load(),
 	}
 }

@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"container/list"
 	"errors"
 	"net/netip"
 	"os"
@@ -22,11 +23,16 @@ const maxDatagram = 1 << 16
 var buffers = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
 // sessions are the UDP sessions of one listener, by client address and
-// port.
+// port. Those that have had no reply yet are also in unreplied, oldest
+// first: when the proxy can hold no more sessions, the oldest of them
+// makes room for a new client, as conntrack drops its unreplied entries
+// first when its table is full, so that a flood of clients that get no
+// answer cannot keep the others out.
 type sessions struct {
-	mu     sync.Mutex
-	m      map[netip.AddrPort]*session
-	closed bool
+	mu        sync.Mutex
+	m         map[netip.AddrPort]*session
+	unreplied list.List // of *session
+	closed    bool
 }
 
 func newSessions() *sessions { return &sessions{m: map[netip.AddrPort]*session{}} }
@@ -44,7 +50,9 @@ type session struct {
 	to       netip.AddrPort
 	s        side
 	act      activity
-	ended    bool // guarded by l.udp.mu
+	ended    bool          // guarded by l.udp.mu
+	waiting  *list.Element // in l.udp.unreplied until the first reply; guarded by l.udp.mu
+	answered bool          // the endpoint replied; the session's goroutine's
 }
 
 func (ss *sessions) get(client netip.AddrPort) *session {
@@ -67,6 +75,44 @@ func (ss *sessions) add(s *session) bool {
 		return false
 	}
 	ss.m[s.client] = s
+	s.waiting = ss.unreplied.PushBack(s)
+	return true
+}
+
+// replied takes s off the unreplied list, at its first reply.
+func (ss *sessions) replied(s *session) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s.waiting != nil {
+		ss.unreplied.Remove(s.waiting)
+		s.waiting = nil
+	}
+}
+
+// unlink takes s out of the table and the unreplied list; ss.mu is held.
+func (ss *sessions) unlink(s *session) {
+	s.ended = true
+	delete(ss.m, s.client)
+	if s.waiting != nil {
+		ss.unreplied.Remove(s.waiting)
+		s.waiting = nil
+	}
+}
+
+// evict ends the oldest session that has had no reply, and reports
+// whether there was one.
+func (ss *sessions) evict() bool {
+	ss.mu.Lock()
+	e := ss.unreplied.Front()
+	if e == nil {
+		ss.mu.Unlock()
+		return false
+	}
+	s := e.Value.(*session)
+	ss.unlink(s)
+	ss.mu.Unlock()
+	s.closed()
+	s.ps.stats.evicted.Add(1)
 	return true
 }
 
@@ -77,8 +123,7 @@ func (ss *sessions) remove(s *session) bool {
 	if s.ended {
 		return false
 	}
-	s.ended = true
-	delete(ss.m, s.client)
+	ss.unlink(s)
 	return true
 }
 
@@ -90,16 +135,15 @@ func (ss *sessions) closeIf(match func(*session) bool) int {
 	var out []*session
 	for _, s := range ss.m {
 		if match(s) {
-			s.ended = true
-			delete(ss.m, s.client)
 			out = append(out, s)
 		}
 	}
+	for _, s := range out {
+		ss.unlink(s)
+	}
 	ss.mu.Unlock()
 	for _, s := range out {
-		s.ps.stats.active.Add(-1)
-		s.budget.release(s.ps)
-		s.s.f.Close()
+		s.closed()
 	}
 	return len(out)
 }
@@ -162,11 +206,13 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 		ps.stats.refused.Add(1)
 		return nil
 	}
-	if l.udp.len() >= p.o.MaxUDPSessions {
+	// A full table, or budget, makes room by ending the listener's
+	// oldest session that has had no reply, if it has one.
+	if l.udp.len() >= p.o.MaxUDPSessions && !l.udp.evict() {
 		ps.stats.sessionsDropped.Add(1)
 		return nil
 	}
-	if !p.budget.admit(ps) {
+	if !p.budget.admit(ps) && (!l.udp.evict() || !p.budget.admit(ps)) {
 		p.shed(ps)
 		return nil
 	}
@@ -263,6 +309,10 @@ func (p *Proxier) sessionLoop(s *session) {
 			s.ps.stats.dialErrors.Add(1)
 			return
 		}
+		if !s.answered {
+			s.answered = true
+			s.l.udp.replied(s)
+		}
 		var werr error
 		_ = s.l.rc.Control(func(fd uintptr) { werr = unix.Sendto(int(fd), (*bp)[:n], 0, s.clientSA) })
 		buffers.Put(bp)
@@ -276,8 +326,16 @@ func (p *Proxier) sessionLoop(s *session) {
 // end removes the session and closes its socket.
 func (s *session) end() {
 	if s.l.udp.remove(s) {
-		s.ps.stats.active.Add(-1)
-		s.budget.release(s.ps)
+		s.closed()
+		return
 	}
+	s.s.f.Close()
+}
+
+// closed counts a session out, once it has left the table, and closes
+// its socket: its goroutine returns.
+func (s *session) closed() {
+	s.ps.stats.active.Add(-1)
+	s.budget.release(s.ps)
 	s.s.f.Close()
 }

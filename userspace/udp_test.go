@@ -210,6 +210,58 @@ func TestUDPSessionBound(t *testing.T) {
 	assert.Equal(t, uint64(1), stats(t, p, key(1, "udp")).SessionsDropped)
 }
 
+// TestUDPUnrepliedEvicted: when the listener holds its most sessions, or
+// the flow budget is spent, a new client takes the place of the oldest
+// session that never had a reply; sessions that had one stay, and with
+// every session answered a new client finds no room.
+func TestUDPUnrepliedEvicted(t *testing.T) {
+	// The endpoint answers every datagram but "flood".
+	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if string(buf[:n]) != "flood" {
+				_, _ = pc.WriteToUDPAddrPort(append([]byte("ep-0 "), buf[:n]...), from)
+			}
+		}
+	}()
+	for _, o := range []Options{{MaxUDPSessions: 3}, {MaxFlows: 3, MaxPortFlows: 3}} {
+		w := newWorld(t, 0)
+		w.real[netip.AddrPortFrom(epAddr(0), udpTarget)] = pc.LocalAddr().(*net.UDPAddr).AddrPort()
+		p := newProxier(t, w, o)
+		mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+		at := w.at(key(1, "udp"))
+		answered := udpClient(t)
+		name, _ := sendUDP(t, answered, at, "hello")
+		require.Equal(t, "ep-0", name)
+		for range 2 {
+			_, err := udpClient(t).WriteToUDPAddrPort([]byte("flood"), at)
+			require.NoError(t, err)
+		}
+		require.Eventually(t, func() bool { return stats(t, p, key(1, "udp")).Active == 3 }, 2*time.Second, 5*time.Millisecond)
+		for i := range 2 {
+			name, _ := sendUDP(t, udpClient(t), at, "new")
+			assert.Equal(t, "ep-0", name, "%+v: new client %d", o, i)
+		}
+		name, _ = sendUDP(t, answered, at, "again")
+		assert.Equal(t, "ep-0", name, "%+v: the answered session", o)
+		s := stats(t, p, key(1, "udp"))
+		assert.Equal(t, uint64(2), s.Evicted, "%+v", o)
+		assert.Zero(t, s.SessionsDropped+s.Shed, "%+v", o)
+		// Every session has had a reply: a new client finds no room.
+		_, err := udpClient(t).WriteToUDPAddrPort([]byte("late"), at)
+		require.NoError(t, err)
+		assert.Eventually(t, func() bool { s := stats(t, p, key(1, "udp")); return s.SessionsDropped+s.Shed == 1 },
+			2*time.Second, 5*time.Millisecond, "%+v", o)
+	}
+}
+
 // TestUDPEndpointRefuses: an endpoint that answers with an ICMP port
 // unreachable ends the session: the next datagram finds another.
 func TestUDPEndpointRefuses(t *testing.T) {

@@ -17,6 +17,7 @@ type portStatsCollector struct {
 	s                                            portStatser
 	active, accepted, bytes, dialErrors, refused *prometheus.Desc
 	drained, sessionsDropped, shed, localErrors  *prometheus.Desc
+	evicted                                      *prometheus.Desc
 }
 
 // userspaceMetrics names the metrics, for the documentation and its test.
@@ -30,6 +31,7 @@ var userspaceMetrics = []string{
 	"kproxy_userspace_udp_sessions_dropped_total",
 	"kproxy_userspace_shed_total",
 	"kproxy_userspace_local_errors_total",
+	"kproxy_userspace_udp_sessions_evicted_total",
 }
 
 func newPortStatsCollector(s portStatser) *portStatsCollector {
@@ -48,11 +50,12 @@ func newPortStatsCollector(s portStatser) *portStatsCollector {
 		sessionsDropped: desc(userspaceMetrics[6], "Datagrams of new UDP clients dropped because the listener had its most sessions."),
 		shed:            desc(userspaceMetrics[7], "New flows of the service port shed because the proxy, or the port, held its most flows."),
 		localErrors:     desc(userspaceMetrics[8], "Flows of the service port that failed for the node's own want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)."),
+		evicted:         desc(userspaceMetrics[9], "UDP sessions of the service port that had no reply yet, ended to make room for a new client."),
 	}
 }
 
 func (c *portStatsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.bytes, c.dialErrors, c.refused, c.drained, c.sessionsDropped, c.shed, c.localErrors} {
+	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.bytes, c.dialErrors, c.refused, c.drained, c.sessionsDropped, c.shed, c.localErrors, c.evicted} {
 		ch <- d
 	}
 }
@@ -73,5 +76,6 @@ func (c *portStatsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.sessionsDropped, s.SessionsDropped)
 		counter(c.shed, s.Shed)
 		counter(c.localErrors, s.LocalErrors)
+		counter(c.evicted, s.Evicted)
 	}
 }

@@ -109,7 +109,7 @@ func TestUserspaceMetrics(t *testing.T) {
 	reg.MustRegister(newPortStatsCollector(fakeStats{{
 		Key:      servicelb.ServicePortKey{Service: "demo/web", Port: "http", Family: servicelb.IPv4},
 		Protocol: servicelb.TCP, Active: 3, Accepted: 10, BytesIn: 1000, BytesOut: 5000, DialErrors: 2, Refused: 1, Drained: 4, SessionsDropped: 0,
-		Shed: 5, LocalErrors: 6,
+		Shed: 5, LocalErrors: 6, Evicted: 7,
 	}}))
 	e := parseExposition(t, scrape(t, reg))
 	l := `{family="ipv4",port="http",protocol="tcp",service="demo/web"}`
@@ -122,6 +122,7 @@ func TestUserspaceMetrics(t *testing.T) {
 		"kproxy_userspace_udp_sessions_dropped_total" + l: 0,
 		"kproxy_userspace_shed_total" + l:                 5,
 		"kproxy_userspace_local_errors_total" + l:         6,
+		"kproxy_userspace_udp_sessions_evicted_total" + l: 7,
 		`kproxy_userspace_bytes_total{direction="in",family="ipv4",port="http",protocol="tcp",service="demo/web"}`:  1000,
 		`kproxy_userspace_bytes_total{direction="out",family="ipv4",port="http",protocol="tcp",service="demo/web"}`: 5000,
 	} {
