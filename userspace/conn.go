@@ -114,7 +114,7 @@ func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.A
 		return
 	}
 	c := &conn{ps: ps, to: to}
-	c.act.idle = p.o.IdleTimeout
+	c.act.setTimeout(p.o.IdleTimeout)
 	var e1, e2 error
 	c.client, e1 = newSide(cf)
 	c.backend, e2 = newSide(bf)

@@ -119,7 +119,10 @@
 // it reached; the endpoint's replies go back to the client from the
 // listener. A session ends after Options.UDPIdleTimeout without a
 // datagram either way (30 s by default, where kube-proxy's userspace mode
-// had 250 ms, which cut any protocol slower to answer), when its endpoint
+// had 250 ms, which cut any protocol slower to answer), or
+// Options.UDPStreamTimeout (120 s) once it is a stream (it has had a
+// reply and carries datagrams 2 s after it began), as conntrack keeps its
+// UDP flows for the kernel's backends; when its endpoint
 // refuses (an ICMP port unreachable), or when its endpoint stops serving;
 // a listener holds at most Options.MaxUDPSessions. When the listener, or
 // the flow budget (below), holds its most, a new client takes the place

@@ -13,14 +13,15 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultLink            = "lo"
-	DefaultAddressProtocol = 0x6b // 'k'
-	DefaultConnectTimeout  = time.Second
-	DefaultDialAttempts    = 4
-	DefaultIdleTimeout     = 24 * time.Hour
-	DefaultUDPIdleTimeout  = 30 * time.Second
-	DefaultStallTimeout    = 5 * time.Minute
-	DefaultMaxUDPSessions  = 16384
+	DefaultLink             = "lo"
+	DefaultAddressProtocol  = 0x6b // 'k'
+	DefaultConnectTimeout   = time.Second
+	DefaultDialAttempts     = 4
+	DefaultIdleTimeout      = 24 * time.Hour
+	DefaultUDPIdleTimeout   = 30 * time.Second
+	DefaultUDPStreamTimeout = 120 * time.Second
+	DefaultStallTimeout     = 5 * time.Minute
+	DefaultMaxUDPSessions   = 16384
 )
 
 // Options configure a Proxier. The zero value is usable: no privileges,
@@ -81,8 +82,12 @@ type Options struct {
 	StallTimeout time.Duration
 	// UDPIdleTimeout ends a UDP session (a client address and port and
 	// the endpoint it reached) that carried no datagram either way for
-	// that long; default DefaultUDPIdleTimeout.
-	UDPIdleTimeout time.Duration
+	// that long; default DefaultUDPIdleTimeout. UDPStreamTimeout replaces
+	// it for a session that has become a stream: one that has had a reply
+	// and carries a datagram either way 2 s after it began or later, as
+	// conntrack keeps an assured UDP flow (nf_conntrack_udp_timeout and
+	// nf_conntrack_udp_timeout_stream); default DefaultUDPStreamTimeout.
+	UDPIdleTimeout, UDPStreamTimeout time.Duration
 	// MaxUDPSessions bounds the UDP sessions of one listener; datagrams
 	// of new clients beyond it are dropped. Default DefaultMaxUDPSessions.
 	MaxUDPSessions int
@@ -162,6 +167,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.UDPIdleTimeout == 0 {
 		o.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
+	if o.UDPStreamTimeout == 0 {
+		o.UDPStreamTimeout = DefaultUDPStreamTimeout
+	}
 	switch {
 	case o.StallTimeout == 0:
 		o.StallTimeout = DefaultStallTimeout
@@ -172,7 +180,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.MaxUDPSessions = DefaultMaxUDPSessions
 	}
 	switch {
-	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0,
+	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.UDPStreamTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0,
 		o.MaxFlows < 0, o.MaxPortFlows < 0:
 		return o, fmt.Errorf("userspace: %w: negative timeout or bound", ErrInvalidOptions)
 	case len(o.Link) >= 16:

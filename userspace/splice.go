@@ -115,22 +115,29 @@ var errStalled = errors.New("stalled transfer")
 // other's wait alive.
 type activity struct {
 	last atomic.Int64 // Unix nanoseconds
-	idle time.Duration
+	idle atomic.Int64 // a time.Duration; a UDP session's grows once it is a stream
 }
 
+// timeout returns how long the connection may idle; zero for ever.
+func (a *activity) timeout() time.Duration { return time.Duration(a.idle.Load()) }
+
+// setTimeout sets how long the connection may idle; zero for ever.
+func (a *activity) setTimeout(d time.Duration) { a.idle.Store(int64(d)) }
+
 func (a *activity) touch() {
-	if a.idle > 0 {
+	if a.timeout() > 0 {
 		a.last.Store(time.Now().UnixNano())
 	}
 }
 
 // start sets the first deadlines of a side.
 func (a *activity) start(s side) {
-	if a.idle == 0 {
+	idle := a.timeout()
+	if idle == 0 {
 		return
 	}
 	a.touch()
-	d := time.Now().Add(a.idle)
+	d := time.Now().Add(idle)
 	_ = s.f.SetReadDeadline(d)
 	_ = s.f.SetWriteDeadline(d)
 }
@@ -139,10 +146,11 @@ func (a *activity) start(s side) {
 // whether the connection has been idle for its timeout, or else moves the
 // deadline to the timeout after the last activity.
 func (a *activity) expired(s side, read bool) bool {
-	if a.idle == 0 {
+	idle := a.timeout()
+	if idle == 0 {
 		return true
 	}
-	next := time.Unix(0, a.last.Load()).Add(a.idle)
+	next := time.Unix(0, a.last.Load()).Add(idle)
 	if !time.Now().Before(next) {
 		return true
 	}
@@ -283,8 +291,8 @@ func (s splicer) drain(dst side, p *pipe, n int) error {
 // stalled, or the activity's deadline when it comes first.
 func (s splicer) check(dst side, stalled time.Time) {
 	next := stalled.Add(s.stall)
-	if s.act.idle > 0 {
-		if d := time.Unix(0, s.act.last.Load()).Add(s.act.idle); d.Before(next) {
+	if idle := s.act.timeout(); idle > 0 {
+		if d := time.Unix(0, s.act.last.Load()).Add(idle); d.Before(next) {
 			next = d
 		}
 	}

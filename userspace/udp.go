@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -52,7 +53,27 @@ type session struct {
 	act      activity
 	ended    bool          // guarded by l.udp.mu
 	waiting  *list.Element // in l.udp.unreplied until the first reply; guarded by l.udp.mu
-	answered bool          // the endpoint replied; the session's goroutine's
+	// start is when the session began; replied is set at the endpoint's
+	// first reply, stream once a datagram either way comes after it and
+	// streamAfter from the start (see stream).
+	start           time.Time
+	replied, stream atomic.Bool
+	streamTimeout   time.Duration
+}
+
+// streamAfter is how long after its start a UDP flow that has had a
+// reply becomes a stream, as conntrack says (nf_conntrack_proto_udp).
+const streamAfter = 2 * time.Second
+
+// toStream makes the session a stream, with Options.UDPStreamTimeout, once
+// it has had a reply and carries a datagram streamAfter from its start or
+// later: conntrack's assured UDP flow, which keeps its entry for
+// nf_conntrack_udp_timeout_stream (120 s) where a flow of a datagram and
+// its answer keeps it for nf_conntrack_udp_timeout (30 s).
+func (s *session) toStream() {
+	if s.replied.Load() && !s.stream.Load() && time.Since(s.start) >= streamAfter && s.stream.CompareAndSwap(false, true) {
+		s.act.setTimeout(s.streamTimeout)
+	}
 }
 
 func (ss *sessions) get(client netip.AddrPort) *session {
@@ -230,8 +251,9 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 		p.budget.release(ps)
 		return nil
 	}
-	s := &session{l: l, ps: ps, budget: &p.budget, client: client, clientSA: sa, to: to, s: sd}
-	s.act.idle = p.o.UDPIdleTimeout
+	s := &session{l: l, ps: ps, budget: &p.budget, client: client, clientSA: sa, to: to, s: sd,
+		start: time.Now(), streamTimeout: p.o.UDPStreamTimeout}
+	s.act.setTimeout(p.o.UDPIdleTimeout)
 	if !l.udp.add(s) {
 		f.Close()
 		p.budget.release(ps)
@@ -240,7 +262,7 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 	ps.stats.accepted.Add(1)
 	ps.stats.active.Add(1)
 	s.act.touch()
-	_ = f.SetReadDeadline(time.Now().Add(s.act.idle))
+	_ = f.SetReadDeadline(time.Now().Add(p.o.UDPIdleTimeout))
 	p.wg.Add(1)
 	go p.sessionLoop(s)
 	// A sync that ran since the decision closes the sessions to
@@ -272,6 +294,7 @@ func (s *session) forward(b []byte) bool {
 	default:
 		s.ps.stats.bytesIn.Add(uint64(len(b)))
 		s.act.touch()
+		s.toStream()
 	}
 	return true
 }
@@ -309,10 +332,11 @@ func (p *Proxier) sessionLoop(s *session) {
 			s.ps.stats.dialErrors.Add(1)
 			return
 		}
-		if !s.answered {
-			s.answered = true
+		if !s.replied.Load() {
+			s.replied.Store(true)
 			s.l.udp.replied(s)
 		}
+		s.toStream()
 		var werr error
 		_ = s.l.rc.Control(func(fd uintptr) { werr = unix.Sendto(int(fd), (*bp)[:n], 0, s.clientSA) })
 		buffers.Put(bp)

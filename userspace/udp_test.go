@@ -76,12 +76,36 @@ func TestUDPIdleTimeout(t *testing.T) {
 	assert.Equal(t, uint64(2), stats(t, p, key(1, "udp")).Accepted)
 }
 
+// TestUDPStreamTimeout: a session that has had a reply and still carries
+// datagrams 2 s after it began is a stream, as conntrack's assured flow:
+// it idles for UDPStreamTimeout, where a session of one datagram and its
+// answer idles for UDPIdleTimeout.
+func TestUDPStreamTimeout(t *testing.T) {
+	w := newWorld(t, 1)
+	p := newProxier(t, w, Options{UDPIdleTimeout: 300 * time.Millisecond, UDPStreamTimeout: 5 * time.Second})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	at := w.at(key(1, "udp"))
+	stream, brief := udpClient(t), udpClient(t)
+	sendUDP(t, stream, at, "one")
+	sendUDP(t, brief, at, "one")
+	require.Eventually(t, func() bool { return stats(t, p, key(1, "udp")).Active == 1 }, 3*time.Second, 20*time.Millisecond,
+		"the brief session outlived UDPIdleTimeout")
+	for range 11 { // alive past streamAfter
+		sendUDP(t, stream, at, "again")
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // past UDPIdleTimeout, within UDPStreamTimeout
+	sendUDP(t, stream, at, "after a pause")
+	assert.Equal(t, uint64(2), stats(t, p, key(1, "udp")).Accepted, "the stream's session idled out as a brief one")
+}
+
 // TestUDPDefaultIdleTimeout: without an option a session lasts 30 s, not
-// kube-proxy's 250 ms.
+// kube-proxy's 250 ms, and a stream 120 s.
 func TestUDPDefaultIdleTimeout(t *testing.T) {
 	o, err := Options{}.withDefaults()
 	require.NoError(t, err)
 	assert.Equal(t, 30*time.Second, o.UDPIdleTimeout)
+	assert.Equal(t, 120*time.Second, o.UDPStreamTimeout)
 	w := newWorld(t, 1)
 	p := newProxier(t, w, Options{})
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))

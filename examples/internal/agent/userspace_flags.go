@@ -27,8 +27,8 @@ type UserspaceFlags struct {
 	// ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout,
 	// StallTimeout, MaxFlows and MaxPortFlows are userspace.Options' own;
 	// zero means the package's default.
-	ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout, StallTimeout time.Duration
-	MaxFlows, MaxPortFlows                                                  int
+	ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout, UDPStreamTimeout, StallTimeout time.Duration
+	MaxFlows, MaxPortFlows                                                                    int
 }
 
 func (u *UserspaceFlags) register(fs *flag.FlagSet) {
@@ -44,6 +44,7 @@ func (u *UserspaceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&u.IdleTimeout, "userspace-idle-timeout", 0, fmt.Sprintf("userspace: close a TCP or SCTP connection that moved nothing either way for this long; negative for never (default %v)", userspace.DefaultIdleTimeout))
 	fs.DurationVar(&u.DrainTimeout, "userspace-drain-timeout", 0, "userspace: close a connection to an endpoint that stopped serving after this long (default: let it run until it ends)")
 	fs.DurationVar(&u.UDPIdleTimeout, "userspace-udp-idle-timeout", 0, fmt.Sprintf("userspace: end a UDP session that carried no datagram either way for this long (default %v)", userspace.DefaultUDPIdleTimeout))
+	fs.DurationVar(&u.UDPStreamTimeout, "userspace-udp-stream-timeout", 0, fmt.Sprintf("userspace: end a UDP session that has become a stream (a reply, and datagrams 2s on) after this long without a datagram (default %v)", userspace.DefaultUDPStreamTimeout))
 	fs.DurationVar(&u.StallTimeout, "userspace-stall-timeout", 0, fmt.Sprintf("userspace: reset a TCP connection whose receiver takes none of the bytes the proxy holds for it for this long; negative for never (default %v)", userspace.DefaultStallTimeout))
 	fs.IntVar(&u.MaxFlows, "userspace-max-flows", 0, "userspace: the most connections and UDP sessions held at once; new ones beyond are shed (default: what the descriptor limit leaves after a reserve)")
 	fs.IntVar(&u.MaxPortFlows, "userspace-max-port-flows", 0, "userspace: the most connections and UDP sessions of one service port (default: half of --userspace-max-flows)")
@@ -53,10 +54,10 @@ func (u *UserspaceFlags) register(fs *flag.FlagSet) {
 // namespace and the logger, which the agent sets).
 func (u UserspaceFlags) Options() (userspace.Options, error) {
 	o := userspace.Options{HoldAddresses: !u.NoHoldAddresses, ConnectTimeout: u.ConnectTimeout,
-		IdleTimeout: u.IdleTimeout, DrainTimeout: u.DrainTimeout, UDPIdleTimeout: u.UDPIdleTimeout, StallTimeout: u.StallTimeout,
+		IdleTimeout: u.IdleTimeout, DrainTimeout: u.DrainTimeout, UDPIdleTimeout: u.UDPIdleTimeout, UDPStreamTimeout: u.UDPStreamTimeout, StallTimeout: u.StallTimeout,
 		MaxFlows: u.MaxFlows, MaxPortFlows: u.MaxPortFlows}
 	var errs []error
-	for name, d := range map[string]time.Duration{"connect": u.ConnectTimeout, "drain": u.DrainTimeout, "udp-idle": u.UDPIdleTimeout} {
+	for name, d := range map[string]time.Duration{"connect": u.ConnectTimeout, "drain": u.DrainTimeout, "udp-idle": u.UDPIdleTimeout, "udp-stream": u.UDPStreamTimeout} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("--userspace-%s-timeout %v: want a positive duration", name, d))
 		}

@@ -39,7 +39,7 @@ func TestUserspaceFlags(t *testing.T) {
 	assert.True(t, o.HoldAddresses)
 
 	o, err = parse("--userspace-hold-addresses=false", "--userspace-connect-timeout=250ms", "--userspace-idle-timeout=-1s",
-		"--userspace-drain-timeout=30s", "--userspace-udp-idle-timeout=2m", "--userspace-stall-timeout=90s",
+		"--userspace-drain-timeout=30s", "--userspace-udp-idle-timeout=2m", "--userspace-udp-stream-timeout=3m", "--userspace-stall-timeout=90s",
 		"--userspace-max-flows=1000", "--userspace-max-port-flows=300",
 		"--userspace-listen-at", "demo/web:http=127.0.0.1:18080, demo/dns=[::1]:5353")
 	require.NoError(t, err)
@@ -49,6 +49,7 @@ func TestUserspaceFlags(t *testing.T) {
 	assert.Equal(t, 30*time.Second, o.DrainTimeout)
 	assert.Equal(t, 2*time.Minute, o.UDPIdleTimeout)
 	assert.Equal(t, 90*time.Second, o.StallTimeout)
+	assert.Equal(t, 3*time.Minute, o.UDPStreamTimeout)
 	assert.Equal(t, 1000, o.MaxFlows)
 	assert.Equal(t, 300, o.MaxPortFlows)
 	require.NotNil(t, o.Listen)
