@@ -27,6 +27,7 @@ func TestConformance(t *testing.T) {
 	}}, conformance.Options{
 		Protocols:   []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP},
 		DropTimeout: time.Second, AskTimeout: 5 * time.Second,
-		NotApplicable: []string{"affinity/lasts-while-renewed-then-expires", "left-out/endpoint-capacity", "node-port/localhost"},
+		NotApplicable: []string{"affinity/lasts-while-renewed-then-expires", "left-out/endpoint-capacity", "node-port/localhost",
+			"stale-flows/no-serving-endpoint-keeps-its-flows", "stale-flows/deleted-service-keeps-its-flows"},
 	})
 }

@@ -227,13 +227,17 @@ func ipvsSchedulers() []servicelb.Scheduler {
 }
 
 // capabilities are what the proxier expresses: every feature but
-// localhost node ports and affinity expiry, the IPVS
+// localhost node ports, affinity expiry and lingering flows, the IPVS
 // schedulers, every protocol, any number of endpoints.
 func capabilities() servicelb.Capabilities {
 	// IPVS keeps a persistence template while connections it scheduled
 	// are in its table, TIME_WAIT included: a pin can outlive its timeout.
+	// A connection whose real server or virtual server is gone ends at
+	// its next packet (expire_nodest_conn, as kube-proxy's IPVS mode sets
+	// it), where conntrack would keep a flow whose service no endpoint
+	// serves any more.
 	return servicelb.Capabilities{Backend: "ipvs", Schedulers: ipvsSchedulers(),
-		Features: servicelb.AllFeatures &^ (servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalhostNodePorts)}
+		Features: servicelb.AllFeatures &^ (servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalhostNodePorts | servicelb.FeatureLingeringFlows)}
 }
 
 func realServers(bs []servicelb.Backend) []RealServer {

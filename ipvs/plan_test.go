@@ -250,8 +250,8 @@ func TestCapabilities(t *testing.T) {
 	require.Equal(t, []servicelb.Scheduler{"rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh"}, c.Schedulers)
 	require.Nil(t, c.Protocols)
 	require.Zero(t, c.MaxEndpoints)
-	require.Equal(t, servicelb.AllFeatures&^(servicelb.FeatureAffinityExpiry|servicelb.FeatureLocalhostNodePorts), c.Features,
-		"IPVS pins last while its connections do; node ports on localhost are iptables mode's alone")
+	require.Equal(t, servicelb.AllFeatures&^(servicelb.FeatureAffinityExpiry|servicelb.FeatureLocalhostNodePorts|servicelb.FeatureLingeringFlows), c.Features,
+		"IPVS pins last while its connections do; node ports on localhost are iptables mode's alone; a connection without a server ends")
 }
 
 func TestOptionsRefused(t *testing.T) {

@@ -110,7 +110,9 @@ const (
 	// reached until it idles out, as a conntrack translation does (see
 	// StaleFlow). A proxy whose listener goes with the port's last
 	// serving endpoint (package userspace) lacks it, and so do socket
-	// hooks, which translate each new socket afresh (package ebpf).
+	// hooks, which translate each new socket afresh (package ebpf), and
+	// IPVS, which ends a connection whose server is gone at its next
+	// packet (expire_nodest_conn, as kube-proxy's IPVS mode sets it).
 	FeatureLingeringFlows
 
 	// AllFeatures is every feature.
