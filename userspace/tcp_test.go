@@ -479,7 +479,7 @@ func TestStalledTransferEnds(t *testing.T) {
 		}
 	})
 	w.real[netip.AddrPortFrom(epAddr(0), tcpTarget)] = netip.MustParseAddrPort(ln.Addr().String())
-	p := newProxier(t, w, Options{StallTimeout: 500 * time.Millisecond})
+	p := newProxier(t, w, Options{StallTimeout: 2 * time.Second})
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
 	before := pipeFDs(t)
 	const clients = 20
@@ -490,14 +490,14 @@ func TestStalledTransferEnds(t *testing.T) {
 		require.NoError(t, err)
 		wg.Go(func() {
 			defer c.Close()
-			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = c.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
 			_, _ = c.Write(payload) // stops when every buffer on the way is full
 		})
 	}
 	wg.Wait()
 	require.Equal(t, int64(clients), p.activeConns(), "the connections ended before their clients left")
 	heldPipes, heldRSS := pipeFDs(t)-before, rss(t)
-	assert.Eventually(t, func() bool { return p.activeConns() == 0 }, 5*time.Second, 50*time.Millisecond,
+	assert.Eventually(t, func() bool { return p.activeConns() == 0 }, 10*time.Second, 50*time.Millisecond,
 		"connections whose clients left, stalled on an endpoint that never reads, were kept")
 	t.Logf("%d clients gone: %d pipe descriptors and %d MiB resident while stalled, %d and %d MiB after",
 		clients, heldPipes, heldRSS>>20, pipeFDs(t)-before, rss(t)>>20)

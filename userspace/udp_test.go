@@ -82,19 +82,19 @@ func TestUDPIdleTimeout(t *testing.T) {
 // answer idles for UDPIdleTimeout.
 func TestUDPStreamTimeout(t *testing.T) {
 	w := newWorld(t, 1)
-	p := newProxier(t, w, Options{UDPIdleTimeout: 300 * time.Millisecond, UDPStreamTimeout: 5 * time.Second})
+	p := newProxier(t, w, Options{UDPIdleTimeout: 500 * time.Millisecond, UDPStreamTimeout: 10 * time.Second})
 	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
 	at := w.at(key(1, "udp"))
 	stream, brief := udpClient(t), udpClient(t)
 	sendUDP(t, stream, at, "one")
 	sendUDP(t, brief, at, "one")
-	require.Eventually(t, func() bool { return stats(t, p, key(1, "udp")).Active == 1 }, 3*time.Second, 20*time.Millisecond,
-		"the brief session outlived UDPIdleTimeout")
-	for range 11 { // alive past streamAfter
+	start := time.Now()
+	for time.Since(start) < streamAfter+300*time.Millisecond { // alive past streamAfter
+		time.Sleep(150 * time.Millisecond)
 		sendUDP(t, stream, at, "again")
-		time.Sleep(200 * time.Millisecond)
 	}
-	time.Sleep(time.Second) // past UDPIdleTimeout, within UDPStreamTimeout
+	assert.Equal(t, int64(1), stats(t, p, key(1, "udp")).Active, "the brief session outlived UDPIdleTimeout")
+	time.Sleep(1500 * time.Millisecond) // past UDPIdleTimeout, within UDPStreamTimeout
 	sendUDP(t, stream, at, "after a pause")
 	assert.Equal(t, uint64(2), stats(t, p, key(1, "udp")).Accepted, "the stream's session idled out as a brief one")
 }
