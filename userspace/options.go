@@ -158,24 +158,14 @@ func (o Options) withDefaults() (Options, error) {
 	if o.DialAttempts == 0 {
 		o.DialAttempts = DefaultDialAttempts
 	}
-	switch {
-	case o.IdleTimeout == 0:
-		o.IdleTimeout = DefaultIdleTimeout
-	case o.IdleTimeout < 0:
-		o.IdleTimeout = 0
-	}
+	o.IdleTimeout = orNever(o.IdleTimeout, DefaultIdleTimeout)
 	if o.UDPIdleTimeout == 0 {
 		o.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
 	if o.UDPStreamTimeout == 0 {
 		o.UDPStreamTimeout = DefaultUDPStreamTimeout
 	}
-	switch {
-	case o.StallTimeout == 0:
-		o.StallTimeout = DefaultStallTimeout
-	case o.StallTimeout < 0:
-		o.StallTimeout = 0
-	}
+	o.StallTimeout = orNever(o.StallTimeout, DefaultStallTimeout)
 	if o.MaxUDPSessions == 0 {
 		o.MaxUDPSessions = DefaultMaxUDPSessions
 	}
@@ -187,4 +177,16 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("userspace: %w: link name %q longer than 15 bytes", ErrInvalidOptions, o.Link)
 	}
 	return o, nil
+}
+
+// orNever returns a timeout option's value: def for zero, zero (never)
+// for a negative one.
+func orNever(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
 }
