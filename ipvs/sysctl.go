@@ -21,8 +21,7 @@ func (p *Proxier) sysctls() []sysctl.Setting {
 		{Name: "net.ipv4.vs.expire_quiescent_template", Value: "1"},
 	}
 	if p.opts.StrictARP {
-		out = append(out, sysctl.Setting{Name: "net.ipv4.conf.all.arp_ignore", Value: "1"},
-			sysctl.Setting{Name: "net.ipv4.conf.all.arp_announce", Value: "2"})
+		out = append(out, sysctl.StrictARP()...)
 	}
 	return out
 }

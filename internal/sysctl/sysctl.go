@@ -113,3 +113,18 @@ func read(s Setting) (string, error) {
 	}
 	return strings.TrimSpace(string(b)), nil
 }
+
+// StrictARP are the settings that keep a node from claiming, on its links,
+// the addresses it holds for services on another link (a dummy link or
+// loopback): arp_ignore=1 answers an ARP request only for an address of
+// the link it came in on, and arp_announce=2 makes the node's own ARP
+// requests name an address of the link they leave by, never a held one.
+// Neighbours and load-balancer announcers (keepalived, MetalLB's L2 mode)
+// then keep those addresses. IPv6 needs nothing: a node answers neighbour
+// solicitations only for the addresses of the link they come in on.
+func StrictARP() []Setting {
+	return []Setting{
+		{Name: "net.ipv4.conf.all.arp_ignore", Value: "1"},
+		{Name: "net.ipv4.conf.all.arp_announce", Value: "2"},
+	}
+}
