@@ -19,7 +19,7 @@ import (
 func TestConformance(t *testing.T) {
 	netnstest.Require(t, vmFeatures...)
 	conformance.Run(t, conformance.Backend{Name: "ipvs", New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
-		p, err := New(Options{NetNS: ns})
+		p, err := New(Options{NetNS: ns, StrictARP: true})
 		if err != nil {
 			t.Fatal(err)
 		}

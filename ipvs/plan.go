@@ -26,7 +26,7 @@ type planEnv struct {
 
 func newPlanEnv(node *servicelb.NodeConfig, o *Options) (planEnv, error) {
 	env := planEnv{nodeIPs: map[netip.Addr]bool{}, masq: node.MasqueradeMark(),
-		space: markSpace{o.FWMarkMask}, caps: capabilities()}
+		space: markSpace{o.FWMarkMask}, caps: capabilities(o)}
 	if err := env.caps.CheckNode(node); err != nil {
 		return env, err
 	}
@@ -229,15 +229,22 @@ func ipvsSchedulers() []servicelb.Scheduler {
 // capabilities are what the proxier expresses: every feature but
 // localhost node ports, affinity expiry and lingering flows, the IPVS
 // schedulers, every protocol, any number of endpoints.
-func capabilities() servicelb.Capabilities {
+// capabilities are the Capabilities of a Proxier with options o.
+func capabilities(o *Options) servicelb.Capabilities {
 	// IPVS keeps a persistence template while connections it scheduled
 	// are in its table, TIME_WAIT included: a pin can outlive its timeout.
 	// A connection whose real server or virtual server is gone ends at
 	// its next packet (expire_nodest_conn, as kube-proxy's IPVS mode sets
 	// it), where conntrack would keep a flow whose service no endpoint
 	// serves any more.
+	lacks := servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalhostNodePorts | servicelb.FeatureLingeringFlows
+	if !o.StrictARP {
+		// The dummy link's addresses are the node's: it answers ARP
+		// for them on every link.
+		lacks |= servicelb.FeatureNoARPAnswers
+	}
 	return servicelb.Capabilities{Backend: "ipvs", Schedulers: ipvsSchedulers(),
-		Features: servicelb.AllFeatures &^ (servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalhostNodePorts | servicelb.FeatureLingeringFlows)}
+		Features: servicelb.AllFeatures &^ lacks}
 }
 
 func realServers(bs []servicelb.Backend) []RealServer {

@@ -250,8 +250,12 @@ func TestCapabilities(t *testing.T) {
 	require.Equal(t, []servicelb.Scheduler{"rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh"}, c.Schedulers)
 	require.Nil(t, c.Protocols)
 	require.Zero(t, c.MaxEndpoints)
-	require.Equal(t, servicelb.AllFeatures&^(servicelb.FeatureAffinityExpiry|servicelb.FeatureLocalhostNodePorts|servicelb.FeatureLingeringFlows), c.Features,
-		"IPVS pins last while its connections do; node ports on localhost are iptables mode's alone; a connection without a server ends")
+	lacks := servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalhostNodePorts | servicelb.FeatureLingeringFlows
+	require.Equal(t, servicelb.AllFeatures&^(lacks|servicelb.FeatureNoARPAnswers), c.Features,
+		"IPVS pins last while its connections do; node ports on localhost are iptables mode's alone; a connection without a server ends; "+
+			"the node answers ARP for the dummy link's addresses")
+	c = (&Proxier{opts: Options{StrictARP: true}}).Capabilities()
+	require.Equal(t, servicelb.AllFeatures&^lacks, c.Features, "with StrictARP the node answers no ARP for them")
 }
 
 func TestOptionsRefused(t *testing.T) {

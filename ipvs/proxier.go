@@ -224,9 +224,10 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 }
 
 // Capabilities returns what the proxier expresses: every feature but
-// affinity expiry and node ports on localhost, the IPVS schedulers (rr,
+// affinity expiry, node ports on localhost, lingering flows and, without
+// Options.StrictARP, servicelb.FeatureNoARPAnswers; the IPVS schedulers (rr,
 // wrr, lc, wlc, sh, dh, sed, nq, mh) and every protocol.
-func (p *Proxier) Capabilities() servicelb.Capabilities { return capabilities() }
+func (p *Proxier) Capabilities() servicelb.Capabilities { return capabilities(&p.opts) }
 
 var _ servicelb.Proxier = (*Proxier)(nil)
 var _ servicelb.Renderer = (*Proxier)(nil)

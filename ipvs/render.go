@@ -24,7 +24,7 @@ func Render(st *servicelb.State, o Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("ipvs: %w", err)
 	}
-	caps, node := capabilities(), st.Node()
+	caps, node := capabilities(&o), st.Node()
 	if err := caps.CheckNode(&node); err != nil {
 		return "", err
 	}

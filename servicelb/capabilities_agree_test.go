@@ -36,7 +36,7 @@ func renderers(t *testing.T) map[string]renderer {
 	ipt, err := iptables.New(iptables.Options{NoConntrackCleanup: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { ipt.Close() })
-	var ipvsProxier *ipvs.Proxier // its capabilities need no kernel
+	ipvsProxier := new(ipvs.Proxier) // its capabilities need no kernel
 	us, err := userspace.New(userspace.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { us.Close() })

@@ -114,12 +114,22 @@ const (
 	// IPVS, which ends a connection whose server is gone at its next
 	// packet (expire_nodest_conn, as kube-proxy's IPVS mode sets it).
 	FeatureLingeringFlows
+	// FeatureNoARPAnswers: the node claims no service address on its
+	// links: it answers no ARP request for a cluster, external or
+	// load-balancer IP, which a neighbour or a load-balancer announcer
+	// (keepalived, MetalLB's L2 mode) may own. Packet filters never hold
+	// those addresses. A backend that holds them on a link of the node
+	// (package ipvs on its dummy link, package userspace with
+	// HoldAddresses) has it only with its StrictARP option, which keeps
+	// the node from answering ARP on one link for an address of another
+	// (arp_ignore=1, arp_announce=2).
+	FeatureNoARPAnswers
 
 	// AllFeatures is every feature.
 	AllFeatures = FeatureSourceRanges | FeatureAffinity | FeatureWeights | FeaturePreserveSource |
 		FeatureExternal | FeatureServiceCIDRs | FeatureAffinityExpiry | FeatureLocalhostNodePorts |
 		FeatureLocalByInterface | FeaturePacketVerdicts | FeatureUndefinedPorts | FeatureFreePorts |
-		FeatureLingeringFlows
+		FeatureLingeringFlows | FeatureNoARPAnswers
 )
 
 // Has reports whether every feature of f is in fs.
@@ -134,7 +144,7 @@ var featureNames = []struct {
 	{FeatureAffinityExpiry, "affinity-expiry"}, {FeatureLocalhostNodePorts, "localhost-node-ports"},
 	{FeatureLocalByInterface, "local-by-interface"}, {FeaturePacketVerdicts, "packet-verdicts"},
 	{FeatureUndefinedPorts, "undefined-ports"}, {FeatureFreePorts, "free-ports"},
-	{FeatureLingeringFlows, "lingering-flows"},
+	{FeatureLingeringFlows, "lingering-flows"}, {FeatureNoARPAnswers, "no-arp-answers"},
 }
 
 // String lists the features by name, such as "affinity,weights".

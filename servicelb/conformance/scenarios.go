@@ -401,6 +401,37 @@ func externalIPScenarios() []Scenario {
 			c(Outside, ExternalIP, Dropped()), c(Pod, ExternalIP, Reach(1).Preserved()), c(Node, ExternalIP, Reach(1).Masqueraded())),
 		one("external-ip/no-endpoints-rejects", followReject, One(func() []servicelb.Endpoint { return nil }, WithExternalIP()),
 			every(ExternalIP, Refused())...),
+		needs(servicelb.FeatureNoARPAnswers, one("external-ip/no-arp-answers",
+			"kube-proxy's iptables and nftables modes hold no service address; its IPVS mode with --ipvs-strict-arp (arp_ignore=1, arp_announce=2)",
+			One(func() []servicelb.Endpoint { return RemoteEps(0) }, WithExternalIP(), WithLoadBalancerIP()),
+			Check{Custom: noARPAnswers},
+			c(Outside, ExternalIP, Reach(0)), c(Outside, LoadBalancerIP, Reach(0)))),
+	}
+}
+
+// noARPAnswers: the outside client, a neighbour on the node's link, asks
+// who has the service's cluster, external and load-balancer IPs, as a
+// router or a load-balancer announcer would, and nobody answers. It asks
+// for the node's own address on the link alike, which must be answered,
+// so that the silence is the node's and not the probe's. The neighbour
+// table knows no protocol: the check runs once per family.
+func noARPAnswers(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
+	t.Helper()
+	if p != e.Protocols()[0] {
+		return
+	}
+	service := []netip.Addr{e.ClusterIP(f, 0), e.ExternalIP(f, 0), e.LoadBalancerIP(f, 0)}
+	got, err := e.lab.tp.Client.Resolve(t.Context(), append([]netip.Addr{e.NodeIP(f)}, service...), 2*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %v", f, err)
+	}
+	if got[e.NodeIP(f)] == nil {
+		t.Fatalf("%s: no answer for the node's own address %s either: the probe cannot tell", f, e.NodeIP(f))
+	}
+	for _, a := range service {
+		if mac := got[a]; mac != nil {
+			t.Errorf("%s: %s was answered for with %s (the node's is %s), want no answer", f, a, mac, got[e.NodeIP(f)])
+		}
 	}
 }
 

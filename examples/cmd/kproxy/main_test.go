@@ -105,6 +105,17 @@ func TestDryRunExampleFile(t *testing.T) {
 	}
 }
 
+// The ipvs backend renders a dry run without the kernel, as ipvsadm -Sn
+// prints it, with or without strict ARP.
+func TestDryRunIPVS(t *testing.T) {
+	for _, strict := range []string{"false", "true"} {
+		code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--backend", "ipvs", "--dry-run", "--once",
+			"--node-ips", "10.100.0.1", "--ipvs-strict-arp="+strict)
+		require.Equal(t, 0, code, logs)
+		has(t, out, "-A -t 10.96.0.10:80", "")
+	}
+}
+
 // A source is chosen by --source; another source's flag is refused, not
 // silently unused; an unknown source names the known ones.
 func TestSourceChoice(t *testing.T) {

@@ -12,7 +12,7 @@ func openIPVS(o BackendOptions) (Dataplane, error) {
 // renderIPVS renders without the kernel: IPVS may be missing where a dry
 // run is made.
 func renderIPVS(BackendOptions) (Renderer, error) {
-	var p *ipvs.Proxier // its capabilities need no kernel
+	p := new(ipvs.Proxier) // its capabilities need no kernel
 	return offlineRenderer{render: func(st *servicelb.State) (string, error) { return ipvs.Render(st, ipvs.Options{}) }, caps: p.Capabilities()}, nil
 }
 
