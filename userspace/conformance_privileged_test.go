@@ -25,7 +25,7 @@ func TestConformance(t *testing.T) {
 
 func conformanceBackend() conformance.Backend {
 	return conformance.Backend{Name: "userspace", New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
-		p, err := userspace.New(userspace.Options{NetNS: ns, HoldAddresses: true})
+		p, err := userspace.New(userspace.Options{NetNS: ns, HoldAddresses: true, StrictARP: true})
 		if err != nil {
 			t.Fatal(err)
 		}

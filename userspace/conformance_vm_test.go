@@ -19,7 +19,7 @@ import (
 // dummy link of the proxy's.
 func TestConformanceSCTP(t *testing.T) {
 	conformance.Run(t, conformance.Backend{Name: "userspace", New: func(t testing.TB, ns netns.NsHandle) servicelb.Proxier {
-		p, err := userspace.New(userspace.Options{NetNS: ns, HoldAddresses: true, Link: "kproxy-us0"})
+		p, err := userspace.New(userspace.Options{NetNS: ns, HoldAddresses: true, StrictARP: true, Link: "kproxy-us0"})
 		if err != nil {
 			t.Fatal(err)
 		}

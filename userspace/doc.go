@@ -31,7 +31,11 @@
 //     rewritten. The addresses are marked as the proxy's (their protocol,
 //     Options.AddressProtocol), so that a restarted proxy adopts them and
 //     Cleanup removes them and nothing else. An address someone else put
-//     on the node serves as well and stays theirs. Node ports listen on
+//     on the node serves as well and stays theirs. The held addresses are
+//     the node's own to the kernel, which answers ARP for them on every
+//     link: with an external or load-balancer IP that a neighbour or an
+//     announcer (MetalLB's L2 mode) owns, set Options.StrictARP, as for
+//     the ipvs backend (servicelb.FeatureNoARPAnswers). Node ports listen on
 //     the node addresses, which the node has anyway. The held addresses
 //     are not the node's: leave the link out of the listing that makes
 //     NodeConfig.LocalIPs (nodeaddr.Options.ExcludeInterfaces), or node

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
+	"github.com/kproxy-dev/kproxy/internal/sysctl"
 )
 
 // linkOwner marks the dummy link the proxy creates (its alias), so that
@@ -56,6 +57,24 @@ func (h *holder) ensureLink(ctx context.Context) error {
 		}
 	}
 	h.index = l.Index
+	return nil
+}
+
+// ensureStrictARP writes the settings of Options.StrictARP that differ
+// (internal/sysctl.StrictARP), on every full sync, so that a setting
+// someone changed back is set again.
+func (p *Proxier) ensureStrictARP() error {
+	ns := p.o.NetNS
+	if !otherNS(ns) {
+		ns = 0
+	}
+	changed, err := sysctl.Apply(ns, sysctl.StrictARP())
+	for _, c := range changed {
+		p.log.Info("userspace: sysctl set", "sysctl", c.Name, "value", c.Value, "was", c.Old)
+	}
+	if err != nil {
+		return &OpError{Op: "set", Object: "strict ARP", Err: err}
+	}
 	return nil
 }
 

@@ -47,6 +47,19 @@ type Options struct {
 	// dummy link of that name that someone else made serves too, and
 	// Cleanup leaves it).
 	Link string
+	// StrictARP sets net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 in
+	// NetNS with HoldAddresses, so that the node answers no ARP request
+	// for the addresses it holds on Link (cluster, external and
+	// load-balancer IPs) on its other links, nor names one in its own ARP
+	// requests: with a neighbour or a load-balancer announcer (keepalived,
+	// MetalLB's L2 mode) owning an external or load-balancer IP, every
+	// node that answered for it would take its traffic at random. The
+	// settings are the namespace's, as the ipvs backend's StrictARP:
+	// every address of the node is then answered for on its own link
+	// only. Without it, Capabilities lack servicelb.FeatureNoARPAnswers.
+	// IPv6 needs nothing: a node answers neighbour solicitations only for
+	// the addresses of the link they come in on.
+	StrictARP bool
 	// AddressProtocol marks the addresses the proxy holds (the address's
 	// protocol, IFA_PROTO; `ip address` shows it as "proto"), so that a
 	// restarted proxy adopts them and Cleanup removes them and nothing
@@ -173,6 +186,8 @@ func (o Options) withDefaults() (Options, error) {
 	case o.ConnectTimeout < 0, o.DialAttempts < 0, o.UDPIdleTimeout < 0, o.UDPStreamTimeout < 0, o.MaxUDPSessions < 0, o.DrainTimeout < 0,
 		o.MaxFlows < 0, o.MaxPortFlows < 0:
 		return o, fmt.Errorf("userspace: %w: negative timeout or bound", ErrInvalidOptions)
+	case o.StrictARP && !o.HoldAddresses:
+		return o, fmt.Errorf("userspace: %w: StrictARP guards held addresses; it needs HoldAddresses", ErrInvalidOptions)
 	case len(o.Link) >= 16:
 		return o, fmt.Errorf("userspace: %w: link name %q longer than 15 bytes", ErrInvalidOptions, o.Link)
 	}

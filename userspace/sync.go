@@ -44,6 +44,11 @@ func (e *engine) Write(ctx context.Context, st *servicelb.State) error {
 		if err := p.held.ensureLink(ctx); err != nil {
 			return err
 		}
+		if p.o.StrictARP {
+			if err := p.ensureStrictARP(); err != nil {
+				return err
+			}
+		}
 	}
 	var removed []*portState
 	for k, ps := range p.ports {

@@ -243,7 +243,8 @@ func TestNoState(t *testing.T) {
 func TestInvalidOptions(t *testing.T) {
 	for _, o := range []Options{
 		{ConnectTimeout: -1}, {DialAttempts: -1}, {UDPIdleTimeout: -1}, {MaxUDPSessions: -1}, {DrainTimeout: -1},
-		{Link: "a-name-longer-than-15"},
+		{Link: "a-name-longer-than-15"}, {MaxFlows: -1}, {MaxPortFlows: -1}, {UDPStreamTimeout: -1},
+		{StrictARP: true}, // guards held addresses: needs HoldAddresses
 	} {
 		_, err := New(o)
 		assert.ErrorIs(t, err, ErrInvalidOptions, "%+v", o)
@@ -397,6 +398,10 @@ func TestCapabilities(t *testing.T) {
 	}
 	held := Proxier{o: Options{HoldAddresses: true}}
 	assert.True(t, held.Capabilities().Features.Has(servicelb.FeatureUndefinedPorts), "the kernel refuses the closed ports of held cluster IPs")
+	assert.False(t, held.Capabilities().Features.Has(servicelb.FeatureNoARPAnswers), "the node answers ARP for held addresses")
+	strict := Proxier{o: Options{HoldAddresses: true, StrictARP: true}}
+	assert.True(t, strict.Capabilities().Features.Has(servicelb.FeatureNoARPAnswers), "StrictARP keeps them unanswered")
+	assert.True(t, c.Features.Has(servicelb.FeatureNoARPAnswers), "a proxy that holds nothing claims nothing")
 	elsewhere := Proxier{o: Options{HoldAddresses: true, Listen: ListenAt(nil)}}
 	assert.False(t, elsewhere.Capabilities().Features.Has(servicelb.FeatureUndefinedPorts), "Options.Listen may leave the cluster IPs unheld")
 	for _, f := range []servicelb.Features{servicelb.FeatureAffinity, servicelb.FeatureAffinityExpiry, servicelb.FeatureWeights,

@@ -43,8 +43,9 @@ type BackendOptions struct {
 	// Node is the node the states are compiled for.
 	Node   servicelb.NodeConfig
 	Logger *slog.Logger
-	// StrictARP is the ipvs backend's ipvs.Options.StrictARP; other
-	// backends ignore it.
+	// StrictARP is the ipvs backend's ipvs.Options.StrictARP and the
+	// userspace backend's userspace.Options.StrictARP (when it holds
+	// addresses); the others hold no address and ignore it.
 	StrictARP bool
 	// ConntrackTCPLiberal is the iptables backend's
 	// iptables.Options.ConntrackTCPLiberal (Config.Conntrack.TCPBeLiberal);

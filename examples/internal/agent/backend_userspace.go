@@ -20,6 +20,7 @@ func openUserspace(o BackendOptions) (Dataplane, error) {
 		uo = *o.Userspace
 	}
 	uo.NetNS, uo.Logger = o.NetNS, o.Logger
+	uo.StrictARP = o.StrictARP && uo.HoldAddresses
 	return userspace.New(uo)
 }
 

@@ -74,8 +74,9 @@ type Config struct {
 	// masquerade.
 	MasqueradeBit      int
 	LocalhostNodePorts bool
-	// StrictARP keeps the node from answering ARP for the ipvs backend's
-	// virtual addresses on its other links (ipvs.Options.StrictARP).
+	// StrictARP keeps the node from answering ARP for the addresses the
+	// ipvs and userspace backends hold, on its other links
+	// (ipvs.Options.StrictARP, userspace.Options.StrictARP).
 	StrictARP bool
 	// DetectLocalMode and its parameters say how the node tells its pods'
 	// traffic from outside traffic (servicelb.DetectLocal), with
@@ -126,7 +127,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ServiceCIDRs, "service-cidrs", "", "comma-separated prefixes of every cluster IP; unknown ones are dropped")
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs")
 	fs.IntVar(&c.MasqueradeBit, "masquerade-bit", 14, "the packet mark bit (1-31) that tags traffic for masquerade (kube-proxy's masqueradeBit)")
-	fs.BoolVar(&c.StrictARP, "ipvs-strict-arp", false, "ipvs backend: set arp_ignore=1 and arp_announce=2, so that the node answers no ARP request for its virtual addresses on its other links")
+	fs.BoolVar(&c.StrictARP, "ipvs-strict-arp", false, "ipvs and userspace backends: set arp_ignore=1 and arp_announce=2, so that the node answers no ARP request for the service addresses they hold on its other links")
 	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", "", "how traffic from this node's pods is told apart: ClusterCIDR (the default: a source in --cluster-cidrs), "+
 		"NodeCIDR (a source in --node-cidrs), BridgeInterface (it comes in on --pod-bridge-interface) or InterfaceNamePrefix "+
 		"(it comes in on an interface named --pod-interface-name-prefix...); traffic from elsewhere to cluster IPs is masqueraded")
