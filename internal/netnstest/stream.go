@@ -57,20 +57,25 @@ func dialStream(proto string, dst, from netip.AddrPort) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !from.IsValid() && proto == "sctp" {
-		// One address: an SCTP socket bound to none lists every address
-		// of the namespace in its INIT, and the peer then probes them
-		// too. Those probes bypass the service's translation (only the
-		// first address is translated back), the client answers them
-		// with an ABORT, and the association dies under a race that
-		// load decides, as it would for any multihomed SCTP client
-		// behind NAT. The source is the one routing would pick.
+	if proto == "sctp" && (!from.IsValid() || from.Addr().IsUnspecified()) {
+		// One address, whether or not a source port is asked for: an
+		// SCTP socket bound to none (the wildcard) lists every address
+		// of the namespace in its INIT, and a translated association's
+		// peer then holds the client's untranslated addresses as paths
+		// of its own. It probes them with heartbeats once its first
+		// retransmission timeout passes (200 ms here, see hostSysctls);
+		// those bypass the service's translation, the client knows no
+		// association with the endpoint's own address and answers with
+		// an ABORT, and the association dies, as it would for any
+		// multihomed SCTP client behind NAT. So an ask that lasts past
+		// that timeout (on a busy machine) fails. The source is the one
+		// routing would pick.
 		src, err := routeSource(dst.Addr())
 		if err != nil {
 			unix.Close(fd)
 			return nil, fmt.Errorf("%s source for %s: %w", proto, dst, err)
 		}
-		from = netip.AddrPortFrom(src, 0)
+		from = netip.AddrPortFrom(src, from.Port())
 	}
 	if from.IsValid() {
 		if from.Port() != 0 {
