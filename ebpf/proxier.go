@@ -221,9 +221,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities { return p.caps }
 // attached cgroup; under a local-traffic detection by interface they
 // leave to the packet path the pods' flows whose verdict depends on it,
 // so every mode is theirs (FeatureLocalByInterface included). They listen
-// on no port (FeatureFreePorts).
+// on no port (FeatureFreePorts) and hold no address (FeatureNoARPAnswers).
 const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | servicelb.FeaturePreserveSource |
-	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface | servicelb.FeatureFreePorts
+	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface | servicelb.FeatureFreePorts | servicelb.FeatureNoARPAnswers
 
 // passedFeatures are the features whose flows the hooks leave to the
 // packet path. The hooks' own refusals (ECONNREFUSED, EPERM at the
