@@ -60,6 +60,9 @@ const unprivilegedEnv = "KPROXY_USERSPACE_UNPRIVILEGED"
 // nobody is the uid and gid the child runs as.
 const nobody = 65534
 
+// childFiles is the child's limit of open descriptors.
+const childFiles = 1024
+
 func TestMain(m *testing.M) {
 	if os.Getenv(unprivilegedEnv) == "1" {
 		os.Exit(serveUnprivileged(os.Stdin, os.Stdout))
@@ -170,6 +173,12 @@ func serveUnprivileged(in io.Reader, out io.Writer) int {
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "unprivileged proxy:", err)
 		return 1
+	}
+	// The descriptors of a process that systemd or a shell starts with
+	// the common limit, which the proxier's flow budget then follows
+	// (DefaultMaxFlows): the kit's flood scenario runs against it.
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: childFiles, Max: childFiles}); err != nil {
+		return fail(err)
 	}
 	if err := errors.Join(syscall.Setgroups(nil), syscall.Setgid(nobody), syscall.Setuid(nobody)); err != nil {
 		return fail(err)

@@ -4,11 +4,14 @@ package conformance
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -20,7 +23,7 @@ func Scenarios() []Scenario {
 	return slices.Concat(clusterIPScenarios(), internalPolicyScenarios(), nodePortScenarios(),
 		externalIPScenarios(), loadBalancerScenarios(), sourceRangeScenarios(), affinityScenarios(),
 		hairpinScenarios(), topologyScenarios(), staleFlowScenarios(), conflictScenarios(), schedulerScenarios(),
-		detectLocalScenarios())
+		detectLocalScenarios(), loadScenarios())
 }
 
 // NoSCTPChecks names the scenarios with a stage whose checks are all of
@@ -35,7 +38,7 @@ func NoSCTPChecks() []string {
 		"stale-flows/drained-endpoint-keeps-its-flows", "stale-flows/deselected-by-policy-keeps-its-flows",
 		"stale-flows/restart-reconciles-the-table", "stale-flows/target-port-changed",
 		"stale-flows/no-serving-endpoint-keeps-its-flows", "stale-flows/deleted-service-keeps-its-flows",
-		"scheduler/maglev-spreads-one-clients-connections",
+		"scheduler/maglev-spreads-one-clients-connections", "load/flood-leaves-other-services",
 	}
 }
 
@@ -862,4 +865,62 @@ func manyEndpoints(n int) []servicelb.Endpoint {
 		out[i] = servicelb.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 245, byte(i >> 8), byte(i)})}
 	}
 	return out
+}
+
+// floodConns is how many idle connections the flood scenario holds to
+// one service: more than a process with the common limit of 1,024
+// descriptors could take if it spent one on each, and few enough for a
+// test process holding both ends (the client's and the echo server's)
+// under a limit of 4,096.
+const floodConns = 1000
+
+func loadScenarios() []Scenario {
+	return []Scenario{
+		{Name: "load/flood-leaves-other-services", Follows: "kube-proxy's kernel rules hold a flow as a conntrack entry, so a flood of connections to one service " +
+			"takes nothing another service needs; a proxy that spends descriptors on flows bounds them (package userspace: its flow budget)",
+			Stages: []Stage{{
+				Services: func(e *Env) []servicelb.Service {
+					return []servicelb.Service{e.Service(0, RemoteEps(0)), e.Service(1, RemoteEps(1))}
+				},
+				Expect: []Check{{Custom: floodLeavesOtherServices, Proto: servicelb.TCP}},
+			}}},
+	}
+}
+
+// floodLeavesOtherServices: the outside client holds floodConns idle TCP
+// connections to service 0's cluster IP, as a leaking or hostile client
+// would, and meanwhile service 1 answers every ask of every protocol of
+// the run from every origin. The echo server ends an idle connection
+// after 5 s, which bounds the flood; the asks take less.
+func floodLeavesOtherServices(t *testing.T, e *Env, f servicelb.Family, _ servicelb.Protocol) {
+	t.Helper()
+	dst := e.resolve(ClusterIP, f, servicelb.TCP)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	err := e.lab.tp.Client.Do(func() error {
+		d := net.Dialer{Timeout: time.Second}
+		for range floodConns {
+			// A flow a proxy sheds may end before its dial returns.
+			if c, err := d.Dial("tcp", dst.String()); err == nil {
+				held = append(held, c)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for _, p := range e.Protocols() {
+		for _, from := range []From{Outside, Pod, Node} {
+			for range 5 {
+				r, err := e.Ask(t, from, ClusterIP.Of(1), f, p)
+				if err != nil || r.Host != e.Host(1).Name {
+					t.Errorf("%s %s from %s to service 1 while %d connections to service 0 are held: %+v, %v, want an answer from %s",
+						f, p.Lower(), from, len(held), r, err, e.Host(1).Name)
+				}
+			}
+		}
+	}
 }
