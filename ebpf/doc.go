@@ -53,10 +53,15 @@
 // socket can give it exactly, and pass the flow on (leave its destination
 // alone, for the packet path) where it cannot:
 //
-//   - reject: the connect (TCP, or UDP connect) or the unconnected UDP
-//     send fails at once with ECONNREFUSED (bpf_set_retval), as a refused
-//     connection does; drop: it fails with EPERM, as a flow the node
-//     drops on its way out does. Nothing is sent.
+//   - reject and drop, with Options.Packets: pass, and the packet path
+//     gives them as kube-proxy's rules do: an ICMP port unreachable for a
+//     reject, silence for a drop (a pod's connect retransmits and times
+//     out; the node's own flow fails its send with EPERM, as any flow the
+//     node drops on its way out does). Alone, the hooks give them at the
+//     socket, the only way they have: the connect (TCP, or UDP connect)
+//     or the unconnected UDP send fails at once with ECONNREFUSED
+//     (bpf_set_retval) for a reject, EPERM for a drop, and nothing is
+//     sent; the Proxier alone declares no servicelb.FeaturePacketVerdicts.
 //   - forward, unmasqueraded, from a pod: the pod connects to the
 //     endpoint with its own address, as servicelb decides.
 //   - forward, masqueraded, from the node: the node connects to the

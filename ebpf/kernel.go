@@ -99,7 +99,7 @@ func (k *kernel) Write(_ context.Context, st *servicelb.State) error {
 	if err != nil {
 		return err
 	}
-	m, err := buildModel(st, &k.caps, found)
+	m, err := buildModel(st, &k.caps, found, k.opts.Packets != nil)
 	if err != nil {
 		return err
 	}

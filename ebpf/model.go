@@ -13,19 +13,21 @@ import (
 
 // model is what the Proxier wrote: the plan of each service port, and the
 // set ids in use; byNamespace is the node's PodsByNamespace the plans
-// were made with.
+// were made with; paired says that a packet path serves beside the hooks
+// (Options.Packets), which then leave it the verdicts that refuse.
 type model struct {
 	ports       map[servicelb.ServicePortKey]*portPlan
 	ids         *ids
 	byNamespace bool
+	paired      bool
 }
 
 // buildModel plans every port of st, checked against caps. Sets keep the
 // ids and slot layouts found (by name) in found, the maps' content, when
 // given: what a restarted Proxier adopts.
-func buildModel(st *servicelb.State, caps *servicelb.Capabilities, found *content) (*model, error) {
+func buildModel(st *servicelb.State, caps *servicelb.Capabilities, found *content, paired bool) (*model, error) {
 	node := st.Node()
-	m := &model{ports: map[servicelb.ServicePortKey]*portPlan{}, ids: newIDs(), byNamespace: node.PodsByNamespace()}
+	m := &model{ports: map[servicelb.ServicePortKey]*portPlan{}, ids: newIDs(), byNamespace: node.PodsByNamespace(), paired: paired}
 	prev := adopted(found)
 	for _, id := range prev.ids {
 		m.ids.used[id] = true
@@ -36,7 +38,7 @@ func buildModel(st *servicelb.State, caps *servicelb.Capabilities, found *conten
 			errs = append(errs, err)
 			continue
 		}
-		pp, err := planPort(sp, m.byNamespace, prev.port(sp.Key), m.ids)
+		pp, err := planPort(sp, m.byNamespace, m.paired, prev.port(sp.Key), m.ids)
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +207,7 @@ func (m *model) plan(st *servicelb.State, ch *servicelb.Changes, caps *servicelb
 				return
 			}
 			var err error
-			if next, err = planPort(sp, s.byNamespace, old, m.ids); err != nil {
+			if next, err = planPort(sp, s.byNamespace, m.paired, old, m.ids); err != nil {
 				errs = append(errs, err)
 				return
 			}

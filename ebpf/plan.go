@@ -23,7 +23,11 @@ func (r role) String() string { return [...]string{"cluster", "local"}[r] }
 // frontend of kind k: servicelb's verdict where a socket can give it
 // exactly, else actPass, which leaves the flow to the packet path:
 //
-//   - reject and drop are given at the socket (ECONNREFUSED, EPERM);
+//   - reject and drop pass when a packet path serves beside the hooks
+//     (paired), which gives them as kube-proxy's rules do: an ICMP error
+//     for a reject, silence for a drop (a pod's connect times out). The
+//     hooks alone give them at the socket (ECONNREFUSED, EPERM), the
+//     only way they have, and declare no servicelb.FeaturePacketVerdicts;
 //   - a forward without masquerade from a pod, and one with masquerade
 //     from the node, are given by connecting the socket to the endpoint
 //     itself: the pod's own address, or the node's address on the way to
@@ -31,15 +35,17 @@ func (r role) String() string { return [...]string{"cluster", "local"}[r] }
 //   - a forward with masquerade from a pod, a forward without masquerade
 //     from the node (whose source address would differ), and every flow
 //     to a load-balancer IP with source ranges pass.
-func socketAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, o servicelb.Origin) (action, role) {
+func socketAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, o servicelb.Origin, paired bool) (action, role) {
 	if k == servicelb.LoadBalancerFrontend && len(sp.SourceRanges) > 0 {
 		return actPass, 0
 	}
 	v := sp.Verdicts(k).Of(o)
-	switch v.Action {
-	case servicelb.Reject:
+	switch {
+	case (v.Action == servicelb.Reject || v.Action == servicelb.Drop) && paired:
+		return actPass, 0
+	case v.Action == servicelb.Reject:
 		return actReject, 0
-	case servicelb.Drop:
+	case v.Action == servicelb.Drop:
 		return actDrop, 0
 	}
 	if (o == servicelb.FromPod) == v.Masquerade {
@@ -56,14 +62,14 @@ func socketAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, o service
 // NodeConfig.PodsByNamespace), the packet path may see such a flow as a
 // pod's or as one from outside; the socket gives the verdict only when
 // the two agree, and passes the flow otherwise.
-func podAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, byNamespace bool) (action, role) {
+func podAction(sp *servicelb.ServicePort, k servicelb.FrontendKind, byNamespace, paired bool) (action, role) {
 	if !byNamespace {
 		vs := sp.Verdicts(k)
 		if vs.Of(servicelb.FromPod) != vs.Of(servicelb.FromOutside) {
 			return actPass, 0
 		}
 	}
-	return socketAction(sp, k, servicelb.FromPod)
+	return socketAction(sp, k, servicelb.FromPod, paired)
 }
 
 // carried reports whether the hooks carry a protocol: TCP and UDP. SCTP
@@ -80,16 +86,16 @@ type frontendPlan struct {
 
 // planFrontends returns the entries of a service port's frontends, and
 // which of its sets they use; byNamespace is the node's
-// PodsByNamespace.
-func planFrontends(sp *servicelb.ServicePort, byNamespace bool) ([]frontendPlan, [2]bool) {
+// PodsByNamespace; paired, that a packet path serves beside the hooks.
+func planFrontends(sp *servicelb.ServicePort, byNamespace, paired bool) ([]frontendPlan, [2]bool) {
 	var used [2]bool
 	if !carried(sp.Port.Protocol) {
 		return nil, used
 	}
 	var out []frontendPlan
 	for _, f := range sp.Frontends() {
-		na, nr := socketAction(sp, f.Kind, servicelb.FromNode)
-		pa, pr := podAction(sp, f.Kind, byNamespace)
+		na, nr := socketAction(sp, f.Kind, servicelb.FromNode, paired)
+		pa, pr := podAction(sp, f.Kind, byNamespace, paired)
 		if na == actPass && pa == actPass {
 			continue
 		}
@@ -243,8 +249,8 @@ func setName(k servicelb.ServicePortKey, r role) string { return k.String() + " 
 // planPort returns what sp holds in the maps. Its sets keep the ids and
 // slot layouts of old (the port's plan before a change, or what a
 // restarted process found in the kernel); new sets take ids from a.
-func planPort(sp *servicelb.ServicePort, byNamespace bool, old *portPlan, a *ids) (*portPlan, error) {
-	fes, used := planFrontends(sp, byNamespace)
+func planPort(sp *servicelb.ServicePort, byNamespace, paired bool, old *portPlan, a *ids) (*portPlan, error) {
+	fes, used := planFrontends(sp, byNamespace, paired)
 	pp := &portPlan{frontends: make([]frontendEntry, 0, len(fes))}
 	for r, bs := range [2][]servicelb.Backend{sp.Cluster, sp.Local} {
 		if !used[r] {

@@ -43,18 +43,21 @@ func TestSocketAction(t *testing.T) {
 		origin servicelb.Origin
 		kind   servicelb.FrontendKind
 		ranges bool
+		paired bool
 		act    action
 		role   role
 	}{
-		{"pod unmasqueraded: the pod's own address", fwd(servicelb.ToCluster, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, actForward, roleCluster},
-		{"pod masqueraded: the packet path", fwd(servicelb.ToCluster, true), servicelb.FromPod, servicelb.NodePortFrontend, false, actPass, 0},
-		{"node masqueraded: the node's address toward the endpoint", fwd(servicelb.ToCluster, true), servicelb.FromNode, servicelb.ExternalIPFrontend, false, actForward, roleCluster},
-		{"node unmasqueraded: the packet path", fwd(servicelb.ToCluster, false), servicelb.FromNode, servicelb.ClusterIPFrontend, false, actPass, 0},
-		{"local set", fwd(servicelb.ToLocal, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, actForward, roleLocal},
-		{"reject", fwd(servicelb.Reject, false), servicelb.FromNode, servicelb.ClusterIPFrontend, false, actReject, 0},
-		{"drop", fwd(servicelb.Drop, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, actDrop, 0},
-		{"source ranges: the packet path", fwd(servicelb.ToCluster, true), servicelb.FromNode, servicelb.LoadBalancerFrontend, true, actPass, 0},
-		{"source ranges hold for load-balancer IPs only", fwd(servicelb.ToCluster, true), servicelb.FromNode, servicelb.NodePortFrontend, true, actForward, roleCluster},
+		{"pod unmasqueraded: the pod's own address", fwd(servicelb.ToCluster, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, true, actForward, roleCluster},
+		{"pod masqueraded: the packet path", fwd(servicelb.ToCluster, true), servicelb.FromPod, servicelb.NodePortFrontend, false, true, actPass, 0},
+		{"node masqueraded: the node's address toward the endpoint", fwd(servicelb.ToCluster, true), servicelb.FromNode, servicelb.ExternalIPFrontend, false, true, actForward, roleCluster},
+		{"node unmasqueraded: the packet path", fwd(servicelb.ToCluster, false), servicelb.FromNode, servicelb.ClusterIPFrontend, false, true, actPass, 0},
+		{"local set", fwd(servicelb.ToLocal, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, true, actForward, roleLocal},
+		{"reject: the packet path's ICMP error", fwd(servicelb.Reject, false), servicelb.FromNode, servicelb.ClusterIPFrontend, false, true, actPass, 0},
+		{"drop: the packet path's silence", fwd(servicelb.Drop, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, true, actPass, 0},
+		{"reject alone: at the socket", fwd(servicelb.Reject, false), servicelb.FromNode, servicelb.ClusterIPFrontend, false, false, actReject, 0},
+		{"drop alone: at the socket", fwd(servicelb.Drop, false), servicelb.FromPod, servicelb.ClusterIPFrontend, false, false, actDrop, 0},
+		{"source ranges: the packet path", fwd(servicelb.ToCluster, true), servicelb.FromNode, servicelb.LoadBalancerFrontend, true, true, actPass, 0},
+		{"source ranges hold for load-balancer IPs only", fwd(servicelb.ToCluster, true), servicelb.FromNode, servicelb.NodePortFrontend, true, true, actForward, roleCluster},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sp := &servicelb.ServicePort{}
@@ -64,7 +67,7 @@ func TestSocketAction(t *testing.T) {
 			if tc.ranges {
 				sp.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 			}
-			a, r := socketAction(sp, tc.kind, tc.origin)
+			a, r := socketAction(sp, tc.kind, tc.origin, tc.paired)
 			assert.Equal(t, tc.act, a)
 			assert.Equal(t, tc.role, r)
 		})
@@ -90,7 +93,7 @@ func TestPodAction(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sp := &servicelb.ServicePort{}
 			sp.Internal[servicelb.FromPod], sp.Internal[servicelb.FromOutside] = pod, tc.outside
-			a, _ := podAction(sp, servicelb.ClusterIPFrontend, tc.byNamespace)
+			a, _ := podAction(sp, servicelb.ClusterIPFrontend, tc.byNamespace, true)
 			assert.Equal(t, tc.act, a)
 		})
 	}
@@ -225,11 +228,14 @@ func TestIncrementalEqualsFresh(t *testing.T) {
 		steps = 100
 	}
 	for seed := range uint64(4) {
+		// Even seeds plan as the pair does (refusals left to the packet
+		// path), odd ones as the hooks alone (refusals at the socket).
+		paired := seed%2 == 0
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			g := servicetest.New(servicetest.Options{Seed: seed, Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}})
 			walk, err := g.Walk(steps)
 			require.NoError(t, err)
-			walkPlans(t, walk, &caps)
+			walkPlans(t, walk, &caps, paired)
 		})
 	}
 }
@@ -246,7 +252,7 @@ func FuzzPlans(f *testing.F) {
 		g := servicetest.New(servicetest.Options{Source: servicetest.Source(data), Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}})
 		walk, err := g.Walk(40)
 		require.NoError(t, err)
-		walkPlans(t, walk, &caps)
+		walkPlans(t, walk, &caps, len(data)%2 == 0)
 	})
 }
 
@@ -255,9 +261,9 @@ func FuzzPlans(f *testing.F) {
 // step of every change is whole (no lookup meets half a service), and
 // after each change holds what a fresh plan of the state holds, and what
 // the model says; the model renders as Render renders it.
-func walkPlans(t *testing.T, walk []*servicelb.State, caps *servicelb.Capabilities) {
+func walkPlans(t *testing.T, walk []*servicelb.State, caps *servicelb.Capabilities, paired bool) {
 	t.Helper()
-	m, err := buildModel(walk[0], caps, nil)
+	m, err := buildModel(walk[0], caps, nil, paired)
 	require.NoError(t, err)
 	kernel := m.content(7)
 	for i := 1; i < len(walk); i++ {
@@ -269,7 +275,7 @@ func walkPlans(t *testing.T, walk []*servicelb.State, caps *servicelb.Capabiliti
 			require.NoError(t, whole(kernel), "step %d: a lookup meets a half-written service", i)
 		}))
 		m.commit(s)
-		fresh, err := buildModel(walk[i], caps, nil)
+		fresh, err := buildModel(walk[i], caps, nil, paired)
 		require.NoError(t, err)
 		require.Equal(t, canon(t, fresh.content(7)), canon(t, kernel), "step %d: incremental differs from fresh", i)
 		require.Equal(t, m.content(7), kernel, "step %d: the model differs from the maps", i)
@@ -314,7 +320,7 @@ func TestAdoptionKeepsTheMaps(t *testing.T) {
 	g := servicetest.New(servicetest.Options{Seed: 9, Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}})
 	walk, err := g.Walk(60)
 	require.NoError(t, err)
-	m, err := buildModel(walk[0], &caps, nil)
+	m, err := buildModel(walk[0], &caps, nil, true)
 	require.NoError(t, err)
 	kernel := m.content(7)
 	for i := 1; i < len(walk); i++ {
@@ -324,7 +330,7 @@ func TestAdoptionKeepsTheMaps(t *testing.T) {
 		require.NoError(t, s.d.run(kernel, nil))
 		m.commit(s)
 	}
-	again, err := buildModel(walk[len(walk)-1], &caps, kernel)
+	again, err := buildModel(walk[len(walk)-1], &caps, kernel, true)
 	require.NoError(t, err)
 	assert.Zero(t, diffContent(kernel, again.content(7)).len())
 }

@@ -226,9 +226,9 @@ const socketFeatures = servicelb.FeatureAffinity | servicelb.FeatureWeights | se
 	servicelb.FeatureAffinityExpiry | servicelb.FeatureLocalByInterface | servicelb.FeatureFreePorts | servicelb.FeatureNoARPAnswers
 
 // passedFeatures are the features whose flows the hooks leave to the
-// packet path. The hooks' own refusals (ECONNREFUSED, EPERM at the
-// socket) come before any packet, so the pair's verdicts are the packet
-// path's (FeaturePacketVerdicts).
+// packet path. In the pair the hooks leave it every reject and drop, so
+// the pair's verdicts are the packet path's (FeaturePacketVerdicts); the
+// hooks alone refuse at the socket (ECONNREFUSED, EPERM) and lack it.
 const passedFeatures = servicelb.FeatureExternal | servicelb.FeatureSourceRanges | servicelb.FeatureServiceCIDRs |
 	servicelb.FeatureUndefinedPorts | servicelb.FeatureLocalhostNodePorts | servicelb.FeaturePacketVerdicts
 
@@ -358,7 +358,7 @@ func (p *Proxier) Render(st *servicelb.State) (string, error) {
 	if err := p.caps.CheckNode(&node); err != nil {
 		return "", err
 	}
-	m, err := buildModel(st, &p.caps, nil)
+	m, err := buildModel(st, &p.caps, nil, p.opts.Packets != nil)
 	if err != nil {
 		return "", err
 	}

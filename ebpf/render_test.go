@@ -127,7 +127,7 @@ func TestCapabilities(t *testing.T) {
 // known).
 func TestFormatHooks(t *testing.T) {
 	caps := capabilities(packetPath{})
-	m, err := buildModel(renderState(t), &caps, nil)
+	m, err := buildModel(renderState(t), &caps, nil, false) // as the hooks alone plan: refusals at the socket
 	require.NoError(t, err)
 	c := m.content(4097)
 	const now = 100 * uint64(time.Second)

@@ -110,7 +110,7 @@ func TestOneEndpointCostsAFewWrites(t *testing.T) {
 				after, err := servicelb.NewState(servicetest.ScaleNode(), svcs...)
 				require.NoError(t, err)
 
-				m, err := buildModel(before, &caps, nil)
+				m, err := buildModel(before, &caps, nil, true)
 				require.NoError(t, err)
 				ch := servicelb.Diff(before, after)
 				s, err := m.plan(after, &ch, &caps)
@@ -142,7 +142,7 @@ func TestColdSyncWritesInBatches(t *testing.T) {
 	caps := capabilities(packetPath{})
 	st, err := servicelb.NewState(servicetest.ScaleNode(), servicetest.Scale(10000, 10)...)
 	require.NoError(t, err)
-	m, err := buildModel(st, &caps, nil)
+	m, err := buildModel(st, &caps, nil, true)
 	require.NoError(t, err)
 	empty := newContent()
 	d := diffContent(empty, m.content(7))
