@@ -108,9 +108,11 @@
 // node and of the pod then come from a process inside it: the test binary
 // itself, started again into the cgroup, which becomes the asker when the
 // test's TestMain calls Main (in any module: Main is all a backend of
-// another module needs besides Run). A refusal at the socket
-// (ECONNREFUSED before any packet is sent) counts as Refused for those
-// asks, as a drop at the socket (EPERM) counts as Dropped for every ask.
+// another module needs besides Run). A socket's error is no packet
+// verdict: a check that wants an ICMP port unreachable wants that ICMP
+// error, and one that wants silence wants silence, except from the node,
+// whose own flow the node drops as it leaves fails its send or connect
+// at once (EPERM), under any packet filter's rules.
 //
 // A proxy that serves its frontends at addresses and ports of its own
 // rather than at theirs (the userspace backend without privileges, which
