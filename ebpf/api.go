@@ -104,10 +104,11 @@ func (e *FeatureError) Unwrap() []error {
 	return []error{ErrNotSupported, e.Err}
 }
 
-// ErrPinIncompatible: a map pinned under Options.PinPath was made with
-// another layout than the Proxier's (by another version of this package,
-// or with other Options.Sizes). New returns a *PinError that wraps it.
-var ErrPinIncompatible = errors.New("pinned map of another layout")
+// ErrPinIncompatible: a map pinned in the place of the Proxier's own
+// layout under Options.PinPath is not one it can read (someone else's).
+// New returns a *PinError that wraps it. Maps of other layouts (another
+// version, other Options.Sizes) are no obstacle: see New.
+var ErrPinIncompatible = errors.New("pinned map this Proxier cannot read")
 
 // PinError says that a map pinned under Options.PinPath cannot be
 // adopted, and the way out: the Proxier never deletes a map it cannot
@@ -125,7 +126,7 @@ type PinError struct {
 }
 
 func (e *PinError) Error() string {
-	return fmt.Sprintf("ebpf: the map pinned at %s has another layout than this Proxier's (another version, or other Options.Sizes); "+
+	return fmt.Sprintf("ebpf: the map pinned at %s is not one this Proxier can read; "+
 		"remove the pins under %s with ebpf.RemovePins (kproxy --cleanup) while no Proxier uses them, then start again: %v",
 		e.Path, e.PinPath, e.Err)
 }

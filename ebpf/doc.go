@@ -94,10 +94,20 @@
 //
 // New checks the kernel (Probe: a wrapped *FeatureError naming what is
 // missing, before anything is attached), creates the maps or opens those
-// pinned under Options.PinPath, and loads the programs. Maps pinned with another
-// layout (by another version, or with other Options.Sizes) are not
-// adopted: New fails with a *PinError (ErrPinIncompatible) naming the
-// pin and the way out, RemovePins, and leaves them as they are.
+// pinned under Options.PinPath, and loads the programs. Maps are pinned
+// in a directory named after their layout (a layout version raised with
+// every change of an entry's meaning, and the maps' sizes, which
+// Options.Sizes sets), so an upgrade to another layout never adopts maps
+// it would misread: New makes its own beside the earlier ones, the first
+// Sync fills them and swaps its programs into the pinned links
+// atomically (BPF_LINK_UPDATE), and only then removes the earlier maps'
+// pins: the hooks balance every socket throughout. The hooks' own
+// entries (affinity pins, reverse translations) start empty in the new
+// maps. A map pinned in the layout's own directory that New cannot read
+// (someone else's) is a *PinError (ErrPinIncompatible) naming the pin and
+// the way out, RemovePins, and New leaves it as it is. An adopted link is
+// updated only when it attaches to the Proxier's cgroup at its hook's
+// attach point.
 //
 // The first Sync (run by internal/syncer's Engine, as for every backend)
 // reads the maps, adopts the sets it finds there by name with their
@@ -160,8 +170,8 @@
 // The eight hooks it attaches to Options.Cgroup (several Proxiers may
 // attach to one cgroup: each program runs, and a socket another one has
 // already sent to an endpoint meets no frontend in the next), its maps,
-// and under Options.PinPath the pins named after them ("kp_*" and
-// "link_<hook>"). It never changes routes, addresses, sysctls, firewall
+// and under Options.PinPath the pins named after them ("link_<hook>", and
+// "maps-<layout>/kp_*"; an earlier version's "kp_*" in PinPath itself). It never changes routes, addresses, sysctls, firewall
 // rules or other programs.
 //
 // # Privileges

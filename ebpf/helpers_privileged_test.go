@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/ebpf"
@@ -90,4 +91,14 @@ func (r *records) count(s string) int {
 		}
 	}
 	return n
+}
+
+// mapPin returns the pin of the map name under pinPath: in the one
+// directory of the maps' layout there.
+func mapPin(t *testing.T, pinPath, name string) string {
+	t.Helper()
+	pins, err := filepath.Glob(filepath.Join(pinPath, "maps-*", name))
+	require.NoError(t, err)
+	require.Len(t, pins, 1, "pins of map %s under %s", name, pinPath)
+	return pins[0]
 }

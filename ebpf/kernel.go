@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -32,7 +33,7 @@ func (k *kernel) Check(context.Context) (bool, error) {
 // syscall a hook.
 func (k *kernel) hooked() bool {
 	for i, l := range k.links {
-		if l == nil || !(*Proxier)(k).attached(l) {
+		if l == nil || !(*Proxier)(k).attached(l, hooks[i]) {
 			k.log.Info("hook detached by someone else", "hook", hooks[i].name)
 			return false
 		}
@@ -47,7 +48,7 @@ func (k *kernel) pinned() bool {
 		return true
 	}
 	for _, name := range mapNamesInOrder {
-		if _, err := os.Stat(filepath.Join(k.opts.PinPath, name)); err != nil {
+		if _, err := os.Stat(filepath.Join(k.mapDir, name)); err != nil {
 			k.log.Info("pin removed by someone else", "map", name)
 			return false
 		}
@@ -61,15 +62,16 @@ func (k *kernel) pinned() bool {
 	return true
 }
 
-// attached reports whether a link still attaches its program to the
-// Proxier's cgroup.
-func (p *Proxier) attached(l link.Link) bool {
+// attached reports whether a link still attaches a program to the
+// Proxier's cgroup at h's attach point: a link pinned under h's name that
+// attaches elsewhere is no hook of the Proxier's, and is never updated.
+func (p *Proxier) attached(l link.Link, h hook) bool {
 	info, err := l.Info()
 	if err != nil {
 		return false
 	}
 	cg := info.Cgroup()
-	return cg != nil && cg.CgroupId == p.cgID
+	return cg != nil && cg.CgroupId == p.cgID && ebpf.AttachType(cg.AttachType) == h.attach
 }
 
 // Verify checks the hooks and the pins, then reads the maps back and
@@ -116,6 +118,12 @@ func (k *kernel) Write(_ context.Context, st *servicelb.State) error {
 	if err := p.attach(); err != nil {
 		return err
 	}
+	if k.opts.PinPath != "" && !k.retired {
+		if err := p.retireLayouts(); err != nil {
+			return err
+		}
+		k.retired = true
+	}
 	k.log.Debug("maps written", "entries", d.len(), "ports", len(m.ports))
 	return nil
 }
@@ -123,11 +131,11 @@ func (k *kernel) Write(_ context.Context, st *servicelb.State) error {
 // pinMaps pins the maps whose pins are missing (after a Cleanup, or
 // removed by someone else).
 func (p *Proxier) pinMaps() error {
-	if err := os.MkdirAll(p.opts.PinPath, 0o700); err != nil {
+	if err := os.MkdirAll(p.mapDir, 0o700); err != nil {
 		return fmt.Errorf("pin path: %w", err)
 	}
 	for name, m := range p.maps.byName() {
-		if err := repin(m, filepath.Join(p.opts.PinPath, name)); err != nil {
+		if err := repin(m, filepath.Join(p.mapDir, name)); err != nil {
 			return fmt.Errorf("pin map %s: %w", name, err)
 		}
 	}
@@ -163,7 +171,7 @@ func repin(o pinner, path string) error {
 func (p *Proxier) attach() error {
 	for i, h := range hooks {
 		l := p.links[i]
-		if l != nil && p.attached(l) {
+		if l != nil && p.attached(l, h) {
 			if p.fresh[i] {
 				if err := l.Update(p.progs[i]); err != nil {
 					return fmt.Errorf("replace program of %s: %w", h.name, err)

@@ -4,6 +4,8 @@ package ebpf
 
 import (
 	"encoding/binary"
+	"fmt"
+	"hash/crc32"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -225,4 +227,28 @@ func mapSpecs(s Sizes) map[string]*ebpf.MapSpec {
 		mapConfig:    {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
 		mapNames:     hash(mapNames, 4, nameLen, sets),
 	}
+}
+
+// layoutVersion names the meaning of the maps' keys and values. Raise it
+// whenever the programs read or write an entry differently, even with
+// sizes unchanged: the maps are then pinned anew (see layoutName).
+const layoutVersion = 2
+
+// mapDirPrefix starts the name of the directory under Options.PinPath
+// that holds the maps of one layout.
+const mapDirPrefix = "maps-"
+
+// layoutName names the maps' layout: layoutVersion and a digest of every
+// map's type, key and value sizes, bound and flags, which Options.Sizes
+// changes. Maps are pinned under PinPath in a directory named after it,
+// so that a Proxier of another layout (another version of this package,
+// or other Sizes) makes its own beside them instead of adopting maps
+// whose entries it would misread; see retireLayouts.
+func layoutName(specs map[string]*ebpf.MapSpec) string {
+	h := crc32.NewIEEE()
+	for _, name := range mapNamesInOrder {
+		s := specs[name]
+		fmt.Fprintf(h, "%s %d %d %d %d %d;", name, s.Type, s.KeySize, s.ValueSize, s.MaxEntries, s.Flags)
+	}
+	return fmt.Sprintf("v%d-%08x", layoutVersion, h.Sum32())
 }

@@ -36,11 +36,12 @@ func (k *kmaps) close() {
 	}
 }
 
-// openMaps creates the maps, or, with a pin directory, opens those pinned
-// there by an earlier process (and creates and pins the others). A pinned
-// map of another layout is a *PinError: the Proxier never deletes a map
-// it cannot read.
-func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
+// openMaps creates the maps, or, with a pin directory (pinDir, the
+// layout's directory under the Options.PinPath pinPath), opens those
+// pinned there by an earlier process (and creates and pins the others). A
+// pinned map it cannot read is a *PinError: the Proxier never deletes
+// such a map.
+func openMaps(specs map[string]*ebpf.MapSpec, pinDir, pinPath string) (*kmaps, error) {
 	got := map[string]*ebpf.Map{}
 	fail := func(err error) (*kmaps, error) {
 		for _, m := range got {
@@ -57,7 +58,7 @@ func openMaps(specs map[string]*ebpf.MapSpec, pinDir string) (*kmaps, error) {
 		}
 		m, err := ebpf.NewMapWithOptions(spec, opts)
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return fail(&PinError{Path: filepath.Join(pinDir, name), PinPath: pinDir, Err: err})
+			return fail(&PinError{Path: filepath.Join(pinDir, name), PinPath: pinPath, Err: err})
 		}
 		if err != nil {
 			return fail(fmt.Errorf("map %s: %w", name, err))

@@ -9,9 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -42,6 +42,10 @@ type Proxier struct {
 	cgID    uint64
 	cookie  uint64
 	madeDir bool
+	// mapDir holds the maps' pins, under PinPath, named after their
+	// layout; retired is set once the pins of other layouts are gone.
+	mapDir  string
+	retired bool
 	// model is what the maps hold, by service port; nil before the first
 	// sync and after Cleanup.
 	model *model
@@ -56,9 +60,13 @@ var (
 // New probes the kernel (see Probe), then creates the maps or adopts
 // those pinned under Options.PinPath, and loads the programs. It attaches
 // nothing: the first Sync fills the maps, then attaches the hooks (or
-// gives adopted links the new programs, atomically). A pinned map it
-// cannot adopt, of another layout, is a *PinError that names it and
-// the way out (RemovePins), and New leaves every pin as it was.
+// gives adopted links the new programs, atomically). Maps of another
+// layout (pinned by another version, or with other Options.Sizes) are
+// left to the hooks that read them until then: New makes its own beside
+// them, and the first Sync removes their pins once every hook runs its
+// programs. A map pinned in its own layout's place that it cannot read
+// is a *PinError that names it and the way out (RemovePins), and New
+// leaves every pin as it was.
 func New(o Options) (*Proxier, error) {
 	p, err := newProxier(o)
 	if err != nil {
@@ -94,6 +102,9 @@ func newProxier(o Options) (*Proxier, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p := &Proxier{opts: o, log: log.With("cgroup", o.Cgroup), specs: mapSpecs(o.Sizes)}
+	if o.PinPath != "" {
+		p.mapDir = filepath.Join(o.PinPath, mapDirPrefix+layoutName(p.specs))
+	}
 	p.caps = capabilities(o.Packets)
 	p.eng = syncer.New((*kernel)(p), syncer.Options{Name: "ebpf", Logger: p.log, VerifyInterval: o.VerifyInterval,
 		Capabilities: p.caps})
@@ -120,8 +131,11 @@ func (p *Proxier) open() error {
 			}
 			p.madeDir = true
 		}
+		if err := os.MkdirAll(p.mapDir, 0o700); err != nil {
+			return fmt.Errorf("pin path: %w", err)
+		}
 	}
-	if p.maps, err = openMaps(p.specs, p.opts.PinPath); err != nil {
+	if p.maps, err = openMaps(p.specs, p.mapDir, p.opts.PinPath); err != nil {
 		return err
 	}
 	for _, h := range hooks {
@@ -333,10 +347,7 @@ func (p *Proxier) cleanup() error {
 		p.links[i] = nil
 	}
 	if p.opts.PinPath != "" {
-		errs = append(errs, p.maps.unpin())
-		if err := os.Remove(p.opts.PinPath); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, p.maps.unpin(), removeEmpty(p.mapDir), removeEmpty(p.opts.PinPath))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ebpf: cleanup: %w", err)

@@ -100,7 +100,7 @@ func TestPinsRepairedByADeepVerify(t *testing.T) {
 				assert.NoError(t, p.Close())
 			}()
 			require.NoError(t, p.Sync(ctx, state("10.244.1.2")))
-			gone := []string{filepath.Join(pins, "kp_sets"), filepath.Join(pins, "link_sendmsg4")}
+			gone := []string{mapPin(t, pins, "kp_sets"), filepath.Join(pins, "link_sendmsg4")}
 			for _, pin := range gone {
 				require.NoError(t, os.Remove(pin))
 			}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -334,7 +336,7 @@ func TestCleanupLeavesNothing(t *testing.T) {
 	w.sync(t, node(), service(eps("elsewhere", 0)))
 	var mapIDs []ebpf.MapID
 	for _, name := range []string{"kp_frontends", "kp_sets", "kp_slots", "kp_revnat"} {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(w.env.BPFFS, "kproxy", name), nil)
+		m, err := ebpf.LoadPinnedMap(mapPin(t, filepath.Join(w.env.BPFFS, "kproxy"), name), nil)
 		require.NoError(t, err)
 		info, err := m.Info()
 		require.NoError(t, err)
@@ -396,7 +398,7 @@ func TestRepairs(t *testing.T) {
 	require.NoError(t, err, "attached again")
 	assert.FileExists(t, pin)
 
-	m, err := ebpf.LoadPinnedMap(filepath.Join(w.env.BPFFS, "kproxy", "kp_frontends"), nil)
+	m, err := ebpf.LoadPinnedMap(mapPin(t, filepath.Join(w.env.BPFFS, "kproxy"), "kp_frontends"), nil)
 	require.NoError(t, err)
 	defer m.Close()
 	var k [20]byte
@@ -453,9 +455,11 @@ func TestCleanupTouchesNothingElse(t *testing.T) {
 	require.NoError(t, w.p.Cleanup(context.Background()))
 	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8, "the other Proxier's hooks stay")
 	assert.DirExists(t, foreign)
-	pins, err := filepath.Glob(filepath.Join(w.env.BPFFS, "other", "*"))
+	pins, err := filepath.Glob(filepath.Join(w.env.BPFFS, "other", "link_*"))
 	require.NoError(t, err)
-	assert.Len(t, pins, 16, "the other Proxier's pins stay")
+	maps, err := filepath.Glob(filepath.Join(w.env.BPFFS, "other", "maps-*", "kp_*"))
+	require.NoError(t, err)
+	assert.Len(t, append(pins, maps...), 16, "the other Proxier's pins stay")
 	r, err := w.ask(w.tp.Node, "tcp", netip.MustParseAddrPort("10.96.0.20:80"))
 	require.NoError(t, err)
 	assert.Equal(t, "backend-1", r.Host)
@@ -496,45 +500,100 @@ func TestRemovePins(t *testing.T) {
 	assert.NoError(t, kebpf.RemovePins(""))
 }
 
-// TestPinsOfAnotherLayout: maps pinned with other Sizes (or by another
-// version) make New fail with a *PinError that names the pin and
-// RemovePins, and touch nothing: the hooks pinned there keep balancing.
-// After RemovePins, New starts afresh.
-func TestPinsOfAnotherLayout(t *testing.T) {
+// TestUpgradeToAnotherLayout: a Proxier of another map layout (other
+// Sizes here, another version alike) over the pins of an earlier one
+// (kept as a version before named layouts pinned them, in PinPath
+// itself) starts, writes maps of its own beside them and swaps its
+// programs into the pinned links, while the node asks the service all
+// along: no ask fails. Then the earlier maps' pins are gone, and a map
+// of its own layout it cannot read is a *PinError naming the way out.
+func TestUpgradeToAnotherLayout(t *testing.T) {
 	w := newWorld(t)
 	dst := netip.AddrPortFrom(vip4, 80)
 	require.NoError(t, w.p.Cleanup(context.Background()))
 	require.NoError(t, w.p.Close())
 	pins := filepath.Join(w.env.BPFFS, "layout")
 	o := kebpf.Options{Cgroup: w.env.Cgroup, PinPath: pins, NetNS: w.tp.Node.NS, Sizes: kebpf.Sizes{Frontends: 1 << 10}}
-	small, err := kebpf.New(o)
+	old, err := kebpf.New(o)
 	require.NoError(t, err)
 	st, err := servicelb.NewState(node(), service(eps("elsewhere", 0)))
 	require.NoError(t, err)
-	require.NoError(t, small.Sync(context.Background(), st))
-	require.NoError(t, small.Close())
-	before, err := filepath.Glob(filepath.Join(pins, "*"))
+	require.NoError(t, old.Sync(context.Background(), st))
+	require.NoError(t, old.Close())
+	// The earlier version's place for its maps: PinPath itself.
+	dirs, err := filepath.Glob(filepath.Join(pins, "maps-*"))
 	require.NoError(t, err)
+	require.Len(t, dirs, 1)
+	files, err := filepath.Glob(filepath.Join(dirs[0], "kp_*"))
+	require.NoError(t, err)
+	require.Len(t, files, 8)
+	for _, f := range files {
+		require.NoError(t, os.Rename(f, filepath.Join(pins, filepath.Base(f))))
+	}
+	require.NoError(t, os.Remove(dirs[0]))
 
+	stop := make(chan struct{})
+	var asked, failed atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			asked.Add(1)
+			if r, err := w.ask(w.tp.Node, "tcp", dst); err != nil || r.Host != "backend-0" {
+				failed.Add(1)
+				t.Logf("ask during the upgrade: %+v, %v", r, err)
+			}
+		}
+	})
+	for asked.Load() < 5 {
+		time.Sleep(5 * time.Millisecond)
+	}
 	o.Sizes = kebpf.Sizes{}
+	w.p, err = kebpf.New(o)
+	require.NoError(t, err, "pins of another layout are no obstacle")
+	require.NoError(t, w.p.Sync(context.Background(), st))
+	n := asked.Load()
+	for asked.Load() < n+5 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	assert.Zero(t, failed.Load(), "asks failed during the upgrade, of %d", asked.Load())
+	t.Logf("%d asks during the upgrade, %d failed", asked.Load(), failed.Load())
+	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8, "the links were updated in place")
+	left, err := filepath.Glob(filepath.Join(pins, "kp_*"))
+	require.NoError(t, err)
+	assert.Empty(t, left, "the earlier maps' pins")
+	dirs, err = filepath.Glob(filepath.Join(pins, "maps-*"))
+	require.NoError(t, err)
+	require.Len(t, dirs, 1, "one layout's maps")
+
+	// A map pinned in the Proxier's own layout that it cannot read.
+	require.NoError(t, w.p.Close())
+	frontends := filepath.Join(dirs[0], "kp_frontends")
+	require.NoError(t, os.Remove(frontends))
+	foreign, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	require.NoError(t, err)
+	defer foreign.Close()
+	require.NoError(t, foreign.Pin(frontends))
 	_, err = kebpf.New(o)
 	var pe *kebpf.PinError
 	require.ErrorAs(t, err, &pe)
 	assert.ErrorIs(t, err, kebpf.ErrPinIncompatible)
-	assert.ErrorIs(t, err, ebpf.ErrMapIncompatible)
-	assert.Equal(t, filepath.Join(pins, "kp_frontends"), pe.Path)
-	assert.Equal(t, pins, pe.PinPath)
+	assert.Equal(t, frontends, pe.Path)
 	assert.Contains(t, err.Error(), "RemovePins")
-	assert.Contains(t, err.Error(), "MaxEntries: 1024 changed to 65536")
-	after, err := filepath.Glob(filepath.Join(pins, "*"))
-	require.NoError(t, err)
-	assert.Equal(t, before, after, "the pins are as they were")
-	assert.Len(t, attachedPrograms(t, w.env.Cgroup), 8)
 	r, err := w.ask(w.tp.Node, "tcp", dst)
 	require.NoError(t, err, "the pinned hooks still balance")
 	assert.Equal(t, "backend-0", r.Host)
-
 	require.NoError(t, kebpf.RemovePins(pe.PinPath))
+	_, err = os.Stat(pins)
+	if !assert.ErrorIs(t, err, os.ErrNotExist, "RemovePins leaves nothing of its own") {
+		filepath.Walk(pins, func(path string, _ os.FileInfo, _ error) error { t.Log(path); return nil })
+	}
 	w.p, err = kebpf.New(o)
 	require.NoError(t, err)
 	require.NoError(t, w.p.Sync(context.Background(), st))
