@@ -105,6 +105,7 @@ type askConfig struct {
 	watchICMP     bool
 	cgroup        *Cgroup
 	unconnected   bool
+	keep          string
 	peer          *netip.AddrPort
 }
 
@@ -127,6 +128,17 @@ func WatchICMP() AskOption { return func(c *askConfig) { c.watchICMP = true } }
 // Unconnected makes a UDP ask from an unconnected socket: sendto(2) and
 // recvfrom(2) instead of connect(2), send and receive.
 func Unconnected() AskOption { return func(c *askConfig) { c.unconnected = true } }
+
+// KeepSocket makes an Unconnected UDP ask from a socket kept under name in
+// the asking process (the test's, or the cgroup's with InCgroup) for the
+// asks with that name after it, as one client's session sends from one
+// socket: the first ask makes it (with its FromAddr and FromPort), and it
+// lives until the host is removed or the cgroup's process ends. A socket
+// of its own is one flow to a socket-level load balancer, whatever its
+// destinations.
+func KeepSocket(name string) AskOption {
+	return func(c *askConfig) { c.unconnected, c.keep = true, name }
+}
 
 // Peer stores in *p the server as the asking socket saw it:
 // getpeername(2) of the connected socket, or with Unconnected the source
@@ -194,9 +206,9 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 	}
 	var x exchanged
 	if cfg.cgroup != nil {
-		x, err = cfg.cgroup.exchange(ctx, h, proto, dst, from, deadline, cfg.unconnected)
+		x, err = cfg.cgroup.exchange(ctx, h, proto, dst, from, deadline, udpAsk{cfg.unconnected, cfg.keep})
 	} else {
-		x, err = h.exchange(ctx, proto, dst, from, deadline, cfg.unconnected)
+		x, err = h.exchange(ctx, proto, dst, from, deadline, udpAsk{cfg.unconnected, cfg.keep})
 	}
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -226,11 +238,18 @@ type exchanged struct {
 	peer  netip.AddrPort
 }
 
+// udpAsk says how a UDP ask sends: from a connected socket, or from an
+// unconnected one, made for the ask or kept under a name (KeepSocket).
+type udpAsk struct {
+	Unconnected bool   `json:"unconnected,omitempty"`
+	Keep        string `json:"keep,omitempty"`
+}
+
 // exchange runs one ask from a socket of the calling process.
-func (h *Host) exchange(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time, unconnected bool) (exchanged, error) {
+func (h *Host) exchange(ctx context.Context, proto string, dst, from netip.AddrPort, deadline time.Time, u udpAsk) (exchanged, error) {
 	switch {
-	case proto == "udp" && unconnected:
-		return h.askUDPUnconnected(ctx, dst, from, deadline)
+	case proto == "udp" && u.Unconnected:
+		return h.askUDPUnconnected(ctx, dst, from, deadline, u.Keep)
 	case proto == "udp":
 		return h.askUDP(ctx, dst, from, deadline)
 	}
@@ -279,25 +298,20 @@ func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline ti
 	return x, err
 }
 
-// askUDPUnconnected runs one UDP ask from an unconnected socket.
-func (h *Host) askUDPUnconnected(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (exchanged, error) {
-	lc := net.ListenConfig{}
-	if from.Port() != 0 {
-		lc.Control = reuseAddr
-	}
-	laddr := ":0"
-	if from.IsValid() {
-		laddr = from.String()
-	}
+// askUDPUnconnected runs one UDP ask from an unconnected socket, made for
+// it or kept under keep.
+func (h *Host) askUDPUnconnected(ctx context.Context, dst, from netip.AddrPort, deadline time.Time, keep string) (exchanged, error) {
 	network := "udp4"
 	if dst.Addr().Is6() {
 		network = "udp6"
 	}
-	var c net.PacketConn
-	if err := h.Do(func() (err error) { c, err = lc.ListenPacket(ctx, network, laddr); return err }); err != nil {
+	c, err := h.udpSocket(ctx, network, from, keep)
+	if err != nil {
 		return exchanged{}, err
 	}
-	defer c.Close()
+	if keep == "" {
+		defer c.Close()
+	}
 	x := exchanged{sport: uint16(c.LocalAddr().(*net.UDPAddr).Port)}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
@@ -316,6 +330,46 @@ func (h *Host) askUDPUnconnected(ctx context.Context, dst, from netip.AddrPort, 
 		x.peer = netip.AddrPortFrom(x.peer.Addr().Unmap(), x.peer.Port())
 	}
 	return x, err
+}
+
+// udpSocket returns a new unconnected UDP socket bound to from (any
+// address and port when zero), or with keep the one kept under that name
+// and network, made the first time.
+func (h *Host) udpSocket(ctx context.Context, network string, from netip.AddrPort, keep string) (net.PacketConn, error) {
+	key := network + " " + keep
+	if keep != "" {
+		h.mu.Lock()
+		c := h.kept[key]
+		h.mu.Unlock()
+		if c != nil {
+			return c, nil
+		}
+	}
+	lc := net.ListenConfig{}
+	if from.Port() != 0 {
+		lc.Control = reuseAddr
+	}
+	laddr := ":0"
+	if from.IsValid() {
+		laddr = from.String()
+	}
+	var c net.PacketConn
+	if err := h.Do(func() (err error) { c, err = lc.ListenPacket(ctx, network, laddr); return err }); err != nil {
+		return nil, err
+	}
+	if keep != "" {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if other := h.kept[key]; other != nil {
+			c.Close()
+			return other, nil
+		}
+		if h.kept == nil {
+			h.kept = map[string]net.PacketConn{}
+		}
+		h.kept[key] = c
+	}
+	return c, nil
 }
 
 // peerOf returns a connected socket's peer, as getpeername(2) gives it.

@@ -74,8 +74,8 @@ type cgRequest struct {
 	Dst      string `json:"dst"`
 	From     string `json:"from,omitempty"`
 	Deadline int64  `json:"deadline"`
-	// Unconnected: see the Unconnected option.
-	Unconnected bool `json:"unconnected,omitempty"`
+	// UDP: see the Unconnected and KeepSocket options.
+	UDP udpAsk `json:"udp"`
 }
 
 // cgReply is its outcome: the answer, or the error as far as a test
@@ -243,9 +243,9 @@ func (c *Cgroup) stop() error {
 }
 
 // exchange runs one ask in the cgroup's process.
-func (c *Cgroup) exchange(ctx context.Context, h *Host, proto string, dst, from netip.AddrPort, deadline time.Time, unconnected bool) (exchanged, error) {
+func (c *Cgroup) exchange(ctx context.Context, h *Host, proto string, dst, from netip.AddrPort, deadline time.Time, u udpAsk) (exchanged, error) {
 	req := cgRequest{NS: filepath.Join(RunDir, h.NSName), Host: h.Name, Proto: proto, Dst: dst.String(),
-		Deadline: deadline.UnixNano(), Unconnected: unconnected}
+		Deadline: deadline.UnixNano(), UDP: u}
 	if from.IsValid() {
 		req.From = from.String()
 	}
@@ -366,6 +366,9 @@ func (hc *hostCache) get(path, name string) (*Host, error) {
 
 func (hc *hostCache) close() {
 	for _, h := range hc.m {
+		h.mu.Lock()
+		h.closeKept()
+		h.mu.Unlock()
 		h.NS.Close()
 	}
 }
@@ -396,7 +399,7 @@ func serveAsk(hosts *hostCache, req cgRequest) cgReply {
 			return fail(err)
 		}
 	}
-	x, err := h.exchange(context.Background(), req.Proto, dst, from, time.Unix(0, req.Deadline), req.Unconnected)
+	x, err := h.exchange(context.Background(), req.Proto, dst, from, time.Unix(0, req.Deadline), req.UDP)
 	rep.Text, rep.Sport = x.text, x.sport
 	if x.peer.IsValid() {
 		rep.Peer = x.peer.String()

@@ -54,6 +54,7 @@ type Host struct {
 
 	mu     sync.Mutex
 	closed bool
+	kept   map[string]net.PacketConn // KeepSocket's sockets, by network and name
 }
 
 // NewHost creates a lone network namespace named after name, with only its
@@ -110,8 +111,17 @@ func (h *Host) close() error {
 		return nil
 	}
 	h.closed = true
+	h.closeKept()
 	h.NS.Close()
 	return deleteNamed(h.NSName)
+}
+
+// closeKept closes KeepSocket's sockets; h.mu is held.
+func (h *Host) closeKept() {
+	for _, c := range h.kept {
+		c.Close()
+	}
+	h.kept = nil
 }
 
 // sysctl is one setting written in a namespace. Optional settings are
