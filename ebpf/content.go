@@ -19,11 +19,13 @@ type content struct {
 }
 
 // hookContent is what the hooks write themselves: the ClientIP
-// affinity pins (kp_affinity) and the reverse translations of sockets
-// (kp_revnat). The Proxier never writes them; Dump lists them.
+// affinity pins (kp_affinity), the reverse translations of sockets
+// (kp_revnat) and the endpoints of unconnected UDP sockets' flows
+// (kp_udpflows). The Proxier never writes them; Dump lists them.
 type hookContent struct {
 	affinity map[affKey]affVal
 	reverse  map[revKey]endpoint
+	flows    map[affKey]affVal
 	// now is the time (CLOCK_MONOTONIC, ns, as the hooks stamp pins)
 	// they were read at.
 	now uint64

@@ -33,16 +33,22 @@
 //   - kp_slots (hash): (set, slot) to an endpoint. An endpoint holds as
 //     many slots as its weight asks for (weights over their greatest
 //     common divisor, scaled to at most MaxEndpoints slots); a new flow
-//     takes a random slot, or for UDP one chosen by its socket, so that
-//     one socket stays with one endpoint.
-//   - kp_members (hash): which endpoints a set of a port with affinity
-//     holds; kp_affinity (LRU): a client's pin, keyed by its network
+//     takes a random slot, or for UDP one chosen by its socket.
+//   - kp_members (hash): which endpoints a set of a port with affinity,
+//     or of a UDP port, holds; kp_affinity (LRU): a client's pin, keyed by its network
 //     namespace (the node's processes are one client, each pod one) and
 //     the set, with the time of its last flow: a pin older than the
 //     timeout, or to an endpoint the set no longer holds, is replaced.
 //   - kp_revnat (LRU): (socket, endpoint) to the service's address, which
 //     recvmsg and getpeername show instead of the endpoint's while the
 //     frontend exists.
+//   - kp_udpflows (LRU, of Sizes.Reverse entries): (socket, set) to the
+//     endpoint an unconnected UDP socket's datagrams go to, so that its
+//     flow keeps its endpoint while the set holds it, whatever else the
+//     set gains or loses, as a conntrack translation does, and moves to
+//     another only once it leaves. (An endpoint that still serves but is
+//     no longer selected, as a terminating one while ready ones exist,
+//     has left the set: the flow moves, where conntrack would keep it.)
 //   - kp_config: the node network namespace's cookie (Options.NetNS),
 //     which tells the node's sockets from pods'; kp_names: each set's name
 //     (service port and role), for Dump and for a restarted process.
@@ -190,8 +196,8 @@
 //     that endpoint goes: no conntrack entry holds it, so none is deleted.
 //     (Destroying such sockets, bpf_sock_destroy from a socket iterator
 //     on 6.5 and later, is a later step.)
-//   - A new socket, and each datagram of an unconnected one, is
-//     translated afresh: a flow does not run on to its endpoint once its
+//   - A new socket is translated afresh, and so is a datagram of an
+//     unconnected one whose flow's endpoint left: a flow does not run on to its endpoint once its
 //     service has no serving endpoint or goes away, as a conntrack
 //     translation does (servicelb.FeatureLingeringFlows; the conformance
 //     kit's stale-flows/no-serving-endpoint-keeps-its-flows and

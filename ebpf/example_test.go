@@ -53,4 +53,5 @@ func ExampleProxier_Render() {
 	//   1 "default/web:http/ipv4 cluster"
 	// map kp_affinity: 0 entries (LRU of 16384, written by the hooks)
 	// map kp_revnat: 0 entries (LRU of 65536, written by the hooks)
+	// map kp_udpflows: 0 entries (LRU of 65536, written by the hooks)
 }

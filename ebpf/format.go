@@ -99,6 +99,14 @@ func formatHooks(b *strings.Builder, c *content, h *hookContent, notes map[feKey
 		fmt.Fprintf(b, "  socket %d %s shows %s", k.Cookie, k.endpoint, v)
 		note(b, serviceOf(v, notes))
 	}
+	flows := slices.SortedFunc(maps.Keys(h.flows), func(a, b affKey) int {
+		return cmp.Or(cmp.Compare(a.Cookie, b.Cookie), cmp.Compare(a.Set, b.Set))
+	})
+	fmt.Fprintf(b, "map %s: %d entries (LRU of %d, written by the hooks)\n", mapFlows, len(flows), h.sizes.Reverse)
+	for _, k := range flows {
+		fmt.Fprintf(b, "  socket %d set %d -> %s", k.Cookie, k.Set, h.flows[k].endpoint)
+		note(b, c.setName(k.Set))
+	}
 }
 
 // note ends a line, with a comment when there is one.

@@ -23,12 +23,13 @@ const (
 	mapMembers   = "kp_members"
 	mapAffinity  = "kp_affinity"
 	mapReverse   = "kp_revnat"
+	mapFlows     = "kp_udpflows"
 	mapConfig    = "kp_config"
 	mapNames     = "kp_names"
 )
 
 // mapNamesInOrder lists the maps in the order they are created and pinned.
-var mapNamesInOrder = []string{mapFrontends, mapSets, mapSlots, mapMembers, mapAffinity, mapReverse, mapConfig, mapNames}
+var mapNamesInOrder = []string{mapFrontends, mapSets, mapSlots, mapMembers, mapAffinity, mapReverse, mapConfig, mapNames, mapFlows}
 
 // An action is what a hook does with a new flow from one origin to a
 // frontend.
@@ -226,13 +227,14 @@ func mapSpecs(s Sizes) map[string]*ebpf.MapSpec {
 		mapReverse:   lru(mapReverse, 32, 20, s.Reverse),
 		mapConfig:    {Name: mapConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
 		mapNames:     hash(mapNames, 4, nameLen, sets),
+		mapFlows:     lru(mapFlows, 16, 32, s.Reverse),
 	}
 }
 
 // layoutVersion names the meaning of the maps' keys and values. Raise it
 // whenever the programs read or write an entry differently, even with
 // sizes unchanged: the maps are then pinned anew (see layoutName).
-const layoutVersion = 2
+const layoutVersion = 3
 
 // mapDirPrefix starts the name of the directory under Options.PinPath
 // that holds the maps of one layout.

@@ -16,16 +16,16 @@ import (
 
 // kmaps are the Proxier's BPF maps.
 type kmaps struct {
-	fe, sets, slots, members, affinity, reverse, cfg, names *ebpf.Map
+	fe, sets, slots, members, affinity, reverse, cfg, names, flows *ebpf.Map
 }
 
 func (k *kmaps) all() []*ebpf.Map {
-	return []*ebpf.Map{k.fe, k.sets, k.slots, k.members, k.affinity, k.reverse, k.cfg, k.names}
+	return []*ebpf.Map{k.fe, k.sets, k.slots, k.members, k.affinity, k.reverse, k.cfg, k.names, k.flows}
 }
 
 func (k *kmaps) byName() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{mapFrontends: k.fe, mapSets: k.sets, mapSlots: k.slots, mapMembers: k.members,
-		mapAffinity: k.affinity, mapReverse: k.reverse, mapConfig: k.cfg, mapNames: k.names}
+		mapAffinity: k.affinity, mapReverse: k.reverse, mapConfig: k.cfg, mapNames: k.names, mapFlows: k.flows}
 }
 
 func (k *kmaps) close() {
@@ -66,7 +66,7 @@ func openMaps(specs map[string]*ebpf.MapSpec, pinDir, pinPath string) (*kmaps, e
 		got[name] = m
 	}
 	return &kmaps{fe: got[mapFrontends], sets: got[mapSets], slots: got[mapSlots], members: got[mapMembers],
-		affinity: got[mapAffinity], reverse: got[mapReverse], cfg: got[mapConfig], names: got[mapNames]}, nil
+		affinity: got[mapAffinity], reverse: got[mapReverse], cfg: got[mapConfig], names: got[mapNames], flows: got[mapFlows]}, nil
 }
 
 // unpin removes the maps' pins.
@@ -152,6 +152,9 @@ func (k *kmaps) readHooks(sizes Sizes) (*hookContent, error) {
 		return nil, err
 	}
 	if h.reverse, err = readAll[revKey, endpoint](k.reverse); err != nil {
+		return nil, err
+	}
+	if h.flows, err = readAll[affKey, affVal](k.flows); err != nil {
 		return nil, err
 	}
 	var ts unix.Timespec

@@ -184,7 +184,7 @@ type setPlan struct {
 	name    string
 	slots   []endpoint
 	timeout uint32
-	members bool // affinity: the endpoints are listed in kp_members
+	members bool // affinity, or UDP: the endpoints are listed in kp_members
 }
 
 // portPlan is what one service port holds in the maps.
@@ -285,7 +285,7 @@ func planPort(sp *servicelb.ServicePort, byNamespace, paired bool, old *portPlan
 }
 
 func planSet(sp *servicelb.ServicePort, r role, bs []servicelb.Backend, prev *setPlan, a *ids) (*setPlan, error) {
-	s := &setPlan{name: setName(sp.Key, r), timeout: uint32(sp.Affinity.Seconds()), members: sp.Affinity > 0}
+	s := &setPlan{name: setName(sp.Key, r), timeout: uint32(sp.Affinity.Seconds()), members: sp.Affinity > 0 || sp.Port.Protocol == servicelb.UDP}
 	if prev != nil {
 		s.id = prev.id
 	} else {

@@ -48,7 +48,8 @@ const (
 	stMember = -120 // memberKey
 	stRevKey = -152 // revKey
 	stRevVal = -176 // endpoint: the service's address
-	stBottom = stRevVal
+	stFlow   = -192 // affKey of kp_udpflows: the socket's cookie and the set
+	stBottom = stFlow
 )
 
 // golden spreads socket cookies, which count up, over the slots.
@@ -252,6 +253,22 @@ func pick() asm.Instructions {
 		asm.Ja.Label("mod"),
 		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("udp"),
 		asm.FnGetSocketCookie.Call(),
+		asm.StoreMem(asm.RFP, stFlow, asm.R0, asm.DWord),
+		asm.LoadMem(asm.R1, asm.RFP, stSlot, asm.Word),
+		asm.StoreMem(asm.RFP, stFlow+8, asm.R1, asm.Word),
+	}
+	out = append(out, lookup(mapFlows, stFlow)...)
+	out = append(out,
+		asm.JEq.Imm(asm.R0, 0, "hash"),
+		asm.Mov.Reg(asm.R7, asm.R0),
+	)
+	out = append(out, copyWords(asm.RFP, stMember+8, asm.R7, 0, 5)...)
+	out = append(out, lookup(mapMembers, stMember)...)
+	out = append(out,
+		asm.JEq.Imm(asm.R0, 0, "hash"),
+		asm.Mov.Reg(asm.R0, asm.R7),
+		asm.Ja.Label("slot"),
+		asm.LoadMem(asm.R0, asm.RFP, stFlow, asm.DWord).WithSymbol("hash"),
 		asm.LoadImm(asm.R1, golden, asm.DWord),
 		asm.Mul.Reg(asm.R0, asm.R1),
 		asm.RSh.Imm(asm.R0, 32),
@@ -259,7 +276,7 @@ func pick() asm.Instructions {
 		asm.JEq.Imm(asm.R1, 0, "pass"),
 		asm.Mod.Reg(asm.R0, asm.R1),
 		asm.StoreMem(asm.RFP, stSlot+4, asm.R0, asm.Word),
-	}
+	)
 	out = append(out, lookup(mapSlots, stSlot)...)
 	out = append(out,
 		asm.JNE.Imm(asm.R0, 0, "slot"),
@@ -270,8 +287,13 @@ func pick() asm.Instructions {
 	cp := copyWords(asm.RFP, stEP, asm.R0, 0, 5)
 	cp[0] = cp[0].WithSymbol("slot")
 	out = append(out, cp...)
+	out = append(out,
+		asm.LoadMem(asm.R1, asm.R6, ctxProtocol, asm.Word),
+		asm.JNE.Imm(asm.R1, unix.IPPROTO_UDP, "affinity"),
+	)
+	out = append(out, update(mapFlows, stFlow, stEP)...)
 	return append(out,
-		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
+		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word).WithSymbol("affinity"),
 		asm.JEq.Imm(asm.R1, 0, "xlate"),
 		asm.FnKtimeGetNs.Call(),
 		asm.StoreMem(asm.RFP, stEP+24, asm.R0, asm.DWord),

@@ -145,6 +145,9 @@ func TestFormatHooks(t *testing.T) {
 			{Cookie: 8193, endpoint: ep("10.244.1.3:8080")}:      ep("10.96.0.10:80"),
 			{Cookie: 8300, endpoint: ep("[fd00:244:1::2]:8080")}: ep("[fd00:96::10]:80"),
 		},
+		flows: map[affKey]affVal{
+			{Cookie: 8201, Set: 1}: {endpoint: ep("10.244.1.2:8080")},
+		},
 	}
 	checkGolden(t, "dump.golden", formatContent(c, h, m.annotations()))
 }

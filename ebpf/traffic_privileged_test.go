@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -459,7 +460,7 @@ func TestCleanupTouchesNothingElse(t *testing.T) {
 	require.NoError(t, err)
 	maps, err := filepath.Glob(filepath.Join(w.env.BPFFS, "other", "maps-*", "kp_*"))
 	require.NoError(t, err)
-	assert.Len(t, append(pins, maps...), 16, "the other Proxier's pins stay")
+	assert.Len(t, append(pins, maps...), 17, "the other Proxier's pins stay")
 	r, err := w.ask(w.tp.Node, "tcp", netip.MustParseAddrPort("10.96.0.20:80"))
 	require.NoError(t, err)
 	assert.Equal(t, "backend-1", r.Host)
@@ -526,7 +527,7 @@ func TestUpgradeToAnotherLayout(t *testing.T) {
 	require.Len(t, dirs, 1)
 	files, err := filepath.Glob(filepath.Join(dirs[0], "kp_*"))
 	require.NoError(t, err)
-	require.Len(t, files, 8)
+	require.Len(t, files, 9)
 	for _, f := range files {
 		require.NoError(t, os.Rename(f, filepath.Join(pins, filepath.Base(f))))
 	}
@@ -600,4 +601,45 @@ func TestUpgradeToAnotherLayout(t *testing.T) {
 	r, err = w.ask(w.tp.Node, "tcp", dst)
 	require.NoError(t, err)
 	assert.Equal(t, "backend-0", r.Host)
+}
+
+// TestUDPFlowsKeepTheirEndpoint: unconnected UDP sockets of the node and
+// of a pod each keep sending to the endpoint they first reached while it
+// stays in the set, whatever else the set gains or loses, as a conntrack
+// flow keeps its translation under kube-proxy; once its endpoint leaves
+// the set, a socket's next datagram goes to one that is in it, and stays
+// there.
+func TestUDPFlowsKeepTheirEndpoint(t *testing.T) {
+	w := newWorld(t)
+	dst := netip.AddrPortFrom(vip4, 80)
+	type flow struct {
+		h    *netnstest.Host
+		name string
+		at   int
+	}
+	var flows []*flow
+	for i := range 8 {
+		for _, h := range []*netnstest.Host{w.tp.Node, w.tp.Backends[podHost]} {
+			flows = append(flows, &flow{h: h, name: fmt.Sprintf("flow-%d", i), at: -1})
+		}
+	}
+	moved := 0
+	for _, set := range [][]int{{0, 1, 2}, {0, 1}, {0, 1, 2}, {1, 2}, {0, 1, 2}} {
+		w.sync(t, node(), service(eps("elsewhere", set...)))
+		for _, f := range flows {
+			r, err := w.ask(f.h, "udp", dst, netnstest.KeepSocket(f.name))
+			require.NoError(t, err, "%s of %s to the set %v", f.name, f.h.Name, set)
+			i := hostIndex(r.Host)
+			require.Contains(t, set, i, "%s of %s", f.name, f.h.Name)
+			switch {
+			case f.at < 0:
+			case slices.Contains(set, f.at):
+				assert.Equal(t, f.at, i, "%s of %s left endpoint %d, still in the set %v", f.name, f.h.Name, f.at, set)
+			default:
+				moved++
+			}
+			f.at = i
+		}
+	}
+	assert.Positive(t, moved, "no flow's endpoint left the set: the changes tested nothing")
 }
