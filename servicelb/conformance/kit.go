@@ -207,6 +207,28 @@ type lab struct {
 	added map[netip.Addr]bool
 	// ports are the source ports of UDP and SCTP asks.
 	ports askPorts
+	// flows are the endpoints the kept sockets of the scenarios last
+	// reached, by socket name.
+	flows flowMemory
+}
+
+// flowMemory remembers an endpoint per kept socket.
+type flowMemory struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+// swap records at as the endpoint of name, and returns the one recorded
+// before, if any.
+func (fm *flowMemory) swap(name string, at int) (was int, seen bool) {
+	fm.mu.Lock()
+	defer fm.mu.Unlock()
+	if fm.m == nil {
+		fm.m = map[string]int{}
+	}
+	was, seen = fm.m[name]
+	fm.m[name] = at
+	return was, seen
 }
 
 func newLab(t *testing.T, b Backend, o Options) *lab {

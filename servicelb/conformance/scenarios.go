@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -38,7 +39,7 @@ func NoSCTPChecks() []string {
 		"stale-flows/drained-endpoint-keeps-its-flows", "stale-flows/deselected-by-policy-keeps-its-flows",
 		"stale-flows/restart-reconciles-the-table", "stale-flows/target-port-changed",
 		"stale-flows/no-serving-endpoint-keeps-its-flows", "stale-flows/deleted-service-keeps-its-flows",
-		"scheduler/maglev-spreads-one-clients-connections", "load/flood-leaves-other-services",
+		"stale-flows/node-and-pod-sockets-keep-their-endpoint", "scheduler/maglev-spreads-one-clients-connections", "load/flood-leaves-other-services",
 	}
 }
 
@@ -677,6 +678,15 @@ func staleFlowScenarios() []Scenario {
 			stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0).OnPort(TargetPort))),
 			stage(func() []servicelb.Endpoint { return OnPorts(AltTargetPort, RemoteEps(0)) }, udpSession(Reach(0).OnPort(AltTargetPort))),
 		}},
+		// The node's and a pod's sockets are flows too, to a packet
+		// filter's conntrack and to a socket-level balancer alike: each
+		// unconnected socket keeps its endpoint while the set holds it,
+		// and only the flows of a removed endpoint move.
+		{Name: "stale-flows/node-and-pod-sockets-keep-their-endpoint", Follows: followStale + " (changes to a service leave its other flows alone)", Stages: []Stage{
+			stage(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, Check{Custom: socketsKeepTheirEndpoint(0, 1, 2), Proto: servicelb.UDP}),
+			stage(func() []servicelb.Endpoint { return RemoteEps(0, 1) }, Check{Custom: socketsKeepTheirEndpoint(0, 1), Proto: servicelb.UDP}),
+			stage(func() []servicelb.Endpoint { return RemoteEps(0, 1, 2) }, Check{Custom: socketsKeepTheirEndpoint(0, 1, 2), Proto: servicelb.UDP}),
+		}},
 		// A flow is cut only where a serving endpoint can take its
 		// client's next datagram: the last endpoint turned unready (it
 		// still answers) and a deleted service leave their flows to run
@@ -691,6 +701,40 @@ func staleFlowScenarios() []Scenario {
 				stage(func() []servicelb.Endpoint { return RemoteEps(0) }, udpSession(Reach(0))),
 				{Services: func(*Env) []servicelb.Service { return nil }, Expect: []Check{udpSession(Reach(0))}},
 			}}),
+	}
+}
+
+// keptSockets is how many unconnected UDP sockets of each origin the
+// stale-flow scenario of the node's and pods' sockets keeps.
+const keptSockets = 6
+
+// socketsKeepTheirEndpoint asks service 0's cluster IP from keptSockets
+// unconnected UDP sockets of the node and of a pod, each kept across the
+// scenario's stages: each must reach one of the endpoints set, and the
+// one it reached in the stage before when that is one of them.
+func socketsKeepTheirEndpoint(set ...int) func(*testing.T, *Env, servicelb.Family, servicelb.Protocol) {
+	return func(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
+		t.Helper()
+		for _, from := range []From{Node, Pod} {
+			a := e.lab.asker(t, from, f)
+			for i := range keptSockets {
+				name := fmt.Sprintf("%s/%s/%s/%d", scenarioName(e.idx), from, f, i)
+				r, err := a.h.Ask(t.Context(), p.Lower(), e.resolve(ClusterIP, f, p),
+					e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout, netnstest.KeepSocket(name))...)
+				if err != nil {
+					t.Errorf("%s socket %d from %s: %v, want an answer from endpoint %v", f, i, from, err, set)
+					continue
+				}
+				at := hostIndex(r.Host)
+				was, seen := e.lab.flows.swap(name, at)
+				switch {
+				case !slices.Contains(set, at):
+					t.Errorf("%s socket %d from %s: answered by %s, want one of endpoints %v", f, i, from, r.Host, set)
+				case seen && slices.Contains(set, was) && was != at:
+					t.Errorf("%s socket %d from %s: answered by %s, want endpoint %d, which it reached before and the set still holds", f, i, from, r.Host, was)
+				}
+			}
+		}
 	}
 }
 
