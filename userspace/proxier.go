@@ -144,6 +144,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 	if !p.o.HoldAddresses || p.o.Listen != nil {
 		lacks |= servicelb.FeatureUndefinedPorts
 	}
+	if p.o.HoldAddresses && !p.o.StrictARP {
+		lacks |= servicelb.FeatureNoARPAnswers
+	}
 	return servicelb.Capabilities{
 		Backend:    "userspace",
 		Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom, servicelb.SchedulerRoundRobin, servicelb.SchedulerWeightedRR},
