@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"sync/atomic"
@@ -27,6 +28,17 @@ type conn struct {
 	// drain ends the connection after Options.DrainTimeout once its
 	// endpoint stopped serving; guarded by ps.mu.
 	drain *time.Timer
+	// upDone and downDone are set once a direction has ended (its
+	// source's end of stream passed on): client to endpoint, and back.
+	upDone, downDone atomic.Bool
+	// handover is set while HandOver takes the connection: each direction
+	// stops where its pipe is empty, quiet is closed once both have, and
+	// the connection's sockets are the handover's (see handover.go).
+	handover atomic.Bool
+	quiet    chan struct{}
+	taken    chan bool
+	// ended is closed when the connection's pump returns.
+	ended chan struct{}
 }
 
 // abort ends the connection with a reset on both sides.
@@ -113,7 +125,18 @@ func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.A
 		reset(cf)
 		return
 	}
-	c := &conn{ps: ps, to: to}
+	ps.stats.accepted.Add(1)
+	p.carry(newConn(ps, to), cf, bf)
+}
+
+func newConn(ps *portState, to netip.AddrPort) *conn {
+	return &conn{ps: ps, to: to, quiet: make(chan struct{}), taken: make(chan bool, 1), ended: make(chan struct{})}
+}
+
+// carry moves c's bytes between its client's socket cf and its
+// endpoint's bf until it ends, or resets both when it cannot start.
+func (p *Proxier) carry(c *conn, cf, bf *os.File) {
+	ps := c.ps
 	c.act.setTimeout(p.o.IdleTimeout)
 	var e1, e2 error
 	c.client, e1 = newSide(cf)
@@ -128,7 +151,6 @@ func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.A
 		return
 	}
 	defer p.untrack(c)
-	ps.stats.accepted.Add(1)
 	ps.stats.active.Add(1)
 	defer ps.stats.active.Add(-1)
 	c.act.start(c.client)
@@ -142,26 +164,43 @@ func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.A
 
 // pump moves the connection's bytes both ways until both ends are done,
 // or aborts it at the first error of either direction, which ends the
-// other at once.
+// other at once. A connection HandOver takes stops where neither
+// direction holds a byte, and its sockets go to the new process.
 func (p *Proxier) pump(c *conn) {
-	move := func(src, dst side, count *atomic.Uint64) {
+	defer close(c.ended)
+	move := func(src, dst side, count *atomic.Uint64, done *atomic.Bool) {
+		if done.Load() {
+			return
+		}
 		var err error
 		if c.ps.proto == servicelb.SCTP {
 			err = copyMessages(src, dst, &c.act, count)
 		} else {
-			err = splicer{pipes: &p.pipes, act: &c.act, stall: p.o.StallTimeout}.run(src, dst, count)
+			err = splicer{pipes: &p.pipes, act: &c.act, stall: p.o.StallTimeout, pause: &c.handover}.run(src, dst, count)
 		}
-		if err != nil {
+		switch {
+		case err == nil:
+			done.Store(true)
+		case errors.Is(err, errPaused):
+		default:
 			c.abort()
 		}
 	}
 	up := make(chan struct{})
 	go func() {
 		defer close(up)
-		move(c.client, c.backend, &c.ps.stats.bytesIn)
+		move(c.client, c.backend, &c.ps.stats.bytesIn, &c.upDone)
 	}()
-	move(c.backend, c.client, &c.ps.stats.bytesOut)
+	move(c.backend, c.client, &c.ps.stats.bytesOut, &c.downDone)
 	<-up
+	if c.handover.Load() && !c.aborted.Load() && !(c.upDone.Load() && c.downDone.Load()) {
+		close(c.quiet)
+		if <-c.taken {
+			return // the new process has the sockets; HandOver closed ours
+		}
+		c.abort()
+		return
+	}
 	if !c.aborted.Load() {
 		c.client.f.Close()
 		c.backend.f.Close()

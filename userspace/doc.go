@@ -187,7 +187,8 @@
 //
 // New starts nothing. The proxy owns its listeners, connections and UDP
 // sessions (all in the process: they end with it, so a restart drops the
-// connections under way, which no kernel state carries), the addresses on
+// connections under way, which no kernel state carries, unless the old
+// process hands them over: see Handover below), the addresses on
 // Options.Link that carry its mark, and the dummy link it created (which
 // carries the mark "kproxy-userspace" as its alias, so that a restarted
 // proxy, or another process's Cleanup, knows it as the proxy's). Close
@@ -206,6 +207,26 @@
 // the caller's (Options.NetNS); the sockets are made in it, by a thread
 // that stays there. New refuses an option whose capability the process
 // lacks, with an error that names it and wraps servicelb.ErrPermission.
+//
+// # Handover
+//
+// A new process takes the listening sockets and the TCP connections of
+// the old one over a Unix socket (SOCK_SEQPACKET), as Envoy's hot
+// restart and systemd's socket passing hand sockets on, so that a restart
+// or an upgrade cuts none: the new Proxier is made with Options.TakeOver,
+// a connection to the old Proxier's HandOver, and takes its listening
+// sockets at New (meanwhile new connections wait in their queues); its
+// first Sync serves with them, then takes each connection where neither
+// direction holds a byte in the proxy (the bytes in the sockets' buffers
+// stay there: nothing is lost or sent twice), and carries it on
+// (PortStats.TakenOver). Measured (TestHandOver): of 300 connections held
+// through the old process, with 50 new ones a second and four streams
+// under way, none was cut and none of the new ones failed, and every
+// stream's bytes came back in order; a restart without a handover cut all
+// 300. UDP sessions and SCTP connections are not handed over (a UDP
+// client's next datagram starts a session in the new process), nor a
+// connection that does not go quiet within two seconds (its receiver
+// takes nothing), which is reset.
 //
 // # Limits
 //

@@ -53,6 +53,11 @@ func (p *Proxier) open(k listenKey, b *binding, fd int, err error) (*listener, e
 	if err != nil {
 		return nil, err
 	}
+	return p.start(k, b, f)
+}
+
+// start serves b on f, a socket listening (bound, for UDP) at k.
+func (p *Proxier) start(k listenKey, b *binding, f *os.File) (*listener, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()

@@ -3,6 +3,7 @@ package userspace
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"time"
 
@@ -118,6 +119,12 @@ type Options struct {
 	// went away) keeps running; zero lets it run until it ends, as the
 	// kernel's backends do.
 	DrainTimeout time.Duration
+	// TakeOver, when set, is a connection (SOCK_SEQPACKET) to an older
+	// proxy's HandOver: New takes its listening sockets, and the first
+	// Sync, once it serves with them, its TCP connections, which then run
+	// on without a break (see HandOver). A handover that fails leaves
+	// the Proxier to open its own listeners, as without it.
+	TakeOver *net.UnixConn
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards. Nothing is logged per connection.
 	Logger *slog.Logger

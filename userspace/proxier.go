@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -53,6 +54,13 @@ type Proxier struct {
 	held      *holder // nil without HoldAddresses
 	rt        *rtnl.Conn
 	closed    bool
+	// takeover is Options.TakeOver until the first sync has taken the
+	// old process's connections; inherited are its listening sockets
+	// the first sync has not used yet. handedOver is set once HandOver
+	// gave this proxy's sockets away.
+	takeover   *net.UnixConn
+	inherited  map[listenKey]int
+	handedOver bool
 
 	// wg counts the proxy's goroutines: listeners, connections, sessions.
 	wg sync.WaitGroup
@@ -115,6 +123,17 @@ func New(o Options) (*Proxier, error) {
 		p.held = newHolder(p.rt, o.Link, o.AddressProtocol)
 	}
 	p.eng = syncer.New((*engine)(p), syncer.Options{Name: "userspace", Logger: log, Capabilities: p.Capabilities()})
+	if o.TakeOver != nil {
+		if err := p.takeListeners(o.TakeOver); err != nil {
+			p.log.Warn("no handover: serving afresh", "err", err)
+			for _, fd := range p.inherited {
+				unix.Close(fd)
+			}
+			p.inherited = nil
+		} else {
+			p.takeover = o.TakeOver
+		}
+	}
 	return p, nil
 }
 
@@ -159,7 +178,20 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.eng.Sync(ctx, st)
+	if p.handedOver {
+		return fmt.Errorf("userspace: sync: %w: the proxy handed its sockets over", ErrHandover)
+	}
+	err := p.eng.Sync(ctx, st)
+	if p.takeover != nil {
+		n, terr := p.takeConns(p.takeover)
+		if terr != nil {
+			p.log.Warn("handover ended early", "connections", n, "err", terr)
+		} else {
+			p.log.Info("took over", "connections", n)
+		}
+		p.takeover = nil
+	}
+	return err
 }
 
 // Cleanup closes every listener and connection, releases the pipes kept

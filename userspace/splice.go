@@ -168,7 +168,15 @@ type splicer struct {
 	act   *activity
 	// stall is Options.StallTimeout; zero for none.
 	stall time.Duration
+	// pause, when set, makes run return errPaused where its pipe is
+	// empty (HandOver).
+	pause *atomic.Bool
 }
+
+// errPaused: a direction stopped for HandOver, with no byte in its pipe.
+var errPaused = errors.New("paused for handover")
+
+func (s splicer) paused() bool { return s.pause != nil && s.pause.Load() }
 
 // run moves src's bytes to dst until src ends, then ends dst's writing
 // side (the half-close travels on), adding each batch moved to count. It
@@ -195,6 +203,9 @@ func (s splicer) run(src, dst side, count *atomic.Uint64) error {
 		}
 		count.Add(uint64(n))
 		s.act.touch()
+		if s.paused() {
+			return errPaused
+		}
 	}
 }
 
@@ -221,6 +232,9 @@ func (s splicer) fill(src side, pp **pipe) (int, error) {
 		})
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			if s.paused() {
+				return 0, errPaused
+			}
 			if s.act.expired(src, true) {
 				return 0, errIdle
 			}

@@ -17,6 +17,9 @@ type PortStats struct {
 	// Accepted counts the connections and UDP sessions forwarded to an
 	// endpoint.
 	Accepted uint64
+	// TakenOver counts the TCP connections an older process handed over
+	// (Options.TakeOver), carried on without a break.
+	TakenOver uint64
 	// BytesIn counts the bytes from clients to endpoints, BytesOut those
 	// from endpoints to clients (UDP payloads included).
 	BytesIn, BytesOut uint64
@@ -51,7 +54,7 @@ type PortStats struct {
 // portStats are a service port's counters, updated from the data path.
 type portStats struct {
 	active                       atomic.Int64
-	accepted                     atomic.Uint64
+	accepted, adopted            atomic.Uint64
 	bytesIn, bytesOut            atomic.Uint64
 	dialErrors, refused, drained atomic.Uint64
 	sessionsDropped              atomic.Uint64
@@ -61,7 +64,7 @@ type portStats struct {
 func (s *portStats) snapshot(k servicelb.ServicePortKey, p servicelb.Protocol) PortStats {
 	return PortStats{
 		Key: k, Protocol: p,
-		Active: s.active.Load(), Accepted: s.accepted.Load(),
+		Active: s.active.Load(), Accepted: s.accepted.Load(), TakenOver: s.adopted.Load(),
 		BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
 		DialErrors: s.dialErrors.Load(), Refused: s.refused.Load(), Drained: s.drained.Load(),
 		SessionsDropped: s.sessionsDropped.Load(), Shed: s.shed.Load(), LocalErrors: s.localErrors.Load(),

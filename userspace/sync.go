@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -159,19 +160,36 @@ func (p *Proxier) reconcile(ctx context.Context, want []*servicelb.ServicePort, 
 // failed, with sockets made in one trip to the namespace.
 func (p *Proxier) openAll(opens []opening, failed map[string]error, fail func(string, error)) {
 	opens = slices.DeleteFunc(opens, func(o opening) bool { _, bad := failed[o.ps.key.Service]; return bad })
-	keys := make([]listenKey, len(opens))
-	for i, o := range opens {
-		keys[i] = o.f.key
+	var keys []listenKey
+	for _, o := range opens {
+		if _, ok := p.inherited[o.f.key]; !ok {
+			keys = append(keys, o.f.key)
+		}
 	}
 	fds, errs := p.socks.listenSockets(keys)
-	for i, o := range opens {
+	j := 0
+	for _, o := range opens {
+		b := &binding{port: o.ps, kind: o.f.kind}
+		var l *listener
+		var err error
+		fd, inherited := p.inherited[o.f.key]
+		if !inherited {
+			fd, err = fds[j], errs[j]
+			j++
+		}
 		if _, bad := failed[o.ps.key.Service]; bad {
-			if errs[i] == nil {
-				unix.Close(fds[i])
+			if err == nil && !inherited {
+				unix.Close(fd)
 			}
 			continue
 		}
-		l, err := p.open(o.f.key, &binding{port: o.ps, kind: o.f.kind}, fds[i], errs[i])
+		if inherited {
+			// An older process's listening socket (HandOver).
+			delete(p.inherited, o.f.key)
+			l, err = p.start(o.f.key, b, os.NewFile(uintptr(fd), o.f.key.String()))
+		} else {
+			l, err = p.open(o.f.key, b, fd, err)
+		}
 		if err != nil {
 			fail(o.ps.key.Service, leftOut(o.ps.sp, portField(o.ps.sp), err))
 			continue

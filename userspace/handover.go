@@ -1,0 +1,352 @@
+//go:build linux
+
+package userspace
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// Handover. A proxy restarted or upgraded would cut every connection
+// through it, which ends with its process. Instead the new process asks
+// the old one, over a Unix socket (SOCK_SEQPACKET), for its sockets, as
+// Envoy's hot restart and systemd's socket passing hand sockets on:
+//
+//  1. The new Proxier (Options.TakeOver) says hello; the old one's
+//     HandOver stops accepting (new connections wait in the listeners'
+//     queues) and sends each listening socket.
+//  2. The new Proxier's first Sync serves with them, then it says ready.
+//  3. HandOver stops each TCP connection where neither direction holds a
+//     byte in the proxy, and sends its two sockets, its service port and
+//     endpoint, and which directions have ended; the new Proxier carries
+//     each on from there. The bytes in the sockets' buffers stay there, so
+//     nothing is lost or sent twice.
+//
+// What is not handed over: SCTP connections and UDP sessions (a UDP
+// client's next datagram starts a new session in the new process), and a
+// connection that does not go quiet within handoverQuiet (one whose
+// receiver takes nothing), which HandOver resets. The held addresses stay
+// on the link, and the new Proxier adopts them as a restarted one does.
+
+// handoverQuiet bounds the wait for the connections to go quiet.
+const handoverQuiet = 2 * time.Second
+
+// ErrHandover: a handover between two processes failed. The old Proxier
+// serves on with what it did not hand over.
+var ErrHandover = errors.New("handover failed")
+
+// Handover counts what HandOver handed over.
+type Handover struct {
+	// Listeners are the listening sockets handed over.
+	Listeners int
+	// Conns are the TCP connections handed over; Reset those that did
+	// not go quiet in time and were reset.
+	Conns, Reset int
+}
+
+// handoverMsg is one message of the handover, with the descriptors its
+// op carries.
+type handoverMsg struct {
+	Op string `json:"op"`
+	// A listener's (op "listener", one descriptor).
+	Proto servicelb.Protocol `json:"proto,omitempty"`
+	At    netip.AddrPort     `json:"at,omitzero"`
+	// A connection's (op "conn", the client's socket and the
+	// endpoint's).
+	Port             servicelb.ServicePortKey `json:"port,omitzero"`
+	To               netip.AddrPort           `json:"to,omitzero"`
+	UpDone, DownDone bool                     `json:",omitempty"`
+}
+
+const (
+	opHello     = "hello"
+	opListener  = "listener"
+	opListeners = "listeners-done"
+	opReady     = "ready"
+	opConn      = "conn"
+	opDone      = "done"
+)
+
+func sendHandover(c *net.UnixConn, m handoverMsg, fds ...int) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+func recvHandover(c *net.UnixConn) (handoverMsg, []int, error) {
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return handoverMsg{}, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return handoverMsg{}, nil, err
+		}
+		for _, cm := range msgs {
+			got, err := unix.ParseUnixRights(&cm)
+			if err != nil {
+				return handoverMsg{}, nil, err
+			}
+			fds = append(fds, got...)
+		}
+	}
+	var m handoverMsg
+	if err := json.Unmarshal(buf[:n], &m); err != nil {
+		closeFDs(fds)
+		return handoverMsg{}, nil, err
+	}
+	return m, fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// fdOf returns f's descriptor without taking it from the runtime.
+func fdOf(f *os.File) int {
+	fd := -1
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(u uintptr) { fd = int(u) })
+	}
+	return fd
+}
+
+// HandOver gives the proxy's listening sockets and TCP connections to a
+// new Proxier in another process that asks for them over c (see
+// Options.TakeOver), so that a restart or an upgrade cuts none of them:
+// see the package documentation. The new process accepts from the
+// moment its first sync is in; meanwhile new connections wait in the
+// listeners' queues. Afterwards the Proxier serves only what it did not
+// hand over (UDP sessions, SCTP connections) until Close; it serves no
+// sync. ctx bounds the whole exchange. On failure before the new
+// Proxier took the listeners the proxy serves on as before.
+func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var h Handover
+	if p.closed {
+		return h, ErrClosed
+	}
+	fail := func(step string, err error) (Handover, error) {
+		return h, fmt.Errorf("userspace: %w: %s: %w", ErrHandover, step, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if m, fds, err := recvHandover(c); err != nil || m.Op != opHello {
+		closeFDs(fds)
+		return fail("hello", errors.Join(err, unexpected(m.Op, opHello)))
+	}
+	keys := slices.SortedFunc(mapKeys(p.listeners), func(a, b listenKey) int { return a.at.Compare(b.at) })
+	for _, k := range keys {
+		p.listeners[k].pause()
+	}
+	resume := func() {
+		for _, k := range keys {
+			p.listeners[k].resume(p)
+		}
+	}
+	for _, k := range keys {
+		l := p.listeners[k]
+		if err := sendHandover(c, handoverMsg{Op: opListener, Proto: k.proto, At: k.at}, fdOf(l.f)); err != nil {
+			resume()
+			return fail("listener "+k.String(), err)
+		}
+	}
+	if err := sendHandover(c, handoverMsg{Op: opListeners}); err != nil {
+		resume()
+		return fail("listeners", err)
+	}
+	if m, fds, err := recvHandover(c); err != nil || m.Op != opReady {
+		closeFDs(fds)
+		resume()
+		return fail("ready", errors.Join(err, unexpected(m.Op, opReady)))
+	}
+	// The new process serves: our copies of its listeners go.
+	for _, k := range keys {
+		l := p.listeners[k]
+		l.f.Close()
+		if l.udp != nil {
+			l.udp.closeAll()
+		}
+		delete(p.listeners, k)
+	}
+	h.Listeners = len(keys)
+	p.handedOver = true
+	p.connMu.Lock()
+	var conns []*conn
+	for cn := range p.conns {
+		if cn.ps.proto == servicelb.TCP {
+			conns = append(conns, cn)
+		}
+	}
+	p.connMu.Unlock()
+	for _, cn := range conns {
+		cn.handover.Store(true)
+		now := time.Now()
+		_ = cn.client.f.SetReadDeadline(now)
+		_ = cn.backend.f.SetReadDeadline(now)
+	}
+	quiet, cancel := context.WithTimeout(ctx, handoverQuiet)
+	defer cancel()
+	var errs []error
+	for _, cn := range conns {
+		select {
+		case <-cn.quiet:
+		case <-cn.ended:
+			continue // it ended meanwhile
+		case <-quiet.Done():
+			cn.taken <- false
+			h.Reset++
+			continue
+		}
+		m := handoverMsg{Op: opConn, Port: cn.ps.key, To: cn.to, UpDone: cn.upDone.Load(), DownDone: cn.downDone.Load()}
+		if err := sendHandover(c, m, fdOf(cn.client.f), fdOf(cn.backend.f)); err != nil {
+			errs = append(errs, err)
+			cn.taken <- false
+			h.Reset++
+			continue
+		}
+		cn.client.f.Close()
+		cn.backend.f.Close()
+		cn.taken <- true
+		h.Conns++
+	}
+	if err := sendHandover(c, handoverMsg{Op: opDone}); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fail("connections", err)
+	}
+	p.log.Info("handed over", "listeners", h.Listeners, "connections", h.Conns, "reset", h.Reset)
+	return h, nil
+}
+
+func unexpected(got, want string) error {
+	if got == want || got == "" {
+		return nil
+	}
+	return fmt.Errorf("got %q, want %q", got, want)
+}
+
+// pause stops the listener's goroutine and keeps its socket.
+func (l *listener) pause() {
+	_ = l.f.SetReadDeadline(time.Now())
+	<-l.done
+}
+
+// resume starts the goroutine of a paused listener again.
+func (l *listener) resume(p *Proxier) {
+	_ = l.f.SetReadDeadline(time.Time{})
+	l.done = make(chan struct{})
+	p.wg.Add(1)
+	if l.key.proto == servicelb.UDP {
+		go p.udpLoop(l)
+	} else {
+		go p.acceptLoop(l)
+	}
+}
+
+// takeListeners asks the old process for its listening sockets, which
+// the first sync serves with instead of opening its own.
+func (p *Proxier) takeListeners(c *net.UnixConn) error {
+	if err := sendHandover(c, handoverMsg{Op: opHello}); err != nil {
+		return err
+	}
+	p.inherited = map[listenKey]int{}
+	for {
+		m, fds, err := recvHandover(c)
+		if err != nil {
+			return err
+		}
+		switch {
+		case m.Op == opListeners:
+			return nil
+		case m.Op == opListener && len(fds) == 1:
+			p.inherited[listenKey{proto: m.Proto, at: m.At}] = fds[0]
+		default:
+			closeFDs(fds)
+			return fmt.Errorf("unexpected %q with %d descriptors", m.Op, len(fds))
+		}
+	}
+}
+
+// takeConns, after the first sync, closes the listening sockets it did
+// not need, says ready, and carries on the connections the old process
+// sends. A connection of a service port the sync left out is reset.
+func (p *Proxier) takeConns(c *net.UnixConn) (int, error) {
+	for _, fd := range p.inherited {
+		unix.Close(fd)
+	}
+	p.inherited = nil
+	if err := sendHandover(c, handoverMsg{Op: opReady}); err != nil {
+		return 0, err
+	}
+	n := 0
+	for {
+		m, fds, err := recvHandover(c)
+		if err != nil {
+			return n, err
+		}
+		switch {
+		case m.Op == opDone:
+			return n, nil
+		case m.Op == opConn && len(fds) == 2:
+			cf, bf := os.NewFile(uintptr(fds[0]), "client"), os.NewFile(uintptr(fds[1]), "endpoint")
+			ps := p.ports[m.Port]
+			if ps == nil || ps.proto != servicelb.TCP || !p.budget.admit(ps) {
+				reset(cf)
+				reset(bf)
+				continue
+			}
+			cn := newConn(ps, m.To)
+			cn.upDone.Store(m.UpDone)
+			cn.downDone.Store(m.DownDone)
+			ps.stats.adopted.Add(1)
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				defer p.budget.release(ps)
+				p.carry(cn, cf, bf)
+			}()
+			n++
+		default:
+			closeFDs(fds)
+			return n, fmt.Errorf("unexpected %q with %d descriptors", m.Op, len(fds))
+		}
+	}
+}
+
+func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,238 @@
+//go:build linux
+
+package userspace
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+// The load a restart is measured under.
+const (
+	restartHeld = 300
+	restartRate = 50
+)
+
+// TestHandOver: a new proxier takes the listening sockets and the TCP
+// connections of an old one over (a restart, an upgrade): of restartHeld
+// connections held through the old one, none is cut, each echoes on
+// through the new one, and of the new connections made at restartRate a
+// second meanwhile, none fails. A restart without it cuts them all.
+func TestHandOver(t *testing.T) {
+	for _, handover := range []bool{true, false} {
+		name := map[bool]string{true: "handover", false: "restart"}[handover]
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, 2)
+			st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0), ep(1)))
+			old := newProxier(t, w, Options{})
+			mustSync(t, old, st)
+			at := w.at(key(1, "tcp")).String()
+			held := make([]heldConn, 0, restartHeld)
+			for range restartHeld {
+				c, err := net.DialTimeout("tcp", at, 2*time.Second)
+				require.NoError(t, err)
+				t.Cleanup(func() { c.Close() })
+				rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				_, err = rw.ReadString('\n') // the endpoint's greeting
+				require.NoError(t, err)
+				held = append(held, heldConn{c, rw})
+			}
+			var opened, failed atomic.Int64
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				tick := time.NewTicker(time.Second / restartRate)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					opened.Add(1)
+					wg.Go(func() {
+						if _, err := tryTCP(w.at(key(1, "tcp"))); err != nil {
+							failed.Add(1)
+						}
+					})
+				}
+			})
+			var streams []*stream
+			if handover {
+				for range 4 {
+					streams = append(streams, startStream(t, at))
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+			var fresh *Proxier
+			if handover {
+				a, b := seqpacketPair(t)
+				done := make(chan error, 1)
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					h, err := old.HandOver(ctx, a)
+					t.Logf("handed over: %+v", h)
+					done <- err
+				}()
+				fresh = newProxier(t, w, Options{TakeOver: b})
+				mustSync(t, fresh, st)
+				require.NoError(t, <-done)
+			} else {
+				old.Close()
+				fresh = newProxier(t, w, Options{})
+				mustSync(t, fresh, st)
+			}
+			old.Close()
+			time.Sleep(500 * time.Millisecond)
+			close(stop)
+			wg.Wait()
+			for i, s := range streams {
+				sent, got, err := s.stop()
+				assert.NoError(t, err, "stream %d", i)
+				assert.Equal(t, sent, got, "stream %d: bytes sent and echoed back across the handover", i)
+				t.Logf("stream %d: %d bytes each way across the handover", i, got)
+			}
+			cut := 0
+			for _, h := range held {
+				if h.echo() != nil {
+					cut++
+				}
+			}
+			t.Logf("%s: %d of %d held connections cut, %d of %d new connections failed", name, cut, restartHeld, failed.Load(), opened.Load())
+			if handover {
+				assert.Zero(t, cut, "held connections cut")
+				assert.Zero(t, failed.Load(), "new connections failed")
+				assert.GreaterOrEqual(t, stats(t, fresh, key(1, "tcp")).TakenOver, uint64(restartHeld+len(streams)),
+					"the held connections and the streams, and the new connections open then")
+			} else {
+				assert.Equal(t, restartHeld, cut, "a restart without a handover cuts every connection")
+			}
+		})
+	}
+}
+
+// heldConn is a connection held through the proxy, greeted.
+type heldConn struct {
+	c  net.Conn
+	rw *bufio.ReadWriter
+}
+
+// echo sends a line on a held connection and reads it back.
+func (h heldConn) echo() error {
+	rw := h.rw
+	_ = h.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := rw.WriteString("ping\n"); err != nil {
+		return err
+	}
+	if err := rw.Flush(); err != nil {
+		return err
+	}
+	line, err := rw.ReadString('\n')
+	if err == nil && line != "ping\n" {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// seqpacketPair returns the two ends of a Unix SOCK_SEQPACKET pair.
+func seqpacketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	var out [2]*net.UnixConn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "handover")
+		c, err := net.FileConn(f)
+		f.Close()
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		out[i] = c.(*net.UnixConn)
+	}
+	return out[0], out[1]
+}
+
+// stream writes a known sequence of bytes through a connection to the
+// echo server and reads it back, checking each byte, until stop.
+type stream struct {
+	c          net.Conn
+	sent, got  atomic.Int64
+	stopped    atomic.Bool
+	readerDone chan error
+	writerDone chan struct{}
+}
+
+func patternByte(i int64) byte { return byte(i % 251) }
+
+func startStream(t *testing.T, at string) *stream {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", at, 2*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	r := bufio.NewReader(c)
+	_, err = r.ReadString('\n') // the greeting
+	require.NoError(t, err)
+	s := &stream{c: c, readerDone: make(chan error, 1), writerDone: make(chan struct{})}
+	go func() {
+		defer close(s.writerDone)
+		buf := make([]byte, 16<<10)
+		for !s.stopped.Load() {
+			n := s.sent.Load()
+			for i := range buf {
+				buf[i] = patternByte(n + int64(i))
+			}
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+			s.sent.Add(int64(len(buf)))
+		}
+	}()
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Read(buf)
+			for i := range n {
+				if buf[i] != patternByte(s.got.Load()+int64(i)) {
+					s.readerDone <- io.ErrUnexpectedEOF
+					return
+				}
+			}
+			s.got.Add(int64(n))
+			if err != nil {
+				s.readerDone <- nil
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the writing, waits for the echo of every byte written, and
+// returns the counts.
+func (s *stream) stop() (sent, got int64, err error) {
+	s.stopped.Store(true)
+	<-s.writerDone
+	deadline := time.Now().Add(5 * time.Second)
+	for s.got.Load() < s.sent.Load() && time.Now().Before(deadline) {
+		select {
+		case err := <-s.readerDone:
+			return s.sent.Load(), s.got.Load(), err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return s.sent.Load(), s.got.Load(), nil
+}
