@@ -123,7 +123,8 @@ type Options struct {
 	// proxy's HandOver: New takes its listening sockets, and the first
 	// Sync, once it serves with them, its TCP connections, which then run
 	// on without a break (see HandOver). A handover that fails leaves
-	// the Proxier to open its own listeners, as without it.
+	// the Proxier to open its own listeners, as without it. The Proxier
+	// closes the connection once the handover is over.
 	TakeOver *net.UnixConn
 	// Logger receives state changes at Info and per-sync detail at Debug;
 	// nil discards. Nothing is logged per connection.

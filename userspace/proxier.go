@@ -130,6 +130,7 @@ func New(o Options) (*Proxier, error) {
 				unix.Close(fd)
 			}
 			p.inherited = nil
+			o.TakeOver.Close()
 		} else {
 			p.takeover = o.TakeOver
 		}
@@ -189,6 +190,7 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 		} else {
 			p.log.Info("took over", "connections", n)
 		}
+		p.takeover.Close()
 		p.takeover = nil
 	}
 	return err

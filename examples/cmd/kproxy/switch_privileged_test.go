@@ -4,11 +4,13 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -177,4 +179,75 @@ func (l *load) stop(held bool) loadResult {
 	}
 	r.failed, r.opened = int(l.failed.Load()), int(l.opened.Load())
 	return r
+}
+
+// TestUserspaceHandover restarts kproxy's userspace backend the way an
+// upgrade does with --userspace-handover-socket: a second process starts
+// beside the first, takes its listening sockets and connections, and the
+// first exits by itself. The client's switchHeld held connections and
+// the switchRate new ones a second meanwhile go on unharmed.
+func TestUserspaceHandover(t *testing.T) {
+	sb := newSandbox(t)
+	const url = "http://10.96.0.11:80/"
+	socket := filepath.Join(t.TempDir(), "handover.sock")
+	args := []string{"--metrics-bind-address=", "--bpf-pin-path=", "--source", "file", "--file", servicesFile(t),
+		"--backend", "userspace", "--userspace-handover-socket", socket,
+		"--netns", sb.Node.NSName, "--node-name", "node", "--node-ips", sandbox.NodeAddr.String(),
+		"--healthz-bind-address=", "--health-check-node-ports=false"}
+	start := func(name string) (context.CancelFunc, <-chan int, *lockedBuffer) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		code, done := make(chan int, 1), make(chan struct{})
+		logs := &lockedBuffer{}
+		go func() {
+			defer close(done)
+			code <- program().Run(ctx, args, io.Discard, logs)
+		}()
+		t.Cleanup(func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Errorf("%s did not stop", name)
+			}
+		})
+		return cancel, code, logs
+	}
+	_, oldCode, oldLogs := start("the first kproxy")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	_, err := sb.Eventually(ctx, url, 3, func(c sandbox.Counts) bool { return c["error"] == 0 })
+	cancel()
+	require.NoError(t, err, "the first kproxy serves\n%s", oldLogs)
+	l := startLoad(t, sb.Client, "10.96.0.11:80", url)
+	_, _, newLogs := start("the second kproxy")
+	select {
+	case code := <-oldCode:
+		require.Equal(t, 0, code, oldLogs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the first kproxy did not hand over and exit\n%s\nthe second's logs:\n%s", oldLogs, newLogs)
+	}
+	time.Sleep(time.Second)
+	r := l.stop(true)
+	t.Logf("handover: %d of %d held connections cut, %d of %d new connections failed", r.cut, switchHeld, r.failed, r.opened)
+	assert.Zero(t, r.cut, "held connections cut")
+	assert.Zero(t, r.failed, "new connections failed")
+	assert.Contains(t, oldLogs.String(), "handed over to a newer kproxy")
+	assert.Contains(t, newLogs.String(), "took over")
+}
+
+// lockedBuffer is a buffer for a process's logs, read while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

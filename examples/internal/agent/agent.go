@@ -311,7 +311,7 @@ func (a *Agent) openDataplane(o Options, node servicelb.NodeConfig) error {
 		return err
 	}
 	bo := BackendOptions{NetNS: a.ns, Node: node, Logger: a.log, StrictARP: a.cfg.StrictARP, Cgroup: a.cfg.Cgroup, PinPath: a.cfg.BPFPinPath,
-		ConntrackTCPLiberal: a.cfg.Conntrack.TCPBeLiberal, Userspace: &uo}
+		ConntrackTCPLiberal: a.cfg.Conntrack.TCPBeLiberal, Userspace: &uo, UserspaceHandover: a.cfg.Userspace.HandoverSocket}
 	out := o.Stdout
 	if out == nil {
 		out = os.Stdout
@@ -509,6 +509,13 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 			}
 		})
 	}
+	if h, ok := a.dp.(handoverServer); ok && !a.cfg.DryRun && !a.cfg.Once {
+		wg.Go(func() {
+			if err := h.serveHandover(ctx); err == nil {
+				cancel(errHandedOver)
+			}
+		})
+	}
 	<-ctx.Done()
 	wg.Wait()
 	if a.services != nil {
@@ -517,6 +524,10 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 	err := context.Cause(ctx)
 	var once errOnce
 	switch {
+	case errors.Is(err, errHandedOver):
+		// The newer process serves with this one's sockets and
+		// addresses: nothing of them is cleaned up.
+		return nil
 	case errors.As(err, &once):
 		err = once.err
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -524,6 +535,10 @@ func (a *Agent) Run(ctx context.Context, sources ...Source) error {
 	}
 	return errors.Join(err, a.cleanup())
 }
+
+// errHandedOver ends Run once a newer process took the dataplane's
+// sockets (--userspace-handover-socket).
+var errHandedOver = errors.New("handed over to a newer process")
 
 type errOnce struct{ err error }
 

@@ -43,6 +43,9 @@ type BackendOptions struct {
 	// Node is the node the states are compiled for.
 	Node   servicelb.NodeConfig
 	Logger *slog.Logger
+	// UserspaceHandover is the userspace backend's handover socket
+	// (UserspaceFlags.HandoverSocket); empty for none.
+	UserspaceHandover string
 	// StrictARP is the ipvs backend's ipvs.Options.StrictARP and the
 	// userspace backend's userspace.Options.StrictARP (when it holds
 	// addresses); the others hold no address and ignore it.

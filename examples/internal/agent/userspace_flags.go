@@ -29,6 +29,10 @@ type UserspaceFlags struct {
 	// zero means the package's default.
 	ConnectTimeout, IdleTimeout, DrainTimeout, UDPIdleTimeout, UDPStreamTimeout, StallTimeout time.Duration
 	MaxFlows, MaxPortFlows                                                                    int
+	// HandoverSocket is the Unix socket over which a newer kproxy takes
+	// this one's listening sockets and connections, and this one an
+	// older one's (userspace.Proxier.HandOver); empty for none.
+	HandoverSocket string
 }
 
 func (u *UserspaceFlags) register(fs *flag.FlagSet) {
@@ -47,6 +51,8 @@ func (u *UserspaceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&u.UDPStreamTimeout, "userspace-udp-stream-timeout", 0, fmt.Sprintf("userspace: end a UDP session that has become a stream (a reply, and datagrams 2s on) after this long without a datagram (default %v)", userspace.DefaultUDPStreamTimeout))
 	fs.DurationVar(&u.StallTimeout, "userspace-stall-timeout", 0, fmt.Sprintf("userspace: reset a TCP connection whose receiver takes none of the bytes the proxy holds for it for this long; negative for never (default %v)", userspace.DefaultStallTimeout))
 	fs.IntVar(&u.MaxFlows, "userspace-max-flows", 0, "userspace: the most connections and UDP sessions held at once; new ones beyond are shed (default: what the descriptor limit leaves after a reserve)")
+	fs.StringVar(&u.HandoverSocket, "userspace-handover-socket", "", "userspace: a Unix socket path: at start, take the listening sockets and connections of the kproxy listening there, "+
+		"then listen there for the next one, and exit once it took them: a restart or an upgrade with the two processes overlapping cuts no connection")
 	fs.IntVar(&u.MaxPortFlows, "userspace-max-port-flows", 0, "userspace: the most connections and UDP sessions of one service port (default: half of --userspace-max-flows)")
 }
 
