@@ -25,9 +25,15 @@ func TestForeignWriter(t *testing.T) {
 	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true, VerifyInterval: 50 * time.Millisecond})
 	commits := h.Churn(t, 10*time.Millisecond)
 	svcs := servicetest.Scale(300, 10)
-	failed := servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, 100, 20*time.Millisecond)
+	// A hundred changes at least, and more while the other writer has
+	// committed fewer than fifty times: each of its commits starts the
+	// nft tool, which a busy machine slows.
+	failed, rounds := 0, 0
+	for deadline := time.Now().Add(2 * time.Minute); rounds == 0 || commits() < 50 && time.Now().Before(deadline); rounds++ {
+		failed += servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, 100, 20*time.Millisecond)
+	}
 	require.Zero(t, failed, "Syncs failed while another writer committed")
-	require.Greater(t, commits(), 50, "the other writer hardly ran")
+	require.GreaterOrEqual(t, commits(), 50, "the other writer hardly ran in %d rounds of changes", rounds)
 }
 
 // BenchmarkForeignWriter loads 5,000 services of 10 endpoints
