@@ -254,7 +254,16 @@ type Runner struct {
 	// time it waits for.
 	idle func(due time.Time, ok bool)
 
+	// reportMu orders the reports of pending changes: each snapshot of
+	// the counts takes a sequence number under mu (snapSeq), and one
+	// reported after a newer one is dropped, so that the hooks never
+	// end on an older count (a report made before a sync, delayed past
+	// the report made after it).
+	reportMu sync.Mutex
+	reported uint64
+
 	mu        sync.Mutex
+	snapSeq   uint64
 	b         *Builder
 	sources   map[string]*Source
 	owner     map[string]*Source
@@ -577,7 +586,21 @@ func (r *Runner) stats() ChangeStats {
 	}
 }
 
-func (r *Runner) reportPending(n int, stats ChangeStats) {
+// nextSnap numbers a snapshot of the change counts; r.mu is held.
+func (r *Runner) nextSnap() uint64 {
+	r.snapSeq++
+	return r.snapSeq
+}
+
+// reportPending reports snapshot seq of the counts, unless a newer one
+// was reported already.
+func (r *Runner) reportPending(n int, stats ChangeStats, seq uint64) {
+	r.reportMu.Lock()
+	defer r.reportMu.Unlock()
+	if seq <= r.reported {
+		return
+	}
+	r.reported = seq
 	if r.opts.Hooks.Pending != nil {
 		r.opts.Hooks.Pending(n)
 	}
@@ -715,7 +738,7 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 		l.failures++
 		l.retryAt = start.Add(backoff(r.opts.RetryInterval, r.opts.MaxSyncInterval, l.failures))
 	}
-	pending, stats := len(r.dirty), r.stats()
+	pending, stats, seq := len(r.dirty), r.stats(), r.nextSnap()
 	r.mu.Unlock()
 
 	if err != nil {
@@ -732,7 +755,7 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	if r.opts.Hooks.Synced != nil {
 		r.opts.Hooks.Synced(res)
 	}
-	r.reportPending(pending, stats)
+	r.reportPending(pending, stats, seq)
 }
 
 // sortedTimes returns, sorted, the times of m whose changes touched a
@@ -870,14 +893,14 @@ func (r *Runner) SetNode(node NodeConfig) error {
 // endBatch reports what a batch of changes did, and wakes Run; it unlocks
 // r.mu.
 func (r *Runner) endBatch() {
-	pending, stats := len(r.dirty)+r.inflight, r.stats()
+	pending, stats, seq := len(r.dirty)+r.inflight, r.stats(), r.nextSnap()
 	var clashes []Conflict
 	changed := r.b.clashVer != r.clashVer
 	if changed {
 		r.clashVer, clashes = r.b.clashVer, r.b.Conflicts()
 	}
 	r.mu.Unlock()
-	r.reportPending(pending, stats)
+	r.reportPending(pending, stats, seq)
 	if changed {
 		for _, c := range clashes {
 			r.log.Warn("frontend asked for by several services", "frontend", c.Frontend, "held by", c.Winner, "not served for", c.Losers)
