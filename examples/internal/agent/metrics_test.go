@@ -148,6 +148,14 @@ func TestKubeProxyMetrics(t *testing.T) {
 	require.NoError(t, err)
 	a.reporter("test")("ns/bad", errors.New("bad"))
 
+	// The health server starts with the agent, maybe after its syncs.
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", cfg.HealthzBindAddress)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond, "the health server never listened")
 	for _, path := range []string{"/healthz", "/livez"} {
 		code, body := httpGet(t, "http://"+cfg.HealthzBindAddress+path)
 		assert.Equal(t, 200, code, path)
@@ -156,13 +164,54 @@ func TestKubeProxyMetrics(t *testing.T) {
 		assert.Contains(t, body, `"IPv6":{`, path)
 	}
 
+	byFamily := func(name string, v4, v6 float64) map[string]float64 {
+		i := strings.IndexAny(name, "{")
+		if i < 0 {
+			return map[string]float64{name + `{ip_family="IPv4"}`: v4, name + `{ip_family="IPv6"}`: v6}
+		}
+		return map[string]float64{name[:i] + `{ip_family="IPv4",` + name[i+1:]: v4, name[:i] + `{ip_family="IPv6",` + name[i+1:]: v6}
+	}
+	want := map[string]float64{
+		"kubeproxy_sync_proxy_rules_service_changes_total":    4,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total":   5,
+		"kubeproxy_sync_proxy_rules_service_changes_pending":  0,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending": 0,
+		`kubeproxy_proxy_healthz_total{code="200"}`:           1,
+		`kubeproxy_proxy_livez_total{code="200"}`:             1,
+		`kproxy_invalid_objects_total{source="test"}`:         1,
+	}
+	for _, m := range []map[string]float64{
+		byFamily("kubeproxy_sync_proxy_rules_duration_seconds_count", 2, 2),
+		byFamily("kubeproxy_sync_full_proxy_rules_duration_seconds_count", 1, 1),
+		byFamily("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", 1, 1),
+		byFamily(`kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"}`, 2, 2),
+		byFamily("kubeproxy_network_programming_duration_seconds_count", 5, 1),
+		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="0"}`, 0, 0),
+		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="1"}`, 1, 0),
+		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="300"}`, 5, 1),
+		byFamily(`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"}`, 2, 1),
+		byFamily(`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"}`, 1, 0),
+	} {
+		maps.Copy(want, m)
+	}
 	var e exposition
-	require.Eventually(t, func() bool { // the hooks run after Sync returns, each family's
+	// The hooks run after each family's Sync returns: wait until every
+	// sample has caught up, as a scrape a moment later sees it.
+	var differ []string
+	ok := assert.Eventually(t, func() bool {
 		_, body := httpGet(t, "http://"+cfg.MetricsAddr+"/metrics")
 		e = parseExposition(t, body)
-		return e.samples[`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`] == 5 &&
-			e.samples[`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"}`] == 2
+		differ = differ[:0]
+		for sample, v := range want {
+			if got, ok := e.samples[sample]; !ok || got != v {
+				differ = append(differ, fmt.Sprintf("%s %v (want %v)", sample, got, v))
+			}
+		}
+		return len(differ) == 0
 	}, 10*time.Second, 10*time.Millisecond)
+	if !ok {
+		t.Fatalf("samples that differ: %v", differ)
+	}
 
 	for name, typ := range map[string]string{
 		"kubeproxy_sync_proxy_rules_duration_seconds":              "histogram",
@@ -205,36 +254,6 @@ func TestKubeProxyMetrics(t *testing.T) {
 		}
 	}
 
-	byFamily := func(name string, v4, v6 float64) map[string]float64 {
-		i := strings.IndexAny(name, "{")
-		if i < 0 {
-			return map[string]float64{name + `{ip_family="IPv4"}`: v4, name + `{ip_family="IPv6"}`: v6}
-		}
-		return map[string]float64{name[:i] + `{ip_family="IPv4",` + name[i+1:]: v4, name[:i] + `{ip_family="IPv6",` + name[i+1:]: v6}
-	}
-	want := map[string]float64{
-		"kubeproxy_sync_proxy_rules_service_changes_total":    4,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_total":   5,
-		"kubeproxy_sync_proxy_rules_service_changes_pending":  0,
-		"kubeproxy_sync_proxy_rules_endpoint_changes_pending": 0,
-		`kubeproxy_proxy_healthz_total{code="200"}`:           1,
-		`kubeproxy_proxy_livez_total{code="200"}`:             1,
-		`kproxy_invalid_objects_total{source="test"}`:         1,
-	}
-	for _, m := range []map[string]float64{
-		byFamily("kubeproxy_sync_proxy_rules_duration_seconds_count", 2, 2),
-		byFamily("kubeproxy_sync_full_proxy_rules_duration_seconds_count", 1, 1),
-		byFamily("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", 1, 1),
-		byFamily(`kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"}`, 2, 2),
-		byFamily("kubeproxy_network_programming_duration_seconds_count", 5, 1),
-		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="0"}`, 0, 0),
-		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="1"}`, 1, 0),
-		byFamily(`kubeproxy_network_programming_duration_seconds_bucket{le="300"}`, 5, 1),
-		byFamily(`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"}`, 2, 1),
-		byFamily(`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"}`, 1, 0),
-	} {
-		maps.Copy(want, m)
-	}
 	for sample, v := range want {
 		got, ok := e.samples[sample]
 		if assert.True(t, ok, "no sample %s", sample) {
