@@ -32,11 +32,15 @@ type conn struct {
 	// source's end of stream passed on): client to endpoint, and back.
 	upDone, downDone atomic.Bool
 	// handover is set while HandOver takes the connection: each direction
-	// stops where its pipe is empty, quiet is closed once both have, and
-	// the connection's sockets are the handover's (see handover.go).
-	handover atomic.Bool
-	quiet    chan struct{}
-	taken    chan bool
+	// stops where its pipe is empty once its pause is set (the client's
+	// first: the endpoint's answers flow until the endpoint has all the
+	// client sent, so neither direction waits on the other), upQuiet is
+	// closed once the client's has, quiet once both have, and the
+	// connection's sockets are the handover's (see handover.go).
+	handover           atomic.Bool
+	pauseUp, pauseDown atomic.Bool
+	upQuiet, quiet     chan struct{}
+	taken              chan bool
 	// ended is closed when the connection's pump returns.
 	ended chan struct{}
 }
@@ -130,7 +134,7 @@ func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.A
 }
 
 func newConn(ps *portState, to netip.AddrPort) *conn {
-	return &conn{ps: ps, to: to, quiet: make(chan struct{}), taken: make(chan bool, 1), ended: make(chan struct{})}
+	return &conn{ps: ps, to: to, upQuiet: make(chan struct{}), quiet: make(chan struct{}), taken: make(chan bool, 1), ended: make(chan struct{})}
 }
 
 // carry moves c's bytes between its client's socket cf and its
@@ -168,7 +172,7 @@ func (p *Proxier) carry(c *conn, cf, bf *os.File) {
 // direction holds a byte, and its sockets go to the new process.
 func (p *Proxier) pump(c *conn) {
 	defer close(c.ended)
-	move := func(src, dst side, count *atomic.Uint64, done *atomic.Bool) {
+	move := func(src, dst side, count *atomic.Uint64, done, pause *atomic.Bool) {
 		if done.Load() {
 			return
 		}
@@ -176,7 +180,7 @@ func (p *Proxier) pump(c *conn) {
 		if c.ps.proto == servicelb.SCTP {
 			err = copyMessages(src, dst, &c.act, count)
 		} else {
-			err = splicer{pipes: &p.pipes, act: &c.act, stall: p.o.StallTimeout, pause: &c.handover}.run(src, dst, count)
+			err = splicer{pipes: &p.pipes, act: &c.act, stall: p.o.StallTimeout, pause: pause}.run(src, dst, count)
 		}
 		switch {
 		case err == nil:
@@ -189,9 +193,10 @@ func (p *Proxier) pump(c *conn) {
 	up := make(chan struct{})
 	go func() {
 		defer close(up)
-		move(c.client, c.backend, &c.ps.stats.bytesIn, &c.upDone)
+		defer close(c.upQuiet)
+		move(c.client, c.backend, &c.ps.stats.bytesIn, &c.upDone, &c.pauseUp)
 	}()
-	move(c.backend, c.client, &c.ps.stats.bytesOut, &c.downDone)
+	move(c.backend, c.client, &c.ps.stats.bytesOut, &c.downDone, &c.pauseDown)
 	<-up
 	if c.handover.Load() && !c.aborted.Load() && !(c.upDone.Load() && c.downDone.Load()) {
 		close(c.quiet)

@@ -215,8 +215,8 @@
 // restart and systemd's socket passing hand sockets on, so that a restart
 // or an upgrade cuts none: the new Proxier is made with Options.TakeOver,
 // a connection to the old Proxier's HandOver, and takes its listening
-// sockets at New (meanwhile new connections wait in their queues); its
-// first Sync serves with them, then takes each connection where neither
+// sockets at New (the old one goes on accepting from them); its first
+// Sync serves with them, then takes each connection where neither
 // direction holds a byte in the proxy (the bytes in the sockets' buffers
 // stay there: nothing is lost or sent twice), and carries it on
 // (PortStats.TakenOver). Measured (TestHandOver): of 300 connections held
@@ -225,7 +225,7 @@
 // stream's bytes came back in order; a restart without a handover cut all
 // 300. UDP sessions and SCTP connections are not handed over (a UDP
 // client's next datagram starts a session in the new process), nor a
-// connection that does not go quiet within two seconds (its receiver
+// connection that does not go quiet within ten seconds (its receiver
 // takes nothing), which is reset.
 //
 // # Limits

@@ -24,9 +24,10 @@ import (
 // Envoy's hot restart and systemd's socket passing hand sockets on:
 //
 //  1. The new Proxier (Options.TakeOver) says hello; the old one's
-//     HandOver stops accepting (new connections wait in the listeners'
-//     queues) and sends each listening socket.
-//  2. The new Proxier's first Sync serves with them, then it says ready.
+//     HandOver sends each listening socket, and goes on accepting from
+//     them.
+//  2. The new Proxier's first Sync serves with them, then it says ready,
+//     and the old one stops accepting.
 //  3. HandOver stops each TCP connection where neither direction holds a
 //     byte in the proxy, and sends its two sockets, its service port and
 //     endpoint, and which directions have ended; the new Proxier carries
@@ -39,8 +40,9 @@ import (
 // receiver takes nothing), which HandOver resets. The held addresses stay
 // on the link, and the new Proxier adopts them as a restarted one does.
 
-// handoverQuiet bounds the wait for the connections to go quiet.
-const handoverQuiet = 2 * time.Second
+// handoverQuiet bounds the wait for the connections to go quiet: a
+// moment on a machine at ease, seconds on an emulated one that is busy.
+const handoverQuiet = 10 * time.Second
 
 // ErrHandover: a handover between two processes failed. The old Proxier
 // serves on with what it did not hand over.
@@ -138,12 +140,12 @@ func fdOf(f *os.File) int {
 // HandOver gives the proxy's listening sockets and TCP connections to a
 // new Proxier in another process that asks for them over c (see
 // Options.TakeOver), so that a restart or an upgrade cuts none of them:
-// see the package documentation. The new process accepts from the
-// moment its first sync is in; meanwhile new connections wait in the
-// listeners' queues. Afterwards the Proxier serves only what it did not
-// hand over (UDP sessions, SCTP connections) until Close; it serves no
-// sync. ctx bounds the whole exchange. On failure before the new
-// Proxier took the listeners the proxy serves on as before.
+// see the package documentation. This proxy accepts new connections
+// until the new one's first sync is in, and hands them over with the
+// others. Afterwards the Proxier serves only what it did not hand over
+// (UDP sessions, SCTP connections) until Close; it serves no sync. ctx
+// bounds the whole exchange. On failure before the new Proxier said it
+// serves, the proxy serves on as before.
 func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -161,34 +163,28 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		closeFDs(fds)
 		return fail("hello", errors.Join(err, unexpected(m.Op, opHello)))
 	}
+	// The listening sockets go to the new process while this one goes
+	// on accepting from them, until the new one serves with them too:
+	// a connection either accepts is served, by the new process or by
+	// this one, which then hands it over with the others.
 	keys := slices.SortedFunc(mapKeys(p.listeners), func(a, b listenKey) int { return a.at.Compare(b.at) })
-	for _, k := range keys {
-		p.listeners[k].pause()
-	}
-	resume := func() {
-		for _, k := range keys {
-			p.listeners[k].resume(p)
-		}
-	}
 	for _, k := range keys {
 		l := p.listeners[k]
 		if err := sendHandover(c, handoverMsg{Op: opListener, Proto: k.proto, At: k.at}, fdOf(l.f)); err != nil {
-			resume()
 			return fail("listener "+k.String(), err)
 		}
 	}
 	if err := sendHandover(c, handoverMsg{Op: opListeners}); err != nil {
-		resume()
 		return fail("listeners", err)
 	}
 	if m, fds, err := recvHandover(c); err != nil || m.Op != opReady {
 		closeFDs(fds)
-		resume()
 		return fail("ready", errors.Join(err, unexpected(m.Op, opReady)))
 	}
 	// The new process serves: our copies of its listeners go.
 	for _, k := range keys {
 		l := p.listeners[k]
+		l.pause()
 		l.f.Close()
 		if l.udp != nil {
 			l.udp.closeAll()
@@ -205,14 +201,24 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		}
 	}
 	p.connMu.Unlock()
+	// The client's direction of each connection stops first, then the
+	// endpoint's, once the endpoint has answered all the client sent.
 	for _, cn := range conns {
 		cn.handover.Store(true)
-		now := time.Now()
-		_ = cn.client.f.SetReadDeadline(now)
-		_ = cn.backend.f.SetReadDeadline(now)
+		cn.pauseUp.Store(true)
+		_ = cn.client.f.SetReadDeadline(time.Now())
 	}
 	quiet, cancel := context.WithTimeout(ctx, handoverQuiet)
 	defer cancel()
+	for _, cn := range conns {
+		select {
+		case <-cn.upQuiet:
+		case <-cn.ended:
+		case <-quiet.Done():
+		}
+		cn.pauseDown.Store(true)
+		_ = cn.backend.f.SetReadDeadline(time.Now())
+	}
 	var errs []error
 	for _, cn := range conns {
 		select {
@@ -257,18 +263,6 @@ func unexpected(got, want string) error {
 func (l *listener) pause() {
 	_ = l.f.SetReadDeadline(time.Now())
 	<-l.done
-}
-
-// resume starts the goroutine of a paused listener again.
-func (l *listener) resume(p *Proxier) {
-	_ = l.f.SetReadDeadline(time.Time{})
-	l.done = make(chan struct{})
-	p.wg.Add(1)
-	if l.key.proto == servicelb.UDP {
-		go p.udpLoop(l)
-	} else {
-		go p.acceptLoop(l)
-	}
 }
 
 // takeListeners asks the old process for its listening sockets, which
