@@ -1,0 +1,185 @@
+//go:build linux
+
+// Package sockdiag lists the TCP or UDP sockets of a network namespace as
+// the kernel holds them (NETLINK_SOCK_DIAG's SOCK_DIAG_BY_FAMILY), and
+// ends one as `ss -K` does (SOCK_DESTROY): the kernel aborts the socket,
+// its owner's next receive fails with ECONNABORTED, and a connected UDP
+// socket loses its peer. A socket is named by what the kernel looks it up by: family,
+// protocol, both addresses, the device it is bound to and its cookie, so
+// that a socket that closed and another that took its addresses is never
+// ended in its stead.
+//
+// Ending needs CAP_NET_ADMIN in the socket's network namespace and a kernel
+// built with CONFIG_INET_DIAG_DESTROY (Debian's is); without it, Destroy
+// returns ErrUnsupported.
+package sockdiag
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ErrUnsupported is returned by Destroy when the kernel cannot end
+// sockets (CONFIG_INET_DIAG_DESTROY unset, or no diagnostics for the
+// protocol).
+var ErrUnsupported = errors.New("the kernel cannot end sockets (CONFIG_INET_DIAG_DESTROY)")
+
+// Socket names one socket.
+type Socket struct {
+	// Family is unix.AF_INET or unix.AF_INET6; an AF_INET6 socket may
+	// have IPv4-mapped addresses.
+	Family int
+	// Protocol is unix.IPPROTO_TCP or unix.IPPROTO_UDP.
+	Protocol int
+	// Local and Peer are the socket's addresses (IPv4 ones unmapped);
+	// Peer is the unspecified address and port 0 for a socket with none.
+	Local, Peer netip.AddrPort
+	// Interface is the index of the device the socket is bound to, or 0.
+	Interface uint32
+	// Cookie is the socket's cookie (SO_COOKIE), which BPF programs see
+	// as bpf_get_socket_cookie.
+	Cookie uint64
+}
+
+func (s Socket) String() string {
+	return fmt.Sprintf("socket %d (protocol %d, %s to %s)", s.Cookie, s.Protocol, s.Local, s.Peer)
+}
+
+// Established is the state of a connected UDP socket, and of a TCP
+// connection's: List's states take it as 1 << Established.
+const Established = 1
+
+// List returns the sockets of protocol (unix.IPPROTO_TCP or
+// unix.IPPROTO_UDP), IPv4 and IPv6, in the network namespace of the open
+// file descriptor netns (0: the calling thread's) whose state is one of
+// the bits of states (1 << Established: connected UDP sockets). Their
+// addresses are the kernel's own, which no BPF program rewrites as it may
+// rewrite getpeername(2)'s.
+func List(netns int, protocol int, states uint32) ([]Socket, error) {
+	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netns})
+	if err != nil {
+		return nil, fmt.Errorf("open socket diagnostics: %w", err)
+	}
+	defer c.Close()
+	var out []Socket
+	for _, family := range []int{unix.AF_INET, unix.AF_INET6} {
+		req := make([]byte, reqLen)
+		req[0], req[1] = byte(family), byte(protocol)
+		binary.NativeEndian.PutUint32(req[4:], states)
+		msgs, err := c.Execute(netlink.Message{
+			Header: netlink.Header{Type: unix.SOCK_DIAG_BY_FAMILY, Flags: netlink.Request | netlink.Dump},
+			Data:   req,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list sockets of family %d, protocol %d: %w", family, protocol, err)
+		}
+		for _, m := range msgs {
+			s, err := parseMsg(m.Data, protocol)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// msgLen is the size of struct inet_diag_msg.
+const msgLen = 72
+
+// parseMsg decodes a struct inet_diag_msg: family, state, timer,
+// retransmits, then struct inet_diag_sockid as in request.
+func parseMsg(b []byte, protocol int) (Socket, error) {
+	if len(b) < msgLen {
+		return Socket{}, fmt.Errorf("socket diagnostics message of %d bytes, want %d", len(b), msgLen)
+	}
+	s := Socket{Family: int(b[0]), Protocol: protocol}
+	id := b[4:]
+	addr := func(a []byte) netip.Addr {
+		if s.Family == unix.AF_INET {
+			return netip.AddrFrom4([4]byte(a[:4]))
+		}
+		return netip.AddrFrom16([16]byte(a[:16])).Unmap()
+	}
+	s.Local = netip.AddrPortFrom(addr(id[4:20]), binary.BigEndian.Uint16(id[0:]))
+	s.Peer = netip.AddrPortFrom(addr(id[20:36]), binary.BigEndian.Uint16(id[2:]))
+	s.Interface = binary.NativeEndian.Uint32(id[36:])
+	s.Cookie = uint64(binary.NativeEndian.Uint32(id[40:])) | uint64(binary.NativeEndian.Uint32(id[44:]))<<32
+	return s, nil
+}
+
+// Destroy ends s in the network namespace of the open file descriptor
+// netns (0: the calling thread's). A socket that is gone already, or whose
+// cookie differs, is an error wrapping unix.ENOENT.
+func Destroy(netns int, s Socket) error {
+	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netns})
+	if err != nil {
+		return fmt.Errorf("open socket diagnostics: %w", err)
+	}
+	defer c.Close()
+	req, err := s.request()
+	if err != nil {
+		return err
+	}
+	_, err = c.Execute(netlink.Message{
+		Header: netlink.Header{Type: unix.SOCK_DESTROY, Flags: netlink.Request | netlink.Acknowledge},
+		Data:   req,
+	})
+	if err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			return fmt.Errorf("end %s: %w", s, ErrUnsupported)
+		}
+		return fmt.Errorf("end %s: %w", s, err)
+	}
+	return nil
+}
+
+// reqLen is the size of struct inet_diag_req_v2.
+const reqLen = 56
+
+// request encodes s as a struct inet_diag_req_v2: family, protocol,
+// extensions, padding, the states (all), and struct inet_diag_sockid:
+// ports and addresses in network order, then the device and the cookie
+// in the host's.
+func (s Socket) request() ([]byte, error) {
+	b := make([]byte, reqLen)
+	b[0], b[1] = byte(s.Family), byte(s.Protocol)
+	binary.NativeEndian.PutUint32(b[4:], ^uint32(0))
+	src, dst := s.Local, s.Peer
+	if !dst.IsValid() {
+		return nil, fmt.Errorf("%s has no peer", s)
+	}
+	binary.BigEndian.PutUint16(b[8:], src.Port())
+	binary.BigEndian.PutUint16(b[10:], dst.Port())
+	if err := putAddr(b[12:28], s.Family, src.Addr()); err != nil {
+		return nil, err
+	}
+	if err := putAddr(b[28:44], s.Family, dst.Addr()); err != nil {
+		return nil, err
+	}
+	binary.NativeEndian.PutUint32(b[44:], s.Interface)
+	binary.NativeEndian.PutUint32(b[48:], uint32(s.Cookie))
+	binary.NativeEndian.PutUint32(b[52:], uint32(s.Cookie>>32))
+	return b, nil
+}
+
+// putAddr writes a as an address of family: 4 bytes of an IPv4 socket's,
+// 16 of an IPv6 socket's (IPv4-mapped for an IPv4 peer).
+func putAddr(b []byte, family int, a netip.Addr) error {
+	switch {
+	case family == unix.AF_INET && a.Unmap().Is4():
+		v := a.Unmap().As4()
+		copy(b, v[:])
+	case family == unix.AF_INET6:
+		v := a.As16()
+		copy(b, v[:])
+	default:
+		return fmt.Errorf("address %s of family %d", a, family)
+	}
+	return nil
+}
