@@ -106,6 +106,7 @@ type askConfig struct {
 	cgroup        *Cgroup
 	unconnected   bool
 	keep          string
+	connected     bool
 	peer          *netip.AddrPort
 }
 
@@ -137,7 +138,16 @@ func Unconnected() AskOption { return func(c *askConfig) { c.unconnected = true 
 // of its own is one flow to a socket-level load balancer, whatever its
 // destinations.
 func KeepSocket(name string) AskOption {
-	return func(c *askConfig) { c.unconnected, c.keep = true, name }
+	return func(c *askConfig) { c.unconnected, c.keep, c.connected = true, name, false }
+}
+
+// KeepConnected makes a UDP ask from a connected socket kept under name
+// (and the destination) in the asking process, as KeepSocket does for an
+// unconnected one: a client that connects once and sends on. A kept
+// socket that a proxy ended (SocketEnded) is forgotten with that ask's
+// failure, and the next ask under the name connects again.
+func KeepConnected(name string) AskOption {
+	return func(c *askConfig) { c.unconnected, c.keep, c.connected = false, name, true }
 }
 
 // Peer stores in *p the server as the asking socket saw it:
@@ -206,9 +216,9 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 	}
 	var x exchanged
 	if cfg.cgroup != nil {
-		x, err = cfg.cgroup.exchange(ctx, h, proto, dst, from, deadline, udpAsk{cfg.unconnected, cfg.keep})
+		x, err = cfg.cgroup.exchange(ctx, h, proto, dst, from, deadline, udpAsk{cfg.unconnected, cfg.keep, cfg.connected})
 	} else {
-		x, err = h.exchange(ctx, proto, dst, from, deadline, udpAsk{cfg.unconnected, cfg.keep})
+		x, err = h.exchange(ctx, proto, dst, from, deadline, udpAsk{cfg.unconnected, cfg.keep, cfg.connected})
 	}
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -238,11 +248,13 @@ type exchanged struct {
 	peer  netip.AddrPort
 }
 
-// udpAsk says how a UDP ask sends: from a connected socket, or from an
-// unconnected one, made for the ask or kept under a name (KeepSocket).
+// udpAsk says how a UDP ask sends: from a connected socket or an
+// unconnected one, made for the ask or kept under a name (KeepSocket,
+// KeepConnected).
 type udpAsk struct {
 	Unconnected bool   `json:"unconnected,omitempty"`
 	Keep        string `json:"keep,omitempty"`
+	Connected   bool   `json:"connected,omitempty"`
 }
 
 // exchange runs one ask from a socket of the calling process.
@@ -250,6 +262,8 @@ func (h *Host) exchange(ctx context.Context, proto string, dst, from netip.AddrP
 	switch {
 	case proto == "udp" && u.Unconnected:
 		return h.askUDPUnconnected(ctx, dst, from, deadline, u.Keep)
+	case proto == "udp" && u.Connected && u.Keep != "":
+		return h.askUDPKept(ctx, dst, from, deadline, u.Keep)
 	case proto == "udp":
 		return h.askUDP(ctx, dst, from, deadline)
 	}
@@ -296,6 +310,64 @@ func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline ti
 	n, err := c.Read(buf)
 	x.text = string(buf[:n])
 	return x, err
+}
+
+// askUDPKept runs one UDP ask from the connected socket kept under keep
+// and dst, connected the first time.
+func (h *Host) askUDPKept(ctx context.Context, dst, from netip.AddrPort, deadline time.Time, keep string) (exchanged, error) {
+	key := "connected " + dst.String() + " " + keep
+	h.mu.Lock()
+	c, _ := h.kept[key].(*net.UDPConn)
+	h.mu.Unlock()
+	if c == nil {
+		d := net.Dialer{Deadline: deadline}
+		if from.IsValid() {
+			d.LocalAddr = net.UDPAddrFromAddrPort(from)
+			if from.Port() != 0 {
+				d.Control = reuseAddr
+			}
+		}
+		var nc net.Conn
+		if err := h.Do(func() (err error) { nc, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
+			return exchanged{}, atSocket(err)
+		}
+		c = nc.(*net.UDPConn)
+		h.mu.Lock()
+		if h.kept == nil {
+			h.kept = map[string]net.PacketConn{}
+		}
+		h.kept[key] = c
+		h.mu.Unlock()
+	}
+	x := exchanged{sport: uint16(c.LocalAddr().(*net.UDPAddr).Port), peer: peerOf(c)}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	err := c.SetDeadline(deadline)
+	if err == nil {
+		_, err = c.Write([]byte(request))
+	}
+	if err == nil {
+		buf := make([]byte, 512)
+		var n int
+		n, err = c.Read(buf)
+		x.text = string(buf[:n])
+	}
+	if SocketEnded(err) {
+		h.mu.Lock()
+		if h.kept[key] == c {
+			delete(h.kept, key)
+		}
+		h.mu.Unlock()
+		c.Close()
+	}
+	return x, err
+}
+
+// SocketEnded reports whether an ask from a kept connected socket failed
+// because something ended the socket (as `ss -K` does): its receive failed
+// with ECONNABORTED, or its send found it without its peer.
+func SocketEnded(err error) bool {
+	return errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.EDESTADDRREQ)
 }
 
 // askUDPUnconnected runs one UDP ask from an unconnected socket, made for

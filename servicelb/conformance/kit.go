@@ -218,17 +218,22 @@ type flowMemory struct {
 	m  map[string]int
 }
 
-// swap records at as the endpoint of name, and returns the one recorded
-// before, if any.
-func (fm *flowMemory) swap(name string, at int) (was int, seen bool) {
+// get returns the endpoint last recorded for name, if any.
+func (fm *flowMemory) get(name string) (at int, seen bool) {
+	fm.mu.Lock()
+	defer fm.mu.Unlock()
+	at, seen = fm.m[name]
+	return at, seen
+}
+
+// set records at as the endpoint of name.
+func (fm *flowMemory) set(name string, at int) {
 	fm.mu.Lock()
 	defer fm.mu.Unlock()
 	if fm.m == nil {
 		fm.m = map[string]int{}
 	}
-	was, seen = fm.m[name]
 	fm.m[name] = at
-	return was, seen
 }
 
 func newLab(t *testing.T, b Backend, o Options) *lab {

@@ -704,34 +704,58 @@ func staleFlowScenarios() []Scenario {
 	}
 }
 
-// keptSockets is how many unconnected UDP sockets of each origin the
-// stale-flow scenario of the node's and pods' sockets keeps.
+// keptSockets is how many UDP sockets of each origin and kind
+// (unconnected, connected) the stale-flow scenario of the node's and
+// pods' sockets keeps.
 const keptSockets = 6
 
 // socketsKeepTheirEndpoint asks service 0's cluster IP from keptSockets
-// unconnected UDP sockets of the node and of a pod, each kept across the
-// scenario's stages: each must reach one of the endpoints set, and the
-// one it reached in the stage before when that is one of them.
+// unconnected and keptSockets connected UDP sockets of the node and of a
+// pod, each kept across the scenario's stages: each must reach one of the
+// endpoints set, and the one it reached in the stage before when that is
+// one of them. A connected socket whose endpoint left the set may instead
+// have been ended (netnstest.SocketEnded), as a socket-level balancer
+// ends the flows it cannot move: its client's next connection must then
+// reach one of the set.
 func socketsKeepTheirEndpoint(set ...int) func(*testing.T, *Env, servicelb.Family, servicelb.Protocol) {
 	return func(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol) {
 		t.Helper()
 		for _, from := range []From{Node, Pod} {
 			a := e.lab.asker(t, from, f)
-			for i := range keptSockets {
-				name := fmt.Sprintf("%s/%s/%s/%d", scenarioName(e.idx), from, f, i)
-				r, err := a.h.Ask(t.Context(), p.Lower(), e.resolve(ClusterIP, f, p),
-					e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout, netnstest.KeepSocket(name))...)
-				if err != nil {
-					t.Errorf("%s socket %d from %s: %v, want an answer from endpoint %v", f, i, from, err, set)
-					continue
+			for _, kind := range []string{"unconnected", "connected"} {
+				keep := netnstest.KeepSocket
+				if kind == "connected" {
+					keep = netnstest.KeepConnected
 				}
-				at := hostIndex(r.Host)
-				was, seen := e.lab.flows.swap(name, at)
-				switch {
-				case !slices.Contains(set, at):
-					t.Errorf("%s socket %d from %s: answered by %s, want one of endpoints %v", f, i, from, r.Host, set)
-				case seen && slices.Contains(set, was) && was != at:
-					t.Errorf("%s socket %d from %s: answered by %s, want endpoint %d, which it reached before and the set still holds", f, i, from, r.Host, was)
+				for i := range keptSockets {
+					name := fmt.Sprintf("%s/%s/%s/%s/%d", scenarioName(e.idx), from, f, kind, i)
+					what := fmt.Sprintf("%s %s socket %d from %s", f, kind, i, from)
+					ask := func() (netnstest.Reply, error) {
+						return a.h.Ask(t.Context(), p.Lower(), e.resolve(ClusterIP, f, p),
+							e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout, keep(name))...)
+					}
+					r, err := ask()
+					was, seen := e.lab.flows.get(name)
+					if err != nil && kind == "connected" && netnstest.SocketEnded(err) {
+						if !seen || slices.Contains(set, was) {
+							t.Errorf("%s: ended (%v), though its endpoint %d still serves", what, err, was)
+							continue
+						}
+						r, err = ask()
+						what += " (connected again after its socket was ended)"
+					}
+					if err != nil {
+						t.Errorf("%s: %v, want an answer from endpoint %v", what, err, set)
+						continue
+					}
+					at := hostIndex(r.Host)
+					e.lab.flows.set(name, at)
+					switch {
+					case !slices.Contains(set, at):
+						t.Errorf("%s: answered by %s, want one of endpoints %v", what, r.Host, set)
+					case seen && slices.Contains(set, was) && was != at:
+						t.Errorf("%s: answered by %s, want endpoint %d, which it reached before and the set still holds", what, r.Host, was)
+					}
 				}
 			}
 		}
