@@ -177,25 +177,41 @@
 // attach to one cgroup: each program runs, and a socket another one has
 // already sent to an endpoint meets no frontend in the next), its maps,
 // and under Options.PinPath the pins named after them ("link_<hook>", and
-// "maps-<layout>/kp_*"; an earlier version's "kp_*" in PinPath itself). It never changes routes, addresses, sysctls, firewall
-// rules or other programs.
+// "maps-<layout>/kp_*"; an earlier version's "kp_*" in PinPath itself).
+// Of other processes' sockets it ends only the connected UDP sockets its
+// hooks sent to an endpoint that stopped serving (Limits, below). It
+// never changes routes, addresses, sysctls, firewall rules or other
+// programs.
 //
 // # Privileges
 //
-// CAP_BPF and CAP_NET_ADMIN (or CAP_SYS_ADMIN): root, in practice. The
+// CAP_BPF and CAP_NET_ADMIN (or CAP_SYS_ADMIN), and CAP_SYS_PTRACE to
+// find a socket to end among another process's descriptors
+// (pidfd_getfd): root, in practice. The
 // kernel needs cgroup v2, BPF_PROG_TYPE_CGROUP_SOCK_ADDR with the
 // getpeername hooks (5.8), bpf_get_netns_cookie (5.7), bpf_set_retval
-// (5.18), SO_NETNS_COOKIE (5.14) and batched map operations (5.6); a bpf
-// filesystem for pins. Debian 12's 6.1 kernel has all of them.
+// (5.18), SO_NETNS_COOKIE (5.14), batched map operations (5.6) and
+// pidfd_getfd (5.6); a bpf filesystem for pins. Debian 12's 6.1 kernel has all of them.
 //
 // # Limits
 //
 //   - Only sockets in the cgroup are balanced. Processes elsewhere, and
 //     every host outside, reach services through the packet path.
-//   - A connected UDP socket stays with the endpoint it connected to after
-//     that endpoint goes: no conntrack entry holds it, so none is deleted.
-//     (Destroying such sockets, bpf_sock_destroy from a socket iterator
-//     on 6.5 and later, is a later step.)
+//   - A connected UDP socket the hooks sent to an endpoint has no
+//     conntrack entry to delete when the endpoint stops serving its
+//     frontend while others serve it (servicelb.StaleFlow, where
+//     kube-proxy deletes the flow's entry and the client's next datagram
+//     is translated afresh): after such a Sync, the socket is ended as
+//     `ss -K` ends one (SOCK_DESTROY; the kernel needs
+//     CONFIG_INET_DIAG_DESTROY, else a warning says the sockets stay).
+//     Its owner's next receive fails with ECONNABORTED (a send, with
+//     EDESTADDRREQ: the socket lost its peer), and a client that
+//     connects again is balanced again; a client that ignores the error
+//     sends nowhere rather than to the endpoint that left. The sockets
+//     are found through the reverse translations (kp_revnat) and the
+//     descriptors of the cgroup's processes, in whatever network
+//     namespace they were made; a reverse translation the LRU map has
+//     evicted leaves its socket alone.
 //   - A new socket is translated afresh, and so is a datagram of an
 //     unconnected one whose flow's endpoint left: a flow does not run on to its endpoint once its
 //     service has no serving endpoint or goes away, as a conntrack

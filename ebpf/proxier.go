@@ -46,6 +46,10 @@ type Proxier struct {
 	// layout; retired is set once the pins of other layouts are gone.
 	mapDir  string
 	retired bool
+	// noSocketEnd is set once the kernel refused to end a socket, and
+	// blindWarned once a warning said some processes' sockets cannot be
+	// looked at (see staleSockets).
+	noSocketEnd, blindWarned bool
 	// model is what the maps hold, by service port; nil before the first
 	// sync and after Cleanup.
 	model *model
@@ -107,7 +111,7 @@ func newProxier(o Options) (*Proxier, error) {
 	}
 	p.caps = capabilities(o.Packets)
 	p.eng = syncer.New((*kernel)(p), syncer.Options{Name: "ebpf", Logger: p.log, VerifyInterval: o.VerifyInterval,
-		Capabilities: p.caps})
+		Capabilities: p.caps, Cleaner: (*staleSockets)(p)})
 	return p, nil
 }
 

@@ -643,3 +643,50 @@ func TestUDPFlowsKeepTheirEndpoint(t *testing.T) {
 	}
 	assert.Positive(t, moved, "no flow's endpoint left the set: the changes tested nothing")
 }
+
+// TestConnectedUDPSocketsLeaveADeletedEndpoint: a connected UDP socket of
+// the node or of a pod that the hooks sent to an endpoint is ended once
+// that endpoint leaves a set others still serve (its owner sees the
+// socket ended, and connecting again reaches a serving endpoint), while
+// every socket on a serving endpoint keeps it.
+func TestConnectedUDPSocketsLeaveADeletedEndpoint(t *testing.T) {
+	w := newWorld(t)
+	type flow struct {
+		h    *netnstest.Host
+		name string
+		dst  netip.AddrPort
+		at   int
+	}
+	var flows []*flow
+	w.sync(t, node(), service(eps("elsewhere", 0, 1, 2)))
+	for i := range 8 {
+		for _, h := range []*netnstest.Host{w.tp.Node, w.tp.Backends[podHost]} {
+			for _, vip := range []netip.Addr{vip4, vip6} {
+				f := &flow{h: h, name: fmt.Sprintf("flow-%d", i), dst: netip.AddrPortFrom(vip, 80)}
+				r, err := w.ask(h, "udp", f.dst, netnstest.KeepConnected(f.name))
+				require.NoError(t, err)
+				f.at = hostIndex(r.Host)
+				flows = append(flows, f)
+			}
+		}
+	}
+	w.sync(t, node(), service(eps("elsewhere", 0, 1)))
+	ended := 0
+	for _, f := range flows {
+		what := fmt.Sprintf("%s of %s to %s, on endpoint %d", f.name, f.h.Name, f.dst, f.at)
+		r, err := w.ask(f.h, "udp", f.dst, netnstest.KeepConnected(f.name))
+		if f.at != 2 {
+			if assert.NoError(t, err, what) {
+				assert.Equal(t, f.at, hostIndex(r.Host), what)
+			}
+			continue
+		}
+		require.Error(t, err, "%s: still answered by %s", what, r.Host)
+		require.True(t, netnstest.SocketEnded(err), "%s: %v, want the socket ended", what, err)
+		ended++
+		r, err = w.ask(f.h, "udp", f.dst, netnstest.KeepConnected(f.name))
+		require.NoError(t, err, "%s, connected again", what)
+		assert.Contains(t, []int{0, 1}, hostIndex(r.Host), "%s, connected again", what)
+	}
+	assert.Positive(t, ended, "no socket was on the endpoint removed: the change tested nothing")
+}
