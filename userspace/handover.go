@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -281,7 +282,12 @@ func (p *Proxier) takeListeners(c *net.UnixConn) error {
 		case m.Op == opListeners:
 			return nil
 		case m.Op == opListener && len(fds) == 1:
-			p.inherited[listenKey{proto: m.Proto, at: m.At}] = fds[0]
+			k := listenKey{proto: m.Proto, at: m.At}
+			if err := checkListener(fds[0], k); err != nil {
+				unix.Close(fds[0])
+				return fmt.Errorf("listener %s: %w", k, err)
+			}
+			p.inherited[k] = fds[0]
 		default:
 			closeFDs(fds)
 			return fmt.Errorf("unexpected %q with %d descriptors", m.Op, len(fds))
@@ -310,6 +316,11 @@ func (p *Proxier) takeConns(c *net.UnixConn) (int, error) {
 		case m.Op == opDone:
 			return n, nil
 		case m.Op == opConn && len(fds) == 2:
+			if err := errors.Join(checkConn(fds[0]), checkConn(fds[1])); err != nil {
+				p.log.Warn("handover: passed over a connection", "port", m.Port, "err", err)
+				closeFDs(fds)
+				continue
+			}
 			cf, bf := os.NewFile(uintptr(fds[0]), "client"), os.NewFile(uintptr(fds[1]), "endpoint")
 			ps := p.ports[m.Port]
 			if ps == nil || ps.proto != servicelb.TCP || !p.budget.admit(ps) {
@@ -333,6 +344,57 @@ func (p *Proxier) takeConns(c *net.UnixConn) (int, error) {
 			return n, fmt.Errorf("unexpected %q with %d descriptors", m.Op, len(fds))
 		}
 	}
+}
+
+// checkListener returns an error unless fd is a socket of k's protocol
+// bound to k's address, and listening for a protocol with connections:
+// an older process's word is not taken for what its descriptors are.
+func checkListener(fd int, k listenKey) error {
+	typ, proto := kind(k.proto)
+	if err := checkSocket(fd, typ, proto); err != nil {
+		return err
+	}
+	if typ == unix.SOCK_STREAM {
+		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on == 0 {
+			return errors.New("the socket does not listen")
+		}
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return err
+	}
+	if at := sockaddr.To(sa); at != k.at {
+		return fmt.Errorf("the socket is bound to %s", at)
+	}
+	return nil
+}
+
+// checkConn returns an error unless fd is a connected TCP socket.
+func checkConn(fd int) error {
+	if err := checkSocket(fd, unix.SOCK_STREAM, unix.IPPROTO_TCP); err != nil {
+		return err
+	}
+	if _, err := unix.Getpeername(fd); err != nil {
+		return fmt.Errorf("the socket is not connected: %w", err)
+	}
+	return nil
+}
+
+// checkSocket returns an error unless fd is a socket of type typ and
+// protocol proto.
+func checkSocket(fd, typ, proto int) error {
+	gotTyp, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Errorf("not a socket: %w", err)
+	}
+	gotProto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("not a socket: %w", err)
+	}
+	if gotTyp != typ || gotProto != proto {
+		return fmt.Errorf("a socket of type %d and protocol %d, want type %d and protocol %d", gotTyp, gotProto, typ, proto)
+	}
+	return nil
 }
 
 func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -239,4 +241,109 @@ func (s *stream) stop() (sent, got int64, err error) {
 		}
 	}
 	return s.sent.Load(), s.got.Load(), nil
+}
+
+// TestTakeOverFromALyingPeer: a new proxier checks what an older process
+// hands it instead of taking its word: a listener that is not a socket,
+// is of another protocol, does not listen, is bound elsewhere, or comes
+// in a message it cannot read, ends the handover, and the proxier serves
+// afresh; a connection that is not a connected TCP socket is passed over.
+func TestTakeOverFromALyingPeer(t *testing.T) {
+	socket := func(t *testing.T, typ int, at netip.AddrPort, listen bool) int {
+		fd, err := unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0)
+		require.NoError(t, err)
+		require.NoError(t, unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1))
+		require.NoError(t, unix.Bind(fd, sockaddr.From(at)))
+		if listen {
+			require.NoError(t, unix.Listen(fd, 1))
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	pipe := func(t *testing.T) int {
+		var p [2]int
+		require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC))
+		t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+		return p[0]
+	}
+	for _, c := range []struct {
+		name string
+		// lie sends the lie about the listener at, after the hello.
+		lie func(t *testing.T, c *net.UnixConn, at netip.AddrPort)
+	}{
+		{"not-a-socket", func(t *testing.T, c *net.UnixConn, at netip.AddrPort) {
+			require.NoError(t, sendHandover(c, handoverMsg{Op: opListener, Proto: servicelb.TCP, At: at}, pipe(t)))
+		}},
+		{"another-protocol", func(t *testing.T, c *net.UnixConn, at netip.AddrPort) {
+			fd := socket(t, unix.SOCK_DGRAM, at, false)
+			require.NoError(t, sendHandover(c, handoverMsg{Op: opListener, Proto: servicelb.TCP, At: at}, fd))
+		}},
+		{"not-listening", func(t *testing.T, c *net.UnixConn, at netip.AddrPort) {
+			fd := socket(t, unix.SOCK_STREAM, at, false)
+			require.NoError(t, sendHandover(c, handoverMsg{Op: opListener, Proto: servicelb.TCP, At: at}, fd))
+		}},
+		{"bound-elsewhere", func(t *testing.T, c *net.UnixConn, at netip.AddrPort) {
+			fd := socket(t, unix.SOCK_STREAM, freePort(t), true)
+			require.NoError(t, sendHandover(c, handoverMsg{Op: opListener, Proto: servicelb.TCP, At: at}, fd))
+		}},
+		{"unreadable", func(t *testing.T, c *net.UnixConn, _ netip.AddrPort) {
+			_, err := c.Write([]byte("{\"op\": \"listener\", \"at\": "))
+			require.NoError(t, err)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t, 1)
+			at := freePort(t)
+			w.listen[key(1, "tcp")] = at
+			st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))
+			a, b := seqpacketPair(t)
+			peer := make(chan error, 1)
+			go func() {
+				m, _, err := recvHandover(a)
+				if err == nil {
+					err = unexpected(m.Op, opHello)
+				}
+				if err != nil {
+					peer <- err
+					return
+				}
+				c.lie(t, a, at)
+				_ = sendHandover(a, handoverMsg{Op: opListeners})
+				// A proxier that took the lie says ready after its
+				// first sync, and is told there is nothing more.
+				if m, _, err := recvHandover(a); err == nil && m.Op == opReady {
+					_ = sendHandover(a, handoverMsg{Op: opDone})
+				}
+				peer <- nil
+			}()
+			fresh := newProxier(t, w, Options{TakeOver: b})
+			mustSync(t, fresh, st)
+			require.NoError(t, <-peer)
+			got, err := tryTCP(at)
+			require.NoError(t, err, "the proxier took the lie: nothing serves %s", at)
+			assert.Equal(t, "ep-0", got)
+		})
+	}
+	t.Run("connection", func(t *testing.T) {
+		w := newWorld(t, 1)
+		st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))
+		a, b := seqpacketPair(t)
+		go func() {
+			if _, _, err := recvHandover(a); err != nil {
+				return
+			}
+			_ = sendHandover(a, handoverMsg{Op: opListeners})
+			if _, _, err := recvHandover(a); err != nil {
+				return
+			}
+			_ = sendHandover(a, handoverMsg{Op: opConn, Port: key(1, "tcp")}, pipe(t), pipe(t))
+			_ = sendHandover(a, handoverMsg{Op: opDone})
+		}()
+		fresh := newProxier(t, w, Options{TakeOver: b})
+		mustSync(t, fresh, st)
+		assert.Zero(t, stats(t, fresh, key(1, "tcp")).TakenOver, "a pipe taken over as a connection")
+		got, err := tryTCP(w.at(key(1, "tcp")))
+		require.NoError(t, err)
+		assert.Equal(t, "ep-0", got)
+	})
 }
