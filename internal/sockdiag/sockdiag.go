@@ -9,9 +9,9 @@
 // that a socket that closed and another that took its addresses is never
 // ended in its stead.
 //
-// Ending needs CAP_NET_ADMIN in the socket's network namespace and a kernel
-// built with CONFIG_INET_DIAG_DESTROY (Debian's is); without it, Destroy
-// returns ErrUnsupported.
+// Listing needs the protocol's diagnostics (tcp_diag, udp_diag); ending,
+// CAP_NET_ADMIN in the socket's network namespace and a kernel built with
+// CONFIG_INET_DIAG_DESTROY (Debian's is). Without them, ErrUnsupported.
 package sockdiag
 
 import (
@@ -24,10 +24,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrUnsupported is returned by Destroy when the kernel cannot end
-// sockets (CONFIG_INET_DIAG_DESTROY unset, or no diagnostics for the
-// protocol).
-var ErrUnsupported = errors.New("the kernel cannot end sockets (CONFIG_INET_DIAG_DESTROY)")
+// ErrUnsupported is returned when the kernel has no diagnostics for the
+// protocol (List: CONFIG_INET_UDP_DIAG or the module udp_diag, for TCP
+// tcp_diag) or cannot end sockets (Destroy: CONFIG_INET_DIAG_DESTROY).
+var ErrUnsupported = errors.New("not supported by the kernel")
+
+// diagModule names the module of each protocol's diagnostics.
+var diagModule = map[int]string{unix.IPPROTO_TCP: "tcp_diag", unix.IPPROTO_UDP: "udp_diag"}
 
 // Socket names one socket.
 type Socket struct {
@@ -75,6 +78,10 @@ func List(netns int, protocol int, states uint32) ([]Socket, error) {
 			Header: netlink.Header{Type: unix.SOCK_DIAG_BY_FAMILY, Flags: netlink.Request | netlink.Dump},
 			Data:   req,
 		})
+		if errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("list sockets of family %d, protocol %d: no diagnostics for the protocol (%s): %w",
+				family, protocol, diagModule[protocol], ErrUnsupported)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("list sockets of family %d, protocol %d: %w", family, protocol, err)
 		}
@@ -132,7 +139,7 @@ func Destroy(netns int, s Socket) error {
 	})
 	if err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {
-			return fmt.Errorf("end %s: %w", s, ErrUnsupported)
+			return fmt.Errorf("end %s: the kernel cannot end sockets (CONFIG_INET_DIAG_DESTROY): %w", s, ErrUnsupported)
 		}
 		return fmt.Errorf("end %s: %w", s, err)
 	}
