@@ -121,7 +121,11 @@
 // that replies come from the address the client sent to. Each client
 // address and port is a session with a socket connected to the endpoint
 // it reached; the endpoint's replies go back to the client from the
-// listener. A session ends after Options.UDPIdleTimeout without a
+// listener. The session's socket is what tells its replies from other
+// clients' (they come back to its own port: the proxy is not
+// transparent, so it cannot send from the client's address); nothing else
+// of a session waits: one goroutine waits for every session's replies
+// (epoll) and ends the sessions that idled. A session ends after Options.UDPIdleTimeout without a
 // datagram either way (30 s by default, where kube-proxy's userspace mode
 // had 250 ms, which cut any protocol slower to answer), or
 // Options.UDPStreamTimeout (120 s) once it is a stream (it has had a

@@ -45,6 +45,8 @@ type Proxier struct {
 	now func() time.Time
 	// budget bounds the flows (see budget.go).
 	budget budget
+	// replies waits for the UDP sessions' replies (see replies.go).
+	replies replies
 
 	mu        sync.Mutex
 	eng       *syncer.Engine
@@ -62,7 +64,8 @@ type Proxier struct {
 	inherited  map[listenKey]int
 	handedOver bool
 
-	// wg counts the proxy's goroutines: listeners, connections, sessions.
+	// wg counts the proxy's goroutines: listeners, connections, and the
+	// one of the UDP sessions' replies.
 	wg sync.WaitGroup
 	// conns are the open connections, for Close.
 	connMu  sync.Mutex
@@ -266,6 +269,7 @@ func (p *Proxier) stopAll() {
 	for _, c := range open {
 		c.abort()
 	}
+	p.stopReplies()
 	p.wg.Wait()
 	p.broken.Store(0)
 	if p.held != nil {

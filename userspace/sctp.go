@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -58,6 +59,10 @@ func assocEnded(b []byte) (ended, lost bool) {
 
 // errAssocLost: an SCTP association was lost (its peer stopped answering).
 var errAssocLost = errors.New("sctp association lost")
+
+// buffers are the message buffers of the SCTP associations: one holds a
+// buffer only while a message is in it, never while it waits.
+var buffers = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
 // copyMessages moves the messages of one direction of an SCTP
 // association to the other, one message at a time, each with its stream

@@ -4,9 +4,7 @@ package userspace
 
 import (
 	"container/list"
-	"errors"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,10 +16,6 @@ import (
 
 // maxDatagram is the largest UDP payload the proxy carries.
 const maxDatagram = 1 << 16
-
-// buffers are the datagram buffers of the sessions: a session holds one
-// only while a datagram is in it, never while it waits.
-var buffers = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
 // sessions are the UDP sessions of one listener, by client address and
 // port. Those that have had no reply yet are also in unreplied, oldest
@@ -59,6 +53,10 @@ type session struct {
 	start           time.Time
 	replied, stream atomic.Bool
 	streamTimeout   time.Duration
+	// id names the session to replies, which waits for its endpoint's
+	// replies once it is set.
+	id      uint64
+	replies *replies
 }
 
 // streamAfter is how long after its start a UDP flow that has had a
@@ -148,7 +146,7 @@ func (ss *sessions) remove(s *session) bool {
 	return true
 }
 
-// closeIf ends the sessions that match; their goroutines return. They
+// closeIf ends the sessions that match. They
 // leave the table before their sockets close, so that their clients'
 // next datagrams start new sessions at once, never meeting a closed one.
 func (ss *sessions) closeIf(match func(*session) bool) int {
@@ -216,7 +214,7 @@ func (p *Proxier) udpLoop(l *listener) {
 }
 
 // newSession decides a new client's flow and, when it forwards, connects
-// a socket to an endpoint and starts the session's goroutine; else the
+// a socket to an endpoint, whose replies replies waits for; else the
 // datagram is dropped (a UDP reject is the kernel's: no listener). in
 // names the interface the datagram came in on.
 func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockaddr, in func() string) *session {
@@ -262,9 +260,10 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 	ps.stats.accepted.Add(1)
 	ps.stats.active.Add(1)
 	s.act.touch()
-	_ = f.SetReadDeadline(time.Now().Add(p.o.UDPIdleTimeout))
-	p.wg.Add(1)
-	go p.sessionLoop(s)
+	if !p.addReplies(s) {
+		s.end()
+		return nil
+	}
 	// A sync that ran since the decision closes the sessions to
 	// endpoints that stopped serving; this one was not there yet.
 	if ps.gone.Load() || !serving(ps.tab.Load().sp, to) {
@@ -299,54 +298,6 @@ func (s *session) forward(b []byte) bool {
 	return true
 }
 
-// sessionLoop sends the endpoint's replies to the client from the
-// listener until the session idles for Options.UDPIdleTimeout, the
-// endpoint refuses, or the session is closed.
-func (p *Proxier) sessionLoop(s *session) {
-	defer p.wg.Done()
-	defer s.end()
-	for {
-		var bp *[]byte
-		var n int
-		var rerr error
-		err := s.s.rc.Read(func(fd uintptr) bool {
-			bp = buffers.Get().(*[]byte)
-			n, rerr = unix.Read(int(fd), *bp)
-			if rerr == unix.EAGAIN {
-				buffers.Put(bp)
-				bp = nil
-				return false
-			}
-			return true
-		})
-		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			if s.act.expired(s.s, true) {
-				return
-			}
-			continue
-		case err != nil:
-			return
-		case rerr != nil:
-			buffers.Put(bp)
-			s.ps.stats.dialErrors.Add(1)
-			return
-		}
-		if !s.replied.Load() {
-			s.replied.Store(true)
-			s.l.udp.replied(s)
-		}
-		s.toStream()
-		var werr error
-		_ = s.l.rc.Control(func(fd uintptr) { werr = unix.Sendto(int(fd), (*bp)[:n], 0, s.clientSA) })
-		buffers.Put(bp)
-		if werr == nil {
-			s.ps.stats.bytesOut.Add(uint64(n))
-			s.act.touch()
-		}
-	}
-}
-
 // end removes the session and closes its socket.
 func (s *session) end() {
 	if s.l.udp.remove(s) {
@@ -357,8 +308,11 @@ func (s *session) end() {
 }
 
 // closed counts a session out, once it has left the table, and closes
-// its socket: its goroutine returns.
+// its socket.
 func (s *session) closed() {
+	if s.replies != nil {
+		s.replies.forget(s)
+	}
 	s.ps.stats.active.Add(-1)
 	s.budget.release(s.ps)
 	s.s.f.Close()

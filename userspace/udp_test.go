@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +56,25 @@ func TestUDPSession(t *testing.T) {
 	want.BytesOut = want.BytesIn + 31*uint64(len("ep-0 ")) + 10*uint64(len("ep-0 "))
 	assert.EventuallyWithT(t, func(c *assert.CollectT) { assert.Equal(c, want, stats(t, p, key(1, "udp"))) },
 		5*time.Second, 10*time.Millisecond)
+}
+
+// TestUDPSessionsWaitWithoutGoroutines: 500 UDP sessions, each answered,
+// cost no goroutine while they wait for their endpoints' replies: one
+// goroutine waits for all of them.
+func TestUDPSessionsWaitWithoutGoroutines(t *testing.T) {
+	w := newWorld(t, 2)
+	p := newProxier(t, w, Options{})
+	mustSync(t, p, mustState(t, servicelb.NodeConfig{}, service(1, ep(0), ep(1))))
+	at := w.at(key(1, "udp"))
+	sendUDP(t, udpClient(t), at, "first")
+	before := runtime.NumGoroutine()
+	const sessions = 500
+	for range sessions {
+		sendUDP(t, udpClient(t), at, "hello")
+	}
+	assert.Equal(t, int64(sessions+1), stats(t, p, key(1, "udp")).Active)
+	t.Logf("%d sessions more, %d goroutines more", sessions, runtime.NumGoroutine()-before)
+	assert.Less(t, runtime.NumGoroutine(), before+sessions/10, "goroutines grow with the sessions")
 }
 
 // TestUDPIdleTimeout: a session ends after the idle timeout; the
