@@ -28,17 +28,19 @@ esac
 `
 
 // A clean scan's output, one with a called vulnerability in a module,
-// and one with a vulnerable package imported but not called.
+// one with a vulnerable package imported but not called, and one with a
+// called vulnerability of the standard library.
 const (
 	clean    = `echo '{"config":{"protocol_version":"v1.0.0","scanner_name":"govulncheck"}}'`
 	called   = clean + `; echo '{"finding":{"osv":"GO-2099-0001","trace":[{"module":"example.com/m","function":"F"}]}}'`
 	imported = clean + `; echo '{"finding":{"osv":"GO-2099-0002","trace":[{"module":"example.com/n","package":"example.com/n/p"}]}}'`
+	stdlib   = clean + `; echo '{"finding":{"osv":"GO-2099-0003","trace":[{"module":"stdlib","package":"net/http","function":"Serve"}]}}'`
 )
 
 // TestVulncheck runs hack/vulncheck.sh with a stub govulncheck: a scan that
 // fails, or reports nothing, fails the check as a called vulnerability
-// does; both modules are scanned whatever the first one's result; no
-// temporary file is left.
+// does, of a module or of the standard library; both modules are scanned
+// whatever the first one's result; no temporary file is left.
 func TestVulncheck(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Fatal("python3, which the script needs, is not installed (make deps)")
@@ -58,6 +60,7 @@ func TestVulncheck(t *testing.T) {
 		{name: "examples fail", core: clean, examples: "exit 2", fail: true, says: "examples: govulncheck failed"},
 		{name: "called", core: called, examples: clean, fail: true, says: "module: GO-2099-0001 (example.com/m)"},
 		{name: "not called", core: clean, examples: imported, says: "not called: GO-2099-0002 (example.com/n, imported)"},
+		{name: "standard library", core: clean, examples: stdlib, fail: true, says: "standard library: GO-2099-0003"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// A copy of the tree the script works in: itself under
