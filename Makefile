@@ -9,6 +9,7 @@
 #   make image        pack ./bin/kproxy into an OCI image layout, ./bin/kproxy-image
 #   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make vulncheck    govulncheck of both modules, standard library included
+#   make api          write api/next.txt, the exported API, from the code (lint checks it)
 #   make test-e2e     Kubernetes' own e2e tests of services in a real cluster, kproxy
 #                     beside kube-proxy (root; not in test; make test runs its smoke)
 #   make bench-compare  kproxy against kube-proxy's own proxiers (root; not in test);
@@ -42,7 +43,7 @@ TAGS_LINT := $(TAGS_ALL),soak
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
-.PHONY: test deps lint test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
+.PHONY: test deps lint api test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
 
 test: deps lint vulncheck test-unit test-netns test-vm test-examples test-bench-smoke test-e2e-smoke
 
@@ -65,6 +66,15 @@ lint:
 	GOOS=darwin $(GO) build $(CORE)
 	GOOS=windows $(GO) vet $(CORE)
 	cd e2e && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck ./...
+	cd tools && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) test -count=1 ./...
+	$(APICHECK) $(API_MODULES)
+
+# The exported API of the modules against api/ (see tools/apicheck): make
+# api writes api/next.txt from the code, for review with the change.
+APICHECK    := cd tools && GOWORK=off $(GO) run ./apicheck -api $(CURDIR)/api
+API_MODULES := $(CURDIR) $(CURDIR)/kube $(CURDIR)/examples
+api:
+	$(APICHECK) -write $(API_MODULES)
 
 test-unit:
 	$(GO) test -count=1 $(CORE) $(KUBE) $(EXAMPLES)
