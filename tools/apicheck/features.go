@@ -19,8 +19,9 @@ func Features(dirs ...string) ([]string, error) {
 		cfg := &packages.Config{
 			Mode: packages.NeedName | packages.NeedTypes | packages.NeedModule,
 			Dir:  dir,
-			// The workspace of the modules, not the tool's own.
-			Env: append(os.Environ(), "GOWORK=", "GOFLAGS=-mod=readonly"),
+			// The workspace of the modules, not the tool's own; the API
+			// of Linux, wherever the check runs.
+			Env: append(os.Environ(), "GOWORK=", "GOFLAGS=-mod=readonly", "GOOS=linux", "GOARCH=amd64"),
 		}
 		pkgs, err := packages.Load(cfg, "./...")
 		if err != nil {
