@@ -48,9 +48,12 @@ type Options struct {
 	VerifyInterval time.Duration
 }
 
+// ErrClosed: a Sync or Cleanup after Close.
+var ErrClosed = servicelb.ErrClosed
+
 // ErrRenderOnly: a Sync, Cleanup or Dump of a Proxier made by
 // ForRendering.
-var ErrRenderOnly = errors.New("ebpf: a Proxier for rendering only holds no kernel state")
+var ErrRenderOnly = servicelb.ErrRenderOnly
 
 // Sizes bounds the maps (their max_entries). The hash maps are not
 // preallocated: they take memory as they fill, besides an array of 16
@@ -75,7 +78,7 @@ type Sizes struct {
 // ErrNotSupported: the kernel or the system lacks something the Proxier
 // needs. New returns an error wrapping a *FeatureError (errors.As) that
 // wraps it, naming the feature, before it attaches anything.
-var ErrNotSupported = errors.New("not supported")
+var ErrNotSupported = servicelb.ErrNotSupported
 
 // FeatureError names a missing kernel or system feature.
 type FeatureError struct {
@@ -135,7 +138,7 @@ func (e *PinError) Error() string {
 func (e *PinError) Unwrap() []error { return []error{ErrPinIncompatible, e.Err} }
 
 // ErrInvalidOptions: Options that cannot work.
-var ErrInvalidOptions = errors.New("invalid options")
+var ErrInvalidOptions = servicelb.ErrInvalidOptions
 
 // maxSlots is the number of slots a set of endpoints with unequal weights
 // is spread over: weights are honoured to about 1/maxSlots of a set's

@@ -23,6 +23,7 @@ type packetPath struct{}
 
 func (packetPath) Sync(context.Context, *servicelb.State) error { return nil }
 func (packetPath) Cleanup(context.Context) error                { return nil }
+func (packetPath) Close() error                                 { return nil }
 func (packetPath) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{Backend: "packets", Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom},
 		Features: servicelb.AllFeatures}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -58,7 +57,6 @@ type Proxier struct {
 var (
 	_ servicelb.Proxier  = (*Proxier)(nil)
 	_ servicelb.Renderer = (*Proxier)(nil)
-	_ io.Closer          = (*Proxier)(nil)
 )
 
 // New probes the kernel (see Probe), then creates the maps or adopts
@@ -196,8 +194,8 @@ func netnsCookie(ns netns.NsHandle) (uint64, error) {
 
 // Close releases the Proxier's file descriptors. With a PinPath, the
 // hooks and maps stay in the kernel for the next process; without one,
-// the hooks are detached. It closes Options.Packets too (when it is an
-// io.Closer), leaving its state in place.
+// the hooks are detached. It closes Options.Packets too, leaving its
+// state in place.
 func (p *Proxier) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -206,8 +204,8 @@ func (p *Proxier) Close() error {
 	}
 	p.eng.Close()
 	p.closeKernel()
-	if c, ok := p.opts.Packets.(io.Closer); ok {
-		return c.Close()
+	if p.opts.Packets != nil {
+		return p.opts.Packets.Close()
 	}
 	return nil
 }

@@ -56,6 +56,7 @@ func (p packetHalf) Sync(_ context.Context, st *servicelb.State) error {
 	return nil
 }
 func (packetHalf) Cleanup(context.Context) error { return nil }
+func (packetHalf) Close() error                  { return nil }
 func (packetHalf) Capabilities() servicelb.Capabilities {
 	return packetPath{}.Capabilities()
 }

@@ -104,6 +104,9 @@ func (px *Proxier) Close() error {
 	px.mu.Lock()
 	defer px.mu.Unlock()
 	if px.eng != nil { // nil when New failed part way
+		if px.eng.Closed() {
+			return nil
+		}
 		px.eng.Close()
 	}
 	var errs []error
@@ -155,6 +158,9 @@ func (px *Proxier) Cleanup(ctx context.Context) error {
 	defer px.mu.Unlock()
 	if px.eng == nil {
 		return ErrRenderOnly
+	}
+	if px.eng.Closed() {
+		return fmt.Errorf("iptables: cleanup: %w", ErrClosed)
 	}
 	var tables []xtables.Table
 	for _, f := range px.opts.Families {

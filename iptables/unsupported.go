@@ -4,6 +4,7 @@ package iptables
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -13,13 +14,13 @@ import (
 type Proxier struct{}
 
 // Render returns ErrNotSupported.
-func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSupported }
+func Render(*servicelb.State, Options) (string, error) { return "", errNotSupported }
 
 // New returns ErrNotSupported.
-func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+func New(Options) (*Proxier, error) { return nil, errNotSupported }
 
 // ForRendering returns ErrNotSupported.
-func ForRendering(Options) (*Proxier, error) { return nil, ErrNotSupported }
+func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 
 // Close does nothing.
 func (px *Proxier) Close() error { return nil }
@@ -30,15 +31,18 @@ func (px *Proxier) Capabilities() servicelb.Capabilities {
 }
 
 // Sync returns ErrNotSupported.
-func (px *Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
+func (px *Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
 
 // Cleanup returns ErrNotSupported.
-func (px *Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+func (px *Proxier) Cleanup(context.Context) error { return errNotSupported }
 
 // Render returns ErrNotSupported.
-func (px *Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+func (px *Proxier) Render(*servicelb.State) (string, error) { return "", errNotSupported }
 
 // RenderFamily returns ErrNotSupported.
 func (px *Proxier) RenderFamily(*servicelb.State, servicelb.Family) (string, error) {
-	return "", ErrNotSupported
+	return "", errNotSupported
 }
+
+// errNotSupported is ErrNotSupported, naming the backend.
+var errNotSupported = fmt.Errorf("iptables: %w", ErrNotSupported)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // Errors. Every error the package returns wraps one of these, or is a
@@ -15,9 +17,9 @@ var (
 	// ErrNotSupported: IPVS is Linux's. On other systems the package
 	// builds so that programs importing it compile, and New, Render and
 	// every method return ErrNotSupported.
-	ErrNotSupported = errors.New("ipvs: not supported on this system")
+	ErrNotSupported = servicelb.ErrNotSupported
 	// ErrInvalidOptions: an Options field is not valid.
-	ErrInvalidOptions = errors.New("invalid options")
+	ErrInvalidOptions = servicelb.ErrInvalidOptions
 	// ErrConflict: a virtual server a service needs exists and belongs to
 	// someone else (the service is left out, the error inside a
 	// *servicelb.ValidationError naming it), or, which servicelb rules
@@ -28,14 +30,14 @@ var (
 	ErrIPVSUnavailable = errors.New("ipvs not available (is the ip_vs module loaded?)")
 	// ErrLinkConflict: a link with the Interface name exists and is not a
 	// dummy link.
-	ErrLinkConflict = errors.New("interface exists and is not a dummy link")
+	ErrLinkConflict = servicelb.ErrLinkConflict
 	// ErrSysctl: a sysctl the proxier needs cannot be written, or differs
 	// with Options.LeaveSysctls set.
 	ErrSysctl = errors.New("sysctl")
 	// ErrKernel: a netlink operation failed; the OpError says which.
-	ErrKernel = errors.New("kernel operation failed")
+	ErrKernel = servicelb.ErrKernel
 	// ErrClosed: the Proxier was closed.
-	ErrClosed = errors.New("proxier closed")
+	ErrClosed = servicelb.ErrClosed
 )
 
 // OpError is a failed kernel operation: what was done to which object.

@@ -4,6 +4,7 @@ package nftables
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -12,13 +13,13 @@ import (
 type Proxier struct{}
 
 // New returns ErrNotSupported.
-func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+func New(Options) (*Proxier, error) { return nil, errNotSupported }
 
 // ForRendering returns ErrNotSupported.
-func ForRendering(Options) (*Proxier, error) { return nil, ErrNotSupported }
+func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 
 // Render returns ErrNotSupported.
-func Render(*servicelb.State, Options) (string, error) { return "", ErrNotSupported }
+func Render(*servicelb.State, Options) (string, error) { return "", errNotSupported }
 
 // Close does nothing.
 func (p *Proxier) Close() error { return nil }
@@ -29,10 +30,13 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 }
 
 // Render returns ErrNotSupported.
-func (p *Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+func (p *Proxier) Render(*servicelb.State) (string, error) { return "", errNotSupported }
 
 // Cleanup returns ErrNotSupported.
-func (p *Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+func (p *Proxier) Cleanup(context.Context) error { return errNotSupported }
 
 // Sync returns ErrNotSupported.
-func (p *Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
+func (p *Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
+
+// errNotSupported is ErrNotSupported, naming the backend.
+var errNotSupported = fmt.Errorf("nftables: %w", ErrNotSupported)

@@ -5,8 +5,28 @@ import (
 	"errors"
 )
 
-// ErrClosed: a Sync or Cleanup after the proxier was closed.
-var ErrClosed = errors.New("proxier closed")
+// The errors every backend shares: each package re-exports them
+// (nftables.ErrClosed is servicelb.ErrClosed), so that errors.Is tells
+// the same kind of failure of any backend with one value.
+var (
+	// ErrClosed: a Sync or Cleanup after the proxier was closed.
+	ErrClosed = errors.New("proxier closed")
+	// ErrNotSupported: the system cannot run the backend: not Linux (the
+	// packages build everywhere, so that an agent's other parts do, and
+	// every call returns it), or a kernel without a feature it needs.
+	ErrNotSupported = errors.New("not supported on this system")
+	// ErrInvalidOptions: an Options field of a backend is not valid.
+	ErrInvalidOptions = errors.New("invalid options")
+	// ErrRenderOnly: a Sync or Cleanup of a proxier made for rendering
+	// only (ForRendering), which holds no kernel state.
+	ErrRenderOnly = errors.New("a proxier for rendering only holds no kernel state")
+	// ErrKernel: a kernel operation failed; the backend's error says
+	// which.
+	ErrKernel = errors.New("kernel operation failed")
+	// ErrLinkConflict: a link the backend would use exists and is of a
+	// kind it may not use.
+	ErrLinkConflict = errors.New("link exists and is of another kind")
+)
 
 // ErrPermission: the kernel refused a proxier's request for lack of
 // privilege. Programming a network namespace needs CAP_NET_ADMIN in it
@@ -34,6 +54,11 @@ type Proxier interface {
 	// services that do not fit, and Sync refuses service ports that do
 	// not, before sending anything.
 	Capabilities() Capabilities
+	// Close releases what the proxier holds in the process (sockets,
+	// descriptors, goroutines) and leaves the kernel state for the next
+	// process; a Sync or Cleanup after it returns ErrClosed. A second
+	// Close does nothing.
+	Close() error
 }
 
 // Renderer is implemented by proxiers that can show the kernel state they

@@ -14,17 +14,17 @@ import (
 // errors.Is.
 var (
 	// ErrNotSupported: the system cannot run the proxy (it needs Linux).
-	ErrNotSupported = errors.New("userspace: not supported on this system")
+	ErrNotSupported = servicelb.ErrNotSupported
 	// ErrInvalidOptions: an Options field is not valid.
-	ErrInvalidOptions = errors.New("invalid options")
+	ErrInvalidOptions = servicelb.ErrInvalidOptions
 	// ErrClosed: the Proxier was closed.
 	ErrClosed = servicelb.ErrClosed
 	// ErrKernel: a netlink operation on the addresses or the link
 	// failed; the OpError says which.
-	ErrKernel = errors.New("kernel operation failed")
+	ErrKernel = servicelb.ErrKernel
 	// ErrLinkConflict: Options.Link names a link that is neither the
 	// loopback nor a dummy link.
-	ErrLinkConflict = errors.New("link exists and is neither the loopback nor a dummy link")
+	ErrLinkConflict = servicelb.ErrLinkConflict
 	// ErrNoAddressMark: the kernel does not keep the protocol the proxy
 	// marks its addresses with (IFA_PROTO, Linux 5.18).
 	ErrNoAddressMark = errors.New("kernel keeps no address protocol (IFA_PROTO needs Linux 5.18)")

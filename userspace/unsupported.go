@@ -4,6 +4,7 @@ package userspace
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -19,7 +20,7 @@ var (
 
 // New returns ErrNotSupported: the proxy needs Linux (splice(2), the
 // namespace's sockets and addresses).
-func New(Options) (*Proxier, error) { return nil, ErrNotSupported }
+func New(Options) (*Proxier, error) { return nil, errNotSupported }
 
 // Capabilities names the backend and declares nothing.
 func (*Proxier) Capabilities() servicelb.Capabilities {
@@ -27,16 +28,19 @@ func (*Proxier) Capabilities() servicelb.Capabilities {
 }
 
 // Sync returns ErrNotSupported.
-func (*Proxier) Sync(context.Context, *servicelb.State) error { return ErrNotSupported }
+func (*Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
 
 // Cleanup returns ErrNotSupported.
-func (*Proxier) Cleanup(context.Context) error { return ErrNotSupported }
+func (*Proxier) Cleanup(context.Context) error { return errNotSupported }
 
 // Close does nothing.
 func (*Proxier) Close() error { return nil }
 
 // Render returns ErrNotSupported.
-func (*Proxier) Render(*servicelb.State) (string, error) { return "", ErrNotSupported }
+func (*Proxier) Render(*servicelb.State) (string, error) { return "", errNotSupported }
 
 // Stats returns nothing.
 func (*Proxier) Stats() []PortStats { return nil }
+
+// errNotSupported is ErrNotSupported, naming the backend.
+var errNotSupported = fmt.Errorf("userspace: %w", ErrNotSupported)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/netip"
 	"regexp"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
 
@@ -30,7 +30,7 @@ type Backend struct {
 	// New returns a proxier that programs the network namespace ns: the
 	// node's. The kit calls it once at the start and again for the
 	// scenarios that restart the proxier, after closing the previous one
-	// (io.Closer) without Cleanup. It fails the test itself on error.
+	// without Cleanup. It fails the test itself on error.
 	New func(t testing.TB, ns netns.NsHandle) servicelb.Proxier
 	// Cgroup, when set, is a cgroup v2 directory that the backend's
 	// socket hooks are attached to. The asks from the node and from the
@@ -266,10 +266,19 @@ func newLab(t *testing.T, b Backend, o Options) *lab {
 	return l
 }
 
-func (l *lab) close() {
-	if c, ok := l.p.(io.Closer); ok {
-		c.Close()
-	}
+func (l *lab) close() { _ = l.p.Close() }
+
+// closeForGood closes the proxier for a restart, and checks that it
+// refuses to work after: Sync and Cleanup return servicelb.ErrClosed,
+// the one error every backend shares, and leave the kernel alone.
+func (l *lab) closeForGood(t *testing.T) {
+	t.Helper()
+	require.NoError(t, l.p.Close(), "close the proxier for a restart")
+	require.NoError(t, l.p.Close(), "close the proxier a second time")
+	st, err := servicelb.NewState(baseNode())
+	require.NoError(t, err)
+	assert.ErrorIs(t, l.p.Sync(t.Context(), st), servicelb.ErrClosed, "a Sync after Close")
+	assert.ErrorIs(t, l.p.Cleanup(t.Context()), servicelb.ErrClosed, "a Cleanup after Close")
 }
 
 // baseNode is the node every scenario starts from.
@@ -293,7 +302,7 @@ func (l *lab) run(t *testing.T, idx int, sc *Scenario) {
 			st.Before(t, e)
 		}
 		if st.Restart {
-			l.close()
+			l.closeForGood(t)
 			l.p = l.b.New(t, l.tp.Node.NS)
 		}
 		state, err := servicelb.NewState(e.node, st.Services(e)...)

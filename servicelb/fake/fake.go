@@ -35,6 +35,7 @@ type Proxier struct {
 	applied  *servicelb.State
 	failures []error
 	cleanups int
+	closed   bool
 	changed  chan struct{}
 }
 
@@ -47,6 +48,9 @@ var _ servicelb.Renderer = (*Proxier)(nil)
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("fake: sync: %w", servicelb.ErrClosed)
+	}
 	rec := Record{State: st, Changes: servicelb.Diff(p.applied, st)}
 	if rec.Changes.NodeChanged {
 		servicelb.MarkFullSync(ctx)
@@ -81,9 +85,21 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 func (p *Proxier) Cleanup(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("fake: cleanup: %w", servicelb.ErrClosed)
+	}
 	p.applied = nil
 	p.cleanups++
 	p.notify()
+	return nil
+}
+
+// Close makes later Sync and Cleanup calls return servicelb.ErrClosed;
+// the state applied stays.
+func (p *Proxier) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
 	return nil
 }
 

@@ -437,8 +437,8 @@ func (a *Agent) Close() {
 	if a.services != nil {
 		_ = a.services.Close()
 	}
-	if c, ok := a.dp.(io.Closer); ok {
-		if err := c.Close(); err != nil {
+	if a.dp != nil {
+		if err := a.dp.Close(); err != nil {
 			a.log.Warn("closing the backend", "err", err)
 		}
 	}

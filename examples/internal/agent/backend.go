@@ -211,10 +211,8 @@ func Cleanup(ctx context.Context, name string, o BackendOptions) error {
 		return err
 	}
 	err = d.Cleanup(ctx)
-	if c, ok := d.(io.Closer); ok {
-		if cerr := c.Close(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("%s: close after cleanup: %w", name, cerr))
-		}
+	if cerr := d.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("%s: close after cleanup: %w", name, cerr))
 	}
 	return err
 }
@@ -386,3 +384,11 @@ func (d *dryRun) Sync(_ context.Context, st *servicelb.State) error {
 }
 
 func (d *dryRun) Cleanup(context.Context) error { return nil }
+
+// Close closes the renderer, when it holds anything.
+func (d *dryRun) Close() error {
+	if c, ok := d.r.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
