@@ -253,6 +253,8 @@ type Runner struct {
 	// idle, when set (by tests), is called each time Run waits, with the
 	// time it waits for.
 	idle func(due time.Time, ok bool)
+	// started is set by the first Run.
+	started atomic.Bool
 
 	// reportMu orders the reports of pending changes: each snapshot of
 	// the counts takes a sequence number under mu (snapSeq), and one
@@ -609,8 +611,17 @@ func (r *Runner) reportPending(n int, stats ChangeStats, seq uint64) {
 	}
 }
 
-// Run syncs until ctx ends, then returns nil. Run once per Runner.
+// ErrRunnerStarted: Run was called on a Runner that runs, or ran,
+// already.
+var ErrRunnerStarted = errors.New("runner started already")
+
+// Run syncs until ctx ends, then returns why it ended
+// (context.Cause(ctx): context.Canceled when cancelled). A Runner runs
+// once: a second Run returns ErrRunnerStarted at once.
 func (r *Runner) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return ErrRunnerStarted
+	}
 	var l loop
 	for ctx.Err() == nil {
 		due, ok := r.due(&l)
@@ -620,7 +631,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		r.wait(ctx, &l, due, ok)
 	}
-	return nil
+	return context.Cause(ctx)
 }
 
 // wait waits for a change, for due (if ok), or for ctx to end, and syncs if

@@ -193,7 +193,7 @@ func TestRunnerFullSyncs(t *testing.T) {
 			require.NoError(t, src.Upsert(svc("b", 2)))
 			<-done
 			cancel()
-			require.NoError(t, <-stopped)
+			require.ErrorIs(t, <-stopped, context.Canceled)
 			assert.Equal(t, tc.want, got, "failed first sync, first success, two changes")
 		})
 	}

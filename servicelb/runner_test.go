@@ -265,14 +265,19 @@ func TestRunnerChangeDuringBackoffWaitsMinInterval(t *testing.T) {
 	}
 }
 
+// TestRunnerStopsWithContext: Run returns why its context ended; a
+// Runner runs once, and a second Run says so at once.
 func TestRunnerStopsWithContext(t *testing.T) {
 	h, _ := newHarness(t)
 	h.idle()
+	if err := h.r.Run(context.Background()); !errors.Is(err, servicelb.ErrRunnerStarted) {
+		t.Fatalf("a second Run returned %v, want ErrRunnerStarted", err)
+	}
 	h.cancel()
 	select {
 	case err := <-h.done:
-		if err != nil {
-			t.Fatalf("Run returned %v", err)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run returned %v, want context.Canceled", err)
 		}
 		h.done <- nil // for the cleanup
 	case <-time.After(10 * time.Second):
