@@ -1,6 +1,7 @@
 # kproxy: one command runs every test: `make test`.
 #
-#   make test         deps, lint, unit, network namespace and VM tests, examples
+#   make help         this text (the default target)
+#   make test         deps, lint, vulncheck, unit, network namespace and VM tests, examples
 #   make test-unit    unprivileged tests (no root needed)
 #   make test-netns   privileged tests in throwaway network namespaces (root)
 #   make test-vm      tests that need IPVS or dummy links, in a qemu VM (root)
@@ -43,7 +44,13 @@ TAGS_LINT := $(TAGS_ALL),soak
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
-.PHONY: test deps lint api test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
+.DEFAULT_GOAL := help
+
+# help prints the comment this file opens with.
+help:
+	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' $(firstword $(MAKEFILE_LIST))
+
+.PHONY: help test deps lint api test-unit test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
 
 test: deps lint vulncheck test-unit test-netns test-vm test-examples test-bench-smoke test-e2e-smoke
 
