@@ -47,10 +47,7 @@ func (p *Proxier) Render(*servicelb.State) (string, error) { return "", errSyste
 func (p *Proxier) Dump(context.Context) (string, error) { return "", errSystem }
 
 // RemovePins returns ErrNotSupported.
-func RemovePins(string) error { return errNotSupported }
+func RemovePins(string) error { return errSystem }
 
 // Attached returns ErrNotSupported.
 func Attached(string) ([]ebpf.ProgramID, error) { return nil, errSystem }
-
-// errNotSupported is ErrNotSupported, naming the backend.
-var errNotSupported = fmt.Errorf("ebpf: %w", ErrNotSupported)
