@@ -38,6 +38,9 @@ var (
 	ErrKernel = servicelb.ErrKernel
 	// ErrClosed: the Proxier was closed.
 	ErrClosed = servicelb.ErrClosed
+	// ErrRenderOnly: a Sync or Cleanup of a Proxier made by ForRendering,
+	// which holds no socket.
+	ErrRenderOnly = servicelb.ErrRenderOnly
 )
 
 // OpError is a failed kernel operation: what was done to which object.

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
@@ -21,7 +23,6 @@ import (
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/vishvananda/netns"
 )
 
 // Proxier programs IPVS in one network namespace. It implements
@@ -32,6 +33,8 @@ type Proxier struct {
 	log  *slog.Logger
 	ns   netns.NsHandle
 	now  func() time.Time
+	// renderOnly is set by ForRendering: no socket, no engine.
+	renderOnly bool
 
 	mu     sync.Mutex
 	k      *kernel
@@ -107,6 +110,18 @@ func New(o Options) (_ *Proxier, err error) {
 		return nil, err
 	}
 	return open(o, ns, at)
+}
+
+// ForRendering returns a Proxier for o that holds no socket and needs no
+// privilege or IPVS: its Render and Capabilities answer as New's would
+// (Options.StrictARP included), and its Sync and Cleanup return
+// ErrRenderOnly. A dry run renders with it where IPVS may be missing.
+func ForRendering(o Options) (*Proxier, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: %w", err)
+	}
+	return &Proxier{opts: o, renderOnly: true}, nil
 }
 
 // socketNS returns the handle the proxier's sockets are opened with:
@@ -213,6 +228,9 @@ func (p *Proxier) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.renderOnly {
+		return nil
+	}
 	p.eng.Close()
 	return p.closeAll()
 }
@@ -236,6 +254,9 @@ var _ servicelb.Renderer = (*Proxier)(nil)
 func (p *Proxier) errIf() error {
 	if p.closed {
 		return ErrClosed
+	}
+	if p.renderOnly {
+		return ErrRenderOnly
 	}
 	return nil
 }

@@ -33,6 +33,9 @@ import (
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.renderOnly {
+		return fmt.Errorf("ipvs: sync: %w", ErrRenderOnly)
+	}
 	return p.eng.Sync(ctx, st)
 }
 

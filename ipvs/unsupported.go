@@ -26,6 +26,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{Backend: "ipvs"}
 }
 
+// ForRendering returns ErrNotSupported.
+func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
+
 // Render returns ErrNotSupported.
 func (p *Proxier) Render(*servicelb.State) (string, error) { return "", errNotSupported }
 
