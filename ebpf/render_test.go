@@ -72,6 +72,9 @@ func TestRender(t *testing.T) {
 	text, err := p.Render(renderState(t))
 	require.NoError(t, err)
 	checkGolden(t, "render.golden", text)
+	again, err := Render(renderState(t), Options{Cgroup: "/cg", Packets: packetPath{}})
+	require.NoError(t, err)
+	assert.Equal(t, text, again, "the package's Render and a Proxier's differ")
 }
 
 // TestRenderRefuses: alone, a service with source ranges or an SCTP port

@@ -23,6 +23,9 @@ func New(Options) (*Proxier, error) { return nil, errSystem }
 // ForRendering returns a *FeatureError wrapping ErrNotSupported.
 func ForRendering(Options) (*Proxier, error) { return nil, errSystem }
 
+// Render returns an error wrapping ErrNotSupported.
+func Render(*servicelb.State, Options) (string, error) { return "", errSystem }
+
 // Probe returns a *FeatureError wrapping ErrNotSupported.
 func Probe(Options) error { return errSystem }
 

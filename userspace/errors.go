@@ -19,6 +19,8 @@ var (
 	ErrInvalidOptions = servicelb.ErrInvalidOptions
 	// ErrClosed: the Proxier was closed.
 	ErrClosed = servicelb.ErrClosed
+	// ErrRenderOnly: a Sync or Cleanup of a Proxier made by ForRendering.
+	ErrRenderOnly = servicelb.ErrRenderOnly
 	// ErrKernel: a netlink operation on the addresses or the link
 	// failed; the OpError says which.
 	ErrKernel = servicelb.ErrKernel

@@ -154,6 +154,9 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 	if p.closed {
 		return h, ErrClosed
 	}
+	if p.renderOnly {
+		return h, ErrRenderOnly
+	}
 	fail := func(step string, err error) (Handover, error) {
 		return h, fmt.Errorf("userspace: %w: %s: %w", ErrHandover, step, err)
 	}

@@ -63,6 +63,8 @@ type Proxier struct {
 	takeover   *net.UnixConn
 	inherited  map[listenKey]int
 	handedOver bool
+	// renderOnly is set by ForRendering: nothing is held.
+	renderOnly bool
 
 	// wg counts the proxy's goroutines: listeners, connections, and the
 	// one of the UDP sessions' replies.
@@ -77,6 +79,31 @@ var (
 	_ servicelb.Proxier  = (*Proxier)(nil)
 	_ servicelb.Renderer = (*Proxier)(nil)
 )
+
+// ForRendering returns a Proxier for o that holds nothing and needs no
+// privilege: its Render and Capabilities answer as New's would, and its
+// Sync and Cleanup return ErrRenderOnly.
+func ForRendering(o Options) (*Proxier, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxier{o: o, log: slog.New(slog.DiscardHandler), renderOnly: true}
+	if o.Logger != nil {
+		p.log = o.Logger
+	}
+	return p, nil
+}
+
+// Render returns what a Proxier with options o would hold and listen on
+// for st; see Proxier.Render. It needs no privilege.
+func Render(st *servicelb.State, o Options) (string, error) {
+	p, err := ForRendering(o)
+	if err != nil {
+		return "", err
+	}
+	return p.Render(st)
+}
 
 // New returns a Proxier for the options. It changes nothing: the first
 // Sync opens the listeners (and, with HoldAddresses, adopts the addresses
@@ -182,6 +209,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.renderOnly {
+		return fmt.Errorf("userspace: sync: %w", ErrRenderOnly)
+	}
 	if p.handedOver {
 		return fmt.Errorf("userspace: sync: %w: the proxy handed its sockets over", ErrHandover)
 	}
@@ -207,6 +237,9 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.renderOnly {
+		return fmt.Errorf("userspace: cleanup: %w", ErrRenderOnly)
+	}
 	if p.closed {
 		return ErrClosed
 	}
@@ -236,6 +269,9 @@ func (p *Proxier) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.renderOnly {
+		return nil
+	}
 	p.eng.Close()
 	p.stopAll()
 	p.pipes.close()

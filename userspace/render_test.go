@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"context"
 	"flag"
 	"net/netip"
 	"os"
@@ -52,7 +53,7 @@ func TestRender(t *testing.T) {
 		})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := New(tc.o)
+			p, err := ForRendering(tc.o)
 			require.NoError(t, err)
 			defer p.Close()
 			got, err := p.Render(st)
@@ -68,4 +69,31 @@ func TestRender(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestForRendering: a Proxier for rendering renders and declares what a
+// working one does, and refuses to sync, clean up or hand over.
+func TestForRendering(t *testing.T) {
+	st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))
+	o := Options{Listen: ListenAt(map[servicelb.ServicePortKey]netip.AddrPort{key(1, "tcp"): netip.MustParseAddrPort("127.0.0.1:18080")})}
+	live, err := New(o)
+	require.NoError(t, err)
+	defer live.Close()
+	p, err := ForRendering(o)
+	require.NoError(t, err)
+	want, err := live.Render(st)
+	require.NoError(t, err)
+	got, err := p.Render(st)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	again, err := Render(st, o)
+	require.NoError(t, err)
+	require.Equal(t, want, again, "the package's Render")
+	require.Equal(t, live.Capabilities(), p.Capabilities())
+	require.ErrorIs(t, p.Sync(context.Background(), st), servicelb.ErrRenderOnly)
+	require.ErrorIs(t, p.Cleanup(context.Background()), servicelb.ErrRenderOnly)
+	a, _ := seqpacketPair(t)
+	_, err = p.HandOver(context.Background(), a)
+	require.ErrorIs(t, err, servicelb.ErrRenderOnly)
+	require.NoError(t, p.Close())
 }

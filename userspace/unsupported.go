@@ -18,6 +18,12 @@ var (
 	_ servicelb.Renderer = (*Proxier)(nil)
 )
 
+// Render returns ErrNotSupported.
+func Render(*servicelb.State, Options) (string, error) { return "", errNotSupported }
+
+// ForRendering returns ErrNotSupported.
+func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
+
 // New returns ErrNotSupported: the proxy needs Linux (splice(2), the
 // namespace's sockets and addresses).
 func New(Options) (*Proxier, error) { return nil, errNotSupported }

@@ -116,6 +116,15 @@ func TestDryRunIPVS(t *testing.T) {
 	}
 }
 
+// The userspace backend renders a dry run with no privilege and holds
+// nothing: what it would listen on.
+func TestDryRunUserspace(t *testing.T) {
+	code, out, logs := run(t, "--source", "file", "--file", servicesFile(t), "--backend", "userspace", "--dry-run", "--once",
+		"--node-ips", "10.100.0.1")
+	require.Equal(t, 0, code, logs)
+	has(t, out, "10.96.0.10", "")
+}
+
 // A source is chosen by --source; another source's flag is refused, not
 // silently unused; an unknown source names the known ones.
 func TestSourceChoice(t *testing.T) {

@@ -110,7 +110,7 @@ var backends = map[string]backend{
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
 	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},
-	"userspace": {probe: probeUserspace, open: openUserspace, cleanup: cleanupUserspace},
+	"userspace": {probe: probeUserspace, open: openUserspace, render: renderUserspace, cleanup: cleanupUserspace},
 }
 
 // BackendNames returns the accepted --backend values.

@@ -21,12 +21,7 @@ import (
 // (so it needs CAP_NET_ADMIN there, as the other backends do); with
 // --userspace-hold-addresses=false it needs no privilege.
 func openUserspace(o BackendOptions) (Dataplane, error) {
-	uo := userspace.Options{HoldAddresses: true}
-	if o.Userspace != nil {
-		uo = *o.Userspace
-	}
-	uo.NetNS, uo.Logger = o.NetNS, o.Logger
-	uo.StrictARP = o.StrictARP && uo.HoldAddresses
+	uo := userspaceOptions(o)
 	if o.UserspaceHandover == "" {
 		return userspace.New(uo)
 	}
@@ -48,6 +43,22 @@ func openUserspace(o BackendOptions) (Dataplane, error) {
 		return nil, fmt.Errorf("--userspace-handover-socket: %w", err)
 	}
 	return &userspaceHandover{Proxier: p, ln: ln, log: log}, nil
+}
+
+// userspaceOptions are the userspace backend's options for o.
+func userspaceOptions(o BackendOptions) userspace.Options {
+	uo := userspace.Options{HoldAddresses: true}
+	if o.Userspace != nil {
+		uo = *o.Userspace
+	}
+	uo.NetNS, uo.Logger = o.NetNS, o.Logger
+	uo.StrictARP = o.StrictARP && uo.HoldAddresses
+	return uo
+}
+
+// renderUserspace renders without holding anything or needing privilege.
+func renderUserspace(o BackendOptions) (Renderer, error) {
+	return userspace.ForRendering(userspaceOptions(o))
 }
 
 // handoverServer is a dataplane that hands its sockets to a newer
