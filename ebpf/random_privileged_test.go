@@ -56,7 +56,9 @@ func TestRandomWalkMatchesAFreshWrite(t *testing.T) {
 		require.NoError(t, p.Close())
 
 		again := &records{}
-		o.Logger = slog.New(again)
+		// A restarted process: its own logger and packet path (the
+		// first Proxier's Close closed its own).
+		o.Logger, o.Packets = slog.New(again), &fake.Proxier{}
 		q, err := kebpf.New(o)
 		require.NoError(t, err)
 		require.NoError(t, q.Sync(ctx, last))

@@ -333,6 +333,8 @@ type remote struct {
 	first  reply
 	listen *listenMap
 	mu     sync.Mutex
+	closed bool
+	waited error
 }
 
 type lockedBuffer struct {
@@ -377,6 +379,10 @@ func startRemote(t testing.TB, ns netns.NsHandle, listen *listenMap) *remote {
 func (r *remote) call(req request) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		// The child closed its proxier and exited.
+		return fmt.Errorf("unprivileged proxy: %s: %w", req.Op, servicelb.ErrClosed)
+	}
 	if err := r.enc.Encode(req); err != nil {
 		return fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
 	}
@@ -418,13 +424,20 @@ func (r *remote) Cleanup(context.Context) error { return r.call(request{Op: "cle
 
 func (r *remote) Capabilities() servicelb.Capabilities { return *r.first.Caps }
 
-// Close ends the child's input: it closes its proxier and exits.
+// Close ends the child's input: it closes its proxier and exits. A
+// second Close returns what the first did.
 func (r *remote) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return r.waited
+	}
+	r.closed = true
 	r.stdin.Close()
 	if err := r.cmd.Wait(); err != nil {
-		return fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
+		r.waited = fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
 	}
-	return nil
+	return r.waited
 }
 
 // TestUnprivileged: the child runs as nobody with no capability, and New
