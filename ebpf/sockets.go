@@ -126,24 +126,45 @@ func (p *Proxier) endSockets(ctx context.Context, stale map[revKey]bool) (int, e
 	ended := 0
 	var errs []error
 	for _, ns := range nss {
-		socks, err := sockdiag.List(ns, unix.IPPROTO_UDP, 1<<sockdiag.Established)
-		if err != nil {
+		n, err := endStaleIn(ns, stale)
+		ended += n
+		switch {
+		case errors.Is(err, sockdiag.ErrUnsupported):
+			return ended, err
+		case err != nil:
 			errs = append(errs, err)
+		}
+	}
+	return ended, errors.Join(errs...)
+}
+
+// endStaleIn ends the connected UDP sockets of the network namespace ns
+// whose cookie and endpoint are a key of stale, with one socket
+// diagnostics socket, and returns how many it ended.
+func endStaleIn(ns int, stale map[revKey]bool) (int, error) {
+	c, err := sockdiag.Open(ns)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	socks, err := c.List(unix.IPPROTO_UDP, 1<<sockdiag.Established)
+	if err != nil {
+		return 0, err
+	}
+	ended := 0
+	var errs []error
+	for _, s := range socks {
+		if !stale[revKey{Cookie: s.Cookie, endpoint: newEndpoint(s.Peer.Addr(), s.Peer.Port())}] {
 			continue
 		}
-		for _, s := range socks {
-			if !stale[revKey{Cookie: s.Cookie, endpoint: newEndpoint(s.Peer.Addr(), s.Peer.Port())}] {
-				continue
-			}
-			switch err := sockdiag.Destroy(ns, s); {
-			case err == nil:
-				ended++
-			case errors.Is(err, unix.ENOENT): // closed or connected elsewhere meanwhile
-			case errors.Is(err, sockdiag.ErrUnsupported):
-				return ended, err
-			default:
-				errs = append(errs, err)
-			}
+		switch err := c.Destroy(s); {
+		case err == nil:
+			ended++
+		case errors.Is(err, unix.ENOENT): // closed or connected elsewhere meanwhile
+		case errors.Is(err, sockdiag.ErrUnsupported):
+			return ended, err
+		default:
+			errs = append(errs, err)
 		}
 	}
 	return ended, errors.Join(errs...)

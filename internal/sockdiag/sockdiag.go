@@ -53,28 +53,40 @@ func (s Socket) String() string {
 	return fmt.Sprintf("socket %d (protocol %d, %s to %s)", s.Cookie, s.Protocol, s.Local, s.Peer)
 }
 
+// Conn is a socket diagnostics socket of one network namespace, which
+// lists and ends the sockets there. It is not safe for concurrent use.
+type Conn struct{ c *netlink.Conn }
+
+// Open opens a Conn in the network namespace of the open file descriptor
+// netns (0: the calling thread's).
+func Open(netns int) (*Conn, error) {
+	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netns})
+	if err != nil {
+		return nil, fmt.Errorf("open socket diagnostics: %w", err)
+	}
+	return &Conn{c: c}, nil
+}
+
+// Close closes the Conn.
+func (c *Conn) Close() error { return c.c.Close() }
+
 // Established is the state of a connected UDP socket, and of a TCP
 // connection's: List's states take it as 1 << Established.
 const Established = 1
 
 // List returns the sockets of protocol (unix.IPPROTO_TCP or
-// unix.IPPROTO_UDP), IPv4 and IPv6, in the network namespace of the open
-// file descriptor netns (0: the calling thread's) whose state is one of
+// unix.IPPROTO_UDP), IPv4 and IPv6, of the Conn's namespace whose state is
+// one of
 // the bits of states (1 << Established: connected UDP sockets). Their
 // addresses are the kernel's own, which no BPF program rewrites as it may
 // rewrite getpeername(2)'s.
-func List(netns int, protocol int, states uint32) ([]Socket, error) {
-	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netns})
-	if err != nil {
-		return nil, fmt.Errorf("open socket diagnostics: %w", err)
-	}
-	defer c.Close()
+func (c *Conn) List(protocol int, states uint32) ([]Socket, error) {
 	var out []Socket
 	for _, family := range []int{unix.AF_INET, unix.AF_INET6} {
 		req := make([]byte, reqLen)
 		req[0], req[1] = byte(family), byte(protocol)
 		binary.NativeEndian.PutUint32(req[4:], states)
-		msgs, err := c.Execute(netlink.Message{
+		msgs, err := c.c.Execute(netlink.Message{
 			Header: netlink.Header{Type: unix.SOCK_DIAG_BY_FAMILY, Flags: netlink.Request | netlink.Dump},
 			Data:   req,
 		})
@@ -120,20 +132,14 @@ func parseMsg(b []byte, protocol int) (Socket, error) {
 	return s, nil
 }
 
-// Destroy ends s in the network namespace of the open file descriptor
-// netns (0: the calling thread's). A socket that is gone already, or whose
+// Destroy ends s, a socket of the Conn's namespace. A socket that is gone already, or whose
 // cookie differs, is an error wrapping unix.ENOENT.
-func Destroy(netns int, s Socket) error {
-	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netns})
-	if err != nil {
-		return fmt.Errorf("open socket diagnostics: %w", err)
-	}
-	defer c.Close()
+func (c *Conn) Destroy(s Socket) error {
 	req, err := s.request()
 	if err != nil {
 		return err
 	}
-	_, err = c.Execute(netlink.Message{
+	_, err = c.c.Execute(netlink.Message{
 		Header: netlink.Header{Type: unix.SOCK_DESTROY, Flags: netlink.Request | netlink.Acknowledge},
 		Data:   req,
 	})

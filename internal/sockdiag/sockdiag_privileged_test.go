@@ -47,7 +47,10 @@ func TestDestroyEndsAConnectedUDPSocket(t *testing.T) {
 			require.NoError(t, unix.Connect(fd, sockaddr.From(peer)))
 			cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 			require.NoError(t, err)
-			listed, err := sockdiag.List(int(tp.Node.NS), unix.IPPROTO_UDP, 1<<sockdiag.Established)
+			diag, err := sockdiag.Open(int(tp.Node.NS))
+			require.NoError(t, err)
+			defer diag.Close()
+			listed, err := diag.List(unix.IPPROTO_UDP, 1<<sockdiag.Established)
 			require.NoError(t, err)
 			i := slices.IndexFunc(listed, func(s sockdiag.Socket) bool { return s.Cookie == cookie })
 			require.NotEqual(t, -1, i, "socket %d is not among the connected UDP sockets listed: %v", cookie, listed)
@@ -61,11 +64,11 @@ func TestDestroyEndsAConnectedUDPSocket(t *testing.T) {
 
 			other := s
 			other.Cookie++
-			assert.ErrorIs(t, sockdiag.Destroy(int(tp.Node.NS), other), unix.ENOENT, "a socket with another cookie")
+			assert.ErrorIs(t, diag.Destroy(other), unix.ENOENT, "a socket with another cookie")
 			_, err = unix.Getpeername(fd)
 			require.NoError(t, err, "the socket lost its peer to a destruction that named another cookie")
 
-			require.NoError(t, sockdiag.Destroy(int(tp.Node.NS), s))
+			require.NoError(t, diag.Destroy(s))
 			tv := unix.NsecToTimeval(int64(time.Second))
 			require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv))
 			_, _, err = unix.Recvfrom(fd, make([]byte, 64), 0)
