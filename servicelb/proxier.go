@@ -35,7 +35,7 @@ var (
 var ErrPermission = errors.New("not permitted: programming a network namespace needs CAP_NET_ADMIN in it")
 
 // Proxier makes a kernel dataplane match a desired State. The nftables,
-// iptables and ipvs packages implement it.
+// iptables, ipvs, ebpf and userspace packages implement it.
 //
 // Sync is idempotent: a Proxier remembers the last State it applied and
 // sends the kernel only what Diff reports, so syncing an unchanged State

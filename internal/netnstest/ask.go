@@ -262,10 +262,10 @@ func (h *Host) exchange(ctx context.Context, proto string, dst, from netip.AddrP
 	switch {
 	case proto == "udp" && u.Unconnected:
 		return h.askUDPUnconnected(ctx, dst, from, deadline, u.Keep)
-	case proto == "udp" && u.Connected && u.Keep != "":
-		return h.askUDPKept(ctx, dst, from, deadline, u.Keep)
+	case proto == "udp" && u.Connected:
+		return h.askUDP(ctx, dst, from, deadline, u.Keep)
 	case proto == "udp":
-		return h.askUDP(ctx, dst, from, deadline)
+		return h.askUDP(ctx, dst, from, deadline, "")
 	}
 	return h.askStream(ctx, proto, dst, from, deadline)
 }
@@ -280,45 +280,18 @@ func (e *socketError) Unwrap() []error { return []error{e.err, errAtSocket} }
 
 func atSocket(err error) error { return &socketError{err} }
 
-// askUDP runs one UDP ask from a fresh connected socket, which the
-// kernel tells about ICMP errors: create it inside the namespace, exchange
-// outside it.
-func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time) (exchanged, error) {
-	d := net.Dialer{Deadline: deadline}
-	if from.IsValid() {
-		d.LocalAddr = net.UDPAddrFromAddrPort(from)
-		if from.Port() != 0 {
-			d.Control = reuseAddr
-		}
-	}
-	var c net.Conn
-	if err := h.Do(func() (err error) { c, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
-		// A UDP connect sends nothing: its failure is the socket's own.
-		return exchanged{}, atSocket(err)
-	}
-	defer c.Close()
-	x := exchanged{sport: uint16(c.LocalAddr().(*net.UDPAddr).Port), peer: peerOf(c.(*net.UDPConn))}
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	if err := c.SetDeadline(deadline); err != nil {
-		return x, err
-	}
-	if _, err := c.Write([]byte(request)); err != nil {
-		return x, err
-	}
-	buf := make([]byte, 512)
-	n, err := c.Read(buf)
-	x.text = string(buf[:n])
-	return x, err
-}
-
-// askUDPKept runs one UDP ask from the connected socket kept under keep
-// and dst, connected the first time.
-func (h *Host) askUDPKept(ctx context.Context, dst, from netip.AddrPort, deadline time.Time, keep string) (exchanged, error) {
+// askUDP runs one UDP ask from a connected socket, which the kernel tells
+// about ICMP errors: made for the ask, or with keep the one kept under
+// keep and dst, made the first time. The socket is created inside the
+// namespace; the exchange runs outside it.
+func (h *Host) askUDP(ctx context.Context, dst, from netip.AddrPort, deadline time.Time, keep string) (exchanged, error) {
 	key := "connected " + dst.String() + " " + keep
-	h.mu.Lock()
-	c, _ := h.kept[key].(*net.UDPConn)
-	h.mu.Unlock()
+	var c *net.UDPConn
+	if keep != "" {
+		h.mu.Lock()
+		c, _ = h.kept[key].(*net.UDPConn)
+		h.mu.Unlock()
+	}
 	if c == nil {
 		d := net.Dialer{Deadline: deadline}
 		if from.IsValid() {
@@ -329,15 +302,21 @@ func (h *Host) askUDPKept(ctx context.Context, dst, from netip.AddrPort, deadlin
 		}
 		var nc net.Conn
 		if err := h.Do(func() (err error) { nc, err = d.DialContext(ctx, "udp", dst.String()); return err }); err != nil {
+			// A UDP connect sends nothing: its failure is the socket's own.
 			return exchanged{}, atSocket(err)
 		}
 		c = nc.(*net.UDPConn)
-		h.mu.Lock()
-		if h.kept == nil {
-			h.kept = map[string]net.PacketConn{}
+		if keep != "" {
+			h.mu.Lock()
+			if h.kept == nil {
+				h.kept = map[string]net.PacketConn{}
+			}
+			h.kept[key] = c
+			h.mu.Unlock()
 		}
-		h.kept[key] = c
-		h.mu.Unlock()
+	}
+	if keep == "" {
+		defer c.Close()
 	}
 	x := exchanged{sport: uint16(c.LocalAddr().(*net.UDPAddr).Port), peer: peerOf(c)}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
@@ -352,7 +331,7 @@ func (h *Host) askUDPKept(ctx context.Context, dst, from netip.AddrPort, deadlin
 		n, err = c.Read(buf)
 		x.text = string(buf[:n])
 	}
-	if SocketEnded(err) {
+	if keep != "" && SocketEnded(err) {
 		h.mu.Lock()
 		if h.kept[key] == c {
 			delete(h.kept, key)
