@@ -77,7 +77,7 @@ func newBenchNFT(b *testing.B, h *netnstest.Host) *nftables.Proxier {
 
 func timed(b *testing.B, p servicelb.Proxier, st *servicelb.State) time.Duration {
 	t0 := time.Now()
-	if err := p.Sync(context.Background(), st); err != nil {
+	if err := servicetest.SyncErr(p.Sync(context.Background(), st)); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(t0)

@@ -94,9 +94,9 @@
 //	p, err := ebpf.New(ebpf.Options{Cgroup: "/sys/fs/cgroup/kubepods",
 //		PinPath: "/sys/fs/bpf/kproxy", NetNS: ns, Packets: nft})
 //	defer p.Close()
-//	err = p.Sync(ctx, state)     // both halves, as often as the state changes
-//	text, err := p.Render(state) // the maps as text, then the nft table
-//	err = p.Cleanup(ctx)         // detach, unpin; the nft table too
+//	rep, err := p.Sync(ctx, state) // both halves, as often as the state changes
+//	text, err := p.Render(state)   // the maps as text, then the nft table
+//	err = p.Cleanup(ctx)           // detach, unpin; the nft table too
 //
 // New checks the kernel (Probe: a wrapped *FeatureError naming what is
 // missing, before anything is attached), creates the maps or opens those

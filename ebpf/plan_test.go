@@ -21,9 +21,11 @@ import (
 // packetPath stands for a packet-path backend that expresses everything.
 type packetPath struct{}
 
-func (packetPath) Sync(context.Context, *servicelb.State) error { return nil }
-func (packetPath) Cleanup(context.Context) error                { return nil }
-func (packetPath) Close() error                                 { return nil }
+func (packetPath) Sync(_ context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
+	return servicelb.SyncReport{Applied: st}, nil
+}
+func (packetPath) Cleanup(context.Context) error { return nil }
+func (packetPath) Close() error                  { return nil }
 func (packetPath) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{Backend: "packets", Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom},
 		Features: servicelb.AllFeatures}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -283,43 +284,45 @@ func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 }
 
 // Sync makes the maps (and Options.Packets) match st. See the package
-// documentation for what it writes and when. The two halves of one Sync
-// run under one lock: a concurrent Sync runs both of its halves before
-// or after them, never between, so that the maps and the packet path
-// never hold two different states once the Syncs return.
-func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+// documentation for what it writes and when. The packet path syncs first,
+// and the maps hold what it applied (its SyncReport.Applied): a service it
+// leaves out is left out of the maps too, so that the node's sockets never
+// reach a service the packet path does not serve, and the report names
+// the services either half left out. When the packet path applies
+// nothing, the maps do not change either. The two halves of one Sync run
+// under one lock: a concurrent Sync runs both of its halves before or
+// after them, never between.
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.eng.Closed() {
-		return fmt.Errorf("ebpf: sync: %w", servicelb.ErrClosed)
+		return servicelb.SyncReport{}, fmt.Errorf("ebpf: sync: %w", servicelb.ErrClosed)
 	}
 	if p.maps == nil {
-		return ErrRenderOnly
+		return servicelb.SyncReport{}, fmt.Errorf("ebpf: sync: %w", ErrRenderOnly)
 	}
-	var perr error
-	if p.opts.Packets != nil {
-		perr = p.opts.Packets.Sync(ctx, st)
+	if p.opts.Packets == nil {
+		return p.eng.Sync(ctx, st)
 	}
-	return joinPartial(perr, p.eng.Sync(ctx, st))
+	prep, perr := p.opts.Packets.Sync(ctx, st)
+	if prep.Applied == nil {
+		return prep, perr
+	}
+	rep, err := p.eng.Sync(ctx, prep.Applied)
+	rep.Full = rep.Full || prep.Full
+	rep.LeftOut = joinLeftOut(prep.LeftOut, rep.LeftOut)
+	return rep, errors.Join(perr, err)
 }
 
-// joinPartial joins the errors of the two halves; when both left services
-// out, one PartialError names them all.
-func joinPartial(a, b error) error {
-	var pa, pb *servicelb.PartialError
-	if errors.As(a, &pa) && errors.As(b, &pb) && a == error(pa) && b == error(pb) {
-		m := map[string]error{}
-		for n, e := range pa.LeftOut {
-			m[n] = e
-		}
-		for n, e := range pb.LeftOut {
-			if _, ok := m[n]; !ok {
-				m[n] = e
-			}
-		}
-		return &servicelb.PartialError{LeftOut: m}
+// joinLeftOut joins the services the two halves left out: the packet
+// path's errors first, as it left them out before the maps saw them.
+func joinLeftOut(packets, sockets map[string]error) map[string]error {
+	if len(sockets) == 0 {
+		return packets
 	}
-	return errors.Join(a, b)
+	out := maps.Clone(sockets)
+	maps.Copy(out, packets)
+	return out
 }
 
 // Cleanup detaches the hooks, removes the pins and forgets what the maps

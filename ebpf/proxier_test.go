@@ -4,6 +4,7 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -48,12 +50,24 @@ func markedState(t *testing.T, n int) *servicelb.State {
 	return st
 }
 
-// packetHalf is a packet path that records what it is given.
-type packetHalf struct{ h *halves }
+// packetHalf is a packet path that records what it is given, leaves out
+// the services of leaveOut and fails with fail.
+type packetHalf struct {
+	h        *halves
+	leaveOut map[string]error
+	fail     error
+}
 
-func (p packetHalf) Sync(_ context.Context, st *servicelb.State) error {
+func (p packetHalf) Sync(_ context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.h.add("packets", st)
-	return nil
+	if p.fail != nil {
+		return servicelb.SyncReport{}, p.fail
+	}
+	var names []string
+	for name := range p.leaveOut {
+		names = append(names, name)
+	}
+	return servicelb.SyncReport{Applied: st.Without(names...), LeftOut: p.leaveOut}, nil
 }
 func (packetHalf) Cleanup(context.Context) error { return nil }
 func (packetHalf) Close() error                  { return nil }
@@ -82,7 +96,7 @@ func (m mapHalf) Apply(_ context.Context, st *servicelb.State, _ *servicelb.Chan
 // among them is no data race (go test -race).
 func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
 	h := &halves{}
-	p, err := newProxier(Options{Cgroup: "/cg", Packets: packetHalf{h}})
+	p, err := newProxier(Options{Cgroup: "/cg", Packets: &packetHalf{h: h}})
 	require.NoError(t, err)
 	p.eng = syncer.New(mapHalf{h}, syncer.Options{Name: "ebpf", Capabilities: p.caps})
 	p.maps = &kmaps{} // stands for the maps: the backend above writes none
@@ -98,7 +112,7 @@ func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
 	for g := range goroutines {
 		wg.Go(func() {
 			for _, st := range states[g] {
-				assert.NoError(t, p.Sync(context.Background(), st))
+				assert.NoError(t, servicetest.SyncErr(p.Sync(context.Background(), st)))
 			}
 		})
 	}
@@ -119,7 +133,7 @@ func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
 	for g := range goroutines {
 		wg.Go(func() {
 			for _, st := range states[g] {
-				if err := p.Sync(context.Background(), st); err != nil {
+				if err := servicetest.SyncErr(p.Sync(context.Background(), st)); err != nil {
 					assert.ErrorIs(t, err, servicelb.ErrClosed)
 				}
 			}
@@ -128,4 +142,42 @@ func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
 	time.Sleep(time.Millisecond)
 	require.NoError(t, p.Close())
 	wg.Wait()
+}
+
+// TestMapsHoldWhatThePacketPathApplied: a service the packet path leaves
+// out is left out of the maps too, and the pair's report names it and
+// reports the state both halves hold; a packet path that applies nothing
+// leaves the maps as they are.
+func TestMapsHoldWhatThePacketPathApplied(t *testing.T) {
+	h := &halves{}
+	refused := &servicelb.ValidationError{Service: "d/s1", Field: "ports", Err: servicelb.ErrRefused}
+	half := &packetHalf{h: h, leaveOut: map[string]error{"d/s1": refused}}
+	p, err := newProxier(Options{Cgroup: "/cg", Packets: half})
+	require.NoError(t, err)
+	p.eng = syncer.New(mapHalf{h}, syncer.Options{Name: "ebpf", Capabilities: p.caps})
+	p.maps = &kmaps{}
+
+	two := markedState(t, 0)
+	b := two.Edit()
+	s1 := *markedState(t, 1).Services()[0]
+	s1.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	require.NoError(t, b.Upsert(s1))
+	two = b.State()
+
+	rep, err := p.Sync(t.Context(), two)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"packets d/s0", "maps d/s0"}, h.log, "the maps are given what the packet path applied")
+	assert.Equal(t, map[string]error{"d/s1": refused}, rep.LeftOut)
+	require.NotNil(t, rep.Applied)
+	_, has := rep.Applied.Service("d/s1")
+	assert.False(t, has, "the state applied holds the service left out")
+	assert.Equal(t, 1, rep.Applied.Len())
+
+	h.log = nil
+	boom := errors.New("boom")
+	half.fail = boom
+	rep, err = p.Sync(t.Context(), markedState(t, 2))
+	require.ErrorIs(t, err, boom)
+	assert.Nil(t, rep.Applied)
+	assert.Equal(t, []string{"packets d/s2"}, h.log, "the maps changed although the packet path applied nothing")
 }

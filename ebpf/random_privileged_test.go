@@ -45,10 +45,10 @@ func TestRandomWalkMatchesAFreshWrite(t *testing.T) {
 		require.NoError(t, err)
 		ctx := context.Background()
 		for i, st := range walk {
-			require.NoError(t, p.Sync(ctx, st), "step %d", i)
+			require.NoError(t, servicetest.SyncErr(p.Sync(ctx, st)), "step %d", i)
 		}
 		last := walk[len(walk)-1]
-		require.NoError(t, p.Sync(ctx, last))
+		require.NoError(t, servicetest.SyncErr(p.Sync(ctx, last)))
 		assert.False(t, log.has("differ"), "seed %d: the deep verify found the maps different: %v", seed, log.msgs)
 		assert.False(t, log.has("repaired"), "seed %d: %v", seed, log.msgs)
 		dump, err := p.Dump(ctx)
@@ -61,7 +61,7 @@ func TestRandomWalkMatchesAFreshWrite(t *testing.T) {
 		o.Logger, o.Packets = slog.New(again), &fake.Proxier{}
 		q, err := kebpf.New(o)
 		require.NoError(t, err)
-		require.NoError(t, q.Sync(ctx, last))
+		require.NoError(t, servicetest.SyncErr(q.Sync(ctx, last)))
 		adopted, err := q.Dump(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, dump, adopted, "seed %d: adopted maps changed", seed)
@@ -101,18 +101,18 @@ func TestPinsRepairedByADeepVerify(t *testing.T) {
 				assert.NoError(t, p.Cleanup(ctx))
 				assert.NoError(t, p.Close())
 			}()
-			require.NoError(t, p.Sync(ctx, state("10.244.1.2")))
+			require.NoError(t, servicetest.SyncErr(p.Sync(ctx, state("10.244.1.2"))))
 			gone := []string{mapPin(t, pins, "kp_sets"), filepath.Join(pins, "link_sendmsg4")}
 			for _, pin := range gone {
 				require.NoError(t, os.Remove(pin))
 			}
-			require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
+			require.NoError(t, servicetest.SyncErr(p.Sync(ctx, state("10.244.1.3"))))
 			if tc.interval == time.Hour {
 				assert.False(t, log.has("repaired"), "a change within VerifyInterval writes the change alone: %v", log.msgs)
 				for _, pin := range gone {
 					assert.NoFileExists(t, pin)
 				}
-				require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
+				require.NoError(t, servicetest.SyncErr(p.Sync(ctx, state("10.244.1.3"))))
 			}
 			assert.True(t, log.has("pin removed by someone else"), "%v", log.msgs)
 			assert.True(t, log.has("kernel state repaired"), "%v", log.msgs)
@@ -120,7 +120,7 @@ func TestPinsRepairedByADeepVerify(t *testing.T) {
 				assert.FileExists(t, pin)
 			}
 			assert.Len(t, attachedPrograms(t, e.Cgroup), 8)
-			require.NoError(t, p.Sync(ctx, state("10.244.1.3")))
+			require.NoError(t, servicetest.SyncErr(p.Sync(ctx, state("10.244.1.3"))))
 			assert.Equal(t, 1, log.count("kernel state repaired"), "repaired once: %v", log.msgs)
 		})
 	}

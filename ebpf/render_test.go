@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -101,7 +102,7 @@ func TestOptions(t *testing.T) {
 	require.NoError(t, err)
 	st, err := servicelb.NewState(servicelb.NodeConfig{})
 	require.NoError(t, err)
-	assert.ErrorIs(t, p.Sync(t.Context(), st), ErrRenderOnly)
+	assert.ErrorIs(t, servicetest.SyncErr(p.Sync(t.Context(), st)), ErrRenderOnly)
 	assert.ErrorIs(t, p.Cleanup(t.Context()), ErrRenderOnly)
 	_, err = p.Dump(t.Context())
 	assert.ErrorIs(t, err, ErrRenderOnly)

@@ -26,6 +26,7 @@ import (
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
 	"github.com/kproxy-dev/kproxy/internal/bpfenv"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -101,7 +102,7 @@ func (w *world) sync(t *testing.T, n servicelb.NodeConfig, svcs ...servicelb.Ser
 	t.Helper()
 	st, err := servicelb.NewState(n, svcs...)
 	require.NoError(t, err)
-	require.NoError(t, w.p.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(w.p.Sync(context.Background(), st)))
 	return st
 }
 
@@ -394,7 +395,7 @@ func TestRepairs(t *testing.T) {
 	l.Close()
 	_, err = w.ask(w.tp.Node, "tcp", dst)
 	require.Error(t, err, "detached")
-	require.NoError(t, w.p.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(w.p.Sync(context.Background(), st)))
 	_, err = w.ask(w.tp.Node, "tcp", dst)
 	require.NoError(t, err, "attached again")
 	assert.FileExists(t, pin)
@@ -407,7 +408,7 @@ func TestRepairs(t *testing.T) {
 	var v [12]byte
 	require.True(t, it.Next(&k, &v))
 	require.NoError(t, m.Delete(k))
-	require.NoError(t, w.p.Sync(context.Background(), st), "an unchanged state verifies the maps in depth")
+	require.NoError(t, servicetest.SyncErr(w.p.Sync(context.Background(), st)), "an unchanged state verifies the maps in depth")
 	require.NoError(t, m.Lookup(k, &v), "the entry is back")
 }
 
@@ -450,7 +451,7 @@ func TestCleanupTouchesNothingElse(t *testing.T) {
 		s.Name, s.ClusterIPs = "default/other", []netip.Addr{netip.MustParseAddr("10.96.0.20")}
 	}))
 	require.NoError(t, err)
-	require.NoError(t, other.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(other.Sync(context.Background(), st)))
 	require.Len(t, attachedPrograms(t, w.env.Cgroup), 16)
 
 	require.NoError(t, w.p.Cleanup(context.Background()))
@@ -519,7 +520,7 @@ func TestUpgradeToAnotherLayout(t *testing.T) {
 	require.NoError(t, err)
 	st, err := servicelb.NewState(node(), service(eps("elsewhere", 0)))
 	require.NoError(t, err)
-	require.NoError(t, old.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(old.Sync(context.Background(), st)))
 	require.NoError(t, old.Close())
 	// The earlier version's place for its maps: PinPath itself.
 	dirs, err := filepath.Glob(filepath.Join(pins, "maps-*"))
@@ -556,7 +557,7 @@ func TestUpgradeToAnotherLayout(t *testing.T) {
 	o.Sizes = kebpf.Sizes{}
 	w.p, err = kebpf.New(o)
 	require.NoError(t, err, "pins of another layout are no obstacle")
-	require.NoError(t, w.p.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(w.p.Sync(context.Background(), st)))
 	n := asked.Load()
 	for asked.Load() < n+5 {
 		time.Sleep(5 * time.Millisecond)
@@ -597,7 +598,7 @@ func TestUpgradeToAnotherLayout(t *testing.T) {
 	}
 	w.p, err = kebpf.New(o)
 	require.NoError(t, err)
-	require.NoError(t, w.p.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(w.p.Sync(context.Background(), st)))
 	r, err = w.ask(w.tp.Node, "tcp", dst)
 	require.NoError(t, err)
 	assert.Equal(t, "backend-0", r.Host)

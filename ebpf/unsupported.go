@@ -38,7 +38,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 }
 
 // Sync returns ErrNotSupported.
-func (p *Proxier) Sync(context.Context, *servicelb.State) error { return errSystem }
+func (p *Proxier) Sync(context.Context, *servicelb.State) (servicelb.SyncReport, error) {
+	return servicelb.SyncReport{}, errSystem
+}
 
 // Cleanup returns ErrNotSupported.
 func (p *Proxier) Cleanup(context.Context) error { return errSystem }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -37,7 +38,7 @@ func BenchmarkColdSync(b *testing.B) {
 		px := newProxier(b, h, opts)
 		b.StartTimer()
 		start := time.Now()
-		if err := px.Sync(ctx, st); err != nil {
+		if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 			b.Fatal(err)
 		}
 		ours += time.Since(start)
@@ -92,7 +93,7 @@ func BenchmarkOneServiceChange(b *testing.B) {
 	}
 	defer conn.Close()
 	px := newProxier(b, h, Options{Families: []servicelb.Family{servicelb.IPv4}, NoConntrackCleanup: true})
-	if err := px.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 		b.Fatal(err)
 	}
 	var setup nfnl.Batch
@@ -113,7 +114,7 @@ func BenchmarkOneServiceChange(b *testing.B) {
 	}
 	states := []*servicelb.State{e.State(), st}
 	// The first sync after someone else's commit checks the tables.
-	if err := px.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 		b.Fatal(err)
 	}
 	jump := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: "FLOOR-TARGET"}}
@@ -121,7 +122,7 @@ func BenchmarkOneServiceChange(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		start := time.Now()
-		if err := px.Sync(ctx, states[i%2]); err != nil {
+		if err := servicetest.SyncErr(px.Sync(ctx, states[i%2])); err != nil {
 			b.Fatal(err)
 		}
 		ours += time.Since(start)
@@ -162,7 +163,7 @@ func BenchmarkRestartSync(b *testing.B) {
 	ctx := context.Background()
 	h := netnstest.NewHost(b, "benchrestart")
 	opts := Options{Families: []servicelb.Family{servicelb.IPv4}, NoConntrackCleanup: true}
-	if err := newProxier(b, h, opts).Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(newProxier(b, h, opts).Sync(ctx, st)); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -170,7 +171,7 @@ func BenchmarkRestartSync(b *testing.B) {
 		px := newProxier(b, h, opts)
 		cc := &countingConn{Conn: px.conn}
 		px.conn, px.ap = cc, newApplier(px, cc)
-		if err := px.Sync(ctx, st); err != nil {
+		if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 			b.Fatal(err)
 		}
 		if cc.batches != 0 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkBuildCold(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := px.Sync(context.Background(), st); err != nil {
+		if err := servicetest.SyncErr(px.Sync(context.Background(), st)); err != nil {
 			b.Fatal(err)
 		}
 	}

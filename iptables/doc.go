@@ -124,8 +124,8 @@
 // their rules, its rules in the shared chains) and which service (its
 // cluster IPs' rules in the filter table). When the kernel refuses a
 // commit and every message it refused is such a service's, those services
-// are left out and the rest applied in the same Sync, which returns a
-// *servicelb.PartialError naming them (a *servicelb.ValidationError
+// are left out and the rest applied in the same Sync, whose report names
+// them (servicelb.SyncReport.LeftOut: a *servicelb.ValidationError
 // wrapping servicelb.ErrRefused and the kernel's error); they stay out,
 // untried, until they change. A refused change that looks like drift
 // (ENOENT, EEXIST) is first repaired by a whole write, and its services

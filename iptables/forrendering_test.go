@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/iptables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -28,7 +29,7 @@ func TestForRendering(t *testing.T) {
 	want, err := iptables.Render(st, o)
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
-	assert.ErrorIs(t, p.Sync(context.Background(), st), iptables.ErrRenderOnly)
+	assert.ErrorIs(t, servicetest.SyncErr(p.Sync(context.Background(), st)), iptables.ErrRenderOnly)
 	assert.ErrorIs(t, p.Cleanup(context.Background()), iptables.ErrRenderOnly)
 
 	_, err = iptables.ForRendering(iptables.Options{ChainPrefix: "not a prefix"})

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -161,7 +162,7 @@ func (e *env) sync(svcs ...servicelb.Service) *servicelb.State {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := e.px.Sync(context.Background(), st); err != nil {
+	if err := servicetest.SyncErr(e.px.Sync(context.Background(), st)); err != nil {
 		e.t.Fatal(err)
 	}
 	return st

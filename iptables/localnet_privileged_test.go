@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/internal/sysctl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -62,7 +63,7 @@ func TestRouteLocalnet(t *testing.T) {
 				node.LocalhostNodePorts = localhost
 				st, err := servicelb.NewState(node, svc)
 				require.NoError(t, err)
-				require.NoError(t, px.Sync(context.Background(), st))
+				require.NoError(t, servicetest.SyncErr(px.Sync(context.Background(), st)))
 			}
 
 			sync(false)

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -44,7 +45,7 @@ func TestOracle(t *testing.T) {
 			px := newProxier(t, h, Options{ChainPrefix: prefix})
 			cc.Conn, px.conn = px.conn, cc
 			px.ap = newApplier(px, cc)
-			if err := px.Sync(ctx, st); err != nil {
+			if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 				t.Fatal(err)
 			}
 			fresh := netnstest.NewHost(t, "iptr")
@@ -69,7 +70,7 @@ func TestOracle(t *testing.T) {
 				t.Errorf("nft expressions differ (-iptables-nft-restore +ours):\n%s", diff)
 			}
 			batches := cc.batches
-			if err := px.Sync(ctx, st); err != nil {
+			if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 				t.Fatal(err)
 			}
 			if cc.batches != batches {
@@ -95,7 +96,7 @@ func TestCoexistence(t *testing.T) {
 	a := newProxier(t, h, Options{ChainPrefix: "KUBE-", Families: []servicelb.Family{servicelb.IPv4}})
 	b := newProxier(t, h, Options{ChainPrefix: "KUBE-X-", Families: []servicelb.Family{servicelb.IPv4}, DropBit: 16})
 	for _, px := range []*Proxier{a, b, a} {
-		if err := px.Sync(ctx, st); err != nil {
+		if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -141,11 +141,11 @@ func (px *Proxier) Capabilities() servicelb.Capabilities {
 // one nf_tables transaction: a failed Sync changes nothing. A service
 // port the Proxier's capabilities refuse fails the Sync with servicelb's
 // error (ErrUnsupported) before anything is sent.
-func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+func (px *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	px.mu.Lock()
 	defer px.mu.Unlock()
 	if px.eng == nil {
-		return ErrRenderOnly
+		return servicelb.SyncReport{}, fmt.Errorf("iptables: sync: %w", ErrRenderOnly)
 	}
 	return px.eng.Sync(ctx, st)
 }

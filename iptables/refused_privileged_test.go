@@ -16,6 +16,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -36,7 +37,7 @@ func manyServices(n int) []servicelb.Service {
 
 // TestKernelRefusalLeavesOnePortOut: the kernel refuses what the Proxier
 // writes for one service (its rules, made to name a chain that does not
-// exist): that service is left out, named alone in a PartialError, and
+// exist): that service is left out, named alone in the report, and
 // the 1,000 others are in the kernel after the same Sync, as Render shows
 // them. Changed and refused again in a change (which the kernel's ENOENT
 // makes a whole write, refused too), it stays out while a good service's
@@ -66,15 +67,15 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 		k, ok := o.(servicelb.ServicePortKey)
 		return ok && k.Service == bad.Name
 	}), func([]byte) { batches++ })
-	leftOut := func(err error) []string {
+	leftOut := func(rep servicelb.SyncReport, err error) []string {
 		t.Helper()
-		var pe *servicelb.PartialError
-		require.ErrorAs(t, err, &pe, "%v", err)
-		return slices.Sorted(maps.Keys(pe.LeftOut))
+		require.NoError(t, err)
+		return slices.Sorted(maps.Keys(rep.LeftOut))
 	}
 
-	err = px.Sync(refuse, b.State())
-	assert.Equal(t, []string{bad.Name}, leftOut(err))
+	rep, err := px.Sync(refuse, b.State())
+	assert.Equal(t, []string{bad.Name}, leftOut(rep, err))
+	err = servicetest.LeftOut(rep)
 	require.ErrorIs(t, err, servicelb.ErrRefused)
 	require.ErrorIs(t, err, syscall.ENOENT)
 	assert.Contains(t, err.Error(), `service "default/bad": ports default/bad:http/ipv4: refused by the kernel`)
@@ -86,8 +87,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3")}}
 	require.NoError(t, b.Upsert(moved))
 	batches = 0
-	err = px.Sync(refuse, b.State())
-	assert.Equal(t, []string{bad.Name}, leftOut(err))
+	assert.Equal(t, []string{bad.Name}, leftOut(px.Sync(refuse, b.State())))
 	assert.Equal(t, 3, batches, "the change, the whole write, the whole write without the refused service")
 	v4 := saved(t, h, servicelb.IPv4)
 	assert.Contains(t, v4, "--to-destination 10.3.0.3:8080")
@@ -97,8 +97,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7")}}
 	require.NoError(t, b.Upsert(moved))
 	batches = 0
-	err = px.Sync(refuse, b.State())
-	assert.Equal(t, []string{bad.Name}, leftOut(err))
+	assert.Equal(t, []string{bad.Name}, leftOut(px.Sync(refuse, b.State())))
 	assert.Equal(t, 1, batches)
 	v4 = saved(t, h, servicelb.IPv4)
 	assert.Contains(t, v4, "--to-destination 10.3.0.7:8080")
@@ -106,6 +105,6 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 
 	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
 	require.NoError(t, b.Upsert(bad))
-	require.NoError(t, px.Sync(ctx, b.State()))
+	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, b.State())))
 	checkRendered(t, h, px, b.State(), "after the refused service changed")
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -79,7 +80,8 @@ func TestStaleFlows(t *testing.T) {
 			require.NoError(t, b.Upsert(svc))
 		}
 		st := b.State()
-		return st, px.Sync(ctx, st)
+		err := servicetest.SyncErr(px.Sync(ctx, st))
+		return st, err
 	}
 	frontend := func(port uint16, serving ...string) servicelb.StaleFlow {
 		ip := map[uint16]string{53: "10.96.0.53", 80: "10.96.0.80"}[port]

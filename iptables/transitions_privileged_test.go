@@ -56,7 +56,7 @@ func TestRandomTransitions(t *testing.T) {
 			t.Fatalf("step %d (%s): %v", step, kind, err)
 		}
 		before := cc.batches
-		if err := px.Sync(ctx, b.State()); err != nil {
+		if err := servicetest.SyncErr(px.Sync(ctx, b.State())); err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
 		if n := cc.batches - before; n > 1 {
@@ -69,7 +69,7 @@ func TestRandomTransitions(t *testing.T) {
 	final := b.State()
 	checkRendered(t, h, px, final, "final state")
 	fresh := netnstest.NewHost(t, "iptfresh")
-	if err := newProxier(t, fresh, Options{}).Sync(ctx, final); err != nil {
+	if err := servicetest.SyncErr(newProxier(t, fresh, Options{}).Sync(ctx, final)); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
@@ -100,7 +100,7 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 	h := netnstest.NewHost(t, "iptfail")
 	px := newProxier(t, h, Options{})
 	st := richState(t)
-	if err := px.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 		t.Fatal(err)
 	}
 	before := dumpAll(t, h)
@@ -112,10 +112,10 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := px.Sync(ctx, badState); !errors.Is(err, ErrInvalidOptions) {
+	if err := servicetest.SyncErr(px.Sync(ctx, badState)); !errors.Is(err, ErrInvalidOptions) {
 		t.Fatalf("sync with the masquerade bit on the drop bit: %v, want ErrInvalidOptions", err)
 	}
-	if err := px.Sync(ctx, nil); err == nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, nil)); err == nil {
 		t.Fatal("sync of a nil state succeeded")
 	}
 	if after := dumpAll(t, h); after != before {
@@ -128,7 +128,7 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 	// incremental way; the kernel refuses the chain's deletion.
 	svc := px.n.svc(st.Port(servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}))
 	h.Exec(t, "iptables-nft", "-t", "nat", "-N", "FOREIGN")
-	if err := px.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 		t.Fatal(err)
 	}
 	h.Exec(t, "iptables-nft", "-t", "nat", "-A", "FOREIGN", "-j", svc)
@@ -141,7 +141,7 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := edit.State()
-	err = px.Sync(ctx, next)
+	err = servicetest.SyncErr(px.Sync(ctx, next))
 	if !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("sync deleting a chain in use: %v, want EBUSY", err)
 	}
@@ -150,7 +150,7 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 	}
 	// The next sync reads the tables back: it applies the state but only
 	// flushes the chain the foreign rule uses.
-	if err := px.Sync(ctx, next); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, next)); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.Exec(t, "iptables-nft", "-t", "nat", "-S", svc); got != "-N "+svc+"\n" {
@@ -159,7 +159,7 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 	// Once the foreign chain is gone, the next sync deletes it.
 	h.Exec(t, "iptables-nft", "-t", "nat", "-F", "FOREIGN")
 	h.Exec(t, "iptables-nft", "-t", "nat", "-X", "FOREIGN")
-	if err := px.Sync(ctx, next); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, next)); err != nil {
 		t.Fatal(err)
 	}
 	checkRendered(t, h, px, next, "after the retry")
@@ -168,7 +168,7 @@ func TestFailedSyncChangesNothing(t *testing.T) {
 // TestSchedulerHintRefused: a scheduler hint the Proxier does not honour
 // fails Render with servicelb's ErrUnsupported, naming the service and the
 // field; Sync leaves that service out with the same error
-// (servicelb.PartialError) and applies the rest.
+// (SyncReport.LeftOut) and applies the rest.
 func TestSchedulerHintRefused(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nft_compat", "nat")
 	ctx := context.Background()
@@ -195,17 +195,16 @@ func TestSchedulerHintRefused(t *testing.T) {
 		return b.State()
 	}
 	// The refused service is left out; the rest is applied.
-	err := px.Sync(ctx, state(servicelb.SchedulerRoundRobin))
-	refused(err)
-	var pe *servicelb.PartialError
-	require.ErrorAs(t, err, &pe)
+	rep, err := px.Sync(ctx, state(servicelb.SchedulerRoundRobin))
+	require.NoError(t, err)
+	refused(servicetest.LeftOut(rep))
 	checkRendered(t, h, px, without(""), "after a first sync that left a service out")
 	_, err = px.Render(state(servicelb.SchedulerMaglev))
 	refused(err)
 
-	require.NoError(t, px.Sync(ctx, state(servicelb.SchedulerRandom)))
+	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, state(servicelb.SchedulerRandom))))
 	checkRendered(t, h, px, state(""), "after the service was fixed")
-	refused(px.Sync(ctx, state(servicelb.SchedulerLeastConn)))
+	refused(servicetest.SyncErr(px.Sync(ctx, state(servicelb.SchedulerLeastConn))))
 	checkRendered(t, h, px, without(""), "after the service was broken again")
 }
 
@@ -233,13 +232,13 @@ func TestRepairsForeignDamage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := netnstest.NewHost(t, "iptrepair")
 			px := newProxier(t, h, Options{})
-			if err := px.Sync(ctx, st); err != nil {
+			if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 				t.Fatal(err)
 			}
 			for _, cmd := range tc.damage {
 				h.Exec(t, cmd[0], cmd[1:]...)
 			}
-			if err := px.Sync(ctx, st); err != nil {
+			if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 				t.Fatal(err)
 			}
 			checkRendered(t, h, px, st, "after repair")
@@ -257,7 +256,7 @@ func TestDeleteOfARuleAlreadyGone(t *testing.T) {
 	h := netnstest.NewHost(t, "iptgone")
 	px := newProxier(t, h, Options{})
 	st := richState(t)
-	require.NoError(t, px.Sync(ctx, st))
+	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, st)))
 	for _, line := range strings.Split(h.Exec(t, "iptables-nft", "-t", "nat", "-S", "KPROXY-SERVICES"), "\n") {
 		if strings.Contains(line, "default/web:http") {
 			h.Exec(t, "sh", "-c", "iptables-nft -t nat "+strings.Replace(line, "-A", "-D", 1))
@@ -266,7 +265,7 @@ func TestDeleteOfARuleAlreadyGone(t *testing.T) {
 	b := st.Edit()
 	b.Delete("default/web")
 	next := b.State()
-	require.NoError(t, px.Sync(ctx, next))
+	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, next)))
 	checkRendered(t, h, px, next, "after the service whose rules were gone was removed")
 }
 
@@ -283,7 +282,7 @@ func TestChangesTouchOnlyTheirChains(t *testing.T) {
 	cc := &countingConn{Conn: px.conn}
 	px.conn, px.ap = cc, newApplier(px, cc)
 	st := richState(t)
-	if err := px.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 		t.Fatal(err)
 	}
 	webKey := servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}
@@ -333,7 +332,7 @@ func TestChangesTouchOnlyTheirChains(t *testing.T) {
 			st = next
 		}
 		before := cc.batches
-		if err := px.Sync(ctx, next); err != nil {
+		if err := servicetest.SyncErr(px.Sync(ctx, next)); err != nil {
 			t.Fatal(err)
 		}
 		if cc.batches != before+1 {
@@ -370,7 +369,7 @@ func TestRestartAdopts(t *testing.T) {
 	ctx := context.Background()
 	h := netnstest.NewHost(t, "iptrestart")
 	st := richState(t)
-	if err := newProxier(t, h, Options{}).Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(newProxier(t, h, Options{}).Sync(ctx, st)); err != nil {
 		t.Fatal(err)
 	}
 	handles := h.Exec(t, "nft", "-a", "list", "chain", "ip", "nat", "KPROXY-SERVICES")
@@ -378,7 +377,7 @@ func TestRestartAdopts(t *testing.T) {
 	px := newProxier(t, h, Options{})
 	cc := &countingConn{Conn: px.conn}
 	px.conn, px.ap = cc, newApplier(px, cc)
-	if err := px.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(px.Sync(ctx, st)); err != nil {
 		t.Fatal(err)
 	}
 	if cc.batches != 0 {
@@ -397,7 +396,7 @@ func TestRestartAdopts(t *testing.T) {
 	px2 := newProxier(t, h, Options{})
 	cc2 := &countingConn{Conn: px2.conn}
 	px2.conn, px2.ap = cc2, newApplier(px2, cc2)
-	if err := px2.Sync(ctx, next); err != nil {
+	if err := servicetest.SyncErr(px2.Sync(ctx, next)); err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range strings.Split(strings.TrimSpace(cc2.last), "\n") {
@@ -422,21 +421,21 @@ func TestFullResync(t *testing.T) {
 		Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}}))
 	more := b.State()
 	px := newProxier(t, h, Options{VerifyInterval: time.Nanosecond})
-	require.NoError(t, px.Sync(ctx, st))
+	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, st)))
 	svc := px.n.svc(st.Port(servicelb.ServicePortKey{Service: "default/web", Port: "http", Family: servicelb.IPv4}))
 	h.Exec(t, "iptables-nft", "-t", "nat", "-F", svc)
 	h.Exec(t, "iptables-nft", "-t", "nat", "-D", "KPROXY-SERVICES", "1")
-	require.NoError(t, px.Sync(ctx, more))
+	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, more)))
 	checkRendered(t, h, px, more, "after a change once the interval passed")
 
 	// With the default interval a sync with changes checks cheaply only:
 	// the damage stays until a sync with nothing to change.
 	lazy := newProxier(t, h, Options{})
-	require.NoError(t, lazy.Sync(ctx, st))
+	require.NoError(t, servicetest.SyncErr(lazy.Sync(ctx, st)))
 	h.Exec(t, "iptables-nft", "-t", "nat", "-F", svc)
-	require.NoError(t, lazy.Sync(ctx, more))
+	require.NoError(t, servicetest.SyncErr(lazy.Sync(ctx, more)))
 	assert.Equal(t, "-N "+svc+"\n", h.Exec(t, "iptables-nft", "-t", "nat", "-S", svc),
 		"a sync with changes read the rules back before the interval passed")
-	require.NoError(t, lazy.Sync(ctx, more))
+	require.NoError(t, servicetest.SyncErr(lazy.Sync(ctx, more)))
 	checkRendered(t, h, lazy, more, "after a sync with nothing to change")
 }

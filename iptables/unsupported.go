@@ -31,7 +31,9 @@ func (px *Proxier) Capabilities() servicelb.Capabilities {
 }
 
 // Sync returns ErrNotSupported.
-func (px *Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
+func (px *Proxier) Sync(context.Context, *servicelb.State) (servicelb.SyncReport, error) {
+	return servicelb.SyncReport{}, errNotSupported
+}
 
 // Cleanup returns ErrNotSupported.
 func (px *Proxier) Cleanup(context.Context) error { return errNotSupported }

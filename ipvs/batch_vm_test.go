@@ -6,10 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // TestColdSyncBatches: a cold sync sends its virtual servers, real
@@ -51,7 +53,7 @@ func TestFailedAddSendsNoRemoval(t *testing.T) {
 	first.Endpoints[9].Addr = a("100.127.255.1")
 	second.Endpoints[9].Addr = a("100.127.255.2")
 	next := e.state(first, second)
-	err := e.p.Sync(t.Context(), next)
+	err := servicetest.SyncErr(e.p.Sync(t.Context(), next))
 	require.ErrorIs(t, err, ErrKernel)
 	require.ErrorIs(t, err, unix.ESRCH)
 	require.ErrorContains(t, err, "add real server -t 10.96.0.2:80")

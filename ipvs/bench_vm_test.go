@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -81,13 +82,13 @@ func benchColdSync(b *testing.B, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		cold := timedErr(b, func() error { return p.Sync(b.Context(), st) })
+		cold := timedErr(b, func() error { return servicetest.SyncErr(p.Sync(b.Context(), st)) })
 		p.Close()
 		p, err = New(Options{NetNS: h.NS})
 		if err != nil {
 			b.Fatal(err)
 		}
-		restart := timedErr(b, func() error { return p.Sync(b.Context(), st) })
+		restart := timedErr(b, func() error { return servicetest.SyncErr(p.Sync(b.Context(), st)) })
 		bld := st.Edit()
 		changed := benchService(n/2, 1) // one endpoint replaced
 		changed.Endpoints[9].Addr = a("100.127.255.1")
@@ -95,7 +96,7 @@ func benchColdSync(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 		writes := p.writes()
-		change := timedErr(b, func() error { return p.Sync(b.Context(), bld.State()) })
+		change := timedErr(b, func() error { return servicetest.SyncErr(p.Sync(b.Context(), bld.State())) })
 		writes = p.writes() - writes
 		p.Close()
 		b.ReportMetric(restore.Seconds(), "ipvsadm-R-s")

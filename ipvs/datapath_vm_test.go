@@ -14,6 +14,7 @@ import (
 	"github.com/kproxy-dev/kproxy/internal/benchwork"
 	"github.com/kproxy-dev/kproxy/internal/benchwork/benchlb"
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -67,7 +68,7 @@ func dataPath(b *testing.B, n, m int) {
 		b.Fatal(err)
 	}
 	defer p.Close()
-	cold := timedErr(b, func() error { return p.Sync(b.Context(), st) })
+	cold := timedErr(b, func() error { return servicetest.SyncErr(p.Sync(b.Context(), st)) })
 	var vips, direct []string
 	for _, i := range benchwork.Probed(n) {
 		vips = append(vips, netip.AddrPortFrom(ws[i].VIP, 80).String())

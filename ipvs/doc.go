@@ -103,7 +103,7 @@
 // mark has bits of Options.FWMarkMask. Every other virtual server is left
 // alone, including foreign ones on node addresses; a service that needs
 // one is left out (a *servicelb.ValidationError wrapping
-// servicelb.ErrFrontendTaken and ErrConflict, in a servicelb.PartialError)
+// servicelb.ErrFrontendTaken and ErrConflict, in servicelb.SyncReport.LeftOut)
 // and the rest of the State applied. Two proxiers with different links, set
 // prefixes, chain prefixes and mark masks share a namespace, as long as
 // their services do not share addresses and ports.
@@ -135,8 +135,8 @@
 // through). A virtual or real server the kernel refuses (an errno, such
 // as EINVAL for a real server at a broadcast address of the node) leaves
 // its service out: the sync reads the kernel again, removes what it made
-// of that service and applies the rest, in the same Sync, which returns a
-// *servicelb.PartialError naming it (a *servicelb.ValidationError
+// of that service and applies the rest, in the same Sync, whose report
+// names it (servicelb.SyncReport.LeftOut: a *servicelb.ValidationError
 // wrapping servicelb.ErrRefused and the kernel's error); it stays out,
 // untried, until it changes. The services of every refusal in a batch are
 // left out at once. A request for a virtual server someone else removed

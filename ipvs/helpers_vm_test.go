@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -65,7 +67,7 @@ func (e *env) state(svcs ...servicelb.Service) *servicelb.State {
 // sync syncs st and fails the test on error.
 func (e *env) sync(st *servicelb.State) {
 	e.t.Helper()
-	if err := e.p.Sync(e.t.Context(), st); err != nil {
+	if err := servicetest.SyncErr(e.p.Sync(e.t.Context(), st)); err != nil {
 		e.t.Fatalf("Sync: %v", err)
 	}
 }
@@ -286,8 +288,9 @@ func parseSave(t *testing.T, text string) []*VirtualServer {
 // names left out, sorted, and the rest.
 func (e *env) syncLeavingOut(st *servicelb.State, kind error) ([]string, *servicelb.State) {
 	e.t.Helper()
-	names := leftOut(e.t, e.p.Sync(e.t.Context(), st), kind)
-	rest := without(st, names)
+	rep, err := e.p.Sync(e.t.Context(), st)
+	names := leftOut(e.t, rep, err, kind)
+	rest := rep.Applied
 	got := kernelText(e.t, e.tp.Node, e.p.opts)
 	got[SectionIPVS] = dropLines(got[SectionIPVS], e.foreign)
 	if diff := cmp.Diff(renderText(e.t, rest, e.p.opts), got); diff != "" {
@@ -296,24 +299,14 @@ func (e *env) syncLeavingOut(st *servicelb.State, kind error) ([]string, *servic
 	return names, rest
 }
 
-// leftOut checks that err is a *servicelb.PartialError whose errors are of
-// kind, and returns the names of the services it left out, sorted.
-func leftOut(t testing.TB, err error, kind error) []string {
+// leftOut checks that a Sync succeeded leaving out services with errors
+// of kind, and returns their names, sorted.
+func leftOut(t testing.TB, rep servicelb.SyncReport, err error, kind error) []string {
 	t.Helper()
-	var pe *servicelb.PartialError
-	if !errors.As(err, &pe) || !errors.Is(err, kind) {
-		t.Fatalf("Sync: %v, want services left out with %v", err, kind)
+	if err != nil || len(rep.LeftOut) == 0 || !errors.Is(servicetest.LeftOut(rep), kind) {
+		t.Fatalf("Sync: %v, left out %v, want services left out with %v", err, rep.LeftOut, kind)
 	}
-	return slices.Sorted(maps.Keys(pe.LeftOut))
-}
-
-// without returns st without the named services.
-func without(st *servicelb.State, names []string) *servicelb.State {
-	b := st.Edit()
-	for _, n := range names {
-		b.Delete(n)
-	}
-	return b.State()
+	return slices.Sorted(maps.Keys(rep.LeftOut))
 }
 
 // dropLines returns text without the lines of drop.

@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // longService is a TCP service on port 7000 (line servers) and 80 (echo
@@ -365,7 +367,7 @@ func TestOwnership(t *testing.T) {
 		}
 		names, _ := e.syncLeavingOut(sync.st, ErrConflict)
 		require.Equal(t, []string{"default/clash"}, names, sync.name)
-		require.ErrorIs(t, e.p.Sync(t.Context(), sync.st), servicelb.ErrFrontendTaken)
+		require.ErrorIs(t, servicetest.SyncErr(e.p.Sync(t.Context(), sync.st)), servicelb.ErrFrontendTaken)
 	}
 	e.node.MasqueradeAll = true // a node change: a sync of every port
 	names, _ := e.syncLeavingOut(e.state(longService(0), clash), ErrConflict)
@@ -382,7 +384,7 @@ func TestOwnership(t *testing.T) {
 	other := servicelb.Service{Name: "other/web", ClusterIPs: []netip.Addr{a("10.96.7.7")},
 		Ports: []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30777}}, Endpoints: endpoints(0)}
 	st2 := e.state(other)
-	if err := p2.Sync(t.Context(), st2); err != nil {
+	if err := servicetest.SyncErr(p2.Sync(t.Context(), st2)); err != nil {
 		t.Fatal(err)
 	}
 	render := func(st *servicelb.State) []*VirtualServer {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -48,11 +49,12 @@ func TestKernelRefusalLeavesOneServiceOut(t *testing.T) {
 	}
 	require.NoError(t, b.Upsert(bad))
 
-	err = e.p.Sync(t.Context(), b.State())
-	assert.Equal(t, []string{bad.Name}, leftOut(t, err, servicelb.ErrRefused))
+	rep, err := e.p.Sync(t.Context(), b.State())
+	assert.Equal(t, []string{bad.Name}, leftOut(t, rep, err, servicelb.ErrRefused))
+	err = servicetest.LeftOut(rep)
 	require.ErrorIs(t, err, syscall.EINVAL)
 	assert.Contains(t, err.Error(), `service "default/bad": ports default/bad:http/ipv4: refused by the kernel: add real server`)
-	rest := without(b.State(), []string{bad.Name})
+	rest := rep.Applied
 	if diff := gocmp.Diff(renderText(t, rest, e.p.opts), kernelText(t, e.tp.Node, e.p.opts)); diff != "" {
 		t.Fatalf("the kernel is not the 1,000 good services' (-render +kernel):\n%s", diff)
 	}
@@ -60,8 +62,8 @@ func TestKernelRefusalLeavesOneServiceOut(t *testing.T) {
 	moved := good[7]
 	moved.Endpoints = endpoint("10.244.1.3")
 	require.NoError(t, b.Upsert(moved))
-	err = e.p.Sync(t.Context(), b.State())
-	assert.Equal(t, []string{bad.Name}, leftOut(t, err, servicelb.ErrRefused))
+	rep, err = e.p.Sync(t.Context(), b.State())
+	assert.Equal(t, []string{bad.Name}, leftOut(t, rep, err, servicelb.ErrRefused))
 	got := e.tp.Node.Exec(t, "ipvsadm", "-Sn")
 	assert.Contains(t, got, "-a -t 10.97.0.8:80 -r 10.244.1.3:8080")
 	assert.False(t, strings.Contains(got, "10.96.9.9"), "the refused service's virtual server is in the kernel")

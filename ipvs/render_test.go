@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -26,7 +27,7 @@ func TestForRendering(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
 		assert.Equal(t, strict, p.Capabilities().Features&servicelb.FeatureNoARPAnswers != 0, "strict ARP %v", strict)
-		assert.ErrorIs(t, p.Sync(context.Background(), st), servicelb.ErrRenderOnly)
+		assert.ErrorIs(t, servicetest.SyncErr(p.Sync(context.Background(), st)), servicelb.ErrRenderOnly)
 		assert.ErrorIs(t, p.Cleanup(context.Background()), servicelb.ErrRenderOnly)
 		assert.NoError(t, p.Close())
 		assert.NoError(t, p.Close())

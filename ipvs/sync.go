@@ -24,17 +24,17 @@ import (
 // servicelb.ErrCapacity, ErrConflict) is left out before anything of it is
 // sent, and one whose virtual or real servers the kernel refuses
 // (servicelb.ErrRefused) once they are, and the rest applied: Sync then
-// returns a *servicelb.PartialError. IPVS is not transactional: Sync adds addresses,
+// names them in its report (servicelb.SyncReport.LeftOut). IPVS is not transactional: Sync adds addresses,
 // set entries, virtual servers and real servers before it removes any, so
 // that no virtual address is ever left without its servers; if it fails
 // part way, the next Sync reads the kernel and completes the change. Sync
 // also deletes draining real servers whose connections have ended (see
 // Drain).
-func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.renderOnly {
-		return fmt.Errorf("ipvs: sync: %w", ErrRenderOnly)
+		return servicelb.SyncReport{}, fmt.Errorf("ipvs: sync: %w", ErrRenderOnly)
 	}
 	return p.eng.Sync(ctx, st)
 }

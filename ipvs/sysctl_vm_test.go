@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -47,7 +48,7 @@ func TestSysctls(t *testing.T) {
 	}
 	defer p.Close()
 	st := mustState(t, servicelb.NodeConfig{}, longService(0))
-	if err := p.Sync(t.Context(), st); !errors.Is(err, ErrSysctl) {
+	if err := servicetest.SyncErr(p.Sync(t.Context(), st)); !errors.Is(err, ErrSysctl) {
 		t.Fatalf("Sync with LeaveSysctls and the sysctls unset: %v, want ErrSysctl", err)
 	}
 	if got := readSysctl(t, h, "net/ipv4/vs/conntrack"); got != "0" {

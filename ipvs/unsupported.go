@@ -33,7 +33,9 @@ func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 func (p *Proxier) Render(*servicelb.State) (string, error) { return "", errNotSupported }
 
 // Sync returns ErrNotSupported.
-func (p *Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
+func (p *Proxier) Sync(context.Context, *servicelb.State) (servicelb.SyncReport, error) {
+	return servicelb.SyncReport{}, errNotSupported
+}
 
 // Cleanup returns ErrNotSupported.
 func (p *Proxier) Cleanup(context.Context) error { return errNotSupported }

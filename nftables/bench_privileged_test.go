@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -100,7 +101,7 @@ func BenchmarkColdSync(b *testing.B) {
 		}
 		b.StartTimer()
 		t0 := time.Now()
-		if err := p.Sync(ctx, st); err != nil {
+		if err := servicetest.SyncErr(p.Sync(ctx, st)); err != nil {
 			b.Fatal(err)
 		}
 		sync += time.Since(t0)
@@ -150,7 +151,7 @@ func newChanger(b *testing.B, n int) *changer {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { p.Close() })
-	if err := p.Sync(context.Background(), a); err != nil {
+	if err := servicetest.SyncErr(p.Sync(context.Background(), a)); err != nil {
 		b.Fatal(err)
 	}
 	return &changer{h: h, p: p, a: a, c: ed.State()}
@@ -163,7 +164,7 @@ func (c *changer) step(b *testing.B) time.Duration {
 	}
 	c.i++
 	t0 := time.Now()
-	if err := c.p.Sync(context.Background(), st); err != nil {
+	if err := servicetest.SyncErr(c.p.Sync(context.Background(), st)); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(t0)
@@ -255,7 +256,7 @@ func BenchmarkServiceChange(b *testing.B) {
 	}
 	defer p.Close()
 	ctx := context.Background()
-	if err := p.Sync(ctx, a); err != nil {
+	if err := servicetest.SyncErr(p.Sync(ctx, a)); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -264,7 +265,7 @@ func BenchmarkServiceChange(b *testing.B) {
 		if i%2 == 1 {
 			st = a
 		}
-		if err := p.Sync(ctx, st); err != nil {
+		if err := servicetest.SyncErr(p.Sync(ctx, st)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -286,7 +287,7 @@ func BenchmarkCheckAfterForeignCommit(b *testing.B) {
 	}
 	defer p.Close()
 	ctx := context.Background()
-	if err := p.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(p.Sync(ctx, st)); err != nil {
 		b.Fatal(err)
 	}
 	other, err := nfnl.Open(nfnl.Options{NetNS: int(h.NS)})
@@ -307,7 +308,7 @@ func BenchmarkCheckAfterForeignCommit(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		if err := p.Sync(ctx, st); err != nil {
+		if err := servicetest.SyncErr(p.Sync(ctx, st)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -12,9 +12,9 @@
 //
 //	p, err := nftables.New(nftables.Options{NetNS: ns, Logger: log})
 //	defer p.Close()
-//	err = p.Sync(ctx, state)   // as often as the state changes
-//	text, err := p.Render(state) // the same table as nft text, for dry runs
-//	err = p.Cleanup(ctx)       // deletes the table, and nothing else
+//	rep, err := p.Sync(ctx, state) // as often as the state changes
+//	text, err := p.Render(state)   // the same table as nft text, for dry runs
+//	err = p.Cleanup(ctx)           // deletes the table, and nothing else
 //
 // New opens a netlink socket in Options.NetNS (and a conntrack socket for
 // stale-flow cleanup) and sends nothing. Render (the package function, or
@@ -168,7 +168,7 @@
 // rules) and, in the messages of the shared sets and maps, each element.
 // When the kernel refuses a commit and every message it refused is a
 // service port's, those services are left out and the rest applied in the
-// same Sync, which returns a *servicelb.PartialError naming them (a
+// same Sync, whose report names them (servicelb.SyncReport.LeftOut: a
 // *servicelb.ValidationError wrapping servicelb.ErrRefused and the
 // kernel's error); they stay out, untried, until they change. A refused
 // change that looks like drift (ENOENT, EEXIST) is first repaired by a

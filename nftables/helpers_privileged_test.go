@@ -12,6 +12,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -46,7 +47,7 @@ func mustState(t testing.TB, node servicelb.NodeConfig, svcs ...servicelb.Servic
 
 func mustSync(t testing.TB, p *nftables.Proxier, st *servicelb.State) {
 	t.Helper()
-	if err := p.Sync(testCtx(t), st); err != nil {
+	if err := servicetest.SyncErr(p.Sync(testCtx(t), st)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -229,16 +230,15 @@ func TestInvalidInputLeavesTable(t *testing.T) {
 		{"4096 endpoints", ed2.State(), servicelb.ErrCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var pe *servicelb.PartialError
-			if err := p.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) || !errors.As(err, &pe) {
-				t.Fatalf("Sync error = %v, want %v, the service left out", err, tc.want)
+			if rep, err := p.Sync(testCtx(t), tc.st); err != nil || !errors.Is(servicetest.LeftOut(rep), tc.want) {
+				t.Fatalf("Sync = %v, left out %v, want the service left out with %v", err, rep.LeftOut, tc.want)
 			}
 			if got := generation(t, h); got != g {
 				t.Errorf("generation moved from %d to %d: the refused service reached the kernel", g, got)
 			}
 			fresh := newProxier(t, h, nftables.Options{})
-			if err := fresh.Sync(testCtx(t), tc.st); !errors.Is(err, tc.want) || !errors.As(err, &pe) {
-				t.Fatalf("first Sync error = %v, want %v, the service left out", err, tc.want)
+			if rep, err := fresh.Sync(testCtx(t), tc.st); err != nil || !errors.Is(servicetest.LeftOut(rep), tc.want) {
+				t.Fatalf("first Sync = %v, left out %v, want the service left out with %v", err, rep.LeftOut, tc.want)
 			}
 			if after := h.Exec(t, "nft", "list", "ruleset"); after != before {
 				t.Errorf("ruleset changed:\n--- before\n%s\n--- after\n%s", before, after)
@@ -384,7 +384,7 @@ func TestEndpointReplacedInPlace(t *testing.T) {
 		st := mustState(t, servicelb.NodeConfig{}, svc(eps))
 		var sent int
 		ctx := nfnl.WithTap(testCtx(t), func(f []byte) { sent += len(f) })
-		require.NoError(t, p.Sync(ctx, st), s.name)
+		require.NoError(t, servicetest.SyncErr(p.Sync(ctx, st)), s.name)
 		q := newProxier(t, fresh, nftables.Options{NoConntrackCleanup: true})
 		mustSync(t, q, st)
 		if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
@@ -422,7 +422,7 @@ func TestChangeIsOneRoundTrip(t *testing.T) {
 		st := b.State()
 		var seen []string
 		ctx := nfnl.WithRequests(testCtx(t), func(r nfnl.Request) { seen = append(seen, r.String()) })
-		require.NoError(t, p.Sync(ctx, st))
+		require.NoError(t, servicetest.SyncErr(p.Sync(ctx, st)))
 		return st, seen
 	}
 	change("10.244.1.1")

@@ -204,11 +204,11 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 
 // Sync makes the table match st. See the package documentation for what
 // it writes and when.
-func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil && !p.eng.Closed() {
-		return ErrRenderOnly
+		return servicelb.SyncReport{}, fmt.Errorf("nftables: sync: %w", ErrRenderOnly)
 	}
 	return p.eng.Sync(ctx, st)
 }

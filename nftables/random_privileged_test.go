@@ -46,7 +46,7 @@ func TestRandomTransitions(t *testing.T) {
 			t.Fatalf("change %d (%s): %v", i, kind, err)
 		}
 		kinds[kind]++
-		if err := p.Sync(testCtx(t), b.State()); err != nil {
+		if err := servicetest.SyncErr(p.Sync(testCtx(t), b.State())); err != nil {
 			t.Fatalf("sync %d: %v", i, err)
 		}
 		if d := nftables.ModelDrift(p, b.State()); d != "" {

@@ -4,6 +4,7 @@ package nftables_test
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -37,7 +39,7 @@ func manyServices(n int) []servicelb.Service {
 
 // TestKernelRefusalLeavesOnePortOut: the kernel refuses what the Proxier
 // writes for one service (its rules, made to name a chain that does not
-// exist): that service is left out, named alone in a PartialError, and
+// exist): that service is left out, named alone in the report, and
 // the 1,000 others are in the kernel after the same Sync. A later change
 // of another service reaches the kernel in the next sync; once the
 // refused service changes and the kernel takes it, it goes in.
@@ -63,16 +65,10 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 		return ok && k.Service == bad.Name
 	})
 
-	err = p.Sync(refuse, b.State())
-	var pe *servicelb.PartialError
-	require.ErrorAs(t, err, &pe, "%v", err)
-	assert.Equal(t, []string{bad.Name}, slices.Sorted(func(yield func(string) bool) {
-		for name := range pe.LeftOut {
-			if !yield(name) {
-				return
-			}
-		}
-	}))
+	rep, err := p.Sync(refuse, b.State())
+	require.NoError(t, err)
+	assert.Equal(t, []string{bad.Name}, slices.Sorted(maps.Keys(rep.LeftOut)))
+	err = servicetest.LeftOut(rep)
 	require.ErrorIs(t, err, servicelb.ErrRefused)
 	require.ErrorIs(t, err, syscall.ENOENT)
 	assert.Contains(t, err.Error(), `service "default/bad": ports default/bad:http/ipv4: refused by the kernel`)
@@ -100,10 +96,10 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.3")}}
 	require.NoError(t, b.Upsert(moved))
 	batches := 0
-	err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
-	require.ErrorAs(t, err, &pe)
-	assert.Len(t, pe.LeftOut, 1)
-	assert.Contains(t, pe.LeftOut, bad.Name)
+	rep, err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
+	require.NoError(t, err)
+	assert.Len(t, rep.LeftOut, 1)
+	assert.Contains(t, rep.LeftOut, bad.Name)
 	assert.Equal(t, 3, batches)
 	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
 	assert.Contains(t, listed, "10.3.0.3 . 8080")
@@ -115,9 +111,9 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	moved.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.3.0.7")}}
 	require.NoError(t, b.Upsert(moved))
 	batches = 0
-	err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
-	require.ErrorAs(t, err, &pe)
-	assert.Len(t, pe.LeftOut, 1)
+	rep, err = p.Sync(nfnl.WithTap(refuse, func([]byte) { batches++ }), b.State())
+	require.NoError(t, err)
+	assert.Len(t, rep.LeftOut, 1)
 	assert.Equal(t, 1, batches)
 	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
 	assert.Contains(t, listed, "10.3.0.7 . 8080")
@@ -126,7 +122,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	// The refused service changes, and the kernel takes it: it goes in.
 	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
 	require.NoError(t, b.Upsert(bad))
-	require.NoError(t, p.Sync(testCtx(t), b.State()))
+	require.NoError(t, servicetest.SyncErr(p.Sync(testCtx(t), b.State())))
 	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
 	assert.Contains(t, listed, "10.96.9.9 . tcp . 80")
 	assert.True(t, strings.Contains(listed, "10.2.9.10"), "the changed service's endpoint is not in the table")

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -479,7 +480,7 @@ func TestForRendering(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("render (-want +got):\n%s", diff)
 	}
-	if err := p.Sync(t.Context(), st); !errors.Is(err, ErrRenderOnly) {
+	if err := servicetest.SyncErr(p.Sync(t.Context(), st)); !errors.Is(err, ErrRenderOnly) {
 		t.Errorf("Sync: %v, want ErrRenderOnly", err)
 	}
 	if err := p.Cleanup(t.Context()); !errors.Is(err, ErrRenderOnly) {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -82,7 +83,7 @@ func TestStaleFlowFilters(t *testing.T) {
 	onlyA := state(both, a)
 	ch := servicelb.Diff(both, onlyA)
 	ct.fail = true
-	require.ErrorIs(t, p.Sync(testCtx(t), onlyA), errCleaner)
+	require.ErrorIs(t, servicetest.SyncErr(p.Sync(testCtx(t), onlyA)), errCleaner)
 	require.Equal(t, [][]servicelb.StaleFlow{ch.StaleFlows()}, ct.take(), "change")
 	ct.fail = false
 	mustSync(t, p, onlyA)
@@ -94,7 +95,7 @@ func TestStaleFlowFilters(t *testing.T) {
 	// flows when the deletion is retried.
 	onlyB := state(onlyA, b)
 	ct.fail = true
-	require.ErrorIs(t, p.Sync(testCtx(t), onlyB), errCleaner)
+	require.ErrorIs(t, servicetest.SyncErr(p.Sync(testCtx(t), onlyB)), errCleaner)
 	ct.take()
 	ct.fail = false
 	again := state(onlyB, a, b)

@@ -36,7 +36,9 @@ func (p *Proxier) Render(*servicelb.State) (string, error) { return "", errNotSu
 func (p *Proxier) Cleanup(context.Context) error { return errNotSupported }
 
 // Sync returns ErrNotSupported.
-func (p *Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
+func (p *Proxier) Sync(context.Context, *servicelb.State) (servicelb.SyncReport, error) {
+	return servicelb.SyncReport{}, errNotSupported
+}
 
 // errNotSupported is ErrNotSupported, naming the backend.
 var errNotSupported = fmt.Errorf("nftables: %w", ErrNotSupported)

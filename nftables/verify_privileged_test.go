@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -55,7 +56,7 @@ func TestWrittenTableVerifies(t *testing.T) {
 		if err := ed.SetNode(node); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Sync(ctx, ed.State()); err != nil {
+		if err := servicetest.SyncErr(p.Sync(ctx, ed.State())); err != nil {
 			t.Fatal(err)
 		}
 		if why, err := p.verify(ctx, p.plan.content(p.model)); err != nil || why != "" {

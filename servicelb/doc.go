@@ -79,7 +79,7 @@
 // node the backend cannot serve ([Capabilities.CheckNode]) is refused by
 // NewRunner and by every Sync. A service whose kernel objects the kernel
 // itself refuses as they are written (ErrRefused) is left out of that
-// Sync and the rest applied ([PartialError]), until it changes. The
+// Sync and the rest applied ([SyncReport].LeftOut), until it changes. The
 // features also decide which scenarios of the conformance kit (package
 // conformance) apply to a backend; its conformance test names those that
 // do not, so that a feature it loses fails the test instead of leaving
@@ -237,7 +237,7 @@
 // never applies a partial state. [Runner.Run] returns when its context
 // ends. [Runner.Health] compares what is queued with what is applied, and
 // [Hooks] report for metrics sync durations, full or partial
-// ([MarkFullSync]), changes pending and taken by kind (a service's
+// ([SyncReport].Full), changes pending and taken by kind (a service's
 // endpoints alone, or more: [ChangeStats]) and when each applied change
 // was caused ([Source.UpsertTriggered]), and hand every applied State to
 // what must follow the kernel, such as the health check node ports

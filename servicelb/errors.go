@@ -3,8 +3,6 @@ package servicelb
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 )
 
 // Validation errors. A *ValidationError wraps exactly one of them, so that
@@ -56,7 +54,7 @@ var (
 	// ErrRefused: the kernel refused what a backend wrote for the
 	// service, such as a rule it cannot load or an element it will not
 	// take; the error wraps the kernel's. The backend leaves the service
-	// out and applies the rest (PartialError).
+	// out and applies the rest (SyncReport.LeftOut).
 	ErrRefused = errors.New("refused by the kernel")
 	// ErrInvalidNode: a NodeConfig field that is not valid, such as an
 	// unknown local-traffic detection mode, a mode without its parameter,
@@ -99,40 +97,6 @@ func invalid(svc, field string, value any, err error) *ValidationError {
 
 func invalidf(svc, field string, value any, kind error, format string, args ...any) *ValidationError {
 	return invalid(svc, field, value, fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...)))
-}
-
-// PartialError is what Sync returns when it applied the state except some
-// services that it had to leave out, each with the error that names it (a
-// *ValidationError: a capability the backend lacks, more than it can
-// hold, a frontend someone else holds in the kernel, something of it the
-// kernel refused). The services left out stay out, the last version of
-// them the kernel held removed, until they change; every other service is
-// applied. errors.Is and errors.As reach the errors of the services left
-// out.
-type PartialError struct {
-	// LeftOut maps the name of each service left out to its error.
-	LeftOut map[string]error
-}
-
-func (e *PartialError) Error() string {
-	names := make([]string, 0, len(e.LeftOut))
-	for n := range e.LeftOut {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	msgs := make([]string, len(names))
-	for i, n := range names {
-		msgs[i] = e.LeftOut[n].Error()
-	}
-	return fmt.Sprintf("applied all but %d service(s): %s", len(names), strings.Join(msgs, "; "))
-}
-
-func (e *PartialError) Unwrap() []error {
-	out := make([]error, 0, len(e.LeftOut))
-	for _, err := range e.LeftOut {
-		out = append(out, err)
-	}
-	return out
 }
 
 // ServicesOf returns the services an error names, each with its part of

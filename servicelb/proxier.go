@@ -42,12 +42,17 @@ var ErrPermission = errors.New("not permitted: programming a network namespace n
 // sends nothing beyond a cheap check that nobody removed what it owns, and
 // a sync's cost follows the size of the change, not of the State. A failed
 // Sync leaves the previous state in place where the kernel allows it (see
-// each backend) and the next Sync retries the whole difference. A Sync
-// that writes the whole state instead (the first, a repair, a change of
-// the node) says so with MarkFullSync, for the Runner's metrics.
+// each backend) and the next Sync retries the whole difference. What a
+// Sync applied, it says in its SyncReport: whether it wrote the whole
+// state, which services it left out and why, and the state the kernel now
+// holds.
 type Proxier interface {
-	// Sync makes the kernel match st.
-	Sync(ctx context.Context, st *State) error
+	// Sync makes the kernel match st, but for the services it must leave
+	// out (SyncReport.LeftOut), and reports what it applied. An error
+	// with a nil SyncReport.Applied means the sync applied nothing that
+	// can be relied on; one with Applied set, that the kernel holds
+	// Applied and a step after it failed (the deletion of stale flows).
+	Sync(ctx context.Context, st *State) (SyncReport, error)
 	// Cleanup removes everything the proxier owns from the kernel.
 	Cleanup(ctx context.Context) error
 	// Capabilities says what the proxier can express. A Runner refuses
@@ -59,6 +64,28 @@ type Proxier interface {
 	// process; a Sync or Cleanup after it returns ErrClosed. A second
 	// Close does nothing.
 	Close() error
+}
+
+// SyncReport is what one Sync applied.
+type SyncReport struct {
+	// Applied is the state the kernel holds after the sync: the State
+	// given less the services left out (State.Without), or that State
+	// itself when none is. Nil when the sync applied nothing that can be
+	// relied on; its error says why.
+	Applied *State
+	// Full reports that the sync wrote, or tried to write, the whole
+	// state instead of the changes since the last one: the first sync, a
+	// repair of what someone else changed in the kernel, a change of the
+	// node. Metrics tell the two apart, as kube-proxy's full and partial
+	// sync durations do.
+	Full bool
+	// LeftOut names each service the sync left out, with the error that
+	// names it (a *ValidationError: a capability the backend lacks, more
+	// than it can hold, a frontend someone else holds in the kernel,
+	// something of it the kernel refused). Every other service is
+	// applied. A service left out stays out, the last version of it the
+	// kernel held removed, until it changes or goes; nil when none is.
+	LeftOut map[string]error
 }
 
 // Renderer is implemented by proxiers that can show the kernel state they

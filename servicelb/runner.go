@@ -80,7 +80,7 @@ type Hooks struct {
 	// loser.
 	Conflicts func([]Conflict)
 	// LeftOut is called with the services the proxier left out of a sync
-	// (see PartialError), each with its error, whenever they change.
+	// (SyncReport.LeftOut), each with its error, whenever they change.
 	LeftOut func(map[string]error)
 	// Applied is called after every successful sync, before Synced,
 	// with the state the proxier applied, without the services it left
@@ -136,8 +136,8 @@ type SyncResult struct {
 	// Full reports that the sync wrote (or tried to write) the whole
 	// state rather than the changes since the last one: the first sync,
 	// a repair of what someone else changed in the kernel, a change of
-	// the node. The proxier says so with MarkFullSync; the Runner's syncs
-	// before its first success are full whatever the proxier says.
+	// the node (SyncReport.Full); the Runner's syncs before its first
+	// success are full whatever the proxier says.
 	Full bool
 	// Families holds what the sync did in each address family the
 	// proxier programs (Capabilities.AddressFamilies), in that order:
@@ -160,24 +160,6 @@ type FamilySync struct {
 	Triggered []time.Time
 }
 
-// syncReportKey keys the syncReport in the context a Runner passes to
-// Proxier.Sync.
-type syncReportKey struct{}
-
-// syncReport is what a Proxier tells the Runner about its sync.
-type syncReport struct{ full atomic.Bool }
-
-// MarkFullSync records, from within Proxier.Sync, that the sync writes the
-// whole state instead of the changes since the last one it applied: the
-// Runner reports it in SyncResult.Full, which metrics tell apart (as
-// kube-proxy's full and partial sync durations). ctx is the context Sync
-// was given; outside a Runner's sync, MarkFullSync does nothing.
-func MarkFullSync(ctx context.Context) {
-	if r, ok := ctx.Value(syncReportKey{}).(*syncReport); ok {
-		r.full.Store(true)
-	}
-}
-
 // End returns when the sync finished.
 func (r SyncResult) End() time.Time { return r.Start.Add(r.Duration) }
 
@@ -195,7 +177,7 @@ type Health struct {
 	// LastError is the last sync's error, nil after a success.
 	LastError error
 	// LeftOut are the services the proxier left out of the last sync
-	// (see PartialError), each with its error; the rest is applied.
+	// (SyncReport.LeftOut), each with its error; the rest is applied.
 	LeftOut map[string]error
 	// Families holds the changes waiting in each address family the
 	// proxier programs, in the order of Capabilities.AddressFamilies,
@@ -701,13 +683,16 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 
 	start := r.clock.Now()
 	l.started, l.lastStart = true, start
-	var rep syncReport
-	leftOut, err := splitPartial(r.p.Sync(context.WithValue(ctx, syncReportKey{}, &rep), st))
-	if err == nil && len(leftOut) > 0 {
-		st = without(st, leftOut) // what the kernel holds
+	rep, err := r.p.Sync(ctx, st)
+	if err == nil && rep.Applied == nil {
+		err = fmt.Errorf("%s: sync reported neither an error nor the state applied", r.p.Capabilities().Backend)
+	}
+	leftOut := rep.LeftOut
+	if err == nil {
+		st = rep.Applied // what the kernel holds
 	}
 	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued,
-		Full: rep.full.Load() || !r.succeeded, Err: err}
+		Full: rep.Full || !r.succeeded, Err: err}
 	res.Families = make([]FamilySync, len(r.families))
 	for i, f := range r.families {
 		res.Families[i].Family = f
@@ -790,28 +775,6 @@ func earliest(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-// splitPartial takes a PartialError out of a Sync's error: the services
-// left out, and the rest, nil when the sync applied everything else.
-func splitPartial(err error) (map[string]error, error) {
-	var pe *PartialError
-	if !errors.As(err, &pe) {
-		return nil, err
-	}
-	if err == error(pe) {
-		return pe.LeftOut, nil
-	}
-	var rest []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range j.Unwrap() {
-			if e != error(pe) {
-				rest = append(rest, e)
-			}
-		}
-		return pe.LeftOut, errors.Join(rest...)
-	}
-	return pe.LeftOut, err
 }
 
 func sameKeys(a, b map[string]error) bool {
@@ -1012,13 +975,4 @@ func (s *Source) Synced() {
 	s.synced = true
 	s.r.mu.Unlock()
 	s.r.poke()
-}
-
-// without returns st without the named services.
-func without(st *State, names map[string]error) *State {
-	b := st.Edit()
-	for name := range names {
-		b.Delete(name)
-	}
-	return b.State()
 }

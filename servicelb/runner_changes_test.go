@@ -150,12 +150,10 @@ type marker struct {
 	full bool
 }
 
-func (m marker) Sync(ctx context.Context, st *servicelb.State) error {
-	if m.full {
-		servicelb.MarkFullSync(ctx)
-		return m.Proxier.Sync(ctx, st)
-	}
-	return m.Proxier.Sync(context.Background(), st) // the fake's own report is lost
+func (m marker) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
+	rep, err := m.Proxier.Sync(ctx, st)
+	rep.Full = m.full
+	return rep, err
 }
 
 // TestRunnerFullSyncs: a sync is full when the proxier says so, and the
@@ -227,7 +225,7 @@ func TestRunnerAppliedWithoutLeftOut(t *testing.T) {
 	h.idle()
 	require.NoError(t, src[0].Upsert(svc("a", 1), svc("b", 2)))
 	h.idle()
-	h.p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"b": errors.New("refused")}})
+	h.p.FailNext(&servicelb.ValidationError{Service: "b", Field: "ports", Err: servicelb.ErrRefused})
 	src[0].Synced()
 	h.idle()
 	require.Len(t, h.applied, 1)

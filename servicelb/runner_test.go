@@ -466,7 +466,7 @@ func TestRunnerLeftOut(t *testing.T) {
 	require.NoError(t, src.Upsert(svc("a", 1), svc("b", 2)))
 	src.Synced()
 	bad := &servicelb.ValidationError{Service: "b", Field: "scheduler", Err: servicelb.ErrUnsupported}
-	p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"b": bad}})
+	p.FailNext(bad)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()

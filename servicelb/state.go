@@ -109,6 +109,42 @@ func (s *State) Port(k ServicePortKey) *ServicePort {
 // with the service that holds each, ordered by frontend. See Conflict.
 func (s *State) Conflicts() []Conflict { return slices.Clone(s.conflicts) }
 
+// Without returns s without the named services (names s lacks are
+// ignored): the state a proxier holds when it leaves them out. Every other
+// service stays as s compiled it, its frontends included: a frontend that
+// a service left out holds is not handed to another service that asks for
+// it, so that leaving a service out changes nothing else. Without costs
+// the names and the changes s holds over the services it shares with the
+// States of its Builder (about 2√n of n services), not a walk of them all,
+// and Diff of two such States costs as much.
+func (s *State) Without(names ...string) *State {
+	if !slices.ContainsFunc(names, func(name string) bool { return s.svcs.get(name) != nil }) {
+		return s
+	}
+	m := s.svcs
+	m.over = maps.Clone(m.over)
+	if m.over == nil {
+		m.over = map[string]*entry{}
+	}
+	for _, name := range names {
+		if m.get(name) == nil {
+			continue
+		}
+		if m.base != nil && m.base.m[name] != nil {
+			m.over[name] = nil
+		} else {
+			delete(m.over, name)
+		}
+		m.n--
+	}
+	// The journal names what one Builder set; these States differ from
+	// its States by more, so Diff reads their overlays instead.
+	m.journal, m.names = nil, nil
+	out := *s
+	out.svcs = m
+	return &out
+}
+
 // Edit returns a Builder that starts from s. s itself does not change.
 // Edit costs a walk of every service (to index their frontends); a Builder
 // kept across changes, as a Runner keeps one, does not.

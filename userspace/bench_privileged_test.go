@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -45,7 +46,7 @@ func nsTopology(b testing.TB) (direct, proxied path, p *Proxier, tp *netnstest.T
 	}
 	st := mustState(b, servicelb.NodeConfig{NodeName: "node", NodeIPs: tp.NodeIPs(), ClusterCIDRs: netnstest.ClusterCIDRs()},
 		svc(1, servicelb.TCP, tcp.Port()), svc(2, servicelb.TCP, sink.Port()), svc(3, servicelb.UDP, udp.Port()))
-	require.NoError(b, p.Sync(context.Background(), st))
+	require.NoError(b, servicetest.SyncErr(p.Sync(context.Background(), st)))
 	dial := clientDialer(b, tp.Client)
 	at := func(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
 	be4 := netnstest.BackendIPv4(0)
@@ -124,7 +125,7 @@ func BenchmarkNetnsSyncCold(b *testing.B) {
 		p, err := New(Options{NetNS: h.NS, HoldAddresses: true})
 		require.NoError(b, err)
 		start := time.Now()
-		require.NoError(b, p.Sync(context.Background(), st))
+		require.NoError(b, servicetest.SyncErr(p.Sync(context.Background(), st)))
 		times = append(times, float64(time.Since(start).Microseconds())/1e3)
 		b.StopTimer()
 		require.NoError(b, p.Cleanup(context.Background()))

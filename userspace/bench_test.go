@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -535,7 +536,7 @@ func BenchmarkSyncCold(b *testing.B) {
 		p, err := New(Options{Listen: listen})
 		require.NoError(b, err)
 		start := time.Now()
-		require.NoError(b, p.Sync(context.Background(), st))
+		require.NoError(b, servicetest.SyncErr(p.Sync(context.Background(), st)))
 		times = append(times, float64(time.Since(start).Microseconds())/1e3)
 		b.StopTimer()
 		require.NoError(b, p.Close())
@@ -563,7 +564,7 @@ func benchEndpointChange(b *testing.B, p *Proxier, svcs []servicelb.Service) {
 	for _, s := range svcs {
 		require.NoError(b, bld.Upsert(s))
 	}
-	require.NoError(b, p.Sync(context.Background(), bld.State()))
+	require.NoError(b, servicetest.SyncErr(p.Sync(context.Background(), bld.State())))
 	var times []float64
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
@@ -574,7 +575,7 @@ func benchEndpointChange(b *testing.B, p *Proxier, svcs []servicelb.Service) {
 		st := bld.State()
 		b.StartTimer()
 		start := time.Now()
-		require.NoError(b, p.Sync(context.Background(), st))
+		require.NoError(b, servicetest.SyncErr(p.Sync(context.Background(), st)))
 		times = append(times, float64(time.Since(start).Nanoseconds())/1e3)
 	}
 	b.ReportMetric(median(times), "sync-µs")

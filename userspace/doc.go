@@ -49,9 +49,9 @@
 //     CAP_NET_BIND_SERVICE.
 //
 // A frontend it cannot listen on (an address the node lacks, a port
-// someone else holds) leaves its service out: Sync returns a
-// *servicelb.PartialError naming it (a *ListenError inside) and serves
-// the rest.
+// someone else holds) leaves its service out: Sync's report names it
+// (servicelb.SyncReport.LeftOut, a *ListenError inside) and the rest is
+// served.
 //
 // # What happens to a new flow
 //
@@ -184,10 +184,10 @@
 //
 //	p, err := userspace.New(userspace.Options{HoldAddresses: true})
 //	defer p.Close()
-//	err = p.Sync(ctx, state)     // as often as the state changes
-//	text, err := p.Render(state) // what it would serve, as text
-//	stats := p.Stats()           // connections, bytes, dial errors per port
-//	err = p.Cleanup(ctx)         // closes everything, removes its addresses
+//	rep, err := p.Sync(ctx, state) // as often as the state changes
+//	text, err := p.Render(state)   // what it would serve, as text
+//	stats := p.Stats()             // connections, bytes, dial errors per port
+//	err = p.Cleanup(ctx)           // closes everything, removes its addresses
 //
 // New starts nothing. The proxy owns its listeners, connections and UDP
 // sessions (all in the process: they end with it, so a restart drops the

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -45,7 +46,7 @@ func TestDummyLink(t *testing.T) {
 	q, err := New(Options{NetNS: tp.Node.NS, HoldAddresses: true, Link: "kproxy-us1"})
 	require.NoError(t, err)
 	defer q.Close()
-	err = q.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, s))
+	err = servicetest.SyncErr(q.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, s)))
 	require.ErrorIs(t, err, ErrLinkConflict)
 	assert.True(t, strings.Contains(err.Error(), "kproxy-us1"), "%v", err)
 }

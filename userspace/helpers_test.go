@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -157,7 +158,7 @@ func newProxier(t testing.TB, w *world, o Options) *Proxier {
 
 func mustSync(t testing.TB, p *Proxier, st *servicelb.State) {
 	t.Helper()
-	require.NoError(t, p.Sync(context.Background(), st))
+	require.NoError(t, servicetest.SyncErr(p.Sync(context.Background(), st)))
 }
 
 // tcpServer answers each connection with its name and the client's

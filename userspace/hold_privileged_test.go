@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -183,7 +184,7 @@ func TestSyncErrorNamesBackendOnce(t *testing.T) {
 	p, err := New(Options{NetNS: h.NS, HoldAddresses: true, Link: "kpx-taken0"})
 	require.NoError(t, err)
 	defer p.Close()
-	err = p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, holdService(1, ep(0))))
+	err = servicetest.SyncErr(p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, holdService(1, ep(0)))))
 	require.ErrorIs(t, err, ErrLinkConflict)
 	assert.Equal(t, 1, strings.Count(err.Error(), "userspace"), err.Error())
 	assert.True(t, strings.HasPrefix(err.Error(), "userspace: sync: kpx-taken0: "), err.Error())

@@ -206,16 +206,16 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 
 // Sync makes the listeners (and held addresses) match st. See the package
 // documentation.
-func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.renderOnly {
-		return fmt.Errorf("userspace: sync: %w", ErrRenderOnly)
+		return servicelb.SyncReport{}, fmt.Errorf("userspace: sync: %w", ErrRenderOnly)
 	}
 	if p.handedOver {
-		return fmt.Errorf("userspace: sync: %w: the proxy handed its sockets over", ErrHandover)
+		return servicelb.SyncReport{}, fmt.Errorf("userspace: sync: %w: the proxy handed its sockets over", ErrHandover)
 	}
-	err := p.eng.Sync(ctx, st)
+	rep, err := p.eng.Sync(ctx, st)
 	if p.takeover != nil {
 		n, terr := p.takeConns(p.takeover)
 		if terr != nil {
@@ -226,7 +226,7 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
 		p.takeover.Close()
 		p.takeover = nil
 	}
-	return err
+	return rep, err
 }
 
 // Cleanup closes every listener and connection, releases the pipes kept

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -90,7 +91,7 @@ func TestForRendering(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, again, "the package's Render")
 	require.Equal(t, live.Capabilities(), p.Capabilities())
-	require.ErrorIs(t, p.Sync(context.Background(), st), servicelb.ErrRenderOnly)
+	require.ErrorIs(t, servicetest.SyncErr(p.Sync(context.Background(), st)), servicelb.ErrRenderOnly)
 	require.ErrorIs(t, p.Cleanup(context.Background()), servicelb.ErrRenderOnly)
 	a, _ := seqpacketPair(t)
 	_, err = p.HandOver(context.Background(), a)

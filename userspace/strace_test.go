@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -103,7 +104,7 @@ func runStraceHelper(t *testing.T, sink string) {
 	p := newProxier(t, w, Options{})
 	s := service(1, ep(0))
 	s.Ports = s.Ports[:1]
-	require.NoError(t, p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, s)))
+	require.NoError(t, servicetest.SyncErr(p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, s))))
 	os.Stdout.WriteString("listening " + w.at(key(1, "tcp")).String() + "\n")
 	io.Copy(io.Discard, os.Stdin)
 }

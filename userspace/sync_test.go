@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -89,11 +90,10 @@ func TestListenClash(t *testing.T) {
 		return at, sp.Port.Protocol == servicelb.TCP
 	}
 	p := newProxier(t, w, Options{Listen: listen})
-	err := p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, service(1, ep(0)), service(2, ep(1))))
-	var pe *servicelb.PartialError
-	require.ErrorAs(t, err, &pe)
-	assert.ErrorIs(t, err, servicelb.ErrFrontendTaken)
-	assert.Contains(t, pe.LeftOut, "ns/svc2")
+	rep, err := p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, service(1, ep(0)), service(2, ep(1))))
+	require.NoError(t, err)
+	assert.ErrorIs(t, servicetest.LeftOut(rep), servicelb.ErrFrontendTaken)
+	assert.Contains(t, rep.LeftOut, "ns/svc2")
 	assert.Equal(t, "ep-0", askTCP(t, at))
 	_, err = p.Render(mustState(t, servicelb.NodeConfig{}, service(1, ep(0)), service(2, ep(1))))
 	assert.ErrorIs(t, err, servicelb.ErrFrontendTaken, "Render and Sync disagree")
@@ -112,13 +112,13 @@ func TestTakenAddressLeftOut(t *testing.T) {
 	}
 	squatter, err := net.Listen("tcp", w.at(key(2, "tcp")).String())
 	require.NoError(t, err)
-	err = p.Sync(context.Background(), st)
-	var pe *servicelb.PartialError
-	require.ErrorAs(t, err, &pe)
+	rep, err := p.Sync(context.Background(), st)
+	require.NoError(t, err)
+	err = servicetest.LeftOut(rep)
 	require.ErrorIs(t, err, servicelb.ErrFrontendTaken)
 	var le *ListenError
 	require.ErrorAs(t, err, &le)
-	assert.Equal(t, []string{"ns/svc2"}, keys(pe.LeftOut))
+	assert.Equal(t, []string{"ns/svc2"}, keys(rep.LeftOut))
 	assert.Equal(t, "ep-0", askTCP(t, w.at(key(1, "tcp"))))
 	p.mu.Lock()
 	assert.Nil(t, p.ports[key(2, "udp")], "a left-out service's other ports are served")
@@ -147,7 +147,7 @@ func TestUnsupportedLeftOut(t *testing.T) {
 	p := newProxier(t, w, Options{})
 	bad := service(2, ep(0))
 	bad.Scheduler = servicelb.SchedulerMaglev
-	err := p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, service(1, ep(0)), bad))
+	err := servicesLeftOut(t)(p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, service(1, ep(0)), bad)))
 	require.ErrorIs(t, err, servicelb.ErrUnsupported)
 	var ve *servicelb.ValidationError
 	require.ErrorAs(t, err, &ve)
@@ -215,7 +215,7 @@ func TestCleanupAndCloseLeakNothing(t *testing.T) {
 	assert.Equal(t, "ep-1", askTCP(t, w.at(key(2, "tcp"))))
 	require.NoError(t, p.Close())
 	waitGoroutinesT(t, before)
-	assert.ErrorIs(t, p.Sync(context.Background(), st), servicelb.ErrClosed)
+	assert.ErrorIs(t, servicetest.SyncErr(p.Sync(context.Background(), st)), servicelb.ErrClosed)
 	assert.ErrorIs(t, p.Cleanup(context.Background()), servicelb.ErrClosed)
 }
 
@@ -235,8 +235,8 @@ func TestNoState(t *testing.T) {
 	p, err := New(Options{})
 	require.NoError(t, err)
 	defer p.Close()
-	assert.ErrorIs(t, p.Sync(context.Background(), nil), servicelb.ErrNoState)
-	assert.ErrorIs(t, p.Sync(context.Background(), &servicelb.State{}), servicelb.ErrNoState)
+	assert.ErrorIs(t, servicetest.SyncErr(p.Sync(context.Background(), nil)), servicelb.ErrNoState)
+	assert.ErrorIs(t, servicetest.SyncErr(p.Sync(context.Background(), &servicelb.State{})), servicelb.ErrNoState)
 }
 
 // TestInvalidOptions: options that make no sense are refused by New.
@@ -259,7 +259,7 @@ func TestListenAtGivesNoAddress(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	defer p.Close()
-	err = p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, service(1, ep(0))))
+	err = servicesLeftOut(t)(p.Sync(context.Background(), mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))))
 	assert.ErrorIs(t, err, ErrInvalidOptions)
 	var ve *servicelb.ValidationError
 	require.ErrorAs(t, err, &ve)
@@ -289,7 +289,7 @@ func TestFrontendsOnTheirOwnAddresses(t *testing.T) {
 		LocalhostNodePorts: true,
 		NodePortRange:      servicelb.PortRange{Min: 1024, Max: 65535},
 	}
-	err = p.Sync(context.Background(), mustState(t, node, s))
+	err = servicesLeftOut(t)(p.Sync(context.Background(), mustState(t, node, s)))
 	// The cluster IP is no address of this host: without HoldAddresses
 	// the service is left out, naming the address.
 	require.Error(t, err)
@@ -412,4 +412,14 @@ func TestCapabilities(t *testing.T) {
 	assert.True(t, c.AcceptsScheduler(servicelb.SchedulerWeightedRR))
 	assert.False(t, c.AcceptsScheduler(servicelb.SchedulerMaglev))
 	assert.True(t, errors.Is(c.CheckService(&servicelb.Service{Name: "a", Scheduler: servicelb.SchedulerLeastConn}), servicelb.ErrUnsupported))
+}
+
+// servicesLeftOut returns a function that checks that a Sync succeeded and
+// returns the errors of the services it left out, joined.
+func servicesLeftOut(t *testing.T) func(servicelb.SyncReport, error) error {
+	return func(rep servicelb.SyncReport, err error) error {
+		t.Helper()
+		require.NoError(t, err)
+		return servicetest.LeftOut(rep)
+	}
 }

@@ -93,6 +93,7 @@ type listenAt struct {
 type reply struct {
 	Err        string         `json:"err,omitempty"`
 	Permission bool           `json:"permission,omitempty"`
+	Full       bool           `json:"full,omitempty"`
 	LeftOut    []leftOutError `json:"leftOut,omitempty"`
 	// The first line: who the child runs as, and its proxier's
 	// capabilities.
@@ -125,14 +126,20 @@ type kindError struct {
 func (e *kindError) Error() string   { return e.msg }
 func (e *kindError) Unwrap() []error { return e.kinds }
 
-// toWire encodes a Sync's error.
+// toWire encodes an error.
 func toWire(err error, r *reply) {
 	if err == nil {
 		return
 	}
 	r.Err = err.Error()
 	r.Permission = errors.Is(err, servicelb.ErrPermission)
-	for name, e := range servicelb.ServicesOf(err) {
+}
+
+// reportToWire encodes a Sync's report: whether it was full, and the
+// services it left out.
+func reportToWire(rep servicelb.SyncReport, r *reply) {
+	r.Full = rep.Full
+	for name, e := range rep.LeftOut {
 		lo := leftOutError{Service: name, Msg: e.Error()}
 		var ve *servicelb.ValidationError
 		if errors.As(e, &ve) {
@@ -147,27 +154,37 @@ func toWire(err error, r *reply) {
 	}
 }
 
-// fromWire decodes it: a *servicelb.PartialError for services left out.
+// fromWire decodes an error.
 func fromWire(r reply) error {
 	if r.Err == "" {
 		return nil
 	}
-	if len(r.LeftOut) == 0 {
-		err := errors.New(r.Err)
-		if r.Permission {
-			err = fmt.Errorf("%w (%w)", err, servicelb.ErrPermission)
-		}
-		return err
+	err := errors.New(r.Err)
+	if r.Permission {
+		err = fmt.Errorf("%w (%w)", err, servicelb.ErrPermission)
 	}
-	pe := &servicelb.PartialError{LeftOut: map[string]error{}}
+	return err
+}
+
+// reportFromWire decodes a Sync's report of st.
+func reportFromWire(r reply, st *servicelb.State) servicelb.SyncReport {
+	rep := servicelb.SyncReport{Full: r.Full}
+	var names []string
 	for _, lo := range r.LeftOut {
 		ke := &kindError{msg: lo.Msg}
 		for _, k := range lo.Kinds {
 			ke.kinds = append(ke.kinds, kinds[k])
 		}
-		pe.LeftOut[lo.Service] = &servicelb.ValidationError{Service: lo.Service, Field: lo.Field, Value: lo.Value, Err: ke}
+		if rep.LeftOut == nil {
+			rep.LeftOut = map[string]error{}
+		}
+		rep.LeftOut[lo.Service] = &servicelb.ValidationError{Service: lo.Service, Field: lo.Field, Value: lo.Value, Err: ke}
+		names = append(names, lo.Service)
 	}
-	return pe
+	if r.Err == "" {
+		rep.Applied = st.Without(names...)
+	}
+	return rep
 }
 
 // serveUnprivileged is the child: it drops its privileges and serves
@@ -218,7 +235,9 @@ func serveUnprivileged(in io.Reader, out io.Writer) int {
 				listen[frontendKey(l.Proto, l.Frontend)] = l.At
 			}
 			mu.Unlock()
-			toWire(syncServices(p, req), &r)
+			rep, err := syncServices(p, req)
+			reportToWire(rep, &r)
+			toWire(err, &r)
 		case "cleanup":
 			toWire(p.Cleanup(context.Background()), &r)
 		case "hold":
@@ -237,14 +256,14 @@ func serveUnprivileged(in io.Reader, out io.Writer) int {
 	}
 }
 
-func syncServices(p *userspace.Proxier, req request) error {
+func syncServices(p *userspace.Proxier, req request) (servicelb.SyncReport, error) {
 	svcs := make([]servicelb.Service, len(req.Services))
 	for i, s := range req.Services {
 		svcs[i] = *s
 	}
 	st, err := servicelb.NewState(req.Node, svcs...)
 	if err != nil {
-		return err
+		return servicelb.SyncReport{}, err
 	}
 	return p.Sync(context.Background(), st)
 }
@@ -377,29 +396,36 @@ func startRemote(t testing.TB, ns netns.NsHandle, listen *listenMap) *remote {
 }
 
 func (r *remote) call(req request) error {
+	_, err := r.exchange(req)
+	return err
+}
+
+// exchange sends a request and returns the child's reply, decoded.
+func (r *remote) exchange(req request) (reply, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		// The child closed its proxier and exited.
-		return fmt.Errorf("unprivileged proxy: %s: %w", req.Op, servicelb.ErrClosed)
+		return reply{}, fmt.Errorf("unprivileged proxy: %s: %w", req.Op, servicelb.ErrClosed)
 	}
 	if err := r.enc.Encode(req); err != nil {
-		return fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
+		return reply{}, fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
 	}
 	var rep reply
 	if err := r.dec.Decode(&rep); err != nil {
-		return fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
+		return reply{}, fmt.Errorf("unprivileged proxy: %w\n%s", err, r.stderr)
 	}
-	return fromWire(rep)
+	return rep, fromWire(rep)
 }
 
 // Sync sends st's node and services, and where to listen.
-func (r *remote) Sync(_ context.Context, st *servicelb.State) error {
+func (r *remote) Sync(_ context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	req := request{Op: "sync", Node: st.Node(), Services: st.Services(), Listen: r.listen.plan(st)}
 	if err := sameOnTheWire(req); err != nil {
-		return err
+		return servicelb.SyncReport{}, err
 	}
-	return r.call(req)
+	rep, err := r.exchange(req)
+	return reportFromWire(rep, st), err
 }
 
 // sameOnTheWire makes sure that the child reads the node and services the

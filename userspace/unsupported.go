@@ -34,7 +34,9 @@ func (*Proxier) Capabilities() servicelb.Capabilities {
 }
 
 // Sync returns ErrNotSupported.
-func (*Proxier) Sync(context.Context, *servicelb.State) error { return errNotSupported }
+func (*Proxier) Sync(context.Context, *servicelb.State) (servicelb.SyncReport, error) {
+	return servicelb.SyncReport{}, errNotSupported
+}
 
 // Cleanup returns ErrNotSupported.
 func (*Proxier) Cleanup(context.Context) error { return errNotSupported }

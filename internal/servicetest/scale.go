@@ -2,8 +2,11 @@ package servicetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,7 +73,7 @@ func SyncChanges(t testing.TB, p servicelb.Proxier, node servicelb.NodeConfig, s
 		}
 	}
 	ctx := context.Background()
-	if err := p.Sync(ctx, b.State()); err != nil {
+	if _, err := p.Sync(ctx, b.State()); err != nil {
 		t.Fatalf("first sync: %v", err)
 	}
 	failed := 0
@@ -80,11 +83,27 @@ func SyncChanges(t testing.TB, p servicelb.Proxier, node servicelb.NodeConfig, s
 			t.Fatal(err)
 		}
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if err := p.Sync(sctx, b.State()); err != nil {
+		if _, err := p.Sync(sctx, b.State()); err != nil {
 			t.Logf("sync %d: %v", i, err)
 			failed++
 		}
 		cancel()
 	}
 	return failed
+}
+
+// SyncErr returns the error of a Sync that must apply the whole state:
+// its error, joined with the errors of the services it left out, so that
+// require.NoError(t, servicetest.SyncErr(p.Sync(ctx, st))) fails when it
+// left any out.
+func SyncErr(rep servicelb.SyncReport, err error) error { return errors.Join(err, LeftOut(rep)) }
+
+// LeftOut returns the errors of the services a Sync left out, joined in
+// the order of their names; nil when it left none out.
+func LeftOut(rep servicelb.SyncReport) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(rep.LeftOut)) {
+		errs = append(errs, rep.LeftOut[name])
+	}
+	return errors.Join(errs...)
 }

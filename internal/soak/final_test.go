@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -69,7 +70,7 @@ func (s *soak) freshState(ctx context.Context) (string, error) {
 		return "", err
 	}
 	start := time.Now()
-	if err := p.Sync(ctx, st); err != nil {
+	if err := servicetest.SyncErr(p.Sync(ctx, st)); err != nil {
 		return "", fmt.Errorf("sync: %w", err)
 	}
 	s.t.Logf("soak: fresh apply of the final state took %v", time.Since(start).Round(time.Millisecond))

@@ -15,10 +15,12 @@ import (
 // engineProxier is a Proxier on an Engine, as a backend is.
 type engineProxier struct{ e *Engine }
 
-func (p engineProxier) Sync(ctx context.Context, st *servicelb.State) error { return p.e.Sync(ctx, st) }
-func (p engineProxier) Cleanup(context.Context) error                       { return nil }
-func (p engineProxier) Capabilities() servicelb.Capabilities                { return fake.AllCapabilities() }
-func (p engineProxier) Close() error                                        { p.e.Close(); return nil }
+func (p engineProxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
+	return p.e.Sync(ctx, st)
+}
+func (p engineProxier) Cleanup(context.Context) error        { return nil }
+func (p engineProxier) Capabilities() servicelb.Capabilities { return fake.AllCapabilities() }
+func (p engineProxier) Close() error                         { p.e.Close(); return nil }
 
 // TestFullSyncsReported: a Runner driving an Engine learns which syncs
 // wrote the whole state: the first and a repair, not a change applied.

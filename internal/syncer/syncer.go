@@ -23,8 +23,8 @@
 // (Backend.Apply); an unchanged state sends nothing. A change the kernel
 // refuses because someone else removed or added what it touches (ENOENT,
 // EEXIST) is taken as drift and repaired by a whole write in the same Sync.
-// A sync that writes the whole state, or tries to, says so with
-// servicelb.MarkFullSync, for the Runner's metrics.
+// A sync that writes the whole state, or tries to, says so in its report
+// (servicelb.SyncReport.Full), for the Runner's metrics.
 //
 // A step that lost a race with another writer of the same netfilter
 // tables (Options.Retryable: a dump interrupted by a commit, a commit that
@@ -59,9 +59,12 @@
 // refusal of the whole write that follows a change taken for drift counts
 // as well; one that touches anything of no service port (the table, the
 // base chains, a shared set), or the objects of a service the state no
-// longer has, fails the Sync as before. Sync then returns a
-// *servicelb.PartialError naming the services left out. A service left
-// out stays out, without being tried, until it changes or goes.
+// longer has, fails the Sync as before. Sync then reports the services
+// left out (servicelb.SyncReport.LeftOut) and the state applied without
+// them (State.Without, which leaves every other service as it is), so
+// that nobody works it out again. A service left out stays out, without
+// being tried, until it changes or goes; while it is out, a sync costs
+// what changed and the services left out, not a walk of every service.
 //
 // # Errors
 //
@@ -209,16 +212,16 @@ func (e *Engine) Close() { e.closed = true }
 func (e *Engine) Closed() bool { return e.closed }
 
 // Sync makes the kernel hold st. See the package documentation.
-func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
+func (e *Engine) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	if err := st.Check(); err != nil {
-		return e.wrap(err)
+		return servicelb.SyncReport{}, e.wrap(err)
 	}
 	if e.closed {
-		return e.wrap(servicelb.ErrClosed)
+		return servicelb.SyncReport{}, e.wrap(servicelb.ErrClosed)
 	}
 	node := st.Node()
 	if err := e.o.Capabilities.CheckNode(&node); err != nil {
-		return err
+		return servicelb.SyncReport{}, err
 	}
 	start := e.o.Now()
 	var full bool
@@ -240,19 +243,18 @@ func (e *Engine) Sync(ctx context.Context, st *servicelb.State) error {
 			return err
 		})
 	}
-	if full {
-		servicelb.MarkFullSync(ctx)
-	}
+	rep := servicelb.SyncReport{Full: full}
 	if err != nil {
-		return e.wrap(err)
+		return rep, e.wrap(err)
 	}
+	rep.Applied, rep.LeftOut = eff, e.leftOutErrors()
 	e.queueFlows(eff, &ch, full)
 	e.log.Debug("synced", "services", eff.Len(), "changed", ch.Len(), "full", full, "duration", e.o.Now().Sub(start))
 	var after error
 	if e.o.After != nil {
 		after = e.o.After(ctx)
 	}
-	return errors.Join(after, e.deleteFlows(ctx), e.partial())
+	return rep, errors.Join(after, e.deleteFlows(ctx))
 }
 
 // maxLeaveOutRounds bounds the syncs tried in one Sync, each leaving out
@@ -308,7 +310,7 @@ func (e *Engine) leaveOut(st *servicelb.State, bad map[string]error) {
 
 // exclude forgets the services left out that st no longer has or has
 // changed (so that they are tried again) and returns st without the
-// others.
+// others (State.Without: it costs the services left out, not all).
 func (e *Engine) exclude(st *servicelb.State) *servicelb.State {
 	var names []string
 	for name, lo := range e.leftOut {
@@ -318,26 +320,19 @@ func (e *Engine) exclude(st *servicelb.State) *servicelb.State {
 		}
 		names = append(names, name)
 	}
-	if len(names) == 0 {
-		return st
-	}
-	b := st.Edit()
-	for _, name := range names {
-		b.Delete(name)
-	}
-	return b.State()
+	return st.Without(names...)
 }
 
-// partial reports the services left out, or nil.
-func (e *Engine) partial() error {
+// leftOutErrors returns the services left out with their errors, or nil.
+func (e *Engine) leftOutErrors() map[string]error {
 	if len(e.leftOut) == 0 {
 		return nil
 	}
-	p := &servicelb.PartialError{LeftOut: make(map[string]error, len(e.leftOut))}
+	out := make(map[string]error, len(e.leftOut))
 	for name, lo := range e.leftOut {
-		p.LeftOut[name] = lo.err
+		out[name] = lo.err
 	}
-	return p
+	return out
 }
 
 // wrap starts an error with the backend's name, unless it is a

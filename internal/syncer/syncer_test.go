@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -103,36 +104,36 @@ func TestSyncKinds(t *testing.T) {
 	e := newEngine(b, nil, clk)
 	ctx := context.Background()
 	s1, s2 := state(t, udpService("10.0.0.1")), state(t, udpService("10.0.0.2"))
-	require.NoError(t, e.Sync(ctx, s1))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s1)))
 	assert.Equal(t, []string{"write"}, b.take(), "first sync")
-	require.NoError(t, e.Sync(ctx, s1))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s1)))
 	assert.Equal(t, []string{"check", "verify"}, b.take(), "an unchanged state sends nothing; the periodic sync looks in depth")
-	require.NoError(t, e.Sync(ctx, s2))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s2)))
 	assert.Equal(t, []string{"check", "apply"}, b.take(), "a change")
-	require.NoError(t, e.Sync(ctx, s1))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s1)))
 	assert.Equal(t, []string{"check", "apply"}, b.take(), "no deep verify with a change before the interval")
 	clk.t = clk.t.Add(DefaultVerifyInterval)
-	require.NoError(t, e.Sync(ctx, s2))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s2)))
 	assert.Equal(t, []string{"check", "verify", "apply"}, b.take(), "a deep verify once the interval passed, then the change")
 	b.checkOK = false
-	require.NoError(t, e.Sync(ctx, s2))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s2)))
 	assert.Equal(t, []string{"check", "write"}, b.take(), "a failed check repairs")
 	b.checkOK = true
 	clk.t = clk.t.Add(DefaultVerifyInterval)
 	b.verifyOK = false
-	require.NoError(t, e.Sync(ctx, s2))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s2)))
 	assert.Equal(t, []string{"check", "verify", "write"}, b.take(), "a failed deep verify repairs")
 	e.Forget()
-	require.NoError(t, e.Sync(ctx, s2))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, s2)))
 	assert.Equal(t, []string{"write"}, b.take(), "after Forget")
 }
 
 func TestSyncRefusesNoStateAndClosed(t *testing.T) {
 	e := newEngine(newFake(), nil, &clock{})
-	require.ErrorIs(t, e.Sync(context.Background(), &servicelb.State{}), servicelb.ErrNoState)
-	require.ErrorIs(t, e.Sync(context.Background(), nil), servicelb.ErrNoState)
+	require.ErrorIs(t, servicetest.SyncErr(e.Sync(context.Background(), &servicelb.State{})), servicelb.ErrNoState)
+	require.ErrorIs(t, servicetest.SyncErr(e.Sync(context.Background(), nil)), servicelb.ErrNoState)
 	e.Close()
-	require.ErrorIs(t, e.Sync(context.Background(), state(t)), servicelb.ErrClosed)
+	require.ErrorIs(t, servicetest.SyncErr(e.Sync(context.Background(), state(t))), servicelb.ErrClosed)
 }
 
 func TestSyncRetriesLostRaces(t *testing.T) {
@@ -140,18 +141,18 @@ func TestSyncRetriesLostRaces(t *testing.T) {
 	e := newEngine(b, nil, clk)
 	ctx := context.Background()
 	b.errs["write"] = []error{errRace, errRace, errRace}
-	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1"))))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.1")))))
 	assert.Equal(t, []string{"write", "write", "write", "write"}, b.take())
 	b.errs["check"] = make([]error, DefaultAttempts)
 	for i := range b.errs["check"] {
 		b.errs["check"][i] = errRace
 	}
-	err := e.Sync(ctx, state(t, udpService("10.0.0.2")))
+	err := servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.2"))))
 	require.ErrorIs(t, err, errRace)
 	assert.Contains(t, err.Error(), fmt.Sprintf("after %d attempts", DefaultAttempts))
 	assert.Len(t, b.take(), DefaultAttempts)
 	b.errs["apply"] = []error{errors.New("no such thing")}
-	require.Error(t, e.Sync(ctx, state(t, udpService("10.0.0.3"))), "other errors are not retried")
+	require.Error(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.3")))), "other errors are not retried")
 	assert.Equal(t, []string{"check", "apply"}, b.take())
 }
 
@@ -160,13 +161,13 @@ func TestDeepVerifyPutOffWhenItLosesRaces(t *testing.T) {
 	e := newEngine(b, nil, clk)
 	ctx := context.Background()
 	st := state(t, udpService("10.0.0.1"))
-	require.NoError(t, e.Sync(ctx, st))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, st)))
 	b.take()
 	clk.t = clk.t.Add(DefaultVerifyInterval)
 	b.errs["verify"] = []error{errRace}
-	require.NoError(t, e.Sync(ctx, st), "a deep verify that loses a race fails no sync")
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, st)), "a deep verify that loses a race fails no sync")
 	st2 := state(t, udpService("10.0.0.2"))
-	require.NoError(t, e.Sync(ctx, st2))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, st2)))
 	assert.Equal(t, []string{"check", "verify", "check", "verify", "apply"}, b.take(), "the deep verify comes again on the next sync")
 }
 
@@ -174,10 +175,10 @@ func TestRefusedChangeRepairs(t *testing.T) {
 	b := newFake()
 	e := newEngine(b, nil, &clock{})
 	ctx := context.Background()
-	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1"))))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.1")))))
 	b.take()
 	b.errs["apply"] = []error{fmt.Errorf("delete rule: %w", syscall.ENOENT)}
-	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.2"))))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.2")))))
 	assert.Equal(t, []string{"check", "apply", "write"}, b.take(), "a change refused for drift becomes a whole write")
 }
 
@@ -186,19 +187,19 @@ func TestStaleFlowsKeptUntilDeleted(t *testing.T) {
 	e := newEngine(b, c, &clock{})
 	ctx := context.Background()
 	ep := netip.MustParseAddr
-	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2")))))
 	require.Len(t, c.calls, 1, "the first sync reconciles the whole table")
 	assert.Equal(t, []netip.AddrPort{netip.AddrPortFrom(ep("10.0.0.1"), 53), netip.AddrPortFrom(ep("10.0.0.2"), 53)}, c.calls[0][0].Serving)
 	c.fail = 1
-	err := e.Sync(ctx, state(t, udpService("10.0.0.1")))
+	err := servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.1"))))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "sync applied")
 	// The endpoint serves again before the retry: the pending filter
 	// keeps its flows.
-	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2")))))
 	require.Len(t, c.calls, 3)
 	assert.Equal(t, []netip.AddrPort{netip.AddrPortFrom(ep("10.0.0.1"), 53), netip.AddrPortFrom(ep("10.0.0.2"), 53)}, c.calls[2][0].Serving)
-	require.NoError(t, e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2"))))
+	require.NoError(t, servicetest.SyncErr(e.Sync(ctx, state(t, udpService("10.0.0.1", "10.0.0.2")))))
 	assert.Len(t, c.calls, 3, "nothing pending, nothing deleted")
 }
 
@@ -226,8 +227,8 @@ func (r *refusing) Apply(_ context.Context, st *servicelb.State, _ *servicelb.Ch
 }
 
 // TestServiceLeftOut: a service the backend refuses is left out and the
-// rest applied in the same Sync, which says so with a PartialError; the
-// service is not tried again until it changes.
+// rest applied in the same Sync, which says so in its report, with the
+// state applied; the service is not tried again until it changes.
 func TestServiceLeftOut(t *testing.T) {
 	r := &refusing{fakeBackend: *newFake()}
 	e := newEngine(r, nil, &clock{})
@@ -238,11 +239,11 @@ func TestServiceLeftOut(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.Upsert(udpService("10.0.0.1")))
 	require.NoError(t, b.Upsert(bad))
-	err = e.Sync(ctx, b.State())
-	var pe *servicelb.PartialError
-	require.ErrorAs(t, err, &pe)
-	require.ErrorIs(t, err, servicelb.ErrUnsupported)
-	assert.Contains(t, pe.LeftOut, "bad")
+	rep, err := e.Sync(ctx, b.State())
+	require.NoError(t, err)
+	require.Len(t, rep.LeftOut, 1)
+	require.ErrorIs(t, rep.LeftOut["bad"], servicelb.ErrUnsupported)
+	assert.Same(t, e.Applied(), rep.Applied, "the report's state is not the one applied")
 	require.Len(t, r.got, 2)
 	_, has := r.got[1].Service("bad")
 	assert.False(t, has, "the second try still holds the refused service")
@@ -253,7 +254,9 @@ func TestServiceLeftOut(t *testing.T) {
 	require.NoError(t, b.Upsert(udpService("10.0.0.2")))
 	require.NoError(t, b.Upsert(bad))
 	r.got = nil
-	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+	rep, err = e.Sync(ctx, b.State())
+	require.NoError(t, err)
+	assert.Contains(t, rep.LeftOut, "bad")
 	require.Len(t, r.got, 1)
 	_, has = r.got[0].Service("bad")
 	assert.False(t, has, "a service left out was tried again unchanged")
@@ -263,11 +266,12 @@ func TestServiceLeftOut(t *testing.T) {
 	still.Endpoints = append(udpService("10.0.0.7").Endpoints, bad.Endpoints...)
 	require.NoError(t, b.Upsert(still))
 	r.got = nil
-	require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+	rep, err = e.Sync(ctx, b.State())
+	require.NoError(t, err)
 	require.NotEmpty(t, r.got)
 	_, has = r.got[0].Service("bad")
 	assert.True(t, has, "the changed service was not tried again")
-	assert.Contains(t, pe.LeftOut, "bad")
+	assert.Contains(t, rep.LeftOut, "bad")
 	_, has = e.Applied().Service("bad")
 	assert.False(t, has)
 
@@ -275,7 +279,10 @@ func TestServiceLeftOut(t *testing.T) {
 	fixed := bad
 	fixed.Endpoints = udpService("10.0.0.8").Endpoints
 	require.NoError(t, b.Upsert(fixed))
-	require.NoError(t, e.Sync(ctx, b.State()), "nothing left out any more")
+	rep, err = e.Sync(ctx, b.State())
+	require.NoError(t, err)
+	assert.Empty(t, rep.LeftOut, "left out after it changed so that the backend takes it")
+	assert.Same(t, b.State(), rep.Applied, "nothing left out any more: the state applied is the one given")
 	assert.Equal(t, 2, e.Applied().Len())
 	got, ok := e.Applied().Service("bad")
 	require.True(t, ok)
@@ -369,14 +376,13 @@ func TestKernelRefusalLeavesOut(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, b.Upsert(good))
 			require.NoError(t, b.Upsert(bad))
-			err = e.Sync(ctx, b.State())
-			var pe *servicelb.PartialError
-			require.ErrorAs(t, err, &pe)
-			require.Len(t, pe.LeftOut, 1)
-			require.ErrorIs(t, pe.LeftOut["bad"], servicelb.ErrRefused)
-			require.ErrorIs(t, pe.LeftOut["bad"], tc.errno)
+			rep, err := e.Sync(ctx, b.State())
+			require.NoError(t, err)
+			require.Len(t, rep.LeftOut, 1)
+			require.ErrorIs(t, rep.LeftOut["bad"], servicelb.ErrRefused)
+			require.ErrorIs(t, rep.LeftOut["bad"], tc.errno)
 			var ve *servicelb.ValidationError
-			require.ErrorAs(t, pe.LeftOut["bad"], &ve)
+			require.ErrorAs(t, rep.LeftOut["bad"], &ve)
 			assert.Equal(t, "bad", ve.Service)
 			assert.Equal(t, "bad:dns/ipv4", ve.Value)
 			assert.Equal(t, []string{"write", "write"}, r.take(), "a first sync")
@@ -386,7 +392,9 @@ func TestKernelRefusalLeavesOut(t *testing.T) {
 			// tried. Then it changes, and the kernel refuses it in a
 			// change: it stays out, the rest goes in.
 			require.NoError(t, b.Upsert(other))
-			require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+			rep, err = e.Sync(ctx, b.State())
+			require.NoError(t, err)
+			assert.Contains(t, rep.LeftOut, "bad")
 			assert.Equal(t, []string{"check", "apply"}, r.take())
 			assert.Equal(t, 2, e.Applied().Len())
 			bad2 := bad
@@ -394,9 +402,10 @@ func TestKernelRefusalLeavesOut(t *testing.T) {
 			good2 := udpService("10.0.0.3")
 			require.NoError(t, b.Upsert(bad2))
 			require.NoError(t, b.Upsert(good2))
-			require.ErrorAs(t, e.Sync(ctx, b.State()), &pe)
+			rep, err = e.Sync(ctx, b.State())
+			require.NoError(t, err)
 			assert.Equal(t, tc.calls, r.take())
-			assert.Contains(t, pe.LeftOut, "bad")
+			assert.Contains(t, rep.LeftOut, "bad")
 			got, _ := e.Applied().Service("ns/dns")
 			assert.Equal(t, good2.Endpoints[0].Addr, got.Endpoints[0].Addr, "the rest was not applied")
 			_, has := e.Applied().Service("bad")
@@ -410,19 +419,19 @@ func TestKernelRefusalLeavesOut(t *testing.T) {
 		r := &refusedByKernel{fakeBackend: *newFake(), errno: syscall.EBUSY}
 		e := New(r, Options{Name: "fake", Now: (&clock{}).now, Traced: traced})
 		r.gone = true
-		err := e.Sync(context.Background(), state(t, good))
+		rep, err := e.Sync(context.Background(), state(t, good))
 		require.ErrorIs(t, err, syscall.EBUSY)
-		var pe *servicelb.PartialError
-		assert.False(t, errors.As(err, &pe), "a refusal about a service gone left a service out: %v", err)
+		assert.Empty(t, rep.LeftOut, "a refusal about a service gone left a service out")
+		assert.Nil(t, rep.Applied)
 	})
 
 	t.Run("shared", func(t *testing.T) {
 		r := &refusedByKernel{fakeBackend: *newFake(), errno: syscall.EINVAL, shared: errors.New("add set: invalid argument")}
 		e := New(r, Options{Name: "fake", Now: (&clock{}).now, Traced: traced})
-		err := e.Sync(context.Background(), state(t, good, bad))
+		rep, err := e.Sync(context.Background(), state(t, good, bad))
 		require.Error(t, err)
-		var pe *servicelb.PartialError
-		assert.False(t, errors.As(err, &pe), "a refusal of something of no port left a service out: %v", err)
+		assert.Empty(t, rep.LeftOut, "a refusal of something of no port left a service out")
+		assert.Nil(t, rep.Applied)
 		assert.Equal(t, []string{"write"}, r.take())
 		assert.Nil(t, e.Applied())
 	})

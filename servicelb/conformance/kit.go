@@ -277,7 +277,9 @@ func (l *lab) closeForGood(t *testing.T) {
 	require.NoError(t, l.p.Close(), "close the proxier a second time")
 	st, err := servicelb.NewState(baseNode())
 	require.NoError(t, err)
-	assert.ErrorIs(t, l.p.Sync(t.Context(), st), servicelb.ErrClosed, "a Sync after Close")
+	rep, err := l.p.Sync(t.Context(), st)
+	assert.ErrorIs(t, err, servicelb.ErrClosed, "a Sync after Close")
+	assert.Nil(t, rep.Applied, "a Sync after Close reports a state applied")
 	assert.ErrorIs(t, l.p.Cleanup(t.Context()), servicelb.ErrClosed, "a Cleanup after Close")
 }
 
@@ -367,16 +369,26 @@ func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	err := l.p.Sync(ctx, state)
+	rep, err := l.p.Sync(ctx, state)
+	require.NoError(t, err, "stage %d: Sync", i)
+	require.NotNil(t, rep.Applied, "stage %d: Sync reports no state applied", i)
 	if st.LeftOut == nil {
-		require.NoError(t, err, "stage %d: Sync", i)
+		require.Empty(t, rep.LeftOut, "stage %d: Sync left services out", i)
+		require.Same(t, state, rep.Applied, "stage %d: Sync reports another state applied than the one given", i)
 		return
 	}
-	require.ErrorIs(t, err, st.LeftOut, "stage %d: Sync", i)
-	var pe *servicelb.PartialError
-	require.ErrorAs(t, err, &pe, "stage %d: Sync did not say which services it left out", i)
-	var ve *servicelb.ValidationError
-	require.ErrorAs(t, err, &ve, "stage %d: Sync error names no service and field", i)
+	require.NotEmpty(t, rep.LeftOut, "stage %d: Sync did not say which services it left out", i)
+	for name, err := range rep.LeftOut {
+		require.ErrorIs(t, err, st.LeftOut, "stage %d: service %s left out", i, name)
+		var ve *servicelb.ValidationError
+		require.ErrorAs(t, err, &ve, "stage %d: the error of service %s left out names no service and field", i, name)
+		require.Equal(t, name, ve.Service, "stage %d: the error of service %s left out names another service", i, name)
+	}
+	for _, svc := range state.Services() {
+		_, applied := rep.Applied.Service(svc.Name)
+		_, out := rep.LeftOut[svc.Name]
+		require.NotEqual(t, applied, out, "stage %d: service %s is reported both applied and left out, or neither", i, svc.Name)
+	}
 	b := state.Edit()
 	require.ErrorIs(t, b.Require(l.p.Capabilities()), st.LeftOut, "stage %d: the capabilities accept what Sync leaves out", i)
 }

@@ -88,8 +88,9 @@ type Stage struct {
 	// the sync, leaving the kernel state as it is, as an agent restart does.
 	Restart bool
 	// LeftOut, when set, is the error kind the sync must leave services
-	// out for: it returns a *servicelb.PartialError wrapping it, and the
-	// rest of the state is applied.
+	// out for: its report names them (servicelb.SyncReport.LeftOut), each
+	// with an error of that kind naming it, and the rest of the state is
+	// applied.
 	LeftOut error
 	// Expect are the checks, run after the sync.
 	Expect []Check

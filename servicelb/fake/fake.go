@@ -6,6 +6,8 @@ package fake
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -16,10 +18,12 @@ import (
 type Record struct {
 	// State is what the proxier was asked to apply.
 	State *servicelb.State
-	// Changes is the difference from the state last applied successfully.
+	// Changes is the difference from the state last applied successfully
+	// to the one applied (or tried).
 	Changes servicelb.Changes
-	// Err is what Sync returned.
-	Err error
+	// Report and Err are what Sync returned.
+	Report servicelb.SyncReport
+	Err    error
 }
 
 // Proxier is a servicelb.Proxier that touches no kernel: it records every
@@ -43,28 +47,34 @@ var _ servicelb.Proxier = (*Proxier)(nil)
 var _ servicelb.Renderer = (*Proxier)(nil)
 
 // Sync records st and returns the next error queued by FailNext, if any.
-// As a real backend, it reports a sync full (servicelb.MarkFullSync) when
-// there is no state applied before it or the node changed.
-func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) error {
+// As a real backend, it reports a sync full when there is no state
+// applied before it or the node changed, and leaves out the services an
+// error queued names (servicelb.ServicesOf), applying the rest.
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return fmt.Errorf("fake: sync: %w", servicelb.ErrClosed)
+		return servicelb.SyncReport{}, fmt.Errorf("fake: sync: %w", servicelb.ErrClosed)
 	}
-	rec := Record{State: st, Changes: servicelb.Diff(p.applied, st)}
-	if rec.Changes.NodeChanged {
-		servicelb.MarkFullSync(ctx)
+	rec := Record{State: st}
+	var err error
+	if err = ctx.Err(); err == nil && len(p.failures) > 0 {
+		err, p.failures = p.failures[0], p.failures[1:]
 	}
-	if err := ctx.Err(); err != nil {
-		rec.Err = err
-	} else if len(p.failures) > 0 {
-		rec.Err, p.failures = p.failures[0], p.failures[1:]
-	} else {
-		p.applied = st
+	applied := st
+	if out := servicelb.ServicesOf(err); out != nil {
+		applied = st.Without(slices.Collect(maps.Keys(out))...)
+		rec.Report.LeftOut, err = out, nil
 	}
+	rec.Changes = servicelb.Diff(p.applied, applied)
+	rec.Report.Full = rec.Changes.NodeChanged
+	if err == nil {
+		p.applied, rec.Report.Applied = applied, applied
+	}
+	rec.Err = err
 	p.records = append(p.records, rec)
 	p.notify()
-	return rec.Err
+	return rec.Report, rec.Err
 }
 
 // AllCapabilities are the capabilities of a Proxier without Caps: every
@@ -110,7 +120,10 @@ func (p *Proxier) notify() {
 	}
 }
 
-// FailNext makes the next Sync calls return errs, one each.
+// FailNext makes the next Sync calls return errs, one each. An error that
+// names services alone (servicelb.ServicesOf: *servicelb.ValidationErrors
+// naming them) is not returned: the Sync leaves those services out and
+// applies the rest, as a backend does with services it cannot hold.
 func (p *Proxier) FailNext(errs ...error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -63,10 +64,10 @@ func TestProxier(t *testing.T) {
 	}
 	boom := errors.New("boom")
 	p.FailNext(boom)
-	if err := p.Sync(ctx, st); !errors.Is(err, boom) || p.Applied() != nil {
+	if err := servicetest.SyncErr(p.Sync(ctx, st)); !errors.Is(err, boom) || p.Applied() != nil {
 		t.Fatalf("failing Sync: %v, applied %v", err, p.Applied())
 	}
-	if err := p.Sync(ctx, st); err != nil || p.Applied() != st {
+	if err := servicetest.SyncErr(p.Sync(ctx, st)); err != nil || p.Applied() != st {
 		t.Fatalf("Sync: %v", err)
 	}
 	recs, err := p.WaitSyncs(ctx, 2)

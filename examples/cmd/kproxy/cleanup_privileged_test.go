@@ -23,6 +23,7 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
 	"github.com/kproxy-dev/kproxy/internal/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -145,7 +146,8 @@ func syncBackend(t *testing.T, sb *sandbox.Sandbox, e bpfEnv, name string) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, d.Sync(ctx, st))
+	err = servicetest.SyncErr(d.Sync(ctx, st))
+	require.NoError(t, err)
 }
 
 func ourBackends() []string {

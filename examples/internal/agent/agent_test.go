@@ -487,8 +487,8 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// A service the backend leaves out of a sync (a PartialError, the rest
-// applied) is reported once as an invalid object of the backend: the
+// A service the backend leaves out of a sync (SyncReport.LeftOut, the
+// rest applied) is reported once as an invalid object of the backend: the
 // kproxy_invalid_objects_total{source="backend"} counter, an error in the
 // log naming it, and Options.OnInvalid. A later sync that leaves the same
 // service out reports nothing new.
@@ -509,8 +509,7 @@ func TestLeftOutReported(t *testing.T) {
 	defer a.Close()
 	refusal := &servicelb.ValidationError{Service: "ns/web", Field: "ports", Value: "ns/web:http/ipv4",
 		Err: fmt.Errorf("%w: nfnl: commit: add rule inet kproxy svc4-ns/web/http: no such file or directory", servicelb.ErrRefused)}
-	p.FailNext(&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}},
-		&servicelb.PartialError{LeftOut: map[string]error{"ns/web": refusal}})
+	p.FailNext(refusal, refusal)
 	src := a.Runner().Source("test")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -364,23 +364,24 @@ type dryRun struct {
 
 func (d *dryRun) Capabilities() servicelb.Capabilities { return d.r.Capabilities() }
 
-func (d *dryRun) Sync(_ context.Context, st *servicelb.State) error {
+func (d *dryRun) Sync(_ context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	text, err := d.r.Render(st)
 	if err != nil {
-		return fmt.Errorf("render: %w", err)
+		return servicelb.SyncReport{}, fmt.Errorf("render: %w", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.n++
+	rep := servicelb.SyncReport{Applied: st, Full: d.n == 1}
 	if d.n > 1 && text == d.last {
-		return nil
+		return rep, nil
 	}
 	d.last = text
 	fmt.Fprintf(d.w, "# %s dry run, sync %d: %d services\n%s", d.name, d.n, st.Len(), text)
 	if !strings.HasSuffix(text, "\n") {
 		fmt.Fprintln(d.w)
 	}
-	return nil
+	return rep, nil
 }
 
 func (d *dryRun) Cleanup(context.Context) error { return nil }

@@ -88,7 +88,7 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 	case "sync":
 		c0 := cpuMS(syscall.RUSAGE_SELF)
 		t0 := time.Now()
-		if err := d.p.Sync(ctx, d.st); err != nil {
+		if _, err := d.p.Sync(ctx, d.st); err != nil {
 			return nil, err
 		}
 		ms := msSince(t0)
@@ -137,7 +137,7 @@ func (d *driver) apply(ctx context.Context, edit func(b *servicelb.Builder) erro
 	st := d.b.State()
 	c0 := cpuMS(syscall.RUSAGE_SELF)
 	t0 := time.Now()
-	if err := d.p.Sync(ctx, st); err != nil {
+	if _, err := d.p.Sync(ctx, st); err != nil {
 		return 0, err
 	}
 	el := time.Since(t0)
@@ -248,7 +248,7 @@ func (d *driver) changeFloor(ctx context.Context, k, ms int) (map[string]any, er
 	err := d.withNewProxier(func(p proxier) error {
 		t := tape{reel: &cold}
 		tctx := t.context(ctx)
-		if err := p.Sync(tctx, d.st); err != nil {
+		if _, err := p.Sync(tctx, d.st); err != nil {
 			return err
 		}
 		b, svcs := d.st.Edit(), slices.Clone(d.svcs)
@@ -261,7 +261,7 @@ func (d *driver) changeFloor(ctx context.Context, k, ms int) (map[string]any, er
 			changes = append(changes, nil)
 			t.reel = &changes[i]
 			t0 := time.Now()
-			err := p.Sync(tctx, st)
+			_, err := p.Sync(tctx, st)
 			return time.Since(t0), err
 		})
 		return err
@@ -297,7 +297,7 @@ func (d *driver) coldFloor(ctx context.Context) (map[string]any, error) {
 		t := tape{reel: &frames}
 		c0 := cpuMS(syscall.RUSAGE_SELF)
 		t0 := time.Now()
-		err := p.Sync(t.context(ctx), d.st)
+		_, err := p.Sync(t.context(ctx), d.st)
 		syncMS = msSince(t0)
 		syncCPU = cpuMS(syscall.RUSAGE_SELF) - c0
 		return err
