@@ -80,32 +80,9 @@ type Sizes struct {
 // wraps it, naming the feature, before it attaches anything.
 var ErrNotSupported = servicelb.ErrNotSupported
 
-// FeatureError names a missing kernel or system feature.
-type FeatureError struct {
-	// Feature is what is missing, such as "cgroup v2" or
-	// "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".
-	Feature string
-	// Hint says what provides it.
-	Hint string
-	// Err is the underlying error, if any.
-	Err error
-}
-
-func (e *FeatureError) Error() string {
-	msg := fmt.Sprintf("missing %s: %s", e.Feature, e.Hint)
-	if e.Err != nil {
-		msg += ": " + e.Err.Error()
-	}
-	return msg
-}
-
-// Unwrap returns ErrNotSupported and the underlying error.
-func (e *FeatureError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrNotSupported}
-	}
-	return []error{ErrNotSupported, e.Err}
-}
+// FeatureError names a missing kernel or system feature: it is
+// servicelb.FeatureError, which every backend's Probe returns.
+type FeatureError = servicelb.FeatureError
 
 // ErrPinIncompatible: a map pinned in the place of the Proxier's own
 // layout under Options.PinPath is not one it can read (someone else's).

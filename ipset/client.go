@@ -206,6 +206,16 @@ func (c *Client) lockedProto(ctx context.Context) (uint8, error) {
 	return c.protocol(ctx)
 }
 
+// Probe asks the kernel which ipset protocol it speaks, changing nothing:
+// nil when it has ipset and answers the client, an error wrapping
+// ErrNotSupported when it has no ipset (or one too old), else the
+// kernel's refusal (EPERM without CAP_NET_ADMIN in the namespace).
+func (c *Client) Probe(ctx context.Context) error {
+	defer c.mu.Unlock()
+	_, err := c.lockedProto(ctx)
+	return err
+}
+
 // Create creates a set. It fails with ErrExist if a set of that name
 // exists, whatever its settings.
 func (c *Client) Create(ctx context.Context, s Set) error {

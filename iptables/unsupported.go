@@ -19,6 +19,9 @@ func Render(*servicelb.State, Options) (string, error) { return "", errNotSuppor
 // New returns ErrNotSupported.
 func New(Options) (*Proxier, error) { return nil, errNotSupported }
 
+// Probe returns ErrNotSupported.
+func Probe(Options) error { return errNotSupported }
+
 // ForRendering returns ErrNotSupported.
 func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 

@@ -26,6 +26,9 @@ func (p *Proxier) Capabilities() servicelb.Capabilities {
 	return servicelb.Capabilities{Backend: "ipvs"}
 }
 
+// Probe returns ErrNotSupported.
+func Probe(Options) error { return errNotSupported }
+
 // ForRendering returns ErrNotSupported.
 func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 

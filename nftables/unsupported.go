@@ -15,6 +15,9 @@ type Proxier struct{}
 // New returns ErrNotSupported.
 func New(Options) (*Proxier, error) { return nil, errNotSupported }
 
+// Probe returns ErrNotSupported.
+func Probe(Options) error { return errNotSupported }
+
 // ForRendering returns ErrNotSupported.
 func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 

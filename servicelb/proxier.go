@@ -3,6 +3,7 @@ package servicelb
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // The errors every backend shares: each package re-exports them
@@ -33,6 +34,35 @@ var (
 // (and CAP_SYS_ADMIN to open sockets in another namespace than the
 // caller's); the error that wraps it names the request refused.
 var ErrPermission = errors.New("not permitted: programming a network namespace needs CAP_NET_ADMIN in it")
+
+// FeatureError names a kernel or system feature a backend needs and the
+// system lacks; errors.Is(err, ErrNotSupported) holds for it. Every
+// backend's Probe returns one (wrapped) for the first feature missing.
+type FeatureError struct {
+	// Feature is what is missing, such as "nf_tables", "cgroup v2" or
+	// "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".
+	Feature string
+	// Hint says what provides it.
+	Hint string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *FeatureError) Error() string {
+	msg := fmt.Sprintf("missing %s: %s", e.Feature, e.Hint)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns ErrNotSupported and the underlying error.
+func (e *FeatureError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrNotSupported}
+	}
+	return []error{ErrNotSupported, e.Err}
+}
 
 // Proxier makes a kernel dataplane match a desired State. The nftables,
 // iptables, ipvs, ebpf and userspace packages implement it.

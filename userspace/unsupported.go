@@ -21,6 +21,9 @@ var (
 // Render returns ErrNotSupported.
 func Render(*servicelb.State, Options) (string, error) { return "", errNotSupported }
 
+// Probe returns ErrNotSupported.
+func Probe(Options) error { return errNotSupported }
+
 // ForRendering returns ErrNotSupported.
 func ForRendering(Options) (*Proxier, error) { return nil, errNotSupported }
 

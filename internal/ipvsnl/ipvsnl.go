@@ -30,6 +30,7 @@ const (
 	cmdSetDest    = 6
 	cmdDelDest    = 7
 	cmdGetDest    = 8
+	cmdGetInfo    = 15 // IPVS_CMD_GET_INFO
 )
 
 // Attributes of a command.
@@ -272,6 +273,18 @@ func addrFamily(a netip.Addr) uint16 {
 		return unix.AF_INET
 	}
 	return unix.AF_INET6
+}
+
+// Info asks IPVS for its version and connection table size, and discards
+// the answer: a request that changes nothing and that the kernel answers
+// only with CAP_NET_ADMIN in the namespace, as every IPVS request.
+func (c *Conn) Info(ctx context.Context) error {
+	b := c.Batch()
+	b.header(cmdGetInfo, 0)
+	if err := c.c.Get(ctx, &b.b, func(uint16, []byte) error { return nil }); err != nil {
+		return fmt.Errorf("get ipvs info: %w", err)
+	}
+	return nil
 }
 
 // Services returns every virtual server of the namespace.

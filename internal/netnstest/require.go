@@ -67,6 +67,18 @@ func Require(t testing.TB, features ...string) {
 	report(t, missing(features))
 }
 
+// Missing returns why the named features are not all available, probed
+// as Require probes them, or "" when they are: for a test that checks
+// what a backend's own probe finds against it.
+// An unknown feature name fails the test.
+func Missing(t testing.TB, features ...string) string {
+	t.Helper()
+	if err := checkNames(features); err != nil {
+		t.Fatalf("netnstest.Missing: %v", err)
+	}
+	return missing(features)
+}
+
 // report skips the test, or fails it under CI=true, if reason is not "".
 func report(t testing.TB, reason string) {
 	t.Helper()

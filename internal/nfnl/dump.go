@@ -15,6 +15,11 @@ import (
 // and calls each for every reply message until the answer is complete. A
 // missing object (ENOENT) is reported as ErrNotExist.
 func (c *Conn) request(ctx context.Context, typ uint16, fam Family, dump bool, attrs func(*encoder), each func([]byte) error) error {
+	return c.requestOf(ctx, subsysNFTables, typ, fam, dump, attrs, each)
+}
+
+// requestOf is request to a subsystem of nfnetlink.
+func (c *Conn) requestOf(ctx context.Context, subsys, typ uint16, fam Family, dump bool, attrs func(*encoder), each func([]byte) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -26,7 +31,7 @@ func (c *Conn) request(ctx context.Context, typ uint16, fam Family, dump bool, a
 		flags = nlmRequest | nlmDump
 	}
 	c.scratch.b = c.scratch.b[:0]
-	m := c.scratch.message(subsysNFTables<<8|typ, flags, fam, 0)
+	m := c.scratch.message(subsys<<8|typ, flags, fam, 0)
 	attrs(&c.scratch)
 	c.scratch.endMessage(m)
 	binary.LittleEndian.PutUint32(c.scratch.b[m+8:], seq)

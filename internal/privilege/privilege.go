@@ -23,3 +23,18 @@ func Check(err error) error {
 	}
 	return err
 }
+
+// Feature classifies the error of a request a backend's Probe makes to
+// find out whether the kernel has feature: nil stays nil; a refusal for
+// lack of privilege is wrapped with servicelb.ErrPermission, as Check
+// does; any other error is a *servicelb.FeatureError naming feature, with
+// hint, wrapping it.
+func Feature(err error, feature, hint string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES):
+		return Check(err)
+	}
+	return &servicelb.FeatureError{Feature: feature, Hint: hint, Err: err}
+}

@@ -218,12 +218,55 @@ func (w *exprWriter) verdict(code int32, chain string) {
 	w.endExpr(e, d)
 }
 
-// xt appends an xt match ("match") or target ("target") expression whose
-// info blob is the kernel structure in native byte order, padded to 8.
-func (w *exprWriter) xt(kind, name string, rev uint32, info []byte) {
+// Extension is an xtables match or target at one revision.
+type Extension struct {
+	Name   string
+	Rev    uint32
+	Target bool
+}
+
+// The extensions the encoder writes, each at the revision it writes.
+var (
+	xtComment    = Extension{Name: "comment"}
+	xtTCP        = Extension{Name: "tcp"}
+	xtUDP        = Extension{Name: "udp"}
+	xtSCTP       = Extension{Name: "sctp"}
+	xtStatistic  = Extension{Name: "statistic"}
+	xtRecent     = Extension{Name: "recent", Rev: 1}
+	xtAddrType   = Extension{Name: "addrtype", Rev: 1}
+	xtConntrack  = Extension{Name: "conntrack", Rev: 3}
+	xtSet        = Extension{Name: "set", Rev: 4}
+	xtDNAT       = Extension{Name: "DNAT", Rev: 2, Target: true}
+	xtMasquerade = Extension{Name: "MASQUERADE", Target: true}
+	xtMark       = Extension{Name: "MARK", Rev: 2, Target: true}
+	xtReject     = Extension{Name: "REJECT", Target: true}
+)
+
+// Extensions returns every extension the encoder may write, for a probe
+// of the kernel's support before the first rule: iptables asks the
+// kernel the same before it writes a rule calling one. The set match
+// only with sets (the ipvs backend's rules match ipsets). The sctp match
+// is left out, as a kernel without SCTP refuses only the SCTP services'
+// rules.
+func Extensions(sets bool) []Extension {
+	out := []Extension{xtComment, xtTCP, xtUDP, xtStatistic, xtRecent, xtAddrType, xtConntrack,
+		xtDNAT, xtMasquerade, xtMark, xtReject}
+	if sets {
+		out = append(out, xtSet)
+	}
+	return out
+}
+
+// xt appends an xt match or target expression whose info blob is the
+// kernel structure in native byte order, padded to 8.
+func (w *exprWriter) xt(x Extension, info []byte) {
+	kind := "match"
+	if x.Target {
+		kind = "target"
+	}
 	e, d := w.expr(kind)
-	w.str(attrXtName, name)
-	w.u32(attrXtRev, rev)
+	w.str(attrXtName, x.Name)
+	w.u32(attrXtRev, x.Rev)
 	n := (len(info) + 7) &^ 7
 	h := 4 + n
 	w.b = append(w.b, byte(h), byte(h>>8), byte(attrXtInfo), 0)
@@ -369,7 +412,7 @@ func (c Comment) encode(w *exprWriter, _ Family) error {
 	}
 	info := w.blob(256)
 	copy(info, c)
-	w.xt("match", "comment", 0, info)
+	w.xt(xtComment, info)
 	return nil
 }
 
@@ -382,14 +425,18 @@ func (p Port) encode(w *exprWriter, _ Family) error {
 			info := w.blob(16)
 			binary.LittleEndian.PutUint16(info[2:], 0xffff)
 			binary.LittleEndian.PutUint16(info[6:], 0xffff)
-			w.xt("match", protoName(p.Proto), 0, info)
+			x := xtTCP
+			if p.Proto == ProtoUDP {
+				x = xtUDP
+			}
+			w.xt(x, info)
 			return nil
 		}
 		w.payload(payloadTransport, 2, 2)
 		w.cmp(cmpEq, binary.BigEndian.AppendUint16(nil, p.DPort))
 		return nil
 	case ProtoSCTP:
-		w.xt("match", "sctp", 0, sctpInfo(w.blob(292), p.DPort))
+		w.xt(xtSCTP, sctpInfo(w.blob(292), p.DPort))
 		return nil
 	}
 	return invalidf("port match for protocol %d", p.Proto)
@@ -414,7 +461,7 @@ func (s Statistic) encode(w *exprWriter, _ Family) error {
 	// libxt_statistic computes nth.count = every - packet, which for
 	// random mode copies the probability into the count.
 	binary.LittleEndian.PutUint32(info[12:], s.Random)
-	w.xt("match", "statistic", 0, info)
+	w.xt(xtStatistic, info)
 	return nil
 }
 
@@ -458,7 +505,7 @@ func (r Recent) encode(w *exprWriter, f Family) error {
 	for i := range f.addrLen() {
 		info[212+i] = 0xff
 	}
-	w.xt("match", "recent", 1, info)
+	w.xt(xtRecent, info)
 	return nil
 }
 
@@ -483,7 +530,7 @@ func (a AddrType) encode(w *exprWriter, _ Family) error {
 		flags |= 2
 	}
 	binary.LittleEndian.PutUint32(info[4:], flags)
-	w.xt("match", "addrtype", 1, info)
+	w.xt(xtAddrType, info)
 	return nil
 }
 
@@ -497,7 +544,7 @@ func (c Conntrack) encode(w *exprWriter, _ Family) error {
 		binary.LittleEndian.PutUint16(info[148:], 1)
 	}
 	binary.LittleEndian.PutUint16(info[150:], c.States)
-	w.xt("match", "conntrack", 3, info)
+	w.xt(xtConntrack, info)
 	return nil
 }
 
@@ -521,7 +568,7 @@ func (s Set) encode(w *exprWriter, _ Family) error {
 	if s.Invert {
 		info[3] |= 1 // IPSET_INV_MATCH
 	}
-	w.xt("match", "set", 4, info)
+	w.xt(xtSet, info)
 	return nil
 }
 
@@ -564,7 +611,7 @@ func (d DNAT) encode(w *exprWriter, f Family) error {
 	copy(info[20:], a)
 	binary.BigEndian.PutUint16(info[36:], d.To.Port())
 	binary.BigEndian.PutUint16(info[38:], d.To.Port())
-	w.xt("target", "DNAT", 2, info)
+	w.xt(xtDNAT, info)
 	return nil
 }
 
@@ -577,14 +624,14 @@ func (m Masquerade) encode(w *exprWriter, f Family) error {
 		// struct nf_nat_range.
 		info := w.blob(40)
 		binary.LittleEndian.PutUint32(info, flags)
-		w.xt("target", "MASQUERADE", 0, info)
+		w.xt(xtMasquerade, info)
 		return nil
 	}
 	// struct nf_nat_ipv4_multi_range_compat with one range.
 	info := w.blob(24)
 	binary.LittleEndian.PutUint32(info[0:], 1)
 	binary.LittleEndian.PutUint32(info[4:], flags)
-	w.xt("target", "MASQUERADE", 0, info)
+	w.xt(xtMasquerade, info)
 	return nil
 }
 
@@ -592,7 +639,7 @@ func (m SetMark) encode(w *exprWriter, _ Family) error {
 	info := w.blob(8)
 	binary.LittleEndian.PutUint32(info[0:], m.Value)
 	binary.LittleEndian.PutUint32(info[4:], m.Mask)
-	w.xt("target", "MARK", 2, info)
+	w.xt(xtMark, info)
 	return nil
 }
 
@@ -603,7 +650,7 @@ func (Reject) encode(w *exprWriter, f Family) error {
 		with = 4 // IP6T_ICMP6_PORT_UNREACH
 	}
 	binary.LittleEndian.PutUint32(info, with)
-	w.xt("target", "REJECT", 0, info)
+	w.xt(xtReject, info)
 	return nil
 }
 

@@ -79,7 +79,7 @@ func packageFeatures(pkg *types.Package) []string {
 			add("func %s%s%s", name, typeParams(sg.TypeParams(), q), sig(sg))
 		case *types.TypeName:
 			if o.IsAlias() {
-				add("type %s = %s", name, typ(o.Type()))
+				add("type %s = %s", name, typ(types.Unalias(o.Type())))
 				continue
 			}
 			named, ok := o.Type().(*types.Named)

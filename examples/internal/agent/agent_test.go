@@ -396,7 +396,7 @@ func TestCleanupNotPresent(t *testing.T) {
 	probed := false
 	b2 := b
 	b2.absent = func() error { return errors.New("no ip_vs") }
-	b2.probe = func(netns.NsHandle) error { probed = true; return nil }
+	b2.probe = func(BackendOptions) error { probed = true; return nil }
 	backends["ipvs"] = b2
 	err := Cleanup(context.Background(), "ipvs", BackendOptions{})
 	assert.ErrorIs(t, err, ErrNothingOwned)
@@ -558,7 +558,7 @@ func TestBackendNamedOnce(t *testing.T) {
 	b := backends["ebpf"]
 	defer func() { backends["ebpf"] = b }()
 	b2 := b
-	b2.probe = func(netns.NsHandle) error { return nil } // nf_tables, for the packet path: not what fails here
+	b2.probe = func(BackendOptions) error { return nil } // nf_tables, for the packet path: not what fails here
 	backends["ebpf"] = b2
 	_, err := Open("ebpf", BackendOptions{NetNS: netns.None(), Cgroup: t.TempDir()})
 	require.ErrorIs(t, err, ErrUnsupported)

@@ -7,16 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 
-	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/userspace"
@@ -67,8 +62,10 @@ type BackendOptions struct {
 // implementation of it.
 var ErrNoBackend = errors.New("backend not available in this build of kproxy")
 
-// ErrUnsupported: the kernel lacks what the backend needs.
-var ErrUnsupported = errors.New("kernel support missing")
+// ErrUnsupported: the kernel lacks what the backend needs. It is
+// servicelb.ErrNotSupported, which every backend's Probe and New wrap (in
+// a *servicelb.FeatureError naming what is missing).
+var ErrUnsupported = servicelb.ErrNotSupported
 
 // ErrOptions: the backend needs a flag that is not set.
 var ErrOptions = errors.New("backend option missing")
@@ -78,9 +75,9 @@ var ErrOptions = errors.New("backend option missing")
 var ErrNothingOwned = errors.New("nothing of the backend can be there")
 
 type backend struct {
-	// probe checks the kernel's support in the namespace, with a message
-	// naming what is missing.
-	probe func(netns.NsHandle) error
+	// probe checks, changing nothing, what the backend needs (its
+	// package's Probe), with a message naming what is missing.
+	probe func(BackendOptions) error
 	// open returns the backend; nil while this build has none.
 	open func(BackendOptions) (Dataplane, error)
 	// render returns a renderer that needs no kernel support and opens
@@ -105,10 +102,10 @@ type backend struct {
 
 // backends maps each --backend value to its implementation.
 var backends = map[string]backend{
-	"nftables": {probe: probeNFTables("nftables"), open: openNFTables, render: renderNFTables},
-	"iptables": {probe: probeNFTables("iptables"), open: openIPTables, render: renderIPTables},
+	"nftables": {probe: probeNFTables, open: openNFTables, render: renderNFTables},
+	"iptables": {probe: probeIPTables, open: openIPTables, render: renderIPTables},
 	"ipvs":     {probe: probeIPVS, open: openIPVS, render: renderIPVS, absent: notLoaded("ip_vs")},
-	"ebpf": {probe: probeNFTables("ebpf"), open: openEBPF, render: renderEBPF,
+	"ebpf": {probe: probeEBPF, open: openEBPF, render: renderEBPF,
 		cleanup: cleanupEBPF, uses: []string{"nftables"}},
 	"userspace": {probe: probeUserspace, open: openUserspace, render: renderUserspace, cleanup: cleanupUserspace},
 }
@@ -160,7 +157,7 @@ func Open(name string, o BackendOptions) (Dataplane, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := b.probe(o.NetNS); err != nil {
+	if err := b.probe(o); err != nil {
 		return nil, err
 	}
 	if err := b.available(name); err != nil {
@@ -260,60 +257,6 @@ func others(name string) []string {
 	return out
 }
 
-// probeNFTables checks that the kernel answers nf_tables requests in ns:
-// both the nftables and the iptables backend (which writes iptables-nft's
-// encoding) need it.
-func probeNFTables(name string) func(netns.NsHandle) error {
-	return func(ns netns.NsHandle) error {
-		var opts []nftables.ConnOption
-		if ns.IsOpen() {
-			opts = append(opts, nftables.WithNetNSFd(int(ns)))
-		}
-		c, err := nftables.New(opts...)
-		if err == nil {
-			defer c.CloseLasting()
-			_, err = c.ListTables()
-		}
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, syscall.EPERM):
-			return fmt.Errorf("%s: netlink permission denied: needs root (CAP_NET_ADMIN): %w", name, err)
-		default:
-			return fmt.Errorf("%s: %w: the kernel has no nf_tables support (CONFIG_NF_TABLES; modprobe nf_tables): %v", name, ErrUnsupported, err)
-		}
-	}
-}
-
-// probeIPVS checks that the kernel has IPVS, through its generic netlink
-// family, and that dummy links can be made.
-func probeIPVS(ns netns.NsHandle) error {
-	var h *netlink.Handle
-	var err error
-	if ns.IsOpen() {
-		h, err = netlink.NewHandleAt(ns, unix.NETLINK_GENERIC)
-	} else {
-		h, err = netlink.NewHandle(unix.NETLINK_GENERIC)
-	}
-	if err != nil {
-		if errors.Is(err, syscall.EPERM) {
-			return fmt.Errorf("ipvs: netlink permission denied: needs root (CAP_NET_ADMIN): %w", err)
-		}
-		return fmt.Errorf("ipvs: netlink: %w", err)
-	}
-	defer h.Close()
-	if _, err := h.GenlFamilyGet("IPVS"); err != nil {
-		if errors.Is(err, syscall.EPERM) {
-			return fmt.Errorf("ipvs: netlink permission denied: needs root (CAP_NET_ADMIN): %w", err)
-		}
-		return fmt.Errorf("ipvs: %w: the kernel has no IP_VS support (CONFIG_IP_VS; modprobe ip_vs): %v", ErrUnsupported, err)
-	}
-	if !kernelHas("dummy") {
-		return fmt.Errorf("ipvs: %w: the kernel has no dummy link driver (CONFIG_DUMMY; modprobe dummy)", ErrUnsupported)
-	}
-	return nil
-}
-
 // notLoaded returns an error unless a kernel module is loaded or built
 // in, as /sys/module shows it (a built-in module with parameters, as
 // ip_vs has, is there too).
@@ -324,31 +267,6 @@ func notLoaded(module string) func() error {
 		}
 		return nil
 	}
-}
-
-// kernelHas reports whether a kernel module is loaded, built in, or
-// installed where modprobe would find it.
-func kernelHas(module string) bool {
-	if _, err := os.Stat("/sys/module/" + module); err == nil {
-		return true
-	}
-	var uts syscall.Utsname
-	if syscall.Uname(&uts) != nil {
-		return false
-	}
-	var rel []byte
-	for _, c := range uts.Release {
-		if c == 0 {
-			break
-		}
-		rel = append(rel, byte(c))
-	}
-	base := filepath.Join("/lib/modules", string(rel))
-	if b, err := os.ReadFile(filepath.Join(base, "modules.builtin")); err == nil && strings.Contains(string(b), "/"+module+".ko") {
-		return true
-	}
-	matches, _ := filepath.Glob(filepath.Join(base, "kernel/drivers/net", module+".ko*"))
-	return len(matches) > 0
 }
 
 // dryRun is a Proxier that prints what each sync would install.

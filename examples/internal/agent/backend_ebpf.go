@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/vishvananda/netns"
@@ -27,12 +26,22 @@ func openEBPF(o BackendOptions) (Dataplane, error) {
 	p, err := ebpf.New(ebpf.Options{Cgroup: o.Cgroup, PinPath: o.PinPath, NetNS: ns, Packets: nft, Logger: o.Logger})
 	if err != nil {
 		nft.Close()
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			return nil, fmt.Errorf("%w (%w)", err, ErrUnsupported)
-		}
 		return nil, err
 	}
 	return p, nil
+}
+
+// probeEBPF checks what the ebpf backend needs, changing nothing: its
+// packet path's (nftables), then the hooks' own (the cgroup, the bpf
+// filesystem, the program type and helpers).
+func probeEBPF(o BackendOptions) error {
+	if err := nftables.Probe(nftables.Options{NetNS: callers(o.NetNS), Logger: o.Logger}); err != nil {
+		return err
+	}
+	if o.Cgroup == "" {
+		return nil // openEBPF names the flag
+	}
+	return ebpf.Probe(ebpf.Options{Cgroup: o.Cgroup, PinPath: o.PinPath})
 }
 
 // renderEBPF renders the maps and the nftables table without touching

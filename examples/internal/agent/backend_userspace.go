@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/kproxy-dev/kproxy/userspace"
 )
 
@@ -157,6 +155,6 @@ func cleanupUserspace(ctx context.Context, o BackendOptions) error {
 // backend's objects.
 func unprivileged(o BackendOptions) bool { return o.Userspace != nil && !o.Userspace.HoldAddresses }
 
-// probeUserspace checks nothing: the proxy needs sockets, which every
-// kernel has, and no module.
-func probeUserspace(netns.NsHandle) error { return nil }
+// probeUserspace checks what the userspace backend needs, changing
+// nothing: the privileges its options take.
+func probeUserspace(o BackendOptions) error { return userspace.Probe(userspaceOptions(o)) }

@@ -1,0 +1,81 @@
+package servicelb_test
+
+import (
+	"go/importer"
+	"go/token"
+	"go/types"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestBackendsHaveOneShape: every backend package offers the same entry
+// points with the same signatures (New, ForRendering, Probe and Render,
+// all of its Options), and its *Proxier is a servicelb.Proxier and a
+// Renderer, so that an agent handles any backend one way.
+func TestBackendsHaveOneShape(t *testing.T) {
+	pkgs := listExports(t, backendPackages)
+	exports := map[string]string{}
+	for _, p := range pkgs {
+		exports[p.ImportPath] = p.Export
+	}
+	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
+	slb, err := imp.Import(servicelbPath)
+	require.NoError(t, err)
+	proxier := slb.Scope().Lookup("Proxier").Type().Underlying().(*types.Interface)
+	renderer := slb.Scope().Lookup("Renderer").Type().Underlying().(*types.Interface)
+	want := map[string]string{
+		"New":          "(Options) (*Proxier, error)",
+		"ForRendering": "(Options) (*Proxier, error)",
+		"Probe":        "(Options) error",
+		"Render":       "(*servicelb.State, Options) (string, error)",
+	}
+	for _, p := range pkgs {
+		if !p.Target {
+			continue
+		}
+		pkg, err := imp.Import(p.ImportPath)
+		require.NoError(t, err)
+		for name, sig := range want {
+			fn, ok := pkg.Scope().Lookup(name).(*types.Func)
+			if !assert.True(t, ok, "%s has no func %s", pkg.Name(), name) {
+				continue
+			}
+			assert.Equal(t, sig, signature(fn.Type().(*types.Signature), pkg), "%s.%s", pkg.Name(), name)
+		}
+		px := types.NewPointer(pkg.Scope().Lookup("Proxier").Type())
+		assert.True(t, types.Implements(px, proxier), "%s.Proxier is no servicelb.Proxier", pkg.Name())
+		assert.True(t, types.Implements(px, renderer), "%s.Proxier is no servicelb.Renderer", pkg.Name())
+	}
+}
+
+// signature writes a function's parameter and result types, qualified
+// relative to pkg, without their names.
+func signature(sig *types.Signature, pkg *types.Package) string {
+	q := func(p *types.Package) string {
+		if p == pkg {
+			return ""
+		}
+		return p.Name()
+	}
+	list := func(tup *types.Tuple) []string {
+		var out []string
+		for v := range tup.Variables() {
+			out = append(out, types.TypeString(v.Type(), q))
+		}
+		return out
+	}
+	s := "(" + strings.Join(list(sig.Params()), ", ") + ")"
+	switch res := list(sig.Results()); len(res) {
+	case 0:
+	case 1:
+		s += " " + res[0]
+	default:
+		s += " (" + strings.Join(res, ", ") + ")"
+	}
+	return s
+}
