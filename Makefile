@@ -58,11 +58,16 @@ deps:
 	@hack/deps.sh
 
 # The lint tools live in their own module (tools/go.mod), so that they
-# never enter the module graph of anyone who depends on kproxy.
-STATICCHECK := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck
+# never enter the module graph of anyone who depends on kproxy. staticcheck
+# is built from it once and runs in the workspace, which joins the core,
+# kube and examples modules (they require each other at the version they
+# are released at, which only the workspace provides before the tag).
+STATICCHECK := $(CURDIR)/.cache/bin/staticcheck
+$(STATICCHECK): tools/go.mod tools/go.sum
+	cd tools && GOWORK=off $(GO) build -o $@ honnef.co/go/tools/cmd/staticcheck
 # Lint also checks that the core builds everywhere (ErrNotSupported at run
 # time off Linux), so that an agent's other parts build on any machine.
-lint:
+lint: $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags $(TAGS_LINT) $(CORE) $(KUBE) $(EXAMPLES)
@@ -72,7 +77,7 @@ lint:
 	GO=$(GO) hack/consumer.sh
 	GOOS=darwin $(GO) build $(CORE)
 	GOOS=windows $(GO) vet $(CORE)
-	cd e2e && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod staticcheck ./...
+	cd e2e && GOWORK=off $(GO) vet ./... && GOWORK=off $(STATICCHECK) ./...
 	cd tools && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) test -count=1 ./...
 	$(APICHECK) $(API_MODULES)
 
