@@ -8,6 +8,8 @@
 #   make test-examples  the examples and the kproxy binary against real servers
 #   make kproxy       build the kproxy binary into ./bin (static)
 #   make image        pack ./bin/kproxy into an OCI image layout, ./bin/kproxy-image
+#   make release VERSION=v0.1.0  the release's binaries (linux/amd64, arm64),
+#                     image index, SBOM, notes and SHA256SUMS in dist/VERSION
 #   make bench        benchmarks (root); bench-ebpf, bench-nftables, ... one backend's
 #   make vulncheck    govulncheck of both modules, standard library included
 #   make api          write api/next.txt, the exported API, from the code (lint checks it)
@@ -118,6 +120,11 @@ kproxy:
 # crane or skopeo (see examples/hack/image).
 image: kproxy
 	$(GO) run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:$(VERSION) --version $(VERSION) --revision $(COMMIT)
+
+# A release of the commit checked out (see hack/release.sh); two releases
+# of one commit are byte-identical (test-release checks it).
+release:
+	GO=$(GO) VERSION=$(VERSION) hack/release.sh
 
 # The examples' tests run the agents and the kproxy binary against a real
 # kube-apiserver with etcd and a real Consul agent, built once into the
@@ -237,7 +244,7 @@ bench-compare-build:
 BENCH_IPVS_FLAG = $(if $(wildcard $(IPVS_BENCH_OUT)),-ipvs $(IPVS_BENCH_OUT))
 bench-compare: deps bench-compare-build
 	$(BENCH_BIN)/benchcompare -kproxy-driver $(BENCH_BIN)/kproxy-bench -kubeproxy-driver $(BENCH_BIN)/kubeproxy-driver \
-		-sizes $(BENCH_COMPARE_SIZES) -bound $(BENCH_COMPARE_BOUND) -out bench/results -readme README.md $(BENCH_IPVS_FLAG) $(BENCH_COMPARE_FLAGS)
+		-sizes $(BENCH_COMPARE_SIZES) -bound $(BENCH_COMPARE_BOUND) -out bench/results -readme bench/README.md $(BENCH_IPVS_FLAG) $(BENCH_COMPARE_FLAGS)
 
 # The report of the last bench-compare (bench/results/compare.json) written
 # again with the IPVS results of the last bench-ipvs folded in; measures
@@ -245,7 +252,7 @@ bench-compare: deps bench-compare-build
 .PHONY: bench-report
 bench-report:
 	cd bench && GOWORK=off $(GO) build -o $(BENCH_BIN)/ ./cmd/benchcompare
-	$(BENCH_BIN)/benchcompare -from bench/results/compare.json -out bench/results -readme README.md $(BENCH_IPVS_FLAG)
+	$(BENCH_BIN)/benchcompare -from bench/results/compare.json -out bench/results -readme bench/README.md $(BENCH_IPVS_FLAG)
 
 # The bench module's unit tests (its parsing and its report), and the same
 # comparison at 100 x 5 with short bounds, as a smoke test.

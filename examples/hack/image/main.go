@@ -73,6 +73,32 @@ type Options struct {
 	// CABundle is a PEM file of CA certificates to hold at CABundlePath;
 	// empty holds none.
 	CABundle string
+	// Platforms, when set, are the binaries of an image index, one image
+	// per architecture (Binary and Arch are then unused).
+	Platforms []Platform
+}
+
+// Platform is one architecture's binary of a multi-architecture image.
+type Platform struct {
+	// Arch is the architecture, as Go names it (amd64, arm64).
+	Arch string
+	// Binary is the static kproxy binary built for it.
+	Binary string
+}
+
+// platforms is the --platform flag: linux/ARCH=BINARY, repeated.
+type platforms []Platform
+
+func (p *platforms) String() string { return fmt.Sprint(*p) }
+
+func (p *platforms) Set(v string) error {
+	spec, bin, ok := strings.Cut(v, "=")
+	arch, found := strings.CutPrefix(spec, "linux/")
+	if !ok || !found || arch == "" || bin == "" {
+		return fmt.Errorf("%q: want linux/ARCH=BINARY", v)
+	}
+	*p = append(*p, Platform{Arch: arch, Binary: bin})
+	return nil
 }
 
 func main() {
@@ -84,8 +110,13 @@ func main() {
 	flag.StringVar(&o.Revision, "revision", "", "revision label")
 	flag.StringVar(&o.Arch, "arch", runtime.GOARCH, "the binary's architecture")
 	flag.StringVar(&o.CABundle, "ca-bundle", DefaultCABundle, "PEM file of the CA certificates the image holds at "+CABundlePath+" (default: Debian's ca-certificates); empty: none")
+	flag.Var((*platforms)(&o.Platforms), "platform", "linux/ARCH=BINARY: an image index with one image per architecture (repeat it); instead of --binary and --arch")
 	flag.Parse()
-	digest, err := Build(o)
+	build := Build
+	if len(o.Platforms) > 0 {
+		build = BuildIndex
+	}
+	digest, err := build(o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
@@ -98,22 +129,7 @@ func Build(o Options) (v1.Hash, error) {
 	if o.Arch == "" {
 		o.Arch = runtime.GOARCH
 	}
-	bin, err := os.ReadFile(o.Binary)
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	if err := checkStatic(o.Binary); err != nil {
-		return v1.Hash{}, err
-	}
-	files := []file{{path: BinaryPath, mode: 0o755, data: bin}, {path: KubeProxyPath, mode: 0o777, link: "kproxy"}}
-	if o.CABundle != "" {
-		pem, err := readCABundle(o.CABundle)
-		if err != nil {
-			return v1.Hash{}, err
-		}
-		files = append(files, file{path: CABundlePath, mode: 0o644, data: pem})
-	}
-	img, err := image(files, o)
+	img, err := platformImage(o, Platform{Arch: o.Arch, Binary: o.Binary})
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -130,6 +146,75 @@ func Build(o Options) (v1.Hash, error) {
 		return v1.Hash{}, err
 	}
 	return img.Digest()
+}
+
+// BuildIndex writes an image index of one image per platform, named
+// o.Tag, and returns the index's digest.
+func BuildIndex(o Options) (v1.Hash, error) {
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	for _, p := range o.Platforms {
+		img, err := platformImage(o, p)
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+			Platform: &v1.Platform{OS: "linux", Architecture: p.Arch},
+		}})
+	}
+	if err := os.RemoveAll(o.Out); err != nil {
+		return v1.Hash{}, err
+	}
+	l, err := layout.Write(o.Out, empty.Index)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if err := l.AppendIndex(idx, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": o.Tag,
+	})); err != nil {
+		return v1.Hash{}, err
+	}
+	return idx.Digest()
+}
+
+// platformImage is the image of one platform's binary.
+func platformImage(o Options, p Platform) (v1.Image, error) {
+	bin, err := os.ReadFile(p.Binary)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkBinary(p.Binary, p.Arch); err != nil {
+		return nil, err
+	}
+	files := []file{{path: BinaryPath, mode: 0o755, data: bin}, {path: KubeProxyPath, mode: 0o777, link: "kproxy"}}
+	if o.CABundle != "" {
+		pem, err := readCABundle(o.CABundle)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, file{path: CABundlePath, mode: 0o644, data: pem})
+	}
+	o.Arch = p.Arch
+	return image(files, o)
+}
+
+// machines are the ELF machines of the architectures an image may hold.
+var machines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// checkBinary refuses a binary that needs a dynamic loader (the image has
+// none) or is built for another architecture than arch.
+func checkBinary(path, arch string) error {
+	if err := checkStatic(path); err != nil {
+		return err
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	if want, ok := machines[arch]; ok && f.Machine != want {
+		return fmt.Errorf("%s is built for %v, not %s", path, f.Machine, arch)
+	}
+	return nil
 }
 
 // checkStatic refuses a binary that needs a dynamic loader: the image has
