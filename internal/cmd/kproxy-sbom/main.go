@@ -92,7 +92,9 @@ type relationship struct {
 
 var idChars = regexp.MustCompile(`[^A-Za-z0-9.-]+`)
 
-func spdxID(kind, name string) string { return "SPDXRef-" + kind + "-" + idChars.ReplaceAllString(name, "-") }
+func spdxID(kind, name string) string {
+	return "SPDXRef-" + kind + "-" + idChars.ReplaceAllString(name, "-")
+}
 
 func run(w io.Writer, version string, created time.Time, binaries []string) error {
 	if !regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$`).MatchString(version) {
