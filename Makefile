@@ -122,7 +122,7 @@ image: kproxy
 	$(GO) run ./examples/hack/image --binary bin/kproxy --out bin/kproxy-image --tag kproxy:$(VERSION) --version $(VERSION) --revision $(COMMIT)
 
 # A release of the commit checked out (see hack/release.sh); two releases
-# of one commit are byte-identical (test-release checks it).
+# of one commit are byte-identical (hack/release_test.go checks it).
 release:
 	GO=$(GO) VERSION=$(VERSION) hack/release.sh
 

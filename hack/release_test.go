@@ -63,7 +63,7 @@ func TestReleaseIsReproducible(t *testing.T) {
 	for i := range outs {
 		dir := t.TempDir()
 		clone := filepath.Join(dir, "src")
-		run(t, "..", "git", "clone", "-q", "--no-local", "..", clone)
+		run(t, ".", "git", "clone", "-q", "--no-local", "..", clone)
 		run(t, clone, "git", "checkout", "-q", commit)
 		outs[i] = filepath.Join(dir, "out")
 		run(t, clone, "make", "-s", "release", "VERSION="+v, "OUT="+outs[i])
