@@ -226,7 +226,7 @@ func (h *Host) Ask(ctx context.Context, proto string, dst netip.AddrPort, opts .
 		}
 		e := &AskError{Proto: proto, Dst: dst, Kind: classify(err), Err: err, AtSocket: errors.Is(err, errAtSocket)}
 		if w != nil {
-			e.ICMP = w.find(flowID{protoNumber(proto), x.sport, dst})
+			e.ICMP = w.find(flowID{protoNumber(proto), x.sport, dst}, time.Now().Add(icmpWait))
 		}
 		return Reply{}, e
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,12 +36,13 @@ func (e *ICMPError) String() string {
 // icmpWatch is a raw socket that sees every ICMP message reaching a host,
 // opened before an ask so that the error about it is queued there.
 type icmpWatch struct {
-	f  *os.File
+	fd int
 	v6 bool
 }
 
-// icmpWait bounds the wait for an ICMP error already sent: the ask has
-// failed by the time the socket is read, so the message is there or close.
+// icmpWait bounds the wait for an ICMP error not yet queued when the ask
+// failed: the error about it is sent before the ask learns of it, so it
+// is there or close.
 const icmpWait = 50 * time.Millisecond
 
 func (h *Host) watchICMP(v6 bool) (*icmpWatch, error) {
@@ -58,10 +58,10 @@ func (h *Host) watchICMP(v6 bool) (*icmpWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("icmp watch socket: %w", err)
 	}
-	return &icmpWatch{f: os.NewFile(uintptr(fd), "icmp"), v6: v6}, nil
+	return &icmpWatch{fd: fd, v6: v6}, nil
 }
 
-func (w *icmpWatch) close() { w.f.Close() }
+func (w *icmpWatch) close() { unix.Close(w.fd) }
 
 // flowID names the packet an ICMP error is about: its protocol, source
 // port and destination, so that an ask finds its own error among those
@@ -72,20 +72,33 @@ type flowID struct {
 	dst   netip.AddrPort
 }
 
-// find returns the first queued ICMP error about a packet of flow f, or
-// nil.
-func (w *icmpWatch) find(f flowID) *ICMPError {
-	if err := w.f.SetReadDeadline(time.Now().Add(icmpWait)); err != nil {
-		return nil
-	}
+// find returns the first ICMP error about a packet of flow f, or nil:
+// every message queued is read whatever the time, and one not yet queued
+// is waited for until the time until. So a reader that runs late (a busy
+// machine, an emulated guest) still finds the error that arrived in time;
+// a deadline on the socket would give up before reading what is there.
+func (w *icmpWatch) find(f flowID, until time.Time) *ICMPError {
 	buf := make([]byte, 1500)
 	for {
-		n, err := w.f.Read(buf)
-		if err != nil {
+		n, _, err := unix.Recvfrom(w.fd, buf, unix.MSG_DONTWAIT)
+		switch {
+		case err == nil:
+			if e, about := parseICMP(buf[:n], w.v6); e != nil && about == f {
+				return e
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err != unix.EAGAIN:
 			return nil
 		}
-		if e, about := parseICMP(buf[:n], w.v6); e != nil && about == f {
-			return e
+		left := time.Until(until)
+		if left <= 0 {
+			return nil
+		}
+		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, int(left.Milliseconds())+1); err != nil && err != unix.EINTR {
+			return nil
 		}
 	}
 }
