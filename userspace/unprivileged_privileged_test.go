@@ -166,7 +166,7 @@ func fromWire(r reply) error {
 	return err
 }
 
-// reportFromWire decodes a Sync's report of st.
+// reportFromWire decodes the report of a Sync of st that succeeded.
 func reportFromWire(r reply, st *servicelb.State) servicelb.SyncReport {
 	rep := servicelb.SyncReport{Full: r.Full}
 	var names []string
@@ -181,9 +181,7 @@ func reportFromWire(r reply, st *servicelb.State) servicelb.SyncReport {
 		rep.LeftOut[lo.Service] = &servicelb.ValidationError{Service: lo.Service, Field: lo.Field, Value: lo.Value, Err: ke}
 		names = append(names, lo.Service)
 	}
-	if r.Err == "" {
-		rep.Applied = st.Without(names...)
-	}
+	rep.Applied = st.Without(names...)
 	return rep
 }
 
@@ -425,7 +423,10 @@ func (r *remote) Sync(_ context.Context, st *servicelb.State) (servicelb.SyncRep
 		return servicelb.SyncReport{}, err
 	}
 	rep, err := r.exchange(req)
-	return reportFromWire(rep, st), err
+	if err != nil {
+		return servicelb.SyncReport{Full: rep.Full}, err
+	}
+	return reportFromWire(rep, st), nil
 }
 
 // sameOnTheWire makes sure that the child reads the node and services the
