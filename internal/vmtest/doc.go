@@ -31,7 +31,11 @@
 //     compressed: unpacking plain cpio is faster under emulation than
 //     decompressing.
 //  5. VM.Run boots qemu (TCG: KVM fails with emulation errors on the
-//     machines this runs on) with a watchdog. The guest's /init
+//     machines this runs on) with two watchdogs: one for a guest that has
+//     written nothing for Config.Idle (10 minutes: a hang), and one for the
+//     whole run, Config.Timeout (an hour), so that a guest slowed down by
+//     a busy machine, which keeps writing test output, finishes instead of
+//     being cut at a fixed time that an idle machine needs half of. The guest's /init
 //     (InitConfig.Script) mounts proc, sys, devtmpfs and tmpfs on /run and
 //     /tmp, loads DefaultModules, exports CI, runs each binary in its
 //     package directory with the given flags and powers off. The console

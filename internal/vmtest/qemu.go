@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,6 +24,7 @@ type VM struct {
 	MemoryMB    int           // guest memory
 	CPUs        int           // guest CPUs
 	Timeout     time.Duration // watchdog: qemu is killed after this long
+	Idle        time.Duration // watchdog: qemu is killed once the guest wrote nothing for this long; 0: never (nor with Interactive)
 	Interactive bool          // connect the console to the runner's stdin (debug shell)
 	Console     io.Writer     // receives the console output as it comes
 }
@@ -44,12 +46,56 @@ func (v *VM) Args() []string {
 // ErrTimeout is returned when the watchdog stopped the guest.
 var ErrTimeout = errors.New("vm watchdog timeout")
 
+// errIdle is the cause of a guest stopped for writing nothing.
+var errIdle = errors.New("the guest wrote nothing")
+
+// idleTick is how often the idle watchdog looks at the guest's output.
+const idleTick = 10 * time.Second
+
+// watchIdle returns errIdle once progress (a count of the bytes the guest
+// wrote) has not moved for idle, looking every tick; nil when ctx ends
+// first. A guest that is slow (emulated, on a busy machine) keeps writing
+// test output and is let run; one that hangs writes nothing.
+func watchIdle(ctx context.Context, idle, tick time.Duration, progress func() int64) error {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	last, since := progress(), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			if p := progress(); p != last {
+				last, since = p, now
+			} else if now.Sub(since) >= idle {
+				return errIdle
+			}
+		}
+	}
+}
+
 // Run boots the guest and waits until it powers off (or the watchdog or
 // ctx stops it: then the qemu process this started is killed by its pid).
 // It returns the last lines of the console, for diagnostics.
 func (v *VM) Run(ctx context.Context) (tail []string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, v.Timeout)
 	defer cancel()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	var written atomic.Int64 // console bytes; the results file's are read from its size
+	if v.Idle > 0 && !v.Interactive { // a debug shell may sit idle
+		go func() {
+			if err := watchIdle(ctx, v.Idle, idleTick, func() int64 {
+				n := written.Load()
+				if fi, err := os.Stat(v.Results); err == nil {
+					n += fi.Size()
+				}
+				return n
+			}); err != nil {
+				stop(err)
+			}
+		}()
+	}
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", v.Args()...)
 	cmd.WaitDelay = 5 * time.Second
 	if v.Interactive {
@@ -61,11 +107,13 @@ func (v *VM) Run(ctx context.Context) (tail []string, err error) {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
 	done := make(chan []string)
-	go func() { done <- copyLines(v.Console, pr, 40) }()
+	go func() { done <- copyLines(v.Console, countingReader{pr, &written}, 40) }()
 	werr := cmd.Wait()
 	pw.Close()
 	tail = <-done
 	switch {
+	case errors.Is(context.Cause(ctx), errIdle):
+		return tail, fmt.Errorf("%w: %w for %v", ErrTimeout, errIdle, v.Idle)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return tail, fmt.Errorf("%w after %v", ErrTimeout, v.Timeout)
 	case ctx.Err() != nil:
@@ -74,6 +122,18 @@ func (v *VM) Run(ctx context.Context) (tail []string, err error) {
 		return tail, fmt.Errorf("qemu: %w", werr)
 	}
 	return tail, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // copyLines copies r to w and returns the last n lines.

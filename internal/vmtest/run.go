@@ -27,7 +27,8 @@ type Config struct {
 	Patterns  []string      // packages to consider; default ./...
 	TestArgs  []string      // flags for every test binary (go test's short names accepted)
 	Env       []string      // NAME=value exported in the guest (CI is passed this way)
-	Timeout   time.Duration // watchdog for the whole boot; default 30m
+	Timeout   time.Duration // watchdog for the whole boot; default 60m
+	Idle      time.Duration // watchdog for a guest that writes nothing (a hang); default 10m
 	MemoryMB  int           // default 2048
 	CPUs      int           // default 2
 	Shell     bool          // debug shell in the guest after the tests
@@ -49,7 +50,10 @@ func (c *Config) defaults() error {
 		c.Patterns = []string{"./..."}
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 30 * time.Minute
+		c.Timeout = 60 * time.Minute
+	}
+	if c.Idle == 0 {
+		c.Idle = 10 * time.Minute
 	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 2048
@@ -354,7 +358,7 @@ func (c *Config) boot(ctx context.Context, k *Kernel, runDir, initrd string, nam
 	results := filepath.Join(runDir, "results.log")
 	_ = os.Remove(results)
 	vm := &VM{Kernel: k.Vmlinuz(), Initrd: initrd, Results: results, MemoryMB: c.MemoryMB, CPUs: c.CPUs,
-		Timeout: c.Timeout, Interactive: c.Shell, Console: c.Console}
+		Timeout: c.Timeout, Idle: c.Idle, Interactive: c.Shell, Console: c.Console}
 	start := time.Now()
 	tail, vmErr := vm.Run(ctx)
 	c.Log.Info("guest stopped", "took", time.Since(start).Round(time.Millisecond))
