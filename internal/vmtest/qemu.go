@@ -82,7 +82,7 @@ func (v *VM) Run(ctx context.Context) (tail []string, err error) {
 	defer cancel()
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	var written atomic.Int64 // console bytes; the results file's are read from its size
+	var written atomic.Int64          // console bytes; the results file's are read from its size
 	if v.Idle > 0 && !v.Interactive { // a debug shell may sit idle
 		go func() {
 			if err := watchIdle(ctx, v.Idle, idleTick, func() int64 {
