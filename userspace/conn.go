@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +100,7 @@ func (p *Proxier) acceptLoop(l *listener) {
 		}
 		setStreamOptions(nfd, l.key.proto)
 		p.wg.Add(1)
+		p.starting.Add(1)
 		go p.serveStream(l, b, cf, sockaddr.To(sa))
 	}
 }
@@ -107,6 +109,8 @@ func (p *Proxier) acceptLoop(l *listener) {
 // for b's port, or resets it.
 func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.AddrPort) {
 	defer p.wg.Done()
+	started := sync.OnceFunc(p.starting.Done)
+	defer started()
 	ps := b.port
 	defer p.budget.release(ps)
 	in := func() string {
@@ -130,17 +134,21 @@ func (p *Proxier) serveStream(l *listener, b *binding, cf *os.File, peer netip.A
 		return
 	}
 	ps.stats.accepted.Add(1)
-	p.carry(newConn(ps, to), cf, bf)
+	c := newConn(ps, to)
+	ok := p.openConn(c, cf, bf)
+	started()
+	if ok {
+		p.carry(c)
+	}
 }
 
 func newConn(ps *portState, to netip.AddrPort) *conn {
 	return &conn{ps: ps, to: to, upQuiet: make(chan struct{}), quiet: make(chan struct{}), taken: make(chan bool, 1), ended: make(chan struct{})}
 }
 
-// carry moves c's bytes between its client's socket cf and its
-// endpoint's bf until it ends, or resets both when it cannot start.
-func (p *Proxier) carry(c *conn, cf, bf *os.File) {
-	ps := c.ps
+// openConn makes c of its client's socket cf and its endpoint's bf, and
+// tracks it; false, with both reset, when it cannot.
+func (p *Proxier) openConn(c *conn, cf, bf *os.File) bool {
 	c.act.setTimeout(p.o.IdleTimeout)
 	var e1, e2 error
 	c.client, e1 = newSide(cf)
@@ -148,12 +156,19 @@ func (p *Proxier) carry(c *conn, cf, bf *os.File) {
 	if e1 != nil || e2 != nil {
 		reset(cf)
 		reset(bf)
-		return
+		return false
 	}
 	if !p.track(c) {
 		c.abort()
-		return
+		return false
 	}
+	return true
+}
+
+// carry moves an open connection's bytes between its client and its
+// endpoint until it ends.
+func (p *Proxier) carry(c *conn) {
+	ps := c.ps
 	defer p.untrack(c)
 	ps.stats.active.Add(1)
 	defer ps.stats.active.Add(-1)

@@ -29,7 +29,8 @@ import (
 //     them.
 //  2. The new Proxier's first Sync serves with them, then it says ready,
 //     and the old one stops accepting.
-//  3. HandOver stops each TCP connection where neither direction holds a
+//  3. HandOver waits for the connections it accepted to be made to their
+//     endpoints, stops each TCP connection where neither direction holds a
 //     byte in the proxy, and sends its two sockets, its service port and
 //     endpoint, and which directions have ended; the new Proxier carries
 //     each on from there. The bytes in the sockets' buffers stay there, so
@@ -197,6 +198,12 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 	}
 	h.Listeners = len(keys)
 	p.handedOver = true
+	// A connection accepted before is handed over with the others once
+	// it is open: wait for those still being made to their endpoint (a
+	// connection this proxy kept would end with it).
+	quiet, cancel := context.WithTimeout(ctx, handoverQuiet)
+	defer cancel()
+	p.waitStarting(quiet)
 	p.connMu.Lock()
 	var conns []*conn
 	for cn := range p.conns {
@@ -212,8 +219,6 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		cn.pauseUp.Store(true)
 		_ = cn.client.f.SetReadDeadline(time.Now())
 	}
-	quiet, cancel := context.WithTimeout(ctx, handoverQuiet)
-	defer cancel()
 	for _, cn := range conns {
 		select {
 		case <-cn.upQuiet:
@@ -254,6 +259,20 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 	}
 	p.log.Info("handed over", "listeners", h.Listeners, "connections", h.Conns, "reset", h.Reset)
 	return h, nil
+}
+
+// waitStarting returns once no accepted connection is being made to its
+// endpoint, or when ctx ends; the listeners are closed.
+func (p *Proxier) waitStarting(ctx context.Context) {
+	started := make(chan struct{})
+	go func() {
+		p.starting.Wait()
+		close(started)
+	}()
+	select {
+	case <-started:
+	case <-ctx.Done():
+	}
 }
 
 func unexpected(got, want string) error {
@@ -334,12 +353,16 @@ func (p *Proxier) takeConns(c *net.UnixConn) (int, error) {
 			cn := newConn(ps, m.To)
 			cn.upDone.Store(m.UpDone)
 			cn.downDone.Store(m.DownDone)
+			if !p.openConn(cn, cf, bf) {
+				p.budget.release(ps)
+				continue
+			}
 			ps.stats.adopted.Add(1)
 			p.wg.Add(1)
 			go func() {
 				defer p.wg.Done()
 				defer p.budget.release(ps)
-				p.carry(cn, cf, bf)
+				p.carry(cn)
 			}()
 			n++
 		default:

@@ -5,10 +5,12 @@ package userspace
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,6 +128,123 @@ func TestHandOver(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHandOverAConnectionBeingMade: a connection the old proxier has
+// accepted and is still making to its endpoint when the handover starts
+// is handed over once it is made, rather than kept by the old proxier and
+// cut when it closes. The endpoint's accept queue is full, so it drops
+// the proxy's SYN and takes its retransmission a second later.
+func TestHandOverAConnectionBeingMade(t *testing.T) {
+	w := newWorld(t, 0)
+	slow := startSlowTCP(t, "slow")
+	w.real[netip.AddrPortFrom(epAddr(0), tcpTarget)] = slow.at
+	st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))
+	old := newProxier(t, w, Options{ConnectTimeout: 5 * time.Second})
+	mustSync(t, old, st)
+	c, err := net.DialTimeout("tcp", w.at(key(1, "tcp")).String(), 2*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	require.Eventually(t, func() bool { return synSent(t, slow.at) }, 5*time.Second, 10*time.Millisecond,
+		"the proxy connects to the endpoint")
+
+	a, b := seqpacketPair(t)
+	handed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h, err := old.HandOver(ctx, a)
+		t.Logf("handed over: %+v", h)
+		handed <- err
+	}()
+	synced := make(chan struct{})
+	fresh := newProxier(t, w, Options{TakeOver: b})
+	go func() {
+		defer close(synced)
+		mustSync(t, fresh, st)
+	}()
+	// The queue has room once the handover is under way; the proxy's
+	// SYN is taken when it is sent again.
+	time.Sleep(300 * time.Millisecond)
+	slow.release()
+	require.NoError(t, <-handed)
+	old.Close()
+	<-synced
+
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	greeting, err := bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err, "the connection being made at the handover was cut")
+	assert.Equal(t, "slow\n", greeting)
+	assert.Equal(t, uint64(1), stats(t, fresh, key(1, "tcp")).TakenOver)
+}
+
+// slowTCP is an endpoint whose accept queue is full until release: it
+// drops every SYN meanwhile. Then it greets each connection with its
+// name.
+type slowTCP struct {
+	at      netip.AddrPort
+	release func()
+}
+
+func startSlowTCP(t *testing.T, name string) *slowTCP {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, unix.Listen(fd, 0)) // full with one connection queued
+	f := os.NewFile(uintptr(fd), "slow")
+	ln, err := net.FileListener(f)
+	f.Close()
+	require.NoError(t, err)
+	at := ln.Addr().(*net.TCPAddr).AddrPort()
+	filler, err := net.DialTimeout("tcp", at.String(), 2*time.Second)
+	require.NoError(t, err)
+	released := make(chan struct{})
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-released
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			_, _ = io.WriteString(c, name+"\n")
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		filler.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return &slowTCP{at: at, release: sync.OnceFunc(func() { close(released) })}
+}
+
+// synSent reports whether a socket of this network namespace is
+// connecting to at (SYN-SENT in /proc/net/tcp).
+func synSent(t *testing.T, at netip.AddrPort) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	require.NoError(t, err)
+	a4 := at.Addr().As4()
+	remote := fmt.Sprintf("%02X%02X%02X%02X:%04X", a4[3], a4[2], a4[1], a4[0], at.Port())
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[2] == remote && f[3] == "02" {
+			return true
+		}
+	}
+	return false
 }
 
 // heldConn is a connection held through the proxy, greeted.

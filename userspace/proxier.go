@@ -69,6 +69,9 @@ type Proxier struct {
 	// wg counts the proxy's goroutines: listeners, connections, and the
 	// one of the UDP sessions' replies.
 	wg sync.WaitGroup
+	// starting counts the connections accepted and not yet open (being
+	// made to their endpoint), which HandOver waits for.
+	starting sync.WaitGroup
 	// conns are the open connections, for Close.
 	connMu  sync.Mutex
 	conns   map[*conn]struct{}
