@@ -70,7 +70,7 @@ func TestSwitchUnderLoad(t *testing.T) {
 			t.Logf("%s to %s (its process ran %v): %d of %d held connections cut, %d of %d new connections failed",
 				pr[0], pr[1], took.Round(time.Millisecond), r.cut, switchHeld, r.failed, r.opened)
 			assert.Zero(t, r.cut, "held connections cut")
-			assert.Zero(t, r.failed, "new connections failed")
+			assert.Zero(t, r.failed, "new connections failed: %q", r.errs)
 		})
 	}
 	// The load sees a loss: a node whose rules go fails new connections.
@@ -93,6 +93,21 @@ type load struct {
 	wg      sync.WaitGroup
 	opened  atomic.Int64
 	failed  atomic.Int64
+	start   time.Time
+	// errs are the first new connections' failures, each with when its
+	// connection started.
+	mu   sync.Mutex
+	errs []string
+}
+
+// fail counts a new connection that failed, started at.
+func (l *load) fail(at time.Time, err error) {
+	l.failed.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errs) < 10 {
+		l.errs = append(l.errs, fmt.Sprintf("at %v, after %v: %v", at.Sub(l.start).Round(time.Millisecond), time.Since(at).Round(time.Millisecond), err))
+	}
 }
 
 // heldConn is a keep-alive HTTP connection that answered once.
@@ -141,6 +156,7 @@ func startLoad(t *testing.T, client *sandbox.Host, addr, url string) *load {
 		require.NoError(t, h.ask(), "a held connection's first request")
 	}
 	hc := client.HTTPClient(2 * time.Second)
+	l.start = time.Now()
 	l.wg.Go(func() {
 		tick := time.NewTicker(time.Second / switchRate)
 		defer tick.Stop()
@@ -152,8 +168,9 @@ func startLoad(t *testing.T, client *sandbox.Host, addr, url string) *load {
 			}
 			l.opened.Add(1)
 			l.wg.Go(func() {
+				at := time.Now()
 				if _, err := sandbox.GetWith(context.Background(), hc, url); err != nil {
-					l.failed.Add(1)
+					l.fail(at, err)
 				}
 			})
 		}
@@ -164,6 +181,9 @@ func startLoad(t *testing.T, client *sandbox.Host, addr, url string) *load {
 // loadResult is what a switch did to the load.
 type loadResult struct {
 	cut, failed, opened int
+	// errs are the first failures of new connections, with when each
+	// started from the load's start.
+	errs []string
 }
 
 // stop ends the new connections, asks each held one once more (with
@@ -178,6 +198,9 @@ func (l *load) stop(held bool) loadResult {
 		}
 	}
 	r.failed, r.opened = int(l.failed.Load()), int(l.opened.Load())
+	l.mu.Lock()
+	r.errs = l.errs
+	l.mu.Unlock()
 	return r
 }
 
@@ -231,7 +254,7 @@ func TestUserspaceHandover(t *testing.T) {
 	time.Sleep(time.Second)
 	r := l.stop(true)
 	t.Logf("handover: %d of %d held connections cut, %d of %d new connections failed", r.cut, switchHeld, r.failed, r.opened)
-	if !assert.Zero(t, r.cut, "held connections cut") || !assert.Zero(t, r.failed, "new connections failed") {
+	if !assert.Zero(t, r.cut, "held connections cut") || !assert.Zero(t, r.failed, "new connections failed: %q", r.errs) {
 		t.Logf("the first kproxy's logs:\n%s\nthe second's:\n%s", oldLogs, newLogs)
 	}
 	assert.Contains(t, oldLogs.String(), "handed over to a newer kproxy")
