@@ -30,11 +30,13 @@ import (
 //  2. The new Proxier's first Sync serves with them, then it says ready,
 //     and the old one stops accepting.
 //  3. HandOver waits for the connections it accepted to be made to their
-//     endpoints, stops each TCP connection where neither direction holds a
-//     byte in the proxy, and sends its two sockets, its service port and
-//     endpoint, and which directions have ended; the new Proxier carries
-//     each on from there. The bytes in the sockets' buffers stay there, so
-//     nothing is lost or sent twice.
+//     endpoints, then stops the TCP connections a few at a time, each
+//     where neither direction holds a byte in the proxy, and sends its two
+//     sockets, its service port and endpoint, and which directions have
+//     ended; the new Proxier carries each on from there, and says so
+//     (handoverWindow bounds the connections held still at once). The
+//     bytes in the sockets' buffers stay there, so nothing is lost or
+//     sent twice.
 //
 // What is not handed over: SCTP connections and UDP sessions (a UDP
 // client's next datagram starts a new session in the new process), and a
@@ -42,9 +44,16 @@ import (
 // receiver takes nothing), which HandOver resets. The held addresses stay
 // on the link, and the new Proxier adopts them as a restarted one does.
 
-// handoverQuiet bounds the wait for the connections to go quiet: a
-// moment on a machine at ease, seconds on an emulated one that is busy.
+// handoverQuiet bounds the wait for a connection to go quiet: a moment
+// on a machine at ease, seconds on an emulated one that is busy.
 const handoverQuiet = 10 * time.Second
+
+// handoverWindow is how many connections HandOver stops at once, and
+// how many it sends ahead of the new process's acknowledgements: a
+// connection is held still from its stop until the new process carries
+// it on, so the window bounds that time to a few connections' handling,
+// however many there are.
+const handoverWindow = 16
 
 // ErrHandover: a handover between two processes failed. The old Proxier
 // serves on with what it did not hand over.
@@ -63,6 +72,10 @@ type Handover struct {
 // op carries.
 type handoverMsg struct {
 	Op string `json:"op"`
+	// A hello's: the new process says it acknowledges each connection
+	// (op "took") once it carries it on or has passed it over. A process
+	// that does not say so (v0.1.0) is sent every connection at once.
+	Acks bool `json:"acks,omitempty"`
 	// A listener's (op "listener", one descriptor).
 	Proto servicelb.Protocol `json:"proto,omitempty"`
 	At    netip.AddrPort     `json:"at,omitzero"`
@@ -79,6 +92,7 @@ const (
 	opListeners = "listeners-done"
 	opReady     = "ready"
 	opConn      = "conn"
+	opTook      = "took"
 	opDone      = "done"
 )
 
@@ -164,10 +178,12 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	if m, fds, err := recvHandover(c); err != nil || m.Op != opHello {
+	hello, fds, err := recvHandover(c)
+	if err != nil || hello.Op != opHello {
 		closeFDs(fds)
-		return fail("hello", errors.Join(err, unexpected(m.Op, opHello)))
+		return fail("hello", errors.Join(err, unexpected(hello.Op, opHello)))
 	}
+	acks := hello.Acks
 	// The listening sockets go to the new process while this one goes
 	// on accepting from them, until the new one serves with them too:
 	// a connection either accepts is served, by the new process or by
@@ -186,7 +202,7 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		closeFDs(fds)
 		return fail("ready", errors.Join(err, unexpected(m.Op, opReady)))
 	}
-	// The new process serves: our copies of its listeners go.
+	// The new process serves: this one's copies of the listeners go.
 	for _, k := range keys {
 		l := p.listeners[k]
 		l.pause()
@@ -212,32 +228,45 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		}
 	}
 	p.connMu.Unlock()
-	// The client's direction of each connection stops first, then the
-	// endpoint's, once the endpoint has answered all the client sent.
-	for _, cn := range conns {
-		cn.handover.Store(true)
-		cn.pauseUp.Store(true)
-		_ = cn.client.f.SetReadDeadline(time.Now())
+	// The connections stop and go over a few at a time: handoverWindow
+	// stopping, and as many sent that the new process has not carried on
+	// yet (when it says so), so that each is held still only for a moment
+	// however many there are, and however slowly the new process takes
+	// them.
+	stopped := make(chan stopResult)
+	next := 0
+	stopNext := func() {
+		cn := conns[next]
+		next++
+		go func() { stopped <- cn.stopForHandover(ctx) }()
 	}
-	for _, cn := range conns {
-		select {
-		case <-cn.upQuiet:
-		case <-cn.ended:
-		case <-quiet.Done():
-		}
-		cn.pauseDown.Store(true)
-		_ = cn.backend.f.SetReadDeadline(time.Now())
+	for next < len(conns) && next < handoverWindow {
+		stopNext()
 	}
+	unacked := 0
 	var errs []error
-	for _, cn := range conns {
-		select {
-		case <-cn.quiet:
-		case <-cn.ended:
-			continue // it ended meanwhile
-		case <-quiet.Done():
+	for range len(conns) {
+		r := <-stopped
+		if next < len(conns) {
+			stopNext()
+		}
+		cn := r.c
+		switch {
+		case r.state == stopEnded:
+			continue
+		case r.state == stopStuck || len(errs) > 0:
 			cn.taken <- false
 			h.Reset++
 			continue
+		}
+		if acks && unacked == handoverWindow {
+			if err := recvTook(c); err != nil {
+				errs = append(errs, err)
+				cn.taken <- false
+				h.Reset++
+				continue
+			}
+			unacked--
 		}
 		m := handoverMsg{Op: opConn, Port: cn.ps.key, To: cn.to, UpDone: cn.upDone.Load(), DownDone: cn.downDone.Load()}
 		if err := sendHandover(c, m, fdOf(cn.client.f), fdOf(cn.backend.f)); err != nil {
@@ -250,6 +279,12 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		cn.backend.f.Close()
 		cn.taken <- true
 		h.Conns++
+		unacked++
+	}
+	for ; acks && unacked > 0 && len(errs) == 0; unacked-- {
+		if err := recvTook(c); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := sendHandover(c, handoverMsg{Op: opDone}); err != nil {
 		errs = append(errs, err)
@@ -275,6 +310,60 @@ func (p *Proxier) waitStarting(ctx context.Context) {
 	}
 }
 
+// stopState is how a connection's stop for a handover ended.
+type stopState int
+
+const (
+	stopQuiet stopState = iota // neither direction holds a byte: it can go
+	stopEnded                  // it ended meanwhile
+	stopStuck                  // it did not go quiet within handoverQuiet
+)
+
+type stopResult struct {
+	c     *conn
+	state stopState
+}
+
+// stopForHandover stops both directions of c where neither holds a byte
+// in the proxy: the client's first, then the endpoint's, once the
+// endpoint has answered all the client sent (so neither waits on the
+// other).
+func (c *conn) stopForHandover(ctx context.Context) stopResult {
+	ctx, cancel := context.WithTimeout(ctx, handoverQuiet)
+	defer cancel()
+	c.handover.Store(true)
+	c.pauseUp.Store(true)
+	_ = c.client.f.SetReadDeadline(time.Now())
+	select {
+	case <-c.upQuiet:
+	case <-c.ended:
+	case <-ctx.Done():
+	}
+	c.pauseDown.Store(true)
+	_ = c.backend.f.SetReadDeadline(time.Now())
+	select {
+	case <-c.quiet:
+		return stopResult{c, stopQuiet}
+	case <-c.ended:
+		return stopResult{c, stopEnded}
+	case <-ctx.Done():
+		return stopResult{c, stopStuck}
+	}
+}
+
+// recvTook reads the new process's acknowledgement of a connection.
+func recvTook(c *net.UnixConn) error {
+	m, fds, err := recvHandover(c)
+	closeFDs(fds)
+	if err != nil {
+		return err
+	}
+	if m.Op != opTook || len(fds) > 0 {
+		return fmt.Errorf("unexpected %q with %d descriptors, want %q", m.Op, len(fds), opTook)
+	}
+	return nil
+}
+
 func unexpected(got, want string) error {
 	if got == want || got == "" {
 		return nil
@@ -291,7 +380,7 @@ func (l *listener) pause() {
 // takeListeners asks the old process for its listening sockets, which
 // the first sync serves with instead of opening its own.
 func (p *Proxier) takeListeners(c *net.UnixConn) error {
-	if err := sendHandover(c, handoverMsg{Op: opHello}); err != nil {
+	if err := sendHandover(c, handoverMsg{Op: opHello, Acks: true}); err != nil {
 		return err
 	}
 	p.inherited = map[listenKey]int{}
@@ -319,7 +408,7 @@ func (p *Proxier) takeListeners(c *net.UnixConn) error {
 
 // takeConns, after the first sync, closes the listening sockets it did
 // not need, says ready, and carries on the connections the old process
-// sends. A connection of a service port the sync left out is reset.
+// sends, acknowledging each.
 func (p *Proxier) takeConns(c *net.UnixConn) (int, error) {
 	for _, fd := range p.inherited {
 		unix.Close(fd)
@@ -338,39 +427,60 @@ func (p *Proxier) takeConns(c *net.UnixConn) (int, error) {
 		case m.Op == opDone:
 			return n, nil
 		case m.Op == opConn && len(fds) == 2:
-			if err := errors.Join(checkConn(fds[0]), checkConn(fds[1])); err != nil {
-				p.log.Warn("handover: passed over a connection", "port", m.Port, "err", err)
-				closeFDs(fds)
-				continue
+			if p.takeConn(m, fds[0], fds[1]) {
+				n++
 			}
-			cf, bf := os.NewFile(uintptr(fds[0]), "client"), os.NewFile(uintptr(fds[1]), "endpoint")
-			ps := p.ports[m.Port]
-			if ps == nil || ps.proto != servicelb.TCP || !p.budget.admit(ps) {
-				reset(cf)
-				reset(bf)
-				continue
+			if err := sendHandover(c, handoverMsg{Op: opTook}); err != nil {
+				return n, err
 			}
-			cn := newConn(ps, m.To)
-			cn.upDone.Store(m.UpDone)
-			cn.downDone.Store(m.DownDone)
-			if !p.openConn(cn, cf, bf) {
-				p.budget.release(ps)
-				continue
-			}
-			ps.stats.adopted.Add(1)
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				defer p.budget.release(ps)
-				p.carry(cn)
-			}()
-			n++
 		default:
 			closeFDs(fds)
 			return n, fmt.Errorf("unexpected %q with %d descriptors", m.Op, len(fds))
 		}
 	}
 }
+
+// takeConn carries on a connection the old process sent, with its
+// client's socket cfd and its endpoint's bfd; false when it passed it
+// over. A connection of a service port the sync left out is reset.
+func (p *Proxier) takeConn(m handoverMsg, cfd, bfd int) bool {
+	if err := errors.Join(checkConn(cfd), checkConn(bfd)); err != nil {
+		if errors.Is(err, errGone) {
+			// The client or the endpoint left during the handover.
+			p.log.Debug("handover: a connection ended", "port", m.Port, "err", err)
+		} else {
+			p.log.Warn("handover: passed over a connection", "port", m.Port, "err", err)
+		}
+		closeFDs([]int{cfd, bfd})
+		return false
+	}
+	cf, bf := os.NewFile(uintptr(cfd), "client"), os.NewFile(uintptr(bfd), "endpoint")
+	ps := p.ports[m.Port]
+	if ps == nil || ps.proto != servicelb.TCP || !p.budget.admit(ps) {
+		reset(cf)
+		reset(bf)
+		return false
+	}
+	cn := newConn(ps, m.To)
+	cn.upDone.Store(m.UpDone)
+	cn.downDone.Store(m.DownDone)
+	if !p.openConn(cn, cf, bf) {
+		p.budget.release(ps)
+		return false
+	}
+	ps.stats.adopted.Add(1)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer p.budget.release(ps)
+		p.carry(cn)
+	}()
+	return true
+}
+
+// errGone: a TCP socket handed over is no longer connected; its peer
+// left.
+var errGone = errors.New("the socket is not connected")
 
 // checkListener returns an error unless fd is a socket of k's protocol
 // bound to k's address, and listening for a protocol with connections:
@@ -395,13 +505,14 @@ func checkListener(fd int, k listenKey) error {
 	return nil
 }
 
-// checkConn returns an error unless fd is a connected TCP socket.
+// checkConn returns an error unless fd is a connected TCP socket;
+// errGone for a TCP socket whose peer left.
 func checkConn(fd int) error {
 	if err := checkSocket(fd, unix.SOCK_STREAM, unix.IPPROTO_TCP); err != nil {
 		return err
 	}
 	if _, err := unix.Getpeername(fd); err != nil {
-		return fmt.Errorf("the socket is not connected: %w", err)
+		return fmt.Errorf("%w: %w", errGone, err)
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func TestHandOver(t *testing.T) {
 				require.NoError(t, err)
 				held = append(held, heldConn{c, rw})
 			}
-			var opened, failed atomic.Int64
+			var opened, failed, slowest atomic.Int64
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			wg.Go(func() {
@@ -69,8 +69,12 @@ func TestHandOver(t *testing.T) {
 					}
 					opened.Add(1)
 					wg.Go(func() {
+						start := time.Now()
 						if _, err := tryTCP(w.at(key(1, "tcp"))); err != nil {
 							failed.Add(1)
+						}
+						took := int64(time.Since(start))
+						for cur := slowest.Load(); took > cur && !slowest.CompareAndSwap(cur, took); cur = slowest.Load() {
 						}
 					})
 				}
@@ -89,8 +93,9 @@ func TestHandOver(t *testing.T) {
 				go func() {
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					defer cancel()
+					start := time.Now()
 					h, err := old.HandOver(ctx, a)
-					t.Logf("handed over: %+v", h)
+					t.Logf("handed over in %v: %+v", time.Since(start).Round(time.Millisecond), h)
 					done <- err
 				}()
 				fresh = newProxier(t, w, Options{TakeOver: b})
@@ -117,7 +122,8 @@ func TestHandOver(t *testing.T) {
 					cut++
 				}
 			}
-			t.Logf("%s: %d of %d held connections cut, %d of %d new connections failed", name, cut, restartHeld, failed.Load(), opened.Load())
+			t.Logf("%s: %d of %d held connections cut, %d of %d new connections failed, the slowest in %v",
+				name, cut, restartHeld, failed.Load(), opened.Load(), time.Duration(slowest.Load()).Round(time.Millisecond))
 			if handover {
 				assert.Zero(t, cut, "held connections cut")
 				assert.Zero(t, failed.Load(), "new connections failed")
@@ -176,6 +182,99 @@ func TestHandOverAConnectionBeingMade(t *testing.T) {
 	require.NoError(t, err, "the connection being made at the handover was cut")
 	assert.Equal(t, "slow\n", greeting)
 	assert.Equal(t, uint64(1), stats(t, fresh, key(1, "tcp")).TakenOver)
+}
+
+// TestHandOverPacesItsConnections: HandOver sends a new process that
+// acknowledges connections at most handoverWindow ahead of its
+// acknowledgements, so that a slow new process holds few connections
+// still at a time; a process that does not say it acknowledges (v0.1.0)
+// is sent every connection at once.
+func TestHandOverPacesItsConnections(t *testing.T) {
+	const conns = 3 * handoverWindow
+	for _, acks := range []bool{true, false} {
+		t.Run(map[bool]string{true: "acknowledging", false: "v0.1.0"}[acks], func(t *testing.T) {
+			w := newWorld(t, 1)
+			st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))
+			old := newProxier(t, w, Options{})
+			mustSync(t, old, st)
+			for range conns {
+				c, err := net.DialTimeout("tcp", w.at(key(1, "tcp")).String(), 2*time.Second)
+				require.NoError(t, err)
+				t.Cleanup(func() { c.Close() })
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				_, err = bufio.NewReader(c).ReadString('\n') // the greeting
+				require.NoError(t, err)
+			}
+			a, b := seqpacketPair(t)
+			handed := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, err := old.HandOver(ctx, a)
+				handed <- err
+			}()
+			// The new process, played by the test.
+			require.NoError(t, sendHandover(b, handoverMsg{Op: opHello, Acks: acks}))
+			for {
+				m, fds, err := recvHandover(b)
+				require.NoError(t, err)
+				closeFDs(fds)
+				if m.Op == opListeners {
+					break
+				}
+			}
+			require.NoError(t, sendHandover(b, handoverMsg{Op: opReady}))
+			got := make(chan string, conns+1)
+			go func() {
+				for {
+					m, fds, err := recvHandover(b)
+					closeFDs(fds)
+					if err != nil {
+						return
+					}
+					got <- m.Op
+					if m.Op == opDone {
+						return
+					}
+				}
+			}()
+			// Before any acknowledgement: a window's worth, or all.
+			want := conns
+			if acks {
+				want = handoverWindow
+			}
+			for range want {
+				select {
+				case op := <-got:
+					require.Equal(t, opConn, op)
+				case <-time.After(5 * time.Second):
+					t.Fatal("HandOver sent too few connections")
+				}
+			}
+			if acks {
+				select {
+				case op := <-got:
+					t.Fatalf("HandOver sent %q beyond its window", op)
+				case <-time.After(300 * time.Millisecond):
+				}
+				// Each acknowledgement lets one more go.
+				for range conns - handoverWindow {
+					require.NoError(t, sendHandover(b, handoverMsg{Op: opTook}))
+					require.Equal(t, opConn, <-got)
+				}
+				for range handoverWindow {
+					require.NoError(t, sendHandover(b, handoverMsg{Op: opTook}))
+				}
+			}
+			select {
+			case op := <-got:
+				require.Equal(t, opDone, op)
+			case <-time.After(5 * time.Second):
+				t.Fatal("HandOver did not finish")
+			}
+			require.NoError(t, <-handed)
+		})
+	}
 }
 
 // slowTCP is an endpoint whose accept queue is full until release: it
