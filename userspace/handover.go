@@ -48,12 +48,12 @@ import (
 // on a machine at ease, seconds on an emulated one that is busy.
 const handoverQuiet = 10 * time.Second
 
-// handoverWindow is how many connections HandOver stops at once, and
-// how many it sends ahead of the new process's acknowledgements: a
-// connection is held still from its stop until the new process carries
-// it on, so the window bounds that time to a few connections' handling,
+// handoverWindow is how many connections HandOver has in hand at once:
+// stopping, or sent and not yet acknowledged by the new process. A
+// connection is held still from its stop until the new process carries it
+// on, so the window bounds that time to a few connections' handling,
 // however many there are.
-const handoverWindow = 16
+const handoverWindow = 8
 
 // ErrHandover: a handover between two processes failed. The old Proxier
 // serves on with what it did not hand over.
@@ -202,6 +202,7 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		closeFDs(fds)
 		return fail("ready", errors.Join(err, unexpected(m.Op, opReady)))
 	}
+	p.log.Debug("handover: the new process serves")
 	// The new process serves: this one's copies of the listeners go.
 	for _, k := range keys {
 		l := p.listeners[k]
@@ -228,62 +229,62 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 		}
 	}
 	p.connMu.Unlock()
-	// The connections stop and go over a few at a time: handoverWindow
-	// stopping, and as many sent that the new process has not carried on
-	// yet (when it says so), so that each is held still only for a moment
-	// however many there are, and however slowly the new process takes
-	// them.
+	p.log.Debug("handover: connections accepted are open", "connections", len(conns))
+	// The connections stop and go over a few at a time: at most
+	// handoverWindow are stopping, or sent and not yet carried on by the
+	// new process (when it says so), so that each is held still only for a
+	// few connections' handling, however many there are and however
+	// slowly the new process takes them. One sent to a process that does
+	// not acknowledge is done with at once.
 	stopped := make(chan stopResult)
-	next := 0
-	stopNext := func() {
-		cn := conns[next]
-		next++
-		go func() { stopped <- cn.stopForHandover(ctx) }()
-	}
-	for next < len(conns) && next < handoverWindow {
-		stopNext()
-	}
-	unacked := 0
+	next, inFlight, unacked := 0, 0, 0
 	var errs []error
-	for range len(conns) {
-		r := <-stopped
-		if next < len(conns) {
-			stopNext()
+	for next < len(conns) || inFlight > 0 {
+		if next < len(conns) && inFlight < handoverWindow {
+			cn := conns[next]
+			next++
+			inFlight++
+			go func() { stopped <- cn.stopForHandover(ctx) }()
+			continue
 		}
+		if unacked > 0 && (inFlight == unacked || len(errs) > 0) {
+			// Only connections sent are in flight: wait for the first to
+			// be taken.
+			if err := recvTook(c); err != nil && len(errs) == 0 {
+				errs = append(errs, err)
+			}
+			unacked--
+			inFlight--
+			continue
+		}
+		r := <-stopped
 		cn := r.c
 		switch {
 		case r.state == stopEnded:
+			inFlight--
 			continue
 		case r.state == stopStuck || len(errs) > 0:
 			cn.taken <- false
 			h.Reset++
+			inFlight--
 			continue
-		}
-		if acks && unacked == handoverWindow {
-			if err := recvTook(c); err != nil {
-				errs = append(errs, err)
-				cn.taken <- false
-				h.Reset++
-				continue
-			}
-			unacked--
 		}
 		m := handoverMsg{Op: opConn, Port: cn.ps.key, To: cn.to, UpDone: cn.upDone.Load(), DownDone: cn.downDone.Load()}
 		if err := sendHandover(c, m, fdOf(cn.client.f), fdOf(cn.backend.f)); err != nil {
 			errs = append(errs, err)
 			cn.taken <- false
 			h.Reset++
+			inFlight--
 			continue
 		}
 		cn.client.f.Close()
 		cn.backend.f.Close()
 		cn.taken <- true
 		h.Conns++
-		unacked++
-	}
-	for ; acks && unacked > 0 && len(errs) == 0; unacked-- {
-		if err := recvTook(c); err != nil {
-			errs = append(errs, err)
+		if acks {
+			unacked++
+		} else {
+			inFlight--
 		}
 	}
 	if err := sendHandover(c, handoverMsg{Op: opDone}); err != nil {
