@@ -67,8 +67,8 @@ func TestSwitchUnderLoad(t *testing.T) {
 			took := time.Since(start)
 			time.Sleep(time.Second)
 			r := l.stop(true)
-			t.Logf("%s to %s (its process ran %v): %d of %d held connections cut, %d of %d new connections failed",
-				pr[0], pr[1], took.Round(time.Millisecond), r.cut, switchHeld, r.failed, r.opened)
+			t.Logf("%s to %s (its process ran %v): %d of %d held connections cut, %d of %d new connections failed; the slowest took %v, at %v",
+				pr[0], pr[1], took.Round(time.Millisecond), r.cut, switchHeld, r.failed, r.opened, r.slowest.Round(time.Millisecond), r.slowestAt.Round(time.Millisecond))
 			assert.Zero(t, r.cut, "held connections cut")
 			assert.Zero(t, r.failed, "new connections failed: %q", r.errs)
 		})
@@ -95,9 +95,11 @@ type load struct {
 	failed  atomic.Int64
 	start   time.Time
 	// errs are the first new connections' failures, each with when its
-	// connection started.
-	mu   sync.Mutex
-	errs []string
+	// connection started; slowest is the slowest that succeeded, and
+	// slowestAt when it started.
+	mu                 sync.Mutex
+	errs               []string
+	slowest, slowestAt time.Duration
 }
 
 // fail counts a new connection that failed, started at.
@@ -171,6 +173,12 @@ func startLoad(t *testing.T, client *sandbox.Host, addr, url string) *load {
 				at := time.Now()
 				if _, err := sandbox.GetWith(context.Background(), hc, url); err != nil {
 					l.fail(at, err)
+					return
+				}
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				if took := time.Since(at); took > l.slowest {
+					l.slowest, l.slowestAt = took, at.Sub(l.start)
 				}
 			})
 		}
@@ -184,6 +192,9 @@ type loadResult struct {
 	// errs are the first failures of new connections, with when each
 	// started from the load's start.
 	errs []string
+	// slowest is the slowest new connection that succeeded, at when it
+	// started.
+	slowest, slowestAt time.Duration
 }
 
 // stop ends the new connections, asks each held one once more (with
@@ -199,7 +210,7 @@ func (l *load) stop(held bool) loadResult {
 	}
 	r.failed, r.opened = int(l.failed.Load()), int(l.opened.Load())
 	l.mu.Lock()
-	r.errs = l.errs
+	r.errs, r.slowest, r.slowestAt = l.errs, l.slowest, l.slowestAt
 	l.mu.Unlock()
 	return r
 }
@@ -219,7 +230,7 @@ func TestUserspaceHandover(t *testing.T) {
 		// process (4,096 in the VM) would give by default.
 		"--userspace-max-flows", "2000", "--userspace-max-port-flows", "1000",
 		"--netns", sb.Node.NSName, "--node-name", "node", "--node-ips", sandbox.NodeAddr.String(),
-		"--healthz-bind-address=", "--health-check-node-ports=false"}
+		"--healthz-bind-address=", "--health-check-node-ports=false", "--log-level", "debug"}
 	start := func(name string) (context.CancelFunc, <-chan int, *lockedBuffer) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		code, done := make(chan int, 1), make(chan struct{})
@@ -253,7 +264,8 @@ func TestUserspaceHandover(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	r := l.stop(true)
-	t.Logf("handover: %d of %d held connections cut, %d of %d new connections failed", r.cut, switchHeld, r.failed, r.opened)
+	t.Logf("handover: %d of %d held connections cut, %d of %d new connections failed; the slowest took %v, at %v",
+		r.cut, switchHeld, r.failed, r.opened, r.slowest.Round(time.Millisecond), r.slowestAt.Round(time.Millisecond))
 	if !assert.Zero(t, r.cut, "held connections cut") || !assert.Zero(t, r.failed, "new connections failed: %q", r.errs) {
 		t.Logf("the first kproxy's logs:\n%s\nthe second's:\n%s", oldLogs, newLogs)
 	}
