@@ -218,9 +218,7 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 	// A connection accepted before is handed over with the others once
 	// it is open: wait for those still being made to their endpoint (a
 	// connection this proxy kept would end with it).
-	quiet, cancel := context.WithTimeout(ctx, handoverQuiet)
-	defer cancel()
-	p.waitStarting(quiet)
+	p.waitStarting(ctx)
 	p.connMu.Lock()
 	var conns []*conn
 	for cn := range p.conns {
@@ -298,8 +296,11 @@ func (p *Proxier) HandOver(ctx context.Context, c *net.UnixConn) (Handover, erro
 }
 
 // waitStarting returns once no accepted connection is being made to its
-// endpoint, or when ctx ends; the listeners are closed.
+// endpoint, or after handoverQuiet, or when ctx ends; the listeners are
+// closed.
 func (p *Proxier) waitStarting(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, handoverQuiet)
+	defer cancel()
 	started := make(chan struct{})
 	go func() {
 		p.starting.Wait()

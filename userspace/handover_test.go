@@ -89,15 +89,7 @@ func TestHandOver(t *testing.T) {
 			var fresh *Proxier
 			if handover {
 				a, b := seqpacketPair(t)
-				done := make(chan error, 1)
-				go func() {
-					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					defer cancel()
-					start := time.Now()
-					h, err := old.HandOver(ctx, a)
-					t.Logf("handed over in %v: %+v", time.Since(start).Round(time.Millisecond), h)
-					done <- err
-				}()
+				done := handOverAsync(t, old, a)
 				fresh = newProxier(t, w, Options{TakeOver: b})
 				mustSync(t, fresh, st)
 				require.NoError(t, <-done)
@@ -155,14 +147,7 @@ func TestHandOverAConnectionBeingMade(t *testing.T) {
 		"the proxy connects to the endpoint")
 
 	a, b := seqpacketPair(t)
-	handed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h, err := old.HandOver(ctx, a)
-		t.Logf("handed over: %+v", h)
-		handed <- err
-	}()
+	handed := handOverAsync(t, old, a)
 	synced := make(chan struct{})
 	fresh := newProxier(t, w, Options{TakeOver: b})
 	go func() {
@@ -206,13 +191,7 @@ func TestHandOverPacesItsConnections(t *testing.T) {
 				require.NoError(t, err)
 			}
 			a, b := seqpacketPair(t)
-			handed := make(chan error, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_, err := old.HandOver(ctx, a)
-				handed <- err
-			}()
+			handed := handOverAsync(t, old, a)
 			// The new process, played by the test.
 			require.NoError(t, sendHandover(b, handoverMsg{Op: opHello, Acks: acks}))
 			for {
@@ -367,6 +346,21 @@ func (h heldConn) echo() error {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// handOverAsync runs old's HandOver over a in the background, as an old
+// process does, and returns its outcome once it ends.
+func handOverAsync(t *testing.T, old *Proxier, a *net.UnixConn) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		h, err := old.HandOver(ctx, a)
+		t.Logf("handed over in %v: %+v", time.Since(start).Round(time.Millisecond), h)
+		done <- err
+	}()
+	return done
 }
 
 // seqpacketPair returns the two ends of a Unix SOCK_SEQPACKET pair.
