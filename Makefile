@@ -38,7 +38,7 @@ CORE     := ./...
 KUBE     := ./kube/...
 EXAMPLES := ./examples/...
 TAGS_ALL := privileged,vm
-# Lint also sees the soak (internal/soak), whose run builds only with
+# Lint also sees the soak (internal/testkit/soak), whose run builds only with
 # its tag.
 TAGS_LINT := $(TAGS_ALL),soak
 
@@ -108,7 +108,7 @@ VMTEST_PKGS  ?= ./...
 VMTEST_ARGS  ?=
 export VMTEST_FLAGS VMTEST_PKGS
 test-vm: deps
-	$(GO) run ./internal/vmtest/cmd/vmrun $(VMTEST_ARGS)
+	$(GO) run ./internal/testkit/vmtest/cmd/vmrun $(VMTEST_ARGS)
 
 # kproxy, the node proxy of examples/cmd/kproxy: a static binary (no cgo),
 # so that it runs in an image without a C library.
@@ -136,7 +136,7 @@ test-examples: deps kproxy
 	@examples/hack/deps.sh
 	KPROXY_SERVER_MODULES=$(CURDIR)/internal/testkit/testservers/modules $(GO) run ./internal/testkit/testservers/cmd/buildservers
 	KPROXY_SERVER_MODULES=$(CURDIR)/internal/testkit/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
-	VMTEST_PKGS='./examples/demo ./examples/internal/filesource ./examples/cmd/kproxy' VMTEST_FLAGS= $(GO) run ./internal/vmtest/cmd/vmrun -q
+	VMTEST_PKGS='./examples/demo ./examples/internal/filesource ./examples/cmd/kproxy' VMTEST_FLAGS= $(GO) run ./internal/testkit/vmtest/cmd/vmrun -q
 	$(GO) run ./examples/demo
 
 # govulncheck with the Go vulnerability database built from a pinned
@@ -148,7 +148,7 @@ vulncheck:
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
-# The chaos soak (internal/soak, tag soak), for each backend of
+# The chaos soak (internal/testkit/soak, tag soak), for each backend of
 # SOAK_BACKENDS in turn: 2,000 services x 10 endpoints under 100 changes/s
 # with traffic flowing, for SOAK_DURATION, while faults are injected at
 # random (foreign flushes, deleted chains and elements, a dormant table, a
@@ -164,7 +164,7 @@ SOAK_DURATION ?= 10m
 SOAK_FLAGS    ?=
 soak: deps
 	status=0; for b in $(SOAK_BACKENDS); do \
-		$(GO) test -tags soak -count=1 -timeout 0 -v -run TestSoak ./internal/soak \
+		$(GO) test -tags soak -count=1 -timeout 0 -v -run TestSoak ./internal/testkit/soak \
 			-args -soak.backend=$$b -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS) || status=1; \
 	done; exit $$status
 
@@ -194,7 +194,7 @@ IPVS_BENCH_OUT      ?= bench/results/ipvs.txt
 .PHONY: bench-ipvs
 bench-ipvs: deps
 	VMTEST_PKGS=./ipvs VMTEST_FLAGS='-run ^$$ -bench ^BenchmarkIPVS -benchtime 1x -ipvs.bench-services $(IPVS_BENCH_SERVICES) -ipvs.datapath-sizes $(IPVS_DATAPATH_SIZES)' \
-		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 120m -mem 4096 -output $(IPVS_BENCH_OUT)
+		$(GO) run ./internal/testkit/vmtest/cmd/vmrun -timeout 120m -mem 4096 -output $(IPVS_BENCH_OUT)
 bench: bench-ipvs
 
 # The eBPF backend's benchmarks, each against the nftables backend in the
@@ -239,7 +239,7 @@ BENCH_COMPARE_FLAGS ?=
 BENCH_BIN := $(CURDIR)/.cache/bench
 .PHONY: bench-compare bench-compare-build test-bench-smoke
 bench-compare-build:
-	$(GO) build -o $(BENCH_BIN)/kproxy-bench ./internal/cmd/kproxy-bench
+	$(GO) build -o $(BENCH_BIN)/kproxy-bench ./internal/testkit/cmd/kproxy-bench
 	cd bench && GOWORK=off $(GO) vet ./... && GOWORK=off $(GO) build -o $(BENCH_BIN)/ ./cmd/...
 BENCH_IPVS_FLAG = $(if $(wildcard $(IPVS_BENCH_OUT)),-ipvs $(IPVS_BENCH_OUT))
 bench-compare: deps bench-compare-build
@@ -276,7 +276,7 @@ bench-userspace: deps
 	$(GO) test -tags privileged -run '^$$' -bench 'SyncCold' -benchtime 20x ./userspace
 	$(GO) test -tags privileged -run '^$$' -bench 'IdleConnections' -benchtime 2x -timeout 30m ./userspace
 	VMTEST_PKGS=./userspace VMTEST_FLAGS='-run ^$$ -bench IdleConnections -benchtime 1x' \
-		$(GO) run ./internal/vmtest/cmd/vmrun -timeout 30m
+		$(GO) run ./internal/testkit/vmtest/cmd/vmrun -timeout 30m
 bench: bench-userspace
 
 # The real-cluster tests (e2e/, a module of its own; see e2e/README.md): a

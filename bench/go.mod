@@ -110,7 +110,7 @@ replace (
 	k8s.io/streaming => k8s.io/streaming v0.36.3
 )
 
-// The workload both drivers share (internal/benchwork, standard library
+// The workload both drivers share (internal/testkit/benchwork, standard library
 // only), from this checkout.
 require github.com/kproxy-dev/kproxy v0.0.0
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/conntrack"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

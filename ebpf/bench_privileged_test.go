@@ -14,10 +14,10 @@ import (
 	"time"
 
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
-	"github.com/kproxy-dev/kproxy/internal/bpfenv"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )

@@ -14,8 +14,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/ebpf"
-	"github.com/kproxy-dev/kproxy/internal/bpfenv"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )

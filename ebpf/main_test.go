@@ -5,7 +5,7 @@ package ebpf_test
 import (
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestMain lets netnstest run asks from a process in a test's cgroup.

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/fake"
 )

@@ -24,9 +24,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
-	"github.com/kproxy-dev/kproxy/internal/bpfenv"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

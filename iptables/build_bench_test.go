@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

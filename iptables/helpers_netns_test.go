@@ -13,8 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )

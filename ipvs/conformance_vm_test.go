@@ -8,7 +8,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/kproxy-dev/kproxy/servicelb/conformance"
 )

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
-	"github.com/kproxy-dev/kproxy/internal/benchwork/benchlb"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork/benchlb"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -24,7 +24,7 @@ var (
 )
 
 // BenchmarkIPVSDataPath measures the first packet through IPVS with the
-// comparison's workload loaded (internal/benchwork: N ClusterIP services
+// comparison's workload loaded (internal/testkit/benchwork: N ClusterIP services
 // of M endpoints, the same services and probe as make bench-compare's):
 // for each size, a proxier in the node of a topology of its own syncs the
 // workload, the backend holds the endpoints of the probed services (the

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

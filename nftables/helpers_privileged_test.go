@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )

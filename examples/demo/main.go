@@ -31,7 +31,7 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
-	"github.com/kproxy-dev/kproxy/internal/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

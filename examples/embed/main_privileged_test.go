@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // The program the README shows, built and run as an embedder runs it:

@@ -23,7 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/testservers"
 	"github.com/kproxy-dev/kproxy/kube"
 )

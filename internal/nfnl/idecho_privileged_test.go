@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/nftables/expr"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestRuleIDsRawAndEcho places rules next to rules of the same batch by

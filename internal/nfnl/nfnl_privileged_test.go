@@ -16,8 +16,8 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 func open(t *testing.T, h *netnstest.Host) *nfnl.Conn {

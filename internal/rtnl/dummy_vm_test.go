@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestDummyOwnership: EnsureDummy creates a missing dummy link marked as

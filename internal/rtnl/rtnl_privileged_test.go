@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 func open(t *testing.T, h *netnstest.Host) *rtnl.Conn {

@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/sockaddr"
 	"github.com/kproxy-dev/kproxy/internal/sockdiag"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestDestroyEndsAConnectedUDPSocket: a connected UDP socket of the node's

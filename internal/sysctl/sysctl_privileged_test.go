@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/sysctl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestApply writes a setting the kernel scopes to the namespace, in a

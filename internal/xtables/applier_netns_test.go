@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

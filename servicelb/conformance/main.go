@@ -5,7 +5,7 @@ package conformance
 import (
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // Main runs the package's tests. A backend whose test sets Backend.Cgroup

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

@@ -65,7 +65,7 @@ type config struct {
 func main() {
 	var c config
 	sizes := flag.String("sizes", "1000x10,10000x10,5000x50,50000x5", "workload sizes, services x endpoints")
-	flag.StringVar(&c.kproxy, "kproxy-driver", "", "kproxy's driver binary (internal/cmd/kproxy-bench)")
+	flag.StringVar(&c.kproxy, "kproxy-driver", "", "kproxy's driver binary (internal/testkit/cmd/kproxy-bench)")
 	flag.StringVar(&c.kubeProxy, "kubeproxy-driver", "", "kube-proxy's driver binary (bench/cmd/kubeproxy-driver)")
 	flag.DurationVar(&c.bound, "bound", 3*time.Minute, "longest wait for one answer of a driver (a sync): past it the proxier is reported as not finishing")
 	flag.IntVar(&c.changes, "changes", 200, "one-endpoint changes per proxier and size (fewer past -change-budget)")

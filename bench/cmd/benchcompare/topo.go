@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
 )
 
 // topo is three network namespaces of the bench's own: the node (where a

@@ -22,7 +22,7 @@ import (
 	utiliptables "k8s.io/kubernetes/pkg/util/iptables"
 	"k8s.io/utils/ptr"
 
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
 )
 
 // provider is what both of kube-proxy's proxiers offer.

@@ -10,7 +10,7 @@
 package main
 
 import (
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
 
 	"bufio"
 	"context"

@@ -22,8 +22,8 @@ import (
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
-	"github.com/kproxy-dev/kproxy/internal/bpfenv"
-	"github.com/kproxy-dev/kproxy/internal/servicetest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestTopologyCarriesTraffic asks every backend directly from the client,

@@ -11,7 +11,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/ipset"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"

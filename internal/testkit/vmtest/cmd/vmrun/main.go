@@ -3,7 +3,7 @@
 // Command vmrun runs the module's vm-tagged tests in a qemu guest booting
 // Debian's cloud kernel (see docs/vm-tests.md). `make test-vm` calls it.
 //
-//	go run ./internal/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 30m] [-shell] [-output file] [-- test flags]
+//	go run ./internal/testkit/vmtest/cmd/vmrun [-pkgs ./...] [-timeout 30m] [-shell] [-output file] [-- test flags]
 //
 // Arguments after the flags go to every test binary (-run X, -count 2, ...);
 // without any, the environment variable VMTEST_FLAGS gives them, split at
@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/vmtest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/vmtest"
 )
 
 func main() {

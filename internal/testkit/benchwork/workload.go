@@ -1,6 +1,6 @@
 // Package benchwork generates the services both sides of the comparison
 // with kube-proxy load (make bench-compare): kproxy's driver
-// (internal/cmd/kproxy-bench) and kube-proxy's (the bench module's
+// (internal/testkit/cmd/kproxy-bench) and kube-proxy's (the bench module's
 // cmd/kubeproxy-driver) build their objects from it, each prints the
 // digest of the workload it was asked for, and the bench checks that they
 // agree. It imports the standard library alone, so that the bench module

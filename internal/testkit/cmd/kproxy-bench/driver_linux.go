@@ -16,10 +16,10 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
-	"github.com/kproxy-dev/kproxy/internal/benchwork/benchlb"
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork/benchlb"
 	"github.com/kproxy-dev/kproxy/iptables"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"

@@ -1,6 +1,6 @@
 // Package benchlb makes servicelb's model of package benchwork's
 // workload, for the benchmarks of the core: kproxy's driver of the
-// comparison with kube-proxy (internal/cmd/kproxy-bench) and the IPVS
+// comparison with kube-proxy (internal/testkit/cmd/kproxy-bench) and the IPVS
 // backend's data-path benchmark in the VM. benchwork itself stays free of
 // the core, for the bench module.
 package benchlb
@@ -8,7 +8,7 @@ package benchlb
 import (
 	"net/netip"
 
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 

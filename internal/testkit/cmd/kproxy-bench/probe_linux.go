@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/benchwork"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
 )
 
 // probe measures TCP connects to the targets (benchwork.Connect) and

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/internal/bpfenv"
+	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
 )
 
 func newCgroup(t *testing.T) string {

@@ -7,13 +7,13 @@
 // canonical forms of the kernel's listings) builds without the tag, and
 // `make test-unit` runs its tests.
 //
-//	go test -tags soak -count=1 -timeout 0 -v -run TestSoak ./internal/soak \
+//	go test -tags soak -count=1 -timeout 0 -v -run TestSoak ./internal/testkit/soak \
 //		-args -soak.backend=nftables -soak.duration=10m
 //
 // It needs root and a kernel with nf_tables, conntrack, veth and network
 // namespaces. Like every test of the module it changes nothing in the
 // host's own network namespace: the node, the client and the backends are
-// namespaces of internal/netnstest, removed at the end.
+// namespaces of internal/testkit/netnstest, removed at the end.
 //
 // # What runs
 //

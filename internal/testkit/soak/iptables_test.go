@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/iptables"
 	"github.com/kproxy-dev/kproxy/servicelb"

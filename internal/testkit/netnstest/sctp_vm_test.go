@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/netnstest"
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 )
 
 // TestSCTPEcho asks SCTP echo servers on every backend from the client,
