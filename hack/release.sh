@@ -55,7 +55,7 @@ tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner --mode=u+r
 	--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
 	-C "$tmp/oci" -cf "$out/kproxy-$VERSION-oci.tar" .
 
-$GO run ./internal/cmd/kproxy-sbom -version "$VERSION" -created "$epoch" \
+$GO run ./hack/sbom -version "$VERSION" -created "$epoch" \
 	"$out/kproxy-$VERSION-linux-amd64" "$out/kproxy-$VERSION-linux-arm64" >"$out/kproxy-$VERSION.spdx.json"
 
 (cd "$out" && sha256sum -- kproxy-* RELEASE-NOTES.md | LC_ALL=C sort -k2 >SHA256SUMS)
