@@ -47,8 +47,8 @@ func (p *planner) nodeRules() nodeRules {
 		{Name: n.fixed(chainMarkMasq), Rules: []xtables.Rule{{Target: xtables.OrMark(p.masq)}}},
 		{Name: n.fixed(chainMarkDrop), Rules: []xtables.Rule{{Target: xtables.OrMark(p.drop)}}},
 	}
-	if _, ok := xtables.NotPods(p.pods, xtables.Rule{}); !ok && p.pods.Detects() {
-		rules := xtables.Pods(p.pods, xtables.Rule{Target: xtables.Return})
+	if _, ok := xtables.NotPods(xtables.Local(p.pods), xtables.Rule{}); !ok && p.pods.Detects() {
+		rules := xtables.Pods(xtables.Local(p.pods), xtables.Rule{Target: xtables.Return})
 		rules = append(rules, xtables.Rule{Target: xtables.Jump(n.fixed(chainMarkMasq))})
 		nat = append(nat, xtables.Chain{Name: n.fixed(chainOffClusterMasq), Rules: rules})
 	}

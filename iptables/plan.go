@@ -212,7 +212,9 @@ func distinct[K comparable](ks [3]K, pods bool) (podRules, nodeRules bool) {
 
 // forPods returns r restricted to the pods' flows: once per source
 // prefix of the detection, or once with the pods' input interface.
-func (p *planner) forPods(r xtables.Rule) []xtables.Rule { return xtables.Pods(p.pods, r) }
+func (p *planner) forPods(r xtables.Rule) []xtables.Rule {
+	return xtables.Pods(xtables.Local(p.pods), r)
+}
 
 // forNode returns r matching only locally sent flows: source addresses
 // of the node's own, after its comment.
@@ -638,7 +640,7 @@ func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 	case all:
 		return []xtables.Rule{r}
 	case offCluster:
-		if one, ok := xtables.NotPods(p.pods, r); ok {
+		if one, ok := xtables.NotPods(xtables.Local(p.pods), r); ok {
 			return []xtables.Rule{one}
 		}
 		r.Target = xtables.Jump(p.n.fixed(chainOffClusterMasq))

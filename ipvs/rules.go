@@ -99,8 +99,8 @@ func natRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent {
 	jump := func(c string) xtables.Target { return xtables.Jump(n.chain(c)) }
 	masq := jump(chainMarkMasq)
 	services := []xtables.Rule{rule(masq, n.match(setMasq, dst, dst))}
-	masqPod, podReturn := xtables.Pods(node.LocalMatch(n.f), rule(masq, n.match(setMasqPod, dst, dst))),
-		xtables.Pods(node.LocalMatch(n.f), rule(xtables.Return))
+	masqPod, podReturn := xtables.Pods(xtables.Local(node.LocalMatch(n.f)), rule(masq, n.match(setMasqPod, dst, dst))),
+		xtables.Pods(xtables.Local(node.LocalMatch(n.f)), rule(xtables.Return))
 	for i := range masqPod {
 		services = append(services, masqPod[i], podReturn[i])
 	}
@@ -179,7 +179,7 @@ func mangleRules(n ruleNames, node *servicelb.NodeConfig) *xtables.TableContent 
 	// chain, whose end returns to OUTPUT (LOCAL was jumped to), so that no
 	// flow takes two origins' steers and every one meets the drop rule
 	// after them.
-	pods := node.LocalMatch(n.f)
+	pods := xtables.Local(node.LocalMatch(n.f))
 	pre = append(pre, xtables.Pods(pods, rule(jump(chainFromPod)))...)
 	if pods.Interface == "" {
 		classify = append(classify, xtables.Pods(pods, rule(xtables.Goto(n.chain(chainFromPod))))...)

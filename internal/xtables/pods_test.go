@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-
-	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // TestPods: each local-traffic detection restricts a rule to the pods'
@@ -26,18 +24,18 @@ func TestPods(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		m    servicelb.LocalMatch
+		m    Local
 		pods []string
 		not  string // "" when no one rule says it
 	}{
-		{"none", servicelb.LocalMatch{}, []string{}, ""},
-		{"one prefix", servicelb.LocalMatch{CIDRs: []netip.Prefix{pfx("10.244.0.0/16")}},
+		{"none", Local{}, []string{}, ""},
+		{"one prefix", Local{CIDRs: []netip.Prefix{pfx("10.244.0.0/16")}},
 			[]string{"-A C -s 10.244.0.0/16 -d 10.96.0.1/32 -j X"}, "-A C ! -s 10.244.0.0/16 -d 10.96.0.1/32 -j X"},
-		{"two prefixes", servicelb.LocalMatch{CIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("10.244.9.0/24")}},
+		{"two prefixes", Local{CIDRs: []netip.Prefix{pfx("10.244.1.0/24"), pfx("10.244.9.0/24")}},
 			[]string{"-A C -s 10.244.1.0/24 -d 10.96.0.1/32 -j X", "-A C -s 10.244.9.0/24 -d 10.96.0.1/32 -j X"}, ""},
-		{"bridge", servicelb.LocalMatch{Interface: "cbr0"},
+		{"bridge", Local{Interface: "cbr0"},
 			[]string{"-A C -d 10.96.0.1/32 -i cbr0 -j X"}, "-A C -d 10.96.0.1/32 ! -i cbr0 -j X"},
-		{"name prefix", servicelb.LocalMatch{Interface: "veth", Prefix: true},
+		{"name prefix", Local{Interface: "veth", Prefix: true},
 			[]string{"-A C -d 10.96.0.1/32 -i veth+ -j X"}, "-A C -d 10.96.0.1/32 ! -i veth+ -j X"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
