@@ -12,7 +12,7 @@
 //
 // # The topology
 //
-// Run builds the internal/testkit/netnstest topology: a client outside the
+// Run builds a topology of network namespaces: a client outside the
 // cluster CIDRs (198.51.100.2, fd00:c::2), the node under test
 // (198.51.100.1, fd00:c::1, forwarding, with a default route through the
 // client so that its own flows to addresses it does not hold leave as a

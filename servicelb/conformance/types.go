@@ -343,10 +343,56 @@ const Remote = "elsewhere"
 func (e *Env) Node() servicelb.NodeConfig { return e.node }
 
 // Host returns the host of endpoint i, for stages that act on it.
-func (e *Env) Host(i int) *netnstest.Host { return e.lab.tp.Backends[i] }
+func (e *Env) Host(i int) *Host { return newHost(e.lab.tp.Backends[i]) }
 
 // NodeHost returns the node's host.
-func (e *Env) NodeHost() *netnstest.Host { return e.lab.tp.Node }
+func (e *Env) NodeHost() *Host { return newHost(e.lab.tp.Node) }
+
+// Host is a host of the topology, the node or an endpoint host, for the
+// stages that act on one.
+type Host struct {
+	// Name is the host's name, which its echo servers answer with:
+	// "node", "backend-0", ...
+	Name string
+
+	h *netnstest.Host
+}
+
+func newHost(h *netnstest.Host) *Host { return &Host{Name: h.Name, h: h} }
+
+// Do runs f on an OS thread switched into the host's network namespace and
+// returns its error; the calling goroutine's thread never changes
+// namespace. Sockets made in f stay in the namespace after it returns;
+// goroutines f starts do not run in it. f must not call t.FailNow.
+func (h *Host) Do(f func() error) error { return h.h.Do(f) }
+
+// Serve starts an echo server for proto ("tcp", "udp" or "sctp") on port,
+// on every address of the host, until the test ends.
+func (h *Host) Serve(t testing.TB, proto string, port uint16) { h.h.Serve(t, proto, port) }
+
+// AddAddress adds an address to the host until the test ends: on lo for
+// the node, on its link to the node for an endpoint host.
+func (h *Host) AddAddress(t testing.TB, p netip.Prefix) { h.h.AddAddress(t, p) }
+
+// Reply is an answer to an ask.
+type Reply struct {
+	// Host is the name of the host that answered.
+	Host string
+	// Client is the client's address and port as the server saw them:
+	// the client's own when its source address is preserved, the node's
+	// address on the endpoint's link when it is masqueraded.
+	Client netip.AddrPort
+	// Port is the port the server answered on.
+	Port uint16
+}
+
+// ErrRefused and ErrTimeout are the kinds of a failed ask:
+// errors.Is(err, ErrRefused) for a flow refused (an ICMP unreachable, a TCP
+// reset or an SCTP abort), errors.Is(err, ErrTimeout) for one unanswered.
+var (
+	ErrRefused = netnstest.ErrRefused
+	ErrTimeout = netnstest.ErrTimeout
+)
 
 // Families returns the families the scenarios serve.
 func Families() []servicelb.Family { return []servicelb.Family{servicelb.IPv4, servicelb.IPv6} }
@@ -475,10 +521,13 @@ func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.
 	return dst
 }
 
-// Ask makes one ask from an origin to a target, for custom checks.
-func (e *Env) Ask(t *testing.T, from From, to Target, f servicelb.Family, p servicelb.Protocol) (netnstest.Reply, error) {
+// Ask makes one ask from an origin to a target, for custom checks. A
+// failed ask's error names the flow; ErrRefused and ErrTimeout tell its
+// kind.
+func (e *Env) Ask(t *testing.T, from From, to Target, f servicelb.Family, p servicelb.Protocol) (Reply, error) {
 	a := e.lab.asker(t, from, f)
-	return a.h.Ask(t.Context(), p.Lower(), e.resolve(to, f, p), e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout)...)
+	r, err := a.h.Ask(t.Context(), p.Lower(), e.resolve(to, f, p), e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout)...)
+	return Reply(r), err
 }
 
 // Sleep waits d: for stages that let a timeout pass.
