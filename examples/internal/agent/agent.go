@@ -16,7 +16,6 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/healthcheck"
-	"github.com/kproxy-dev/kproxy/internal/httpserve"
 	"github.com/kproxy-dev/kproxy/ipvs"
 	"github.com/kproxy-dev/kproxy/nodeaddr"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -589,18 +588,18 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	// pprof's profile and trace move their write deadline on by the
 	// duration asked for.
-	srv := httpserve.Server(httpserve.ReadOnly(h), nil)
+	srv := healthcheck.NewHTTPServer(h, nil)
 	if a.cfg.Profiling {
 		if exposed(ln.Addr()) {
 			a.log.Warn("profiling is served to the network: /debug/pprof/ reads the process's command line "+
 				"and its profiles cost processor time; bind --metrics-bind-address to a loopback address", "addr", ln.Addr().String())
 		}
 	}
-	conns := httpserve.NewConns(MetricsMaxConns, func(shed uint64) {
+	limited := healthcheck.LimitListener(ln, MetricsMaxConns, func(shed uint64) {
 		a.log.Warn("closing new connections at once: the server holds its most", "server", "metrics", "maxConns", MetricsMaxConns, "shed", shed)
 	})
 	a.log.Info("serving metrics", "addr", ln.Addr().String(), "profiling", a.cfg.Profiling)
-	wg.Go(func() { _ = srv.Serve(conns.Listener(ln)) })
+	wg.Go(func() { _ = srv.Serve(limited) })
 	wg.Go(func() {
 		<-ctx.Done()
 		_ = srv.Close()
