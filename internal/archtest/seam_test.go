@@ -1,4 +1,4 @@
-package servicelb_test
+package archtest
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 
 // backendPackages are the dataplanes: they may read a State only through
 // its ServicePorts and node.
-var backendPackages = []string{"../nftables", "../iptables", "../ipvs", "../ebpf", "../userspace"}
+var backendPackages = []string{"../../nftables", "../../iptables", "../../ipvs", "../../ebpf", "../../userspace"}
 
 // TestBackendsReadOnlyServicePorts type-checks every backend and fails on
 // any use of what a ServicePort does not carry: a raw Service or Endpoint

@@ -1,4 +1,4 @@
-package servicelb_test
+package archtest
 
 import (
 	"go/importer"

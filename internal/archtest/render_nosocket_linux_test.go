@@ -1,6 +1,6 @@
 //go:build linux
 
-package servicelb_test
+package archtest
 
 import (
 	"encoding/json"

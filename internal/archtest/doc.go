@@ -1,0 +1,3 @@
+// Package archtest holds, in its tests, the rules of the module's
+// architecture that the compiler does not keep.
+package archtest
