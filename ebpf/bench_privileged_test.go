@@ -14,8 +14,8 @@ import (
 	"time"
 
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
@@ -23,10 +23,10 @@ import (
 )
 
 // benchEnv is a private cgroup v2 mount and bpffs for a benchmark.
-func benchEnv(b *testing.B) *bpfenv.Env {
+func benchEnv(b *testing.B) *ebpftest.Env {
 	b.Helper()
 	netnstest.Require(b, "nf_tables", "nat")
-	e, err := bpfenv.New(testPrefix)
+	e, err := ebpftest.New(testPrefix)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func scaleState(b *testing.B, n, k int) (*servicelb.State, []servicelb.Service) 
 // newBenchLB returns a Proxier as an agent makes one: attached to the
 // env's cgroup, its maps and links pinned under pins on the env's bpf
 // filesystem (so that every sync checks the pins, as an agent's does).
-func newBenchLB(b *testing.B, e *bpfenv.Env, ns *netnstest.Host, pins string) *kebpf.Proxier {
+func newBenchLB(b *testing.B, e *ebpftest.Env, ns *netnstest.Host, pins string) *kebpf.Proxier {
 	p, err := kebpf.New(kebpf.Options{Cgroup: e.Cgroup, NetNS: ns.NS, PinPath: filepath.Join(e.BPFFS, pins)})
 	if err != nil {
 		b.Fatal(err)
@@ -60,7 +60,7 @@ func newBenchLB(b *testing.B, e *bpfenv.Env, ns *netnstest.Host, pins string) *k
 
 // requirePinned fails the benchmark unless the Proxier with pins pinned
 // its eight links and eight maps.
-func requirePinned(b *testing.B, e *bpfenv.Env, pins string) {
+func requirePinned(b *testing.B, e *ebpftest.Env, pins string) {
 	got, err := filepath.Glob(filepath.Join(e.BPFFS, pins, "*"))
 	if err != nil || len(got) != 16 {
 		b.Fatalf("pins under %s: %v (%v), want 8 links and 8 maps", pins, got, err)
@@ -234,7 +234,7 @@ type dataPath struct {
 
 const sinkPort = 9000
 
-func newDataPath(b *testing.B, e *bpfenv.Env) *dataPath {
+func newDataPath(b *testing.B, e *ebpftest.Env) *dataPath {
 	tp := netnstest.New(b, netnstest.Options{Backends: 1})
 	// The node's flows to the nftables service's address need a route to
 	// reach its output hook.
@@ -288,7 +288,7 @@ func newDataPath(b *testing.B, e *bpfenv.Env) *dataPath {
 // enterCgroup moves this process (the test binary, which the benchmark
 // started) into the cgroup, so that the sockets it makes meet the hooks,
 // and back to where it was when the benchmark ends.
-func enterCgroup(b *testing.B, e *bpfenv.Env) {
+func enterCgroup(b *testing.B, e *ebpftest.Env) {
 	back, err := e.Enter()
 	if err != nil {
 		b.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/kproxy-dev/kproxy/ebpf"
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -25,10 +25,10 @@ const testPrefix = "kproxy-test"
 
 // newEnv mounts a private cgroup v2 hierarchy with a child cgroup and a
 // private bpf filesystem, removed when the test ends.
-func newEnv(t testing.TB) *bpfenv.Env {
+func newEnv(t testing.TB) *ebpftest.Env {
 	t.Helper()
 	netnstest.Require(t)
-	e, err := bpfenv.New(testPrefix)
+	e, err := ebpftest.New(testPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func newEnv(t testing.TB) *bpfenv.Env {
 // newSocketLB returns a socket-level Proxier for the node's namespace ns,
 // attached to the env's cgroup and pinning under its bpf filesystem, with
 // nftables in ns as its packet path when paired.
-func newSocketLB(t testing.TB, e *bpfenv.Env, ns netns.NsHandle, paired bool) *ebpf.Proxier {
+func newSocketLB(t testing.TB, e *ebpftest.Env, ns netns.NsHandle, paired bool) *ebpf.Proxier {
 	t.Helper()
 	o := ebpf.Options{Cgroup: e.Cgroup, PinPath: filepath.Join(e.BPFFS, "kproxy"), NetNS: ns}
 	if paired {

@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	kebpf "github.com/kproxy-dev/kproxy/ebpf"
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -35,7 +35,7 @@ import (
 // packet path): the node has no route to any service address, so an ask
 // that the hooks do not translate fails.
 type world struct {
-	env *bpfenv.Env
+	env *ebpftest.Env
 	tp  *netnstest.Topology
 	cg  *netnstest.Cgroup
 	p   *kebpf.Proxier
@@ -312,7 +312,7 @@ func ownMaps(dump string) string {
 }
 
 // linkIDs returns the ids of the pinned links.
-func linkIDs(t *testing.T, e *bpfenv.Env) map[string]link.ID {
+func linkIDs(t *testing.T, e *ebpftest.Env) map[string]link.ID {
 	t.Helper()
 	out := map[string]link.ID{}
 	paths, err := filepath.Glob(filepath.Join(e.BPFFS, "kproxy", "link_*"))

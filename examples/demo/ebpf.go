@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -19,14 +19,14 @@ import (
 // private cgroup v2 mount with a cgroup of the demo's own, and a private
 // bpf filesystem for its pins, removed with the sandbox. Other backends
 // need none: it returns a no-op.
-func socketEnv(cfg *agent.Config) (func() error, *bpfenv.Env, error) {
+func socketEnv(cfg *agent.Config) (func() error, *ebpftest.Env, error) {
 	if cfg.Backend != "ebpf" {
 		// No pins, so that the removal of the other backends' objects
 		// after the first sync never looks at the host's bpf filesystem.
 		cfg.BPFPinPath = ""
 		return func() error { return nil }, nil, nil
 	}
-	e, err := bpfenv.New("kproxy-demo")
+	e, err := ebpftest.New("kproxy-demo")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -48,7 +48,7 @@ func socketEnv(cfg *agent.Config) (func() error, *bpfenv.Env, error) {
 // node's own sockets, with the demo's process inside the hooks' cgroup
 // for the time, and prints who answered: the socket hooks send each
 // connection straight to an endpoint.
-func nodeTraffic(ctx context.Context, out io.Writer, e *bpfenv.Env, sb *sandbox.Sandbox, svcs []servicelb.Service, n int) error {
+func nodeTraffic(ctx context.Context, out io.Writer, e *ebpftest.Env, sb *sandbox.Sandbox, svcs []servicelb.Service, n int) error {
 	if e == nil || len(svcs) == 0 || len(svcs[0].ClusterIPs) == 0 || len(svcs[0].Ports) == 0 {
 		return nil
 	}

@@ -28,10 +28,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -197,7 +197,7 @@ func dryRun(ctx context.Context, cfg agent.Config, svcs []servicelb.Service, out
 }
 
 // drive runs the agent on the sandbox node and walks through the demo.
-func drive(ctx context.Context, cfg agent.Config, o options, sb *sandbox.Sandbox, env *bpfenv.Env, svcs []servicelb.Service, out io.Writer, log *slog.Logger) error {
+func drive(ctx context.Context, cfg agent.Config, o options, sb *sandbox.Sandbox, env *ebpftest.Env, svcs []servicelb.Service, out io.Writer, log *slog.Logger) error {
 	a, err := agent.New(agent.Options{Config: cfg, Logger: log, Stdout: out})
 	if err != nil {
 		return err

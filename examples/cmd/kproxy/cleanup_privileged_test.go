@@ -18,11 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kproxy-dev/kproxy/ebpf"
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/examples/internal/agent"
 	"github.com/kproxy-dev/kproxy/examples/internal/filesource"
 	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -60,7 +60,7 @@ type bpfEnv struct {
 
 func newBPFEnv(t *testing.T) bpfEnv {
 	t.Helper()
-	e, err := bpfenv.New("kproxy-cmd-test")
+	e, err := ebpftest.New("kproxy-cmd-test")
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, e.Close()) })
 	return bpfEnv{cgroup: e.Cgroup, pins: filepath.Join(e.BPFFS, "kproxy")}

@@ -15,12 +15,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kproxy-dev/kproxy/internal/testkit/bpfenv"
+	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 )
 
 func newCgroup(t *testing.T) string {
 	t.Helper()
-	e, err := bpfenv.New("kproxy-test")
+	e, err := ebpftest.New("kproxy-test")
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, e.Close()) })
 	return e.Cgroup

@@ -1,6 +1,6 @@
 //go:build linux
 
-// Package bpfenv makes what a test, a benchmark or a sandbox needs to
+// Package ebpftest makes what a test, a benchmark or a sandbox needs to
 // attach BPF programs without touching the host's own: a private mount of
 // the cgroup v2 hierarchy with a child cgroup of its own to attach to, and
 // a private bpf filesystem to pin in. It never attaches anything to a
@@ -18,7 +18,7 @@
 // process is in it: end the processes started in it first, and move a
 // process that entered it (Env.Enter, for a benchmark or a demo whose own
 // sockets meet the hooks) back.
-package bpfenv
+package ebpftest
 
 import (
 	"errors"
@@ -64,13 +64,13 @@ func New(prefix string) (*Env, error) {
 	base := filepath.Join(os.TempDir(), name(prefix, os.Getpid()))
 	e := &Env{Root: base + "-cgroup2", BPFFS: base + "-bpf", prefix: prefix}
 	if err := mount(e.Root, "cgroup2"); err != nil {
-		return nil, fmt.Errorf("bpfenv: cgroup2: %w", err)
+		return nil, fmt.Errorf("ebpftest: cgroup2: %w", err)
 	}
 	var errs []error
 	reapCgroups(prefix, e.Root, &errs)
 	if err := mount(e.BPFFS, "bpf"); err != nil {
 		e.Close()
-		return nil, fmt.Errorf("bpfenv: bpffs: %w", err)
+		return nil, fmt.Errorf("ebpftest: bpffs: %w", err)
 	}
 	cg, err := e.NewCgroup()
 	if err != nil {
@@ -85,7 +85,7 @@ func New(prefix string) (*Env, error) {
 func (e *Env) NewCgroup() (string, error) {
 	dir := filepath.Join(e.Root, name(e.prefix, os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {
-		return "", fmt.Errorf("bpfenv: child cgroup: %w", err)
+		return "", fmt.Errorf("ebpftest: child cgroup: %w", err)
 	}
 	e.extra = append(e.extra, dir)
 	return dir, nil
@@ -112,20 +112,20 @@ func (e *Env) Enter() (back func() error, err error) {
 func (e *Env) current() (string, error) {
 	self, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
-		return "", fmt.Errorf("bpfenv: %w", err)
+		return "", fmt.Errorf("ebpftest: %w", err)
 	}
 	for _, line := range strings.Split(string(self), "\n") {
 		if p, ok := strings.CutPrefix(line, "0::"); ok {
 			return filepath.Join(e.Root, p), nil
 		}
 	}
-	return "", fmt.Errorf("bpfenv: /proc/self/cgroup names no cgroup v2 cgroup")
+	return "", fmt.Errorf("ebpftest: /proc/self/cgroup names no cgroup v2 cgroup")
 }
 
 func moveTo(dir string) error {
 	pid := []byte(strconv.Itoa(os.Getpid()))
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0o644); err != nil {
-		return fmt.Errorf("bpfenv: move into cgroup %s: %w", dir, err)
+		return fmt.Errorf("ebpftest: move into cgroup %s: %w", dir, err)
 	}
 	return nil
 }

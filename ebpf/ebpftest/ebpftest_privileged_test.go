@@ -1,6 +1,6 @@
 //go:build privileged
 
-package bpfenv
+package ebpftest
 
 import (
 	"os"
