@@ -1,10 +1,21 @@
 //go:build linux
 
-// Package ebpftest makes what a test, a benchmark or a sandbox needs to
-// attach BPF programs without touching the host's own: a private mount of
-// the cgroup v2 hierarchy with a child cgroup of its own to attach to, and
-// a private bpf filesystem to pin in. It never attaches anything to a
-// cgroup it did not make, and never uses the host's /sys/fs/bpf.
+// Package ebpftest gives a test, a benchmark or a sandbox of the ebpf
+// backend what it attaches to, without touching the host's own: a private
+// mount of the cgroup v2 hierarchy with a child cgroup of its own, and a
+// private bpf filesystem to pin in. It never attaches anything to a cgroup
+// it did not make, and never uses the host's /sys/fs/bpf. kproxy's own
+// tests and its sandbox demo use it; so may an agent's:
+//
+//	env, err := ebpftest.New("myagent-test")
+//	if err != nil {
+//		t.Fatal(err)
+//	}
+//	defer env.Close()
+//	p, err := ebpf.New(ebpf.Options{Cgroup: env.Cgroup, PinPath: filepath.Join(env.BPFFS, "kproxy"), ...})
+//
+// The processes whose sockets the hooks balance must run in env.Cgroup:
+// start them there, or move the test's own process in with Env.Enter.
 //
 // Everything is named "<prefix>-<pid>-<n>": the mount points in the
 // temporary directory ("...-cgroup2", "...-bpf") and the child cgroups,
