@@ -73,6 +73,7 @@ lint: $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags $(TAGS_LINT) $(CORE) $(KUBE) $(EXAMPLES)
+	$(GO) test -count=1 ./internal/archtest
 	$(STATICCHECK) -tags $(TAGS_LINT) $(CORE)
 	cd kube && $(STATICCHECK) -tags $(TAGS_ALL) ./...
 	cd examples && $(STATICCHECK) -tags $(TAGS_ALL) ./...

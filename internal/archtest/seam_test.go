@@ -138,16 +138,16 @@ func fieldOwner(v *types.Var) string {
 }
 
 type listed struct {
-	ImportPath, Dir, Export string
-	GoFiles                 []string
-	Target                  bool
+	ImportPath, Name, Dir, Export string
+	GoFiles                       []string
+	Target                        bool
 }
 
 // listExports returns the packages and every dependency with its export
 // data, built by the go command, the packages themselves marked.
 func listExports(t *testing.T, paths []string) []listed {
 	t.Helper()
-	args := append([]string{"list", "-export", "-deps", "-json=ImportPath,Dir,Export,GoFiles,DepOnly"}, paths...)
+	args := append([]string{"list", "-export", "-deps", "-json=ImportPath,Name,Dir,Export,GoFiles,DepOnly"}, paths...)
 	out, err := exec.Command("go", args...).Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
