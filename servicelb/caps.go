@@ -182,7 +182,7 @@ func (c *Capabilities) CheckNode(n *NodeConfig) error {
 	var errs []error
 	if n.LocalhostNodePorts && !c.Features.Has(FeatureLocalhostNodePorts) {
 		errs = append(errs, invalidf("", "localhostNodePorts", nil, ErrUnsupported,
-			"%s serves no node ports on %s (kube-proxy's iptables mode alone does)", c.backend(), Localhost))
+			"%s serves no node ports on %s (kube-proxy's iptables mode alone does)", c.backend(), localhost))
 	}
 	switch m := n.LocalMode(); m {
 	case LocalByBridgeInterface, LocalByInterfaceNamePrefix:

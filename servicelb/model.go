@@ -328,6 +328,9 @@ func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
 // DefaultNodePortRange is the Kubernetes API server's default node port
 // range (--service-node-port-range); a NodeConfig bounds nothing unless
 // its NodePortRange is set.
+//
+// Deprecated: a variable anyone could change; kproxy reads it nowhere.
+// Write the range: PortRange{Min: 30000, Max: 32767}.
 var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
 
 // NodeConfig describes the node a proxier runs on. The zero value is usable:
@@ -565,11 +568,17 @@ func (n *NodeConfig) Ports() PortRange {
 	return n.NodePortRange
 }
 
-// Localhost is where LocalhostNodePorts serves node ports.
-var Localhost = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+// Localhost is where LocalhostNodePorts serves node ports: 127.0.0.1.
+//
+// Deprecated: a variable anyone could change; kproxy reads it nowhere.
+// Compare with netip.AddrFrom4([4]byte{127, 0, 0, 1}).
+var Localhost = localhost
+
+// localhost is where LocalhostNodePorts serves node ports.
+var localhost = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 
 // NodePortIPs returns the node addresses of family f that serve node
-// ports: NodeIPs first, in their order, then LocalIPs, then Localhost
+// ports: NodeIPs first, in their order, then LocalIPs, then 127.0.0.1
 // (see the fields for which).
 func (n *NodeConfig) NodePortIPs(f Family) []netip.Addr {
 	serves := n.servesNodePorts(f)
@@ -585,12 +594,12 @@ func (n *NodeConfig) NodePortIPs(f Family) []netip.Addr {
 		}
 	}
 	if f == IPv4 && n.ServesLocalhost() {
-		out = append(out, Localhost)
+		out = append(out, localhost)
 	}
 	return out
 }
 
-// ServesLocalhost reports whether node ports are served on Localhost:
+// ServesLocalhost reports whether node ports are served on 127.0.0.1:
 // with LocalhostNodePorts, unless the node ports of IPv4 are restricted
 // to addresses that leave out the loopback network, as kube-proxy turns
 // its localhostNodePorts off when nodePortAddresses does not hold

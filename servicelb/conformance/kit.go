@@ -431,9 +431,9 @@ type asker struct {
 
 func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
 	t.Helper()
-	switch fr.kind {
+	switch fr.kind() {
 	case fromOutside:
-		if fr.n == 0 {
+		if fr.n() == 0 {
 			// The client's own address, not an extra one that source
 			// address selection might prefer.
 			own := l.tp.Client.IPv4
@@ -442,7 +442,7 @@ func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
 			}
 			return asker{h: l.tp.Client, from: own}
 		}
-		a := outsideAddr(f, fr.n)
+		a := outsideAddr(f, fr.n())
 		if !l.added[a] {
 			l.tp.Client.AddAddress(t, netip.PrefixFrom(a, map[servicelb.Family]int{servicelb.IPv4: 24, servicelb.IPv6: 64}[f]))
 			l.added[a] = true
@@ -455,7 +455,7 @@ func (l *lab) asker(t *testing.T, fr From, f servicelb.Family) asker {
 	case fromNode:
 		return asker{h: l.tp.Node, cg: l.cg}
 	}
-	return asker{h: l.tp.Backends[fr.n]}
+	return asker{h: l.tp.Backends[fr.n()]}
 }
 
 // outsideAddr is the n-th extra address of the client, on its link.
@@ -495,7 +495,7 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 		// rules; anyone else's is met with silence: a pod's socket that
 		// fails at once was refused by something else than a dropped
 		// packet.
-		local := c.From.kind == fromNode && errors.Is(err, netnstest.ErrFiltered) && errors.As(err, &ae) && ae.ICMP == nil
+		local := c.From.kind() == fromNode && errors.Is(err, netnstest.ErrFiltered) && errors.As(err, &ae) && ae.ICMP == nil
 		if !errors.Is(err, netnstest.ErrTimeout) && !local {
 			t.Errorf("%s: %v, want dropped (no answer)", what, errText(err))
 		}

@@ -114,11 +114,16 @@ type Check struct {
 	Custom func(t *testing.T, e *Env, f servicelb.Family, p servicelb.Protocol)
 }
 
-// From is the origin of a check's flows.
-type From struct {
-	kind fromKind
-	n    int
-}
+// From is the origin of a check's flows: one of the constants Outside,
+// Pod, Node and BridgedPod, or a value of OutsideAt or Endpoint.
+type From uint32
+
+// The kind of origin is a From's low byte, the number of the host or
+// address the bytes above it.
+func (f From) kind() fromKind { return fromKind(f & 0xff) }
+func (f From) n() int         { return int(f >> 8) }
+
+func from(k fromKind, n int) From { return From(k) | From(n)<<8 }
 
 type fromKind uint8
 
@@ -138,25 +143,25 @@ const (
 // CIDRs but outside the node's pod CIDRs (10.244.5.2, fd00:244:5::2),
 // which the node reaches through the bridge PodBridge: the interface
 // detections tell the two pods apart.
-var (
-	Outside    = From{kind: fromOutside}
-	Pod        = From{kind: fromPod}
-	Node       = From{kind: fromNode}
-	BridgedPod = From{kind: fromBridgedPod}
+const (
+	Outside    = From(fromOutside)
+	Pod        = From(fromPod)
+	Node       = From(fromNode)
+	BridgedPod = From(fromBridgedPod)
 )
 
 // OutsideAt is the outside client using its n-th extra address
 // (198.51.100.(100+n), fd00:c::(100+n)), n from 1.
-func OutsideAt(n int) From { return From{kind: fromOutside, n: n} }
+func OutsideAt(n int) From { return from(fromOutside, n) }
 
 // Endpoint is endpoint host i itself asking (hairpin).
-func Endpoint(i int) From { return From{kind: fromEndpoint, n: i} }
+func Endpoint(i int) From { return from(fromEndpoint, i) }
 
 func (f From) String() string {
-	switch f.kind {
+	switch f.kind() {
 	case fromOutside:
-		if f.n > 0 {
-			return fmt.Sprintf("outside#%d", f.n)
+		if f.n() > 0 {
+			return fmt.Sprintf("outside#%d", f.n())
 		}
 		return "outside"
 	case fromPod:
@@ -166,15 +171,19 @@ func (f From) String() string {
 	case fromBridgedPod:
 		return "bridged pod"
 	}
-	return fmt.Sprintf("endpoint %d", f.n)
+	return fmt.Sprintf("endpoint %d", f.n())
 }
 
-// Target is a frontend of a scenario's service.
-type Target struct {
-	kind targetKind
-	svc  int
-	port uint16 // when not zero, this port instead of the service's
-}
+// Target is a frontend of a scenario's service: one of the constants
+// ClusterIP, NodePort, ..., with Of and OnPort.
+type Target uint64
+
+// A Target's low byte is its kind, the next three the service's number,
+// and the two above them the port when not zero (OnPort), instead of the
+// service's.
+func (t Target) kind() targetKind { return targetKind(t & 0xff) }
+func (t Target) svc() int         { return int(t >> 8 & 0xffffff) }
+func (t Target) port() uint16     { return uint16(t >> 32) }
 
 type targetKind uint8
 
@@ -190,40 +199,40 @@ const (
 )
 
 // The frontends of service 0; Of picks another service.
-var (
-	ClusterIP      = Target{kind: toClusterIP}
-	NodePort       = Target{kind: toNodePort}
-	ExternalIP     = Target{kind: toExternalIP}
-	LoadBalancerIP = Target{kind: toLoadBalancerIP}
+const (
+	ClusterIP      = Target(toClusterIP)
+	NodePort       = Target(toNodePort)
+	ExternalIP     = Target(toExternalIP)
+	LoadBalancerIP = Target(toLoadBalancerIP)
 	// Unallocated is an address of the service CIDRs (see Env.ServiceCIDRs)
 	// that is no service's cluster IP.
-	Unallocated = Target{kind: toUnallocated}
+	Unallocated = Target(toUnallocated)
 	// LocalNodePort is the node port on the node's other local address
 	// (see Env.LocalIP), which a stage puts on the node.
-	LocalNodePort = Target{kind: toLocalNodePort}
+	LocalNodePort = Target(toLocalNodePort)
 	// LocalhostNodePort is the node port on 127.0.0.1 (IPv4 only), for
 	// the node's own clients.
-	LocalhostNodePort = Target{kind: toLocalhostNodePort}
+	LocalhostNodePort = Target(toLocalhostNodePort)
 	// HealthCheckNodePort is the service's health check node port (see
 	// Env.HealthCheckNodePortOf) on the node's address: no frontend of
 	// the proxier's, a port the node itself serves.
-	HealthCheckNodePort = Target{kind: toHealthCheckNodePort}
+	HealthCheckNodePort = Target(toHealthCheckNodePort)
 )
 
 // Of returns the same frontend of service i of the scenario.
-func (t Target) Of(i int) Target { t.svc = i; return t }
+func (t Target) Of(i int) Target { return t&^(0xffffff<<8) | Target(i&0xffffff)<<8 }
 
 // OnPort returns the frontend's address with another port.
-func (t Target) OnPort(p uint16) Target { t.port = p; return t }
+func (t Target) OnPort(p uint16) Target { return t&^(0xffff<<32) | Target(p)<<32 }
 
 func (t Target) String() string {
 	name := [...]string{"cluster IP", "node port", "external IP", "load-balancer IP", "unallocated service IP",
-		"node port on another local address", "node port on localhost", "health check node port"}[t.kind]
-	if t.svc > 0 {
-		name += fmt.Sprintf(" of service %d", t.svc)
+		"node port on another local address", "node port on localhost", "health check node port"}[t.kind()]
+	if t.svc() > 0 {
+		name += fmt.Sprintf(" of service %d", t.svc())
 	}
-	if t.port != 0 {
-		name += fmt.Sprintf(" port %d", t.port)
+	if t.port() != 0 {
+		name += fmt.Sprintf(" port %d", t.port())
 	}
 	return name
 }
@@ -491,26 +500,26 @@ func (e *Env) UnsupportedScheduler() servicelb.Scheduler {
 func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.AddrPort {
 	port := uint16(ServicePort)
 	var a netip.Addr
-	switch t.kind {
+	switch t.kind() {
 	case toClusterIP:
-		a = e.ClusterIP(f, t.svc)
+		a = e.ClusterIP(f, t.svc())
 	case toNodePort:
-		a, port = e.NodeIP(f), e.NodePortOf(t.svc)
+		a, port = e.NodeIP(f), e.NodePortOf(t.svc())
 	case toExternalIP:
-		a = e.ExternalIP(f, t.svc)
+		a = e.ExternalIP(f, t.svc())
 	case toLoadBalancerIP:
-		a = e.LoadBalancerIP(f, t.svc)
+		a = e.LoadBalancerIP(f, t.svc())
 	case toUnallocated:
 		a = e.ClusterIP(f, 200)
 	case toLocalNodePort:
-		a, port = e.LocalIP(f), e.NodePortOf(t.svc)
+		a, port = e.LocalIP(f), e.NodePortOf(t.svc())
 	case toLocalhostNodePort:
-		a, port = servicelb.Localhost, e.NodePortOf(t.svc)
+		a, port = netip.AddrFrom4([4]byte{127, 0, 0, 1}), e.NodePortOf(t.svc())
 	case toHealthCheckNodePort:
-		a, port = e.NodeIP(f), e.HealthCheckNodePortOf(t.svc)
+		a, port = e.NodeIP(f), e.HealthCheckNodePortOf(t.svc())
 	}
-	if t.port != 0 {
-		port = t.port
+	if t.port() != 0 {
+		port = t.port()
 	}
 	dst := netip.AddrPortFrom(a, port)
 	if r := e.lab.b.Redirect; r != nil {

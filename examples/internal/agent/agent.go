@@ -250,7 +250,7 @@ func (a *Agent) openHealth(node servicelb.NodeConfig) error {
 	var addrs []netip.Addr
 	if len(node.NodePortAddresses) > 0 || node.NodePortPrimary {
 		for _, a := range append(node.NodePortIPs(servicelb.IPv4), node.NodePortIPs(servicelb.IPv6)...) {
-			if a != servicelb.Localhost {
+			if a != netip.AddrFrom4([4]byte{127, 0, 0, 1}) {
 				addrs = append(addrs, a)
 			}
 		}

@@ -171,7 +171,7 @@ func TestLocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := servicelb.NodeConfig{NodePortRange: servicelb.DefaultNodePortRange}
+	node := servicelb.NodeConfig{NodePortRange: servicelb.PortRange{Min: 30000, Max: 32767}}
 	verr := servicelb.Validate(&node, &p.Services[0])
 	if verr == nil {
 		t.Fatal("no validation error")
