@@ -52,6 +52,44 @@ func TestAPINamesNoInternalType(t *testing.T) {
 	require.Greater(t, checked, 10, "public packages checked")
 }
 
+// deprecatedVars are the exported variables of a release kept, read by
+// nothing, for its callers until the next minor release removes them.
+var deprecatedVars = map[string]bool{
+	module + "/servicelb.DefaultNodePortRange": true,
+	module + "/servicelb.Localhost":            true,
+}
+
+// TestNoMutableExportedGlobals: a public package's exported variables are
+// error sentinels, which callers compare with errors.Is and never assign;
+// any other value is a constant or a function's result, so that no caller
+// can change what another one, or kproxy itself, reads.
+func TestNoMutableExportedGlobals(t *testing.T) {
+	pkgs := listExports(t, []string{module + "/...", module + "/kube/..."})
+	exports := map[string]string{}
+	for _, p := range pkgs {
+		exports[p.ImportPath] = p.Export
+	}
+	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
+	errType := types.Universe.Lookup("error").Type()
+	for _, p := range pkgs {
+		if !p.Target || internal(p.ImportPath) || p.Name == "main" || strings.HasPrefix(p.ImportPath, module+"/examples") {
+			continue
+		}
+		if len(p.GoFiles) == 0 {
+			continue
+		}
+		tp, err := imp.Import(p.ImportPath)
+		require.NoError(t, err)
+		for _, name := range tp.Scope().Names() {
+			v, ok := tp.Scope().Lookup(name).(*types.Var)
+			if !ok || !v.Exported() || types.Identical(v.Type(), errType) || deprecatedVars[p.ImportPath+"."+name] {
+				continue
+			}
+			t.Errorf("%s.%s is an exported variable of type %s: make it a constant or a function", p.ImportPath, name, v.Type())
+		}
+	}
+}
+
 // TestAPINamesNoInternalTypeFails: the check finds an internal type in a
 // function's result, a field, a method and an alias, and passes a package
 // that only uses one inside.

@@ -15,7 +15,8 @@
 //     dataplane on another, no shipped package on a test kit, the netlink
 //     stack and xtables on no model, the examples and the Kubernetes
 //     layer on public packages only;
-//   - no exported API of a public package names an internal type
+//   - no exported API of a public package names an internal type, and
+//     no public package exports a variable but an error sentinel
 //     (api_test.go).
 //
 // It has no code of its own: nothing imports it.
