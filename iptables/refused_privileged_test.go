@@ -63,10 +63,12 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	require.NoError(t, b.Upsert(bad))
 	ctx := context.Background()
 	batches := 0
-	refuse := nfnl.WithTap(nfnl.WithRuleFault(ctx, func(o any) bool {
+	conn := px.conn.(*nfnl.Conn)
+	conn.RefuseRules(func(o any) bool {
 		k, ok := o.(servicelb.ServicePortKey)
 		return ok && k.Service == bad.Name
-	}), func([]byte) { batches++ })
+	})
+	refuse := nfnl.WithTap(ctx, func([]byte) { batches++ })
 	leftOut := func(rep servicelb.SyncReport, err error) []string {
 		t.Helper()
 		require.NoError(t, err)
@@ -105,6 +107,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 
 	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
 	require.NoError(t, b.Upsert(bad))
+	conn.RefuseRules(nil)
 	require.NoError(t, servicetest.SyncErr(px.Sync(ctx, b.State())))
 	checkRendered(t, h, px, b.State(), "after the refused service changed")
 }

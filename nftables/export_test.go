@@ -133,3 +133,8 @@ func portDrift(p *planner, ma, mb *model, a, b *portPlan) string {
 // RandomOptions are the options of the random states of the table's
 // tests (see randomOptions).
 func RandomOptions(o servicetest.Options) servicetest.Options { return randomOptions(o) }
+
+// RefuseRules has the kernel refuse the rules the proxier writes for the
+// owners refuse chooses, from the next sync on; nil ends it (see
+// nfnl.Conn.RefuseRules).
+func RefuseRules(p *Proxier, refuse func(owner any) bool) { p.conn.RefuseRules(refuse) }

@@ -60,10 +60,11 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9")}},
 	}
 	require.NoError(t, b.Upsert(bad))
-	refuse := nfnl.WithRuleFault(testCtx(t), func(o any) bool {
+	nftables.RefuseRules(p, func(o any) bool {
 		k, ok := o.(servicelb.ServicePortKey)
 		return ok && k.Service == bad.Name
 	})
+	refuse := testCtx(t)
 
 	rep, err := p.Sync(refuse, b.State())
 	require.NoError(t, err)
@@ -122,6 +123,7 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	// The refused service changes, and the kernel takes it: it goes in.
 	bad.Endpoints = []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.10")}}
 	require.NoError(t, b.Upsert(bad))
+	nftables.RefuseRules(p, nil)
 	require.NoError(t, servicetest.SyncErr(p.Sync(testCtx(t), b.State())))
 	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
 	assert.Contains(t, listed, "10.96.9.9 . tcp . 80")

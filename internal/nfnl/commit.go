@@ -32,10 +32,10 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 		return Generation{}, ErrClosed
 	}
 	restore := func() {}
-	if refuse := ruleFaultOf(ctx); refuse != nil {
+	if c.refuse != nil {
 		// Put back as soon as sent: failures are described from the
 		// batch's bytes.
-		restore = b.misnameRules(refuse)
+		restore = b.misnameRules(c.refuse)
 	}
 	base := c.nextSeq(b.Len() + 3)
 	p := b.frame(base)

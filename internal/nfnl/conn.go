@@ -39,6 +39,7 @@ type Conn struct {
 	sndbuf  int
 	closed  bool
 	scratch encoder
+	refuse  func(owner any) bool // RefuseRules
 }
 
 // Open opens a Conn. It needs CAP_NET_ADMIN in the target namespace to

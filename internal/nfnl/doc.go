@@ -56,7 +56,7 @@
 // share, the owner of the element the kernel points at in its extended
 // acknowledgement. RefusedOwners groups a refusal by owner when every
 // refused message has one, so that a caller can leave out what the
-// kernel refused and commit the rest. WithRuleFault has the real kernel
+// kernel refused and commit the rest. Conn.RefuseRules has the real kernel
 // refuse the rules of chosen owners, for tests.
 //
 // # Generations

@@ -2,27 +2,19 @@
 
 package nfnl
 
-import (
-	"context"
-	"encoding/binary"
-)
+import "encoding/binary"
 
-type ruleFaultKey struct{}
-
-// WithRuleFault returns a context under which every Commit sends the
-// rules it adds, inserts or replaces for the owners refuse chooses
-// (Batch.SetOwner) with the name of their chain changed to one that no
-// chain has, so that the kernel refuses each of them (ENOENT), as it
-// refuses a rule it cannot load. The batch itself is left as it was.
-// Tests use it to see what a caller makes of the real kernel refusing
-// what it wrote for one owner; like WithTap, nothing else should.
-func WithRuleFault(ctx context.Context, refuse func(owner any) bool) context.Context {
-	return context.WithValue(ctx, ruleFaultKey{}, refuse)
-}
-
-func ruleFaultOf(ctx context.Context) func(any) bool {
-	f, _ := ctx.Value(ruleFaultKey{}).(func(any) bool)
-	return f
+// RefuseRules makes every later Commit send the rules it adds, inserts or
+// replaces for the owners refuse chooses (Batch.SetOwner) with the name of
+// their chain changed to one that no chain has, so that the kernel refuses
+// each of them (ENOENT), as it refuses a rule it cannot load; nil ends it.
+// The batch itself is left as it was. A test sets it, to see what a caller
+// makes of the real kernel refusing what it wrote for one owner; nothing
+// else should.
+func (c *Conn) RefuseRules(refuse func(owner any) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refuse = refuse
 }
 
 // misnameRules changes the chain name of the rule messages of the owners

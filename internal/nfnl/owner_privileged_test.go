@@ -16,7 +16,7 @@ import (
 
 // The kernel's refusals name their owners: an element the kernel refuses
 // in a message of several owners' elements is its owner's, and a rule
-// that WithRuleFault has the kernel refuse is its owner's. Nothing of the
+// that RefuseRules has the kernel refuse is its owner's. Nothing of the
 // batch is applied.
 func TestRefusalsNameOwners(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
@@ -53,7 +53,8 @@ func TestRefusalsNameOwners(t *testing.T) {
 	r.AddRule(nfnl.Rule{Family: nfnl.Inet, Table: tbl, Chain: "other", Exprs: []expr.Any{&expr.Counter{}}})
 	r.SetOwner(nil)
 	r.AddElements(nfnl.Inet, tbl, "addrs", []nfnl.Element{{Key: []byte{10, 0, 0, 6}}})
-	_, err = c.Commit(nfnl.WithRuleFault(ctx, func(o any) bool { return o == "bad" }), &r)
+	c.RefuseRules(func(o any) bool { return o == "bad" })
+	_, err = c.Commit(ctx, &r)
 	require.ErrorAs(t, err, &ce)
 	require.Len(t, ce.Failed, 1)
 	assert.Equal(t, "bad", ce.Failed[0].Owner)
@@ -62,6 +63,7 @@ func TestRefusalsNameOwners(t *testing.T) {
 	assert.Equal(t, before, h.Exec(t, "nft", "list", "ruleset"), "a refused batch changed the ruleset")
 
 	// Without the fault the same batch goes in.
+	c.RefuseRules(nil)
 	_, err = c.Commit(ctx, &r)
 	require.NoError(t, err)
 }

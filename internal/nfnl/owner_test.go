@@ -101,7 +101,7 @@ func TestRefusedOwners(t *testing.T) {
 	assert.Nil(t, RefusedOwners[string](syscall.ENOENT))
 }
 
-// WithRuleFault's misnaming changes the chain of the chosen owners'
+// RefuseRules' misnaming changes the chain of the chosen owners'
 // rules, and nothing else, until it is undone.
 func TestMisnameRules(t *testing.T) {
 	var b Batch
