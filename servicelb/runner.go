@@ -246,37 +246,30 @@ type Runner struct {
 	reportMu sync.Mutex
 	reported uint64
 
-	mu        sync.Mutex
-	snapSeq   uint64
-	b         *Builder
-	sources   map[string]*Source
-	owner     map[string]*Source
-	dirty     map[string]changeKind // changed since the last sync began
-	inflight  int                   // changes the running sync applies
-	queuedAt  time.Time             // of the oldest change not yet applied
-	fresh     bool                  // a change arrived since the last sync began
-	nodeDirty bool                  // the node changed since the last sync began
-	applied   *State
-	appliedAt time.Time
-	lastErr   error
-	succeeded bool
-	clashVer  uint64 // of the clashes last reported
-	leftOut   map[string]error
+	mu      sync.Mutex
+	snapSeq uint64
+	b       *Builder
+	sources map[string]*Source
+	owner   map[string]*Source
+	// pend is what changed since the last sync began; inflight what the
+	// running sync applies.
+	pend, inflight pending
+	fresh          bool // a change arrived since the last sync began
+	applied        *State
+	appliedAt      time.Time
+	lastErr        error
+	succeeded      bool
+	clashVer       uint64 // of the clashes last reported
+	leftOut        map[string]error
 	// firstSync is closed by the first successful sync.
 	firstSync chan struct{}
 
-	// triggers hold when the changes of each dirty service were caused,
-	// and the families they touched.
-	triggers map[string][]trigger
-	// families are the proxier's; famQueued holds, by familyIndex, when
-	// the oldest change of each not yet applied was made, and famLast
-	// when the latest was.
-	families           []Family
-	famQueued, famLast [2]time.Time
-	// pending counts the dirty services by kind, inflightKinds those
-	// the running sync applies, and total the changes ever taken.
-	pending, inflightKinds [numKinds]int
-	total                  [numKinds]uint64
+	// families are the proxier's; famLast holds, by familyIndex, when the
+	// latest change of each was made.
+	families []Family
+	famLast  [2]time.Time
+	// total counts the changes ever taken, by kind.
+	total [numKinds]uint64
 }
 
 // NewRunner returns a Runner that applies changes to p.
@@ -306,8 +299,7 @@ func NewRunner(p Proxier, o RunnerOptions) (*Runner, error) {
 	r := &Runner{
 		p: p, opts: o, clock: o.Clock, log: o.Logger, b: b,
 		wake: make(chan struct{}, 1), firstSync: make(chan struct{}),
-		sources: map[string]*Source{}, owner: map[string]*Source{}, dirty: map[string]changeKind{},
-		triggers: map[string][]trigger{},
+		sources: map[string]*Source{}, owner: map[string]*Source{}, pend: newPending(),
 		clashVer: b.clashVer,
 	}
 	caps := p.Capabilities()
@@ -370,9 +362,9 @@ func (r *Runner) Health() Health {
 	defer r.mu.Unlock()
 	return Health{
 		Ready:     r.succeeded && r.allSynced(),
-		QueuedAt:  r.queuedAt,
+		QueuedAt:  r.pend.queuedAt,
 		AppliedAt: r.appliedAt,
-		Pending:   len(r.dirty) + r.inflight,
+		Pending:   len(r.pend.dirty) + len(r.inflight.dirty),
 		LastError: r.lastErr,
 		LeftOut:   maps.Clone(r.leftOut),
 		Families:  r.familyHealth(),
@@ -385,7 +377,7 @@ func (r *Runner) familyHealth() []FamilyHealth {
 	out := make([]FamilyHealth, len(r.families))
 	for i, f := range r.families {
 		j := familyIndex(f)
-		out[i] = FamilyHealth{Family: f, QueuedAt: r.famQueued[j], LastQueuedAt: r.famLast[j]}
+		out[i] = FamilyHealth{Family: f, QueuedAt: r.pend.famQueued[j], LastQueuedAt: r.famLast[j]}
 	}
 	return out
 }
@@ -455,7 +447,7 @@ func kindOf(old, cur *Service) changeKind {
 // (zero: now), that touched the families fams; r.mu is held.
 func (r *Runner) changed(name string, k changeKind, at time.Time, fams familySet) {
 	now := r.clock.Now()
-	r.mark(name, k)
+	r.pend.mark(name, k)
 	for i := range numKinds {
 		if k&(1<<i) != 0 {
 			r.total[i]++
@@ -464,40 +456,17 @@ func (r *Runner) changed(name string, k changeKind, at time.Time, fams familySet
 	if at.IsZero() {
 		at = now
 	}
-	r.addTrigger(name, trigger{at: at, fams: fams})
+	r.pend.addTrigger(name, trigger{at: at, fams: fams})
 	r.queue(now, fams)
-}
-
-// trigger is when a change was caused, and the families it touched.
-type trigger struct {
-	at   time.Time
-	fams familySet
-}
-
-// addTrigger records a cause of the named service's changes, each time
-// once with every family it touched; r.mu is held.
-func (r *Runner) addTrigger(name string, t trigger) {
-	ts := r.triggers[name]
-	if i := slices.IndexFunc(ts, func(o trigger) bool { return o.at.Equal(t.at) }); i >= 0 {
-		ts[i].fams |= t.fams
-		return
-	}
-	r.triggers[name] = append(ts, t)
 }
 
 // queue records a change made at now that touched the families fams;
 // r.mu is held.
 func (r *Runner) queue(now time.Time, fams familySet) {
-	if r.queuedAt.IsZero() {
-		r.queuedAt = now
-	}
+	r.pend.queue(now, fams)
 	for _, f := range Families() {
 		if fams.has(f) {
-			i := familyIndex(f)
-			if r.famQueued[i].IsZero() {
-				r.famQueued[i] = now
-			}
-			r.famLast[i] = now
+			r.famLast[familyIndex(f)] = now
 		}
 	}
 	r.fresh = true
@@ -549,22 +518,11 @@ func (e *entry) endpointsOf(f Family) []Endpoint {
 	return out
 }
 
-// mark adds kind k to the named service's pending changes; r.mu is held.
-func (r *Runner) mark(name string, k changeKind) {
-	old := r.dirty[name]
-	r.dirty[name] = old | k
-	for i := range numKinds {
-		if bit := changeKind(1 << i); k&bit != 0 && old&bit == 0 {
-			r.pending[i]++
-		}
-	}
-}
-
 // stats returns the change counts; r.mu is held.
 func (r *Runner) stats() ChangeStats {
 	return ChangeStats{
-		ServicesPending:  r.pending[0] + r.inflightKinds[0],
-		EndpointsPending: r.pending[1] + r.inflightKinds[1],
+		ServicesPending:  r.pend.kinds[0] + r.inflight.kinds[0],
+		EndpointsPending: r.pend.kinds[1] + r.inflight.kinds[1],
 		Services:         r.total[0],
 		Endpoints:        r.total[1],
 	}
@@ -659,7 +617,7 @@ func (r *Runner) due(l *loop) (time.Time, bool) {
 			return minTime(l.retryAt, l.lastStart.Add(r.opts.MinSyncInterval)), true
 		}
 		return l.retryAt, true
-	case len(r.dirty) > 0 || r.nodeDirty:
+	case !r.pend.empty():
 		return l.lastStart.Add(r.opts.MinSyncInterval), true
 	}
 	return l.lastStart.Add(r.opts.MaxSyncInterval), true
@@ -675,10 +633,8 @@ func minTime(a, b time.Time) time.Time {
 func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	r.mu.Lock()
 	st := r.b.State()
-	batch, queued, triggers, node, famQueued := r.dirty, r.queuedAt, r.triggers, r.nodeDirty, r.famQueued
-	r.dirty, r.queuedAt, r.fresh, r.inflight, r.nodeDirty = map[string]changeKind{}, time.Time{}, false, len(batch), false
-	r.triggers, r.famQueued = map[string][]trigger{}, [2]time.Time{}
-	r.inflightKinds, r.pending = r.pending, [numKinds]int{}
+	r.inflight, r.fresh = r.pend.take(), false
+	batch := r.inflight
 	r.mu.Unlock()
 
 	start := r.clock.Now()
@@ -691,21 +647,21 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 	if err == nil {
 		st = rep.Applied // what the kernel holds
 	}
-	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch), QueuedAt: queued,
+	res := SyncResult{Start: start, Duration: r.clock.Now().Sub(start), Services: len(batch.dirty), QueuedAt: batch.queuedAt,
 		Full: rep.Full || !r.succeeded, Err: err}
 	res.Families = make([]FamilySync, len(r.families))
 	for i, f := range r.families {
 		res.Families[i].Family = f
 	}
 	if err == nil {
-		res.Triggered = sortedTimes(triggers, allFamilies)
+		res.Triggered = sortedTimes(batch.triggers, allFamilies)
 		for i := range res.Families {
-			res.Families[i].Triggered = sortedTimes(triggers, familyBit(res.Families[i].Family))
+			res.Families[i].Triggered = sortedTimes(batch.triggers, familyBit(res.Families[i].Family))
 		}
 	}
 
 	r.mu.Lock()
-	r.inflight, r.inflightKinds = 0, [numKinds]int{}
+	r.inflight = pending{}
 	r.lastErr = err
 	changedOut := err == nil && !sameKeys(leftOut, r.leftOut)
 	if err == nil {
@@ -718,29 +674,17 @@ func (r *Runner) syncOnce(ctx context.Context, l *loop) {
 		r.applied, r.appliedAt, r.succeeded = st, res.End(), true
 		l.failures = 0
 	} else {
-		for name, k := range batch {
-			r.mark(name, k)
-		}
-		r.nodeDirty = r.nodeDirty || node
-		for name, ts := range triggers {
-			for _, t := range ts {
-				r.addTrigger(name, t)
-			}
-		}
-		r.queuedAt = earliest(r.queuedAt, queued)
-		for i := range r.famQueued {
-			r.famQueued[i] = earliest(r.famQueued[i], famQueued[i])
-		}
+		r.pend.restore(batch)
 		l.failures++
 		l.retryAt = start.Add(backoff(r.opts.RetryInterval, r.opts.MaxSyncInterval, l.failures))
 	}
-	pending, stats, seq := len(r.dirty), r.stats(), r.nextSnap()
+	pending, stats, seq := len(r.pend.dirty), r.stats(), r.nextSnap()
 	r.mu.Unlock()
 
 	if err != nil {
-		r.log.Error("sync failed", "err", err, "services", len(batch), "failures", l.failures, "retry", l.retryAt.Sub(start))
+		r.log.Error("sync failed", "err", err, "services", len(batch.dirty), "failures", l.failures, "retry", l.retryAt.Sub(start))
 	} else {
-		r.log.Debug("synced", "services", len(batch), "duration", res.Duration)
+		r.log.Debug("synced", "services", len(batch.dirty), "duration", res.Duration)
 	}
 	if changedOut && r.opts.Hooks.LeftOut != nil {
 		r.opts.Hooks.LeftOut(leftOut)
@@ -767,14 +711,6 @@ func sortedTimes(m map[string][]trigger, fams familySet) []time.Time {
 	}
 	slices.SortFunc(out, time.Time.Compare)
 	return out
-}
-
-// earliest returns the earlier of two times, zero meaning none.
-func earliest(a, b time.Time) time.Time {
-	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
-		return b
-	}
-	return a
 }
 
 func sameKeys(a, b map[string]error) bool {
@@ -837,7 +773,9 @@ func (s *Source) UpsertTriggered(trigger time.Time, svcs ...Service) error {
 			errs = append(errs, err)
 		}
 	}
-	r.endBatch()
+	e := r.endBatch()
+	r.mu.Unlock()
+	r.report(e)
 	return errors.Join(errs...)
 }
 
@@ -858,24 +796,39 @@ func (r *Runner) SetNode(node NodeConfig) error {
 		r.mu.Unlock()
 		return err
 	}
-	r.nodeDirty = true
+	r.pend.node = true
 	r.queue(r.clock.Now(), allFamilies)
-	r.endBatch()
+	e := r.endBatch()
+	r.mu.Unlock()
+	r.report(e)
 	return nil
 }
 
-// endBatch reports what a batch of changes did, and wakes Run; it unlocks
-// r.mu.
-func (r *Runner) endBatch() {
-	pending, stats, seq := len(r.dirty)+r.inflight, r.stats(), r.nextSnap()
-	var clashes []Conflict
-	changed := r.b.clashVer != r.clashVer
-	if changed {
-		r.clashVer, clashes = r.b.clashVer, r.b.Conflicts()
+// batchEnd is what a batch of changes reports, taken under r.mu and
+// reported once it is released.
+type batchEnd struct {
+	pending int
+	stats   ChangeStats
+	seq     uint64
+	// clashes, when changed, are the frontend clashes now.
+	changed bool
+	clashes []Conflict
+}
+
+// endBatch takes what a batch of changes reports; r.mu is held.
+func (r *Runner) endBatch() batchEnd {
+	e := batchEnd{pending: len(r.pend.dirty) + len(r.inflight.dirty), stats: r.stats(), seq: r.nextSnap()}
+	if e.changed = r.b.clashVer != r.clashVer; e.changed {
+		r.clashVer, e.clashes = r.b.clashVer, r.b.Conflicts()
 	}
-	r.mu.Unlock()
-	r.reportPending(pending, stats, seq)
-	if changed {
+	return e
+}
+
+// report reports what endBatch took, and wakes Run; r.mu is not held.
+func (r *Runner) report(e batchEnd) {
+	r.reportPending(e.pending, e.stats, e.seq)
+	if e.changed {
+		clashes := e.clashes
 		for _, c := range clashes {
 			r.log.Warn("frontend asked for by several services", "frontend", c.Frontend, "held by", c.Winner, "not served for", c.Losers)
 		}
@@ -924,7 +877,9 @@ func (s *Source) Delete(names ...string) error {
 			errs = append(errs, err)
 		}
 	}
-	r.endBatch()
+	e := r.endBatch()
+	r.mu.Unlock()
+	r.report(e)
 	return errors.Join(errs...)
 }
 
@@ -965,7 +920,9 @@ func (s *Source) Replace(svcs []Service) error {
 	for i := range svcs {
 		errs = append(errs, s.upsert(&svcs[i], time.Time{}))
 	}
-	r.endBatch()
+	e := r.endBatch()
+	r.mu.Unlock()
+	r.report(e)
 	return errors.Join(errs...)
 }
 
