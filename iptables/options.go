@@ -1,41 +1,75 @@
-//go:build linux
-
 package iptables
 
 import (
-	"fmt"
 	"log/slog"
-	"slices"
+	"time"
 
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-func (o *Options) normalize() error {
-	if o.ChainPrefix == "" {
-		o.ChainPrefix = DefaultChainPrefix
-	}
-	if err := checkPrefix(o.ChainPrefix); err != nil {
-		return err
-	}
-	if len(o.Families) == 0 {
-		o.Families = []servicelb.Family{servicelb.IPv4, servicelb.IPv6}
-	}
-	for _, f := range o.Families {
-		if f != servicelb.IPv4 && f != servicelb.IPv6 {
-			return fmt.Errorf("%w: family %s", ErrInvalidOptions, f)
-		}
-	}
-	o.Families = slices.Compact(slices.Sorted(slices.Values(o.Families)))
-	if o.DropBit == 0 {
-		o.DropBit = DefaultDropBit
-	}
-	if o.DropBit > 31 {
-		return fmt.Errorf("%w: drop bit %d: want 0-31", ErrInvalidOptions, o.DropBit)
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	return nil
+// ErrNotSupported: nf_tables is Linux's. On other systems the package
+// builds, so that an agent's other parts build anywhere, and New, Render
+// and every method return ErrNotSupported.
+var ErrNotSupported = servicelb.ErrNotSupported
+
+// ErrInvalidOptions reports Options that New refuses.
+var ErrInvalidOptions = servicelb.ErrInvalidOptions
+
+// ErrClosed: a Sync or Cleanup after Close.
+var ErrClosed = servicelb.ErrClosed
+
+// ErrRenderOnly: a Sync or Cleanup of a Proxier made by ForRendering,
+// which holds no socket.
+var ErrRenderOnly = servicelb.ErrRenderOnly
+
+// DefaultDropBit is the mark bit of MARK-DROP, as kubelet's
+// --iptables-drop-bit: mark 0x8000.
+const DefaultDropBit = 15
+
+// Options configure a Proxier. The zero value is usable: chains named
+// KPROXY-..., both families, the caller's network namespace.
+type Options struct {
+	// ChainPrefix starts every chain name, 1 to 8 characters of A-Z, 0-9,
+	// '-' and '_'; empty means DefaultChainPrefix. With "KUBE-" the chains
+	// are named as kube-proxy names them.
+	ChainPrefix string
+	// NetNS is the network namespace to program; a handle that is not
+	// valid (zero or negative) means the caller's namespace.
+	NetNS netns.NsHandle
+	// Families lists the address families to program: their ip and ip6
+	// tables; empty means both. Service ports of other families are left
+	// out.
+	Families []servicelb.Family
+	// DropBit is the packet mark bit (0-31) that MARK-DROP sets for
+	// PROXY-FIREWALL to drop; zero means DefaultDropBit. It must differ from
+	// the node's masquerade bit.
+	DropBit uint8
+	// NoConntrackCleanup turns off the deletion of the conntrack flows a
+	// sync leaves stale (see servicelb.StaleFlow).
+	NoConntrackCleanup bool
+	// ConntrackTCPLiberal says that the node's conntrack marks no
+	// out-of-window TCP packet invalid (conntrack.Tuning.TCPBeLiberal):
+	// P-FORWARD then drops no packet conntrack calls invalid, as
+	// kube-proxy's iptables mode drops none under
+	// --conntrack-tcp-be-liberal.
+	ConntrackTCPLiberal bool
+	// Conntrack deletes the stale flows; nil means a conntrack.Client of
+	// its own in NetNS, opened by New.
+	Conntrack conntrack.FlowCleaner
+	// VerifyInterval is the least time between two deep checks of the
+	// Proxier's chains (every rule read back), which a Sync makes when
+	// another writer committed since the last one; zero means one minute.
+	// Every Sync checks cheaply (the generation, the tables' object counts,
+	// the jumps in the builtin chains) in any case.
+	VerifyInterval time.Duration
+	// Logger receives state changes at Info and per-sync detail at Debug;
+	// nil discards.
+	Logger *slog.Logger
+	// conn, an xtables.Conn, replaces the netlink connection, for tests.
+	conn any
 }
 
-func (o *Options) dropMark() uint32 { return 1 << o.DropBit }
+// DefaultChainPrefix starts the name of every chain a Proxier owns.

@@ -1,133 +1,221 @@
+//go:build linux
+
 package ipvs
 
 import (
-	"cmp"
-	"fmt"
-	"net/netip"
+	"maps"
 	"slices"
-	"strings"
 
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// VirtualServer is one IPVS virtual server: the flows it takes, how it
-// spreads them, and its real servers. An address virtual server takes the
-// flows to its address, protocol and port; a firewall-mark virtual server
-// (FWMark not zero) takes the flows of its family whose packet mark is
-// FWMark, whatever their address, protocol and port, and IPVS looks it up
-// first.
-type VirtualServer struct {
-	Addr     netip.Addr
-	Protocol servicelb.Protocol
-	Port     uint16
-	// FWMark and Family name a firewall-mark virtual server; Addr and
-	// Port are then unset, and Protocol is that of the flows the proxier
-	// steers to it (IPVS itself does not hold it).
-	FWMark uint32
-	Family servicelb.Family
-	// Scheduler is the IPVS scheduler's name, such as "rr".
-	Scheduler string
-	// HashPort makes a hashing scheduler (mh) hash the client's port with
-	// its address, so that one client's flows spread (IPVS's sched flag
-	// mh-port).
-	HashPort bool
-	// Persistence is the ClientIP affinity timeout in seconds; zero means
-	// no affinity.
-	Persistence uint32
-	// Real are the real servers, ordered by address and port.
-	Real []RealServer
-	// serving are the endpoints (address and port) serving the port,
-	// sorted: a removed UDP or SCTP real server among them drains (see
-	// removals).
-	serving []netip.AddrPort
+// planStep is how a plan changes with a servicelb.Changes, computed
+// without changing the plan: the ports it drops, the ports it plans anew
+// (the added and changed ones, and those whose marks moved), and the
+// marks after it (nil units when they stay as they are).
+type planStep struct {
+	drop  []servicelb.ServicePortKey
+	put   []*portPlan
+	units map[markUnit]servicelb.ServicePortKey
+	marks map[markUnit]uint32
 }
 
-// RealServer is one real server (endpoint) of a virtual server, reached by
-// masquerading (IPVS NAT).
-type RealServer struct {
-	Addr   netip.Addr
-	Port   uint16
-	Weight uint16
-}
-
-// AddrPort returns the real server's address and port.
-func (r RealServer) AddrPort() netip.AddrPort { return netip.AddrPortFrom(r.Addr, r.Port) }
-
-// vsKey identifies a virtual server: by address, protocol and port, or by
-// firewall mark and family.
-type vsKey struct {
-	addr   netip.Addr
-	proto  servicelb.Protocol
-	port   uint16
-	fwmark uint32
-	family servicelb.Family
-}
-
-func (vs *VirtualServer) key() vsKey {
-	if vs.FWMark != 0 {
-		return vsKey{fwmark: vs.FWMark, family: vs.Family}
+// step plans the ports that changed. It fails, changing nothing, when a
+// port cannot be planned.
+func (p *statePlan) step(ch *servicelb.Changes) (*planStep, error) {
+	s := &planStep{}
+	leaving := map[servicelb.ServicePortKey]bool{}
+	for _, sp := range ch.Removed {
+		leaving[sp.Key] = true
 	}
-	return vsKey{addr: vs.Addr, proto: vs.Protocol, port: vs.Port}
-}
-
-// family returns the virtual server's address family.
-func (vs *VirtualServer) family() servicelb.Family {
-	if vs.FWMark != 0 {
-		return vs.Family
-	}
-	return servicelb.FamilyOf(vs.Addr)
-}
-
-// String formats the key as ipvsadm names a service: "-t 10.96.0.10:80",
-// "-u [fd00::10]:53", "--sctp-service 10.96.0.10:9", "-f 65536",
-// "-f 65536 -6".
-func (k vsKey) String() string {
-	if k.fwmark != 0 {
-		if k.family == servicelb.IPv6 {
-			return fmt.Sprintf("-f %d -6", k.fwmark)
+	var errs []error
+	for _, sp := range slices.Concat(ch.Added, newPorts(ch.Changed)) {
+		pp, err := planPort(&p.env, sp)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		return fmt.Sprintf("-f %d", k.fwmark)
+		s.put = append(s.put, pp)
+		leaving[sp.Key] = true
 	}
-	return protoSwitch(k.proto) + " " + netip.AddrPortFrom(k.addr, k.port).String()
-}
-
-// String formats the virtual server as its `ipvsadm -Sn` lines.
-func (vs *VirtualServer) String() string {
-	var b strings.Builder
-	writeVirtualServer(&b, vs)
-	return b.String()
-}
-
-func protoSwitch(p servicelb.Protocol) string {
-	switch p {
-	case servicelb.TCP:
-		return "-t"
-	case servicelb.UDP:
-		return "-u"
-	case servicelb.SCTP:
-		return "--sctp-service"
+	if err := joinErrs(errs); err != nil {
+		return nil, err
 	}
-	return fmt.Sprintf("--protocol-%s", p)
+	marks := p.marks
+	if units, changed := p.nextUnits(leaving, s.put); changed {
+		var err error
+		if marks, err = p.env.space.allocate(slices.Collect(maps.Keys(units))); err != nil {
+			return nil, err
+		}
+		s.units, s.marks = units, marks
+		s.put = append(s.put, p.remarked(leaving, units, marks)...)
+	}
+	claimed := map[vsKey]servicelb.ServicePortKey{}
+	for _, pp := range s.put {
+		pp.realize(&p.env, marks)
+		if err := p.checkFree(pp, leaving); err != nil {
+			return nil, err
+		}
+		for _, vs := range pp.allServers() {
+			if o, ok := claimed[vs.key()]; ok {
+				return nil, conflict(vs.key(), pp.key(), o)
+			}
+			claimed[vs.key()] = pp.key()
+		}
+	}
+	s.drop = slices.SortedFunc(maps.Keys(leaving), servicelb.ServicePortKey.Compare)
+	return s, nil
 }
 
-// sameService reports whether two virtual servers have the same settings,
-// real servers aside.
-func sameService(a, b *VirtualServer) bool {
-	return a.Scheduler == b.Scheduler && a.Persistence == b.Persistence && a.HashPort == b.HashPort
+// nextUnits returns the marks needed once the leaving ports are replaced
+// by put, and whether they differ from the plan's.
+func (p *statePlan) nextUnits(leaving map[servicelb.ServicePortKey]bool, put []*portPlan) (map[markUnit]servicelb.ServicePortKey, bool) {
+	var before, after []markUnit
+	for k := range leaving {
+		if pp := p.ports[k]; pp != nil {
+			before = append(before, pp.units...)
+		}
+	}
+	for _, pp := range put {
+		after = append(after, pp.units...)
+	}
+	slices.SortFunc(before, compareUnits)
+	slices.SortFunc(after, compareUnits)
+	if slices.Equal(before, after) {
+		return p.units, false
+	}
+	units := maps.Clone(p.units)
+	for _, u := range before {
+		delete(units, u)
+	}
+	for _, pp := range put {
+		for _, u := range pp.units {
+			units[u] = pp.key()
+		}
+	}
+	return units, true
 }
 
-// realIndex returns the real server of vs at addr and port, or -1.
-func (vs *VirtualServer) realIndex(ap netip.AddrPort) int {
-	return slices.IndexFunc(vs.Real, func(r RealServer) bool { return r.AddrPort() == ap })
+// remarked returns new plans for the ports that stay but whose marks
+// moved, and counts them as leaving.
+func (p *statePlan) remarked(leaving map[servicelb.ServicePortKey]bool, units map[markUnit]servicelb.ServicePortKey, marks map[markUnit]uint32) []*portPlan {
+	moved := map[servicelb.ServicePortKey]bool{}
+	for u, m := range marks {
+		if old, ok := p.marks[u]; ok && old != m && !leaving[units[u]] {
+			moved[units[u]] = true
+		}
+	}
+	var out []*portPlan
+	for _, k := range slices.SortedFunc(maps.Keys(moved), servicelb.ServicePortKey.Compare) {
+		pp := *p.ports[k]
+		out = append(out, &pp)
+		leaving[k] = true
+	}
+	return out
 }
 
-func compareReal(a, b RealServer) int {
-	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+// commit makes the plan the one after the step.
+func (p *statePlan) commit(s *planStep) {
+	for _, k := range s.drop {
+		p.remove(k)
+	}
+	for _, pp := range s.put {
+		p.add(pp)
+	}
+	if s.units != nil {
+		p.units, p.marks = s.units, s.marks
+	}
 }
 
-// clone returns a deep copy.
-func (vs *VirtualServer) clone() *VirtualServer {
-	c := *vs
-	c.Real = slices.Clone(vs.Real)
-	return &c
+func newPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
+	out := make([]*servicelb.ServicePort, len(cs))
+	for i, c := range cs {
+		out[i] = c.New
+	}
+	return out
+}
+
+// ruleSlot names the rules of one port in one keyed chain: FROM-POD
+// (chain 0) or FROM-NODE (chain 1) of a family.
+type ruleSlot struct {
+	family servicelb.Family
+	chain  int
+	key    string
+}
+
+// originChain returns the index of the chain of an origin's steers.
+func originChain(o servicelb.Origin) int {
+	if o == servicelb.FromPod {
+		return 0
+	}
+	return 1
+}
+
+// delta is a change to the kernel: the virtual servers to make match their
+// plan (nil meaning delete), the set entries to add and delete, and the
+// rules of ports in the keyed chains to replace (none meaning remove).
+type delta struct {
+	servers  map[vsKey]*VirtualServer
+	add, del []setEntry
+	rules    map[ruleSlot][]xtables.Rule
+	// full makes the kernel match a whole plan: every address and rule
+	// not wanted goes.
+	full bool
+	// read is set when the kernel's virtual servers were just read, so
+	// that every foreign one is known.
+	read bool
+	// owner names the service port each virtual server added serves.
+	owner map[vsKey]servicelb.ServicePortKey
+}
+
+// stepDelta returns what the kernel must change for a step of the plan,
+// before the step is committed.
+func (p *statePlan) stepDelta(s *planStep) *delta {
+	d := &delta{servers: map[vsKey]*VirtualServer{}, rules: map[ruleSlot][]xtables.Rule{},
+		owner: map[vsKey]servicelb.ServicePortKey{}}
+	counts := map[setEntry]int{}
+	slot := func(pp *portPlan, i int) ruleSlot { return ruleSlot{pp.sp.Family, i, pp.key().String()} }
+	for _, k := range s.drop {
+		pp := p.ports[k]
+		if pp == nil {
+			continue
+		}
+		for _, vs := range pp.allServers() {
+			d.servers[vs.key()] = nil
+		}
+		for _, e := range pp.entries {
+			counts[e]--
+		}
+		for i, rs := range pp.rules {
+			if len(rs) > 0 {
+				d.rules[slot(pp, i)] = nil
+			}
+		}
+	}
+	for _, pp := range s.put {
+		for _, vs := range pp.allServers() {
+			d.servers[vs.key()] = vs
+			d.owner[vs.key()] = pp.key()
+		}
+		for _, e := range pp.entries {
+			counts[e]++
+		}
+		for i, rs := range pp.rules {
+			if _, gone := d.rules[slot(pp, i)]; gone || len(rs) > 0 {
+				d.rules[slot(pp, i)] = rs
+			}
+		}
+	}
+	for e, c := range counts {
+		switch before, after := p.entries[e], p.entries[e]+c; {
+		case before == 0 && after > 0:
+			d.add = append(d.add, e)
+		case before > 0 && after == 0:
+			d.del = append(d.del, e)
+		}
+	}
+	slices.SortFunc(d.add, compareEntries)
+	slices.SortFunc(d.del, compareEntries)
+	return d
 }
