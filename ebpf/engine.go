@@ -15,9 +15,9 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// kernel is the Proxier's side of internal/syncer's Engine: what its
+// engine is the Proxier's side of internal/syncer's Engine: what its
 // maps hold and how to change them. The Engine calls it with p.mu held.
-type kernel Proxier
+type engine Proxier
 
 // Check reports what can be known of the kernel without a syscall: a
 // change of endpoints is map writes, which are right whatever else
@@ -25,13 +25,13 @@ type kernel Proxier
 // looks at nothing else and costs its writes alone. Verify, run by every
 // sync of an unchanged state (a caller's periodic sync) and at most every
 // VerifyInterval by the others, checks the hooks, the pins and the maps.
-func (k *kernel) Check(context.Context) (bool, error) {
+func (k *engine) Check(context.Context) (bool, error) {
 	return true, nil
 }
 
 // hooked reports whether every hook is still attached to the cgroup: one
 // syscall a hook.
-func (k *kernel) hooked() bool {
+func (k *engine) hooked() bool {
 	for i, l := range k.links {
 		if l == nil || !(*Proxier)(k).attached(l, hooks[i]) {
 			k.log.Info("hook detached by someone else", "hook", hooks[i].name)
@@ -43,7 +43,7 @@ func (k *kernel) hooked() bool {
 
 // pinned reports whether, with a PinPath, every map and link is pinned
 // there.
-func (k *kernel) pinned() bool {
+func (k *engine) pinned() bool {
 	if k.opts.PinPath == "" {
 		return true
 	}
@@ -76,7 +76,7 @@ func (p *Proxier) attached(l link.Link, h hook) bool {
 
 // Verify checks the hooks and the pins, then reads the maps back and
 // compares every entry with the model.
-func (k *kernel) Verify(context.Context) (bool, error) {
+func (k *engine) Verify(context.Context) (bool, error) {
 	if !k.hooked() || !k.pinned() {
 		return false, nil
 	}
@@ -95,7 +95,7 @@ func (k *kernel) Verify(context.Context) (bool, error) {
 // Write makes the maps hold st, adopting the sets it finds in them (by
 // name, with their slots, so that nothing moves that need not), then
 // attaches the hooks, or gives adopted links this process's programs.
-func (k *kernel) Write(_ context.Context, st *servicelb.State) error {
+func (k *engine) Write(_ context.Context, st *servicelb.State) error {
 	p := (*Proxier)(k)
 	found, err := k.maps.read()
 	if err != nil {
@@ -214,7 +214,7 @@ func (p *Proxier) pinLink(l link.Link, h hook) error {
 }
 
 // Apply writes what the changed service ports need, and nothing else.
-func (k *kernel) Apply(_ context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+func (k *engine) Apply(_ context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
 	s, err := k.model.plan(st, ch, &k.caps)
 	if err != nil {
 		return false, err

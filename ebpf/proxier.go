@@ -120,7 +120,7 @@ func newProxier(o Options) (*Proxier, error) {
 		p.mapDir = filepath.Join(o.PinPath, mapDirPrefix+layoutName(p.specs))
 	}
 	p.caps = capabilities(o.Packets)
-	p.eng = syncer.New((*kernel)(p), syncer.Options{Name: "ebpf", Logger: p.log, VerifyInterval: o.VerifyInterval,
+	p.eng = syncer.New((*engine)(p), syncer.Options{Name: "ebpf", Logger: p.log, VerifyInterval: o.VerifyInterval,
 		Capabilities: p.caps, Cleaner: (*staleSockets)(p)})
 	return p, nil
 }

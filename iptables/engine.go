@@ -11,14 +11,14 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// kernel is the Proxier's side of internal/syncer's Engine: its chains and
+// engine is the Proxier's side of internal/syncer's Engine: its chains and
 // rules and how to change them. The Engine calls it with px.mu held.
-type kernel Proxier
+type engine Proxier
 
 // Check reports cheaply whether the tables still hold the Proxier's
 // chains and jumps: when another writer committed, by the tables' object
 // counts and the rules of the builtin chains.
-func (k *kernel) Check(ctx context.Context) (bool, error) {
+func (k *engine) Check(ctx context.Context) (bool, error) {
 	if !k.ap.Loaded() {
 		return false, nil
 	}
@@ -27,7 +27,7 @@ func (k *kernel) Check(ctx context.Context) (bool, error) {
 
 // Verify reads every chain the Proxier owns back and compares its rules
 // with the state last applied.
-func (k *kernel) Verify(ctx context.Context) (bool, error) {
+func (k *engine) Verify(ctx context.Context) (bool, error) {
 	want, err := (*Proxier)(k).content(k.eng.Applied())
 	if err != nil {
 		return false, err
@@ -37,7 +37,7 @@ func (k *kernel) Verify(ctx context.Context) (bool, error) {
 
 // Write makes the tables hold st, sending only what differs from what
 // they hold.
-func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
+func (k *engine) Write(ctx context.Context, st *servicelb.State) error {
 	px := (*Proxier)(k)
 	if err := px.checkPorts(st.Ports()...); err != nil {
 		return err
@@ -60,7 +60,7 @@ func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 // Apply applies the changes in one batch; a node change rewrites the
 // whole state. A batch refused because another writer committed in
 // between is tried again by the Engine, after a cheap check.
-func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+func (k *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
 	px := (*Proxier)(k)
 	if err := px.checkChanges(ch); err != nil {
 		return false, err

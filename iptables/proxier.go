@@ -95,7 +95,7 @@ func New(o Options) (*Proxier, error) {
 	if px.opts.Conntrack != nil {
 		eo.Cleaner = px.opts.Conntrack
 	}
-	px.eng = syncer.New((*kernel)(px), eo)
+	px.eng = syncer.New((*engine)(px), eo)
 	return px, nil
 }
 

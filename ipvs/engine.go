@@ -42,13 +42,13 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.Sync
 // writes counts the changes sent to the kernel so far.
 func (p *Proxier) writes() int { return p.k.writes + p.sets.writes + p.ruleWrites }
 
-// engineSide is the Proxier's side of internal/syncer's Engine. The
+// engine is the Proxier's side of internal/syncer's Engine. The
 // Engine calls it with p.mu held.
-type engineSide Proxier
+type engine Proxier
 
 // Check looks up the dummy link and reads the helper rules' generation;
 // helper rules someone changed are restored at once.
-func (e *engineSide) Check(ctx context.Context) (bool, error) {
+func (e *engine) Check(ctx context.Context) (bool, error) {
 	p := (*Proxier)(e)
 	if p.plan == nil {
 		return false, nil
@@ -59,19 +59,19 @@ func (e *engineSide) Check(ctx context.Context) (bool, error) {
 // Verify also reads the link's addresses, the virtual servers with their
 // real servers and the sets' headers: reads in proportion to the
 // services, nothing sent.
-func (e *engineSide) Verify(ctx context.Context) (bool, error) {
+func (e *engine) Verify(ctx context.Context) (bool, error) {
 	return (*Proxier)(e).check(ctx, true)
 }
 
 // Write reads the kernel and converges on st.
-func (e *engineSide) Write(ctx context.Context, st *servicelb.State) error {
+func (e *engine) Write(ctx context.Context, st *servicelb.State) error {
 	p := (*Proxier)(e)
 	p.forget()
 	return p.syncFull(ctx, st)
 }
 
 // Apply applies the changes; a node change converges in full.
-func (e *engineSide) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+func (e *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
 	if ch.NodeChanged {
 		return true, e.Write(ctx, st)
 	}

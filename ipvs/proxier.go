@@ -182,7 +182,7 @@ func open(o Options, ns, at netns.NsHandle) (*Proxier, error) {
 	if p.cleaner != nil {
 		eo.Cleaner = p.cleaner
 	}
-	p.eng = syncer.New((*engineSide)(p), eo)
+	p.eng = syncer.New((*engine)(p), eo)
 	return p, nil
 }
 

@@ -11,9 +11,9 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// kernel is the Proxier's side of internal/syncer's Engine: what its
+// engine is the Proxier's side of internal/syncer's Engine: what its
 // table holds and how to change it. The Engine calls it with p.mu held.
-type kernel Proxier
+type engine Proxier
 
 // Check reports cheaply whether the table still holds what the Proxier
 // wrote. After a commit of the Proxier's own that nobody else's followed
@@ -24,7 +24,7 @@ type kernel Proxier
 // it holds, which a foreign commit anywhere else leaves as they were, and
 // the rules of the node's few fixed chains (the base chains and the
 // dispatch chain), which a flush of the table empties.
-func (k *kernel) Check(ctx context.Context) (bool, error) {
+func (k *engine) Check(ctx context.Context) (bool, error) {
 	k.presumed = k.genOK
 	if k.genOK {
 		return true, nil
@@ -65,7 +65,7 @@ func (k *kernel) Check(ctx context.Context) (bool, error) {
 // Verify reads the table back and compares every chain, rule, set and
 // element with the model; it reads nothing when nobody committed since
 // the last verify that found the table whole.
-func (k *kernel) Verify(ctx context.Context) (bool, error) {
+func (k *engine) Verify(ctx context.Context) (bool, error) {
 	g, err := k.conn.Generation(ctx)
 	if err != nil {
 		return false, err
@@ -87,7 +87,7 @@ func (k *kernel) Verify(ctx context.Context) (bool, error) {
 
 // Write replaces the table's content with st's in one transaction,
 // adopting whatever table of that name exists.
-func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
+func (k *engine) Write(ctx context.Context, st *servicelb.State) error {
 	next, err := k.plan.build(st)
 	if err != nil {
 		return err
@@ -105,7 +105,7 @@ func (k *kernel) Write(ctx context.Context, st *servicelb.State) error {
 }
 
 // Apply writes what the changed service ports need, in one transaction.
-func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
+func (k *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) (bool, error) {
 	s, err := k.plan.plan(k.model, ch, st)
 	if err != nil {
 		return false, err
@@ -146,7 +146,7 @@ func (k *kernel) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 // Proxier left it (genOK), b requires the generation to be still the one
 // it was left at: if anyone committed since, the kernel refuses b with
 // ErrGenerationChanged, which the sync retries after a check.
-func (k *kernel) commit(ctx context.Context, b *nfnl.Batch, objects bool) error {
+func (k *engine) commit(ctx context.Context, b *nfnl.Batch, objects bool) error {
 	if b.Len() == 0 {
 		return nil
 	}

@@ -116,7 +116,7 @@ func (p *Proxier) newEngine() {
 	if !p.opts.NoConntrackCleanup && p.opts.Conntrack != nil {
 		o.Cleaner = p.opts.Conntrack
 	}
-	p.eng = syncer.New((*kernel)(p), o)
+	p.eng = syncer.New((*engine)(p), o)
 }
 
 // Close releases the netlink socket. It leaves the table in place (see
