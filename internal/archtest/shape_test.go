@@ -1,11 +1,14 @@
 package archtest
 
 import (
+	"go/ast"
 	"go/importer"
+	"go/parser"
 	"go/token"
 	"go/types"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -16,7 +19,9 @@ import (
 // TestBackendsHaveOneShape: every backend package offers the same entry
 // points with the same signatures (New, ForRendering, Probe and Render,
 // all of its Options), and its *Proxier is a servicelb.Proxier and a
-// Renderer, so that an agent handles any backend one way.
+// Renderer, so that an agent handles any backend one way; and its
+// adapter for internal/syncer's Engine is the type engine, so that a
+// maintainer finds the same step under one name in each.
 func TestBackendsHaveOneShape(t *testing.T) {
 	pkgs := listExports(t, backendPackages)
 	exports := map[string]string{}
@@ -28,6 +33,9 @@ func TestBackendsHaveOneShape(t *testing.T) {
 	require.NoError(t, err)
 	proxier := slb.Scope().Lookup("Proxier").Type().Underlying().(*types.Interface)
 	renderer := slb.Scope().Lookup("Renderer").Type().Underlying().(*types.Interface)
+	syncer, err := imp.Import(module + "/internal/syncer")
+	require.NoError(t, err)
+	backend := syncer.Scope().Lookup("Backend").Type().Underlying().(*types.Interface)
 	want := map[string]string{
 		"New":          "(Options) (*Proxier, error)",
 		"ForRendering": "(Options) (*Proxier, error)",
@@ -50,6 +58,11 @@ func TestBackendsHaveOneShape(t *testing.T) {
 		px := types.NewPointer(pkg.Scope().Lookup("Proxier").Type())
 		assert.True(t, types.Implements(px, proxier), "%s.Proxier is no servicelb.Proxier", pkg.Name())
 		assert.True(t, types.Implements(px, renderer), "%s.Proxier is no servicelb.Renderer", pkg.Name())
+		src := typeCheck(t, p, imp)
+		eng, ok := src.Scope().Lookup("engine").(*types.TypeName)
+		if assert.True(t, ok, "%s has no type engine, the adapter internal/syncer drives", pkg.Name()) {
+			assert.True(t, types.Implements(types.NewPointer(eng.Type()), backend), "%s's *engine is no syncer.Backend", pkg.Name())
+		}
 	}
 }
 
@@ -78,4 +91,20 @@ func signature(sig *types.Signature, pkg *types.Package) string {
 		s += " (" + strings.Join(res, ", ") + ")"
 	}
 	return s
+}
+
+// typeCheck type-checks a listed package from its source, unexported
+// declarations included, with imp for its imports.
+func typeCheck(t *testing.T, p listed, imp types.Importer) *types.Package {
+	t.Helper()
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range p.GoFiles {
+		f, err := parser.ParseFile(fset, filepath.Join(p.Dir, name), nil, 0)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
+	pkg, err := (&types.Config{Importer: imp}).Check(p.ImportPath, fset, files, nil)
+	require.NoError(t, err, "type-check %s", p.ImportPath)
+	return pkg
 }
