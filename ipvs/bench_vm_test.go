@@ -68,7 +68,7 @@ func benchColdSync(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	o, _ := Options{}.withDefaults()
-	plan, err := planState(st, &o)
+	plan, err := buildModel(st, &o)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -50,7 +50,7 @@ type engine Proxier
 // helper rules someone changed are restored at once.
 func (e *engine) Check(ctx context.Context) (bool, error) {
 	p := (*Proxier)(e)
-	if p.plan == nil {
+	if p.model == nil {
 		return false, nil
 	}
 	return p.check(ctx, false)
@@ -82,11 +82,11 @@ func (e *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 // unless its state is known. Nothing changes until the plan has passed
 // every check.
 func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
-	plan, err := planState(st, &p.opts)
+	plan, err := buildModel(st, &p.opts)
 	if err != nil {
 		return err
 	}
-	read := p.plan == nil
+	read := p.model == nil
 	if read {
 		foreign, err := p.readKernel(ctx)
 		if err != nil {
@@ -110,12 +110,12 @@ func (p *Proxier) syncFull(ctx context.Context, st *servicelb.State) error {
 		p.forget()
 		return err
 	}
-	p.plan = plan
+	p.model = plan
 	return nil
 }
 
 // fullDelta returns the delta from what the kernel holds to plan.
-func (p *Proxier) fullDelta(plan *statePlan, read bool) *delta {
+func (p *Proxier) fullDelta(plan *model, read bool) *delta {
 	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read, owner: plan.owner}
 	for k := range p.kern {
 		d.servers[k] = nil
@@ -154,7 +154,7 @@ func (p *Proxier) prepare(ctx context.Context, read bool) error {
 
 // checkForeign refuses a plan that needs a virtual server someone else
 // owns.
-func checkForeign(plan *statePlan, foreign map[vsKey]bool) error {
+func checkForeign(plan *model, foreign map[vsKey]bool) error {
 	var errs []error
 	for _, k := range sortedKeys(plan.servers) {
 		if foreign[k] {
@@ -178,11 +178,11 @@ func foreignServer(k vsKey, owner servicelb.ServicePortKey, why string) error {
 
 // syncChanges applies the changes from the applied state to st.
 func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *servicelb.Changes) error {
-	s, err := p.plan.step(ch)
+	s, err := p.model.plan(ch)
 	if err != nil {
 		return err
 	}
-	d := p.plan.stepDelta(s)
+	d := p.model.delta(s)
 	if err := p.checkNew(ctx, d); err != nil {
 		return err
 	}
@@ -190,7 +190,7 @@ func (p *Proxier) syncChanges(ctx context.Context, st *servicelb.State, ch *serv
 		p.forget()
 		return err
 	}
-	p.plan.commit(s)
+	p.model.commit(s)
 	return nil
 }
 
@@ -216,14 +216,14 @@ func (p *Proxier) check(ctx context.Context, thorough bool) (bool, error) {
 	if !ok {
 		p.log.Info("helper rules changed by someone else; restoring them")
 		node := p.eng.Applied().Node()
-		return true, p.reconcileRules(ctx, &node, p.plan)
+		return true, p.reconcileRules(ctx, &node, p.model)
 	}
 	return true, nil
 }
 
 // reconcileRules makes the helper rules match the node and the plan's
 // steers, sending what differs.
-func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig, plan *statePlan) error {
+func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig, plan *model) error {
 	index := func(id string) uint16 { return p.sets.index[id] }
 	stats, err := p.rules.Reconcile(ctx, allRules(&p.opts, node, index, plan))
 	p.ruleWrites += stats.Messages

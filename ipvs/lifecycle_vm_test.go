@@ -388,7 +388,7 @@ func TestOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	render := func(st *servicelb.State) []*VirtualServer {
-		p, err := planState(st, &e.p.opts)
+		p, err := buildModel(st, &e.p.opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,11 +10,11 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// planStep is how a plan changes with a servicelb.Changes, computed
+// step is how the model changes with a servicelb.Changes, computed
 // without changing the plan: the ports it drops, the ports it plans anew
 // (the added and changed ones, and those whose marks moved), and the
 // marks after it (nil units when they stay as they are).
-type planStep struct {
+type step struct {
 	drop  []servicelb.ServicePortKey
 	put   []*portPlan
 	units map[markUnit]servicelb.ServicePortKey
@@ -23,8 +23,8 @@ type planStep struct {
 
 // step plans the ports that changed. It fails, changing nothing, when a
 // port cannot be planned.
-func (p *statePlan) step(ch *servicelb.Changes) (*planStep, error) {
-	s := &planStep{}
+func (p *model) plan(ch *servicelb.Changes) (*step, error) {
+	s := &step{}
 	leaving := map[servicelb.ServicePortKey]bool{}
 	for _, sp := range ch.Removed {
 		leaving[sp.Key] = true
@@ -70,7 +70,7 @@ func (p *statePlan) step(ch *servicelb.Changes) (*planStep, error) {
 
 // nextUnits returns the marks needed once the leaving ports are replaced
 // by put, and whether they differ from the plan's.
-func (p *statePlan) nextUnits(leaving map[servicelb.ServicePortKey]bool, put []*portPlan) (map[markUnit]servicelb.ServicePortKey, bool) {
+func (p *model) nextUnits(leaving map[servicelb.ServicePortKey]bool, put []*portPlan) (map[markUnit]servicelb.ServicePortKey, bool) {
 	var before, after []markUnit
 	for k := range leaving {
 		if pp := p.ports[k]; pp != nil {
@@ -99,7 +99,7 @@ func (p *statePlan) nextUnits(leaving map[servicelb.ServicePortKey]bool, put []*
 
 // remarked returns new plans for the ports that stay but whose marks
 // moved, and counts them as leaving.
-func (p *statePlan) remarked(leaving map[servicelb.ServicePortKey]bool, units map[markUnit]servicelb.ServicePortKey, marks map[markUnit]uint32) []*portPlan {
+func (p *model) remarked(leaving map[servicelb.ServicePortKey]bool, units map[markUnit]servicelb.ServicePortKey, marks map[markUnit]uint32) []*portPlan {
 	moved := map[servicelb.ServicePortKey]bool{}
 	for u, m := range marks {
 		if old, ok := p.marks[u]; ok && old != m && !leaving[units[u]] {
@@ -116,7 +116,7 @@ func (p *statePlan) remarked(leaving map[servicelb.ServicePortKey]bool, units ma
 }
 
 // commit makes the plan the one after the step.
-func (p *statePlan) commit(s *planStep) {
+func (p *model) commit(s *step) {
 	for _, k := range s.drop {
 		p.remove(k)
 	}
@@ -169,9 +169,9 @@ type delta struct {
 	owner map[vsKey]servicelb.ServicePortKey
 }
 
-// stepDelta returns what the kernel must change for a step of the plan,
+// delta returns what the kernel must change for a step of the plan,
 // before the step is committed.
-func (p *statePlan) stepDelta(s *planStep) *delta {
+func (p *model) delta(s *step) *delta {
 	d := &delta{servers: map[vsKey]*VirtualServer{}, rules: map[ruleSlot][]xtables.Rule{},
 		owner: map[vsKey]servicelb.ServicePortKey{}}
 	counts := map[setEntry]int{}

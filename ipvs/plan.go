@@ -256,8 +256,9 @@ func realServers(bs []servicelb.Backend) []RealServer {
 	return out
 }
 
-// statePlan is what a whole State asks of the kernel.
-type statePlan struct {
+// model is what a whole State asks of the kernel: the plan of each of
+// its service ports. The Proxier keeps the one it applied.
+type model struct {
 	env     planEnv
 	ports   map[servicelb.ServicePortKey]*portPlan
 	servers map[vsKey]*VirtualServer
@@ -270,21 +271,21 @@ type statePlan struct {
 	marks map[markUnit]uint32
 }
 
-func newStatePlan(env planEnv) *statePlan {
-	return &statePlan{env: env, ports: map[servicelb.ServicePortKey]*portPlan{},
+func newModel(env planEnv) *model {
+	return &model{env: env, ports: map[servicelb.ServicePortKey]*portPlan{},
 		servers: map[vsKey]*VirtualServer{}, owner: map[vsKey]servicelb.ServicePortKey{},
 		entries: map[setEntry]int{}, units: map[markUnit]servicelb.ServicePortKey{}, marks: map[markUnit]uint32{}}
 }
 
-// planState plans every service port of st. It fails, with every mistake
+// buildModel plans every service port of st. It fails, with every mistake
 // joined, when a port asks for something the proxier cannot do.
-func planState(st *servicelb.State, o *Options) (*statePlan, error) {
+func buildModel(st *servicelb.State, o *Options) (*model, error) {
 	node := st.Node()
 	env, err := newPlanEnv(&node, o)
 	if err != nil {
 		return nil, err
 	}
-	p := newStatePlan(env)
+	p := newModel(env)
 	var pps []*portPlan
 	var errs []error
 	for _, sp := range st.Ports() {
@@ -317,7 +318,7 @@ func planState(st *servicelb.State, o *Options) (*statePlan, error) {
 // checkFree refuses a port's plan that needs a virtual server another
 // port keeps (one not leaving). servicelb gives each frontend to one
 // port, so this only guards that promise.
-func (p *statePlan) checkFree(pp *portPlan, leaving map[servicelb.ServicePortKey]bool) error {
+func (p *model) checkFree(pp *portPlan, leaving map[servicelb.ServicePortKey]bool) error {
 	for _, vs := range pp.allServers() {
 		if o, ok := p.owner[vs.key()]; ok && o != pp.key() && !leaving[o] {
 			return conflict(vs.key(), pp.key(), o)
@@ -331,7 +332,7 @@ func conflict(k vsKey, a, b servicelb.ServicePortKey) error {
 }
 
 // add records a port's plan.
-func (p *statePlan) add(pp *portPlan) {
+func (p *model) add(pp *portPlan) {
 	p.ports[pp.key()] = pp
 	for _, vs := range pp.allServers() {
 		p.servers[vs.key()] = vs
@@ -343,7 +344,7 @@ func (p *statePlan) add(pp *portPlan) {
 }
 
 // remove forgets a port's plan.
-func (p *statePlan) remove(k servicelb.ServicePortKey) {
+func (p *model) remove(k servicelb.ServicePortKey) {
 	pp := p.ports[k]
 	if pp == nil {
 		return
@@ -364,7 +365,7 @@ func (p *statePlan) remove(k servicelb.ServicePortKey) {
 
 // addresses returns the addresses the plan puts on the dummy link: those
 // of its address virtual servers that are not node addresses, sorted.
-func (p *statePlan) addresses() []netip.Addr {
+func (p *model) addresses() []netip.Addr {
 	set := map[netip.Addr]bool{}
 	for k := range p.servers {
 		if k.fwmark == 0 && !p.env.nodeIPs[k.addr] {

@@ -235,7 +235,7 @@ func TestFrontendClashServed(t *testing.T) {
 		Ports: []servicelb.Port{{Protocol: tcp, Port: 80, NodePort: 30080}}, Endpoints: []servicelb.Endpoint{ep("10.244.2.2", "node-b")},
 	}
 	o, _ := Options{}.withDefaults()
-	p, err := planState(mustState(t, testNode(), ext, np), &o)
+	p, err := buildModel(mustState(t, testNode(), ext, np), &o)
 	require.NoError(t, err)
 	k := vsKey{addr: a("198.51.100.1"), proto: tcp, port: 30080}
 	require.Equal(t, "default/ext", p.owner[k].Service)
@@ -338,7 +338,7 @@ func TestSteersOnlyWhereVerdictsDiffer(t *testing.T) {
 		// The LB IP, the external IP and one node address serving node ports.
 		servicelb.PolicyLocal: {3, 3},
 	} {
-		p, err := planState(mustState(t, testNode(), svc(policy)), &o)
+		p, err := buildModel(mustState(t, testNode(), svc(policy)), &o)
 		require.NoError(t, err)
 		steers := p.steerRules(servicelb.IPv4)
 		require.Equal(t, want, [2]int{len(steers[0]["default/lb:/ipv4"]), len(steers[1]["default/lb:/ipv4"])}, "policy %s", policy)

@@ -43,7 +43,7 @@ type Proxier struct {
 	// plan is the plan of the state last applied: what the kernel holds;
 	// nil means the next sync reads the kernel and converges from what it
 	// finds.
-	plan *statePlan
+	model *model
 	// link is the dummy link as last seen; its Index is 0 when unknown
 	// or missing.
 	link rtnl.Link
@@ -263,7 +263,7 @@ func (p *Proxier) errIf() error {
 
 // forget makes the next Sync read the kernel again.
 func (p *Proxier) forget() {
-	p.plan, p.link = nil, rtnl.Link{}
+	p.model, p.link = nil, rtnl.Link{}
 }
 
 // Cleanup removes everything the proxier owns: its virtual servers (those

@@ -26,7 +26,7 @@ type mirror struct {
 }
 
 // mirrorOf returns the kernel a full sync of p leaves.
-func mirrorOf(p *statePlan) *mirror {
+func mirrorOf(p *model) *mirror {
 	m := &mirror{servers: map[vsKey]*VirtualServer{}, entries: map[setEntry]bool{}, rules: map[ruleSlot][]xtables.Rule{}}
 	for k, vs := range p.servers {
 		m.servers[k] = vs.clone()
@@ -92,7 +92,7 @@ func xtFamily(f servicelb.Family) xtables.Family { return ruleNames{f: f}.family
 
 // planText renders what a plan holds: its mirror, the counts of the set
 // entries, the owners of the virtual servers and the marks.
-func planText(p *statePlan) string {
+func planText(p *model) string {
 	var b strings.Builder
 	b.WriteString(mirrorOf(p).text())
 	for _, e := range slices.SortedFunc(maps.Keys(p.entries), compareEntries) {
@@ -174,14 +174,14 @@ func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 	b, err := servicelb.NewBuilder(g.Node())
 	require.NoError(t, err)
 	applied := b.State()
-	plan, err := planState(applied, o)
+	plan, err := buildModel(applied, o)
 	require.NoError(t, err)
 	m := mirrorOf(plan)
 	for i := range n {
 		_, err := g.Step(b)
 		require.NoError(t, err, "step %d", i)
 		next := b.State()
-		fresh, ferr := planState(next, o)
+		fresh, ferr := buildModel(next, o)
 		ch := servicelb.Diff(applied, next)
 		if ch.NodeChanged {
 			if ferr == nil {
@@ -189,13 +189,13 @@ func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 			}
 			continue
 		}
-		s, err := plan.step(&ch)
+		s, err := plan.plan(&ch)
 		require.Equal(t, ferr == nil, err == nil, "step %d: incremental error %v, fresh error %v", i, err, ferr)
 		if err != nil {
 			w.refused++
 			continue
 		}
-		m.apply(plan.stepDelta(s))
+		m.apply(plan.delta(s))
 		if s.units != nil {
 			w.moved += len(s.put) - len(ch.Added) - len(ch.Changed)
 		}

@@ -28,7 +28,7 @@ func Render(st *servicelb.State, o Options) (string, error) {
 	if err := caps.CheckNode(&node); err != nil {
 		return "", err
 	}
-	p, err := planState(st, &o)
+	p, err := buildModel(st, &o)
 	if err != nil {
 		return "", err
 	}
@@ -80,7 +80,7 @@ func ipsetFamily(f servicelb.Family) string {
 
 // renderRules formats one family's helper rules as iptables-nft-save
 // prints them in a namespace where they are the only rules.
-func renderRules(n ruleNames, node *servicelb.NodeConfig, p *statePlan) string {
+func renderRules(n ruleNames, node *servicelb.NodeConfig, p *model) string {
 	tables := planRules(n, node, p.steerRules(n.f))
 	var b []byte
 	for _, name := range []xtables.TableName{xtables.NAT, xtables.Filter, xtables.Mangle} {

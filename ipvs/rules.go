@@ -205,7 +205,7 @@ func invert(s xtables.Set) xtables.Set {
 
 // steerRules returns the rules of the plan's ports of family f in the
 // keyed chains, by chain and port.
-func (p *statePlan) steerRules(f servicelb.Family) [2]map[string][]xtables.Rule {
+func (p *model) steerRules(f servicelb.Family) [2]map[string][]xtables.Rule {
 	out := [2]map[string][]xtables.Rule{{}, {}}
 	for k, pp := range p.ports {
 		if k.Family != f {
@@ -221,7 +221,7 @@ func (p *statePlan) steerRules(f servicelb.Family) [2]map[string][]xtables.Rule 
 }
 
 // allRules returns both families' helper rules.
-func allRules(o *Options, node *servicelb.NodeConfig, index func(string) uint16, p *statePlan) map[xtables.Table]*xtables.TableContent {
+func allRules(o *Options, node *servicelb.NodeConfig, index func(string) uint16, p *model) map[xtables.Table]*xtables.TableContent {
 	out := map[xtables.Table]*xtables.TableContent{}
 	for _, f := range families() {
 		for t, c := range planRules(ruleNames{o: o, f: f, index: index}, node, p.steerRules(f)) {
