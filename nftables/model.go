@@ -242,3 +242,89 @@ func (m *model) sortedPorts() []*portPlan {
 	}
 	return out
 }
+
+// content is a whole table, in the order it is declared and created: sets
+// first, then chains. Each set's elements come in an order the kernel
+// accepts: every owner's intervals in ascending order. A verify and Render
+// make it; a write streams the same table into its batch without holding
+// it whole (planner.write).
+type content struct {
+	sets []setDef
+	// elems holds each set's elements as the parts their owners hold
+	// (the node, each port, the shared elements).
+	elems  map[setID][]elemPart
+	chains []chainPlan
+	// owners holds the owner of each chain of chains, by index: the key
+	// of its service port, or nil for the node's.
+	owners []any
+}
+
+// elemPart is the elements of one set that one owner holds: a service
+// port (its key), or nil for the node and the elements ports share. A
+// batch that writes them says whose they are (nfnl.Batch.SetOwner), so
+// that a refusal of the kernel is traced to its service port.
+type elemPart struct {
+	owner any
+	es    []elem
+}
+
+// setDefs returns the definitions of the model's sets: the fixed ones,
+// then the backends maps its ports read.
+func (p *planner) setDefs(m *model) []setDef {
+	var defs []setDef
+	for _, f := range families {
+		defs = append(defs, fixedSets(p.table, f, p.affinitySize)...)
+	}
+	for _, s := range slices.Sorted(maps.Keys(m.shards)) {
+		defs = append(defs, backendsDef(p.table, s))
+	}
+	return defs
+}
+
+func (p *planner) content(m *model) *content {
+	c := &content{elems: map[setID][]elemPart{}, sets: p.setDefs(m)}
+	for set, es := range m.node.elems {
+		c.add(set, nil, es)
+	}
+	c.chains = append(c.chains, m.node.chains...)
+	c.owners = make([]any, len(c.chains), len(c.chains)+3*len(m.ports))
+	for _, pp := range m.sortedPorts() {
+		var owner any = pp.sp.Key
+		fr := p.fragment(pp, m.cfg)
+		for _, x := range fr.elems {
+			c.add(x.set, owner, x.es)
+		}
+		for _, r := range fr.backends {
+			c.add(r.set, owner, backendElems(r.slot, r.bs, bucketCounts(r.bs)))
+		}
+		c.chains = append(c.chains, fr.chains...)
+		for range fr.chains {
+			c.owners = append(c.owners, owner)
+		}
+	}
+	refs := map[setID][]elem{}
+	for k := range m.refs {
+		r := k.ref()
+		refs[r.set] = append(refs[r.set], r.elem())
+	}
+	for set, es := range refs {
+		c.add(set, nil, es)
+	}
+	return c
+}
+
+// add appends an owner's part of a set's elements.
+func (c *content) add(set setID, owner any, es []elem) {
+	if len(es) > 0 {
+		c.elems[set] = append(c.elems[set], elemPart{owner: owner, es: es})
+	}
+}
+
+// setElems returns a set's elements in one slice.
+func (c *content) setElems(set setID) []elem {
+	var out []elem
+	for _, p := range c.elems[set] {
+		out = append(out, p.es...)
+	}
+	return out
+}

@@ -149,17 +149,6 @@ func capabilities() servicelb.Capabilities {
 	}
 }
 
-// Render returns the table a Proxier with options o would write for st,
-// as nft text that `nft -f` loads. It opens no socket and needs no
-// privileges: for dry runs, and to look at a state from any machine.
-func Render(st *servicelb.State, o Options) (string, error) {
-	p, err := newProxier(o)
-	if err != nil {
-		return "", err
-	}
-	return p.Render(st)
-}
-
 // Render returns the table st would produce, as nft text that `nft -f`
 // loads. It needs no privileges and does not touch the kernel.
 func (p *Proxier) Render(st *servicelb.State) (string, error) {

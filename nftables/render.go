@@ -150,3 +150,14 @@ func rangeText(first, last netip.Addr) string {
 	}
 	return first.String() + "-" + last.String()
 }
+
+// Render returns the table a Proxier with options o would write for st,
+// as nft text that `nft -f` loads. It opens no socket and needs no
+// privileges: for dry runs, and to look at a state from any machine.
+func Render(st *servicelb.State, o Options) (string, error) {
+	p, err := newProxier(o)
+	if err != nil {
+		return "", err
+	}
+	return p.Render(st)
+}

@@ -11,71 +11,7 @@ import (
 	"slices"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
-	"github.com/kproxy-dev/kproxy/servicelb"
 )
-
-// replaceBatch builds the batch that makes the table hold exactly c,
-// whatever it holds now, in one transaction and without deleting the
-// table: an existing table (left by an earlier process, or changed by
-// someone else) is adopted. Its rules are flushed, sets whose definition
-// differs are deleted, those that match are emptied (except the affinity
-// sets, whose pins survive), chains kproxy does not want are deleted, and
-// then everything is written. Established connections keep their conntrack
-// entries, so nothing that flows is cut.
-func (p *Proxier) replaceBatch(ctx context.Context, m *model) (*nfnl.Batch, error) {
-	b := &nfnl.Batch{}
-	_, err := p.conn.Table(ctx, nfnl.Inet, p.opts.Table)
-	switch {
-	case errors.Is(err, nfnl.ErrNotExist):
-		b.AddTable(nfnl.Table{Family: nfnl.Inet, Name: p.opts.Table})
-		return b, p.plan.write(m, b)
-	case err != nil:
-		return nil, err
-	}
-	chains, err := p.conn.Chains(ctx, nfnl.Inet, p.opts.Table)
-	if err != nil {
-		return nil, err
-	}
-	sets, err := p.conn.Sets(ctx, nfnl.Inet, p.opts.Table)
-	if err != nil {
-		return nil, err
-	}
-	t := p.opts.Table
-	b.AddTable(nfnl.Table{Family: nfnl.Inet, Name: t})
-	b.FlushTable(nfnl.Inet, t)
-	want := map[string]nfnl.Set{}
-	for _, d := range p.plan.setDefs(m) {
-		want[d.set.Name] = d.set
-	}
-	for _, s := range sets {
-		w, ok := want[s.Name]
-		switch {
-		case s.Flags&nfnl.SetAnonymous != 0:
-		case !ok || !sameSet(s, w):
-			b.DelSet(nfnl.Inet, t, s.Name)
-		case !isAffinitySet(s.Name):
-			b.FlushSet(nfnl.Inet, t, s.Name)
-		}
-	}
-	hooks := map[string]*nfnl.Hook{}
-	for _, ch := range m.node.chains {
-		hooks[ch.name] = ch.hook
-	}
-	for _, pp := range m.ports {
-		chainNames(pp, func(name string) { hooks[name] = nil })
-	}
-	for _, ch := range chains {
-		h, ok := hooks[ch.Name]
-		if !ok || !sameHook(ch.Hook, h) {
-			b.DelChain(nfnl.Inet, t, ch.Name)
-		}
-	}
-	return b, p.plan.write(m, b)
-}
-
-func isAffinitySet(name string) bool {
-	return name == fixedSet(kindAffinity, servicelb.IPv4).name() || name == fixedSet(kindAffinity, servicelb.IPv6).name()
-}
 
 func sameHook(got, want *nfnl.Hook) bool {
 	if got == nil || want == nil {
