@@ -4,9 +4,7 @@ package iptables
 
 import (
 	"context"
-	"slices"
 
-	"github.com/kproxy-dev/kproxy/internal/sysctl"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -78,34 +76,4 @@ func (k *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 	}
 	k.log.Debug("committed", "ports", ch.Len(), "messages", stats.Messages, "bytes", stats.Bytes)
 	return false, nil
-}
-
-// checkChanges checks the ports that changes add or change.
-func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
-	for _, c := range ch.Changed {
-		if err := px.checkPorts(c.New); err != nil {
-			return err
-		}
-	}
-	return px.checkPorts(ch.Added...)
-}
-
-// routeLocalnet sets net.ipv4.conf.all.route_localnet in the Proxier's
-// namespace when the node serves node ports on localhost
-// (NodeConfig.ServesLocalhost): without it the kernel drops a flow from
-// 127.0.0.1 once it is translated to an endpoint on another host. It
-// never clears the setting, which others may need.
-func (px *Proxier) routeLocalnet(st *servicelb.State) error {
-	if n := st.Node(); !n.ServesLocalhost() || !slices.Contains(px.opts.Families, servicelb.IPv4) {
-		return nil
-	}
-	ns := px.opts.NetNS
-	if ns < 0 {
-		ns = 0
-	}
-	changed, err := sysctl.Apply(ns, []sysctl.Setting{{Name: "net.ipv4.conf.all.route_localnet", Value: "1"}})
-	for _, c := range changed {
-		px.log.Info("sysctl set for localhost node ports", "sysctl", c.Name, "value", c.Value, "was", c.Old)
-	}
-	return err
 }

@@ -678,3 +678,47 @@ func (p *planner) masqRules(s *portPlan) []xtables.Rule {
 	}
 	return out
 }
+
+// checkChanges checks the ports that changes add or change.
+func (px *Proxier) checkChanges(ch *servicelb.Changes) error {
+	for _, c := range ch.Changed {
+		if err := px.checkPorts(c.New); err != nil {
+			return err
+		}
+	}
+	return px.checkPorts(ch.Added...)
+}
+
+// dispatchTable returns the table and chain of a dispatch chain.
+func (p *planner) dispatchTable(d dispatch) (xtables.Table, string) {
+	c := dispatchChains[d]
+	return xtables.Table{Family: p.fam, Name: c.table}, p.n.fixed(c.chain)
+}
+
+// checkPorts reports the first service port of the Proxier's families
+// that its capabilities refuse, with servicelb's error unchanged.
+func (px *Proxier) checkPorts(ports ...*servicelb.ServicePort) error {
+	caps := px.Capabilities()
+	for _, sp := range ports {
+		if !slices.Contains(px.opts.Families, sp.Family) {
+			continue
+		}
+		if err := caps.CheckPort(sp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkNode refuses a node the Proxier's capabilities cannot serve and
+// one whose masquerade mark is the drop mark.
+func (px *Proxier) checkNode(node *servicelb.NodeConfig) error {
+	caps := px.Capabilities()
+	if err := caps.CheckNode(node); err != nil {
+		return err
+	}
+	if node.MasqueradeMark() == px.opts.dropMark() {
+		return fmt.Errorf("%w: the node's masquerade mark %#x is the drop mark", ErrInvalidOptions, px.opts.dropMark())
+	}
+	return nil
+}

@@ -37,17 +37,6 @@ var (
 	_ servicelb.Renderer = (*Proxier)(nil)
 )
 
-// Render returns the rules a Proxier with options o would write for st,
-// as Proxier.Render prints them. It opens no socket and needs no
-// privileges: for dry runs, and to look at a state from any machine.
-func Render(st *servicelb.State, o Options) (string, error) {
-	px, err := ForRendering(o)
-	if err != nil {
-		return "", err
-	}
-	return px.Render(st)
-}
-
 // ForRendering returns a Proxier that renders (Render, RenderFamily,
 // Capabilities) and opens no socket: for dry runs. It needs no
 // privileges. Its Sync and Cleanup fail with ErrRenderOnly; Close does
@@ -202,15 +191,4 @@ func (px *Proxier) RenderFamily(st *servicelb.State, f servicelb.Family) (string
 		return "", err
 	}
 	return renderFamily(want, f)
-}
-
-// renderFamily returns one family's tables as iptables-save prints them.
-func renderFamily(want map[xtables.Table]*xtables.TableContent, f servicelb.Family) (string, error) {
-	nat, filter := familyTables(f)
-	if want[nat] == nil {
-		return "", fmt.Errorf("iptables: render: family %s is not programmed", f)
-	}
-	b := xtables.AppendSaveTable(nil, nat.Family, want[filter].Text(xtables.Filter))
-	b = xtables.AppendSaveTable(b, nat.Family, want[nat].Text(xtables.NAT))
-	return string(b), nil
 }
