@@ -10,12 +10,13 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
 	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
 	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // Netmasks of a virtual server: one client is one address.

@@ -6,9 +6,10 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
 )
 
 // FuzzFromService: the conversion of a virtual server as the kernel lists

@@ -3,10 +3,12 @@
 package ipvs
 
 import (
+	"errors"
+	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 
-	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -136,86 +138,129 @@ func newPorts(cs []servicelb.PortChange) []*servicelb.ServicePort {
 	return out
 }
 
-// ruleSlot names the rules of one port in one keyed chain: FROM-POD
-// (chain 0) or FROM-NODE (chain 1) of a family.
-type ruleSlot struct {
-	family servicelb.Family
-	chain  int
-	key    string
+// model is what a whole State asks of the kernel: the plan of each of
+// its service ports. The Proxier keeps the one it applied.
+type model struct {
+	env     planEnv
+	ports   map[servicelb.ServicePortKey]*portPlan
+	servers map[vsKey]*VirtualServer
+	owner   map[vsKey]servicelb.ServicePortKey
+	// entries counts the ports that need each set entry.
+	entries map[setEntry]int
+	// units are the marks the ports need, with the port that needs each,
+	// and marks their values.
+	units map[markUnit]servicelb.ServicePortKey
+	marks map[markUnit]uint32
 }
 
-// originChain returns the index of the chain of an origin's steers.
-func originChain(o servicelb.Origin) int {
-	if o == servicelb.FromPod {
-		return 0
+func newModel(env planEnv) *model {
+	return &model{env: env, ports: map[servicelb.ServicePortKey]*portPlan{},
+		servers: map[vsKey]*VirtualServer{}, owner: map[vsKey]servicelb.ServicePortKey{},
+		entries: map[setEntry]int{}, units: map[markUnit]servicelb.ServicePortKey{}, marks: map[markUnit]uint32{}}
+}
+
+// buildModel plans every service port of st. It fails, with every mistake
+// joined, when a port asks for something the proxier cannot do.
+func buildModel(st *servicelb.State, o *Options) (*model, error) {
+	node := st.Node()
+	env, err := newPlanEnv(&node, o)
+	if err != nil {
+		return nil, err
 	}
-	return 1
-}
-
-// delta is a change to the kernel: the virtual servers to make match their
-// plan (nil meaning delete), the set entries to add and delete, and the
-// rules of ports in the keyed chains to replace (none meaning remove).
-type delta struct {
-	servers  map[vsKey]*VirtualServer
-	add, del []setEntry
-	rules    map[ruleSlot][]xtables.Rule
-	// full makes the kernel match a whole plan: every address and rule
-	// not wanted goes.
-	full bool
-	// read is set when the kernel's virtual servers were just read, so
-	// that every foreign one is known.
-	read bool
-	// owner names the service port each virtual server added serves.
-	owner map[vsKey]servicelb.ServicePortKey
-}
-
-// delta returns what the kernel must change for a step of the plan,
-// before the step is committed.
-func (p *model) delta(s *step) *delta {
-	d := &delta{servers: map[vsKey]*VirtualServer{}, rules: map[ruleSlot][]xtables.Rule{},
-		owner: map[vsKey]servicelb.ServicePortKey{}}
-	counts := map[setEntry]int{}
-	slot := func(pp *portPlan, i int) ruleSlot { return ruleSlot{pp.sp.Family, i, pp.key().String()} }
-	for _, k := range s.drop {
-		pp := p.ports[k]
-		if pp == nil {
+	p := newModel(env)
+	var pps []*portPlan
+	var errs []error
+	for _, sp := range st.Ports() {
+		pp, err := planPort(&p.env, sp)
+		if err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		for _, vs := range pp.allServers() {
-			d.servers[vs.key()] = nil
-		}
-		for _, e := range pp.entries {
-			counts[e]--
-		}
-		for i, rs := range pp.rules {
-			if len(rs) > 0 {
-				d.rules[slot(pp, i)] = nil
-			}
+		pps = append(pps, pp)
+		for _, u := range pp.units {
+			p.units[u] = pp.key()
 		}
 	}
-	for _, pp := range s.put {
-		for _, vs := range pp.allServers() {
-			d.servers[vs.key()] = vs
-			d.owner[vs.key()] = pp.key()
+	if err := joinErrs(errs); err != nil {
+		return nil, err
+	}
+	if p.marks, err = env.space.allocate(slices.Collect(maps.Keys(p.units))); err != nil {
+		return nil, err
+	}
+	for _, pp := range pps {
+		pp.realize(&p.env, p.marks)
+		if err := p.checkFree(pp, nil); err != nil {
+			return nil, err
 		}
-		for _, e := range pp.entries {
-			counts[e]++
-		}
-		for i, rs := range pp.rules {
-			if _, gone := d.rules[slot(pp, i)]; gone || len(rs) > 0 {
-				d.rules[slot(pp, i)] = rs
-			}
+		p.add(pp)
+	}
+	return p, nil
+}
+
+// checkFree refuses a port's plan that needs a virtual server another
+// port keeps (one not leaving). servicelb gives each frontend to one
+// port, so this only guards that promise.
+func (p *model) checkFree(pp *portPlan, leaving map[servicelb.ServicePortKey]bool) error {
+	for _, vs := range pp.allServers() {
+		if o, ok := p.owner[vs.key()]; ok && o != pp.key() && !leaving[o] {
+			return conflict(vs.key(), pp.key(), o)
 		}
 	}
-	for e, c := range counts {
-		switch before, after := p.entries[e], p.entries[e]+c; {
-		case before == 0 && after > 0:
-			d.add = append(d.add, e)
-		case before > 0 && after == 0:
-			d.del = append(d.del, e)
+	return nil
+}
+
+func conflict(k vsKey, a, b servicelb.ServicePortKey) error {
+	return fmt.Errorf("%w: %s needed by %s and %s", ErrConflict, k, a, b)
+}
+
+// add records a port's plan.
+func (p *model) add(pp *portPlan) {
+	p.ports[pp.key()] = pp
+	for _, vs := range pp.allServers() {
+		p.servers[vs.key()] = vs
+		p.owner[vs.key()] = pp.key()
+	}
+	for _, e := range pp.entries {
+		p.entries[e]++
+	}
+}
+
+// remove forgets a port's plan.
+func (p *model) remove(k servicelb.ServicePortKey) {
+	pp := p.ports[k]
+	if pp == nil {
+		return
+	}
+	for _, vs := range pp.allServers() {
+		if p.owner[vs.key()] == k {
+			delete(p.servers, vs.key())
+			delete(p.owner, vs.key())
 		}
 	}
-	slices.SortFunc(d.add, compareEntries)
-	slices.SortFunc(d.del, compareEntries)
-	return d
+	for _, e := range pp.entries {
+		if p.entries[e]--; p.entries[e] <= 0 {
+			delete(p.entries, e)
+		}
+	}
+	delete(p.ports, k)
+}
+
+// addresses returns the addresses the plan puts on the dummy link: those
+// of its address virtual servers that are not node addresses, sorted.
+func (p *model) addresses() []netip.Addr {
+	set := map[netip.Addr]bool{}
+	for k := range p.servers {
+		if k.fwmark == 0 && !p.env.nodeIPs[k.addr] {
+			set[k.addr] = true
+		}
+	}
+	return slices.SortedFunc(maps.Keys(set), netip.Addr.Compare)
+}
+
+// joinErrs joins errors, returning a single one as it is.
+func joinErrs(errs []error) error {
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
 }

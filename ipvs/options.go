@@ -4,8 +4,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kproxy-dev/kproxy/conntrack"
 	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/conntrack"
 )
 
 // Defaults of Options.

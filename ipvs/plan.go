@@ -3,9 +3,7 @@
 package ipvs
 
 import (
-	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -256,129 +254,10 @@ func realServers(bs []servicelb.Backend) []RealServer {
 	return out
 }
 
-// model is what a whole State asks of the kernel: the plan of each of
-// its service ports. The Proxier keeps the one it applied.
-type model struct {
-	env     planEnv
-	ports   map[servicelb.ServicePortKey]*portPlan
-	servers map[vsKey]*VirtualServer
-	owner   map[vsKey]servicelb.ServicePortKey
-	// entries counts the ports that need each set entry.
-	entries map[setEntry]int
-	// units are the marks the ports need, with the port that needs each,
-	// and marks their values.
-	units map[markUnit]servicelb.ServicePortKey
-	marks map[markUnit]uint32
-}
-
-func newModel(env planEnv) *model {
-	return &model{env: env, ports: map[servicelb.ServicePortKey]*portPlan{},
-		servers: map[vsKey]*VirtualServer{}, owner: map[vsKey]servicelb.ServicePortKey{},
-		entries: map[setEntry]int{}, units: map[markUnit]servicelb.ServicePortKey{}, marks: map[markUnit]uint32{}}
-}
-
-// buildModel plans every service port of st. It fails, with every mistake
-// joined, when a port asks for something the proxier cannot do.
-func buildModel(st *servicelb.State, o *Options) (*model, error) {
-	node := st.Node()
-	env, err := newPlanEnv(&node, o)
-	if err != nil {
-		return nil, err
+// originChain returns the index of the chain of an origin's steers.
+func originChain(o servicelb.Origin) int {
+	if o == servicelb.FromPod {
+		return 0
 	}
-	p := newModel(env)
-	var pps []*portPlan
-	var errs []error
-	for _, sp := range st.Ports() {
-		pp, err := planPort(&p.env, sp)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		pps = append(pps, pp)
-		for _, u := range pp.units {
-			p.units[u] = pp.key()
-		}
-	}
-	if err := joinErrs(errs); err != nil {
-		return nil, err
-	}
-	if p.marks, err = env.space.allocate(slices.Collect(maps.Keys(p.units))); err != nil {
-		return nil, err
-	}
-	for _, pp := range pps {
-		pp.realize(&p.env, p.marks)
-		if err := p.checkFree(pp, nil); err != nil {
-			return nil, err
-		}
-		p.add(pp)
-	}
-	return p, nil
-}
-
-// checkFree refuses a port's plan that needs a virtual server another
-// port keeps (one not leaving). servicelb gives each frontend to one
-// port, so this only guards that promise.
-func (p *model) checkFree(pp *portPlan, leaving map[servicelb.ServicePortKey]bool) error {
-	for _, vs := range pp.allServers() {
-		if o, ok := p.owner[vs.key()]; ok && o != pp.key() && !leaving[o] {
-			return conflict(vs.key(), pp.key(), o)
-		}
-	}
-	return nil
-}
-
-func conflict(k vsKey, a, b servicelb.ServicePortKey) error {
-	return fmt.Errorf("%w: %s needed by %s and %s", ErrConflict, k, a, b)
-}
-
-// add records a port's plan.
-func (p *model) add(pp *portPlan) {
-	p.ports[pp.key()] = pp
-	for _, vs := range pp.allServers() {
-		p.servers[vs.key()] = vs
-		p.owner[vs.key()] = pp.key()
-	}
-	for _, e := range pp.entries {
-		p.entries[e]++
-	}
-}
-
-// remove forgets a port's plan.
-func (p *model) remove(k servicelb.ServicePortKey) {
-	pp := p.ports[k]
-	if pp == nil {
-		return
-	}
-	for _, vs := range pp.allServers() {
-		if p.owner[vs.key()] == k {
-			delete(p.servers, vs.key())
-			delete(p.owner, vs.key())
-		}
-	}
-	for _, e := range pp.entries {
-		if p.entries[e]--; p.entries[e] <= 0 {
-			delete(p.entries, e)
-		}
-	}
-	delete(p.ports, k)
-}
-
-// addresses returns the addresses the plan puts on the dummy link: those
-// of its address virtual servers that are not node addresses, sorted.
-func (p *model) addresses() []netip.Addr {
-	set := map[netip.Addr]bool{}
-	for k := range p.servers {
-		if k.fwmark == 0 && !p.env.nodeIPs[k.addr] {
-			set[k.addr] = true
-		}
-	}
-	return slices.SortedFunc(maps.Keys(set), netip.Addr.Compare)
-}
-
-// joinErrs joins errors, returning a single one as it is.
-func joinErrs(errs []error) error {
-	if len(errs) == 1 {
-		return errs[0]
-	}
-	return errors.Join(errs...)
+	return 1
 }

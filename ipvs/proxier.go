@@ -349,3 +349,28 @@ func (p *Proxier) owns(vs *VirtualServer, onLink map[netip.Addr]bool) bool {
 	}
 	return onLink[vs.Addr] || p.sets.recorded(vs.key())
 }
+
+// Sync makes the kernel match st. The first Sync (and the first after a
+// failure, or after someone removed the dummy link) reads the proxier's
+// virtual servers from the kernel and converges on st without touching what
+// is already right; later ones send only what servicelb.Diff reports,
+// after a cheap check, and a deep one when nothing changed or at most every
+// Options.VerifyInterval, that nobody changed what the proxier owns. A
+// service the proxier cannot apply (servicelb.ErrUnsupported,
+// servicelb.ErrCapacity, ErrConflict) is left out before anything of it is
+// sent, and one whose virtual or real servers the kernel refuses
+// (servicelb.ErrRefused) once they are, and the rest applied: Sync then
+// names them in its report (servicelb.SyncReport.LeftOut). IPVS is not transactional: Sync adds addresses,
+// set entries, virtual servers and real servers before it removes any, so
+// that no virtual address is ever left without its servers; if it fails
+// part way, the next Sync reads the kernel and completes the change. Sync
+// also deletes draining real servers whose connections have ended (see
+// Drain).
+func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.renderOnly {
+		return servicelb.SyncReport{}, fmt.Errorf("ipvs: sync: %w", ErrRenderOnly)
+	}
+	return p.eng.Sync(ctx, st)
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/nlbatch"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
+	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -390,4 +391,157 @@ func tracedErrors(ops []ipvsOp, errs []error, stopped error, owner map[vsKey]ser
 func isRefusal(err error, owner servicelb.ServicePortKey) bool {
 	var errno syscall.Errno
 	return owner.Service != "" && errors.As(err, &errno) && errno != syscall.ESRCH
+}
+
+// ruleSlot names the rules of one port in one keyed chain: FROM-POD
+// (chain 0) or FROM-NODE (chain 1) of a family.
+type ruleSlot struct {
+	family servicelb.Family
+	chain  int
+	key    string
+}
+
+// delta is a change to the kernel: the virtual servers to make match their
+// plan (nil meaning delete), the set entries to add and delete, and the
+// rules of ports in the keyed chains to replace (none meaning remove).
+type delta struct {
+	servers  map[vsKey]*VirtualServer
+	add, del []setEntry
+	rules    map[ruleSlot][]xtables.Rule
+	// full makes the kernel match a whole plan: every address and rule
+	// not wanted goes.
+	full bool
+	// read is set when the kernel's virtual servers were just read, so
+	// that every foreign one is known.
+	read bool
+	// owner names the service port each virtual server added serves.
+	owner map[vsKey]servicelb.ServicePortKey
+}
+
+// delta returns what the kernel must change for a step of the plan,
+// before the step is committed.
+func (p *model) delta(s *step) *delta {
+	d := &delta{servers: map[vsKey]*VirtualServer{}, rules: map[ruleSlot][]xtables.Rule{},
+		owner: map[vsKey]servicelb.ServicePortKey{}}
+	counts := map[setEntry]int{}
+	slot := func(pp *portPlan, i int) ruleSlot { return ruleSlot{pp.sp.Family, i, pp.key().String()} }
+	for _, k := range s.drop {
+		pp := p.ports[k]
+		if pp == nil {
+			continue
+		}
+		for _, vs := range pp.allServers() {
+			d.servers[vs.key()] = nil
+		}
+		for _, e := range pp.entries {
+			counts[e]--
+		}
+		for i, rs := range pp.rules {
+			if len(rs) > 0 {
+				d.rules[slot(pp, i)] = nil
+			}
+		}
+	}
+	for _, pp := range s.put {
+		for _, vs := range pp.allServers() {
+			d.servers[vs.key()] = vs
+			d.owner[vs.key()] = pp.key()
+		}
+		for _, e := range pp.entries {
+			counts[e]++
+		}
+		for i, rs := range pp.rules {
+			if _, gone := d.rules[slot(pp, i)]; gone || len(rs) > 0 {
+				d.rules[slot(pp, i)] = rs
+			}
+		}
+	}
+	for e, c := range counts {
+		switch before, after := p.entries[e], p.entries[e]+c; {
+		case before == 0 && after > 0:
+			d.add = append(d.add, e)
+		case before > 0 && after == 0:
+			d.del = append(d.del, e)
+		}
+	}
+	slices.SortFunc(d.add, compareEntries)
+	slices.SortFunc(d.del, compareEntries)
+	return d
+}
+
+// writes counts the changes sent to the kernel so far.
+func (p *Proxier) writes() int { return p.k.writes + p.sets.writes + p.ruleWrites }
+
+// fullDelta returns the delta from what the kernel holds to plan.
+func (p *Proxier) fullDelta(plan *model, read bool) *delta {
+	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read, owner: plan.owner}
+	for k := range p.kern {
+		d.servers[k] = nil
+	}
+	maps.Copy(d.servers, plan.servers)
+	for e := range plan.entries {
+		d.add = append(d.add, e)
+	}
+	for e := range p.sets.have {
+		if plan.entries[e] == 0 {
+			d.del = append(d.del, e)
+		}
+	}
+	return d
+}
+
+// prepare makes sure, after a read, of what every virtual server needs:
+// the sysctls, the helper sets and the dummy link.
+func (p *Proxier) prepare(ctx context.Context, read bool) error {
+	if !read {
+		return nil
+	}
+	if err := p.ensureSysctls(); err != nil {
+		return err
+	}
+	if err := p.sets.ensure(ctx); err != nil {
+		return err
+	}
+	l, err := p.k.ensureDummy(ctx)
+	if err != nil {
+		return err
+	}
+	p.link = l
+	return nil
+}
+
+// reconcileRules makes the helper rules match the node and the plan's
+// steers, sending what differs.
+func (p *Proxier) reconcileRules(ctx context.Context, node *servicelb.NodeConfig, plan *model) error {
+	index := func(id string) uint16 { return p.sets.index[id] }
+	stats, err := p.rules.Reconcile(ctx, allRules(&p.opts, node, index, plan))
+	p.ruleWrites += stats.Messages
+	if err != nil {
+		return fmt.Errorf("helper rules: %w", err)
+	}
+	return nil
+}
+
+// commitRules replaces the steers of the ports a delta changes.
+func (p *Proxier) commitRules(ctx context.Context, d *delta) error {
+	if len(d.rules) == 0 {
+		return nil
+	}
+	tx := xtables.NewTx()
+	for slot, rules := range d.rules {
+		n := ruleNames{o: &p.opts, f: slot.family}
+		tx.SetKeyed(xtables.Table{Family: n.family(), Name: xtables.Mangle}, n.chain(steerChains[slot.chain]), slot.key, rules)
+	}
+	stats, err := p.rules.Commit(ctx, tx)
+	p.ruleWrites += stats.Messages
+	if err != nil {
+		return fmt.Errorf("helper rules: %w", err)
+	}
+	return nil
+}
+
+func sortedKeys(m map[vsKey]*VirtualServer) []vsKey {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, compareKeys)
+	return keys
 }
