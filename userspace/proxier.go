@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,16 +98,6 @@ func ForRendering(o Options) (*Proxier, error) {
 		p.log = o.Logger
 	}
 	return p, nil
-}
-
-// Render returns what a Proxier with options o would hold and listen on
-// for st; see Proxier.Render. It needs no privilege.
-func Render(st *servicelb.State, o Options) (string, error) {
-	p, err := ForRendering(o)
-	if err != nil {
-		return "", err
-	}
-	return p.Render(st)
 }
 
 // New returns a Proxier for the options. It changes nothing: the first
@@ -347,4 +339,55 @@ func (p *Proxier) activeConns() int64 {
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
 	return int64(len(p.conns))
+}
+
+// Render returns what the proxy would serve for st, one service port at a
+// time: the addresses it holds, and for each listener the frontend it
+// serves, the verdicts by origin and the endpoints. It needs no
+// privileges and touches nothing.
+func (p *Proxier) Render(st *servicelb.State) (string, error) {
+	if err := st.Check(); err != nil {
+		return "", fmt.Errorf("userspace: render: %w", err)
+	}
+	caps, n := p.Capabilities(), st.Node()
+	if err := caps.CheckNode(&n); err != nil {
+		return "", err
+	}
+	pl := newPlanner(&p.o, n, nil)
+	var b strings.Builder
+	var errs []error
+	taken := map[listenKey]string{}
+	held := map[netip.Addr]bool{}
+	for _, sp := range st.Ports() {
+		if err := caps.CheckPort(sp); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		fs, err := pl.fronts(sp)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, f := range fs {
+			if other, ok := taken[f.key]; ok {
+				errs = append(errs, leftOut(sp, portField(sp), &ListenError{Protocol: f.key.proto, At: f.key.at.String(),
+					Err: fmt.Errorf("%w (by %s)", errListenTaken, other)}))
+				continue
+			}
+			taken[f.key] = sp.Key.String()
+			if f.hold {
+				held[f.key.at.Addr()] = true
+			}
+		}
+		renderPort(&b, sp, fs)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return "", err
+	}
+	var head strings.Builder
+	head.WriteString("# kproxy userspace proxy\n")
+	for _, a := range slices.SortedFunc(maps.Keys(held), netip.Addr.Compare) {
+		fmt.Fprintf(&head, "hold %s on %s\n", a, p.o.Link)
+	}
+	return head.String() + b.String(), nil
 }
