@@ -272,3 +272,59 @@ func (m *model) commit(s *step) {
 	m.byNamespace = s.byNamespace
 	m.ids.track()
 }
+
+// content is what the maps hold (or should): one Go map per BPF map. The
+// LRU maps (pins and reverse translations) are the hooks' own and are
+// not part of it.
+type content struct {
+	fe      map[feKey]feVal
+	sets    map[uint32]setVal
+	slots   map[slotKey]endpoint
+	members map[memberKey]uint32
+	names   map[uint32]nameVal
+	cfg     cfgVal
+}
+
+// hookContent is what the hooks write themselves: the ClientIP
+// affinity pins (kp_affinity), the reverse translations of sockets
+// (kp_revnat) and the endpoints of unconnected UDP sockets' flows
+// (kp_udpflows). The Proxier never writes them; Dump lists them.
+type hookContent struct {
+	affinity map[affKey]affVal
+	reverse  map[revKey]endpoint
+	flows    map[affKey]affVal
+	// now is the time (CLOCK_MONOTONIC, ns, as the hooks stamp pins)
+	// they were read at.
+	now uint64
+	// sizes bound the maps: an LRU map full drops its least recently
+	// used entry for a new one.
+	sizes Sizes
+}
+
+func newContent() *content {
+	return &content{fe: map[feKey]feVal{}, sets: map[uint32]setVal{}, slots: map[slotKey]endpoint{},
+		members: map[memberKey]uint32{}, names: map[uint32]nameVal{}}
+}
+
+// add adds a port's entries.
+func (c *content) add(pp *portPlan) {
+	for _, f := range pp.frontends {
+		c.fe[f.key] = f.val
+	}
+	for _, s := range pp.sets {
+		if s != nil {
+			c.addSet(s)
+		}
+	}
+}
+
+func (c *content) addSet(s *setPlan) {
+	c.sets[s.id] = s.value()
+	c.names[s.id] = newName(s.name)
+	for i, e := range s.slots {
+		c.slots[slotKey{s.id, uint32(i)}] = e
+		if s.members {
+			c.members[memberKey{Set: s.id, endpoint: e}] = 1
+		}
+	}
+}

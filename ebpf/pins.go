@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/cilium/ebpf/link"
 )
 
 // Under Options.PinPath a Proxier pins its links as "link_<hook>" and its
@@ -92,6 +94,53 @@ func removeFiles(dir string, names []string) error {
 func removeEmpty(dir string) error {
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
 		return err
+	}
+	return nil
+}
+
+// pinMaps pins the maps whose pins are missing (after a Cleanup, or
+// removed by someone else).
+func (p *Proxier) pinMaps() error {
+	if err := os.MkdirAll(p.mapDir, 0o700); err != nil {
+		return fmt.Errorf("pin path: %w", err)
+	}
+	for name, m := range p.maps.byName() {
+		if err := repin(m, filepath.Join(p.mapDir, name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// pinner is a map or a link.
+type pinner interface {
+	Pin(string) error
+	Unpin() error
+}
+
+// repin pins o at path unless a file is there. An object remembers the
+// path it was pinned at and takes a Pin to it again for done: Unpin
+// first makes it forget a pin someone else removed (the file is gone,
+// so Unpin removes nothing).
+func repin(o pinner, path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := o.Unpin(); err != nil {
+		return err
+	}
+	if err := o.Pin(path); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+func (p *Proxier) pinLink(l link.Link, h hook) error {
+	if p.opts.PinPath == "" {
+		return nil
+	}
+	if err := repin(l, p.linkPin(h)); err != nil {
+		return fmt.Errorf("pin link %s: %w", h.name, err)
 	}
 	return nil
 }

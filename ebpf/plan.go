@@ -359,3 +359,19 @@ func goneSets(old, next *portPlan) []uint32 {
 	}
 	return out
 }
+
+// value is the set's entry in kp_sets.
+func (s *setPlan) value() setVal { return setVal{Count: uint32(len(s.slots)), Timeout: s.timeout} }
+
+// memberSet returns the endpoints kp_members lists for the set: none
+// unless it keeps affinity (nil set: none).
+func (s *setPlan) memberSet() map[endpoint]bool {
+	if s == nil || !s.members {
+		return nil
+	}
+	m := make(map[endpoint]bool, len(s.slots))
+	for _, e := range s.slots {
+		m[e] = true
+	}
+	return m
+}

@@ -93,17 +93,6 @@ func New(o Options) (*Proxier, error) {
 // runs. Its Sync, Cleanup and Dump fail with ErrRenderOnly.
 func ForRendering(o Options) (*Proxier, error) { return newProxier(o) }
 
-// Render returns the maps a Proxier with options o would hold for st,
-// then Options.Packets' rendering; see Proxier.Render. It needs no
-// privilege.
-func Render(st *servicelb.State, o Options) (string, error) {
-	p, err := ForRendering(o)
-	if err != nil {
-		return "", err
-	}
-	return p.Render(st)
-}
-
 // newProxier checks the options and applies their defaults; the Proxier
 // it returns renders but holds nothing of the kernel.
 func newProxier(o Options) (*Proxier, error) {

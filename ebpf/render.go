@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // formatContent lists the maps' entries one a line, in the manner of
@@ -146,4 +148,15 @@ func actionText(a action, set uint32) string {
 
 func compareFE(a, b feKey) int {
 	return cmp.Or(bytes.Compare(a.Addr[:], b.Addr[:]), bytes.Compare(a.Port[:], b.Port[:]), cmp.Compare(a.Proto, b.Proto))
+}
+
+// Render returns the maps a Proxier with options o would hold for st,
+// then Options.Packets' rendering; see Proxier.Render. It needs no
+// privilege.
+func Render(st *servicelb.State, o Options) (string, error) {
+	p, err := ForRendering(o)
+	if err != nil {
+		return "", err
+	}
+	return p.Render(st)
 }

@@ -6,62 +6,6 @@ import (
 	"maps"
 )
 
-// content is what the maps hold (or should): one Go map per BPF map. The
-// LRU maps (pins and reverse translations) are the hooks' own and are
-// not part of it.
-type content struct {
-	fe      map[feKey]feVal
-	sets    map[uint32]setVal
-	slots   map[slotKey]endpoint
-	members map[memberKey]uint32
-	names   map[uint32]nameVal
-	cfg     cfgVal
-}
-
-// hookContent is what the hooks write themselves: the ClientIP
-// affinity pins (kp_affinity), the reverse translations of sockets
-// (kp_revnat) and the endpoints of unconnected UDP sockets' flows
-// (kp_udpflows). The Proxier never writes them; Dump lists them.
-type hookContent struct {
-	affinity map[affKey]affVal
-	reverse  map[revKey]endpoint
-	flows    map[affKey]affVal
-	// now is the time (CLOCK_MONOTONIC, ns, as the hooks stamp pins)
-	// they were read at.
-	now uint64
-	// sizes bound the maps: an LRU map full drops its least recently
-	// used entry for a new one.
-	sizes Sizes
-}
-
-func newContent() *content {
-	return &content{fe: map[feKey]feVal{}, sets: map[uint32]setVal{}, slots: map[slotKey]endpoint{},
-		members: map[memberKey]uint32{}, names: map[uint32]nameVal{}}
-}
-
-// add adds a port's entries.
-func (c *content) add(pp *portPlan) {
-	for _, f := range pp.frontends {
-		c.fe[f.key] = f.val
-	}
-	for _, s := range pp.sets {
-		if s != nil {
-			c.addSet(s)
-		}
-	}
-}
-
-func (c *content) addSet(s *setPlan) {
-	c.sets[s.id] = s.value()
-	c.names[s.id] = newName(s.name)
-	for i, e := range s.slots {
-		c.slots[slotKey{s.id, uint32(i)}] = e
-		if s.members {
-			c.members[memberKey{Set: s.id, endpoint: e}] = 1
-		}
-	}
-}
-
 // ops are the writes of one map in one phase.
 type ops[K comparable, V any] struct {
 	put map[K]V
@@ -238,22 +182,6 @@ func diffSet(d *delta, o, n *setPlan) {
 			d.memberGone = append(d.memberGone, memberKey{Set: n.id, endpoint: e})
 		}
 	}
-}
-
-// value is the set's entry in kp_sets.
-func (s *setPlan) value() setVal { return setVal{Count: uint32(len(s.slots)), Timeout: s.timeout} }
-
-// memberSet returns the endpoints kp_members lists for the set: none
-// unless it keeps affinity (nil set: none).
-func (s *setPlan) memberSet() map[endpoint]bool {
-	if s == nil || !s.members {
-		return nil
-	}
-	m := make(map[endpoint]bool, len(s.slots))
-	for _, e := range s.slots {
-		m[e] = true
-	}
-	return m
 }
 
 // sink receives a delta's writes: the maps, or a content standing in for
