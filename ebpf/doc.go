@@ -248,4 +248,16 @@
 // bpf_ct_insert_entry; present on Linux 6.0 and later), so that conntrack
 // keeps doing what it does for the nftables backend; until then, the
 // nftables backend is this package's packet path.
+//
+// # Where each step lives
+//
+// The files follow the backends' one skeleton (see CONTRIBUTING.md).
+// plan.go plans each service port's frontends and endpoint sets; model.go
+// holds the model and the maps' content; write.go the delta from one
+// content to the next and its writes to the maps (maps.go); verify.go
+// checks that the hooks are attached and the maps pinned; render.go the
+// text; engine.go the engine internal/syncer drives. programs.go holds
+// the BPF programs, layout.go the maps' layout and its version, pins.go
+// and attached.go the pins and the hooks, sockets.go the ending of stale
+// sockets.
 package ebpf

@@ -170,4 +170,15 @@
 // nf_tables with nft_compat and the xt matches and targets used (comment,
 // statistic, recent, addrtype, conntrack, mark, tcp/udp/sctp, DNAT,
 // MASQUERADE, MARK, REJECT).
+//
+// # Where each step lives
+//
+// The files follow the backends' one skeleton (see CONTRIBUTING.md).
+// plan.go plans a State's service ports, with node.go (the node's rules
+// that belong to no service); model.go holds the tables' content, the
+// model of a State; write.go writes a step's changes into a transaction;
+// render.go the iptables-save text; engine.go the engine internal/syncer
+// drives. There is no verify.go: internal/xtables' Applier keeps the
+// content last written and reads the tables back. names.go names the
+// chains.
 package iptables

@@ -199,4 +199,19 @@
 // Replies of flows that keep the client's address are routed back through
 // the node, so the namespace must forward (net.ipv4.ip_forward,
 // net.ipv6.conf.all.forwarding); the proxier leaves that setting alone.
+//
+// # Where each step lives
+//
+// The files follow the backends' one skeleton (see CONTRIBUTING.md).
+// plan.go plans each service port's virtual servers, helper rules and
+// sets; model.go holds the model (the plan of a whole State), its
+// building and the step to the next; write.go the delta a step makes and
+// its writes, ordered so that no virtual IP is left without servers;
+// verify.go the read back, the adoption of what a previous process wrote
+// and the check for foreign servers; render.go the text (with
+// vsformat.go and sections.go, which build on every system); engine.go
+// the engine internal/syncer drives. servers.go holds the IPVS objects,
+// kernel.go the netlink clients, marks.go, rules.go, sets.go and
+// ipsets.go the firewall marks and the helper rules and sets, drain.go
+// the draining of removed real servers, sysctl.go the settings.
 package ipvs

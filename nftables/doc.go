@@ -191,4 +191,14 @@
 // and socket buffers large enough for a whole table in one message). The
 // kernel needs nf_tables with inet NAT (CONFIG_NFT_NAT), numgen, fib and
 // reject, and conntrack netlink for the stale-flow cleanup.
+//
+// # Where each step lives
+//
+// The files follow the backends' one skeleton (see CONTRIBUTING.md).
+// plan.go plans a State's service ports, with verdicts.go (a port's
+// chains) and buckets.go (its load-balancing buckets); model.go holds the
+// applied model, the step to the next and the table's content; write.go
+// the batch that writes a step or replaces the table; verify.go the read
+// back; render.go the nft text; engine.go the engine internal/syncer
+// drives. exprs.go, sets.go and names.go encode rules, sets and names.
 package nftables

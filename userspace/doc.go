@@ -337,4 +337,16 @@
 //     serves has no listener, so its UDP sessions end with its last
 //     serving endpoint or with the port (servicelb.FeatureLingeringFlows),
 //     where a conntrack translation would run on until it idles out.
+//
+// # Where each step lives
+//
+// The files follow the backends' one skeleton (see CONTRIBUTING.md).
+// plan.go plans each service port's frontends; write.go opens, claims,
+// holds and closes the listeners a change asks for; render.go the text;
+// engine.go the engine internal/syncer drives. There is no model.go and
+// no verify.go: the applied state is the ports and listeners the Proxier
+// serves (route.go, listener.go), and Verify checks the held addresses
+// (holder.go). The data path: conn.go and splice.go (TCP and SCTP),
+// udp.go and replies.go (UDP), pick.go (the endpoint), budget.go (the
+// flow budget), iface.go, sock.go and sctp.go; handover.go the handover.
 package userspace
