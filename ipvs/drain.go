@@ -20,9 +20,9 @@ func (p *Proxier) Drain(ctx context.Context) (int, error) {
 	}
 	if err := p.drain(ctx); err != nil {
 		p.forget()
-		return len(p.draining), err
+		return len(p.kern.draining), err
 	}
-	return len(p.draining), nil
+	return len(p.kern.draining), nil
 }
 
 // drain checks each virtual server with draining real servers once, and
@@ -30,7 +30,7 @@ func (p *Proxier) Drain(ctx context.Context) (int, error) {
 // timeout passed.
 func (p *Proxier) drain(ctx context.Context) error {
 	byVS := map[vsKey][]realKey{}
-	for rk := range p.draining {
+	for rk := range p.kern.draining {
 		byVS[rk.vs] = append(byVS[rk.vs], rk)
 	}
 	now := p.now()
@@ -39,7 +39,7 @@ func (p *Proxier) drain(ctx context.Context) error {
 	var ops []ipvsOp
 	for _, k := range keys {
 		rks := byVS[k]
-		vs := p.kern[k]
+		vs := p.kern.servers[k]
 		if vs == nil {
 			continue
 		}
@@ -50,11 +50,11 @@ func (p *Proxier) drain(ctx context.Context) error {
 		for _, rk := range rks {
 			i := slices.IndexFunc(info, func(ri realInfo) bool { return ri.AddrPort() == rk.ap })
 			if i < 0 {
-				delete(p.draining, rk)
+				delete(p.kern.draining, rk)
 				continue
 			}
 			conns := info[i].active + info[i].inactive
-			if conns > 0 && now.Sub(p.draining[rk]) < p.opts.GracefulTimeout {
+			if conns > 0 && now.Sub(p.kern.draining[rk]) < p.opts.GracefulTimeout {
 				continue
 			}
 			ops = append(ops, ipvsOp{kind: delReal, vs: vs, r: info[i].RealServer})
@@ -64,7 +64,7 @@ func (p *Proxier) drain(ctx context.Context) error {
 	}
 	for _, rks := range byVS {
 		for _, rk := range rks {
-			delete(p.draining, rk)
+			delete(p.kern.draining, rk)
 		}
 	}
 	return p.write(ctx, ops, nil)

@@ -47,16 +47,8 @@ type Proxier struct {
 	// link is the dummy link as last seen; its Index is 0 when unknown
 	// or missing.
 	link rtnl.Link
-	// kern holds the proxier's virtual servers as the kernel holds them,
-	// draining real servers (weight 0) included.
-	kern map[vsKey]*VirtualServer
-	// present are the addresses on the dummy link; use counts the virtual
-	// servers of kern on each address.
-	present map[netip.Addr]bool
-	use     map[netip.Addr]int
-	// stray are addresses on the dummy link that are not single
-	// addresses: never the proxier's, removed by the next full sync.
-	stray []netip.Prefix
+	// kern is what the kernel holds of the proxier's own.
+	kern mirror
 	// nodeIP are the node's addresses, which stay off the dummy link.
 	nodeIP map[netip.Addr]bool
 	// sets are the helper sets.
@@ -69,9 +61,6 @@ type Proxier struct {
 	rules      *xtables.Applier
 	rconn      *nfnl.Conn
 	ruleWrites int
-	// draining are the removed real servers left at weight 0 until
-	// their connections end, with when they started draining.
-	draining map[realKey]time.Time
 }
 
 // realKey names one real server of one virtual server.
@@ -153,7 +142,7 @@ func open(o Options, ns, at netns.NsHandle) (*Proxier, error) {
 		ns.Close()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, draining: map[realKey]time.Time{}}
+	p := &Proxier{opts: o, log: o.Logger, ns: ns, now: time.Now, k: k, kern: newMirror()}
 	fail := func(err error) (*Proxier, error) {
 		p.closeAll()
 		return nil, err
@@ -287,8 +276,7 @@ func (p *Proxier) cleanup(ctx context.Context) error {
 	}
 	p.forget()
 	p.eng.Forget()
-	p.kern, p.present, p.use = nil, nil, nil
-	clear(p.draining)
+	p.kern.forget()
 	if err := p.cleanupServers(ctx); err != nil {
 		return err
 	}

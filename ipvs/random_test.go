@@ -17,17 +17,17 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// mirror is the kernel as the deltas leave it: the virtual servers, the
+// fakeKernel is the kernel as the deltas leave it: the virtual servers, the
 // set entries and the steers in the keyed chains.
-type mirror struct {
+type fakeKernel struct {
 	servers map[vsKey]*VirtualServer
 	entries map[setEntry]bool
 	rules   map[ruleSlot][]xtables.Rule
 }
 
-// mirrorOf returns the kernel a full sync of p leaves.
-func mirrorOf(p *model) *mirror {
-	m := &mirror{servers: map[vsKey]*VirtualServer{}, entries: map[setEntry]bool{}, rules: map[ruleSlot][]xtables.Rule{}}
+// fakeKernelOf returns the kernel a full sync of p leaves.
+func fakeKernelOf(p *model) *fakeKernel {
+	m := &fakeKernel{servers: map[vsKey]*VirtualServer{}, entries: map[setEntry]bool{}, rules: map[ruleSlot][]xtables.Rule{}}
 	for k, vs := range p.servers {
 		m.servers[k] = vs.clone()
 	}
@@ -44,9 +44,9 @@ func mirrorOf(p *model) *mirror {
 	return m
 }
 
-// apply does to the mirror what apply does to the kernel for a delta of a
+// apply does to the fake kernel what apply does to the kernel for a delta of a
 // step.
-func (m *mirror) apply(d *delta) {
+func (m *fakeKernel) apply(d *delta) {
 	for k, vs := range d.servers {
 		if vs == nil {
 			delete(m.servers, k)
@@ -69,8 +69,8 @@ func (m *mirror) apply(d *delta) {
 	}
 }
 
-// text renders the mirror for comparison.
-func (m *mirror) text() string {
+// text renders the fake kernel for comparison.
+func (m *fakeKernel) text() string {
 	var b strings.Builder
 	b.WriteString(RenderVirtualServers(slices.Collect(maps.Values(m.servers))))
 	es := slices.SortedFunc(maps.Keys(m.entries), compareEntries)
@@ -90,11 +90,11 @@ func (m *mirror) text() string {
 
 func xtFamily(f servicelb.Family) xtables.Family { return ruleNames{f: f}.family() }
 
-// planText renders what a plan holds: its mirror, the counts of the set
+// planText renders what a plan holds: its fake kernel, the counts of the set
 // entries, the owners of the virtual servers and the marks.
 func planText(p *model) string {
 	var b strings.Builder
-	b.WriteString(mirrorOf(p).text())
+	b.WriteString(fakeKernelOf(p).text())
 	for _, e := range slices.SortedFunc(maps.Keys(p.entries), compareEntries) {
 		fmt.Fprintf(&b, "count %s-%s %s %d\n", e.set, e.family, e, p.entries[e])
 	}
@@ -167,7 +167,7 @@ func randomStates(seed uint64) *servicetest.Gen {
 
 type walkStats struct{ steps, refused, steered, moved int }
 
-// walkPlans walks n random changes of g through a plan and a mirror.
+// walkPlans walks n random changes of g through a plan and a fake kernel.
 func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 	t.Helper()
 	var w walkStats
@@ -176,7 +176,7 @@ func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 	applied := b.State()
 	plan, err := buildModel(applied, o)
 	require.NoError(t, err)
-	m := mirrorOf(plan)
+	m := fakeKernelOf(plan)
 	for i := range n {
 		_, err := g.Step(b)
 		require.NoError(t, err, "step %d", i)
@@ -185,7 +185,7 @@ func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 		ch := servicelb.Diff(applied, next)
 		if ch.NodeChanged {
 			if ferr == nil {
-				applied, plan, m = next, fresh, mirrorOf(fresh)
+				applied, plan, m = next, fresh, fakeKernelOf(fresh)
 			}
 			continue
 		}
@@ -210,7 +210,7 @@ func walkPlans(t *testing.T, g *servicetest.Gen, o *Options, n int) walkStats {
 		text, err := Render(next, *o)
 		require.NoError(t, err, "step %d: Render", i)
 		require.Contains(t, text, SectionIPVS, "step %d: Render", i)
-		require.Equal(t, mirrorOf(fresh).text(), m.text(), "step %d: kernel after the deltas differs from a fresh plan's", i)
+		require.Equal(t, fakeKernelOf(fresh).text(), m.text(), "step %d: kernel after the deltas differs from a fresh plan's", i)
 	}
 	return w
 }

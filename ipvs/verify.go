@@ -72,7 +72,7 @@ func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
 	}
 	n := 0
 	for _, vs := range servers {
-		have := p.kern[vs.key()]
+		have := p.kern.servers[vs.key()]
 		if have == nil {
 			continue
 		}
@@ -84,7 +84,7 @@ func (p *Proxier) serversIntact(ctx context.Context) (bool, error) {
 		}
 		n++
 	}
-	return n == len(p.kern), nil
+	return n == len(p.kern.servers), nil
 }
 
 // realsIntact reports whether the kernel holds exactly vs's real servers,
@@ -116,11 +116,11 @@ func (p *Proxier) linkIntact(ctx context.Context, addrs bool) (bool, error) {
 		return true, nil
 	}
 	prefixes, err := p.k.addresses(ctx, l)
-	if err != nil || len(prefixes) != len(p.present) {
+	if err != nil || len(prefixes) != len(p.kern.present) {
 		return false, err
 	}
 	for _, pf := range prefixes {
-		if !pf.IsSingleIP() || !p.present[pf.Addr()] {
+		if !pf.IsSingleIP() || !p.kern.present[pf.Addr()] {
 			return false, nil
 		}
 	}
@@ -146,22 +146,15 @@ func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
 			return nil, err
 		}
 	}
-	p.link, p.stray = l, nil
-	p.kern, p.present, p.use = map[vsKey]*VirtualServer{}, map[netip.Addr]bool{}, map[netip.Addr]int{}
-	for _, pf := range prefixes {
-		if pf.IsSingleIP() {
-			p.present[pf.Addr()] = true
-		} else {
-			p.stray = append(p.stray, pf)
-		}
-	}
+	p.link = l
+	p.kern.read(prefixes)
 	servers, err := p.k.services(ctx)
 	if err != nil {
 		return nil, err
 	}
 	foreign := map[vsKey]bool{}
 	for _, vs := range servers {
-		if !p.owns(vs, p.present) {
+		if !p.owns(vs, p.kern.present) {
 			foreign[vs.key()] = true
 			continue
 		}
@@ -169,7 +162,7 @@ func (p *Proxier) readKernel(ctx context.Context) (map[vsKey]bool, error) {
 			return nil, err
 		}
 	}
-	p.dropStaleDrains()
+	p.kern.dropStaleDrains()
 	return foreign, nil
 }
 
@@ -181,29 +174,7 @@ func (p *Proxier) adopt(ctx context.Context, vs *VirtualServer) error {
 	}
 	for _, r := range reals {
 		vs.Real = append(vs.Real, r.RealServer)
-		rk := realKey{vs.key(), r.AddrPort()}
-		if _, ok := p.draining[rk]; r.Weight == 0 && !ok {
-			p.draining[rk] = p.now()
-		}
 	}
-	p.kern[vs.key()] = vs
-	if vs.FWMark == 0 {
-		p.use[vs.Addr]++
-	}
+	p.kern.adopt(vs, p.now())
 	return nil
-}
-
-// dropStaleDrains forgets draining records of real servers that are gone
-// or no longer at weight 0.
-func (p *Proxier) dropStaleDrains() {
-	for rk := range p.draining {
-		vs := p.kern[rk.vs]
-		if vs == nil {
-			delete(p.draining, rk)
-			continue
-		}
-		if i := vs.realIndex(rk.ap); i < 0 || vs.Real[i].Weight != 0 {
-			delete(p.draining, rk)
-		}
-	}
 }

@@ -27,8 +27,8 @@ import (
 // call; the kernel handles every request of a batch, so a step that
 // depends on the previous one's success is a batch of its own. A virtual
 // or real server the kernel refuses fails its step with an error traced
-// to the service port it serves (see tracedErrors). It keeps p.kern, p.present
-// and p.use up to date as it goes, request by request.
+// to the service port it serves (see tracedErrors). It keeps the mirror
+// p.kern up to date as it goes, request by request.
 func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error {
 	keys := sortedKeys(d.servers)
 	if err := p.addAddresses(ctx, d, keys); err != nil {
@@ -54,7 +54,7 @@ func (p *Proxier) apply(ctx context.Context, d *delta, rules func() error) error
 		return err
 	}
 	if d.full {
-		gone = slices.Collect(maps.Keys(p.present))
+		gone = slices.Collect(maps.Keys(p.kern.present))
 	}
 	if err := p.deleteAddresses(ctx, gone, d.full); err != nil {
 		return err
@@ -71,7 +71,7 @@ func (p *Proxier) checkNew(ctx context.Context, d *delta) error {
 	}
 	var errs []error
 	for _, k := range sortedKeys(d.servers) {
-		if want := d.servers[k]; want != nil && p.kern[k] == nil {
+		if want := d.servers[k]; want != nil && p.kern.servers[k] == nil {
 			exists, err := p.k.exists(ctx, want)
 			if err != nil {
 				return err
@@ -89,7 +89,7 @@ func (p *Proxier) checkNew(ctx context.Context, d *delta) error {
 func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) error {
 	var add []netip.Addr
 	for _, k := range keys {
-		if d.servers[k] == nil || k.fwmark != 0 || p.present[k.addr] || p.nodeIP[k.addr] {
+		if d.servers[k] == nil || k.fwmark != 0 || p.kern.present[k.addr] || p.nodeIP[k.addr] {
 			continue
 		}
 		if n := len(add); n == 0 || add[n-1] != k.addr {
@@ -105,7 +105,7 @@ func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) erro
 	errs, err := p.k.changeAddresses(ctx, p.link, add, nil)
 	for i, a := range add {
 		if errs[i] == nil {
-			p.present[a] = true
+			p.kern.present[a] = true
 		}
 	}
 	return firstErrors(errs, err)
@@ -116,7 +116,7 @@ func (p *Proxier) addAddresses(ctx context.Context, d *delta, keys []vsKey) erro
 func (p *Proxier) putServers(ctx context.Context, d *delta, keys []vsKey) error {
 	var ops []ipvsOp
 	for _, k := range keys {
-		want, have := d.servers[k], p.kern[k]
+		want, have := d.servers[k], p.kern.servers[k]
 		switch {
 		case want == nil:
 		case have == nil:
@@ -133,7 +133,7 @@ func (p *Proxier) putServers(ctx context.Context, d *delta, keys []vsKey) error 
 func (p *Proxier) putReals(ctx context.Context, d *delta, keys []vsKey) error {
 	var ops []ipvsOp
 	for _, k := range keys {
-		want, have := d.servers[k], p.kern[k]
+		want, have := d.servers[k], p.kern.servers[k]
 		if want == nil || have == nil {
 			continue
 		}
@@ -144,7 +144,7 @@ func (p *Proxier) putReals(ctx context.Context, d *delta, keys []vsKey) error {
 			case have.Real[i].Weight != r.Weight:
 				ops = append(ops, ipvsOp{kind: updateReal, vs: want, r: r})
 			default:
-				delete(p.draining, realKey{k, r.AddrPort()})
+				delete(p.kern.draining, realKey{k, r.AddrPort()})
 			}
 		}
 	}
@@ -161,7 +161,7 @@ func (p *Proxier) putReals(ctx context.Context, d *delta, keys []vsKey) error {
 func (p *Proxier) dropReals(ctx context.Context, d *delta, keys []vsKey) error {
 	var ops []ipvsOp
 	for _, k := range keys {
-		want, have := d.servers[k], p.kern[k]
+		want, have := d.servers[k], p.kern.servers[k]
 		if want == nil || have == nil {
 			continue
 		}
@@ -208,19 +208,12 @@ func (p *Proxier) removals(ctx context.Context, vs, want *VirtualServer) ([]ipvs
 			r.Weight = 0
 			ops = append(ops, ipvsOp{kind: quiesceReal, vs: vs, r: r})
 		default:
-			p.startDrain(vs, r)
+			if p.kern.startDrain(vs, r, p.now()) {
+				p.log.Debug("ipvs: real server draining", "server", realName(vs, r))
+			}
 		}
 	}
 	return ops, nil
-}
-
-// startDrain records a real server at weight 0 as draining, from now.
-func (p *Proxier) startDrain(vs *VirtualServer, r RealServer) {
-	rk := realKey{vs.key(), r.AddrPort()}
-	if _, ok := p.draining[rk]; !ok {
-		p.draining[rk] = p.now()
-		p.log.Debug("ipvs: real server draining", "server", realName(vs, r))
-	}
 }
 
 // deleteServers deletes the virtual servers d removes and returns the
@@ -228,7 +221,7 @@ func (p *Proxier) startDrain(vs *VirtualServer, r RealServer) {
 func (p *Proxier) deleteServers(ctx context.Context, d *delta, keys []vsKey) ([]netip.Addr, error) {
 	var ops []ipvsOp
 	for _, k := range keys {
-		if have := p.kern[k]; d.servers[k] == nil && have != nil {
+		if have := p.kern.servers[k]; d.servers[k] == nil && have != nil {
 			ops = append(ops, ipvsOp{kind: delService, vs: have})
 		}
 	}
@@ -248,13 +241,13 @@ func (p *Proxier) deleteAddresses(ctx context.Context, candidates []netip.Addr, 
 	slices.SortFunc(candidates, netip.Addr.Compare)
 	var del []netip.Prefix
 	for _, a := range slices.Compact(candidates) {
-		if p.present[a] && (p.use[a] == 0 || p.nodeIP[a]) {
+		if p.kern.present[a] && (p.kern.use[a] == 0 || p.nodeIP[a]) {
 			del = append(del, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
 	stray := 0
 	if full {
-		del, stray = append(del, p.stray...), len(p.stray)
+		del, stray = append(del, p.kern.stray...), len(p.kern.stray)
 	}
 	if len(del) == 0 {
 		return nil
@@ -265,11 +258,11 @@ func (p *Proxier) deleteAddresses(ctx context.Context, candidates []netip.Addr, 
 	errs, err := p.k.changeAddresses(ctx, p.link, nil, del)
 	for i, pf := range del[:len(del)-stray] {
 		if errs[i] == nil {
-			delete(p.present, pf.Addr())
+			delete(p.kern.present, pf.Addr())
 		}
 	}
 	if full && err == nil && firstErrors(errs[len(del)-stray:], nil) == nil {
-		p.stray = nil
+		p.kern.stray = nil
 	}
 	return firstErrors(errs, err)
 }
@@ -288,49 +281,12 @@ func (p *Proxier) write(ctx context.Context, ops []ipvsOp, owner map[vsKey]servi
 	errs, err := p.k.write(ctx, ops)
 	for i, o := range ops {
 		if errs[i] == nil {
-			p.record(o)
+			if p.kern.record(o, p.now()) {
+				p.log.Debug("ipvs: real server draining", "server", realName(o.vs, o.r))
+			}
 		}
 	}
 	return tracedErrors(ops, errs, err, owner)
-}
-
-// record updates p.kern, p.use and p.draining after o succeeded.
-func (p *Proxier) record(o ipvsOp) {
-	k := o.vs.key()
-	have := p.kern[k]
-	switch o.kind {
-	case newService:
-		got := o.vs.clone()
-		got.Real = nil
-		p.kern[k] = got
-		if k.fwmark == 0 {
-			p.use[k.addr]++
-		}
-	case updateService:
-		have.Scheduler, have.Persistence, have.HashPort = o.vs.Scheduler, o.vs.Persistence, o.vs.HashPort
-	case delService:
-		for _, r := range have.Real {
-			delete(p.draining, realKey{k, r.AddrPort()})
-		}
-		delete(p.kern, k)
-		if k.fwmark == 0 {
-			p.use[k.addr]--
-		}
-	case newReal:
-		i, _ := slices.BinarySearchFunc(have.Real, o.r, compareReal)
-		have.Real = slices.Insert(have.Real, i, o.r)
-		delete(p.draining, realKey{k, o.r.AddrPort()})
-	case updateReal, quiesceReal:
-		have.Real[have.realIndex(o.r.AddrPort())].Weight = o.r.Weight
-		if o.kind == quiesceReal {
-			p.startDrain(have, o.r)
-		} else {
-			delete(p.draining, realKey{k, o.r.AddrPort()})
-		}
-	case delReal:
-		have.Real = slices.DeleteFunc(have.Real, func(x RealServer) bool { return x.AddrPort() == o.r.AddrPort() })
-		delete(p.draining, realKey{k, o.r.AddrPort()})
-	}
 }
 
 // maxErrors bounds the errors a step reports, of a batch where many
@@ -475,7 +431,7 @@ func (p *Proxier) writes() int { return p.k.writes + p.sets.writes + p.ruleWrite
 // fullDelta returns the delta from what the kernel holds to plan.
 func (p *Proxier) fullDelta(plan *model, read bool) *delta {
 	d := &delta{servers: map[vsKey]*VirtualServer{}, full: true, read: read, owner: plan.owner}
-	for k := range p.kern {
+	for k := range p.kern.servers {
 		d.servers[k] = nil
 	}
 	maps.Copy(d.servers, plan.servers)
