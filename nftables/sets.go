@@ -142,7 +142,7 @@ const (
 )
 
 func (u udata) u32(t byte, v uint32) udata {
-	return binary.LittleEndian.AppendUint32(append(u, t, 4), v)
+	return binary.NativeEndian.AppendUint32(append(u, t, 4), v)
 }
 
 func (u udata) nest(t byte, in udata) udata { return append(append(u, t, byte(len(in))), in...) }

@@ -23,8 +23,8 @@ func align4(n int) int { return (n + 3) &^ 3 }
 func (e *encoder) message(typ uint16, flags uint16, fam Family, resID uint16) int {
 	off := len(e.b)
 	var h [nlmsgHdrLen + nfgenLen]byte
-	binary.LittleEndian.PutUint16(h[4:], typ)
-	binary.LittleEndian.PutUint16(h[6:], flags)
+	binary.NativeEndian.PutUint16(h[4:], typ)
+	binary.NativeEndian.PutUint16(h[6:], flags)
 	h[16] = byte(fam)
 	binary.BigEndian.PutUint16(h[18:], resID)
 	e.b = append(e.b, h[:]...)
@@ -33,7 +33,7 @@ func (e *encoder) message(typ uint16, flags uint16, fam Family, resID uint16) in
 
 // endMessage writes the length of the message that starts at off.
 func (e *encoder) endMessage(off int) {
-	binary.LittleEndian.PutUint32(e.b[off:], uint32(len(e.b)-off))
+	binary.NativeEndian.PutUint32(e.b[off:], uint32(len(e.b)-off))
 }
 
 func (e *encoder) attr(typ uint16, v []byte) {
@@ -43,8 +43,8 @@ func (e *encoder) attr(typ uint16, v []byte) {
 		return
 	}
 	var h [nlaHdrLen]byte
-	binary.LittleEndian.PutUint16(h[0:], uint16(n))
-	binary.LittleEndian.PutUint16(h[2:], typ)
+	binary.NativeEndian.PutUint16(h[0:], uint16(n))
+	binary.NativeEndian.PutUint16(h[2:], typ)
 	e.b = append(e.b, h[:]...)
 	e.b = append(e.b, v...)
 	for pad := align4(n) - n; pad > 0; pad-- {
@@ -58,8 +58,8 @@ func (e *encoder) str(typ uint16, s string) {
 		e.fail(fmt.Errorf("attribute %d: %d bytes, at most %d", typ, n, maxAttrLen))
 		return
 	}
-	e.b = binary.LittleEndian.AppendUint16(e.b, uint16(n))
-	e.b = binary.LittleEndian.AppendUint16(e.b, typ)
+	e.b = binary.NativeEndian.AppendUint16(e.b, uint16(n))
+	e.b = binary.NativeEndian.AppendUint16(e.b, typ)
 	e.b = append(e.b, s...)
 	for pad := align4(n) - n + 1; pad > 0; pad-- {
 		e.b = append(e.b, 0)
@@ -82,7 +82,7 @@ func (e *encoder) u64(typ uint16, v uint64) {
 func (e *encoder) nest(typ uint16) int {
 	off := len(e.b)
 	var h [nlaHdrLen]byte
-	binary.LittleEndian.PutUint16(h[2:], typ|nlaNested)
+	binary.NativeEndian.PutUint16(h[2:], typ|nlaNested)
 	e.b = append(e.b, h[:]...)
 	return off
 }
@@ -93,7 +93,7 @@ func (e *encoder) endNest(off int) {
 		e.fail(fmt.Errorf("nested attribute: %d bytes, at most %d", n, maxAttrLen))
 		return
 	}
-	binary.LittleEndian.PutUint16(e.b[off:], uint16(n))
+	binary.NativeEndian.PutUint16(e.b[off:], uint16(n))
 }
 
 func (e *encoder) fail(err error) {
@@ -133,11 +133,11 @@ var errMalformed = errors.New("malformed netlink attributes")
 func attributes(b []byte) ([]attribute, error) {
 	var out []attribute
 	for len(b) >= nlaHdrLen {
-		n := int(binary.LittleEndian.Uint16(b[0:]))
+		n := int(binary.NativeEndian.Uint16(b[0:]))
 		if n < nlaHdrLen || n > len(b) {
 			return nil, errMalformed
 		}
-		out = append(out, attribute{typ: binary.LittleEndian.Uint16(b[2:]) & nlaTypeMask, data: b[nlaHdrLen:n]})
+		out = append(out, attribute{typ: binary.NativeEndian.Uint16(b[2:]) & nlaTypeMask, data: b[nlaHdrLen:n]})
 		a := align4(n)
 		if a > len(b) {
 			a = len(b)

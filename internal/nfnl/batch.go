@@ -233,7 +233,7 @@ func (b *Batch) msgEnd(i int) int {
 // set it names are every element's), else the message itself.
 func (b *Batch) contentStart(i int) int {
 	off := int(b.msgs[i])
-	if typ := binary.LittleEndian.Uint16(b.at(off)[4:]) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
+	if typ := binary.NativeEndian.Uint16(b.at(off)[4:]) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
 		return off
 	}
 	if at := b.attrData(i, attrElemListElems); at >= 0 {
@@ -418,10 +418,10 @@ func (b *Batch) Echo(i int) {
 		return
 	}
 	m := b.at(int(b.msgs[i]))
-	if binary.LittleEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
+	if binary.NativeEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
 		return
 	}
-	binary.LittleEndian.PutUint16(m[6:], binary.LittleEndian.Uint16(m[6:])|nlmEcho)
+	binary.NativeEndian.PutUint16(m[6:], binary.NativeEndian.Uint16(m[6:])|nlmEcho)
 }
 
 // Echoed returns the rule the kernel echoed for message i, which Echo

@@ -65,7 +65,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 // one buffer a chunk.
 func (b *Batch) frame(base uint32) [][]byte {
 	for i, off := range b.msgs {
-		binary.LittleEndian.PutUint32(b.at(int(off))[8:], base+1+uint32(i))
+		binary.NativeEndian.PutUint32(b.at(int(off))[8:], base+1+uint32(i))
 	}
 	start := nlaHdrLen + 4
 	if b.check {
@@ -73,19 +73,19 @@ func (b *Batch) frame(base uint32) [][]byte {
 	}
 	hdr := b.at(0)[start:batchReserve]
 	clear(hdr)
-	binary.LittleEndian.PutUint32(hdr[0:], uint32(len(hdr)))
-	binary.LittleEndian.PutUint16(hdr[4:], msgBatchBegin)
-	binary.LittleEndian.PutUint16(hdr[6:], nlmRequest)
-	binary.LittleEndian.PutUint32(hdr[8:], base)
+	binary.NativeEndian.PutUint32(hdr[0:], uint32(len(hdr)))
+	binary.NativeEndian.PutUint16(hdr[4:], msgBatchBegin)
+	binary.NativeEndian.PutUint16(hdr[6:], nlmRequest)
+	binary.NativeEndian.PutUint32(hdr[8:], base)
 	binary.BigEndian.PutUint16(hdr[18:], subsysNFTables)
 	if b.check {
-		binary.LittleEndian.PutUint16(hdr[20:], nlaHdrLen+4)
-		binary.LittleEndian.PutUint16(hdr[22:], attrBatchGen)
+		binary.NativeEndian.PutUint16(hdr[20:], nlaHdrLen+4)
+		binary.NativeEndian.PutUint16(hdr[22:], attrBatchGen)
 		binary.BigEndian.PutUint32(hdr[24:], b.genID)
 	}
 	m := b.enc.message(msgBatchEnd, nlmRequest, 0, subsysNFTables)
 	b.enc.endMessage(m)
-	binary.LittleEndian.PutUint32(b.enc.b[m+8:], base+uint32(len(b.msgs))+1)
+	binary.NativeEndian.PutUint32(b.enc.b[m+8:], base+uint32(len(b.msgs))+1)
 	out := make([][]byte, 0, len(b.chunks)+1)
 	for _, c := range append(b.chunks, b.enc.b) {
 		if len(out) == 0 {
@@ -175,7 +175,7 @@ func (c *Conn) sendGetGen(ctx context.Context, seq uint32) error {
 	c.scratch.b = c.scratch.b[:0]
 	m := c.scratch.message(subsysNFTables<<8|msgGetGen, nlmRequest, 0, 0)
 	c.scratch.endMessage(m)
-	binary.LittleEndian.PutUint32(c.scratch.b[m+8:], seq)
+	binary.NativeEndian.PutUint32(c.scratch.b[m+8:], seq)
 	return c.send(ctx, c.scratch.b)
 }
 

@@ -98,14 +98,14 @@ func (c *Conn) receive(ctx context.Context) ([]message, error) {
 func splitMessages(b []byte) ([]message, error) {
 	var out []message
 	for len(b) >= nlmsgHdrLen {
-		l := int(binary.LittleEndian.Uint32(b[0:]))
+		l := int(binary.NativeEndian.Uint32(b[0:]))
 		if l < nlmsgHdrLen || l > len(b) {
 			return nil, errors.New("nfnl: receive: malformed netlink message")
 		}
 		out = append(out, message{
-			typ:   binary.LittleEndian.Uint16(b[4:]),
-			flags: binary.LittleEndian.Uint16(b[6:]),
-			seq:   binary.LittleEndian.Uint32(b[8:]),
+			typ:   binary.NativeEndian.Uint16(b[4:]),
+			flags: binary.NativeEndian.Uint16(b[6:]),
+			seq:   binary.NativeEndian.Uint32(b[8:]),
 			data:  b[nlmsgHdrLen:l],
 		})
 		a := align4(l)
@@ -123,8 +123,8 @@ func errorOf(m message) (syscall.Errno, uint32, string) {
 	if len(m.data) < 4+nlmsgHdrLen {
 		return syscall.EPROTO, m.seq, ""
 	}
-	code := int32(binary.LittleEndian.Uint32(m.data))
-	seq := binary.LittleEndian.Uint32(m.data[4+8:])
+	code := int32(binary.NativeEndian.Uint32(m.data))
+	seq := binary.NativeEndian.Uint32(m.data[4+8:])
 	var text string
 	for _, a := range ackAttrs(m) {
 		if a.typ == extAckMsg {
@@ -140,7 +140,7 @@ func errorOf(m message) (syscall.Errno, uint32, string) {
 func badAttrOf(m message) int {
 	for _, a := range ackAttrs(m) {
 		if a.typ == extAckOffs && len(a.data) == 4 {
-			return int(binary.LittleEndian.Uint32(a.data))
+			return int(binary.NativeEndian.Uint32(a.data))
 		}
 	}
 	return 0
@@ -155,7 +155,7 @@ func ackAttrs(m message) []attribute {
 	orig := m.data[4:]
 	off := nlmsgHdrLen
 	if m.flags&nlmCapped == 0 {
-		off = align4(int(binary.LittleEndian.Uint32(orig)))
+		off = align4(int(binary.NativeEndian.Uint32(orig)))
 	}
 	if off > len(orig) {
 		return nil

@@ -34,7 +34,7 @@ func (c *Conn) requestOf(ctx context.Context, subsys, typ uint16, fam Family, du
 	m := c.scratch.message(subsys<<8|typ, flags, fam, 0)
 	attrs(&c.scratch)
 	c.scratch.endMessage(m)
-	binary.LittleEndian.PutUint32(c.scratch.b[m+8:], seq)
+	binary.NativeEndian.PutUint32(c.scratch.b[m+8:], seq)
 	if c.scratch.err != nil {
 		err := c.scratch.err
 		c.scratch.err = nil

@@ -26,7 +26,7 @@ func (b *Batch) misnameRules(refuse func(any) bool) (restore func()) {
 	}
 	var changes []change
 	for i, off := range b.msgs {
-		if binary.LittleEndian.Uint16(b.at(int(off))[4:]) != subsysNFTables<<8|msgNewRule || !refuse(b.soleOwner(int(off), b.msgEnd(i))) {
+		if binary.NativeEndian.Uint16(b.at(int(off))[4:]) != subsysNFTables<<8|msgNewRule || !refuse(b.soleOwner(int(off), b.msgEnd(i))) {
 			continue
 		}
 		at := b.attrData(i, attrRuleChain)

@@ -79,12 +79,12 @@ func (c *Conn) Replay(ctx context.Context, frame []byte) error {
 	if len(frame) < nlmsgHdrLen+nfgenLen {
 		return fmt.Errorf("nfnl: replay: short batch")
 	}
-	first := int(binary.LittleEndian.Uint32(frame))
+	first := int(binary.NativeEndian.Uint32(frame))
 	if first < nlmsgHdrLen+nfgenLen || first > len(frame) {
 		return fmt.Errorf("nfnl: replay: malformed batch")
 	}
 	p := slices.Concat(frame[:nlmsgHdrLen+nfgenLen], frame[align4(first):])
-	binary.LittleEndian.PutUint32(p, nlmsgHdrLen+nfgenLen)
+	binary.NativeEndian.PutUint32(p, nlmsgHdrLen+nfgenLen)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -26,11 +26,11 @@ func nextAttr(b []byte) (attribute, []byte, error) {
 	if len(b) < 4 {
 		return attribute{}, nil, errMalformed
 	}
-	n := int(binary.LittleEndian.Uint16(b))
+	n := int(binary.NativeEndian.Uint16(b))
 	if n < 4 || n > len(b) {
 		return attribute{}, nil, errMalformed
 	}
-	a := attribute{typ: binary.LittleEndian.Uint16(b[2:]) &^ 0xc000, data: b[4:n]}
+	a := attribute{typ: binary.NativeEndian.Uint16(b[2:]) &^ 0xc000, data: b[4:n]}
 	return a, b[min((n+3)&^3, len(b)):], nil
 }
 
@@ -156,7 +156,7 @@ func appendCanonExpr(b []byte, name string, data []byte, jump string) ([]byte, s
 		if name == "bitwise" && a.typ == 6 && attrU32(a) == 0 {
 			continue // NFTA_BITWISE_OP: the kernel reports the default
 		}
-		b = binary.LittleEndian.AppendUint16(b, a.typ)
+		b = binary.NativeEndian.AppendUint16(b, a.typ)
 		lenAt := len(b)
 		b = append(b, 0, 0, 0, 0)
 		switch {
@@ -172,7 +172,7 @@ func appendCanonExpr(b []byte, name string, data []byte, jump string) ([]byte, s
 		default:
 			b = append(b, a.data...)
 		}
-		binary.LittleEndian.PutUint32(b[lenAt:], uint32(len(b)-lenAt-4))
+		binary.NativeEndian.PutUint32(b[lenAt:], uint32(len(b)-lenAt-4))
 	}
 	return b, jump, nil
 }
@@ -186,7 +186,7 @@ func appendCanonData(b, data []byte, jump string) ([]byte, string, error) {
 			return nil, "", err
 		}
 		data = rest
-		b = binary.LittleEndian.AppendUint16(b, a.typ)
+		b = binary.NativeEndian.AppendUint16(b, a.typ)
 		if a.typ != attrDataVerdict {
 			b = append(b, a.data...)
 			continue
@@ -200,7 +200,7 @@ func appendCanonData(b, data []byte, jump string) ([]byte, string, error) {
 			if x.typ == attrVerdictChan {
 				jump = attrString(x)
 			}
-			b = binary.LittleEndian.AppendUint16(b, x.typ)
+			b = binary.NativeEndian.AppendUint16(b, x.typ)
 			b = append(b, bytes.TrimRight(x.data, "\x00")...)
 		}
 	}

@@ -83,8 +83,7 @@ const (
 )
 
 // exprWriter appends netlink attributes to a buffer. Attribute headers are
-// in host byte order (little endian on the machines this runs on), values
-// in network byte order unless noted.
+// in host byte order, values in network byte order unless noted.
 type exprWriter struct {
 	b   []byte
 	tmp []byte // scratch for xt info blobs
@@ -103,18 +102,23 @@ func (w *exprWriter) blob(n int) []byte {
 // begin opens a nested attribute and returns its offset for end.
 func (w *exprWriter) begin(typ uint16) int {
 	off := len(w.b)
-	w.b = append(w.b, 0, 0, byte(typ), byte(typ>>8|nlaNested>>8))
+	w.header(0, typ|nlaNested)
 	return off
+}
+
+// header appends an attribute header, in host byte order.
+func (w *exprWriter) header(n int, typ uint16) {
+	w.b = binary.NativeEndian.AppendUint16(w.b, uint16(n))
+	w.b = binary.NativeEndian.AppendUint16(w.b, typ)
 }
 
 // end closes the nested attribute opened at off.
 func (w *exprWriter) end(off int) {
-	binary.LittleEndian.PutUint16(w.b[off:], uint16(len(w.b)-off))
+	binary.NativeEndian.PutUint16(w.b[off:], uint16(len(w.b)-off))
 }
 
 func (w *exprWriter) attr(typ uint16, data []byte) {
-	n := 4 + len(data)
-	w.b = append(w.b, byte(n), byte(n>>8), byte(typ), byte(typ>>8))
+	w.header(4+len(data), typ)
 	w.b = append(w.b, data...)
 	w.pad()
 }
@@ -126,19 +130,18 @@ func (w *exprWriter) pad() {
 }
 
 func (w *exprWriter) u32(typ uint16, v uint32) {
-	w.b = append(w.b, 8, 0, byte(typ), byte(typ>>8))
+	w.header(8, typ)
 	w.b = binary.BigEndian.AppendUint32(w.b, v)
 }
 
 func (w *exprWriter) u64(typ uint16, v uint64) {
-	w.b = append(w.b, 12, 0, byte(typ), byte(typ>>8))
+	w.header(12, typ)
 	w.b = binary.BigEndian.AppendUint64(w.b, v)
 }
 
 // str appends a NUL-terminated string attribute.
 func (w *exprWriter) str(typ uint16, s string) {
-	n := 4 + len(s) + 1
-	w.b = append(w.b, byte(n), byte(n>>8), byte(typ), byte(typ>>8))
+	w.header(4+len(s)+1, typ)
 	w.b = append(w.b, s...)
 	w.b = append(w.b, 0)
 	w.pad()
@@ -268,8 +271,7 @@ func (w *exprWriter) xt(x Extension, info []byte) {
 	w.str(attrXtName, x.Name)
 	w.u32(attrXtRev, x.Rev)
 	n := (len(info) + 7) &^ 7
-	h := 4 + n
-	w.b = append(w.b, byte(h), byte(h>>8), byte(attrXtInfo), 0)
+	w.header(4+n, attrXtInfo)
 	w.b = append(w.b, info...)
 	for i := len(info); i < n; i++ {
 		w.b = append(w.b, 0)
@@ -423,8 +425,8 @@ func (p Port) encode(w *exprWriter, _ Family) error {
 			// Bare -m tcp or -m udp: the xt match with full port ranges.
 			// xt_tcp is 12 bytes, xt_udp 10; both pad to 16.
 			info := w.blob(16)
-			binary.LittleEndian.PutUint16(info[2:], 0xffff)
-			binary.LittleEndian.PutUint16(info[6:], 0xffff)
+			binary.NativeEndian.PutUint16(info[2:], 0xffff)
+			binary.NativeEndian.PutUint16(info[6:], 0xffff)
 			x := xtTCP
 			if p.Proto == ProtoUDP {
 				x = xtUDP
@@ -445,9 +447,9 @@ func (p Port) encode(w *exprWriter, _ Family) error {
 // sctpInfo returns struct xt_sctp_info (292 bytes) as libxt_sctp fills it.
 func sctpInfo(info []byte, dport uint16) []byte {
 	if dport != 0 {
-		binary.LittleEndian.PutUint16(info[0:], dport)
-		binary.LittleEndian.PutUint16(info[2:], dport)
-		binary.LittleEndian.PutUint32(info[284:], 0x02) // XT_SCTP_DEST_PORTS
+		binary.NativeEndian.PutUint16(info[0:], dport)
+		binary.NativeEndian.PutUint16(info[2:], dport)
+		binary.NativeEndian.PutUint32(info[284:], 0x02) // XT_SCTP_DEST_PORTS
 	}
 	for i := range 4 {
 		info[268+3*i] = 0xff // flag_info[i].chunktype
@@ -457,10 +459,10 @@ func sctpInfo(info []byte, dport uint16) []byte {
 
 func (s Statistic) encode(w *exprWriter, _ Family) error {
 	info := w.blob(24)
-	binary.LittleEndian.PutUint32(info[4:], s.Random)
+	binary.NativeEndian.PutUint32(info[4:], s.Random)
 	// libxt_statistic computes nth.count = every - packet, which for
 	// random mode copies the probability into the count.
-	binary.LittleEndian.PutUint32(info[12:], s.Random)
+	binary.NativeEndian.PutUint32(info[12:], s.Random)
 	w.xt(xtStatistic, info)
 	return nil
 }
@@ -486,7 +488,7 @@ func (r Recent) encode(w *exprWriter, f Family) error {
 	case RecentSet:
 		info[8] = recentSet
 	case RecentCheck:
-		binary.LittleEndian.PutUint32(info[0:], r.Seconds)
+		binary.NativeEndian.PutUint32(info[0:], r.Seconds)
 		info[8] = recentCheck
 		if r.Reap {
 			info[8] |= recentReap
@@ -520,8 +522,8 @@ func (m Mark) encode(w *exprWriter, _ Family) error {
 
 func (a AddrType) encode(w *exprWriter, _ Family) error {
 	info := w.blob(8)
-	binary.LittleEndian.PutUint16(info[0:], a.Src)
-	binary.LittleEndian.PutUint16(info[2:], a.Dst)
+	binary.NativeEndian.PutUint16(info[0:], a.Src)
+	binary.NativeEndian.PutUint16(info[2:], a.Dst)
 	var flags uint32
 	if a.NotSrc {
 		flags |= 1
@@ -529,7 +531,7 @@ func (a AddrType) encode(w *exprWriter, _ Family) error {
 	if a.NotDst {
 		flags |= 2
 	}
-	binary.LittleEndian.PutUint32(info[4:], flags)
+	binary.NativeEndian.PutUint32(info[4:], flags)
 	w.xt(xtAddrType, info)
 	return nil
 }
@@ -539,11 +541,11 @@ func (c Conntrack) encode(w *exprWriter, _ Family) error {
 	// expiry, protocol and ports, then match_flags @146, invert_flags @148
 	// and state_mask @150.
 	info := w.blob(162)
-	binary.LittleEndian.PutUint16(info[146:], 1) // XT_CONNTRACK_STATE
+	binary.NativeEndian.PutUint16(info[146:], 1) // XT_CONNTRACK_STATE
 	if c.Invert {
-		binary.LittleEndian.PutUint16(info[148:], 1)
+		binary.NativeEndian.PutUint16(info[148:], 1)
 	}
-	binary.LittleEndian.PutUint16(info[150:], c.States)
+	binary.NativeEndian.PutUint16(info[150:], c.States)
 	w.xt(xtConntrack, info)
 	return nil
 }
@@ -558,7 +560,7 @@ func (s Set) encode(w *exprWriter, _ Family) error {
 	// struct xt_set_info_match_v4: index, dim, flags, then the packet and
 	// byte counter matches, then cmdflags @40.
 	info := w.blob(48)
-	binary.LittleEndian.PutUint16(info[0:], s.Index)
+	binary.NativeEndian.PutUint16(info[0:], s.Index)
 	info[2] = byte(len(s.Dirs))
 	for i, d := range s.Dirs {
 		if d == SetSrc {
@@ -605,7 +607,7 @@ func (d DNAT) encode(w *exprWriter, f Family) error {
 	// struct nf_nat_range2: flags, min and max address, min, max and base
 	// proto (ports in network byte order).
 	info := w.blob(48)
-	binary.LittleEndian.PutUint32(info[0:], 0x3) // MAP_IPS | PROTO_SPECIFIED
+	binary.NativeEndian.PutUint32(info[0:], 0x3) // MAP_IPS | PROTO_SPECIFIED
 	a := d.To.Addr().AsSlice()
 	copy(info[4:], a)
 	copy(info[20:], a)
@@ -623,22 +625,22 @@ func (m Masquerade) encode(w *exprWriter, f Family) error {
 	if f == IPv6 {
 		// struct nf_nat_range.
 		info := w.blob(40)
-		binary.LittleEndian.PutUint32(info, flags)
+		binary.NativeEndian.PutUint32(info, flags)
 		w.xt(xtMasquerade, info)
 		return nil
 	}
 	// struct nf_nat_ipv4_multi_range_compat with one range.
 	info := w.blob(24)
-	binary.LittleEndian.PutUint32(info[0:], 1)
-	binary.LittleEndian.PutUint32(info[4:], flags)
+	binary.NativeEndian.PutUint32(info[0:], 1)
+	binary.NativeEndian.PutUint32(info[4:], flags)
 	w.xt(xtMasquerade, info)
 	return nil
 }
 
 func (m SetMark) encode(w *exprWriter, _ Family) error {
 	info := w.blob(8)
-	binary.LittleEndian.PutUint32(info[0:], m.Value)
-	binary.LittleEndian.PutUint32(info[4:], m.Mask)
+	binary.NativeEndian.PutUint32(info[0:], m.Value)
+	binary.NativeEndian.PutUint32(info[4:], m.Mask)
 	w.xt(xtMark, info)
 	return nil
 }
@@ -649,7 +651,7 @@ func (Reject) encode(w *exprWriter, f Family) error {
 	if f == IPv6 {
 		with = 4 // IP6T_ICMP6_PORT_UNREACH
 	}
-	binary.LittleEndian.PutUint32(info, with)
+	binary.NativeEndian.PutUint32(info, with)
 	w.xt(xtReject, info)
 	return nil
 }

@@ -58,7 +58,7 @@ func reversed(b []byte) ([]byte, bool) {
 			return nil, false
 		}
 		seen[a.typ] = true
-		n := int(binary.LittleEndian.Uint16(b))
+		n := int(binary.NativeEndian.Uint16(b))
 		attrs = append(attrs, b[:n])
 		b = rest
 	}

@@ -115,10 +115,14 @@ func TestSignatureAsDumped(t *testing.T) {
 				// dumps the first 16.
 				hdr := len(data) - 28
 				data = data[:len(data)-8]
-				binary.LittleEndian.PutUint16(data[hdr:], 4+16)
+				binary.NativeEndian.PutUint16(data[hdr:], 4+16)
 			}
 		case "bitwise":
-			data = append(data, 8, 0, 6, 0, 0, 0, 0, 0) // NFTA_BITWISE_OP 0
+			// NFTA_BITWISE_OP 0: a header in host order, a value in
+			// network order.
+			data = binary.NativeEndian.AppendUint16(data, 8)
+			data = binary.NativeEndian.AppendUint16(data, 6)
+			data = append(data, 0, 0, 0, 0)
 		}
 		dumped = append(dumped, nfnl.RawExpr{Name: x.Name, Data: data})
 	}
