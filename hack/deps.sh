@@ -4,5 +4,5 @@
 set -eu
 exec "$(dirname "$0")/apt-install.sh" \
 	nftables iptables ipset conntrack ipvsadm iproute2 \
-	qemu-system-x86 kmod cpio systemd util-linux strace python3 \
+	qemu-system-x86 qemu-user kmod cpio systemd util-linux strace python3 \
 	busybox-static ca-certificates
