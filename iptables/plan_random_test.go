@@ -138,7 +138,7 @@ func covered(cov map[string]int, ch *servicelb.Changes, st *servicelb.State) {
 			{"node in source ranges", slices.ContainsFunc(sp.SourceRanges, netip.Prefix.IsSingleIP)},
 			{"IPv6 source ranges", len(sp.SourceRanges) > 0 && sp.Family == servicelb.IPv6},
 			{"node port on some node addresses", len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.NodePortIPs(sp.Family))},
-			{"node port on localhost", slices.Contains(sp.NodeIPs, servicelb.Localhost)},
+			{"node port on localhost", slices.Contains(sp.NodeIPs, netip.AddrFrom4([4]byte{127, 0, 0, 1}))},
 			{"health check", sp.HealthCheckNodePort != 0},
 			{"affinity", sp.Affinity > 0},
 			{"weights", slices.ContainsFunc(sp.Cluster, func(b servicelb.Backend) bool { return b.Weight != 1 })},

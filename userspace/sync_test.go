@@ -299,7 +299,7 @@ func TestFrontendsOnTheirOwnAddresses(t *testing.T) {
 
 	s.ClusterIPs = nil
 	mustSync(t, p, mustState(t, node, s))
-	at := netip.AddrPortFrom(servicelb.Localhost, np)
+	at := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), np)
 	assert.Equal(t, "ep-0", askTCP(t, at))
 	name, from := askUDP(t, at)
 	assert.Equal(t, "ep-0", name)

@@ -328,7 +328,7 @@ func nodeAddr(n servicelb.NodeConfig, v6 bool) netip.Addr {
 	if v6 {
 		return netip.IPv6Loopback()
 	}
-	return servicelb.Localhost
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
 }
 
 // redirect says where the child listens for a frontend.

@@ -83,7 +83,7 @@ func seePort(seen map[string]bool, node *servicelb.NodeConfig, sp *servicelb.Ser
 		"node port":                          len(sp.NodeIPs) > 0,
 		"node port on some node addresses":   len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.IPs(sp.Family))+len(node.LocalIPs),
 		"node port on another local address": slices.ContainsFunc(sp.NodeIPs, func(a netip.Addr) bool { return slices.Contains(node.LocalIPs, a) }),
-		"node port on localhost":             slices.Contains(sp.NodeIPs, servicelb.Localhost),
+		"node port on localhost":             slices.Contains(sp.NodeIPs, netip.AddrFrom4([4]byte{127, 0, 0, 1})),
 		"hairpin":                            len(sp.Hairpin) > 0,
 		"serving not selected":               len(sp.Serving) > len(sp.Hairpin),
 	} {
