@@ -3,13 +3,9 @@ package archtest
 import (
 	"fmt"
 	"go/ast"
-	"go/importer"
 	"go/parser"
 	"go/token"
 	"go/types"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -25,26 +21,13 @@ import (
 // contract by accident.
 func TestAPINamesNoInternalType(t *testing.T) {
 	pkgs := listExports(t, []string{module + "/...", module + "/kube/..."})
-	exports := map[string]string{}
-	for _, p := range pkgs {
-		exports[p.ImportPath] = p.Export
-	}
-	fset := token.NewFileSet()
-	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
+	imp := exportImporter(token.NewFileSet(), pkgs)
 	checked := 0
 	for _, p := range pkgs {
 		if !p.Target || internal(p.ImportPath) || p.Name == "main" || strings.HasPrefix(p.ImportPath, module+"/examples") {
 			continue
 		}
-		var files []*ast.File
-		for _, name := range p.GoFiles {
-			f, err := parser.ParseFile(fset, filepath.Join(p.Dir, name), nil, 0)
-			require.NoError(t, err)
-			files = append(files, f)
-		}
-		tp, err := (&types.Config{Importer: imp}).Check(p.ImportPath, fset, files, nil)
-		require.NoError(t, err, "type-check %s", p.ImportPath)
-		for _, leak := range internalNames(tp) {
+		for _, leak := range internalNames(typeCheck(t, p, imp)) {
 			t.Errorf("%s: %s", p.ImportPath, leak)
 		}
 		checked++
@@ -65,11 +48,7 @@ var deprecatedVars = map[string]bool{
 // can change what another one, or kproxy itself, reads.
 func TestNoMutableExportedGlobals(t *testing.T) {
 	pkgs := listExports(t, []string{module + "/...", module + "/kube/..."})
-	exports := map[string]string{}
-	for _, p := range pkgs {
-		exports[p.ImportPath] = p.Export
-	}
-	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
+	imp := exportImporter(token.NewFileSet(), pkgs)
 	errType := types.Universe.Lookup("error").Type()
 	for _, p := range pkgs {
 		if !p.Target || internal(p.ImportPath) || p.Name == "main" || strings.HasPrefix(p.ImportPath, module+"/examples") {

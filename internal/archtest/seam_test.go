@@ -32,12 +32,8 @@ var backendPackages = []string{"../../nftables", "../../iptables", "../../ipvs",
 // never from ServiceCIDRs, so that every backend drops the same addresses.
 func TestBackendsReadOnlyServicePorts(t *testing.T) {
 	pkgs := listExports(t, backendPackages)
-	exports := map[string]string{}
-	for _, p := range pkgs {
-		exports[p.ImportPath] = p.Export
-	}
 	fset := token.NewFileSet()
-	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
+	imp := exportImporter(fset, pkgs)
 	for _, p := range pkgs {
 		if !p.Target {
 			continue
@@ -166,4 +162,14 @@ func listExports(t *testing.T, paths []string) []listed {
 		pkgs = append(pkgs, p.listed)
 	}
 	return pkgs
+}
+
+// exportImporter imports the listed packages from the export data the go
+// command built for them.
+func exportImporter(fset *token.FileSet, pkgs []listed) types.Importer {
+	exports := map[string]string{}
+	for _, p := range pkgs {
+		exports[p.ImportPath] = p.Export
+	}
+	return importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
 }

@@ -2,12 +2,9 @@ package archtest
 
 import (
 	"go/ast"
-	"go/importer"
 	"go/parser"
 	"go/token"
 	"go/types"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,11 +21,7 @@ import (
 // maintainer finds the same step under one name in each.
 func TestBackendsHaveOneShape(t *testing.T) {
 	pkgs := listExports(t, backendPackages)
-	exports := map[string]string{}
-	for _, p := range pkgs {
-		exports[p.ImportPath] = p.Export
-	}
-	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) { return os.Open(exports[path]) })
+	imp := exportImporter(token.NewFileSet(), pkgs)
 	slb, err := imp.Import(servicelbPath)
 	require.NoError(t, err)
 	proxier := slb.Scope().Lookup("Proxier").Type().Underlying().(*types.Interface)
