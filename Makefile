@@ -99,7 +99,7 @@ test-unit:
 # unit tests cross-built for linux/s390x and run under qemu-s390x (see
 # hack/bigendian.sh). conntrack's test of a socket in the caller's
 # namespace needs the host's kernel.
-BIGENDIAN_PKGS := ./internal/nfnl ./internal/nlbatch ./internal/xtables ./internal/rtnl ./internal/ipvsnl ./ipset ./conntrack
+BIGENDIAN_PKGS := ./internal/nfnl ./internal/nl ./internal/xtables ./internal/rtnl ./internal/ipvsnl ./ipset ./conntrack
 test-bigendian: deps
 	GO=$(GO) hack/bigendian.sh -skip '^TestNewInTheCallersNamespace$$' $(BIGENDIAN_PKGS)
 

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -29,7 +29,7 @@ func TestTracedErrors(t *testing.T) {
 	var ops []ipvsOp
 	var errs []error
 	refuse := func(o ipvsOp, errno unix.Errno) error {
-		return opErr(opNames[o.kind], o.object(), &nlbatch.Error{Errno: errno})
+		return opErr(opNames[o.kind], o.object(), &nl.Error{Errno: errno})
 	}
 	for i := range 8 {
 		vs := &VirtualServer{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Protocol: servicelb.TCP, Port: 80}
@@ -65,7 +65,7 @@ func TestTracedErrors(t *testing.T) {
 	assert.Nil(t, servicelb.ServicesOf(err), "requests of no service port")
 	assert.ErrorContains(t, err, "and 10 more requests failed")
 
-	stopped := []error{refuse(ops[0], unix.EINVAL), nlbatch.ErrUnknown}
+	stopped := []error{refuse(ops[0], unix.EINVAL), nl.ErrUnknown}
 	err = tracedErrors(ops[:2], stopped, context.Canceled, owner)
 	assert.Nil(t, servicelb.ServicesOf(err), "a batch that stopped")
 	assert.ErrorIs(t, err, context.Canceled)

@@ -2,7 +2,7 @@
 // manner of kube-proxy's IPVS mode. It programs IPVS through generic
 // netlink (internal/ipvsnl), the dummy link and its addresses through
 // route netlink (internal/rtnl, which the userspace backend shares), both
-// in batches of many requests to a system call (internal/nlbatch), its
+// in batches of many requests to a system call (internal/nl), its
 // helper sets through the ipset package and its helper rules through
 // nf_tables netlink in iptables-nft's encoding. It runs no program.
 //

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/internal/ipvsnl"
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/internal/rtnl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -29,7 +29,7 @@ const (
 // generic netlink (internal/ipvsnl), the dummy link and its addresses
 // through route netlink (internal/rtnl, which the userspace backend's
 // link shares), both in batches of many requests to a system call
-// (internal/nlbatch). It counts the changes it makes.
+// (internal/nl). It counts the changes it makes.
 type kernel struct {
 	ipvs   *ipvsnl.Conn
 	rt     *rtnl.Conn
@@ -185,7 +185,7 @@ type realInfo struct {
 // of a known protocol and firewall-mark ones, without real servers.
 func (k *kernel) services(ctx context.Context) ([]*VirtualServer, error) {
 	var list []ipvsnl.Service
-	err := nlbatch.RetryInterrupted(ctx, func() (err error) {
+	err := nl.RetryInterrupted(ctx, func() (err error) {
 		list, err = k.ipvs.Services(ctx)
 		return err
 	})
@@ -204,7 +204,7 @@ func (k *kernel) services(ctx context.Context) ([]*VirtualServer, error) {
 // reals lists the real servers of vs.
 func (k *kernel) reals(ctx context.Context, vs *VirtualServer) ([]realInfo, error) {
 	var list []ipvsnl.Dest
-	err := nlbatch.RetryInterrupted(ctx, func() (err error) {
+	err := nl.RetryInterrupted(ctx, func() (err error) {
 		list, err = k.ipvs.Dests(ctx, toService(vs))
 		return err
 	})

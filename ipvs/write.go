@@ -11,7 +11,7 @@ import (
 	"slices"
 	"syscall"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/internal/xtables"
 	"github.com/kproxy-dev/kproxy/servicelb"
@@ -299,7 +299,7 @@ func firstErrors(errs []error, stopped error) error {
 	var out []error
 	n := 0
 	for _, e := range errs {
-		if e == nil || errors.Is(e, nlbatch.ErrUnknown) {
+		if e == nil || errors.Is(e, nl.ErrUnknown) {
 			continue
 		}
 		if n++; n <= maxErrors {

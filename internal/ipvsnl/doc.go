@@ -2,7 +2,7 @@
 
 // Package ipvsnl speaks IPVS's generic netlink family: it writes virtual
 // servers (services) and real servers (destinations) in batches, many
-// requests to a system call (internal/nlbatch), and reads them back. It
+// requests to a system call (internal/nl), and reads them back. It
 // is the ipvs backend's access to IPVS, in place of a request, a system
 // call and a read of its acknowledgement per object.
 //

@@ -10,7 +10,7 @@ import (
 	"iter"
 	"net/netip"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -123,13 +123,13 @@ type Options struct {
 // Conn is a generic netlink socket talking to IPVS in one namespace. Its
 // methods are safe for concurrent use; they run one at a time.
 type Conn struct {
-	c      *nlbatch.Conn
+	c      *nl.Conn
 	family uint16
 }
 
 // Open opens a Conn and looks up IPVS's family.
 func Open(ctx context.Context, o Options) (*Conn, error) {
-	c, err := nlbatch.Open(unix.NETLINK_GENERIC, nlbatch.Options{NetNS: o.NetNS})
+	c, err := nl.Open(unix.NETLINK_GENERIC, nl.Options{NetNS: o.NetNS})
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +142,8 @@ func Open(ctx context.Context, o Options) (*Conn, error) {
 }
 
 // familyID asks generic netlink's controller for IPVS's family.
-func familyID(ctx context.Context, c *nlbatch.Conn) (uint16, error) {
-	var b nlbatch.Batch
+func familyID(ctx context.Context, c *nl.Conn) (uint16, error) {
+	var b nl.Batch
 	b.Message(unix.GENL_ID_CTRL, 0, unix.CTRL_CMD_GETFAMILY, 1, 0, 0)
 	b.String(unix.CTRL_ATTR_FAMILY_NAME, familyName)
 	var id uint16
@@ -151,7 +151,7 @@ func familyID(ctx context.Context, c *nlbatch.Conn) (uint16, error) {
 		if len(data) < unix.GENL_HDRLEN {
 			return nil
 		}
-		for typ, v := range nlbatch.Attrs(data[unix.GENL_HDRLEN:]) {
+		for typ, v := range nl.Attrs(data[unix.GENL_HDRLEN:]) {
 			if typ == unix.CTRL_ATTR_FAMILY_ID && len(v) >= 2 {
 				id = binary.NativeEndian.Uint16(v)
 			}
@@ -174,15 +174,15 @@ func familyID(ctx context.Context, c *nlbatch.Conn) (uint16, error) {
 func (c *Conn) Close() error { return c.c.Close() }
 
 // Stats returns what the Conn sent so far.
-func (c *Conn) Stats() nlbatch.Stats { return c.c.Stats() }
+func (c *Conn) Stats() nl.Stats { return c.c.Stats() }
 
 // Batch returns an empty batch of IPVS requests for c.
 func (c *Conn) Batch() *Batch { return &Batch{family: c.family} }
 
 // Send writes the batch, many requests to a system call, and returns the
 // error of each request in the order they were added (nil for success;
-// an *nlbatch.Error wrapping the errno for a refusal). A non-nil error
-// means that Send stopped part way; see nlbatch.Conn.Send.
+// an *nl.Error wrapping the errno for a refusal). A non-nil error
+// means that Send stopped part way; see nl.Conn.Send.
 func (c *Conn) Send(ctx context.Context, b *Batch) ([]error, error) {
 	return c.c.Send(ctx, &b.b)
 }
@@ -190,7 +190,7 @@ func (c *Conn) Send(ctx context.Context, b *Batch) ([]error, error) {
 // Batch is a list of IPVS requests. Its methods never fail.
 type Batch struct {
 	family uint16
-	b      nlbatch.Batch
+	b      nl.Batch
 }
 
 // Len returns the number of requests.
@@ -246,7 +246,7 @@ func (b *Batch) dest(cmd uint8, s *Service, d *Dest, full bool) {
 
 // putService adds the service attribute: the key (family, and firewall
 // mark or protocol, address and port), and with full its settings.
-func putService(b *nlbatch.Batch, s *Service, full bool) {
+func putService(b *nl.Batch, s *Service, full bool) {
 	b.Nest(attrService)
 	b.Uint16(svcAF, s.Family)
 	if s.FWMark != 0 {
@@ -357,13 +357,13 @@ func commandAttrs(data []byte) iter.Seq2[uint16, []byte] {
 	if len(data) < unix.GENL_HDRLEN {
 		return func(func(uint16, []byte) bool) {}
 	}
-	return nlbatch.Attrs(data[unix.GENL_HDRLEN:])
+	return nl.Attrs(data[unix.GENL_HDRLEN:])
 }
 
 func parseService(b []byte) Service {
 	var s Service
 	var addr []byte
-	for typ, v := range nlbatch.Attrs(b) {
+	for typ, v := range nl.Attrs(b) {
 		switch typ {
 		case svcAF:
 			s.Family = u16(v)
@@ -396,7 +396,7 @@ func parseService(b []byte) Service {
 func parseDest(b []byte, fam uint16) Dest {
 	var d Dest
 	var addr []byte
-	for typ, v := range nlbatch.Attrs(b) {
+	for typ, v := range nl.Attrs(b) {
 		switch typ {
 		case destAddr:
 			addr = v

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -23,7 +23,7 @@ type attr struct {
 
 func decode(b []byte, nest bool) []attr {
 	var out []attr
-	for typ, v := range nlbatch.Attrs(b) {
+	for typ, v := range nl.Attrs(b) {
 		a := attr{Type: typ, Value: slices.Clone(v)}
 		if nest {
 			a.Value, a.Nested = nil, decode(v, false)
@@ -126,7 +126,7 @@ func TestEncoding(t *testing.T) {
 // TestParse reads services and real servers as the kernel dumps them:
 // addresses in a 16-byte union, statistics nests aside.
 func TestParse(t *testing.T) {
-	var k nlbatch.Batch
+	var k nl.Batch
 	k.Message(0x1d, 0, cmdNewService, version, 0, 0)
 	k.Nest(attrService)
 	k.Uint16(svcAF, unix.AF_INET)
@@ -151,7 +151,7 @@ func TestParse(t *testing.T) {
 	assert.Equal(t, Service{Family: unix.AF_INET, Protocol: unix.IPPROTO_UDP, Addr: netip.MustParseAddr("10.96.0.53"),
 		Port: 53, Scheduler: "rr", Flags: FlagPersistent, Timeout: 60, Netmask: 0xffffffff}, got)
 
-	var d nlbatch.Batch
+	var d nl.Batch
 	d.Message(0x1d, 0, cmdNewDest, version, 0, 0)
 	d.Nest(attrDest)
 	v6 := netip.MustParseAddr("fd00::2").As16()

@@ -1,7 +1,7 @@
 //go:build linux
 
 // Package nlsock opens the netlink sockets that kproxy's netlink layers
-// (internal/nfnl for nf_tables, internal/nlbatch for route and generic
+// (internal/nfnl for nf_tables, internal/nl for route and generic
 // netlink) send through, set up alike: bound, acknowledgements that carry
 // only the failed message's header and the kernel's explanation, and a
 // receive buffer beyond the system limit where the caller may set one.

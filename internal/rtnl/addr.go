@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // ifaProto is IFA_PROTO (linux/if_addr.h, Linux 5.18), which
@@ -55,7 +55,7 @@ func ifaddrmsg(p netip.Prefix, link int) []byte {
 // detection (IFA_F_NODAD) and carries the mark proto unless it is zero;
 // or RTM_DELADDR, which fails with EADDRNOTAVAIL when the link does not
 // have it.
-func addrRequest(b *nlbatch.Batch, link int, proto uint8, op AddrOp) {
+func addrRequest(b *nl.Batch, link int, proto uint8, op AddrOp) {
 	typ, flags := uint16(unix.RTM_DELADDR), uint16(0)
 	if op.Add {
 		typ, flags = unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL
@@ -76,15 +76,15 @@ func addrRequest(b *nlbatch.Batch, link int, proto uint8, op AddrOp) {
 
 // ChangeAddrs adds and deletes addresses on link, marking those it adds
 // with proto (none when 0), in batches of requests many to a system call
-// (see internal/nlbatch), and returns each operation's error in order:
-// nil for success, the kernel's refusal (an *nlbatch.Error wrapping the
+// (see internal/nl), and returns each operation's error in order:
+// nil for success, the kernel's refusal (an *nl.Error wrapping the
 // errno) else. The kernel handles every request whatever became of the
 // others. A non-nil error means that it stopped part way (the context
 // ended, a send or receive failed): the operations whose outcome it does
-// not know are marked with nlbatch.ErrUnknown. An added address skips
+// not know are marked with nl.ErrUnknown. An added address skips
 // duplicate address detection: it serves at once.
 func (c *Conn) ChangeAddrs(ctx context.Context, link int, proto uint8, ops []AddrOp) ([]error, error) {
-	var b nlbatch.Batch
+	var b nl.Batch
 	for _, op := range ops {
 		addrRequest(&b, link, proto, op)
 	}
@@ -94,10 +94,10 @@ func (c *Conn) ChangeAddrs(ctx context.Context, link int, proto uint8, ops []Add
 // Addrs returns the addresses of link, of every family, in the kernel's
 // order.
 func (c *Conn) Addrs(ctx context.Context, link int) ([]Addr, error) {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_GETADDR, 0, ifaddrmsg(netip.Prefix{}, link)...)
 	var out []Addr
-	err := nlbatch.RetryInterrupted(ctx, func() error {
+	err := nl.RetryInterrupted(ctx, func() error {
 		out = out[:0]
 		return c.c.Dump(ctx, &b, func(typ uint16, data []byte) error {
 			if typ != unix.RTM_NEWADDR {
@@ -122,7 +122,7 @@ func parseAddr(data []byte, link int) (Addr, bool) {
 	bits := int(data[1])
 	var address, local netip.Addr
 	var proto uint8
-	for typ, v := range nlbatch.Attrs(data[unix.SizeofIfAddrmsg:]) {
+	for typ, v := range nl.Attrs(data[unix.SizeofIfAddrmsg:]) {
 		switch typ {
 		case unix.IFA_ADDRESS:
 			address, _ = netip.AddrFromSlice(v)
@@ -151,10 +151,10 @@ func IsGone(err error) bool {
 // LocalIPv6 returns the addresses that the IPv6 local routing table
 // routes to the node itself.
 func (c *Conn) LocalIPv6(ctx context.Context) (map[netip.Addr]bool, error) {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_GETROUTE, 0, rtmsg(unix.AF_INET6, 0, unix.RT_TABLE_LOCAL)...)
 	out := map[netip.Addr]bool{}
-	err := nlbatch.RetryInterrupted(ctx, func() error {
+	err := nl.RetryInterrupted(ctx, func() error {
 		clear(out)
 		return c.c.Dump(ctx, &b, func(typ uint16, data []byte) error {
 			if typ != unix.RTM_NEWROUTE || len(data) < unix.SizeofRtMsg {
@@ -163,7 +163,7 @@ func (c *Conn) LocalIPv6(ctx context.Context) (map[netip.Addr]bool, error) {
 			if data[4] != unix.RT_TABLE_LOCAL || data[7] != unix.RTN_LOCAL {
 				return nil
 			}
-			for at, v := range nlbatch.Attrs(data[unix.SizeofRtMsg:]) {
+			for at, v := range nl.Attrs(data[unix.SizeofRtMsg:]) {
 				if a, ok := netip.AddrFromSlice(v); ok && at == unix.RTA_DST {
 					out[a] = true
 				}

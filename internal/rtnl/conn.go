@@ -9,15 +9,15 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
 )
 
 // Conn is a route netlink socket in one network namespace, whose
-// requests go through internal/nlbatch. Its methods are safe for
+// requests go through internal/nl. Its methods are safe for
 // concurrent use; they run one at a time.
 type Conn struct {
-	c *nlbatch.Conn
+	c *nl.Conn
 }
 
 // Open opens a route netlink socket in ns; zero or netns.None() means the
@@ -28,9 +28,9 @@ func Open(ns netns.NsHandle) (*Conn, error) {
 	if !ns.IsOpen() {
 		ns = 0 // the caller's
 	}
-	var c *nlbatch.Conn
+	var c *nl.Conn
 	err := nsutil.Do(ns, func() (err error) {
-		c, err = nlbatch.Open(unix.NETLINK_ROUTE, nlbatch.Options{})
+		c, err = nl.Open(unix.NETLINK_ROUTE, nl.Options{})
 		return err
 	})
 	if err != nil {
@@ -43,7 +43,7 @@ func Open(ns netns.NsHandle) (*Conn, error) {
 func (c *Conn) Close() error { return c.c.Close() }
 
 // Stats returns what the Conn sent so far: system calls and requests.
-func (c *Conn) Stats() nlbatch.Stats { return c.c.Stats() }
+func (c *Conn) Stats() nl.Stats { return c.c.Stats() }
 
 // SyscallConn returns the socket's raw connection, for ioctls that want a
 // socket of the namespace (an interface's name by index).
@@ -51,7 +51,7 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.c.SyscallConn()
 
 // send sends a batch of one request and returns the kernel's answer to
 // it.
-func (c *Conn) send(ctx context.Context, b *nlbatch.Batch) error {
+func (c *Conn) send(ctx context.Context, b *nl.Batch) error {
 	errs, err := c.c.Send(ctx, b)
 	if err != nil {
 		return err

@@ -30,7 +30,7 @@
 //
 // The package owns route netlink's encoding: the requests and the
 // kernel's answers for links, addresses and routes. It sends them through
-// internal/nlbatch, the machinery the IPVS requests go through too: a
+// internal/nl, the machinery the IPVS requests go through too: a
 // ChangeAddrs of many addresses is one batch, many requests to a system
 // call, with each request's own error; reads are dumps and lookups, and a
 // dump a concurrent change interrupted is read again (a few times).

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // Link is a network interface as the kernel lists it.
@@ -63,7 +63,7 @@ func ifinfomsg(index int, flags, change uint32) []byte {
 // LinkByName returns the link named name; ok is false when there is
 // none.
 func (c *Conn) LinkByName(ctx context.Context, name string) (l Link, ok bool, err error) {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_GETLINK, 0, ifinfomsg(0, 0, 0)...)
 	b.String(unix.IFLA_IFNAME, name)
 	err = c.c.Get(ctx, &b, func(typ uint16, data []byte) error {
@@ -90,14 +90,14 @@ func parseLink(data []byte) (Link, bool) {
 		Index: int(int32(binary.NativeEndian.Uint32(data[4:8]))),
 		Flags: binary.NativeEndian.Uint32(data[8:12]),
 	}
-	for typ, v := range nlbatch.Attrs(data[unix.SizeofIfInfomsg:]) {
+	for typ, v := range nl.Attrs(data[unix.SizeofIfInfomsg:]) {
 		switch typ {
 		case unix.IFLA_IFNAME:
 			l.Name = trimNUL(v)
 		case unix.IFLA_IFALIAS:
 			l.Alias = trimNUL(v)
 		case unix.IFLA_LINKINFO:
-			for typ, v := range nlbatch.Attrs(v) {
+			for typ, v := range nl.Attrs(v) {
 				if typ == unix.IFLA_INFO_KIND {
 					l.Kind = trimNUL(v)
 				}
@@ -125,7 +125,7 @@ func (c *Conn) EnsureDummy(ctx context.Context, name, owner string) (l Link, cre
 	if err != nil || ok {
 		return l, false, err
 	}
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, ifinfomsg(0, 0, 0)...)
 	b.String(unix.IFLA_IFNAME, name)
 	b.Nest(unix.IFLA_LINKINFO)
@@ -167,7 +167,7 @@ func (c *Conn) SetUp(ctx context.Context, l Link) error {
 // setLink changes the flags of change to flags, and sets the alias
 // unless it is empty.
 func (c *Conn) setLink(ctx context.Context, index int, flags, change uint32, alias string) error {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_NEWLINK, 0, ifinfomsg(index, flags, change)...)
 	if alias != "" {
 		b.Attr(unix.IFLA_IFALIAS, []byte(alias))
@@ -193,7 +193,7 @@ func (c *Conn) RemoveDummy(ctx context.Context, name, owner string) (deleted boo
 }
 
 func (c *Conn) deleteLink(ctx context.Context, index int) error {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_DELLINK, 0, ifinfomsg(index, 0, 0)...)
 	return c.send(ctx, &b)
 }

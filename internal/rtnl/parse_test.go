@@ -12,16 +12,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // body returns the payload of a batch's one message, after its header.
-func body(b *nlbatch.Batch) []byte { return b.Wire()[unix.NLMSG_HDRLEN:] }
+func body(b *nl.Batch) []byte { return b.Wire()[unix.NLMSG_HDRLEN:] }
 
 // newAddrMsg is the body of an RTM_NEWADDR message as the kernel sends
 // it: IFA_ADDRESS, IFA_LOCAL for IPv4, and the mark when proto is set.
 func newAddrMsg(p netip.Prefix, link int, proto uint8) []byte {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_NEWADDR, 0, ifaddrmsg(p, link)...)
 	b.Addr(unix.IFA_ADDRESS, p.Addr())
 	if p.Addr().Is4() {
@@ -50,7 +50,7 @@ func TestParseAddr(t *testing.T) {
 }
 
 func TestParseLink(t *testing.T) {
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_NEWLINK, 0, ifinfomsg(4, unix.IFF_UP|unix.IFF_BROADCAST, 0)...)
 	b.String(unix.IFLA_IFNAME, "kproxy-us0")
 	b.Attr(unix.IFLA_IFALIAS, []byte("kproxy-userspace"))
@@ -75,7 +75,7 @@ type attr struct {
 
 func attrsOf(b []byte) []attr {
 	var out []attr
-	for typ, v := range nlbatch.Attrs(b) {
+	for typ, v := range nl.Attrs(b) {
 		out = append(out, attr{typ, slices.Clone(v)})
 	}
 	return out
@@ -117,7 +117,7 @@ func TestAddrRequests(t *testing.T) {
 		attrs: []attr{{unix.IFA_LOCAL, []byte{10, 0, 0, 0}}, {unix.IFA_ADDRESS, []byte{10, 0, 0, 0}}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var b nlbatch.Batch
+			var b nl.Batch
 			addrRequest(&b, 3, tc.proto, tc.op)
 			m := b.Wire()
 			assert.Equal(t, tc.typ, binary.NativeEndian.Uint16(m[4:6]))

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // rtmsg returns a struct rtmsg of family fam, destination length bits,
@@ -25,7 +25,7 @@ func (c *Conn) RouteOIF(ctx context.Context, a netip.Addr) (int, error) {
 	if a.Is6() {
 		fam = unix.AF_INET6
 	}
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_GETROUTE, 0, rtmsg(fam, uint8(a.BitLen()), 0)...)
 	b.Addr(unix.RTA_DST, a)
 	oif := 0
@@ -33,7 +33,7 @@ func (c *Conn) RouteOIF(ctx context.Context, a netip.Addr) (int, error) {
 		if typ != unix.RTM_NEWROUTE || len(data) < unix.SizeofRtMsg {
 			return nil
 		}
-		for at, v := range nlbatch.Attrs(data[unix.SizeofRtMsg:]) {
+		for at, v := range nl.Attrs(data[unix.SizeofRtMsg:]) {
 			if at == unix.RTA_OIF && len(v) >= 4 {
 				oif = int(binary.NativeEndian.Uint32(v))
 			}

@@ -1,6 +1,6 @@
 //go:build linux
 
-// Package nlbatch sends netlink requests many to a sendmsg(2), and tells
+// Package nl sends netlink requests many to a sendmsg(2), and tells
 // the outcome of each: the machinery under the backends that write
 // objects the kernel takes one message at a time and without a
 // transaction (IPVS virtual and real servers through generic netlink,
@@ -57,4 +57,4 @@
 // one in another (Options.NetNS). What a request may change is the
 // kernel's business: CAP_NET_ADMIN in the namespace for IPVS and
 // addresses.
-package nlbatch
+package nl

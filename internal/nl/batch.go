@@ -1,6 +1,6 @@
 //go:build linux
 
-package nlbatch
+package nl
 
 import (
 	"encoding/binary"
@@ -49,7 +49,7 @@ func (b *Batch) Attr(typ uint16, data []byte) {
 // attrHeader appends the header of an attribute of n bytes.
 func (b *Batch) attrHeader(typ uint16, n int) {
 	if 4+n > 0xffff {
-		panic("nlbatch: attribute too long")
+		panic("nl: attribute too long")
 	}
 	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+n))
 	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
@@ -115,7 +115,7 @@ func (b *Batch) End() {
 	b.nests = b.nests[:len(b.nests)-1]
 	l := len(b.buf) - at
 	if l > 0xffff {
-		panic("nlbatch: nested attribute too long")
+		panic("nl: nested attribute too long")
 	}
 	binary.NativeEndian.PutUint16(b.buf[at:], uint16(l))
 }
@@ -141,7 +141,7 @@ func (b *Batch) Reset() {
 // close sets the length of the last message.
 func (b *Batch) close() {
 	if len(b.nests) > 0 {
-		panic("nlbatch: message ended with a nested attribute open")
+		panic("nl: message ended with a nested attribute open")
 	}
 	if n := len(b.starts); n > 0 {
 		at := b.starts[n-1]

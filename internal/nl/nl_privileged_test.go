@@ -1,6 +1,6 @@
 //go:build privileged || vm
 
-package nlbatch_test
+package nl_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kproxy-dev/kproxy/internal/nlbatch"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,10 +21,10 @@ import (
 // lo is the loopback's index in every namespace.
 const lo = 1
 
-func openIn(t *testing.T, h *netnstest.Host, o nlbatch.Options) *nlbatch.Conn {
+func openIn(t *testing.T, h *netnstest.Host, o nl.Options) *nl.Conn {
 	t.Helper()
 	o.NetNS = int(h.NS)
-	c, err := nlbatch.Open(unix.NETLINK_ROUTE, o)
+	c, err := nl.Open(unix.NETLINK_ROUTE, o)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -41,14 +41,14 @@ func host(i int) netip.Prefix {
 // requests; these are the smallest the kernel takes.)
 
 // addAddress appends the request that adds p to the loopback.
-func addAddress(b *nlbatch.Batch, p netip.Prefix) {
+func addAddress(b *nl.Batch, p netip.Prefix) {
 	addrRequest(b, unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, p)
 }
 
 // delAddress appends the request that deletes p from the loopback.
-func delAddress(b *nlbatch.Batch, p netip.Prefix) { addrRequest(b, unix.RTM_DELADDR, 0, p) }
+func delAddress(b *nl.Batch, p netip.Prefix) { addrRequest(b, unix.RTM_DELADDR, 0, p) }
 
-func addrRequest(b *nlbatch.Batch, typ, flags uint16, p netip.Prefix) {
+func addrRequest(b *nl.Batch, typ, flags uint16, p netip.Prefix) {
 	b.Message(typ, flags, binary.NativeEndian.AppendUint32([]byte{unix.AF_INET, uint8(p.Bits()), 0, 0}, lo)...)
 	b.Addr(unix.IFA_LOCAL, p.Addr())
 }
@@ -78,9 +78,9 @@ func addresses(t *testing.T, h *netnstest.Host) []netip.Prefix {
 // failed one in the middle stops nothing after it.
 func TestSendOneDatagram(t *testing.T) {
 	netnstest.Require(t, "netns")
-	h := netnstest.NewHost(t, "nlbatch")
-	c := openIn(t, h, nlbatch.Options{})
-	var b nlbatch.Batch
+	h := netnstest.NewHost(t, "nl")
+	c := openIn(t, h, nl.Options{})
+	var b nl.Batch
 	addAddress(&b, host(1))
 	addAddress(&b, host(1)) // there already
 	addAddress(&b, host(2))
@@ -103,9 +103,9 @@ func TestSendOneDatagram(t *testing.T) {
 // was in, even when every message of a chunk fails.
 func TestSendChunks(t *testing.T) {
 	netnstest.Require(t, "netns")
-	h := netnstest.NewHost(t, "nlbatch")
-	c := openIn(t, h, nlbatch.Options{ChunkBytes: 1000})
-	var b nlbatch.Batch
+	h := netnstest.NewHost(t, "nl")
+	c := openIn(t, h, nl.Options{ChunkBytes: 1000})
+	var b nl.Batch
 	for i := range 200 {
 		addAddress(&b, host(i))
 	}
@@ -143,9 +143,9 @@ func TestSendChunks(t *testing.T) {
 // room for all the answers in the receive buffer.
 func TestSendManyFailures(t *testing.T) {
 	netnstest.Require(t, "netns")
-	h := netnstest.NewHost(t, "nlbatch")
-	c := openIn(t, h, nlbatch.Options{})
-	var b nlbatch.Batch
+	h := netnstest.NewHost(t, "nl")
+	c := openIn(t, h, nl.Options{})
+	var b nl.Batch
 	for range 5000 {
 		delAddress(&b, host(1))
 	}
@@ -160,9 +160,9 @@ func TestSendManyFailures(t *testing.T) {
 // message's outcome is unknown.
 func TestSendCanceled(t *testing.T) {
 	netnstest.Require(t, "netns")
-	h := netnstest.NewHost(t, "nlbatch")
-	c := openIn(t, h, nlbatch.Options{})
-	var b nlbatch.Batch
+	h := netnstest.NewHost(t, "nl")
+	c := openIn(t, h, nl.Options{})
+	var b nl.Batch
 	addAddress(&b, host(1))
 	addAddress(&b, host(2))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -170,7 +170,7 @@ func TestSendCanceled(t *testing.T) {
 	errs, err := c.Send(ctx, &b)
 	require.ErrorIs(t, err, context.Canceled)
 	for _, e := range errs {
-		assert.ErrorIs(t, e, nlbatch.ErrUnknown)
+		assert.ErrorIs(t, e, nl.ErrUnknown)
 	}
 	assert.Zero(t, c.Stats().Datagrams)
 	assert.Empty(t, addresses(t, h))
@@ -180,16 +180,16 @@ func TestSendCanceled(t *testing.T) {
 // of many messages is read to its end.
 func TestGetAndDump(t *testing.T) {
 	netnstest.Require(t, "netns")
-	h := netnstest.NewHost(t, "nlbatch")
-	c := openIn(t, h, nlbatch.Options{})
+	h := netnstest.NewHost(t, "nl")
+	c := openIn(t, h, nl.Options{})
 
-	var b nlbatch.Batch
+	var b nl.Batch
 	b.Message(unix.RTM_GETLINK, 0, make([]byte, unix.SizeofIfInfomsg)...)
 	b.String(unix.IFLA_IFNAME, "lo")
 	var name string
 	err := c.Get(t.Context(), &b, func(typ uint16, data []byte) error {
 		require.Equal(t, uint16(unix.RTM_NEWLINK), typ)
-		for at, v := range nlbatch.Attrs(data[unix.SizeofIfInfomsg:]) {
+		for at, v := range nl.Attrs(data[unix.SizeofIfInfomsg:]) {
 			if at == unix.IFLA_IFNAME {
 				name = strings.TrimRight(string(v), "\x00")
 			}

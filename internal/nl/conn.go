@@ -1,6 +1,6 @@
 //go:build linux
 
-package nlbatch
+package nl
 
 import (
 	"context"
