@@ -4,96 +4,71 @@ package nfnl
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
-// encoder appends netlink messages and attributes to one buffer. Netlink
-// headers and attribute headers are in host byte order (little endian on
-// every architecture kproxy supports); nf_tables attribute values are big
+// encoder appends nf_tables messages and attributes to one buffer, in
+// internal/nl's framing: headers in host byte order, nf_tables values big
 // endian.
 type encoder struct {
 	b   []byte
 	err error
 }
 
-func align4(n int) int { return (n + 3) &^ 3 }
-
 // message starts a message with an nfgenmsg header and returns its offset.
 func (e *encoder) message(typ uint16, flags uint16, fam Family, resID uint16) int {
 	off := len(e.b)
-	var h [nlmsgHdrLen + nfgenLen]byte
-	binary.NativeEndian.PutUint16(h[4:], typ)
-	binary.NativeEndian.PutUint16(h[6:], flags)
-	h[16] = byte(fam)
-	binary.BigEndian.PutUint16(h[18:], resID)
-	e.b = append(e.b, h[:]...)
+	e.b = nl.AppendHeader(e.b, typ, flags)
+	e.b = binary.BigEndian.AppendUint16(append(e.b, byte(fam), 0), resID)
 	return off
 }
 
 // endMessage writes the length of the message that starts at off.
-func (e *encoder) endMessage(off int) {
-	binary.NativeEndian.PutUint32(e.b[off:], uint32(len(e.b)-off))
+func (e *encoder) endMessage(off int) { nl.PutLength(e.b[off:]) }
+
+// fits reports whether an attribute of n bytes of payload can be framed,
+// and records the error when not.
+func (e *encoder) fits(typ uint16, n int) bool {
+	if nl.AttrHeaderLen+n > nl.MaxAttrLen {
+		e.fail(fmt.Errorf("attribute %d: %d bytes, at most %d", typ, nl.AttrHeaderLen+n, nl.MaxAttrLen))
+		return false
+	}
+	return true
 }
 
 func (e *encoder) attr(typ uint16, v []byte) {
-	n := nlaHdrLen + len(v)
-	if n > maxAttrLen {
-		e.fail(fmt.Errorf("attribute %d: %d bytes, at most %d", typ, n, maxAttrLen))
-		return
-	}
-	var h [nlaHdrLen]byte
-	binary.NativeEndian.PutUint16(h[0:], uint16(n))
-	binary.NativeEndian.PutUint16(h[2:], typ)
-	e.b = append(e.b, h[:]...)
-	e.b = append(e.b, v...)
-	for pad := align4(n) - n; pad > 0; pad-- {
-		e.b = append(e.b, 0)
+	if e.fits(typ, len(v)) {
+		e.b = nl.Pad(append(nl.AppendAttrHeader(e.b, typ, len(v)), v...))
 	}
 }
 
 func (e *encoder) str(typ uint16, s string) {
-	n := nlaHdrLen + len(s) + 1
-	if n > maxAttrLen {
-		e.fail(fmt.Errorf("attribute %d: %d bytes, at most %d", typ, n, maxAttrLen))
-		return
-	}
-	e.b = binary.NativeEndian.AppendUint16(e.b, uint16(n))
-	e.b = binary.NativeEndian.AppendUint16(e.b, typ)
-	e.b = append(e.b, s...)
-	for pad := align4(n) - n + 1; pad > 0; pad-- {
-		e.b = append(e.b, 0)
+	if e.fits(typ, len(s)+1) {
+		e.b = nl.Pad(append(append(nl.AppendAttrHeader(e.b, typ, len(s)+1), s...), 0))
 	}
 }
 
 func (e *encoder) u32(typ uint16, v uint32) {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], v)
-	e.attr(typ, b[:])
+	e.b = binary.BigEndian.AppendUint32(nl.AppendAttrHeader(e.b, typ, 4), v)
 }
 
 func (e *encoder) u64(typ uint16, v uint64) {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], v)
-	e.attr(typ, b[:])
+	e.b = binary.BigEndian.AppendUint64(nl.AppendAttrHeader(e.b, typ, 8), v)
 }
 
 // nest starts a nested attribute and returns its offset for endNest.
 func (e *encoder) nest(typ uint16) int {
-	off := len(e.b)
-	var h [nlaHdrLen]byte
-	binary.NativeEndian.PutUint16(h[2:], typ|nlaNested)
-	e.b = append(e.b, h[:]...)
+	var off int
+	e.b, off = nl.AppendNest(e.b, typ)
 	return off
 }
 
 func (e *encoder) endNest(off int) {
-	n := len(e.b) - off
-	if n > maxAttrLen {
-		e.fail(fmt.Errorf("nested attribute: %d bytes, at most %d", n, maxAttrLen))
-		return
+	if !nl.EndNest(e.b, off) {
+		e.fail(fmt.Errorf("nested attribute: %d bytes, at most %d", len(e.b)-off, nl.MaxAttrLen))
 	}
-	binary.NativeEndian.PutUint16(e.b[off:], uint16(n))
 }
 
 func (e *encoder) fail(err error) {
@@ -127,24 +102,14 @@ type attribute struct {
 	data []byte
 }
 
-var errMalformed = errors.New("malformed netlink attributes")
-
 // attributes splits b into its attributes.
 func attributes(b []byte) ([]attribute, error) {
 	var out []attribute
-	for len(b) >= nlaHdrLen {
-		n := int(binary.NativeEndian.Uint16(b[0:]))
-		if n < nlaHdrLen || n > len(b) {
-			return nil, errMalformed
-		}
-		out = append(out, attribute{typ: binary.NativeEndian.Uint16(b[2:]) & nlaTypeMask, data: b[nlaHdrLen:n]})
-		a := align4(n)
-		if a > len(b) {
-			a = len(b)
-		}
-		b = b[a:]
+	d := nl.NewDecoder(b)
+	for d.Next() {
+		out = append(out, attribute{typ: d.Type(), data: d.Bytes()})
 	}
-	return out, nil
+	return out, d.Err()
 }
 
 func (a attribute) str() string {

@@ -4,7 +4,6 @@ package nfnl
 
 import (
 	"cmp"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/nftables/expr"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // Batch collects nf_tables messages for one transaction. Its builder
@@ -117,7 +118,7 @@ func (b *Batch) Size() int { return max(b.sealed+len(b.enc.b)-batchReserve, 0) }
 // batchReserve is room kept at the start of a batch's buffer for the
 // BATCH_BEGIN message (header, nfgenmsg and a generation attribute), so that
 // a commit sends the buffer without copying it.
-const batchReserve = nlmsgHdrLen + nfgenLen + nlaHdrLen + 4
+const batchReserve = nl.HeaderLen + nfgenLen + nl.AttrHeaderLen + 4
 
 // Grow makes room for n more bytes of messages, up to the size of a
 // chunk, so that a caller that knows roughly how big a batch will be
@@ -233,7 +234,7 @@ func (b *Batch) msgEnd(i int) int {
 // set it names are every element's), else the message itself.
 func (b *Batch) contentStart(i int) int {
 	off := int(b.msgs[i])
-	if typ := binary.NativeEndian.Uint16(b.at(off)[4:]) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
+	if typ := nl.TypeOf(b.at(off)) & 0xff; typ != msgNewSetElem && typ != msgDelSetElem {
 		return off
 	}
 	if at := b.attrData(i, attrElemListElems); at >= 0 {
@@ -278,12 +279,12 @@ func (b *Batch) begin(typ uint16, flags uint16, fam Family) int {
 		b.msgs = slices.Grow(b.msgs, max(len(b.msgs), 64))
 	}
 	b.msgs = append(b.msgs, uint32(off))
-	return b.enc.message(subsysNFTables<<8|typ, nlmRequest|flags, fam, 0)
+	return b.enc.message(subsysNFTables<<8|typ, nl.Request|flags, fam, 0)
 }
 
 // AddTable creates table t, or does nothing if it exists.
 func (b *Batch) AddTable(t Table) {
-	m := b.begin(msgNewTable, nlmCreate, t.Family)
+	m := b.begin(msgNewTable, nl.Create, t.Family)
 	b.enc.str(attrTableName, t.Name)
 	b.enc.u32(attrTableFlags, t.Flags)
 	if len(t.UserData) > 0 {
@@ -310,7 +311,7 @@ func (b *Batch) FlushTable(fam Family, name string) {
 
 // AddChain creates chain c, or does nothing if it exists with the same hook.
 func (b *Batch) AddChain(c Chain) {
-	m := b.begin(msgNewChain, nlmCreate, c.Family)
+	m := b.begin(msgNewChain, nl.Create, c.Family)
 	b.enc.str(attrChainTable, c.Table)
 	b.enc.str(attrChainName, c.Name)
 	if h := c.Hook; h != nil {
@@ -350,14 +351,14 @@ func (b *Batch) FlushChain(fam Family, table, name string) {
 
 // AddRule appends r to its chain, or adds it after the rule whose handle is
 // r.Position.
-func (b *Batch) AddRule(r Rule) { b.rule(r, nlmCreate|nlmAppend, "add") }
+func (b *Batch) AddRule(r Rule) { b.rule(r, nl.Create|nl.Append, "add") }
 
 // InsertRule prepends r to its chain, or inserts it before the rule whose
 // handle is r.Position.
-func (b *Batch) InsertRule(r Rule) { b.rule(r, nlmCreate, "insert") }
+func (b *Batch) InsertRule(r Rule) { b.rule(r, nl.Create, "insert") }
 
 // ReplaceRule replaces the rule whose handle is r.Handle with r.
-func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nlmReplace, "replace") }
+func (b *Batch) ReplaceRule(r Rule) { b.rule(r, nl.Replace, "replace") }
 
 func (b *Batch) rule(r Rule, flags uint16, verb string) {
 	m := b.begin(msgNewRule, flags, r.Family)
@@ -383,7 +384,7 @@ func (b *Batch) rule(r Rule, flags uint16, verb string) {
 		for _, x := range r.Raw {
 			en := b.enc.nest(attrListElem)
 			b.enc.str(attrExprName, x.Name)
-			b.enc.attr(attrExprData|nlaNested, x.Data)
+			b.enc.attr(attrExprData|nl.Nested, x.Data)
 			b.enc.endNest(en)
 		}
 	}
@@ -418,10 +419,10 @@ func (b *Batch) Echo(i int) {
 		return
 	}
 	m := b.at(int(b.msgs[i]))
-	if binary.NativeEndian.Uint16(m[4:]) != subsysNFTables<<8|msgNewRule {
+	if nl.TypeOf(m) != subsysNFTables<<8|msgNewRule {
 		return
 	}
-	binary.NativeEndian.PutUint16(m[6:], binary.NativeEndian.Uint16(m[6:])|nlmEcho)
+	nl.PutFlags(m, nl.FlagsOf(m)|nl.Echo)
 }
 
 // Echoed returns the rule the kernel echoed for message i, which Echo
@@ -443,7 +444,7 @@ func (b *Batch) DelRule(fam Family, table, chain string, handle uint64) {
 // AddSet creates set s, or does nothing if a set of that name exists with
 // the same definition (the commit fails with EEXIST if it differs).
 func (b *Batch) AddSet(s Set) {
-	m := b.begin(msgNewSet, nlmCreate, s.Family)
+	m := b.begin(msgNewSet, nl.Create, s.Family)
 	b.enc.str(attrSetTable, s.Table)
 	b.enc.str(attrSetName, s.Name)
 	b.enc.u32(attrSetFlags, s.Flags)
@@ -504,7 +505,7 @@ const elemChunk = 60 << 10
 // AddElements adds elements to a set. An element that exists with the same
 // data is left alone; one with other data fails the commit with EBUSY.
 func (b *Batch) AddElements(fam Family, table, set string, elems []Element) {
-	b.elements(msgNewSetElem, nlmCreate, fam, table, set, elems)
+	b.elements(msgNewSetElem, nl.Create, fam, table, set, elems)
 }
 
 // DelElements deletes elements (by key) from a set.
@@ -525,7 +526,7 @@ func (b *Batch) elements(typ, flags uint16, fam Family, table, set string, elems
 			b.enc.str(attrElemListSet, set)
 			e = elemsMessage{msg: len(b.msgs), off: off, list: b.enc.nest(attrElemListElems), typ: typ, fam: fam, table: table, set: set}
 		}
-		start, i := e.list+nlaHdrLen, 0
+		start, i := e.list+nl.AttrHeaderLen, 0
 		for i < len(elems) && (e.n+i == 0 || len(b.enc.b)-start < elemChunk) {
 			b.element(&elems[i])
 			i++
@@ -546,7 +547,7 @@ func (b *Batch) fills(typ uint16, fam Family, table, set string) bool {
 		return false
 	}
 	return e.typ == typ && e.fam == fam && e.table == table && e.set == set &&
-		len(b.enc.b)-(e.list+nlaHdrLen) < elemChunk
+		len(b.enc.b)-(e.list+nl.AttrHeaderLen) < elemChunk
 }
 
 func describeElems(n int) string {
@@ -587,12 +588,12 @@ func (b *Batch) element(el *Element) {
 // which kind of object, the family, the table and the object's name, and
 // a rule's handle or the number of elements.
 func describe(m []byte) string {
-	ms, err := splitMessages(m)
+	ms, err := nl.Split(m)
 	if err != nil || len(ms) == 0 {
 		return "malformed message"
 	}
-	typ, flags := ms[0].typ&0xff, ms[0].flags
-	fam, as, err := payload(ms[0].data)
+	typ, flags := ms[0].Type&0xff, ms[0].Flags
+	fam, as, err := payload(ms[0].Data)
 	if err != nil {
 		return "malformed message"
 	}
@@ -632,12 +633,12 @@ func describe(m []byte) string {
 	case msgNewSetElem, msgDelSetElem:
 		kind = "elements"
 	default:
-		return fmt.Sprintf("message type %d", ms[0].typ)
+		return fmt.Sprintf("message type %d", ms[0].Type)
 	}
 	switch {
-	case typ == msgNewRule && flags&nlmReplace != 0:
+	case typ == msgNewRule && flags&nl.Replace != 0:
 		verb = "replace"
-	case typ == msgNewRule && flags&nlmAppend == 0:
+	case typ == msgNewRule && flags&nl.Append == 0:
 		verb = "insert"
 	case typ == msgDelRule && handle == 0 && name == "":
 		verb, kind = "flush", "table"

@@ -11,13 +11,15 @@ import (
 	"testing"
 
 	"github.com/google/nftables/expr"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // messages splits a batch's buffer (without the reserved room) back into
 // messages.
-func messagesOf(t *testing.T, b *Batch) []message {
+func messagesOf(t *testing.T, b *Batch) []nl.Message {
 	t.Helper()
-	ms, err := splitMessages(slices.Concat(append(b.chunks, b.enc.b)...)[batchReserve:])
+	ms, err := nl.Split(slices.Concat(append(b.chunks, b.enc.b)...)[batchReserve:])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,26 +157,26 @@ func TestLargeBatchGrowsByChunks(t *testing.T) {
 	if len(bufs) < 8 {
 		t.Errorf("%d buffers for %d bytes, want one a chunk", len(bufs), size)
 	}
-	var ms []message
+	var ms []nl.Message
 	for _, p := range bufs {
-		if len(p) > chunkSize+chunkHeadroom+nlmsgHdrLen+nfgenLen {
+		if len(p) > chunkSize+chunkHeadroom+nl.HeaderLen+nfgenLen {
 			t.Errorf("buffer of %d bytes", len(p))
 		}
-		got, err := splitMessages(p) // no message spans two buffers
+		got, err := nl.Split(p) // no message spans two buffers
 		if err != nil {
 			t.Fatal(err)
 		}
 		ms = append(ms, got...)
 	}
 	b.unframe()
-	if len(ms) != n+2 || ms[0].typ != msgBatchBegin || ms[n+1].typ != msgBatchEnd {
+	if len(ms) != n+2 || ms[0].Type != msgBatchBegin || ms[n+1].Type != msgBatchEnd {
 		t.Fatalf("%d messages framed, want %d", len(ms), n+2)
 	}
 	for i, m := range ms {
-		if m.seq != 100+uint32(i) {
-			t.Fatalf("message %d has seq %d", i, m.seq)
+		if m.Seq != 100+uint32(i) {
+			t.Fatalf("message %d has seq %d", i, m.Seq)
 		}
-		if echo := m.flags&nlmEcho != 0; echo != (i == n) {
+		if echo := m.Flags&nl.Echo != 0; echo != (i == n) {
 			t.Errorf("message %d: echo flag %v", i, echo)
 		}
 	}
@@ -196,7 +198,7 @@ func TestRuleEncoded(t *testing.T) {
 		var e encoder
 		n := e.nest(attrListElem)
 		e.str(attrExprName, x.Name)
-		e.attr(attrExprData|nlaNested, x.Data)
+		e.attr(attrExprData|nl.Nested, x.Data)
 		e.endNest(n)
 		list = append(list, e.b...)
 	}
@@ -204,7 +206,7 @@ func TestRuleEncoded(t *testing.T) {
 	byEncoded.AddRule(Rule{Family: IPv4, Table: "nat", Chain: "KUBE-SERVICES", Encoded: list, Compat: &Compat{Proto: 6}})
 	want := messagesOf(t, &byRaw)
 	for name, b := range map[string]*Batch{"Exprs": &byExprs, "Encoded": &byEncoded} {
-		if got := messagesOf(t, b); len(got) != 1 || string(got[0].data) != string(want[0].data) {
+		if got := messagesOf(t, b); len(got) != 1 || string(got[0].Data) != string(want[0].Data) {
 			t.Errorf("rule written from %s differs from the rule written from Raw", name)
 		}
 	}
@@ -233,7 +235,7 @@ func TestElementsSplitAcrossMessages(t *testing.T) {
 	}
 	total := 0
 	for _, m := range ms {
-		_, as, err := payload(m.data)
+		_, as, err := payload(m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +243,7 @@ func TestElementsSplitAcrossMessages(t *testing.T) {
 			if a.typ != attrElemListElems {
 				continue
 			}
-			if len(a.data) > maxAttrLen {
+			if len(a.data) > nl.MaxAttrLen {
 				t.Fatalf("element list of %d bytes", len(a.data))
 			}
 			list, err := attributes(a.data)
@@ -266,20 +268,20 @@ func TestFrameNumbersMessages(t *testing.T) {
 	for _, check := range []bool{false, true} {
 		b.check, b.genID = check, 42
 		p := b.frame(100)
-		ms, err := splitMessages(slices.Concat(p...))
+		ms, err := nl.Split(slices.Concat(p...))
 		if err != nil {
 			t.Fatal(err)
 		}
 		b.unframe()
-		if len(ms) != 4 || ms[0].typ != msgBatchBegin || ms[3].typ != msgBatchEnd {
+		if len(ms) != 4 || ms[0].Type != msgBatchBegin || ms[3].Type != msgBatchEnd {
 			t.Fatalf("framed batch = %+v", ms)
 		}
 		for i, m := range ms {
-			if m.seq != 100+uint32(i) {
-				t.Errorf("message %d has seq %d, want %d", i, m.seq, 100+i)
+			if m.Seq != 100+uint32(i) {
+				t.Errorf("message %d has seq %d, want %d", i, m.Seq, 100+i)
 			}
 		}
-		_, as, _ := payload(ms[0].data)
+		_, as, _ := payload(ms[0].Data)
 		if check != (len(as) == 1 && as[0].typ == attrBatchGen && binary.BigEndian.Uint32(as[0].data) == 42) {
 			t.Errorf("check=%v: batch begin attributes %+v", check, as)
 		}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"slices"
 	"syscall"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // Commit sends the batch as one transaction and waits for the kernel's
@@ -37,7 +39,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 		// batch's bytes.
 		restore = b.misnameRules(c.refuse)
 	}
-	base := c.nextSeq(b.Len() + 3)
+	base := c.s.NextSeq(b.Len() + 3)
 	p := b.frame(base)
 	if tap := tapOf(ctx); tap != nil {
 		if len(p) == 1 {
@@ -47,7 +49,7 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 		}
 	}
 	traceRequest(ctx, RequestCommit)
-	err := c.send(ctx, p...)
+	err := c.s.Write(ctx, p...)
 	b.unframe()
 	restore()
 	if err != nil {
@@ -65,27 +67,25 @@ func (c *Conn) Commit(ctx context.Context, b *Batch) (Generation, error) {
 // one buffer a chunk.
 func (b *Batch) frame(base uint32) [][]byte {
 	for i, off := range b.msgs {
-		binary.NativeEndian.PutUint32(b.at(int(off))[8:], base+1+uint32(i))
+		nl.PutSeq(b.at(int(off)), base+1+uint32(i))
 	}
-	start := nlaHdrLen + 4
+	start := nl.AttrHeaderLen + 4
 	if b.check {
 		start = 0
 	}
+	// BATCH_BEGIN, written in place: an nfgenmsg naming the subsystem,
+	// and the generation the batch requires, if any.
 	hdr := b.at(0)[start:batchReserve]
-	clear(hdr)
-	binary.NativeEndian.PutUint32(hdr[0:], uint32(len(hdr)))
-	binary.NativeEndian.PutUint16(hdr[4:], msgBatchBegin)
-	binary.NativeEndian.PutUint16(hdr[6:], nlmRequest)
-	binary.NativeEndian.PutUint32(hdr[8:], base)
-	binary.BigEndian.PutUint16(hdr[18:], subsysNFTables)
+	h := nl.AppendHeader(hdr[:0], msgBatchBegin, nl.Request)
+	h = binary.BigEndian.AppendUint16(append(h, 0, 0), subsysNFTables)
 	if b.check {
-		binary.NativeEndian.PutUint16(hdr[20:], nlaHdrLen+4)
-		binary.NativeEndian.PutUint16(hdr[22:], attrBatchGen)
-		binary.BigEndian.PutUint32(hdr[24:], b.genID)
+		h = binary.BigEndian.AppendUint32(nl.AppendAttrHeader(h, attrBatchGen, 4), b.genID)
 	}
-	m := b.enc.message(msgBatchEnd, nlmRequest, 0, subsysNFTables)
+	nl.PutLength(h)
+	nl.PutSeq(h, base)
+	m := b.enc.message(msgBatchEnd, nl.Request, 0, subsysNFTables)
 	b.enc.endMessage(m)
-	binary.NativeEndian.PutUint32(b.enc.b[m+8:], base+uint32(len(b.msgs))+1)
+	nl.PutSeq(b.enc.b[m:], base+uint32(len(b.msgs))+1)
 	out := make([][]byte, 0, len(b.chunks)+1)
 	for _, c := range append(b.chunks, b.enc.b) {
 		if len(out) == 0 {
@@ -98,7 +98,7 @@ func (b *Batch) frame(base uint32) [][]byte {
 
 // unframe removes the BATCH_END that frame appended.
 func (b *Batch) unframe() {
-	b.enc.b = b.enc.b[:len(b.enc.b)-nlmsgHdrLen-nfgenLen]
+	b.enc.b = b.enc.b[:len(b.enc.b)-nl.HeaderLen-nfgenLen]
 }
 
 // collect reads the kernel's answers up to the reply to the generation
@@ -107,38 +107,38 @@ func (c *Conn) collect(ctx context.Context, b *Batch, base, probe uint32) (Gener
 	var failed []*MessageError
 	b.echoed = nil
 	for {
-		msgs, err := c.receive(ctx)
+		msgs, err := c.s.Read(ctx)
 		if err != nil {
 			return Generation{}, err
 		}
 		for _, m := range msgs {
-			if m.typ == nlmsgError {
-				errno, seq, text := errorOf(m)
-				if seq == probe && errno != 0 {
+			if m.Type == nl.TypeError {
+				errno, text, attr := errorOf(m)
+				if m.Seq == probe && errno != 0 {
 					return Generation{}, fmt.Errorf("nfnl: read generation: %w", errno)
 				}
-				if errno == 0 || seq < base || seq >= probe {
+				if errno == 0 || m.Seq < base || m.Seq >= probe {
 					continue
 				}
-				failed = append(failed, b.failure(int(seq-base)-1, errno, text, badAttrOf(m)))
+				failed = append(failed, b.failure(int(m.Seq-base)-1, errno, text, attr))
 				continue
 			}
-			if m.typ == subsysNFTables<<8|msgNewRule && m.seq > base && m.seq < probe {
+			if m.Type == subsysNFTables<<8|msgNewRule && m.Seq > base && m.Seq < probe {
 				// A rule the batch asked to have echoed (Batch.Echo).
-				r, err := parseRule(m.data)
+				r, err := parseRule(m.Data)
 				if err != nil {
 					return Generation{}, fmt.Errorf("nfnl: echoed rule: %w", err)
 				}
 				if b.echoed == nil {
 					b.echoed = map[int]Rule{}
 				}
-				b.echoed[int(m.seq-base)-1] = r
+				b.echoed[int(m.Seq-base)-1] = r
 				continue
 			}
-			if m.seq != probe || m.typ != subsysNFTables<<8|msgNewGen {
+			if m.Seq != probe || m.Type != subsysNFTables<<8|msgNewGen {
 				continue
 			}
-			gen, err := parseGeneration(m.data)
+			gen, err := parseGeneration(m.Data)
 			if err != nil {
 				return Generation{}, err
 			}
@@ -173,10 +173,10 @@ func (b *Batch) commitError(failed []*MessageError) error {
 
 func (c *Conn) sendGetGen(ctx context.Context, seq uint32) error {
 	c.scratch.b = c.scratch.b[:0]
-	m := c.scratch.message(subsysNFTables<<8|msgGetGen, nlmRequest, 0, 0)
+	m := c.scratch.message(subsysNFTables<<8|msgGetGen, nl.Request, 0, 0)
 	c.scratch.endMessage(m)
-	binary.NativeEndian.PutUint32(c.scratch.b[m+8:], seq)
-	return c.send(ctx, c.scratch.b)
+	nl.PutSeq(c.scratch.b[m:], seq)
+	return c.s.Write(ctx, c.scratch.b)
 }
 
 func parseGeneration(data []byte) (Generation, error) {
@@ -210,27 +210,27 @@ func (c *Conn) Generation(ctx context.Context) (Generation, error) {
 	if c.closed {
 		return Generation{}, ErrClosed
 	}
-	seq := c.nextSeq(1)
+	seq := c.s.NextSeq(1)
 	traceRequest(ctx, RequestGeneration)
 	if err := c.sendGetGen(ctx, seq); err != nil {
 		return Generation{}, err
 	}
 	for {
-		msgs, err := c.receive(ctx)
+		msgs, err := c.s.Read(ctx)
 		if err != nil {
 			return Generation{}, err
 		}
 		for _, m := range msgs {
-			if m.seq != seq {
+			if m.Seq != seq {
 				continue
 			}
-			if m.typ == nlmsgError {
+			if m.Type == nl.TypeError {
 				if errno, _, _ := errorOf(m); errno != 0 {
 					return Generation{}, fmt.Errorf("nfnl: read generation: %w", errno)
 				}
 				continue
 			}
-			return parseGeneration(m.data)
+			return parseGeneration(m.Data)
 		}
 	}
 }

@@ -35,36 +35,8 @@ const (
 	attrBatchGen  = 1 // NFNL_BATCH_GENID
 )
 
-// Netlink header flags and types.
-const (
-	nlmRequest  = 0x1
-	nlmMulti    = 0x2
-	nlmAck      = 0x4
-	nlmEcho     = 0x8
-	nlmDumpIntr = 0x10
-	nlmRoot     = 0x100
-	nlmMatch    = 0x200
-	nlmDump     = nlmRoot | nlmMatch
-	nlmReplace  = 0x100
-	nlmCreate   = 0x400
-	nlmAppend   = 0x800
-	nlmsgError  = 0x2
-	nlmsgDone   = 0x3
-	nlmCapped   = 0x100 // on NLMSG_ERROR: payload trimmed
-	nlmAckTLVs  = 0x200 // on NLMSG_ERROR: extended ack attributes follow
-	nlmsgHdrLen = 16
-	nfgenLen    = 4
-	nlaHdrLen   = 4
-	nlaNested   = 0x8000
-	nlaTypeMask = 0x3fff
-	maxAttrLen  = 0xffff
-)
-
-// Extended acknowledgement attributes (NLMSGERR_ATTR_*).
-const (
-	extAckMsg  = 1
-	extAckOffs = 2
-)
+// The nfnetlink header (struct nfgenmsg) that follows the netlink one.
+const nfgenLen = 4
 
 // Table attributes (NFTA_TABLE_*).
 const (

@@ -4,11 +4,12 @@ package nfnl
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // request sends one GET request (a dump when dump is set) built by attrs,
@@ -25,57 +26,31 @@ func (c *Conn) requestOf(ctx context.Context, subsys, typ uint16, fam Family, du
 	if c.closed {
 		return ErrClosed
 	}
-	seq := c.nextSeq(1)
-	flags := uint16(nlmRequest | nlmAck)
+	seq := c.s.NextSeq(1)
+	flags := uint16(nl.Request | nl.Ack)
 	if dump {
-		flags = nlmRequest | nlmDump
+		flags = nl.Request | nl.Dump
 	}
 	c.scratch.b = c.scratch.b[:0]
 	m := c.scratch.message(subsys<<8|typ, flags, fam, 0)
 	attrs(&c.scratch)
 	c.scratch.endMessage(m)
-	binary.NativeEndian.PutUint32(c.scratch.b[m+8:], seq)
+	nl.PutSeq(c.scratch.b[m:], seq)
 	if c.scratch.err != nil {
 		err := c.scratch.err
 		c.scratch.err = nil
 		return err
 	}
 	traceRequest(ctx, RequestRead)
-	if err := c.send(ctx, c.scratch.b); err != nil {
+	if err := c.s.Write(ctx, c.scratch.b); err != nil {
 		return err
 	}
-	return c.replies(ctx, seq, dump, each)
-}
-
-func (c *Conn) replies(ctx context.Context, seq uint32, dump bool, each func([]byte) error) error {
-	var interrupted, failed error
-	for {
-		msgs, err := c.receive(ctx)
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			if m.seq != seq {
-				continue
-			}
-			switch {
-			case m.typ == nlmsgDone:
-				return errors.Join(failed, interrupted)
-			case m.typ == nlmsgError:
-				errno, _, text := errorOf(m)
-				if errno == 0 {
-					return errors.Join(failed, interrupted)
-				}
-				return replyError(errno, text)
-			}
-			if m.flags&nlmDumpIntr != 0 {
-				interrupted = ErrDumpInterrupted
-			}
-			if failed == nil {
-				failed = each(m.data)
-			}
-		}
+	err := c.s.Answer(ctx, seq, func(m nl.Message) error { return each(m.Data) })
+	var e *nl.Error
+	if errors.As(err, &e) {
+		return replyError(e.Errno, e.Text)
 	}
+	return err
 }
 
 func replyError(errno syscall.Errno, text string) error {
@@ -247,7 +222,7 @@ func (c *Conn) Elements(ctx context.Context, fam Family, table, set string) ([]E
 
 func payload(d []byte) (Family, []attribute, error) {
 	if len(d) < nfgenLen {
-		return 0, nil, errMalformed
+		return 0, nil, nl.ErrMalformed
 	}
 	as, err := attributes(d[nfgenLen:])
 	return Family(d[0]), as, err

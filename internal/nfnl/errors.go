@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"syscall"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 var (
@@ -16,8 +18,9 @@ var (
 	// someone else committed since; nothing was applied.
 	ErrGenerationChanged = errors.New("ruleset generation changed")
 	// ErrDumpInterrupted: the ruleset changed while the kernel dumped it;
-	// the dump is inconsistent and should be retried.
-	ErrDumpInterrupted = errors.New("dump interrupted by a concurrent change")
+	// the dump is inconsistent and should be retried. It is internal/nl's,
+	// for every family.
+	ErrDumpInterrupted = nl.ErrDumpInterrupted
 	// ErrClosed: the Conn is closed.
 	ErrClosed = errors.New("connection closed")
 )

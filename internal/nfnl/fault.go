@@ -2,7 +2,9 @@
 
 package nfnl
 
-import "encoding/binary"
+import (
+	"github.com/kproxy-dev/kproxy/internal/nl"
+)
 
 // RefuseRules makes every later Commit send the rules it adds, inserts or
 // replaces for the owners refuse chooses (Batch.SetOwner) with the name of
@@ -26,7 +28,7 @@ func (b *Batch) misnameRules(refuse func(any) bool) (restore func()) {
 	}
 	var changes []change
 	for i, off := range b.msgs {
-		if binary.NativeEndian.Uint16(b.at(int(off))[4:]) != subsysNFTables<<8|msgNewRule || !refuse(b.soleOwner(int(off), b.msgEnd(i))) {
+		if nl.TypeOf(b.at(int(off))) != subsysNFTables<<8|msgNewRule || !refuse(b.soleOwner(int(off), b.msgEnd(i))) {
 			continue
 		}
 		at := b.attrData(i, attrRuleChain)
@@ -50,7 +52,7 @@ func (b *Batch) misnameRules(refuse func(any) bool) (restore func()) {
 // attrData returns the offset of the value of message i's top-level
 // attribute typ, or -1.
 func (b *Batch) attrData(i int, typ uint16) int {
-	start := int(b.msgs[i]) + nlmsgHdrLen + nfgenLen
+	start := int(b.msgs[i]) + nl.HeaderLen + nfgenLen
 	as, err := attributes(b.at(start)[:b.msgEnd(i)-start])
 	if err != nil {
 		return -1
@@ -58,9 +60,9 @@ func (b *Batch) attrData(i int, typ uint16) int {
 	off := start
 	for _, a := range as {
 		if a.typ == typ {
-			return off + nlaHdrLen
+			return off + nl.AttrHeaderLen
 		}
-		off += align4(nlaHdrLen + len(a.data))
+		off += nl.Align(nl.AttrHeaderLen + len(a.data))
 	}
 	return -1
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/nftables/expr"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // FuzzDecode feeds arbitrary netlink payloads to every nf_tables decoder a
@@ -31,12 +33,12 @@ func FuzzDecode(f *testing.F) {
 	b.AddSet(Set{Family: Inet, Table: "kproxy", Name: "services4", KeyType: 7, KeyLen: 8, Flags: SetInterval})
 	a := netip.MustParseAddr("10.96.0.10").As4()
 	b.AddElements(Inet, "kproxy", "services4", []Element{{Key: a[:], KeyEnd: a[:], Data: []byte{1, 2, 3, 4}, Timeout: time.Second, UserData: []byte("x")}, {Key: a[:], Verdict: &Verdict{Code: VerdictJump, Chain: "svc"}}})
-	ms, err := splitMessages(b.enc.b[batchReserve:]) // one chunk
+	ms, err := nl.Split(b.enc.b[batchReserve:]) // one chunk
 	if err != nil {
 		f.Fatal(err)
 	}
 	for _, m := range ms {
-		f.Add(m.data)
+		f.Add(m.Data)
 	}
 	f.Fuzz(func(t *testing.T, d []byte) {
 		in := append([]byte(nil), d...)

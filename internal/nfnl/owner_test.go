@@ -10,6 +10,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }
@@ -61,10 +63,10 @@ add elements inet t s (1 element)
 	require.Len(t, list, 3)
 	off := elems - int(b.msgs[4])
 	assert.Equal(t, "a", b.ownerOf(4, off))
-	third := off + 2*align4(nlaHdrLen+len(list[0].data))
+	third := off + 2*nl.Align(nl.AttrHeaderLen+len(list[0].data))
 	assert.Equal(t, "c", b.ownerOf(4, third))
-	assert.Nil(t, b.ownerOf(4, nlmsgHdrLen+nfgenLen))
-	assert.Equal(t, "c", b.ownerOf(6, nlmsgHdrLen+nfgenLen), "a message of one owner's elements is its, wherever the kernel points")
+	assert.Nil(t, b.ownerOf(4, nl.HeaderLen+nfgenLen))
+	assert.Equal(t, "c", b.ownerOf(6, nl.HeaderLen+nfgenLen), "a message of one owner's elements is its, wherever the kernel points")
 }
 
 // A failure names the failed message's owner, and RefusedOwners groups

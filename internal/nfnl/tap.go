@@ -4,9 +4,10 @@ package nfnl
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"slices"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 type tapKey struct{}
@@ -76,41 +77,41 @@ func traceRequest(ctx context.Context, r Request) {
 // and waits for the kernel's answer: an error names the first message the
 // kernel refused, by its errno.
 func (c *Conn) Replay(ctx context.Context, frame []byte) error {
-	if len(frame) < nlmsgHdrLen+nfgenLen {
+	if len(frame) < nl.HeaderLen+nfgenLen {
 		return fmt.Errorf("nfnl: replay: short batch")
 	}
-	first := int(binary.NativeEndian.Uint32(frame))
-	if first < nlmsgHdrLen+nfgenLen || first > len(frame) {
+	first := nl.LengthOf(frame)
+	if first < nl.HeaderLen+nfgenLen || first > len(frame) {
 		return fmt.Errorf("nfnl: replay: malformed batch")
 	}
-	p := slices.Concat(frame[:nlmsgHdrLen+nfgenLen], frame[align4(first):])
-	binary.NativeEndian.PutUint32(p, nlmsgHdrLen+nfgenLen)
+	p := slices.Concat(frame[:nl.HeaderLen+nfgenLen], frame[nl.Align(first):])
+	nl.PutLength(p[:nl.HeaderLen+nfgenLen])
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return ErrClosed
 	}
-	if err := c.send(ctx, p); err != nil {
+	if err := c.s.Write(ctx, p); err != nil {
 		return err
 	}
-	probe := c.nextSeq(1)
+	probe := c.s.NextSeq(1)
 	if err := c.sendGetGen(ctx, probe); err != nil {
 		return err
 	}
 	for {
-		msgs, err := c.receive(ctx)
+		msgs, err := c.s.Read(ctx)
 		if err != nil {
 			return err
 		}
 		var refused error
 		for _, m := range msgs {
-			if m.typ == nlmsgError {
-				if errno, seq, _ := errorOf(m); errno != 0 && refused == nil {
-					refused = fmt.Errorf("nfnl: replay: message %d: %w", seq, errno)
+			if m.Type == nl.TypeError {
+				if errno, _, _ := errorOf(m); errno != 0 && refused == nil {
+					refused = fmt.Errorf("nfnl: replay: message %d: %w", m.Seq, errno)
 				}
 				continue
 			}
-			if m.seq == probe && m.typ == subsysNFTables<<8|msgNewGen {
+			if m.Seq == probe && m.Type == subsysNFTables<<8|msgNewGen {
 				return refused
 			}
 		}

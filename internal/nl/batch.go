@@ -1,16 +1,9 @@
-//go:build linux
-
 package nl
 
 import (
 	"encoding/binary"
 	"net/netip"
-
-	"golang.org/x/sys/unix"
 )
-
-// hdrLen is the length of a netlink message header.
-const hdrLen = unix.SizeofNlMsghdr
 
 // Batch is a list of netlink request messages, encoded as they are
 // added. The zero value is an empty batch. Its builder methods never
@@ -24,49 +17,40 @@ type Batch struct {
 	nests []int
 }
 
-// Message starts a request of type typ with flags (NLM_F_REQUEST is
-// added; NLM_F_ACK is Send's to set) and the fixed part of its payload,
-// such as a generic netlink header. Attributes added next belong to it.
+// Message starts a request of type typ with flags (Request is added; Ack
+// is the sender's to set) and the fixed part of its payload, such as a
+// generic netlink header. Attributes added next belong to it.
 func (b *Batch) Message(typ, flags uint16, fixed ...byte) {
 	b.close()
 	b.starts = append(b.starts, len(b.buf))
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0) // length, set by close
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, flags|unix.NLM_F_REQUEST)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0) // sequence, set by Send
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0) // port id: the kernel's
-	b.buf = append(b.buf, fixed...)
-	b.pad()
+	b.buf = AppendHeader(b.buf, typ, flags|Request)
+	b.buf = Pad(append(b.buf, fixed...))
 }
 
 // Attr adds an attribute with the given payload.
 func (b *Batch) Attr(typ uint16, data []byte) {
 	b.attrHeader(typ, len(data))
-	b.buf = append(b.buf, data...)
-	b.pad()
+	b.buf = Pad(append(b.buf, data...))
 }
 
 // attrHeader appends the header of an attribute of n bytes.
 func (b *Batch) attrHeader(typ uint16, n int) {
-	if 4+n > 0xffff {
+	if AttrHeaderLen+n > MaxAttrLen {
 		panic("nl: attribute too long")
 	}
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, uint16(4+n))
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = AppendAttrHeader(b.buf, typ, n)
 }
 
 // Uint8 adds a one-byte attribute.
 func (b *Batch) Uint8(typ uint16, v uint8) {
 	b.attrHeader(typ, 1)
-	b.buf = append(b.buf, v)
-	b.pad()
+	b.buf = Pad(append(b.buf, v))
 }
 
 // Uint16 adds an attribute of a 16-bit value in host byte order.
 func (b *Batch) Uint16(typ, v uint16) {
 	b.attrHeader(typ, 2)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, v)
-	b.pad()
+	b.buf = Pad(binary.NativeEndian.AppendUint16(b.buf, v))
 }
 
 // Uint32 adds an attribute of a 32-bit value in host byte order.
@@ -76,18 +60,23 @@ func (b *Batch) Uint32(typ uint16, v uint32) {
 }
 
 // BigEndian16 adds an attribute of a 16-bit value in network byte order,
-// such as a port.
+// such as a port. The NetByteOrder flag is the caller's to add, for the
+// families that want it.
 func (b *Batch) BigEndian16(typ, v uint16) {
 	b.attrHeader(typ, 2)
-	b.buf = binary.BigEndian.AppendUint16(b.buf, v)
-	b.pad()
+	b.buf = Pad(binary.BigEndian.AppendUint16(b.buf, v))
+}
+
+// BigEndian32 adds an attribute of a 32-bit value in network byte order.
+func (b *Batch) BigEndian32(typ uint16, v uint32) {
+	b.attrHeader(typ, 4)
+	b.buf = binary.BigEndian.AppendUint32(b.buf, v)
 }
 
 // String adds a NUL-terminated string attribute.
 func (b *Batch) String(typ uint16, s string) {
 	b.attrHeader(typ, len(s)+1)
-	b.buf = append(append(b.buf, s...), 0)
-	b.pad()
+	b.buf = Pad(append(append(b.buf, s...), 0))
 }
 
 // Addr adds an address attribute: 4 bytes for IPv4, 16 for IPv6.
@@ -101,23 +90,20 @@ func (b *Batch) Addr(typ uint16, a netip.Addr) {
 	b.Attr(typ, v[:])
 }
 
-// Nest opens a nested attribute; the attributes added until End are
-// inside it.
+// Nest opens a nested attribute (the Nested flag is the caller's to
+// add); the attributes added until End are inside it.
 func (b *Batch) Nest(typ uint16) {
 	b.nests = append(b.nests, len(b.buf))
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, 0)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
+	b.buf = AppendAttrHeader(b.buf, typ, 0)
 }
 
 // End closes the nested attribute opened last.
 func (b *Batch) End() {
 	at := b.nests[len(b.nests)-1]
 	b.nests = b.nests[:len(b.nests)-1]
-	l := len(b.buf) - at
-	if l > 0xffff {
+	if !EndNest(b.buf, at) {
 		panic("nl: nested attribute too long")
 	}
-	binary.NativeEndian.PutUint16(b.buf[at:], uint16(l))
 }
 
 // Len returns the number of messages.
@@ -126,8 +112,8 @@ func (b *Batch) Len() int { return len(b.starts) }
 // Size returns the encoded size of the messages, in bytes.
 func (b *Batch) Size() int { return len(b.buf) }
 
-// Wire returns the encoded messages as Send writes them, before it
-// numbers them; the slice is the batch's own, valid until it changes.
+// Wire returns the encoded messages as they are sent, before they are
+// numbered; the slice is the batch's own, valid until it changes.
 func (b *Batch) Wire() []byte {
 	b.close()
 	return b.buf
@@ -144,14 +130,7 @@ func (b *Batch) close() {
 		panic("nl: message ended with a nested attribute open")
 	}
 	if n := len(b.starts); n > 0 {
-		at := b.starts[n-1]
-		binary.NativeEndian.PutUint32(b.buf[at:], uint32(len(b.buf)-at))
-	}
-}
-
-func (b *Batch) pad() {
-	for len(b.buf)%4 != 0 {
-		b.buf = append(b.buf, 0)
+		PutLength(b.buf[b.starts[n-1]:])
 	}
 }
 
@@ -164,15 +143,15 @@ func (b *Batch) message(i int) []byte {
 	return b.buf[b.starts[i]:end]
 }
 
-// setHeader numbers message i and sets or clears its NLM_F_ACK.
+// setHeader numbers message i and sets or clears its Ack flag.
 func (b *Batch) setHeader(i int, seq uint32, ack bool) {
 	m := b.buf[b.starts[i]:]
-	flags := binary.NativeEndian.Uint16(m[6:])
+	f := FlagsOf(m)
 	if ack {
-		flags |= unix.NLM_F_ACK
+		f |= Ack
 	} else {
-		flags &^= unix.NLM_F_ACK
+		f &^= Ack
 	}
-	binary.NativeEndian.PutUint16(m[6:], flags)
-	binary.NativeEndian.PutUint32(m[8:], seq)
+	PutFlags(m, f)
+	PutSeq(m, seq)
 }

@@ -55,7 +55,7 @@ func TestBatchEncoding(t *testing.T) {
 	require.Equal(t, len(m), int(binary.NativeEndian.Uint32(m)), "length of the first message")
 	assert.Equal(t, uint16(20), binary.NativeEndian.Uint16(m[4:]))
 	assert.Equal(t, uint16(unix.NLM_F_REQUEST|unix.NLM_F_CREATE), binary.NativeEndian.Uint16(m[6:]))
-	assert.Equal(t, []byte{1, 2, 3, 0}, m[hdrLen:hdrLen+4])
+	assert.Equal(t, []byte{1, 2, 3, 0}, m[HeaderLen:HeaderLen+4])
 	ne16 := binary.NativeEndian.AppendUint16(nil, 0x0102)
 	ne32 := binary.NativeEndian.AppendUint32(nil, 0x01020304)
 	want := []attr{
@@ -69,11 +69,11 @@ func TestBatchEncoding(t *testing.T) {
 			{Type: 2, Value: netip.MustParseAddr("fd00::1").AsSlice()},
 		}},
 	}
-	assert.Equal(t, want, decode(m[hdrLen+4:], map[uint16]bool{6: true}))
+	assert.Equal(t, want, decode(m[HeaderLen+4:], map[uint16]bool{6: true}))
 	assert.Zero(t, len(m)%4, "messages are aligned")
 
 	m2 := b.message(1)
-	assert.Equal(t, hdrLen, int(binary.NativeEndian.Uint32(m2)))
+	assert.Equal(t, HeaderLen, int(binary.NativeEndian.Uint32(m2)))
 
 	b.setHeader(1, 42, true)
 	assert.Equal(t, uint32(42), binary.NativeEndian.Uint32(m2[8:]))
@@ -104,25 +104,27 @@ func TestChunks(t *testing.T) {
 	assert.Equal(t, []int{3, 6, 9, 10, 11, 12}, ends)
 }
 
-func TestErrorOf(t *testing.T) {
+func TestParseAck(t *testing.T) {
 	ack := binary.NativeEndian.AppendUint32(nil, 0)
-	ack = append(ack, make([]byte, hdrLen)...)
-	assert.NoError(t, errorOf(message{typ: unix.NLMSG_ERROR, data: ack}))
+	ack = append(ack, make([]byte, HeaderLen)...)
+	assert.NoError(t, ParseAck(Message{Type: unix.NLMSG_ERROR, Data: ack}))
 
 	code := int32(-int32(unix.EEXIST))
 	refusal := binary.NativeEndian.AppendUint32(nil, uint32(code))
-	refusal = append(refusal, make([]byte, hdrLen)...) // the capped original header
+	refusal = append(refusal, make([]byte, HeaderLen)...) // the capped original header
 	var tlv Batch
 	tlv.buf = refusal
 	tlv.String(unix.NLMSGERR_ATTR_MSG, "Address already assigned")
-	err := errorOf(message{typ: unix.NLMSG_ERROR, flags: unix.NLM_F_CAPPED | unix.NLM_F_ACK_TLVS, data: tlv.buf})
+	tlv.Uint32(unix.NLMSGERR_ATTR_OFFS, 36)
+	err := ParseAck(Message{Type: unix.NLMSG_ERROR, Flags: unix.NLM_F_CAPPED | unix.NLM_F_ACK_TLVS, Data: tlv.buf})
 	require.ErrorIs(t, err, unix.EEXIST)
 	var e *Error
 	require.ErrorAs(t, err, &e)
 	assert.Equal(t, "Address already assigned", e.Text)
+	assert.Equal(t, 36, e.Offset, "where the refused attribute starts")
 	assert.Equal(t, syscall.EEXIST.Error()+": Address already assigned", err.Error())
 
-	assert.ErrorIs(t, errorOf(message{typ: unix.NLMSG_ERROR}), unix.EPROTO)
+	assert.ErrorIs(t, ParseAck(Message{Type: unix.NLMSG_ERROR}), unix.EPROTO)
 }
 
 func TestSplit(t *testing.T) {
@@ -133,15 +135,15 @@ func TestSplit(t *testing.T) {
 	b.close()
 	b.setHeader(0, 5, false)
 	b.setHeader(1, 6, false)
-	msgs, err := split(b.buf)
+	msgs, err := Split(b.buf)
 	require.NoError(t, err)
 	require.Len(t, msgs, 2)
-	assert.Equal(t, uint32(5), msgs[0].seq)
-	assert.Equal(t, uint16(21), msgs[1].typ)
-	assert.Len(t, msgs[0].data, 8)
+	assert.Equal(t, uint32(5), msgs[0].Seq)
+	assert.Equal(t, uint16(21), msgs[1].Type)
+	assert.Len(t, msgs[0].Data, 8)
 
-	_, err = split(append(binary.NativeEndian.AppendUint32(nil, 1000), make([]byte, 12)...))
-	assert.Error(t, err, "a length past the datagram")
+	_, err = Split(append(binary.NativeEndian.AppendUint32(nil, 1000), make([]byte, 12)...))
+	assert.ErrorIs(t, err, ErrMalformed, "a length past the datagram")
 }
 
 func TestAttrsStopsAtMalformed(t *testing.T) {

@@ -4,88 +4,20 @@ package nl
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"iter"
 	"sync"
 	"syscall"
-
-	"github.com/mdlayher/socket"
-	"golang.org/x/sys/unix"
-
-	"github.com/kproxy-dev/kproxy/internal/nlsock"
 )
 
-// Errors. A message's own failure is an *Error; these are the socket's.
-var (
-	// ErrLost: the kernel dropped answers that did not fit the socket's
-	// receive buffer; the outcome of the chunk's messages is unknown.
-	ErrLost = errors.New("netlink answers lost (receive buffer overrun)")
-	// ErrDumpInterrupted: a concurrent change interrupted a dump; try
-	// again.
-	ErrDumpInterrupted = errors.New("netlink dump interrupted by a concurrent change")
-	// ErrUnknown marks the messages whose outcome Send does not know when
-	// it stops part way: those not sent, and those of a chunk whose
-	// answer did not come.
-	ErrUnknown = errors.New("outcome unknown: the batch stopped before its answer")
-	// ErrClosed: the Conn was closed.
-	ErrClosed = errors.New("netlink connection closed")
-)
-
-// Error is the kernel's refusal of one message.
-type Error struct {
-	Errno syscall.Errno
-	// Text is the kernel's extended acknowledgement, when it gave one.
-	Text string
-}
-
-func (e *Error) Error() string {
-	if e.Text != "" {
-		return e.Errno.Error() + ": " + e.Text
-	}
-	return e.Errno.Error()
-}
-
-// Unwrap returns the errno, so that errors.Is(err, unix.EEXIST) works.
-func (e *Error) Unwrap() error { return e.Errno }
-
-// Options configure a Conn.
-type Options struct {
-	// NetNS is a file descriptor of the network namespace to talk to,
-	// such as a github.com/vishvananda/netns.NsHandle; zero or negative
-	// means the caller's. The socket stays bound to it: the descriptor
-	// may be closed once Open returns.
-	NetNS int
-	// ChunkBytes bounds the messages of one sendmsg; zero means
-	// DefaultChunkBytes. A message longer than the bound goes alone.
-	ChunkBytes int
-	// ReceiveBuffer is the socket's receive buffer in bytes; zero means
-	// 8 MiB.
-	ReceiveBuffer int
-}
-
-// DefaultChunkBytes bounds a chunk: about a thousand IPVS requests, whose
-// error answers, should every one fail, fit the default receive buffer.
-const DefaultChunkBytes = 128 << 10
-
-// Conn is a netlink socket of one protocol in one network namespace. Its
-// methods are safe for concurrent use; they run one at a time.
+// Conn is a netlink socket of one protocol in one network namespace that
+// sends batches of requests and reads dumps and replies. Its methods are
+// safe for concurrent use; they run one at a time.
 type Conn struct {
 	mu     sync.Mutex
-	s      *socket.Conn
-	seq    uint32
-	rbuf   []byte
-	sndbuf int
+	s      *Socket
 	chunk  int
 	closed bool
 	stats  Stats
-}
-
-// Stats count what a Conn sent.
-type Stats struct {
-	// Datagrams counts the sendmsg calls, Messages the requests in them.
-	Datagrams, Messages int
 }
 
 // Stats returns what the Conn sent so far.
@@ -95,18 +27,14 @@ func (c *Conn) Stats() Stats {
 	return c.stats
 }
 
-// Open opens a netlink socket of protocol proto (unix.NETLINK_ROUTE,
+// Open opens a Conn of protocol proto (unix.NETLINK_ROUTE,
 // unix.NETLINK_GENERIC, ...).
 func Open(proto int, o Options) (*Conn, error) {
-	s, err := nlsock.Open(proto, "netlink", o.NetNS, o.ReceiveBuffer)
+	s, err := OpenSocket(proto, o)
 	if err != nil {
 		return nil, err
 	}
-	// A dump of one link's addresses gets only them (rtnetlink's strict
-	// checks, Linux 4.20); older kernels send all, which Addresses
-	// filters.
-	_ = s.SetsockoptInt(unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1)
-	c := &Conn{s: s, seq: 1, rbuf: make([]byte, 64<<10), chunk: o.ChunkBytes}
+	c := &Conn{s: s, chunk: o.ChunkBytes}
 	if c.chunk <= 0 {
 		c.chunk = DefaultChunkBytes
 	}
@@ -126,17 +54,6 @@ func (c *Conn) Close() error {
 	}
 	c.closed = true
 	return c.s.Close()
-}
-
-// nextSeq reserves n sequence numbers and returns the first. Zero is
-// never handed out, so that no answer of the kernel's own matches.
-func (c *Conn) nextSeq(n int) uint32 {
-	s := c.seq
-	c.seq += uint32(n)
-	if c.seq < s || s == 0 { // wrapped
-		s, c.seq = 1, uint32(n)+1
-	}
-	return s
 }
 
 // Send writes the batch's messages, a chunk per sendmsg, and returns the
@@ -166,17 +83,6 @@ func (c *Conn) Send(ctx context.Context, b *Batch) ([]error, error) {
 	return errs, nil
 }
 
-// fill marks the messages from i on that have no error with err, and
-// returns errs.
-func fill(errs []error, i int, err error) []error {
-	for ; i < len(errs); i++ {
-		if errs[i] == nil {
-			errs[i] = err
-		}
-	}
-	return errs
-}
-
 // chunkEnd returns the end of the chunk that starts at message lo.
 func (c *Conn) chunkEnd(b *Batch, lo int) int {
 	size := 0
@@ -192,7 +98,7 @@ func (c *Conn) chunkEnd(b *Batch, lo int) int {
 // sendChunk sends messages lo to hi-1 in one datagram, the last asking
 // for an acknowledgement, and records the errors the kernel answers.
 func (c *Conn) sendChunk(ctx context.Context, b *Batch, lo, hi int, errs []error) error {
-	first := c.nextSeq(hi - lo)
+	first := c.s.NextSeq(hi - lo)
 	for i := lo; i < hi; i++ {
 		b.setHeader(i, first+uint32(i-lo), i == hi-1)
 	}
@@ -205,170 +111,45 @@ func (c *Conn) sendChunk(ctx context.Context, b *Batch, lo, hi int, errs []error
 	}
 	last := first + uint32(hi-lo-1)
 	for {
-		msgs, err := c.receive(ctx)
+		msgs, err := c.s.Read(ctx)
 		if err != nil {
 			return err
 		}
 		for _, m := range msgs {
-			if m.typ != unix.NLMSG_ERROR || m.seq < first || m.seq > last {
+			if m.Type != TypeError || m.Seq < first || m.Seq > last {
 				continue
 			}
-			if e := errorOf(m); e != nil {
-				errs[lo+int(m.seq-first)] = e
+			if e := ParseAck(m); e != nil {
+				errs[lo+int(m.Seq-first)] = e
 			}
-			if m.seq == last {
+			if m.Seq == last {
 				return nil
 			}
 		}
 	}
 }
 
-// send writes p, n messages, in one datagram, growing the send buffer as
-// needed.
+// send writes p, n messages, in one datagram.
 func (c *Conn) send(ctx context.Context, p []byte, n int) error {
-	if need := len(p) + 64<<10; need > c.sndbuf {
-		if err := nlsock.SetBuffer(c.s, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, need); err != nil {
-			return err
-		}
-		c.sndbuf = need
-	}
 	c.stats.Datagrams++
 	c.stats.Messages += n
-	if _, err := c.s.Sendmsg(ctx, p, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0); err != nil {
-		return fmt.Errorf("netlink send of %d bytes: %w", len(p), err)
-	}
-	return nil
-}
-
-// message is one received netlink message.
-type message struct {
-	typ, flags uint16
-	seq        uint32
-	data       []byte // payload after the header
-}
-
-// receive reads one datagram and splits it into messages, whose data
-// point into c.rbuf until the next receive.
-func (c *Conn) receive(ctx context.Context) ([]message, error) {
-	n, _, rflags, _, err := c.s.Recvmsg(ctx, c.rbuf, nil, 0)
-	if errors.Is(err, unix.ENOBUFS) {
-		return nil, ErrLost
-	}
-	if err != nil {
-		return nil, fmt.Errorf("netlink receive: %w", err)
-	}
-	if rflags&unix.MSG_TRUNC != 0 {
-		c.rbuf = make([]byte, 2*len(c.rbuf))
-		return nil, errors.New("netlink receive: message truncated")
-	}
-	return split(c.rbuf[:n])
-}
-
-func split(b []byte) ([]message, error) {
-	var out []message
-	for len(b) >= hdrLen {
-		l := int(binary.NativeEndian.Uint32(b))
-		if l < hdrLen || l > len(b) {
-			return nil, errors.New("netlink receive: malformed message")
-		}
-		out = append(out, message{
-			typ:   binary.NativeEndian.Uint16(b[4:]),
-			flags: binary.NativeEndian.Uint16(b[6:]),
-			seq:   binary.NativeEndian.Uint32(b[8:]),
-			data:  b[hdrLen:l],
-		})
-		b = b[min(len(b), align4(l)):]
-	}
-	return out, nil
-}
-
-func align4(n int) int { return (n + 3) &^ 3 }
-
-// errorOf decodes an NLMSG_ERROR message: nil for an acknowledgement,
-// else an *Error with the extended acknowledgement's text.
-func errorOf(m message) error {
-	if len(m.data) < 4 {
-		return &Error{Errno: unix.EPROTO}
-	}
-	code := int32(binary.NativeEndian.Uint32(m.data))
-	if code == 0 {
-		return nil
-	}
-	e := &Error{Errno: syscall.Errno(-code)}
-	orig := m.data[4:]
-	if m.flags&unix.NLM_F_ACK_TLVS == 0 || len(orig) < hdrLen {
-		return e
-	}
-	off := hdrLen
-	if m.flags&unix.NLM_F_CAPPED == 0 {
-		off = align4(int(binary.NativeEndian.Uint32(orig)))
-	}
-	if off > len(orig) {
-		return e
-	}
-	for typ, v := range Attrs(orig[off:]) {
-		if typ == unix.NLMSGERR_ATTR_MSG {
-			e.Text = cstring(v)
-		}
-	}
-	return e
-}
-
-func cstring(b []byte) string {
-	for i, c := range b {
-		if c == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b)
-}
-
-// Attrs iterates over the attributes in b: type (without the nested and
-// byte order flags) and payload. A malformed tail ends the iteration.
-func Attrs(b []byte) iter.Seq2[uint16, []byte] {
-	return func(yield func(uint16, []byte) bool) {
-		for len(b) >= 4 {
-			l := int(binary.NativeEndian.Uint16(b))
-			if l < 4 || l > len(b) {
-				return
-			}
-			typ := binary.NativeEndian.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-			if !yield(typ, b[4:l]) {
-				return
-			}
-			b = b[min(len(b), align4(l)):]
-		}
-	}
+	return c.s.Write(ctx, p)
 }
 
 // Dump sends the batch's one message as a dump request (NLM_F_DUMP) and
 // calls f with the type and payload of each message of the answer; f's
 // error ends the dump. It fails with ErrDumpInterrupted, once the answer
-// is read, if a concurrent change interrupted it.
+// is read, if a concurrent change interrupted it, and with the kernel's
+// *Error if it cut the dump short.
 func (c *Conn) Dump(ctx context.Context, b *Batch, f func(typ uint16, data []byte) error) error {
-	return c.request(ctx, b, unix.NLM_F_DUMP, f)
-}
-
-// RetryInterrupted runs f, a read made of dumps, again while it fails
-// with ErrDumpInterrupted, up to 10 times in all, unless ctx ends; f
-// starts its result afresh each time.
-func RetryInterrupted(ctx context.Context, f func() error) error {
-	for i := 0; ; i++ {
-		err := f()
-		if !errors.Is(err, ErrDumpInterrupted) || i == 9 {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
+	return c.request(ctx, b, Dump, f)
 }
 
 // Get sends the batch's one message and calls f with the type and
 // payload of each message of the kernel's reply; it returns the kernel's
 // refusal as an *Error.
 func (c *Conn) Get(ctx context.Context, b *Batch, f func(typ uint16, data []byte) error) error {
-	return c.request(ctx, b, unix.NLM_F_ACK, f)
+	return c.request(ctx, b, Ack, f)
 }
 
 func (c *Conn) request(ctx context.Context, b *Batch, flags uint16, f func(uint16, []byte) error) error {
@@ -381,46 +162,17 @@ func (c *Conn) request(ctx context.Context, b *Batch, flags uint16, f func(uint1
 	if c.closed {
 		return ErrClosed
 	}
-	seq := c.nextSeq(1)
-	b.setHeader(0, seq, flags&unix.NLM_F_ACK != 0)
+	seq := c.s.NextSeq(1)
+	b.setHeader(0, seq, flags&Ack != 0)
 	m := b.message(0)
-	binary.NativeEndian.PutUint16(m[6:], binary.NativeEndian.Uint16(m[6:])|flags)
+	PutFlags(m, FlagsOf(m)|flags)
 	if err := c.send(ctx, m, 1); err != nil {
 		return err
 	}
-	return c.answer(ctx, seq, f)
-}
-
-// answer reads the messages numbered seq until the end of the answer.
-func (c *Conn) answer(ctx context.Context, seq uint32, f func(uint16, []byte) error) error {
-	var ferr error
-	intr := false
-	for {
-		msgs, err := c.receive(ctx)
-		if err != nil {
-			return err
+	return c.s.Answer(ctx, seq, func(m Message) error {
+		if f == nil {
+			return nil
 		}
-		for _, m := range msgs {
-			if m.seq != seq {
-				continue
-			}
-			intr = intr || m.flags&unix.NLM_F_DUMP_INTR != 0
-			switch m.typ {
-			case unix.NLMSG_DONE, unix.NLMSG_ERROR:
-				// Both carry an errno: a dump's end, the error that cut it
-				// short.
-				if err := errorOf(m); err != nil && (m.typ == unix.NLMSG_ERROR || len(m.data) >= 4) {
-					return err
-				}
-				if ferr == nil && intr {
-					ferr = ErrDumpInterrupted
-				}
-				return ferr
-			default:
-				if ferr == nil {
-					ferr = f(m.typ, m.data)
-				}
-			}
-		}
-	}
+		return f(m.Type, m.Data)
+	})
 }
