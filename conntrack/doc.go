@@ -33,8 +33,8 @@
 // namespace of the calling thread) from a thread switched into it, so the
 // caller's threads never change namespace; the socket stays in that
 // namespace until Close. A Client serialises its calls. Each call honours
-// its context: the deadline bounds the socket's reads and writes, and
-// cancellation interrupts a call under way.
+// its context: its end, by deadline or cancellation, interrupts a call
+// under way.
 //
 // DeleteStale reads each family's table once per call (a filter's family is
 // its destination's), matches each flow against all filters with two map
@@ -52,7 +52,8 @@
 // The parser reads the ports of every protocol that has them, SCTP
 // included. The conntrack API of github.com/vishvananda/netlink reads TCP
 // and UDP ports only, so it cannot match SCTP flows by port; that is why
-// this package speaks ctnetlink itself, over github.com/mdlayher/netlink.
+// this package speaks ctnetlink itself, over the project's one netlink
+// layer (internal/nl).
 //
 // # Tuning
 //

@@ -2,6 +2,7 @@ package ipset
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,9 +10,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mdlayher/netlink"
-	"github.com/vishvananda/netns"
 	"syscall"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // Options configure a Client.
@@ -39,8 +42,9 @@ type Client struct {
 	log    *slog.Logger
 
 	mu        sync.Mutex
-	conn      *netlink.Conn
-	proto     uint8 // negotiated protocol; 0 until the first request
+	conn      *nl.Conn
+	req       nl.Batch // the request under way, its memory reused
+	proto     uint8    // negotiated protocol; 0 until the first request
 	revisions map[typeKey]uint8
 	observe   func(cmd uint8, entries int) // test hook: every request sent
 }
@@ -60,11 +64,11 @@ func New(o Options) (*Client, error) {
 	if err := validateName(o.Prefix, "x"); err != nil {
 		return nil, &SetError{Set: o.Prefix, Reason: "prefix: " + err.(*SetError).Reason}
 	}
-	cfg := &netlink.Config{}
+	var ns int
 	if o.NetNS != 0 && o.NetNS != netns.None() {
-		cfg.NetNS = int(o.NetNS)
+		ns = int(o.NetNS)
 	}
-	conn, err := netlink.Dial(netlinkNetfilter, cfg)
+	conn, err := nl.Open(netlinkNetfilter, nl.Options{NetNS: ns})
 	if err != nil {
 		return nil, &OpError{Op: "open", Err: err}
 	}
@@ -89,34 +93,42 @@ func (c *Client) Prefix() string { return c.prefix }
 // `--match-set`) knows the set by: the prefix followed by name.
 func (c *Client) KernelName(name string) string { return c.prefix + name }
 
-// request sends one message and returns the replies. ctx cancels a
-// request in flight through the socket deadline.
-func (c *Client) request(ctx context.Context, op, set string, cmd uint8, flags netlink.HeaderFlags, entries int,
-	fill func(ae *netlink.AttributeEncoder)) ([]netlink.Message, error) {
+// request sends one message, which fill completes, and calls each with
+// the attributes of every message of the kernel's answer (a dump when
+// flags has nl.Dump). ctx bounds the request.
+func (c *Client) request(ctx context.Context, op, set string, cmd uint8, flags uint16, entries int,
+	fill func(b *nl.Batch), each func(attrs []byte) error) error {
 	if err := ctx.Err(); err != nil {
-		return nil, &OpError{Op: op, Set: set, Err: err}
+		return &OpError{Op: op, Set: set, Err: err}
 	}
-	msg, err := message(cmd, flags, fill)
-	if err != nil {
-		return nil, &OpError{Op: op, Set: set, Err: err}
+	read := c.conn.Get
+	if flags&nl.Dump == nl.Dump {
+		read, flags = c.conn.Dump, flags&^nl.Dump
 	}
-	deadline, _ := ctx.Deadline()
-	if err := c.conn.SetDeadline(deadline); err != nil {
-		return nil, &OpError{Op: op, Set: set, Err: err}
-	}
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	c.req.Reset()
+	// nfgenmsg: family NFPROTO_UNSPEC, version NFNETLINK_V0, res_id 0.
+	c.req.Message(subsysIPSet<<8|uint16(cmd), flags, 0, 0, 0, 0)
+	fill(&c.req)
 	if c.observe != nil {
 		c.observe(cmd, entries)
 	}
-	replies, err := c.conn.Execute(msg)
+	err := read(ctx, &c.req, func(_ uint16, data []byte) error {
+		if each == nil {
+			return nil
+		}
+		attrs, err := payload(data)
+		if err != nil {
+			return err
+		}
+		return each(attrs)
+	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, &OpError{Op: op, Set: set, Err: ctx.Err()}
+			return &OpError{Op: op, Set: set, Err: ctx.Err()}
 		}
-		return nil, kernelError(op, set, err)
+		return kernelError(op, set, err)
 	}
-	return replies, nil
+	return nil
 }
 
 // protocol negotiates the protocol version once: the kernel's newest, up
@@ -125,25 +137,22 @@ func (c *Client) protocol(ctx context.Context) (uint8, error) {
 	if c.proto != 0 {
 		return c.proto, nil
 	}
-	replies, err := c.request(ctx, "protocol", "", cmdProtocol, 0, 0, func(ae *netlink.AttributeEncoder) {
-		ae.Uint8(attrProtocol, protocolMin)
+	var kernel uint8
+	err := c.request(ctx, "protocol", "", cmdProtocol, 0, 0, func(b *nl.Batch) {
+		b.Uint8(attrProtocol, protocolMin)
+	}, func(attrs []byte) error {
+		return decode(attrs, func(d *nl.Decoder) {
+			if d.Type() == attrProtocol {
+				kernel = d.Uint8()
+			}
+		})
 	})
 	if err != nil {
 		// Without the ip_set module nfnetlink answers EINVAL for its subsystem.
-		if isNetlinkErr(err, syscall.EPROTONOSUPPORT) || isNetlinkErr(err, syscall.ENOENT) || isNetlinkErr(err, syscall.EINVAL) {
+		if errors.Is(err, syscall.EPROTONOSUPPORT) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EINVAL) {
 			return 0, fmt.Errorf("%w: %w", ErrNotSupported, err)
 		}
 		return 0, err
-	}
-	var kernel uint8
-	for _, r := range replies {
-		if err := decode(r, func(ad *netlink.AttributeDecoder) {
-			if ad.Type() == attrProtocol {
-				kernel = ad.Uint8()
-			}
-		}); err != nil {
-			return 0, &OpError{Op: "protocol", Err: err}
-		}
 	}
 	if kernel < protocolMin {
 		return 0, &OpError{Op: "protocol", Err: fmt.Errorf("%w: kernel speaks ipset protocol %d", ErrNotSupported, kernel)}
@@ -160,43 +169,34 @@ func (c *Client) revision(ctx context.Context, t Type, f Family) (uint8, error) 
 	if r, ok := c.revisions[k]; ok {
 		return r, nil
 	}
-	replies, err := c.request(ctx, "type", string(t), cmdType, 0, 0, func(ae *netlink.AttributeEncoder) {
-		ae.Uint8(attrProtocol, c.proto)
-		putName(ae, attrTypeName, string(t))
-		ae.Uint8(attrFamily, uint8(f))
+	var rev uint8
+	err := c.request(ctx, "type", string(t), cmdType, 0, 0, func(b *nl.Batch) {
+		b.Uint8(attrProtocol, c.proto)
+		putName(b, attrTypeName, string(t))
+		b.Uint8(attrFamily, uint8(f))
+	}, func(attrs []byte) error {
+		return decode(attrs, func(d *nl.Decoder) {
+			if d.Type() == attrRevision {
+				rev = d.Uint8()
+			}
+		})
 	})
 	if err != nil {
 		return 0, err
-	}
-	var rev uint8
-	for _, r := range replies {
-		if err := decode(r, func(ad *netlink.AttributeDecoder) {
-			if ad.Type() == attrRevision {
-				rev = ad.Uint8()
-			}
-		}); err != nil {
-			return 0, &OpError{Op: "type", Set: string(t), Err: err}
-		}
 	}
 	c.revisions[k] = rev
 	return rev, nil
 }
 
-// decode walks the attributes of an ipset reply.
-func decode(m netlink.Message, f func(ad *netlink.AttributeDecoder)) error {
-	b, err := payload(m)
-	if err != nil {
-		return err
+// decode walks the attributes of an ipset reply, whose values are in
+// network byte order.
+func decode(attrs []byte, f func(d *nl.Decoder)) error {
+	d := nl.NewDecoder(attrs)
+	d.Order = binary.BigEndian
+	for d.Next() {
+		f(d)
 	}
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return err
-	}
-	ad.ByteOrder = bigEndian
-	for ad.Next() {
-		f(ad)
-	}
-	return ad.Err()
+	return d.Err()
 }
 
 // lockedProto takes the client lock and negotiates the protocol; callers
@@ -247,41 +247,40 @@ func (c *Client) create(ctx context.Context, s Set, excl bool) error {
 	if err != nil {
 		return err
 	}
-	flags := netlink.Acknowledge | netlink.Create
+	flags := uint16(nl.Create)
 	if excl {
-		flags |= netlink.Excl
+		flags |= nl.Excl
 	}
 	name := c.KernelName(s.Name)
-	_, err = c.request(ctx, "create", name, cmdCreate, flags, 0, func(ae *netlink.AttributeEncoder) {
-		ae.Uint8(attrProtocol, proto)
-		putName(ae, attrSetName, name)
-		putName(ae, attrTypeName, string(s.Type))
-		ae.Uint8(attrRevision, rev)
-		ae.Uint8(attrFamily, uint8(s.Family))
-		ae.Nested(attrData, func(nae *netlink.AttributeEncoder) error {
-			encodeCreate(nae, s)
-			return nil
-		})
-	})
+	err = c.request(ctx, "create", name, cmdCreate, flags, 0, func(b *nl.Batch) {
+		b.Uint8(attrProtocol, proto)
+		putName(b, attrSetName, name)
+		putName(b, attrTypeName, string(s.Type))
+		b.Uint8(attrRevision, rev)
+		b.Uint8(attrFamily, uint8(s.Family))
+		b.Nest(attrData | nl.Nested)
+		encodeCreate(b, s)
+		b.End()
+	}, nil)
 	if err == nil {
 		c.log.Info("ipset created", "set", name, "type", s.Type, "family", s.Family)
 	}
 	return err
 }
 
-func encodeCreate(ae *netlink.AttributeEncoder, s Set) {
+func encodeCreate(b *nl.Batch, s Set) {
 	if s.Type == BitmapPort {
-		putU16(ae, attrPort, s.PortFrom)
-		putU16(ae, attrPortTo, s.PortTo)
+		putU16(b, attrPort, s.PortFrom)
+		putU16(b, attrPortTo, s.PortTo)
 	}
 	if s.HashSize != 0 {
-		putU32(ae, attrHashSize, s.HashSize)
+		putU32(b, attrHashSize, s.HashSize)
 	}
 	if s.MaxElem != 0 {
-		putU32(ae, attrMaxElem, s.MaxElem)
+		putU32(b, attrMaxElem, s.MaxElem)
 	}
 	if s.Timeout != 0 {
-		putU32(ae, attrTimeout, uint32(s.Timeout/time.Second))
+		putU32(b, attrTimeout, uint32(s.Timeout/time.Second))
 	}
 	var flags uint32
 	if s.Comment {
@@ -291,7 +290,7 @@ func encodeCreate(ae *netlink.AttributeEncoder, s Set) {
 		flags |= cadtWithCounters
 	}
 	if flags != 0 {
-		putU32(ae, attrCadtFlags, flags)
+		putU32(b, attrCadtFlags, flags)
 	}
 }
 
@@ -317,10 +316,10 @@ func (c *Client) simple(ctx context.Context, op string, cmd uint8, name string) 
 	}
 	full := c.KernelName(name)
 	// Without NLM_F_EXCL, newer kernels destroy a missing set silently.
-	_, err = c.request(ctx, op, full, cmd, netlink.Acknowledge|netlink.Excl, 0, func(ae *netlink.AttributeEncoder) {
-		ae.Uint8(attrProtocol, proto)
-		putName(ae, attrSetName, full)
-	})
+	err = c.request(ctx, op, full, cmd, nl.Excl, 0, func(b *nl.Batch) {
+		b.Uint8(attrProtocol, proto)
+		putName(b, attrSetName, full)
+	}, nil)
 	if err == nil {
 		c.log.Info("ipset "+op, "set", full)
 	}

@@ -60,14 +60,15 @@
 // # Kernel and privileges
 //
 // The client speaks the ipset netlink protocol itself (NETLINK_NETFILTER,
-// subsystem IPSET) through github.com/mdlayher/netlink rather than the ipset
-// API of github.com/vishvananda/netlink, which logs through the global log
-// package, cannot set a hash size, picks no type revision for hash:net or
-// bitmap:port (so their comments and timeouts fail), sends one message per
-// entry and may panic on a non-errno error. Set type revisions are asked
-// from the kernel, as the ipset tool does. Every call needs CAP_NET_ADMIN in
-// the target namespace; New needs CAP_SYS_ADMIN to open its socket in
-// another namespace (Options.NetNS). The kernel needs the ip_set module and
+// subsystem IPSET) through the project's one netlink layer (internal/nl)
+// rather than the ipset API of github.com/vishvananda/netlink, which logs
+// through the global log package, cannot set a hash size, picks no type
+// revision for hash:net or bitmap:port (so their comments and timeouts
+// fail), sends one message per entry and may panic on a non-errno error.
+// Set type revisions are asked from the kernel, as the ipset tool does.
+// Every call needs CAP_NET_ADMIN in the target namespace; New needs
+// CAP_SYS_ADMIN to open its socket in another namespace (Options.NetNS).
+// The kernel needs the ip_set module and
 // one module per set type (ip_set_hash_ipport, ...); their absence shows as
 // ErrNotSupported. Nothing here loads modules or runs the ipset binary.
 //

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
-	"github.com/mdlayher/netlink"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // batchBytes bounds the encoded entries of one add or delete message; a
@@ -59,12 +60,12 @@ func (c *Client) Test(ctx context.Context, name string, e Entry) (bool, error) {
 		return false, err
 	}
 	full := c.KernelName(name)
-	_, err = c.request(ctx, "test", full, cmdTest, netlink.Acknowledge, 1, func(ae *netlink.AttributeEncoder) {
-		ae.Uint8(attrProtocol, proto)
-		putName(ae, attrSetName, full)
-		ae.Bytes(attrData|netlink.Nested, appendEntry(nil, info.Type, e))
-	})
-	if isNetlinkErr(err, errExist) {
+	err = c.request(ctx, "test", full, cmdTest, 0, 1, func(b *nl.Batch) {
+		b.Uint8(attrProtocol, proto)
+		putName(b, attrSetName, full)
+		b.Attr(attrData|nl.Nested, appendEntry(nil, info.Type, e))
+	}, nil)
+	if errors.Is(err, syscall.Errno(errExist)) {
 		return false, nil
 	}
 	return err == nil, err
@@ -101,12 +102,12 @@ func (c *Client) batch(ctx context.Context, op string, cmd uint8, info *SetInfo,
 		end := start + batchLen(entries[start:])
 		chunk := entries[start:end]
 		adt = appendADT(adt[:0], info.Type, chunk)
-		_, err := c.request(ctx, op, full, cmd, netlink.Acknowledge, len(chunk), func(ae *netlink.AttributeEncoder) {
-			ae.Uint8(attrProtocol, proto)
-			putName(ae, attrSetName, full)
-			putU32(ae, attrLineNo, 0)
-			ae.Bytes(attrADT|netlink.Nested, adt)
-		})
+		err := c.request(ctx, op, full, cmd, 0, len(chunk), func(b *nl.Batch) {
+			b.Uint8(attrProtocol, proto)
+			putName(b, attrSetName, full)
+			putU32(b, attrLineNo, 0)
+			b.Attr(attrADT|nl.Nested, adt)
+		}, nil)
 		if err != nil {
 			return fmt.Errorf("entries %d-%d of %d: %w", start+1, end, len(entries), err)
 		}
@@ -140,8 +141,9 @@ func entrySize(e Entry) int {
 func appendADT(b []byte, t Type, entries []Entry) []byte {
 	for _, e := range entries {
 		var at int
-		b, at = appendNest(b, attrData)
-		b = endNest(appendEntry(b, t, e), at)
+		b, at = nl.AppendNest(b, attrData)
+		b = appendEntry(b, t, e)
+		nl.EndNest(b, at)
 	}
 	return b
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
-
-	"github.com/mdlayher/netlink"
 )
 
 // Errors to test with errors.Is.
@@ -108,13 +106,4 @@ func kernelError(op, set string, err error) error {
 		return &OpError{Op: op, Set: set, Err: ke}
 	}
 	return &OpError{Op: op, Set: set, Err: fmt.Errorf("%w: %w", sentinel, ke)}
-}
-
-// isNetlinkErr reports whether err carries errno.
-func isNetlinkErr(err error, errno syscall.Errno) bool {
-	var oe *netlink.OpError
-	if errors.As(err, &oe) {
-		return errors.Is(oe.Err, errno)
-	}
-	return errors.Is(err, errno)
 }

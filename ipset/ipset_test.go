@@ -2,6 +2,7 @@ package ipset
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"strings"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mdlayher/netlink"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 var (
@@ -184,15 +187,15 @@ func TestADTAllocations(t *testing.T) {
 func referenceEntry(t *testing.T, typ Type, e Entry) []byte {
 	t.Helper()
 	ae := netlink.NewAttributeEncoder()
-	ae.ByteOrder = bigEndian
+	ae.ByteOrder = binary.BigEndian
 	addr := func(at uint16, a netip.Addr) {
 		ae.Nested(at, func(nae *netlink.AttributeEncoder) error {
 			if a.Is4() {
 				b := a.As4()
-				nae.Bytes(attrIPAddrIPv4|nlaNetByteOrder, b[:])
+				nae.Bytes(attrIPAddrIPv4|nl.NetByteOrder, b[:])
 			} else {
 				b := a.As16()
-				nae.Bytes(attrIPAddrIPv6|nlaNetByteOrder, b[:])
+				nae.Bytes(attrIPAddrIPv6|nl.NetByteOrder, b[:])
 			}
 			return nil
 		})
@@ -206,7 +209,7 @@ func referenceEntry(t *testing.T, typ Type, e Entry) []byte {
 		addr(attrIP, e.IP)
 	}
 	if f.port {
-		ae.Uint16(attrPort|nlaNetByteOrder, e.Port)
+		ae.Uint16(attrPort|nl.NetByteOrder, e.Port)
 		if typ != BitmapPort {
 			ae.Uint8(attrProto, uint8(e.Protocol))
 		}
@@ -219,7 +222,7 @@ func referenceEntry(t *testing.T, typ Type, e Entry) []byte {
 		ae.Uint8(attrCIDR2, uint8(e.Net.Bits()))
 	}
 	if e.Timeout != 0 {
-		ae.Uint32(attrTimeout|nlaNetByteOrder, uint32(e.Timeout/time.Second))
+		ae.Uint32(attrTimeout|nl.NetByteOrder, uint32(e.Timeout/time.Second))
 	}
 	if e.Comment != "" {
 		ae.String(attrComment, e.Comment)
@@ -288,7 +291,7 @@ func TestKernelErrors(t *testing.T) {
 		{"destroy", errReferenced, ErrInUse},
 		{"create", errFindType, ErrNotSupported},
 	} {
-		err := kernelError(tc.op, "KPT-S", &netlink.OpError{Op: "receive", Err: tc.errno})
+		err := kernelError(tc.op, "KPT-S", &nl.Error{Errno: tc.errno})
 		var ke *KernelError
 		var oe *OpError
 		if !errors.Is(err, tc.want) || !errors.As(err, &ke) || !errors.As(err, &oe) || !errors.Is(err, tc.errno) {
@@ -298,7 +301,7 @@ func TestKernelErrors(t *testing.T) {
 			t.Errorf("message %q", err)
 		}
 	}
-	err := kernelError("add", "KPT-S", &netlink.OpError{Op: "receive", Err: syscall.Errno(errHashFull)})
+	err := kernelError("add", "KPT-S", &nl.Error{Errno: syscall.Errno(errHashFull)})
 	if !strings.Contains(err.Error(), "set is full") {
 		t.Errorf("hash full: %v", err)
 	}

@@ -7,10 +7,8 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/mdlayher/netlink"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
-
-var bigEndian = binary.BigEndian
 
 // SetInfo is a set as the kernel holds it.
 type SetInfo struct {
@@ -44,30 +42,25 @@ func (c *Client) list(ctx context.Context, name string, headerOnly bool) (*liste
 	if name != "" {
 		full = c.KernelName(name)
 	}
-	replies, err := c.request(ctx, "list", full, cmdList, netlink.Dump, 0, func(ae *netlink.AttributeEncoder) {
-		ae.Uint8(attrProtocol, proto)
+	l := &listed{sets: make(map[string]*listedSet)}
+	err = c.request(ctx, "list", full, cmdList, nl.Dump, 0, func(b *nl.Batch) {
+		b.Uint8(attrProtocol, proto)
 		if full != "" {
-			putName(ae, attrSetName, full)
+			putName(b, attrSetName, full)
 		}
 		if headerOnly {
-			putU32(ae, attrFlags, flagListHeader)
+			putU32(b, attrFlags, flagListHeader)
 		}
-	})
+	}, l.add)
 	if err != nil {
 		return nil, err
-	}
-	l := &listed{sets: make(map[string]*listedSet)}
-	for _, r := range replies {
-		if err := l.add(r); err != nil {
-			return nil, &OpError{Op: "list", Set: full, Err: err}
-		}
 	}
 	return l, nil
 }
 
 // add parses one message of a list dump. The first message of a set
 // carries its header; every message carries its name and maybe entries.
-func (l *listed) add(m netlink.Message) error {
+func (l *listed) add(attrs []byte) error {
 	var (
 		ls       *listedSet
 		adts     [][]byte
@@ -77,27 +70,27 @@ func (l *listed) add(m netlink.Message) error {
 		rev      uint8
 		index    = -1
 	)
-	err := decode(m, func(ad *netlink.AttributeDecoder) {
-		switch ad.Type() {
+	err := decode(attrs, func(d *nl.Decoder) {
+		switch d.Type() {
 		case attrSetName:
-			name := ad.String()
+			name := d.String()
 			if ls = l.sets[name]; ls == nil {
 				ls = &listedSet{info: SetInfo{Set: Set{Name: name}}}
 				l.sets[name] = ls
 				l.order = append(l.order, name)
 			}
 		case attrTypeName:
-			typeName = ad.String()
+			typeName = d.String()
 		case attrFamily:
-			family = Family(ad.Uint8())
+			family = Family(d.Uint8())
 		case attrRevision:
-			rev = ad.Uint8()
+			rev = d.Uint8()
 		case attrIndex:
-			index = int(ad.Uint16())
+			index = int(d.Uint16())
 		case attrData:
-			header = ad.Bytes()
+			header = d.Bytes()
 		case attrADT:
-			adts = append(adts, ad.Bytes())
+			adts = append(adts, d.Bytes())
 		}
 	})
 	if err != nil {
@@ -129,11 +122,8 @@ func (l *listed) add(m netlink.Message) error {
 }
 
 func parseHeader(b []byte, info *SetInfo) error {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return err
-	}
-	ad.ByteOrder = bigEndian
+	ad := nl.NewDecoder(b)
+	ad.Order = binary.BigEndian
 	for ad.Next() {
 		switch ad.Type() {
 		case attrPort:
@@ -159,10 +149,7 @@ func parseHeader(b []byte, info *SetInfo) error {
 }
 
 func parseEntries(b []byte, ls *listedSet) error {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return err
-	}
+	ad := nl.NewDecoder(b)
 	for ad.Next() {
 		if ad.Type() != attrData {
 			continue
@@ -177,12 +164,10 @@ func parseEntries(b []byte, ls *listedSet) error {
 }
 
 func parseEntry(b []byte, t Type) (Entry, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return Entry{}, err
-	}
-	ad.ByteOrder = bigEndian
+	ad := nl.NewDecoder(b)
+	ad.Order = binary.BigEndian
 	var e Entry
+	var err error
 	var ip, ip2 netip.Addr
 	cidr, cidr2 := -1, -1
 	for ad.Next() {

@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/mdlayher/netlink"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // The ipset netlink protocol (include/uapi/linux/netfilter/ipset/ip_set.h).
@@ -81,7 +81,6 @@ const (
 	cadtWithCounters = 1 << 3 // IPSET_FLAG_WITH_COUNTERS, in attrCadtFlags
 	cadtWithComment  = 1 << 4 // IPSET_FLAG_WITH_COMMENT
 
-	nlaNetByteOrder = 0x4000 // NLA_F_NET_BYTEORDER
 )
 
 // Kernel error numbers of ipset (above the errno range).
@@ -126,113 +125,70 @@ var kernelErrors = map[int]string{
 	errMissingProto:  "protocol missing",
 }
 
-// message builds an ipset netlink request: the nfgenmsg header followed by
-// the attributes that enc fills.
-func message(cmd uint8, flags netlink.HeaderFlags, fill func(ae *netlink.AttributeEncoder)) (netlink.Message, error) {
-	ae := netlink.NewAttributeEncoder()
-	ae.ByteOrder = binary.BigEndian
-	fill(ae)
-	attrs, err := ae.Encode()
-	if err != nil {
-		return netlink.Message{}, err
-	}
-	// nfgenmsg: family NFPROTO_UNSPEC, version NFNETLINK_V0, res_id 0.
-	data := append([]byte{0, 0, 0, 0}, attrs...)
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(subsysIPSet<<8 | uint16(cmd)), Flags: netlink.Request | flags},
-		Data:   data,
-	}, nil
-}
+// The attributes of a request: values in network byte order, flagged so.
+func putU32(b *nl.Batch, typ uint16, v uint32) { b.BigEndian32(typ|nl.NetByteOrder, v) }
+func putU16(b *nl.Batch, typ uint16, v uint16) { b.BigEndian16(typ|nl.NetByteOrder, v) }
 
-func putU32(ae *netlink.AttributeEncoder, typ uint16, v uint32) { ae.Uint32(typ|nlaNetByteOrder, v) }
-func putU16(ae *netlink.AttributeEncoder, typ uint16, v uint16) { ae.Uint16(typ|nlaNetByteOrder, v) }
-
-func putName(ae *netlink.AttributeEncoder, typ uint16, s string) { ae.String(typ, s) }
+func putName(b *nl.Batch, typ uint16, s string) { b.String(typ, s) }
 
 // The entries of an add or delete are many (a hundred thousand endpoints'
 // loop-back entries at a cold sync): they are appended to the message's
-// bytes directly, with no allocation per entry, in the encoding of
-// github.com/mdlayher/netlink's AttributeEncoder with big-endian values.
-
-// appendAttr appends an attribute header for n bytes of data.
-func appendAttr(b []byte, typ uint16, n int) []byte {
-	b = binary.NativeEndian.AppendUint16(b, uint16(4+n))
-	return binary.NativeEndian.AppendUint16(b, typ)
-}
-
-func pad4(b []byte) []byte {
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	return b
-}
+// bytes directly, in internal/nl's framing, with no allocation per entry.
 
 func appendU8(b []byte, typ uint16, v uint8) []byte {
-	return pad4(append(appendAttr(b, typ, 1), v))
+	return nl.Pad(append(nl.AppendAttrHeader(b, typ, 1), v))
 }
 
 func appendU16(b []byte, typ, v uint16) []byte {
-	return pad4(binary.BigEndian.AppendUint16(appendAttr(b, typ|nlaNetByteOrder, 2), v))
+	return nl.Pad(binary.BigEndian.AppendUint16(nl.AppendAttrHeader(b, typ|nl.NetByteOrder, 2), v))
 }
 
 func appendU32(b []byte, typ uint16, v uint32) []byte {
-	return binary.BigEndian.AppendUint32(appendAttr(b, typ|nlaNetByteOrder, 4), v)
+	return binary.BigEndian.AppendUint32(nl.AppendAttrHeader(b, typ|nl.NetByteOrder, 4), v)
 }
 
 func appendString(b []byte, typ uint16, s string) []byte {
-	return pad4(append(append(appendAttr(b, typ, len(s)+1), s...), 0))
-}
-
-// appendNest opens a nested attribute; endNest closes it, given where it
-// started.
-func appendNest(b []byte, typ uint16) ([]byte, int) {
-	return appendAttr(b, typ|netlink.Nested, 0), len(b)
-}
-
-func endNest(b []byte, at int) []byte {
-	binary.NativeEndian.PutUint16(b[at:], uint16(len(b)-at))
-	return b
+	return nl.Pad(append(append(nl.AppendAttrHeader(b, typ, len(s)+1), s...), 0))
 }
 
 // appendIPAddr appends the attribute inside an IPADDR nest.
 func appendIPAddr(b []byte, a netip.Addr) []byte {
 	if a.Is4() {
 		v := a.As4()
-		return append(appendAttr(b, attrIPAddrIPv4|nlaNetByteOrder, 4), v[:]...)
+		return append(nl.AppendAttrHeader(b, attrIPAddrIPv4|nl.NetByteOrder, 4), v[:]...)
 	}
 	v := a.As16()
-	return append(appendAttr(b, attrIPAddrIPv6|nlaNetByteOrder, 16), v[:]...)
+	return append(nl.AppendAttrHeader(b, attrIPAddrIPv6|nl.NetByteOrder, 16), v[:]...)
 }
 
 // appendAddr appends an address as ipset's nested IPADDR attribute.
 func appendAddr(b []byte, typ uint16, a netip.Addr) []byte {
-	b, at := appendNest(b, typ)
-	return endNest(appendIPAddr(b, a), at)
+	b, at := nl.AppendNest(b, typ)
+	b = appendIPAddr(b, a)
+	nl.EndNest(b, at)
+	return b
 }
 
 // readAddr decodes a nested IPADDR attribute.
 func readAddr(b []byte) (netip.Addr, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return netip.Addr{}, err
-	}
 	var a netip.Addr
-	for ad.Next() {
-		switch ad.Type() {
+	d := nl.NewDecoder(b)
+	for d.Next() {
+		switch d.Type() {
 		case attrIPAddrIPv4, attrIPAddrIPv6:
 			var ok bool
-			if a, ok = netip.AddrFromSlice(ad.Bytes()); !ok {
-				return netip.Addr{}, fmt.Errorf("bad address of %d bytes", len(ad.Bytes()))
+			if a, ok = netip.AddrFromSlice(d.Bytes()); !ok {
+				return netip.Addr{}, fmt.Errorf("bad address of %d bytes", len(d.Bytes()))
 			}
 		}
 	}
-	return a, ad.Err()
+	return a, d.Err()
 }
 
 // payload strips the nfgenmsg header from a reply.
-func payload(m netlink.Message) ([]byte, error) {
-	if len(m.Data) < 4 {
-		return nil, fmt.Errorf("short ipset reply (%d bytes)", len(m.Data))
+func payload(data []byte) ([]byte, error) {
+	if len(data) < 4 {
+		return nil, fmt.Errorf("short ipset reply (%d bytes)", len(data))
 	}
-	return m.Data[4:], nil
+	return data[4:], nil
 }
