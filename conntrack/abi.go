@@ -6,7 +6,6 @@ const (
 	netlinkNetfilter    = 12 // NETLINK_NETFILTER
 	nfnlSubsysCtnetlink = 1  // NFNL_SUBSYS_CTNETLINK
 	nfnetlinkV0         = 0  // NFNETLINK_V0
-	nlaFNested          = 0x8000
 	afInet              = 2  // AF_INET
 	afInet6             = 10 // AF_INET6 (Linux's)
 

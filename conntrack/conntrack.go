@@ -7,12 +7,11 @@ import (
 	"log/slog"
 	"sync"
 	"syscall"
-	"time"
 
-	"github.com/kproxy-dev/kproxy/internal/nsutil"
-	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
+	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // MaxAttempts bounds how often one call dumps a family's table when the
@@ -36,11 +35,9 @@ type Options struct {
 type table interface {
 	// dump lists a family's flows; with errInterrupted the list is
 	// complete but may be inconsistent.
-	dump(fam uint8) ([]entry, error)
+	dump(ctx context.Context, fam uint8) ([]entry, error)
 	// remove deletes one dumped flow.
-	remove(fam uint8, e entry) error
-	// setDeadline bounds the next calls (zero: no bound).
-	setDeadline(t time.Time) error
+	remove(ctx context.Context, fam uint8, e entry) error
 	close() error
 }
 
@@ -63,17 +60,13 @@ type Client struct {
 
 // New opens a netlink socket in the namespace o.NetNS.
 func New(o Options) (*Client, error) {
-	var c *netlink.Conn
-	open := func() (err error) {
-		c, err = netlink.Dial(netlinkNetfilter, nil)
-		return err
-	}
 	ns := o.NetNS
 	if ns < 0 {
 		ns = 0 // netns.None(): the caller's namespace, as zero
 	}
-	if err := nsutil.Do(ns, open); err != nil {
-		return nil, fmt.Errorf("conntrack: open netlink socket: %w", err)
+	c, err := nl.Open(netlinkNetfilter, nl.Options{NetNS: int(ns)})
+	if err != nil {
+		return nil, fmt.Errorf("conntrack: %w", err)
 	}
 	return newClient(&ctTable{c: c}, o.Logger), nil
 }
@@ -110,9 +103,9 @@ func inetFamily(f servicelb.Family) (uint8, error) {
 	return 0, fmt.Errorf("%w: %v", ErrInvalidFamily, f)
 }
 
-// begin locks the client and bounds its kernel calls by ctx: its
-// deadline, and its cancellation, which interrupts a call under way. The
-// caller must call the returned function.
+// begin locks the client, unless ctx has ended; its kernel calls are
+// bounded by ctx, whose end interrupts a call under way. The caller must
+// call the returned function.
 func (c *Client) begin(ctx context.Context) (func(), error) {
 	c.mu.Lock()
 	if c.t == nil {
@@ -123,17 +116,7 @@ func (c *Client) begin(ctx context.Context) (func(), error) {
 		c.mu.Unlock()
 		return nil, err
 	}
-	d, _ := ctx.Deadline()
-	if err := c.t.setDeadline(d); err != nil {
-		c.mu.Unlock()
-		return nil, err
-	}
-	t := c.t
-	stop := context.AfterFunc(ctx, func() { t.setDeadline(time.Unix(1, 0)) })
-	return func() {
-		stop()
-		c.mu.Unlock()
-	}, nil
+	return c.mu.Unlock, nil
 }
 
 // List returns every flow of family f.
@@ -148,7 +131,7 @@ func (c *Client) List(ctx context.Context, f servicelb.Family) ([]Flow, error) {
 	}
 	defer end()
 	for attempt := 1; ; attempt++ {
-		entries, err := c.t.dump(fam)
+		entries, err := c.t.dump(ctx, fam)
 		if errors.Is(err, errInterrupted) {
 			if attempt < MaxAttempts {
 				c.log.Debug("conntrack dump interrupted, retrying", "family", f, "attempt", attempt)
@@ -213,7 +196,7 @@ func (c *Client) deleteFamily(ctx context.Context, f servicelb.Family, ix index)
 	total := 0
 	var failures []error
 	for attempt := 1; ; attempt++ {
-		entries, err := c.t.dump(fam)
+		entries, err := c.t.dump(ctx, fam)
 		interrupted := errors.Is(err, errInterrupted)
 		if err != nil && !interrupted {
 			return total, errors.Join(append(failures, ctx.Err(), err)...)
@@ -244,7 +227,7 @@ func (c *Client) removeMatching(ctx context.Context, fam uint8, ix index, entrie
 		if ctx.Err() != nil {
 			break
 		}
-		if err := c.t.remove(fam, e); err != nil && !errors.Is(err, syscall.ENOENT) {
+		if err := c.t.remove(ctx, fam, e); err != nil && !errors.Is(err, syscall.ENOENT) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", e.flow, err))
 			continue
 		}

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kproxy-dev/kproxy/servicelb"
 	"github.com/vishvananda/netns"
@@ -35,7 +34,7 @@ func newFakeTable(flows ...Flow) *fakeTable {
 	return t
 }
 
-func (t *fakeTable) dump(fam uint8) ([]entry, error) {
+func (t *fakeTable) dump(_ context.Context, fam uint8) ([]entry, error) {
 	t.dumps[fam]++
 	var out []entry
 	for _, f := range t.flows[fam] {
@@ -48,7 +47,7 @@ func (t *fakeTable) dump(fam uint8) ([]entry, error) {
 	return out, nil
 }
 
-func (t *fakeTable) remove(fam uint8, e entry) error {
+func (t *fakeTable) remove(_ context.Context, fam uint8, e entry) error {
 	if t.removeErr != nil {
 		return t.removeErr
 	}
@@ -60,8 +59,7 @@ func (t *fakeTable) remove(fam uint8, e entry) error {
 	return nil
 }
 
-func (t *fakeTable) setDeadline(time.Time) error { return nil }
-func (t *fakeTable) close() error                { t.closed = true; return nil }
+func (t *fakeTable) close() error { t.closed = true; return nil }
 
 func sampleTable() *fakeTable {
 	ap := netip.AddrPortFrom

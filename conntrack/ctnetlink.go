@@ -6,10 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/servicelb"
-	"github.com/mdlayher/netlink"
 )
 
 // ctnetlink message types and attributes (linux/netfilter/nfnetlink_conntrack.h).
@@ -57,63 +58,51 @@ type entry struct {
 // ctTable is the conntrack table behind one ctnetlink socket. Unlike the
 // ctnetlink parsers of the common Go netlink libraries it reads the ports
 // of every protocol that has them (SCTP and DCCP as well as TCP and UDP).
-type ctTable struct{ c *netlink.Conn }
+type ctTable struct {
+	c   *nl.Conn
+	req nl.Batch // the request under way, its memory reused
+}
 
 func nfgenmsg(fam uint8) []byte { return []byte{fam, nfnetlinkV0, 0, 0} }
 
-func (t *ctTable) dump(fam uint8) ([]entry, error) {
-	msgs, err := t.c.Execute(netlink.Message{
-		Header: netlink.Header{Type: ctMsgGet, Flags: netlink.Request | netlink.Dump},
-		Data:   nfgenmsg(fam),
+func (t *ctTable) dump(ctx context.Context, fam uint8) ([]entry, error) {
+	t.req.Reset()
+	t.req.Message(ctMsgGet, 0, nfgenmsg(fam)...)
+	var out []entry
+	err := t.c.Dump(ctx, &t.req, func(_ uint16, data []byte) error {
+		if len(data) < 4 {
+			return fmt.Errorf("short ctnetlink message (%d bytes)", len(data))
+		}
+		e, err := parseEntry(data[0], data[4:])
+		if err != nil {
+			return err
+		}
+		// The message is read into the socket's buffer, which the next
+		// read reuses.
+		e.orig = slices.Clone(e.orig)
+		out = append(out, e)
+		return nil
 	})
+	if errors.Is(err, nl.ErrDumpInterrupted) {
+		return out, errInterrupted
+	}
 	if err != nil {
 		return nil, err
-	}
-	out := make([]entry, 0, len(msgs))
-	interrupted := false
-	for _, m := range msgs {
-		interrupted = interrupted || m.Header.Flags&netlink.DumpInterrupted != 0
-		if len(m.Data) < 4 {
-			return nil, fmt.Errorf("short ctnetlink message (%d bytes)", len(m.Data))
-		}
-		e, err := parseEntry(m.Data[0], m.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	if interrupted {
-		return out, errInterrupted
 	}
 	return out, nil
 }
 
-func (t *ctTable) remove(fam uint8, e entry) error {
-	ae := netlink.NewAttributeEncoder()
-	ae.ByteOrder = binary.BigEndian
-	ae.Bytes(nlaFNested|ctaTupleOrig, e.orig)
+func (t *ctTable) remove(ctx context.Context, fam uint8, e entry) error {
+	t.req.Reset()
+	t.req.Message(ctMsgDelete, 0, nfgenmsg(fam)...)
+	t.req.Attr(ctaTupleOrig|nl.Nested, e.orig)
 	if e.hasZone {
-		ae.Uint16(ctaZone, e.flow.Zone)
+		t.req.BigEndian16(ctaZone, e.flow.Zone)
 	}
 	if e.hasID {
-		ae.Uint32(ctaID, e.id)
+		t.req.BigEndian32(ctaID, e.id)
 	}
-	attrs, err := ae.Encode()
-	if err != nil {
-		return err
-	}
-	_, err = t.c.Execute(netlink.Message{
-		Header: netlink.Header{Type: ctMsgDelete, Flags: netlink.Request | netlink.Acknowledge},
-		Data:   append(nfgenmsg(fam), attrs...),
-	})
-	return err
-}
-
-func (t *ctTable) setDeadline(d time.Time) error {
-	if !d.IsZero() && time.Until(d) <= 0 {
-		return context.DeadlineExceeded
-	}
-	return t.c.SetDeadline(d)
+	return t.c.Get(ctx, &t.req, nil)
 }
 
 func (t *ctTable) close() error { return t.c.Close() }
@@ -124,21 +113,18 @@ func parseEntry(fam uint8, b []byte) (entry, error) {
 	if fam == afInet6 {
 		e.flow.Family = servicelb.IPv6
 	}
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return e, fmt.Errorf("parse flow: %w", err)
-	}
-	ad.ByteOrder = binary.BigEndian
+	ad := nl.NewDecoder(b)
+	ad.Order = binary.BigEndian
 	for ad.Next() {
 		switch ad.Type() {
 		case ctaTupleOrig:
 			e.orig = ad.Bytes()
-			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+			ad.Nested(func(nd *nl.Decoder) error {
 				e.flow.Orig, e.flow.Protocol = parseTuple(nd)
 				return nil
 			})
 		case ctaTupleReply:
-			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+			ad.Nested(func(nd *nl.Decoder) error {
 				e.flow.Reply, _ = parseTuple(nd)
 				return nil
 			})
@@ -162,14 +148,14 @@ func parseEntry(fam uint8, b []byte) (entry, error) {
 }
 
 // parseTuple parses a CTA_TUPLE_* nest: addresses, protocol and ports.
-func parseTuple(ad *netlink.AttributeDecoder) (Tuple, uint8) {
+func parseTuple(ad *nl.Decoder) (Tuple, uint8) {
 	var src, dst netip.Addr
 	var sport, dport uint16
 	var proto uint8
 	for ad.Next() {
 		switch ad.Type() {
 		case ctaTupleIP:
-			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+			ad.Nested(func(nd *nl.Decoder) error {
 				for nd.Next() {
 					a, _ := netip.AddrFromSlice(nd.Bytes())
 					switch nd.Type() {
@@ -182,7 +168,7 @@ func parseTuple(ad *netlink.AttributeDecoder) (Tuple, uint8) {
 				return nil
 			})
 		case ctaTupleProto:
-			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+			ad.Nested(func(nd *nl.Decoder) error {
 				for nd.Next() {
 					switch nd.Type() {
 					case ctaProtoNum:
