@@ -126,7 +126,7 @@ func (p *Proxier) endSockets(ctx context.Context, stale map[revKey]bool) (int, e
 	ended := 0
 	var errs []error
 	for _, ns := range nss {
-		n, err := endStaleIn(ns, stale)
+		n, err := endStaleIn(ctx, ns, stale)
 		ended += n
 		switch {
 		case errors.Is(err, sockdiag.ErrUnsupported):
@@ -141,13 +141,13 @@ func (p *Proxier) endSockets(ctx context.Context, stale map[revKey]bool) (int, e
 // endStaleIn ends the connected UDP sockets of the network namespace ns
 // whose cookie and endpoint are a key of stale, with one socket
 // diagnostics socket, and returns how many it ended.
-func endStaleIn(ns int, stale map[revKey]bool) (int, error) {
+func endStaleIn(ctx context.Context, ns int, stale map[revKey]bool) (int, error) {
 	c, err := sockdiag.Open(ns)
 	if err != nil {
 		return 0, err
 	}
 	defer c.Close()
-	socks, err := c.List(unix.IPPROTO_UDP, 1<<sockdiag.Established)
+	socks, err := c.List(ctx, unix.IPPROTO_UDP, 1<<sockdiag.Established)
 	if err != nil {
 		return 0, err
 	}
@@ -157,7 +157,7 @@ func endStaleIn(ns int, stale map[revKey]bool) (int, error) {
 		if !stale[revKey{Cookie: s.Cookie, endpoint: newEndpoint(s.Peer.Addr(), s.Peer.Port())}] {
 			continue
 		}
-		switch err := c.Destroy(s); {
+		switch err := c.Destroy(ctx, s); {
 		case err == nil:
 			ended++
 		case errors.Is(err, unix.ENOENT): // closed or connected elsewhere meanwhile

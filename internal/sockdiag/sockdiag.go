@@ -15,13 +15,15 @@
 package sockdiag
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/nl"
 )
 
 // ErrUnsupported is returned when the kernel has no diagnostics for the
@@ -54,13 +56,13 @@ func (s Socket) String() string {
 }
 
 // Conn is a socket diagnostics socket of one network namespace, which
-// lists and ends the sockets there. It is not safe for concurrent use.
-type Conn struct{ c *netlink.Conn }
+// lists and ends the sockets there.
+type Conn struct{ c *nl.Conn }
 
 // Open opens a Conn in the network namespace of the open file descriptor
 // netns (0: the calling thread's).
 func Open(netns int) (*Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, &netlink.Config{NetNS: netns})
+	c, err := nl.Open(unix.NETLINK_SOCK_DIAG, nl.Options{NetNS: netns})
 	if err != nil {
 		return nil, fmt.Errorf("open socket diagnostics: %w", err)
 	}
@@ -76,19 +78,24 @@ const Established = 1
 
 // List returns the sockets of protocol (unix.IPPROTO_TCP or
 // unix.IPPROTO_UDP), IPv4 and IPv6, of the Conn's namespace whose state is
-// one of
-// the bits of states (1 << Established: connected UDP sockets). Their
-// addresses are the kernel's own, which no BPF program rewrites as it may
-// rewrite getpeername(2)'s.
-func (c *Conn) List(protocol int, states uint32) ([]Socket, error) {
+// one of the bits of states (1 << Established: connected UDP sockets).
+// Their addresses are the kernel's own, which no BPF program rewrites as
+// it may rewrite getpeername(2)'s. A dump the kernel marks as interrupted
+// by a concurrent change fails with nl.ErrDumpInterrupted.
+func (c *Conn) List(ctx context.Context, protocol int, states uint32) ([]Socket, error) {
 	var out []Socket
 	for _, family := range []int{unix.AF_INET, unix.AF_INET6} {
 		req := make([]byte, reqLen)
 		req[0], req[1] = byte(family), byte(protocol)
 		binary.NativeEndian.PutUint32(req[4:], states)
-		msgs, err := c.c.Execute(netlink.Message{
-			Header: netlink.Header{Type: unix.SOCK_DIAG_BY_FAMILY, Flags: netlink.Request | netlink.Dump},
-			Data:   req,
+		var b nl.Batch
+		b.Message(unix.SOCK_DIAG_BY_FAMILY, 0, req...)
+		err := c.c.Dump(ctx, &b, func(_ uint16, data []byte) error {
+			s, err := parseMsg(data, protocol)
+			if err == nil {
+				out = append(out, s)
+			}
+			return err
 		})
 		if errors.Is(err, unix.ENOENT) {
 			return nil, fmt.Errorf("list sockets of family %d, protocol %d: no diagnostics for the protocol (%s): %w",
@@ -96,13 +103,6 @@ func (c *Conn) List(protocol int, states uint32) ([]Socket, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("list sockets of family %d, protocol %d: %w", family, protocol, err)
-		}
-		for _, m := range msgs {
-			s, err := parseMsg(m.Data, protocol)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, s)
 		}
 	}
 	return out, nil
@@ -132,18 +132,16 @@ func parseMsg(b []byte, protocol int) (Socket, error) {
 	return s, nil
 }
 
-// Destroy ends s, a socket of the Conn's namespace. A socket that is gone already, or whose
-// cookie differs, is an error wrapping unix.ENOENT.
-func (c *Conn) Destroy(s Socket) error {
+// Destroy ends s, a socket of the Conn's namespace. A socket that is gone
+// already, or whose cookie differs, is an error wrapping unix.ENOENT.
+func (c *Conn) Destroy(ctx context.Context, s Socket) error {
 	req, err := s.request()
 	if err != nil {
 		return err
 	}
-	_, err = c.c.Execute(netlink.Message{
-		Header: netlink.Header{Type: unix.SOCK_DESTROY, Flags: netlink.Request | netlink.Acknowledge},
-		Data:   req,
-	})
-	if err != nil {
+	var b nl.Batch
+	b.Message(unix.SOCK_DESTROY, 0, req...)
+	if err := c.c.Get(ctx, &b, nil); err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {
 			return fmt.Errorf("end %s: the kernel cannot end sockets (CONFIG_INET_DIAG_DESTROY): %w", s, ErrUnsupported)
 		}

@@ -50,7 +50,7 @@ func TestDestroyEndsAConnectedUDPSocket(t *testing.T) {
 			diag, err := sockdiag.Open(int(tp.Node.NS))
 			require.NoError(t, err)
 			defer diag.Close()
-			listed, err := diag.List(unix.IPPROTO_UDP, 1<<sockdiag.Established)
+			listed, err := diag.List(t.Context(), unix.IPPROTO_UDP, 1<<sockdiag.Established)
 			require.NoError(t, err)
 			i := slices.IndexFunc(listed, func(s sockdiag.Socket) bool { return s.Cookie == cookie })
 			require.NotEqual(t, -1, i, "socket %d is not among the connected UDP sockets listed: %v", cookie, listed)
@@ -64,11 +64,11 @@ func TestDestroyEndsAConnectedUDPSocket(t *testing.T) {
 
 			other := s
 			other.Cookie++
-			assert.ErrorIs(t, diag.Destroy(other), unix.ENOENT, "a socket with another cookie")
+			assert.ErrorIs(t, diag.Destroy(t.Context(), other), unix.ENOENT, "a socket with another cookie")
 			_, err = unix.Getpeername(fd)
 			require.NoError(t, err, "the socket lost its peer to a destruction that named another cookie")
 
-			require.NoError(t, diag.Destroy(s))
+			require.NoError(t, diag.Destroy(t.Context(), s))
 			tv := unix.NsecToTimeval(int64(time.Second))
 			require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv))
 			_, _, err = unix.Recvfrom(fd, make([]byte, 64), 0)
