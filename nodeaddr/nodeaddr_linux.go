@@ -2,92 +2,72 @@ package nodeaddr
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+
+	"github.com/kproxy-dev/kproxy/internal/rtnl"
 )
 
 // List returns the namespace's addresses now, sorted.
 func List(o Options) ([]netip.Addr, error) {
-	h, err := handle(o.NetNS)
+	c, err := open(o.NetNS)
 	if err != nil {
 		return nil, err
 	}
-	defer h.Close()
-	return list(h, o.ExcludeInterfaces)
+	defer c.Close()
+	return list(context.Background(), c, o.ExcludeInterfaces)
 }
 
-// handle opens a route netlink socket in ns, and no other family: a kernel
-// without XFRM or netfilter netlink (a module not loaded) has addresses all
-// the same.
-func handle(ns netns.NsHandle) (*netlink.Handle, error) {
-	var h *netlink.Handle
-	var err error
-	if ns == 0 {
-		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-	} else {
-		h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	}
+// open opens a route netlink socket in ns (zero: the caller's namespace).
+func open(ns netns.NsHandle) (*rtnl.Conn, error) {
+	c, err := rtnl.Open(ns)
 	if err != nil {
 		return nil, fmt.Errorf("nodeaddr: open netlink: %w", err)
 	}
-	return h, nil
+	return c, nil
 }
 
-func list(h *netlink.Handle, exclude []string) ([]netip.Addr, error) {
-	links, err := h.LinkList()
-	if errors.Is(err, netlink.ErrDumpInterrupted) {
-		return nil, errRetry
+// list reads every address of the namespace, in one dump, and keeps those
+// of links not excluded (their indexes read in a dump of the links
+// before) that can serve node ports. A link added or renamed between the
+// two dumps comes with address notifications that make a follower list
+// again.
+func list(ctx context.Context, c *rtnl.Conn, exclude []string) ([]netip.Addr, error) {
+	excluded := map[int]bool{}
+	if len(exclude) > 0 {
+		links, err := c.Links(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("nodeaddr: %w", err)
+		}
+		for _, l := range links {
+			if slices.Contains(exclude, l.Name) {
+				excluded[l.Index] = true
+			}
+		}
 	}
+	addrs, err := c.AllAddrs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("nodeaddr: list links: %w", err)
+		return nil, fmt.Errorf("nodeaddr: list addresses: %w", err)
 	}
 	var out []netip.Addr
-	for _, l := range links {
-		if slices.Contains(exclude, l.Attrs().Name) {
-			continue
-		}
-		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
-		if errors.Is(err, netlink.ErrDumpInterrupted) || isGone(err) {
-			return nil, errRetry
-		}
-		if err != nil {
-			return nil, fmt.Errorf("nodeaddr: list addresses of %s: %w", l.Attrs().Name, err)
-		}
-		for _, a := range addrs {
-			if ip, ok := usable(a.IP); ok {
-				out = append(out, ip)
-			}
+	for _, a := range addrs {
+		if ip, ok := usable(a.Prefix.Addr()); ok && !excluded[a.Link] {
+			out = append(out, ip)
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out), nil
 }
 
-// errRetry: the listing raced with a change; list again.
-var errRetry = errors.New("nodeaddr: addresses changed while listed")
-
-func isGone(err error) bool {
-	var le netlink.LinkNotFoundError
-	return errors.As(err, &le)
-}
-
-// usable reports whether ip can serve node ports, as a netip.Addr.
-func usable(ip net.IP) (netip.Addr, bool) {
-	a, ok := netip.AddrFromSlice(ip)
-	if !ok {
-		return netip.Addr{}, false
-	}
+// usable reports whether a can serve node ports, unmapped.
+func usable(a netip.Addr) (netip.Addr, bool) {
 	a = a.Unmap()
-	if a.IsLoopback() || a.IsLinkLocalUnicast() && a.Is6() || a.IsMulticast() || a.IsUnspecified() {
+	if !a.IsValid() || a.IsLoopback() || a.IsLinkLocalUnicast() && a.Is6() || a.IsMulticast() || a.IsUnspecified() {
 		return netip.Addr{}, false
 	}
 	return a, true
@@ -104,21 +84,15 @@ func (w *Watcher) Run(ctx context.Context, update func([]netip.Addr)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h, err := handle(w.NetNS)
+	c, err := open(w.NetNS)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
+	defer c.Close()
 	var last []netip.Addr
 	first := true
 	refresh := func() error {
-		var addrs []netip.Addr
-		var err error
-		for range 10 {
-			if addrs, err = list(h, w.ExcludeInterfaces); !errors.Is(err, errRetry) {
-				break
-			}
-		}
+		addrs, err := list(ctx, c, w.ExcludeInterfaces)
 		if err != nil {
 			return err
 		}
@@ -129,34 +103,19 @@ func (w *Watcher) Run(ctx context.Context, update func([]netip.Addr)) error {
 		return nil
 	}
 	for ctx.Err() == nil {
-		done := make(chan struct{})
-		ch := make(chan netlink.AddrUpdate, 64)
-		failed := make(chan error, 1)
-		ns := w.NetNS
-		if ns == 0 {
-			ns = netns.None()
-		}
-		err := netlink.AddrSubscribeWithOptions(ch, done, netlink.AddrSubscribeOptions{
-			Namespace: &ns,
-			ErrorCallback: func(err error) {
-				select {
-				case failed <- err:
-				default:
-				}
-			},
-		})
+		events, err := rtnl.WatchAddrs(w.NetNS)
 		if err == nil {
 			// Subscribed first, listed second: no change falls between.
 			err = refresh()
 			if err != nil && first {
-				close(done)
+				events.Close()
 				return err
 			}
+			if err == nil {
+				err = w.follow(ctx, events, settle, refresh)
+			}
+			events.Close()
 		}
-		if err == nil {
-			err = w.follow(ctx, ch, failed, settle, refresh)
-		}
-		close(done)
 		if err != nil && ctx.Err() == nil {
 			log.Warn("nodeaddr: address notifications failed; subscribing again", "err", err, "retry", retry)
 			sleep(ctx, retry)
@@ -167,29 +126,21 @@ func (w *Watcher) Run(ctx context.Context, update func([]netip.Addr)) error {
 
 // follow refreshes after each burst of notifications, until ctx ends or
 // the subscription fails.
-func (w *Watcher) follow(ctx context.Context, ch <-chan netlink.AddrUpdate, failed <-chan error, settle time.Duration, refresh func() error) error {
+func (w *Watcher) follow(ctx context.Context, events *rtnl.AddrEvents, settle time.Duration, refresh func() error) error {
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-failed:
-			return err
-		case _, ok := <-ch:
-			if !ok {
-				return errors.New("notification channel closed")
-			}
-		}
-		t := time.NewTimer(settle)
-	drain:
-		for {
-			select {
-			case <-ctx.Done():
-				t.Stop()
+		if err := events.Next(ctx); err != nil {
+			if ctx.Err() != nil {
 				return nil
-			case <-ch:
-			case <-t.C:
-				break drain
 			}
+			return err
+		}
+		// The rest of the burst.
+		burst, cancel := context.WithTimeout(ctx, settle)
+		for events.Next(burst) == nil {
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return nil
 		}
 		if err := refresh(); err != nil {
 			return err

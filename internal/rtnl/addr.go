@@ -24,6 +24,8 @@ const ifaProto = 11
 type Addr struct {
 	Prefix netip.Prefix
 	Proto  uint8
+	// Link is the index of the address's link.
+	Link int
 }
 
 // AddrOp is one address to add to a link, or to delete from it, with its
@@ -94,6 +96,17 @@ func (c *Conn) ChangeAddrs(ctx context.Context, link int, proto uint8, ops []Add
 // Addrs returns the addresses of link, of every family, in the kernel's
 // order.
 func (c *Conn) Addrs(ctx context.Context, link int) ([]Addr, error) {
+	return c.addrs(ctx, link)
+}
+
+// AllAddrs returns the addresses of every link, of every family, in the
+// kernel's order.
+func (c *Conn) AllAddrs(ctx context.Context) ([]Addr, error) {
+	return c.addrs(ctx, 0)
+}
+
+// addrs dumps the addresses of link, or of every link when it is 0.
+func (c *Conn) addrs(ctx context.Context, link int) ([]Addr, error) {
 	var b nl.Batch
 	b.Message(unix.RTM_GETADDR, 0, ifaddrmsg(netip.Prefix{}, link)...)
 	var out []Addr
@@ -103,7 +116,9 @@ func (c *Conn) Addrs(ctx context.Context, link int) ([]Addr, error) {
 			if typ != unix.RTM_NEWADDR {
 				return nil
 			}
-			if a, ok := parseAddr(data, link); ok {
+			// A kernel without strict checks (before 4.20) sends every
+			// link's.
+			if a, ok := parseAddr(data); ok && (link == 0 || a.Link == link) {
 				out = append(out, a)
 			}
 			return nil
@@ -112,13 +127,14 @@ func (c *Conn) Addrs(ctx context.Context, link int) ([]Addr, error) {
 	return out, err
 }
 
-// parseAddr reads an address of link out of an RTM_NEWADDR message: its
-// local address where it has one (the peer's is IFA_ADDRESS then), its
-// length and its protocol mark.
-func parseAddr(data []byte, link int) (Addr, bool) {
-	if len(data) < unix.SizeofIfAddrmsg || int(binary.NativeEndian.Uint32(data[4:8])) != link {
+// parseAddr reads an address out of an RTM_NEWADDR message: its local
+// address where it has one (the peer's is IFA_ADDRESS then), its length,
+// its protocol mark and its link.
+func parseAddr(data []byte) (Addr, bool) {
+	if len(data) < unix.SizeofIfAddrmsg {
 		return Addr{}, false
 	}
+	link := int(binary.NativeEndian.Uint32(data[4:8]))
 	bits := int(data[1])
 	var address, local netip.Addr
 	var proto uint8
@@ -140,7 +156,7 @@ func parseAddr(data []byte, link int) (Addr, bool) {
 	if !address.IsValid() || bits > address.BitLen() {
 		return Addr{}, false
 	}
-	return Addr{Prefix: netip.PrefixFrom(address, bits), Proto: proto}, true
+	return Addr{Prefix: netip.PrefixFrom(address, bits), Proto: proto, Link: link}, true
 }
 
 // IsGone reports the error of a delete of an address that is not there.

@@ -1,18 +1,21 @@
 //go:build linux
 
 // Package rtnl speaks route netlink for the backends that hold service
-// addresses on a link of their own (ipvs, userspace): one socket in the
-// backend's network namespace, and on it
+// addresses on a link of their own (ipvs, userspace) and for nodeaddr,
+// which follows the node's addresses: one socket in a network namespace,
+// and on it
 //
-//   - links: one looked up by name (its index, kind, flags and alias), a
-//     dummy link created with an owner's mark and deleted only by that
-//     owner (EnsureDummy, RemoveDummy), a link set up;
-//   - addresses: a link's addresses listed with their prefix length and
-//     protocol mark (IFA_PROTO, which `ip address` shows as "proto"), and
-//     added or deleted in batches of messages sent together, each add
-//     optionally marked, so that a backend tells its own addresses from
-//     anyone else's after a restart; WaitLocal waits for new IPv6
-//     addresses to be routed to the node;
+//   - links: one looked up by name (its index, kind, flags and alias), all
+//     of them listed, a dummy link created with an owner's mark and
+//     deleted only by that owner (EnsureDummy, RemoveDummy), a link set
+//     up;
+//   - addresses: a link's addresses, or every link's, listed with their
+//     prefix length, link and protocol mark (IFA_PROTO, which `ip address`
+//     shows as "proto"), and added or deleted in batches of messages sent
+//     together, each add optionally marked, so that a backend tells its
+//     own addresses from anyone else's after a restart; WaitLocal waits
+//     for new IPv6 addresses to be routed to the node; AddrEvents tells
+//     of every address added or deleted (the kernel's notifications);
 //   - routes: the interface the namespace routes an address through.
 //
 // # Ownership of the link

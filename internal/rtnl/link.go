@@ -81,6 +81,26 @@ func (c *Conn) LinkByName(ctx context.Context, name string) (l Link, ok bool, er
 	return l, ok, nil
 }
 
+// Links returns every link of the namespace, in the kernel's order.
+func (c *Conn) Links(ctx context.Context) ([]Link, error) {
+	var b nl.Batch
+	b.Message(unix.RTM_GETLINK, 0, ifinfomsg(0, 0, 0)...)
+	var out []Link
+	err := nl.RetryInterrupted(ctx, func() error {
+		out = out[:0]
+		return c.c.Dump(ctx, &b, func(typ uint16, data []byte) error {
+			if l, ok := parseLink(data); ok && typ == unix.RTM_NEWLINK {
+				out = append(out, l)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, &OpError{Op: "list links", Object: "of the namespace", Err: err}
+	}
+	return out, nil
+}
+
 // parseLink reads an RTM_NEWLINK message.
 func parseLink(data []byte) (Link, bool) {
 	if len(data) < unix.SizeofIfInfomsg {
@@ -93,27 +113,18 @@ func parseLink(data []byte) (Link, bool) {
 	for typ, v := range nl.Attrs(data[unix.SizeofIfInfomsg:]) {
 		switch typ {
 		case unix.IFLA_IFNAME:
-			l.Name = trimNUL(v)
+			l.Name = nl.CString(v)
 		case unix.IFLA_IFALIAS:
-			l.Alias = trimNUL(v)
+			l.Alias = nl.CString(v)
 		case unix.IFLA_LINKINFO:
 			for typ, v := range nl.Attrs(v) {
 				if typ == unix.IFLA_INFO_KIND {
-					l.Kind = trimNUL(v)
+					l.Kind = nl.CString(v)
 				}
 			}
 		}
 	}
 	return l, l.Index > 0
-}
-
-func trimNUL(v []byte) string {
-	for i, c := range v {
-		if c == 0 {
-			return string(v[:i])
-		}
-	}
-	return string(v)
 }
 
 // EnsureDummy returns the link named name, creating it as a dummy link

@@ -39,13 +39,11 @@ func TestParseAddr(t *testing.T) {
 		proto uint8
 	}{{"10.96.0.10/32", 0x6b}, {"fd00:96::10/128", 0}, {"192.0.2.1/24", 2}} {
 		p := netip.MustParsePrefix(tc.p)
-		got, ok := parseAddr(newAddrMsg(p, 7, tc.proto), 7)
+		got, ok := parseAddr(newAddrMsg(p, 7, tc.proto))
 		require.True(t, ok, tc.p)
-		assert.Equal(t, Addr{Prefix: p, Proto: tc.proto}, got)
-		_, ok = parseAddr(newAddrMsg(p, 7, tc.proto), 8)
-		assert.False(t, ok, "%s: another link's address", tc.p)
+		assert.Equal(t, Addr{Prefix: p, Proto: tc.proto, Link: 7}, got)
 	}
-	_, ok := parseAddr([]byte{unix.AF_INET, 32}, 0)
+	_, ok := parseAddr([]byte{unix.AF_INET, 32})
 	assert.False(t, ok, "short message")
 }
 
@@ -122,9 +120,9 @@ func TestAddrRequests(t *testing.T) {
 			m := b.Wire()
 			assert.Equal(t, tc.typ, binary.NativeEndian.Uint16(m[4:6]))
 			assert.Equal(t, tc.flags, binary.NativeEndian.Uint16(m[6:8]))
-			got, ok := parseAddr(body(&b), 3)
+			got, ok := parseAddr(body(&b))
 			require.True(t, ok)
-			assert.Equal(t, Addr{Prefix: tc.op.Prefix, Proto: tc.withProto}, got)
+			assert.Equal(t, Addr{Prefix: tc.op.Prefix, Proto: tc.withProto, Link: 3}, got)
 			assert.Equal(t, tc.attrs, attrsOf(body(&b)[unix.SizeofIfAddrmsg:]))
 		})
 	}
@@ -136,7 +134,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(newAddrMsg(netip.MustParsePrefix("fd00::1/128"), 1, 0x6b))
 	f.Add(ifinfomsg(1, 0, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		parseAddr(b, 1)
+		parseAddr(b)
 		parseLink(b)
 	})
 }
