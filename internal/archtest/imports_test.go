@@ -90,6 +90,15 @@ var rules = []rule{
 			"and the agents ask those packages, and never frame a message of their own",
 	},
 	{
+		Name: "one netlink framing",
+		From: []string{"~/..."}, Except: slices.Concat(kits, []string{"~/examples/demo", "~/examples/internal/sandbox"}),
+		To:     []string{"github.com/mdlayher/netlink/...", "github.com/vishvananda/netlink/..."},
+		Direct: true,
+		Why: "every family the product speaks goes through internal/nl, which frames in the host's byte order, " +
+			"reads every acknowledgement and ends every dump one way; the kits and the demo's sandbox, which build " +
+			"test topologies (veths, bridges, routes), may use a general library",
+	},
+	{
 		Name: "the examples and the Kubernetes layer use public packages",
 		From: []string{"~/examples/...", "~/kube/..."},
 		To:   []string{"~/internal/..."}, Direct: true,
