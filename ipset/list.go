@@ -42,16 +42,20 @@ func (c *Client) list(ctx context.Context, name string, headerOnly bool) (*liste
 	if name != "" {
 		full = c.KernelName(name)
 	}
-	l := &listed{sets: make(map[string]*listedSet)}
-	err = c.request(ctx, "list", full, cmdList, nl.Dump, 0, func(b *nl.Batch) {
-		b.Uint8(attrProtocol, proto)
-		if full != "" {
-			putName(b, attrSetName, full)
-		}
-		if headerOnly {
-			putU32(b, attrFlags, flagListHeader)
-		}
-	}, l.add)
+	// A dump a concurrent change interrupted is read again.
+	var l *listed
+	err = nl.RetryInterrupted(ctx, func() error {
+		l = &listed{sets: make(map[string]*listedSet)}
+		return c.request(ctx, "list", full, cmdList, nl.Dump, 0, func(b *nl.Batch) {
+			b.Uint8(attrProtocol, proto)
+			if full != "" {
+				putName(b, attrSetName, full)
+			}
+			if headerOnly {
+				putU32(b, attrFlags, flagListHeader)
+			}
+		}, l.add)
+	})
 	if err != nil {
 		return nil, err
 	}
