@@ -3,6 +3,7 @@
 package rtnl_test
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"testing"
@@ -108,4 +109,47 @@ func TestRouteOIF(t *testing.T) {
 	oif, err := c.RouteOIF(t.Context(), netnstest.NodeIPv4())
 	require.NoError(t, err)
 	assert.Equal(t, 1, oif, "a local address")
+}
+
+// TestLinksAndEvents: every link and every link's addresses are listed,
+// each address with its link, and a subscription tells of an address
+// added and deleted, and of nothing else.
+func TestLinksAndEvents(t *testing.T) {
+	h := netnstest.NewHost(t, "rtnl")
+	h.Exec(t, "ip", "link", "add", "veth-a", "type", "veth", "peer", "name", "veth-b")
+	h.Exec(t, "ip", "address", "add", "192.0.2.1/24", "dev", "veth-a")
+	c := open(t, h)
+	links, err := c.Links(t.Context())
+	require.NoError(t, err)
+	index := map[string]int{}
+	for _, l := range links {
+		index[l.Name] = l.Index
+	}
+	require.Contains(t, index, "lo")
+	require.Contains(t, index, "veth-a")
+	require.Contains(t, index, "veth-b")
+
+	addrs, err := c.AllAddrs(t.Context())
+	require.NoError(t, err)
+	byAddr := map[netip.Prefix]int{}
+	for _, a := range addrs {
+		byAddr[a.Prefix] = a.Link
+	}
+	assert.Equal(t, index["veth-a"], byAddr[netip.MustParsePrefix("192.0.2.1/24")])
+	assert.Equal(t, index["lo"], byAddr[netip.MustParsePrefix("127.0.0.1/8")])
+
+	events, err := rtnl.WatchAddrs(h.NS)
+	require.NoError(t, err)
+	defer events.Close()
+	quiet := func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		return events.Next(ctx)
+	}
+	h.Exec(t, "ip", "link", "set", "veth-b", "mtu", "1400")
+	assert.ErrorIs(t, quiet(), context.DeadlineExceeded, "a link's change is no address's")
+	h.Exec(t, "ip", "address", "add", "198.51.100.1/32", "dev", "veth-b")
+	require.NoError(t, events.Next(t.Context()), "an address added")
+	h.Exec(t, "ip", "address", "del", "198.51.100.1/32", "dev", "veth-b")
+	require.NoError(t, events.Next(t.Context()), "an address deleted")
 }
