@@ -52,7 +52,7 @@ COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help test deps lint api test-unit test-bigendian test-netns test-vm test-examples bench fuzz soak vulncheck kproxy image
+.PHONY: help test deps lint api test-unit test-bigendian test-netns test-vm test-examples servers bench fuzz soak vulncheck kproxy image
 
 test: deps lint vulncheck test-unit test-bigendian test-netns test-vm test-examples test-bench-smoke test-e2e-smoke
 
@@ -103,7 +103,7 @@ BIGENDIAN_PKGS := ./internal/nfnl ./internal/nl ./internal/xtables ./internal/rt
 test-bigendian: deps
 	GO=$(GO) hack/bigendian.sh -skip '^TestNewInTheCallersNamespace$$' $(BIGENDIAN_PKGS)
 
-test-netns: deps
+test-netns: deps servers
 	$(GO) test -count=1 -tags privileged $(CORE)
 
 # VMTEST_FLAGS go to every vm test binary (e.g. -run 'TestX|TestY' -count 2),
@@ -135,16 +135,24 @@ image: kproxy
 release:
 	GO=$(GO) VERSION=$(VERSION) hack/release.sh
 
-# The examples' tests run the agents and the kproxy binary against a real
-# kube-apiserver with etcd and a real Consul agent, built once into the
-# user cache (the deploy manifests are applied to that API server, the
-# systemd unit is verified, the image is built and run); the demo's, the
-# file source's and kproxy's packet and cleanup tests run again in the VM
-# (IPVS); then the demo runs as a smoke test.
-test-examples: deps kproxy
+# The real servers the tests talk to (internal/testkit/testservers): etcd
+# from Debian, kube-apiserver and Consul built once into the user cache. A
+# build here is outside any test's time limit, so that a cold machine, or
+# a busy one, takes as long as it needs (a cold build of kube-apiserver
+# takes minutes) and the tests then only start the servers.
+SERVER_MODULES := $(CURDIR)/internal/testkit/testservers/modules
+servers: deps
 	@examples/hack/deps.sh
-	KPROXY_SERVER_MODULES=$(CURDIR)/internal/testkit/testservers/modules $(GO) run ./internal/testkit/testservers/cmd/buildservers
-	KPROXY_SERVER_MODULES=$(CURDIR)/internal/testkit/testservers/modules $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
+	KPROXY_SERVER_MODULES=$(SERVER_MODULES) $(GO) run ./internal/testkit/testservers/cmd/buildservers
+
+# The examples' tests run the agents and the kproxy binary against a real
+# kube-apiserver with etcd and a real Consul agent (see servers; the
+# deploy manifests are applied to that API server, the systemd unit is
+# verified, the image is built and run); the demo's, the file source's and
+# kproxy's packet and cleanup tests run again in the VM (IPVS); then the
+# demo runs as a smoke test.
+test-examples: deps kproxy servers
+	KPROXY_SERVER_MODULES=$(SERVER_MODULES) $(GO) test -count=1 -tags privileged -timeout 20m $(EXAMPLES)
 	VMTEST_PKGS='./examples/demo ./examples/internal/filesource ./examples/cmd/kproxy' VMTEST_FLAGS= $(GO) run ./internal/testkit/vmtest/cmd/vmrun -q
 	$(GO) run ./examples/demo
 
