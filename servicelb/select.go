@@ -141,29 +141,39 @@ func pick(cs []candidate, keep func(*candidate) bool) []Backend {
 	return out
 }
 
+// hintScope is how topology hints narrowed a port's cluster-wide choice.
+type hintScope uint8
+
+const (
+	hintsNone hintScope = iota // they narrowed nothing
+	hintsNode                  // to the endpoints hinted for this node
+	hintsZone                  // to the endpoints hinted for this node's zone
+)
+
 // selectCluster applies topology hints to the cluster-wide choice, as
 // kube-proxy's topologyModeFromHints and CategorizeEndpoints do: node
 // hints when every ready candidate has one and some name this node, else
 // zone hints when every ready candidate has one and some name this node's
 // zone, else none. Hints narrow the ready candidates only; the terminating
-// fallback ignores them.
-func selectCluster(node *NodeConfig, cs []candidate) []Backend {
+// fallback ignores them. It returns the choice and how hints narrowed it.
+func selectCluster(node *NodeConfig, cs []candidate) ([]Backend, hintScope) {
 	all := func(*candidate) bool { return true }
 	byNode := func(c *candidate) bool { return slices.Contains(c.ep.Hints.ForNodes, node.NodeName) }
 	byZone := func(c *candidate) bool { return slices.Contains(c.ep.Hints.ForZones, node.Zone) }
 	var keep func(*candidate) bool
+	var scope hintScope
 	switch {
 	case node.NodeName != "" && hintMode(cs, func(e *Endpoint) []string { return e.Hints.ForNodes }, byNode):
-		keep = byNode
+		keep, scope = byNode, hintsNode
 	case node.Zone != "" && hintMode(cs, func(e *Endpoint) []string { return e.Hints.ForZones }, byZone):
-		keep = byZone
+		keep, scope = byZone, hintsZone
 	default:
-		return pick(cs, all)
+		return pick(cs, all), hintsNone
 	}
 	if b := pick(cs, func(c *candidate) bool { return c.Ready && keep(c) }); len(b) > 0 {
-		return b
+		return b, scope
 	}
-	return pick(cs, all)
+	return pick(cs, all), hintsNone
 }
 
 // hintMode reports whether every ready candidate carries hints of one kind
@@ -198,6 +208,7 @@ func compilePorts(node *NodeConfig, s *Service, c *claims) []*ServicePort {
 
 func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *ServicePort {
 	cs := candidates(node, s, p, f)
+	cluster, _ := selectCluster(node, cs)
 	held := func(as []netip.Addr) []netip.Addr {
 		var out []netip.Addr
 		for _, a := range addrsOf(as, f) {
@@ -214,7 +225,7 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		ExternalIPs:     held(s.ExternalIPs),
 		LoadBalancerIPs: held(s.LoadBalancerIPs),
 		Scheduler:       s.Scheduler,
-		Cluster:         selectCluster(node, cs),
+		Cluster:         cluster,
 		Local:           pick(cs, func(c *candidate) bool { return c.Local }),
 		Serving:         serving(s, p, f),
 	}
