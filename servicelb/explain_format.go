@@ -30,7 +30,11 @@ func (e *Explanation) Text() string {
 		}
 	}
 	f := e.Flow
-	line("flow", "%s %s -> %s", strings.ToLower(string(f.Protocol)), f.Src, f.Dst)
+	src := f.Src.String()
+	if f.Src.Port() == 0 {
+		src = f.Src.Addr().String()
+	}
+	line("flow", "%s %s -> %s", strings.ToLower(string(f.Protocol)), src, f.Dst)
 	line("origin", "%s: %s", e.Origin, e.OriginWhy)
 	if e.Port != nil {
 		line("frontend", "%s of %s", e.Frontend, e.Port.Key)
