@@ -3,6 +3,11 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -110,4 +116,65 @@ func TestSystemdUnit(t *testing.T) {
 	code, stdout, logs := run(t, append(args, "--dry-run", "--once")...)
 	require.Equal(t, 0, code, logs)
 	has(t, stdout, "10.96.0.10", "the unit's command line")
+}
+
+// TestBinaryAnswersWhy: the running binary (nftables, in a sandbox's
+// namespace) answers /configz, /proxyMode,
+// /state and /explain on its metrics address over HTTP, and `kproxy
+// explain` asks it, with the answer the dumped state gives offline.
+func TestBinaryAnswersWhy(t *testing.T) {
+	bin := kproxyBinary(t)
+	sb := newSandbox(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--source", "file", "--file", servicesFile(t), "--netns", sb.Node.NSName,
+		"--node-name", "node-1", "--node-ips", "10.100.0.1", "--cluster-cidrs", "10.244.0.0/16",
+		"--metrics-bind-address", addr, "--healthz-bind-address", "", "--bpf-pin-path", "")
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &logs
+	require.NoError(t, cmd.Start())
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	require.Eventually(t, func() bool {
+		code, _ := get("/explain?from=10.244.1.5&to=10.96.0.10:80")
+		return code == http.StatusOK
+	}, time.Minute, 50*time.Millisecond, "no answer after the first sync; logs:\n%s", &logs)
+
+	code, body := get("/proxyMode")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "nftables", body)
+	code, body = get("/configz")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"NodeIPs": "10.100.0.1"`)
+	code, body = get("/state")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"name": "demo/web"`)
+
+	ask := func(args ...string) string {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		require.NoError(t, err, string(out))
+		return string(out)
+	}
+	flow := []string{"--from", "10.244.1.5", "--to", "10.96.0.10:80/tcp"}
+	online := ask(append([]string{"explain", "--server", addr}, flow...)...)
+	assert.Regexp(t, `frontend +cluster IP 10\.96\.0\.10:80 of demo/web:http/ipv4`, online)
+	assert.Regexp(t, `origin +pod: `, online)
+	path := filepath.Join(t.TempDir(), "state.json")
+	require.NoError(t, os.WriteFile(path, []byte(ask("state", "--server", addr, "--json")), 0o600))
+	assert.Equal(t, online, ask(append([]string{"explain", "--state", path}, flow...)...))
 }

@@ -13,7 +13,12 @@
 // KubeProxyConfiguration), names each field it ignores, and lets flags
 // override it. --cleanup removes the rules of every backend and exits, as
 // kube-proxy's does. It serves kube-proxy's metrics on 127.0.0.1:10249 and
-// its /healthz and /livez on 0.0.0.0:10256.
+// its /healthz and /livez on 0.0.0.0:10256. Beside the metrics it answers
+// an operator's questions: /configz and /proxyMode as kube-proxy, /state
+// (what it serves, leaves out and last did) and /explain (what it decides
+// for a flow, and why), which `kproxy state` and `kproxy explain --from
+// 10.244.1.5 --to 10.96.0.10:80/tcp` ask; `kproxy explain --state` answers
+// offline from a state `kproxy state --json` dumped.
 //
 // It needs CAP_NET_ADMIN in the network namespace it programs (the ebpf
 // backend CAP_BPF too) and the kernel support of its backend, except with

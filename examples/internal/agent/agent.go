@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -95,6 +96,8 @@ type Agent struct {
 	first     chan error // the first sync's result, for --once
 	firstOnce sync.Once
 	onInvalid Reporter
+	// inspect keeps what /state tells beyond the runner's state.
+	inspect inspection
 	// others is the backend options the other backends are cleaned up
 	// with after the first successful sync; nil when that is not the
 	// agent's job (a dry run, a dataplane given in Options).
@@ -371,10 +374,12 @@ func (a *Agent) hooks() servicelb.Hooks {
 	h.Applied = func(st *servicelb.State) {
 		applied(st)
 		a.syncHealth(st)
+		a.inspect.served(st)
 	}
 	synced := h.Synced
 	h.Synced = func(r servicelb.SyncResult) {
 		synced(r)
+		a.inspect.synced(r)
 		if r.Err == nil && a.others != nil {
 			a.othersOnce.Do(a.cleanupOthers)
 		}
@@ -417,6 +422,15 @@ func (a *Agent) health() servicelb.Health {
 		return servicelb.Health{}
 	}
 	return a.runner.Health()
+}
+
+// applied returns the state the backend last applied; nil before the
+// first sync.
+func (a *Agent) applied() *servicelb.State {
+	if a.runner == nil {
+		return nil
+	}
+	return a.runner.Applied()
 }
 
 // Runner returns the agent's runner.
@@ -559,11 +573,26 @@ func (a *Agent) cleanup() error {
 func (a *Agent) reporter(source string) Reporter {
 	return func(object string, err error) {
 		a.metrics.Invalid(source)
-		a.log.Error("skipping invalid object", "source", source, "object", object, "err", err)
+		a.inspect.leave(object, source, err)
+		a.log.Error(leftOutMessage(source), "source", source, "object", object, "err", err)
 		if a.onInvalid != nil {
 			a.onInvalid(object, err)
 		}
 	}
+}
+
+// leftOutMessage says what became of an object a source reports: a clash
+// serves the service without the frontend another holds, a refusal of the
+// backend leaves the service's ports out of the kernel, anything else was
+// invalid and is skipped.
+func leftOutMessage(source string) string {
+	switch source {
+	case "conflict":
+		return "service served without a frontend another service holds"
+	case "backend":
+		return "service ports left out: the backend refused them"
+	}
+	return "skipping invalid object"
 }
 
 // exposed reports whether a listener on addr takes connections from
@@ -582,7 +611,13 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	if err != nil {
 		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
-	h := Handler(a.metrics, a.cfg.Backend, a.health, a.cfg.HealthTimeout())
+	mux := http.NewServeMux()
+	mux.Handle("/", Handler(a.metrics, a.cfg.Backend, a.health, a.cfg.HealthTimeout()))
+	inspect := inspectHandler(a.cfg, &a.inspect, a.applied)
+	for _, path := range []string{"/configz", "/state", "/explain"} {
+		mux.Handle(path, inspect)
+	}
+	var h http.Handler = mux
 	if a.cfg.Profiling {
 		h = withProfiling(h)
 	}

@@ -545,7 +545,7 @@ func TestLeftOutReported(t *testing.T) {
 	}
 	require.Len(t, lines, 1, "log:\n%s", logs.String())
 	assert.Contains(t, lines[0], "level=ERROR")
-	assert.Contains(t, lines[0], `msg="skipping invalid object"`)
+	assert.Contains(t, lines[0], `msg="service ports left out: the backend refused them"`)
 	assert.Contains(t, lines[0], "object=ns/web")
 	assert.Contains(t, lines[0], "ports ns/web:http/ipv4: refused by the kernel")
 }

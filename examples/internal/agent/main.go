@@ -146,8 +146,12 @@ func (o *programFlags) register(fs *flag.FlagSet, c *Config) {
 }
 
 // Run runs the program with args until ctx ends and returns its exit code;
-// logs go to errOut.
+// logs go to errOut. Arguments that start with explain or state run that
+// subcommand instead, which asks a running program (see inspect.go).
 func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Writer) int {
+	if code, ok := p.subcommand(ctx, args, stdout, errOut); ok {
+		return code
+	}
 	gfs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
 	var cfg Config
 	cfg.RegisterFlags(gfs)
@@ -166,7 +170,8 @@ func (p Program) Run(ctx context.Context, args []string, stdout, errOut io.Write
 		p.MoreFlags(fs)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(errOut, "%s\n\nUsage: %s [flags]\n\nFlags:\n", p.Usage, p.Name)
+		fmt.Fprintf(errOut, "%s\n\nUsage: %s [flags]\n       %s explain|state [flags]   ask a running %s why (%s explain -help)\n\nFlags:\n",
+			p.Usage, p.Name, p.Name, p.Name, p.Name)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

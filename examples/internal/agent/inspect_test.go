@@ -1,0 +1,165 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kproxy-dev/kproxy/servicelb"
+)
+
+func inspectState(t *testing.T) *servicelb.State {
+	t.Helper()
+	a, p := netip.MustParseAddr, netip.MustParsePrefix
+	st, err := servicelb.NewState(servicelb.NodeConfig{
+		NodeName: "n1", NodeIPs: []netip.Addr{a("192.168.0.10")}, ClusterCIDRs: []netip.Prefix{p("10.244.0.0/16")},
+	},
+		servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{a("10.96.0.10")},
+			Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+			Endpoints: []servicelb.Endpoint{{Addr: a("10.244.1.5"), NodeName: "n1"}, {Addr: a("10.244.2.5"), NodeName: "n2"}}},
+		servicelb.Service{Name: "default/other", ClusterIPs: []netip.Addr{a("10.96.0.10")},
+			Ports: []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}}},
+	)
+	require.NoError(t, err)
+	return st
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// TestInspectEndpoints: /configz, /state and /explain over real HTTP,
+// before the first sync and after.
+func TestInspectEndpoints(t *testing.T) {
+	var st *servicelb.State
+	var in inspection
+	cfg := Config{Backend: "nftables", ClusterCIDRs: "10.244.0.0/16"}
+	srv := httptest.NewServer(inspectHandler(cfg, &in, func() *servicelb.State { return st }))
+	defer srv.Close()
+
+	code, body := get(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
+	assert.Equal(t, http.StatusServiceUnavailable, code, "before the first sync: %s", body)
+
+	st = inspectState(t)
+	in.leave("default/bad", "kubernetes", errors.New("ports[0].port: 0 is not a port"))
+	in.synced(servicelb.SyncResult{Services: 2})
+	in.served(st)
+
+	code, body = get(t, srv.URL+"/configz")
+	require.Equal(t, http.StatusOK, code)
+	var configz map[string]map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &configz))
+	assert.Equal(t, "nftables", configz["kproxy"]["Backend"])
+
+	code, body = get(t, srv.URL+"/state")
+	require.Equal(t, http.StatusOK, code)
+	var d StateDump
+	require.NoError(t, json.Unmarshal([]byte(body), &d))
+	assert.Equal(t, "nftables", d.Backend)
+	assert.Len(t, d.Services, 2)
+	require.Len(t, d.Conflicts, 1)
+	assert.Equal(t, st.Conflicts()[0].Winner, d.Conflicts[0].Winner)
+	require.Len(t, d.LeftOut, 1)
+	assert.Equal(t, "default/bad", d.LeftOut[0].Object)
+	require.NotNil(t, d.LastSync)
+	text, err := d.Text()
+	require.NoError(t, err)
+	assert.Contains(t, text, "conflicts:\n  "+st.Conflicts()[0].String())
+	assert.Contains(t, text, "default/bad (kubernetes, ")
+
+	code, body = get(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Regexp(t, `origin +pod: `, body)
+	assert.Contains(t, body, "conflicts")
+
+	code, body = get(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80&format=json")
+	require.Equal(t, http.StatusOK, code, body)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &e))
+	assert.Equal(t, "pod", e["origin"])
+	assert.Equal(t, true, e["handled"])
+
+	code, body = get(t, srv.URL+"/explain?from=nowhere&to=10.96.0.10:80")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Contains(t, body, `from "nowhere"`)
+}
+
+// TestExplainCommand: `explain` asks the server, and answers the same
+// offline from the state `state --json` dumped.
+func TestExplainCommand(t *testing.T) {
+	st := inspectState(t)
+	var in inspection
+	srv := httptest.NewServer(inspectHandler(Config{Backend: "iptables"}, &in, func() *servicelb.State { return st }))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	p := Program{Name: "kproxy"}
+	run := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := p.Run(context.Background(), args, &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	flow := []string{"--from", "198.51.100.7:4000", "--to", "10.96.0.10:80/tcp"}
+	code, online, errs := run(append([]string{"explain", "--server", addr}, flow...)...)
+	require.Equal(t, 0, code, errs)
+	winner := st.Conflicts()[0].Winner
+	assert.Regexp(t, `frontend +cluster IP 10\.96\.0\.10:80 of `+regexp.QuoteMeta(winner)+`:`, online)
+
+	code, dump, errs := run("state", "--server", addr, "--json")
+	require.Equal(t, 0, code, errs)
+	path := filepath.Join(t.TempDir(), "state.json")
+	require.NoError(t, os.WriteFile(path, []byte(dump), 0o600))
+	code, offline, errs := run(append([]string{"explain", "--state", path}, flow...)...)
+	require.Equal(t, 0, code, errs)
+	assert.Equal(t, online, offline, "offline, from the dumped state")
+
+	code, asJSON, errs := run(append([]string{"explain", "--state", path, "--json"}, flow...)...)
+	require.Equal(t, 0, code, errs)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(asJSON), &e))
+	assert.Equal(t, "outside", e["origin"])
+
+	code, text, errs := run("state", "--server", addr)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, text, "backend: iptables")
+
+	code, _, errs = run("explain", "--from", "10.0.0.1")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "a flow needs from")
+}
+
+func TestParseFlow(t *testing.T) {
+	f, err := ParseFlow("10.244.1.5", "10.96.0.10:53/udp", "", "pod", "")
+	require.NoError(t, err)
+	assert.Equal(t, servicelb.UDP, f.Protocol)
+	assert.Equal(t, netip.MustParseAddrPort("10.244.1.5:0"), f.Src)
+	require.NotNil(t, f.Origin)
+	assert.Equal(t, servicelb.FromPod, *f.Origin)
+	for _, bad := range [][5]string{
+		{"10.0.0.1", "10.96.0.10", "", "", ""},
+		{"10.0.0.1", "10.96.0.10:80", "icmp", "", ""},
+		{"10.0.0.1", "10.96.0.10:80", "", "mars", ""},
+		{"", "10.96.0.10:80", "", "", ""},
+	} {
+		_, err := ParseFlow(bad[0], bad[1], bad[2], bad[3], bad[4])
+		assert.Error(t, err, "%q", bad)
+	}
+}
