@@ -44,7 +44,8 @@ func ExampleProxier_Render() {
 		case strings.HasPrefix(line, "chain svc4-default/web/http"):
 			show = true
 		case strings.Contains(line, ": goto svc4-"), strings.Contains(line, ". 8080"):
-			fmt.Println(strings.TrimPrefix(strings.TrimSuffix(line, " }"), "elements = { "))
+			line = strings.Replace(strings.TrimSuffix(line, " }"), " }\t#", "\t#", 1)
+			fmt.Println(strings.TrimPrefix(line, "elements = { "))
 			continue
 		}
 		if show {
@@ -54,8 +55,8 @@ func ExampleProxier_Render() {
 	}
 	// Output:
 	// 10.96.0.10 . tcp . 80 : goto svc4-default/web/http
-	// 1639673856-1639675903 : 10.244.1.2 . 8080,
-	// 1639675904-1639677950 : 10.244.2.2 . 8080
+	// 1639673856-1639675903 : 10.244.1.2 . 8080,	# default/web:http/ipv4
+	// 1639675904-1639677950 : 10.244.2.2 . 8080	# default/web:http/ipv4
 	// chain svc4-default/web/http {
 	// ip saddr != @pod-cidrs4 jump mark-for-masquerade
 	// meta l4proto tcp dnat ip to numgen random mod 4095 offset 1639673856 map @backends4-439

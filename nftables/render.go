@@ -21,7 +21,7 @@ func (c *content) render(table string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n", table)
 	for _, d := range c.sets {
-		renderSet(d, c.setElems(d.id), &b)
+		renderSet(d, c.elems[d.id], &b)
 	}
 	for _, ch := range c.chains {
 		fmt.Fprintf(&b, "\tchain %s {\n", ch.name)
@@ -53,22 +53,52 @@ func hookName(n uint32) string {
 	return fmt.Sprintf("hook%d", n)
 }
 
-// renderSet writes a set declaration with its elements.
-func renderSet(d setDef, es []elem, b *strings.Builder) {
+// renderSet writes a set declaration with its elements. An element of a
+// backends map, whose hash range alone says nothing of the service it
+// serves, is followed by a comment naming its service port.
+func renderSet(d setDef, parts []elemPart, b *strings.Builder) {
 	kind := "set"
 	if d.set.Flags&nfnl.SetMap != 0 {
 		kind = "map"
 	}
 	fmt.Fprintf(b, "\t%s %s {\n\t\t%s\n", kind, d.set.Name, d.decl)
-	if texts := elemTexts(d.id, es); len(texts) > 0 {
-		fmt.Fprintf(b, "\t\telements = { %s }\n", strings.Join(texts, ",\n\t\t\t     "))
+	var es []elem
+	owner := map[string]string{} // a backends element's key: its service port
+	for _, p := range parts {
+		es = append(es, p.es...)
+		if k, ok := p.owner.(servicelb.ServicePortKey); ok && d.id.kind() == kindBackends {
+			for _, e := range p.es {
+				owner[string(e.key)] = k.String()
+			}
+		}
+	}
+	texts, starts := elemTexts(d.id, es)
+	if len(texts) > 0 {
+		b.WriteString("\t\telements = { ")
+		for i, t := range texts {
+			b.WriteString(t)
+			last := i == len(texts)-1
+			if last {
+				b.WriteString(" }")
+			} else {
+				b.WriteString(",")
+			}
+			if o := owner[string(starts[i].key)]; o != "" {
+				b.WriteString("\t# " + o)
+			}
+			if !last {
+				b.WriteString("\n\t\t\t     ")
+			}
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("\t}\n")
 }
 
-// elemTexts renders a set's elements as nft writes them. Interval sets
-// turn pairs of start and end elements into ranges and prefixes.
-func elemTexts(id setID, es []elem) []string {
+// elemTexts renders a set's elements as nft writes them, with the element
+// each text starts at. Interval sets turn pairs of start and end elements
+// into ranges and prefixes.
+func elemTexts(id setID, es []elem) ([]string, []elem) {
 	es = slices.Clone(es)
 	slices.SortFunc(es, func(a, b elem) int {
 		return cmp.Or(bytes.Compare(a.key, b.key), cmp.Compare(b.flags, a.flags))
@@ -76,6 +106,7 @@ func elemTexts(id setID, es []elem) []string {
 	f := id.family()
 	al := addrLen(f)
 	var out []string
+	var starts []elem
 	for i, e := range es {
 		if e.flags&nfnl.ElemIntervalEnd != 0 {
 			continue
@@ -101,8 +132,11 @@ func elemTexts(id setID, es []elem) []string {
 			}
 			out = append(out, fmt.Sprintf("%d-%d : %s . %d", lo, hi, addrAt(e.data[:al]), binary.BigEndian.Uint16(e.data[al:])))
 		}
+		if len(out) > len(starts) {
+			starts = append(starts, e)
+		}
 	}
-	return out
+	return out, starts
 }
 
 // lastBefore returns the last address of the interval starting at es[i]:
