@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -37,16 +36,6 @@ func inspectState(t *testing.T) *servicelb.State {
 	return st
 }
 
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, string(b)
-}
-
 // TestInspectEndpoints: /configz, /state and /explain over real HTTP,
 // before the first sync and after.
 func TestInspectEndpoints(t *testing.T) {
@@ -56,7 +45,7 @@ func TestInspectEndpoints(t *testing.T) {
 	srv := httptest.NewServer(inspectHandler(cfg, &in, func() *servicelb.State { return st }))
 	defer srv.Close()
 
-	code, body := get(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
+	code, body := httpGet(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
 	assert.Equal(t, http.StatusServiceUnavailable, code, "before the first sync: %s", body)
 
 	st = inspectState(t)
@@ -64,13 +53,13 @@ func TestInspectEndpoints(t *testing.T) {
 	in.synced(servicelb.SyncResult{Services: 2})
 	in.served(st)
 
-	code, body = get(t, srv.URL+"/configz")
+	code, body = httpGet(t, srv.URL+"/configz")
 	require.Equal(t, http.StatusOK, code)
 	var configz map[string]map[string]any
 	require.NoError(t, json.Unmarshal([]byte(body), &configz))
 	assert.Equal(t, "nftables", configz["kproxy"]["Backend"])
 
-	code, body = get(t, srv.URL+"/state")
+	code, body = httpGet(t, srv.URL+"/state")
 	require.Equal(t, http.StatusOK, code)
 	var d StateDump
 	require.NoError(t, json.Unmarshal([]byte(body), &d))
@@ -86,19 +75,19 @@ func TestInspectEndpoints(t *testing.T) {
 	assert.Contains(t, text, "conflicts:\n  "+st.Conflicts()[0].String())
 	assert.Contains(t, text, "default/bad (kubernetes, ")
 
-	code, body = get(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
+	code, body = httpGet(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Regexp(t, `origin +pod: `, body)
 	assert.Contains(t, body, "conflicts")
 
-	code, body = get(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80&format=json")
+	code, body = httpGet(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80&format=json")
 	require.Equal(t, http.StatusOK, code, body)
 	var e map[string]any
 	require.NoError(t, json.Unmarshal([]byte(body), &e))
 	assert.Equal(t, "pod", e["origin"])
 	assert.Equal(t, true, e["handled"])
 
-	code, body = get(t, srv.URL+"/explain?from=nowhere&to=10.96.0.10:80")
+	code, body = httpGet(t, srv.URL+"/explain?from=nowhere&to=10.96.0.10:80")
 	assert.Equal(t, http.StatusBadRequest, code)
 	assert.Contains(t, body, `from "nowhere"`)
 }
