@@ -32,7 +32,7 @@ type PortChange struct {
 func (c PortChange) EndpointsOnly() bool {
 	x := *c.New
 	x.Cluster, x.Local, x.Hairpin, x.Serving = c.Old.Cluster, c.Old.Local, c.Old.Hairpin, c.Old.Serving
-	return samePort(&x, c.Old)
+	return x.Equal(c.Old)
 }
 
 // Empty reports whether nothing changed.
@@ -98,7 +98,7 @@ func diffPorts(c *Changes, old, cur []*ServicePort) {
 		switch {
 		case i < 0:
 			c.Added = append(c.Added, n)
-		case !samePort(old[i], n):
+		case !old[i].Equal(n):
 			c.Changed = append(c.Changed, PortChange{Old: old[i], New: n})
 		}
 	}
@@ -109,16 +109,16 @@ func diffPorts(c *Changes, old, cur []*ServicePort) {
 	}
 }
 
-// samePort reports whether two service ports program the same kernel
+// Equal reports whether two service ports program the same kernel
 // state: a ServicePort holds all a backend reads, so every field counts
 // (a test keeps this list whole). An empty list and none are the same.
-func samePort(a, b *ServicePort) bool {
-	return a.Key == b.Key && a.Port == b.Port && a.Family == b.Family && a.ClusterIP == b.ClusterIP &&
-		slices.Equal(a.ExternalIPs, b.ExternalIPs) && slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
-		slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.Cluster, b.Cluster) && slices.Equal(a.Local, b.Local) &&
-		a.Internal == b.Internal && a.External == b.External && slices.Equal(a.SourceRanges, b.SourceRanges) &&
-		a.Affinity == b.Affinity && a.Scheduler == b.Scheduler && a.HealthCheckNodePort == b.HealthCheckNodePort &&
-		slices.Equal(a.Hairpin, b.Hairpin) && slices.Equal(a.Serving, b.Serving)
+func (sp *ServicePort) Equal(o *ServicePort) bool {
+	return sp.Key == o.Key && sp.Port == o.Port && sp.Family == o.Family && sp.ClusterIP == o.ClusterIP &&
+		slices.Equal(sp.ExternalIPs, o.ExternalIPs) && slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(sp.NodeIPs, o.NodeIPs) && slices.Equal(sp.Cluster, o.Cluster) && slices.Equal(sp.Local, o.Local) &&
+		sp.Internal == o.Internal && sp.External == o.External && slices.Equal(sp.SourceRanges, o.SourceRanges) &&
+		sp.Affinity == o.Affinity && sp.Scheduler == o.Scheduler && sp.HealthCheckNodePort == o.HealthCheckNodePort &&
+		slices.Equal(sp.Hairpin, o.Hairpin) && slices.Equal(sp.Serving, o.Serving)
 }
 
 // StaleFlow selects the UDP or SCTP conntrack flows to one frontend that

@@ -351,7 +351,7 @@ func TestEndpointsOnly(t *testing.T) {
 
 // TestSamePortSeesEveryField: a change of any field of a ServicePort makes
 // it another port, so that Diff reports it; a field added to ServicePort
-// fails this test until samePort compares it.
+// fails this test until ServicePort.Equal compares it.
 func TestSamePortSeesEveryField(t *testing.T) {
 	base := ServicePort{Key: ServicePortKey{Service: "ns/a", Port: "p", Family: IPv4}, Port: Port{Name: "p", Protocol: TCP, Port: 80},
 		Family: IPv4, ClusterIP: a("10.96.0.1")}
@@ -379,12 +379,12 @@ func TestSamePortSeesEveryField(t *testing.T) {
 		name := typ.Field(i).Name
 		edit, ok := edits[name]
 		if !ok {
-			t.Errorf("field %s: no edit here; make samePort compare it, then add one", name)
+			t.Errorf("field %s: no edit here; make ServicePort.Equal compare it, then add one", name)
 			continue
 		}
 		sp := base
 		edit(&sp)
-		if samePort(&base, &sp) || samePort(&sp, &base) {
+		if base.Equal(&sp) || sp.Equal(&base) {
 			t.Errorf("field %s: a change is not seen", name)
 		}
 	}
@@ -393,7 +393,7 @@ func TestSamePortSeesEveryField(t *testing.T) {
 	}
 	same := base
 	same.ExternalIPs = []netip.Addr{}
-	if !samePort(&base, &same) {
+	if !base.Equal(&same) {
 		t.Error("an empty list differs from none")
 	}
 }

@@ -20,7 +20,7 @@ func refDiff(from, to *State) (added, removed, changed []string) {
 		switch {
 		case !ok:
 			added = append(added, p.Key.String())
-		case !samePort(o, p):
+		case !o.Equal(p):
 			changed = append(changed, p.Key.String())
 		}
 		delete(old, p.Key)
