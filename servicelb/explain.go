@@ -94,7 +94,10 @@ func (s *State) Explain(f Flow) Explanation {
 	svc, _ := s.Service(sp.Key.Service)
 	e.Verdict = sp.Verdicts(fe.Kind).Of(e.Origin)
 	e.Why = append(e.Why, fmt.Sprintf("%s is the %s of %s", f.Dst, fe.Kind, sp.Key))
-	if fe.Kind == LoadBalancerFrontend && len(sp.SourceRanges) > 0 {
+	// A port with no endpoint anywhere rejects every source: the ranges
+	// guard the endpoints, as kube-proxy's firewall chain exists only
+	// for a service with endpoints.
+	if fe.Kind == LoadBalancerFrontend && len(sp.SourceRanges) > 0 && e.Verdict.Action != Reject {
 		e.SourceRanges = sp.SourceRanges
 		if !prefixesContain(sp.SourceRanges, f.Src.Addr()) {
 			e.SourceAllowed = false

@@ -50,6 +50,13 @@ func explainState(t *testing.T) *servicelb.State {
 			Ports:      []servicelb.Port{{Name: "dns", Protocol: servicelb.UDP, Port: 53}},
 		},
 		servicelb.Service{
+			Name:            "default/closed",
+			ClusterIPs:      []netip.Addr{a("10.96.0.40")},
+			LoadBalancerIPs: []netip.Addr{a("203.0.113.40")},
+			SourceRanges:    []netip.Prefix{p("198.51.100.0/24")},
+			Ports:           []servicelb.Port{{Protocol: servicelb.TCP, Port: 80}},
+		},
+		servicelb.Service{
 			Name:       "default/zoned",
 			ClusterIPs: []netip.Addr{a("10.96.0.30")},
 			Ports:      []servicelb.Port{{Protocol: servicelb.TCP, Port: 443}},
@@ -124,6 +131,11 @@ func TestExplain(t *testing.T) {
 		flow:   servicelb.Flow{Src: ap("192.0.2.1:5000"), Dst: ap("203.0.113.10:80")},
 		origin: servicelb.FromOutside, handled: true, action: servicelb.Drop,
 		why: "source ranges",
+	}, {
+		name:   "a source outside the ranges of a port no endpoint serves: rejected all the same",
+		flow:   servicelb.Flow{Src: ap("192.0.2.1:5000"), Dst: ap("203.0.113.40:80")},
+		origin: servicelb.FromOutside, handled: true, action: servicelb.Reject,
+		why: "rejected",
 	}, {
 		name:   "a source inside them",
 		flow:   servicelb.Flow{Src: ap("198.51.100.9:5000"), Dst: ap("203.0.113.10:80")},
