@@ -225,6 +225,22 @@
 // [State.StaleFlows] lists them all, to reconcile a whole conntrack table
 // with the state after a restart.
 //
+// # Asking why
+//
+// [State.Explain] tells what the state decides for one new flow and why:
+// the frontend it hits, the verdict and its reasons, the endpoints it may
+// go to with their weights, each endpoint left out with its reason, and
+// the clashes over the frontend. It reads only what the backends read, so
+// it cannot disagree with them; [Explanation.Text] and the JSON form
+// ([ExplanationSchema]) show it. A backend that gives the kernel's word
+// ([FlowChecker], every backend of this module) reads back what serves
+// an explained flow (rules, elements, virtual servers, map entries,
+// listeners) and reports where the kernel differs from the explanation;
+// one whose rules live in nf_tables ([Tracer]: nftables, iptables)
+// follows the next packet of a flow through its rules with the kernel's
+// trace events. The conformance kit checks every flow it sends against
+// its explanation and the kernel's word.
+//
 // # The Runner
 //
 // A [Runner] takes changes from named [Source]s (an informer, a file, a

@@ -14,7 +14,7 @@ import (
 // words.
 func (e *Explanation) Text() string {
 	var b strings.Builder
-	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	w := tabwriter.NewWriter(&b, 12, 0, 2, ' ', 0)
 	line := func(field, format string, args ...any) {
 		fmt.Fprintf(w, "%s\t"+format+"\n", append([]any{field}, args...)...)
 	}
@@ -159,8 +159,31 @@ type conflictJSON struct {
 	Losers   []string `json:"losers"`
 }
 
+// Text returns the kernel's word as Explanation.Text lays it out, to
+// follow it: whether it agrees, each difference, and what was read.
+func (k KernelCheck) Text() string {
+	var b strings.Builder
+	verdict := "agrees with the explanation"
+	switch n := len(k.Differences); {
+	case n == 1:
+		verdict = "DIFFERS from the explanation in 1 place"
+	case n > 1:
+		verdict = fmt.Sprintf("DIFFERS from the explanation in %d places", n)
+	}
+	fmt.Fprintf(&b, "%-12s%s %s\n", "kernel", k.Backend, verdict)
+	for i, d := range k.Differences {
+		fmt.Fprintf(&b, "%-12s%s\n", map[bool]string{true: "differs"}[i == 0], d)
+	}
+	for i, r := range k.Read {
+		fmt.Fprintf(&b, "%-12s%s\n", map[bool]string{true: "read"}[i == 0], r)
+	}
+	return b.String()
+}
+
 // ExplanationSchema documents the JSON form of an Explanation
-// (MarshalJSON), field by field.
+// (MarshalJSON), field by field. "kernel" is only in a running proxy's
+// answer: its backend's reading of the kernel for the flow (KernelCheck),
+// when the backend gives it (FlowChecker).
 const ExplanationSchema = `{
   "flow":            {"protocol": "TCP|UDP|SCTP", "src": "addr:port", "dst": "addr:port", "inInterface": "name, when given"},
   "origin":          "outside|pod|node",
@@ -177,7 +200,8 @@ const ExplanationSchema = `{
   "affinitySeconds": "client IP affinity timeout; absent without affinity",
   "endpoints":       [{"endpoint": "addr:port", "weight": 1, "local": true, "ready": true}],
   "excluded":        [{"endpoint": "addr:port (port 0: serves no such port)", "nodeName": "node", "why": "reason"}],
-  "conflicts":       [{"frontend": "what is claimed", "winner": "service served there", "losers": ["services not served there"]}]
+  "conflicts":       [{"frontend": "what is claimed", "winner": "service served there", "losers": ["services not served there"]}],
+  "kernel":          {"backend": "name", "read": ["what the backend read back that serves the flow"], "differences": ["where it differs; none: it agrees"]}
 }`
 
 // MarshalJSON encodes the explanation as ExplanationSchema documents.

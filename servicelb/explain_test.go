@@ -279,8 +279,14 @@ func TestExplainJSONSchema(t *testing.T) {
 	var got map[string]any
 	require.NoError(t, json.Unmarshal(b, &got))
 	keys := func(m map[string]any) []string { return slices.Sorted(maps.Keys(m)) }
-	// affinitySeconds is left out without affinity: every other field is there.
-	assert.Equal(t, slices.DeleteFunc(keys(schema), func(k string) bool { return k == "affinitySeconds" }), keys(got))
+	// affinitySeconds is left out without affinity, and kernel is a
+	// running proxy's: every other field is there.
+	assert.Equal(t, slices.DeleteFunc(keys(schema), func(k string) bool { return k == "affinitySeconds" || k == "kernel" }), keys(got))
+	kb, err := json.Marshal(servicelb.KernelCheck{Backend: "nftables"})
+	require.NoError(t, err)
+	var kernel map[string]any
+	require.NoError(t, json.Unmarshal(kb, &kernel))
+	assert.Equal(t, keys(schema["kernel"].(map[string]any)), keys(kernel), "kernel")
 	for _, k := range []string{"flow", "frontend"} {
 		assert.Equal(t, keys(schema[k].(map[string]any)), keys(got[k].(map[string]any)), k)
 	}
@@ -293,4 +299,16 @@ func TestExplainJSONSchema(t *testing.T) {
 	}
 	_, err = json.Marshal(&e)
 	require.NoError(t, err)
+}
+
+func TestKernelCheckText(t *testing.T) {
+	ok := servicelb.KernelCheck{Backend: "nftables", Read: []string{"table inet kproxy", "chain services: 8 rules"}}
+	assert.True(t, ok.Agrees())
+	assert.Equal(t, "kernel      nftables agrees with the explanation\n"+
+		"read        table inet kproxy\n"+
+		"            chain services: 8 rules\n", ok.Text())
+	bad := servicelb.KernelCheck{Backend: "nftables", Differences: []string{"chain x is missing"}}
+	assert.False(t, bad.Agrees())
+	assert.Contains(t, bad.Text(), "DIFFERS from the explanation in 1 place")
+	assert.Contains(t, bad.Text(), "differs     chain x is missing")
 }

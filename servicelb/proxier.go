@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // The errors every backend shares: each package re-exports them
@@ -122,4 +123,94 @@ type SyncReport struct {
 // would install for a State, in the text of the dataplane's own tools.
 type Renderer interface {
 	Render(st *State) (string, error)
+}
+
+// FlowChecker is implemented by proxiers that can give the kernel's word
+// on an explained flow (State.Explain): they read back what the kernel
+// (or, for a proxy, its own tables) holds for the flow's frontend now, and
+// compare it with what the explanation decides. Every backend of this
+// module implements it.
+type FlowChecker interface {
+	// CheckFlow reads back the objects that serve the flow e explains,
+	// which must be of the state the proxier applied last (a State it
+	// reported as SyncReport.Applied). It returns an error only when it
+	// cannot read: what it read that differs is a Difference.
+	CheckFlow(ctx context.Context, e *Explanation) (KernelCheck, error)
+}
+
+// KernelCheck is a backend's reading of the objects that serve one
+// explained flow.
+type KernelCheck struct {
+	// Backend names the backend that read.
+	Backend string `json:"backend"`
+	// Read lists what it read that serves the flow, one object a line,
+	// in the dataplane's own terms: "chain svc4-default/web/http: 3
+	// rules", "map services4: 10.96.0.10 . tcp . 80 : goto
+	// svc4-default/web/http", a virtual server with its real servers, a
+	// map entry, a listener.
+	Read []string `json:"read"`
+	// Differences are where what it read differs from the explanation:
+	// a rule, element, virtual server, map entry or listener missing,
+	// foreign (someone else's, in the way) or changed. None when the
+	// kernel agrees.
+	Differences []string `json:"differences"`
+}
+
+// Agrees reports whether the kernel agrees with the explanation.
+func (k KernelCheck) Agrees() bool { return len(k.Differences) == 0 }
+
+// Tracer is implemented by proxiers whose rules live in nf_tables (the
+// nftables and iptables backends): they follow the next packet of a flow
+// through their rules in the kernel, with nf_tables' own trace events.
+type Tracer interface {
+	// Trace marks for tracing the first packet of each new flow that
+	// matches f (its destination address, port and protocol, and its
+	// source address when valid), waits for the next one, and returns its
+	// path through the proxier's rules, or the error that ended the wait
+	// (ctx's, when no packet came). It leaves the proxier's rules as they
+	// are.
+	Trace(ctx context.Context, f Flow) (Trace, error)
+}
+
+// Trace is the path of one packet through a proxier's rules, as the
+// kernel traced it.
+type Trace struct {
+	// Backend names the backend whose rules were followed.
+	Backend string `json:"backend"`
+	// Steps are the rules the packet met, in order; those of other owners
+	// are left out.
+	Steps []TraceStep `json:"steps"`
+}
+
+// TraceStep is one rule, chain end or policy a traced packet met.
+type TraceStep struct {
+	// Table and Chain are where it was; Rule is the rule's text (its
+	// handle, "#<handle>", when it cannot be told), empty for the end of
+	// a chain (a return) or a base chain's policy.
+	Table string `json:"table"`
+	Chain string `json:"chain"`
+	Rule  string `json:"rule,omitempty"`
+	// Verdict is what became of the packet there: "goto svc4-...",
+	// "jump ...", "accept" (a NAT rule's, once it translated the
+	// packet), "drop", "continue" (a rule that only marked it), "return",
+	// "policy accept".
+	Verdict string `json:"verdict"`
+}
+
+// Text returns the trace one step a line: "table chain: rule -> verdict".
+func (t Trace) Text() string {
+	var b strings.Builder
+	steps := "steps"
+	if len(t.Steps) == 1 {
+		steps = "step"
+	}
+	fmt.Fprintf(&b, "trace       %s, %d %s\n", t.Backend, len(t.Steps), steps)
+	for _, s := range t.Steps {
+		rule := s.Rule
+		if rule == "" {
+			rule = "(end of chain)"
+		}
+		fmt.Fprintf(&b, "            %s %s: %s -> %s\n", s.Table, s.Chain, rule, s.Verdict)
+	}
+	return b.String()
 }

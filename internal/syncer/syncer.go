@@ -196,6 +196,29 @@ func New(b Backend, o Options) *Engine {
 // and after Forget.
 func (e *Engine) Applied() *servicelb.State { return e.applied }
 
+// Explained returns the service port of the last state applied that the
+// flow ex explains hits, for a backend that reads back what serves it
+// (servicelb.FlowChecker): nil and "" for a flow that hits none, nil and
+// the difference when ex is not of the state applied (nothing applied
+// yet, or the port is not applied as ex has it).
+func (e *Engine) Explained(ex *servicelb.Explanation) (*servicelb.ServicePort, string) {
+	switch {
+	case e.applied == nil:
+		return nil, "no state applied yet: the kernel holds nothing of the proxier's"
+	case ex.Port == nil:
+		return nil, ""
+	}
+	sp := e.applied.Port(ex.Port.Key)
+	switch {
+	case sp == nil:
+		return nil, fmt.Sprintf("service port %s is not in the state applied: the explanation is of another state than the one applied", ex.Port.Key)
+	case !sp.Equal(ex.Port):
+		return nil, fmt.Sprintf("service port %s is applied as %s, the explanation has it as %s: the explanation is of another state than the one applied",
+			ex.Port.Key, sp, ex.Port)
+	}
+	return sp, ""
+}
+
 // Forget makes the next Sync write the whole state, with no pending stale
 // flows: for after a Cleanup.
 func (e *Engine) Forget() {
