@@ -113,6 +113,10 @@ func elemTexts(id setID, es []elem) ([]string, []elem) {
 		}
 		switch id.kind() {
 		case kindServices:
+			if v, ok := strings.CutPrefix(e.chain, "!"); ok {
+				out = append(out, entryText(e.key, al)+" : "+v) // another verdict than the proxier's goto
+				break
+			}
 			out = append(out, entryText(e.key, al)+" : goto "+e.chain)
 		case kindFirewall:
 			out = append(out, entryText(e.key, al))
