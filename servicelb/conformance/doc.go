@@ -120,6 +120,25 @@
 // Backend.Redirect: each check then asks there, from the same origin, and
 // a frontend it puts nowhere is asked at its own address.
 //
+// # Every flow explained
+//
+// Before a check's flows are sent, the state the proxier applied explains
+// the flow (servicelb.State.Explain, from the asker's address and, for
+// the node's own flows, as the node's; a pod's flow names the interface
+// it comes in on). The explanation must predict exactly what the check
+// wants: the verdict (forwarded, refused, dropped, or left to the node,
+// when no endpoint may answer), the endpoints a
+// forwarded flow may reach, the source each sees (masqueraded or kept, a
+// hairpin masqueraded), their weights, a client affinity. Every answer the
+// packets then bring, in a check of the table or an ask of a custom one
+// (Env.Ask), must be one the explanation allows: an endpoint it names,
+// seeing the source it says. A flow of a UDP or SCTP session the
+// scenario used before is no new flow (it meets its conntrack entry): its
+// asks are checked by the table alone. A proxier that gives the kernel's
+// word (servicelb.FlowChecker) is asked, for every flow explained, what
+// serves it: it must find no difference. A scenario that ran with no flow
+// explained fails, so that none is left out of the check.
+//
 // A failed check names the scenario, the family, protocol, origin and
 // frontend, and what happened instead (the endpoint that answered, the
 // client address it saw, a reset instead of an ICMP error, an answer

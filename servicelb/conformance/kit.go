@@ -127,6 +127,9 @@ func Run(t *testing.T, b Backend, o Options) {
 	for _, a := range adaptations(&caps) {
 		t.Logf("%s: %s", b.Name, a)
 	}
+	if _, ok := l.p.(servicelb.FlowChecker); !ok {
+		t.Logf("%s gives no kernel's word on a flow (servicelb.FlowChecker): the explanations are checked against the packets alone", b.Name)
+	}
 	scs := Scenarios()
 	selected := func(sc *Scenario) bool { return only == nil || only.MatchString(sc.Name) }
 	left := leftOut(scs, &caps, o.Protocols, selected)
@@ -210,6 +213,8 @@ type lab struct {
 	// flows are the endpoints the kept sockets of the scenarios last
 	// reached, by socket name.
 	flows flowMemory
+	// explains counts the flows checked against their explanation.
+	explains explainer
 }
 
 // flowMemory remembers an endpoint per kept socket.
@@ -309,17 +314,23 @@ func (l *lab) run(t *testing.T, idx int, sc *Scenario) {
 		}
 		state, err := servicelb.NewState(e.node, st.Services(e)...)
 		require.NoError(t, err, "stage %d: the scenario's state", i)
-		l.sync(t, i, &st, state)
+		e.state = l.sync(t, i, &st, state)
 		l.checkAll(t, e, st.Expect)
+	}
+	if l.explains.checkedIn(idx) == 0 {
+		t.Errorf("no flow of the scenario was checked against its explanation")
 	}
 }
 
-// task is one check for one family and protocol, from a resolved asker.
+// task is one check for one family and protocol, from a resolved asker,
+// with the explanation of its flow (nil for a session's established flow
+// and for a custom check).
 type task struct {
 	c Check
 	f servicelb.Family
 	p servicelb.Protocol
 	a asker
+	x *explained
 }
 
 // maxParallel bounds the checks of a stage under way at once. The checks
@@ -336,7 +347,7 @@ func (l *lab) checkAll(t *testing.T, e *Env, checks []Check) {
 	t.Helper()
 	var tasks []task
 	for _, c := range checks {
-		tasks = append(tasks, l.tasks(t, c)...)
+		tasks = append(tasks, l.tasks(t, e, c)...)
 	}
 	alone := func(tk task) bool { return tk.c.Custom != nil || tk.c.Want.sticky }
 	var wg sync.WaitGroup
@@ -364,8 +375,9 @@ func (l *lab) checkAll(t *testing.T, e *Env, checks []Check) {
 
 // sync applies a stage's state and, when the stage says so, checks that
 // the proxier left services out (and that the capabilities refuse them
-// too); the stage's checks then show the rest applied.
-func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
+// too); the stage's checks then show the rest applied. It returns the
+// state applied.
+func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) *servicelb.State {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -375,7 +387,7 @@ func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
 	if st.LeftOut == nil {
 		require.Empty(t, rep.LeftOut, "stage %d: Sync left services out", i)
 		require.Same(t, state, rep.Applied, "stage %d: Sync reports another state applied than the one given", i)
-		return
+		return rep.Applied
 	}
 	require.NotEmpty(t, rep.LeftOut, "stage %d: Sync did not say which services it left out", i)
 	for name, err := range rep.LeftOut {
@@ -391,11 +403,12 @@ func (l *lab) sync(t *testing.T, i int, st *Stage, state *servicelb.State) {
 	}
 	b := state.Edit()
 	require.ErrorIs(t, b.Require(l.p.Capabilities()), st.LeftOut, "stage %d: the capabilities accept what Sync leaves out", i)
+	return rep.Applied
 }
 
 // tasks returns a check's tasks: one for each family and protocol it
-// applies to, with its asker ready.
-func (l *lab) tasks(t *testing.T, c Check) []task {
+// applies to, with its asker ready and its flow explained.
+func (l *lab) tasks(t *testing.T, e *Env, c Check) []task {
 	t.Helper()
 	fams := c.Families
 	if fams == nil {
@@ -414,6 +427,7 @@ func (l *lab) tasks(t *testing.T, c Check) []task {
 			tk := task{c: c, f: f, p: p}
 			if c.Custom == nil {
 				tk.a = l.asker(t, c.From, f)
+				tk.x = l.explain(t, e, tk.a, c.From, e.frontend(c.To, f), p, c.Session)
 			}
 			out = append(out, tk)
 		}
@@ -473,10 +487,16 @@ func (l *lab) checkOne(t *testing.T, e *Env, tk task) {
 	c, f, p, a := tk.c, tk.f, tk.p, tk.a
 	dst := e.resolve(c.To, f, p)
 	what := fmt.Sprintf("%s %s from %s to %s %s", f, p.Lower(), c.From, c.To, dst)
+	if tk.x != nil {
+		if msg := tk.x.disagreement(c); msg != "" {
+			t.Error(explainFailure(what, msg, tk.x))
+		}
+		l.checkKernel(t, tk.x, what)
+	}
 	w := c.Want
 	switch {
 	case w.kind == reach:
-		l.expectReach(t, a, p, dst, c, what)
+		l.expectReach(t, a, p, dst, c, tk.x, what)
 	case l.resets(p):
 		l.expectReset(t, a, p, dst, c, what)
 	case w.kind == refused:
@@ -610,8 +630,9 @@ func (ap *askPorts) next(host string, p servicelb.Protocol) uint16 {
 }
 
 // expectReach asks as often as the outcome needs and checks who answered
-// and with which source address.
-func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip.AddrPort, c Check, what string) {
+// and with which source address, and that the explanation x (when not
+// nil) allows each answer.
+func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip.AddrPort, c Check, x *explained, what string) {
 	t.Helper()
 	w := c.Want
 	n := w.asks()
@@ -639,6 +660,12 @@ func (l *lab) expectReach(t *testing.T, a asker, p servicelb.Protocol, dst netip
 		if msg := l.sourceMismatch(a, source, i, r.Client.Addr()); msg != "" {
 			t.Errorf("%s: answered by %s seeing the client as %s: %s", what, r.Host, r.Client.Addr(), msg)
 			return
+		}
+		if x != nil {
+			if msg := l.answerDisagrees(x, a, i, r.Client.Addr()); msg != "" {
+				t.Error(explainFailure(fmt.Sprintf("%s: answered by %s seeing the client as %s", what, r.Host, r.Client.Addr()), msg, x))
+				return
+			}
 		}
 	}
 	w.judge(t, what, counts, n)

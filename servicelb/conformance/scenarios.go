@@ -722,6 +722,9 @@ func socketsKeepTheirEndpoint(set ...int) func(*testing.T, *Env, servicelb.Famil
 		t.Helper()
 		for _, from := range []From{Node, Pod} {
 			a := e.lab.asker(t, from, f)
+			// A socket's first flow is a new one: the explanation must
+			// allow its answer.
+			x := e.lab.explain(t, e, a, from, e.frontend(ClusterIP, f), p, 0)
 			for _, kind := range []string{"unconnected", "connected"} {
 				keep := netnstest.KeepSocket
 				if kind == "connected" {
@@ -750,6 +753,11 @@ func socketsKeepTheirEndpoint(set ...int) func(*testing.T, *Env, servicelb.Famil
 					}
 					at := hostIndex(r.Host)
 					e.lab.flows.set(name, at)
+					if !seen {
+						if msg := e.lab.answerDisagrees(x, a, at, r.Client.Addr()); msg != "" {
+							t.Error(explainFailure(what, msg, x))
+						}
+					}
 					switch {
 					case !slices.Contains(set, at):
 						t.Errorf("%s: answered by %s, want one of endpoints %v", what, r.Host, set)

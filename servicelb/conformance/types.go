@@ -340,6 +340,8 @@ type Env struct {
 	idx  int
 	lab  *lab
 	node servicelb.NodeConfig
+	// state is the state the proxier applied in the current stage.
+	state *servicelb.State
 }
 
 // NodeName is the node's name: endpoints with it are local.
@@ -496,8 +498,20 @@ func (e *Env) UnsupportedScheduler() servicelb.Scheduler {
 	return unsupportedScheduler(&c)
 }
 
-// resolve returns a target's address and port.
+// resolve returns the address and port a check asks at for a target:
+// its frontend's, or where Backend.Redirect puts it.
 func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.AddrPort {
+	dst := e.frontend(t, f)
+	if r := e.lab.b.Redirect; r != nil {
+		if at, ok := r(p, dst); ok {
+			return at
+		}
+	}
+	return dst
+}
+
+// frontend returns a target's address and port.
+func (e *Env) frontend(t Target, f servicelb.Family) netip.AddrPort {
 	port := uint16(ServicePort)
 	var a netip.Addr
 	switch t.kind() {
@@ -521,21 +535,26 @@ func (e *Env) resolve(t Target, f servicelb.Family, p servicelb.Protocol) netip.
 	if t.port() != 0 {
 		port = t.port()
 	}
-	dst := netip.AddrPortFrom(a, port)
-	if r := e.lab.b.Redirect; r != nil {
-		if at, ok := r(p, dst); ok {
-			return at
-		}
-	}
-	return dst
+	return netip.AddrPortFrom(a, port)
 }
 
 // Ask makes one ask from an origin to a target, for custom checks. A
 // failed ask's error names the flow; ErrRefused and ErrTimeout tell its
-// kind.
+// kind. An answer must be one the explanation of the flow allows (see
+// the package documentation), or the test fails.
 func (e *Env) Ask(t *testing.T, from From, to Target, f servicelb.Family, p servicelb.Protocol) (Reply, error) {
+	t.Helper()
 	a := e.lab.asker(t, from, f)
-	r, err := a.h.Ask(t.Context(), p.Lower(), e.resolve(to, f, p), e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout)...)
+	x := e.lab.explain(t, e, a, from, e.frontend(to, f), p, 0)
+	dst := e.resolve(to, f, p)
+	r, err := a.h.Ask(t.Context(), p.Lower(), dst, e.lab.askOpts(a, p, 0, e.lab.o.AskTimeout)...)
+	if err == nil {
+		if msg := e.lab.answerDisagrees(x, a, hostIndex(r.Host), r.Client.Addr()); msg != "" {
+			what := fmt.Sprintf("%s %s from %s to %s %s: answered by %s seeing the client as %s", f, p.Lower(), from, to, dst, r.Host, r.Client.Addr())
+			t.Error(explainFailure(what, msg, x))
+		}
+	}
+	e.lab.checkKernel(t, x, fmt.Sprintf("%s %s from %s to %s %s", f, p.Lower(), from, to, dst))
 	return Reply(r), err
 }
 
