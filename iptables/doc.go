@@ -163,6 +163,19 @@
 // does, and never flushes or deletes them. [Proxier.Cleanup] removes the
 // owned chains and jumps; everything else stays.
 //
+// # Asking why
+//
+// [Proxier.CheckFlow] (servicelb.FlowChecker) reads back what serves an
+// explained flow in the tables of its family: the node's chains and
+// jumps, and the chains of the explained port's service with their rules
+// in the dispatch chains, each compared with what the explanation's own
+// ServicePort plans. [Proxier.Trace] (servicelb.Tracer) follows the next
+// packet of a flow through the owned chains with nf_tables' trace events
+// (iptables-nft's tables are nf_tables tables), each rule as
+// iptables-save writes it; a table of its own (family inet,
+// "kproxy-iptables-trace") marks the first packet of each new flow
+// meanwhile.
+//
 // # Privileges
 //
 // CAP_NET_ADMIN in the target network namespace (CAP_SYS_ADMIN to open

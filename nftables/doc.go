@@ -185,6 +185,20 @@
 // to check its own table. The Proxier never changes routes, addresses,
 // sysctls or other tables, and never execs a binary.
 //
+// # Asking why
+//
+// CheckFlow (servicelb.FlowChecker) reads back what serves an explained
+// flow (servicelb.State.Explain): the node's chains and elements and the
+// explained port's chains, rules and elements, each compared with what
+// the explanation's own ServicePort plans, so that a rule, element or
+// chain missing, changed or in the way is named. Trace
+// (servicelb.Tracer) follows the next packet of a flow through the table
+// with nf_tables' trace events, each rule named as Render writes it; a
+// table of its own ("<table>-trace") marks the first packet of each new
+// flow meanwhile.
+// Render names each endpoint's service port beside its hash range, so
+// that the backends maps can be read by eye.
+//
 // # Privileges
 //
 // CAP_NET_ADMIN in the target network namespace (for nf_tables, conntrack,
@@ -199,6 +213,6 @@
 // chains) and buckets.go (its load-balancing buckets); model.go holds the
 // applied model, the step to the next and the table's content; write.go
 // the batch that writes a step or replaces the table; verify.go the read
-// back; render.go the nft text; engine.go the engine internal/syncer
-// drives. exprs.go, sets.go and names.go encode rules, sets and names.
+// back; checkflow.go and trace.go the kernel's word on one flow; render.go
+// the nft text; engine.go the engine internal/syncer drives. exprs.go, sets.go and names.go encode rules, sets and names.
 package nftables
