@@ -255,7 +255,9 @@
 // plan.go plans each service port's frontends and endpoint sets; model.go
 // holds the model and the maps' content; write.go the delta from one
 // content to the next and its writes to the maps (maps.go); verify.go
-// checks that the hooks are attached and the maps pinned; render.go the
+// checks that the hooks are attached and the maps pinned; checkflow.go
+// the kernel's word on one explained flow (servicelb.FlowChecker: the
+// frontend's entry, its sets and slots, and the packet path's word); render.go the
 // text; engine.go the engine internal/syncer drives. programs.go holds
 // the BPF programs, layout.go the maps' layout and its version, pins.go
 // and attached.go the pins and the hooks, sockets.go the ending of stale

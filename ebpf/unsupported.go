@@ -56,3 +56,8 @@ func RemovePins(string) error { return errSystem }
 
 // Attached returns ErrNotSupported.
 func Attached(string) ([]ebpf.ProgramID, error) { return nil, errSystem }
+
+// CheckFlow returns ErrNotSupported.
+func (p *Proxier) CheckFlow(context.Context, *servicelb.Explanation) (servicelb.KernelCheck, error) {
+	return servicelb.KernelCheck{}, errSystem
+}

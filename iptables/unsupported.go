@@ -49,5 +49,15 @@ func (px *Proxier) RenderFamily(*servicelb.State, servicelb.Family) (string, err
 	return "", errNotSupported
 }
 
+// CheckFlow returns ErrNotSupported.
+func (px *Proxier) CheckFlow(context.Context, *servicelb.Explanation) (servicelb.KernelCheck, error) {
+	return servicelb.KernelCheck{}, errNotSupported
+}
+
+// Trace returns ErrNotSupported.
+func (px *Proxier) Trace(context.Context, servicelb.Flow) (servicelb.Trace, error) {
+	return servicelb.Trace{}, errNotSupported
+}
+
 // errNotSupported is ErrNotSupported, naming the backend.
 var errNotSupported = fmt.Errorf("iptables: %w", ErrNotSupported)

@@ -208,7 +208,9 @@
 // building and the step to the next; write.go the delta a step makes and
 // its writes, ordered so that no virtual IP is left without servers;
 // verify.go the read back, the adoption of what a previous process wrote
-// and the check for foreign servers; render.go the text (with
+// and the check for foreign servers; checkflow.go the kernel's word on
+// one explained flow (servicelb.FlowChecker: its virtual and real
+// servers, address, set entries and steering rules); render.go the text (with
 // vsformat.go and sections.go, which build on every system); engine.go
 // the engine internal/syncer drives. servers.go holds the IPVS objects,
 // kernel.go the netlink clients, marks.go, rules.go, sets.go and

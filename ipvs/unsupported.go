@@ -46,5 +46,10 @@ func (p *Proxier) Cleanup(context.Context) error { return errNotSupported }
 // Drain returns ErrNotSupported.
 func (p *Proxier) Drain(context.Context) (int, error) { return 0, errNotSupported }
 
+// CheckFlow returns ErrNotSupported.
+func (p *Proxier) CheckFlow(context.Context, *servicelb.Explanation) (servicelb.KernelCheck, error) {
+	return servicelb.KernelCheck{}, errNotSupported
+}
+
 // errNotSupported is ErrNotSupported, naming the backend.
 var errNotSupported = fmt.Errorf("ipvs: %w", ErrNotSupported)

@@ -43,5 +43,15 @@ func (p *Proxier) Sync(context.Context, *servicelb.State) (servicelb.SyncReport,
 	return servicelb.SyncReport{}, errNotSupported
 }
 
+// CheckFlow returns ErrNotSupported.
+func (p *Proxier) CheckFlow(context.Context, *servicelb.Explanation) (servicelb.KernelCheck, error) {
+	return servicelb.KernelCheck{}, errNotSupported
+}
+
+// Trace returns ErrNotSupported.
+func (p *Proxier) Trace(context.Context, servicelb.Flow) (servicelb.Trace, error) {
+	return servicelb.Trace{}, errNotSupported
+}
+
 // errNotSupported is ErrNotSupported, naming the backend.
 var errNotSupported = fmt.Errorf("nftables: %w", ErrNotSupported)

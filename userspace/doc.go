@@ -346,7 +346,9 @@
 // engine.go the engine internal/syncer drives. There is no model.go and
 // no verify.go: the applied state is the ports and listeners the Proxier
 // serves (route.go, listener.go), and Verify checks the held addresses
-// (holder.go). The data path: conn.go and splice.go (TCP and SCTP),
+// (holder.go); checkflow.go gives the word on one explained flow
+// (servicelb.FlowChecker: the frontend's listener and its socket's
+// address, the held address, the endpoints the data path picks from). The data path: conn.go and splice.go (TCP and SCTP),
 // udp.go and replies.go (UDP), pick.go (the endpoint), budget.go (the
 // flow budget), iface.go, sock.go and sctp.go; handover.go the handover.
 package userspace

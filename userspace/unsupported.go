@@ -53,5 +53,10 @@ func (*Proxier) Render(*servicelb.State) (string, error) { return "", errNotSupp
 // Stats returns nothing.
 func (*Proxier) Stats() []PortStats { return nil }
 
+// CheckFlow returns ErrNotSupported.
+func (*Proxier) CheckFlow(context.Context, *servicelb.Explanation) (servicelb.KernelCheck, error) {
+	return servicelb.KernelCheck{}, errNotSupported
+}
+
 // errNotSupported is ErrNotSupported, naming the backend.
 var errNotSupported = fmt.Errorf("userspace: %w", ErrNotSupported)

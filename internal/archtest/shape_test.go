@@ -15,8 +15,10 @@ import (
 
 // TestBackendsHaveOneShape: every backend package offers the same entry
 // points with the same signatures (New, ForRendering, Probe and Render,
-// all of its Options), and its *Proxier is a servicelb.Proxier and a
-// Renderer, so that an agent handles any backend one way; and its
+// all of its Options), and its *Proxier is a servicelb.Proxier, a
+// Renderer and a FlowChecker (and, for those whose rules live in
+// nf_tables, a Tracer), so that an agent handles any backend one way and
+// can ask any for the kernel's word on a flow; and its
 // adapter for internal/syncer's Engine is the type engine, so that a
 // maintainer finds the same step under one name in each.
 func TestBackendsHaveOneShape(t *testing.T) {
@@ -26,6 +28,9 @@ func TestBackendsHaveOneShape(t *testing.T) {
 	require.NoError(t, err)
 	proxier := slb.Scope().Lookup("Proxier").Type().Underlying().(*types.Interface)
 	renderer := slb.Scope().Lookup("Renderer").Type().Underlying().(*types.Interface)
+	checker := slb.Scope().Lookup("FlowChecker").Type().Underlying().(*types.Interface)
+	tracer := slb.Scope().Lookup("Tracer").Type().Underlying().(*types.Interface)
+	tracing := map[string]bool{"nftables": true, "iptables": true}
 	syncer, err := imp.Import(module + "/internal/syncer")
 	require.NoError(t, err)
 	backend := syncer.Scope().Lookup("Backend").Type().Underlying().(*types.Interface)
@@ -51,6 +56,8 @@ func TestBackendsHaveOneShape(t *testing.T) {
 		px := types.NewPointer(pkg.Scope().Lookup("Proxier").Type())
 		assert.True(t, types.Implements(px, proxier), "%s.Proxier is no servicelb.Proxier", pkg.Name())
 		assert.True(t, types.Implements(px, renderer), "%s.Proxier is no servicelb.Renderer", pkg.Name())
+		assert.True(t, types.Implements(px, checker), "%s.Proxier is no servicelb.FlowChecker", pkg.Name())
+		assert.Equal(t, tracing[pkg.Name()], types.Implements(px, tracer), "%s.Proxier is a servicelb.Tracer", pkg.Name())
 		src := typeCheck(t, p, imp)
 		eng, ok := src.Scope().Lookup("engine").(*types.TypeName)
 		if assert.True(t, ok, "%s has no type engine, the adapter internal/syncer drives", pkg.Name()) {
