@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/examples/internal/sandbox"
 	"github.com/kproxy-dev/kproxy/examples/internal/testutil"
 )
 
@@ -174,7 +175,43 @@ func TestBinaryAnswersWhy(t *testing.T) {
 	online := ask(append([]string{"explain", "--server", addr}, flow...)...)
 	assert.Regexp(t, `frontend +cluster IP 10\.96\.0\.10:80 of demo/web:http/ipv4`, online)
 	assert.Regexp(t, `origin +pod: `, online)
+	// The running proxy adds the kernel's word: nftables reads back
+	// what serves the flow.
+	assert.Regexp(t, `kernel +nftables agrees with the explanation`, online)
+	assert.Regexp(t, `read +table inet kproxy`, online)
+	assert.Contains(t, ask(append([]string{"explain", "--server", addr, "--json"}, flow...)...), `"kernel": {`)
+	// kproxy trace follows the next packet of a flow through the rules:
+	// the client's requests to the web service, until one is traced.
+	type traced struct {
+		out string
+		err error
+	}
+	done := make(chan traced, 1)
+	go func() {
+		out, err := exec.Command(bin, "trace", "--server", addr, "--from", sandbox.ClientAddr.String(),
+			"--to", "10.96.0.10:80/tcp", "--timeout", "30s").CombinedOutput()
+		done <- traced{string(out), err}
+	}()
+	client := sb.Client.HTTPClient(time.Second)
+	var tr traced
+	require.Eventually(t, func() bool {
+		if resp, err := client.Get("http://10.96.0.10/"); err == nil {
+			resp.Body.Close()
+		}
+		select {
+		case tr = <-done:
+			return true
+		default:
+			return false
+		}
+	}, 40*time.Second, 100*time.Millisecond, "no trace")
+	require.NoError(t, tr.err, tr.out)
+	t.Logf("kproxy explain:\n%s\nkproxy trace:\n%s", online, tr.out)
+	assert.Regexp(t, `inet kproxy services: ip daddr \. meta l4proto \. th dport vmap @services4 -> goto svc4-demo/web/http`, tr.out)
+
+	decided, _, found := strings.Cut(online, "\nkernel ")
+	require.True(t, found, online)
 	path := filepath.Join(t.TempDir(), "state.json")
 	require.NoError(t, os.WriteFile(path, []byte(ask("state", "--server", addr, "--json")), 0o600))
-	assert.Equal(t, online, ask(append([]string{"explain", "--state", path}, flow...)...))
+	assert.Equal(t, decided+"\n", ask(append([]string{"explain", "--state", path}, flow...)...))
 }

@@ -613,8 +613,8 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", Handler(a.metrics, a.cfg.Backend, a.health, a.cfg.HealthTimeout()))
-	inspect := inspectHandler(a.cfg, &a.inspect, a.applied)
-	for _, path := range []string{"/configz", "/state", "/explain"} {
+	inspect := inspectHandler(a.cfg, &a.inspect, a.applied, a.dp)
+	for _, path := range []string{"/configz", "/state", "/explain", "/trace"} {
 		mux.Handle(path, inspect)
 	}
 	var h http.Handler = mux

@@ -15,8 +15,8 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// subcommand runs `<name> explain` or `<name> state` when args start
-// with one; ok is false otherwise.
+// subcommand runs `<name> explain`, `<name> trace` or `<name> state`
+// when args start with one; ok is false otherwise.
 func (p Program) subcommand(ctx context.Context, args []string, stdout, errOut io.Writer) (code int, ok bool) {
 	if len(args) == 0 {
 		return 0, false
@@ -24,10 +24,49 @@ func (p Program) subcommand(ctx context.Context, args []string, stdout, errOut i
 	switch args[0] {
 	case "explain":
 		return p.explainCmd(ctx, args[1:], stdout, errOut), true
+	case "trace":
+		return p.traceCmd(ctx, args[1:], stdout, errOut), true
 	case "state":
 		return p.stateCmd(ctx, args[1:], stdout, errOut), true
 	}
 	return 0, false
+}
+
+// traceCmd asks a running proxy to follow the next packet of a flow
+// through its rules.
+func (p Program) traceCmd(ctx context.Context, args []string, stdout, errOut io.Writer) int {
+	fs := flag.NewFlagSet(p.Name+" trace", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	server := fs.String("server", DefaultMetricsAddr, "the running proxy's metrics address (its --metrics-bind-address) to ask")
+	from := fs.String("from", "", "the flow's source address (required)")
+	to := fs.String("to", "", "the flow's destination: address:port, with /tcp, /udp or /sctp (required)")
+	protocol := fs.String("protocol", "", "tcp (the default), udp or sctp, unless --to says it")
+	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for a packet of the flow (at most 5m)")
+	asJSON := fs.Bool("json", false, "print the trace as JSON")
+	fs.Usage = func() {
+		fmt.Fprintf(errOut, "Usage: %s trace --from ADDR --to ADDR:PORT[/PROTO] [flags]\n\n"+
+			"Follow the next packet of a flow through the proxy's rules in the kernel (nftables and iptables\n"+
+			"backends): each rule it meets and what became of it. Send the packet while it waits.\n\nFlags:\n", p.Name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return usageCode(err)
+	}
+	if _, err := ParseFlow(*from, *to, *protocol, "", ""); err != nil {
+		fmt.Fprintf(errOut, "%s trace: %v\n", p.Name, err)
+		return 2
+	}
+	q := url.Values{"from": {*from}, "to": {*to}, "protocol": {*protocol}, "timeout": {timeout.String()}}
+	if *asJSON {
+		q.Set("format", "json")
+	}
+	body, err := askWithin(ctx, *server, "/trace?"+q.Encode(), *timeout+10*time.Second)
+	if err != nil {
+		fmt.Fprintf(errOut, "%s trace: %v\n", p.Name, err)
+		return 1
+	}
+	_, _ = stdout.Write(body)
+	return 0
 }
 
 // explainCmd asks a running proxy (or, offline, a dumped state) what it
@@ -183,7 +222,12 @@ func loadState(path string) (*servicelb.State, error) {
 
 // ask GETs path from the proxy's metrics address.
 func ask(ctx context.Context, server, path string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	return askWithin(ctx, server, path, 10*time.Second)
+}
+
+// askWithin is ask with a bound of its own on the wait.
+func askWithin(ctx context.Context, server, path string, within time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+withPort(server, DefaultMetricsPort)+path, nil)
 	if err != nil {

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,9 +133,14 @@ func (in *inspection) dump(backend string, st *servicelb.State) StateDump {
 	return d
 }
 
-// inspectHandler serves /configz, /state and /explain; state returns the
-// state the backend last applied (nil before the first sync).
-func inspectHandler(cfg Config, in *inspection, state func() *servicelb.State) http.Handler {
+// inspectHandler serves /configz, /state, /explain and /trace; state
+// returns the state the backend last applied (nil before the first
+// sync); the backend, when it can, gives its reading of the kernel for an
+// explained flow (servicelb.FlowChecker) and traces packets
+// (servicelb.Tracer).
+func inspectHandler(cfg Config, in *inspection, state func() *servicelb.State, backend servicelb.Proxier) http.Handler {
+	kernel, _ := backend.(servicelb.FlowChecker)
+	tracer, _ := backend.(servicelb.Tracer)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]Config{"kproxy": cfg})
@@ -154,14 +161,93 @@ func inspectHandler(cfg Config, in *inspection, state func() *servicelb.State) h
 			return
 		}
 		e := st.Explain(f)
+		var kc *servicelb.KernelCheck
+		if kernel != nil {
+			c, err := kernel.CheckFlow(r.Context(), &e)
+			if err != nil {
+				http.Error(w, "read the kernel: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+			kc = &c
+		}
 		if q.Get("format") == "json" {
-			writeJSON(w, &e)
+			writeJSON(w, explainReply{&e, kc})
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprint(w, e.Text())
+		if kc != nil {
+			fmt.Fprint(w, kc.Text())
+		}
+	})
+	mux.HandleFunc("/trace", func(w http.ResponseWriter, r *http.Request) {
+		if tracer == nil {
+			http.Error(w, "the "+cfg.Backend+" backend cannot trace packets: nftables and iptables can", http.StatusNotImplemented)
+			return
+		}
+		q := r.URL.Query()
+		f, err := ParseFlow(q.Get("from"), q.Get("to"), q.Get("protocol"), "", "")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		timeout := DefaultTraceTimeout
+		if s := q.Get("timeout"); s != "" {
+			if timeout, err = time.ParseDuration(s); err != nil || timeout <= 0 || timeout > MaxTraceTimeout {
+				http.Error(w, fmt.Sprintf("timeout %q: a duration up to %s", s, MaxTraceTimeout), http.StatusBadRequest)
+				return
+			}
+		}
+		// The answer comes when a packet does: past the server's write
+		// timeout.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeout + 5*time.Second))
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		tr, err := tracer.Trace(ctx, f)
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			http.Error(w, fmt.Sprintf("no packet of the flow within %s", timeout), http.StatusGatewayTimeout)
+			return
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if q.Get("format") == "json" {
+			writeJSON(w, &tr)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprint(w, tr.Text())
 	})
 	return mux
+}
+
+// DefaultTraceTimeout and MaxTraceTimeout bound how long /trace waits for
+// a packet.
+const (
+	DefaultTraceTimeout = 30 * time.Second
+	MaxTraceTimeout     = 5 * time.Minute
+)
+
+// explainReply is /explain's JSON answer: the explanation's fields, and
+// "kernel" beside them (servicelb.ExplanationSchema).
+type explainReply struct {
+	e      *servicelb.Explanation
+	kernel *servicelb.KernelCheck
+}
+
+func (r explainReply) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.e)
+	if err != nil || r.kernel == nil {
+		return b, err
+	}
+	k, err := json.Marshal(r.kernel)
+	if err != nil {
+		return nil, err
+	}
+	// The explanation's object, with "kernel" last.
+	b = append(bytes.TrimSuffix(b, []byte("}")), `,"kernel":`...)
+	return append(append(b, k...), '}'), nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

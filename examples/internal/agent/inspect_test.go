@@ -42,7 +42,7 @@ func TestInspectEndpoints(t *testing.T) {
 	var st *servicelb.State
 	var in inspection
 	cfg := Config{Backend: "nftables", ClusterCIDRs: "10.244.0.0/16"}
-	srv := httptest.NewServer(inspectHandler(cfg, &in, func() *servicelb.State { return st }))
+	srv := httptest.NewServer(inspectHandler(cfg, &in, func() *servicelb.State { return st }, nil))
 	defer srv.Close()
 
 	code, body := httpGet(t, srv.URL+"/explain?from=10.244.1.5&to=10.96.0.10:80/tcp")
@@ -97,7 +97,7 @@ func TestInspectEndpoints(t *testing.T) {
 func TestExplainCommand(t *testing.T) {
 	st := inspectState(t)
 	var in inspection
-	srv := httptest.NewServer(inspectHandler(Config{Backend: "iptables"}, &in, func() *servicelb.State { return st }))
+	srv := httptest.NewServer(inspectHandler(Config{Backend: "iptables"}, &in, func() *servicelb.State { return st }, nil))
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	p := Program{Name: "kproxy"}
@@ -133,6 +133,82 @@ func TestExplainCommand(t *testing.T) {
 	code, _, errs = run("explain", "--from", "10.0.0.1")
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errs, "a flow needs from")
+}
+
+// differingKernel is a backend whose kernel always differs from the
+// explanation: a test aid for the answer's form (the binary's test reads
+// a real kernel).
+type differingKernel struct{ servicelb.Proxier }
+
+func (differingKernel) CheckFlow(context.Context, *servicelb.Explanation) (servicelb.KernelCheck, error) {
+	return servicelb.KernelCheck{Backend: "nftables", Read: []string{"table inet kproxy"},
+		Differences: []string{"chain services is missing"}}, nil
+}
+
+// TestExplainKernelsWord: a backend that reads the kernel back adds its
+// word to /explain: a section after the explanation's text, and "kernel"
+// after the explanation's fields.
+func TestExplainKernelsWord(t *testing.T) {
+	st := inspectState(t)
+	var in inspection
+	srv := httptest.NewServer(inspectHandler(Config{Backend: "nftables"}, &in, func() *servicelb.State { return st }, differingKernel{}))
+	defer srv.Close()
+	code, body := httpGet(t, srv.URL+"/explain?from=198.51.100.7&to=10.96.0.10:80")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Regexp(t, `\nkernel +nftables DIFFERS from the explanation in 1 place\ndiffers +chain services is missing\nread +table inet kproxy\n$`, body)
+	code, body = httpGet(t, srv.URL+"/explain?from=198.51.100.7&to=10.96.0.10:80&format=json")
+	require.Equal(t, http.StatusOK, code, body)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+	assert.Equal(t, "outside", e["origin"])
+	assert.Equal(t, map[string]any{"backend": "nftables", "read": []any{"table inet kproxy"},
+		"differences": []any{"chain services is missing"}}, e["kernel"])
+	assert.Regexp(t, `"kernel": \{[^}]*\}\n\}\n$`, body, "kernel comes last")
+}
+
+// tracingBackend answers every trace with one step: a test aid for the
+// answer's form (the backends' own tests follow real packets).
+type tracingBackend struct{ servicelb.Proxier }
+
+func (tracingBackend) Trace(_ context.Context, f servicelb.Flow) (servicelb.Trace, error) {
+	if f.Dst.Port() == 9 {
+		return servicelb.Trace{}, context.DeadlineExceeded
+	}
+	return servicelb.Trace{Backend: "nftables", Steps: []servicelb.TraceStep{{Table: "inet kproxy", Chain: "services",
+		Rule: "ip daddr . meta l4proto . th dport vmap @services4", Verdict: "goto svc4-" + f.Dst.String()}}}, nil
+}
+
+// TestTraceEndpoint: /trace and `trace` follow a packet on a backend
+// that traces, say which backends do on one that does not, and refuse a
+// timeout out of bounds.
+func TestTraceEndpoint(t *testing.T) {
+	st := inspectState(t)
+	var in inspection
+	srv := httptest.NewServer(inspectHandler(Config{Backend: "nftables"}, &in, func() *servicelb.State { return st }, tracingBackend{}))
+	defer srv.Close()
+	code, body := httpGet(t, srv.URL+"/trace?from=198.51.100.7&to=10.96.0.10:80&timeout=2s")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "trace       nftables, 1 step\n"+
+		"            inet kproxy services: ip daddr . meta l4proto . th dport vmap @services4 -> goto svc4-10.96.0.10:80\n", body)
+	code, body = httpGet(t, srv.URL+"/trace?from=198.51.100.7&to=10.96.0.10:9")
+	assert.Equal(t, http.StatusGatewayTimeout, code, body)
+	code, _ = httpGet(t, srv.URL+"/trace?from=198.51.100.7&to=10.96.0.10:80&timeout=1h")
+	assert.Equal(t, http.StatusBadRequest, code)
+
+	var out, errOut bytes.Buffer
+	p := Program{Name: "kproxy"}
+	rc := p.Run(context.Background(), []string{"trace", "--server", strings.TrimPrefix(srv.URL, "http://"),
+		"--from", "198.51.100.7", "--to", "10.96.0.10:80/tcp", "--json"}, &out, &errOut)
+	require.Equal(t, 0, rc, errOut.String())
+	var tr servicelb.Trace
+	require.NoError(t, json.Unmarshal(out.Bytes(), &tr))
+	assert.Equal(t, "services", tr.Steps[0].Chain)
+
+	plain := httptest.NewServer(inspectHandler(Config{Backend: "userspace"}, &in, func() *servicelb.State { return st }, nil))
+	defer plain.Close()
+	code, body = httpGet(t, plain.URL+"/trace?from=198.51.100.7&to=10.96.0.10:80")
+	assert.Equal(t, http.StatusNotImplemented, code)
+	assert.Contains(t, body, "the userspace backend cannot trace packets: nftables and iptables can")
 }
 
 func TestParseFlow(t *testing.T) {
