@@ -36,41 +36,43 @@ func (p *Proxier) Trace(ctx context.Context, f servicelb.Flow) (servicelb.Trace,
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := servicelb.Trace{Backend: "nftables"}
-	texts := map[string][]string{}
+	texts := map[string]map[uint64]string{} // by chain, then handle
 	for _, ev := range evs {
 		if ev.Family != nfnl.Inet || ev.Table != p.opts.Table {
 			continue
 		}
 		step := servicelb.TraceStep{Table: "inet " + ev.Table, Chain: ev.Chain, Verdict: ev.VerdictText()}
 		if ev.Type == nfnl.TraceRule && !ev.ChainEnd() {
-			if step.Rule, err = p.ruleText(ctx, texts, ev.Chain, ev.Handle); err != nil {
-				return out, fmt.Errorf("nftables: trace: %w", err)
+			byHandle, ok := texts[ev.Chain]
+			if !ok {
+				if byHandle, err = p.ruleTexts(ctx, ev.Chain); err != nil {
+					return out, fmt.Errorf("nftables: trace: %w", err)
+				}
+				texts[ev.Chain] = byHandle
 			}
+			step.Rule = cmp.Or(byHandle[ev.Handle], fmt.Sprintf("#%d", ev.Handle))
 		}
 		out.Steps = append(out.Steps, step)
 	}
 	return out, nil
 }
 
-// ruleText returns the text of the rule of chain with handle: its
+// ruleTexts reads a chain's rules and names each by handle with its
 // planned rule at the same place, when the chain holds as many rules as
-// planned; else "#<handle>". texts caches each chain's texts by place.
-func (p *Proxier) ruleText(ctx context.Context, texts map[string][]string, chain string, handle uint64) (string, error) {
+// planned; else it names none.
+func (p *Proxier) ruleTexts(ctx context.Context, chain string) (map[uint64]string, error) {
 	rs, err := p.conn.RulesRaw(ctx, nfnl.Inet, p.opts.Table, chain)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	planned, ok := texts[chain]
-	if !ok {
-		planned = p.plannedTexts(chain)
-		texts[chain] = planned
-	}
-	for i, r := range rs {
-		if r.Handle == handle && len(rs) == len(planned) {
-			return planned[i], nil
+	planned := p.plannedTexts(chain)
+	out := make(map[uint64]string, len(rs))
+	if len(rs) == len(planned) {
+		for i, r := range rs {
+			out[r.Handle] = planned[i]
 		}
 	}
-	return fmt.Sprintf("#%d", handle), nil
+	return out, nil
 }
 
 // plannedTexts returns the texts of a chain's planned rules: a chain of
