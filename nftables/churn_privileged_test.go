@@ -57,3 +57,20 @@ func BenchmarkForeignWriter(b *testing.B) {
 		b.ReportMetric(float64(commits()), "foreign-commits")
 	}
 }
+
+// TestForeignFlood is TestForeignWriter against a writer that commits
+// thousands of times a second: a sync that has checked the table must not
+// then lose its commit to a foreign one, however often they come.
+func TestForeignFlood(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	h := netnstest.NewHost(t, "flood")
+	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true, VerifyInterval: 50 * time.Millisecond})
+	commits := h.Flood(t, 50*time.Microsecond)
+	svcs := servicetest.Scale(300, 10)
+	failed, rounds := 0, 0
+	for deadline := time.Now().Add(2 * time.Minute); rounds == 0 || commits() < 2000 && time.Now().Before(deadline); rounds++ {
+		failed += servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, 50, 0)
+	}
+	require.Zero(t, failed, "Syncs failed while another writer committed %d times", commits())
+	require.GreaterOrEqual(t, commits(), 2000, "the other writer hardly ran in %d rounds of changes", rounds)
+}

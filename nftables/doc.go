@@ -35,8 +35,11 @@
 // Proxier's own last commit left, so that a change costs one round trip:
 // if anyone else committed since, the kernel refuses the batch, and the
 // sync reads the table's flags and use count before it sends the batch
-// again: a deleted or dormant table, or a chain or set too many or too
-// few, is rewritten whole in one transaction. At most every
+// again, then requiring no generation (a commit of theirs in between is
+// no different from one just after, which the next sync's check reads),
+// so that a writer that commits more often than a check takes cannot
+// starve the Proxier: a deleted or dormant table, or a chain or set too
+// many or too few, is rewritten whole in one transaction. At most every
 // Options.VerifyInterval (and only when the generation moved) a deep
 // verify reads every chain, rule, set and element back and rewrites the
 // table if anything differs. The sync loop is internal/syncer's, shared by

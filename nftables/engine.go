@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/nl"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -44,18 +45,30 @@ func (k *engine) Check(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	if k.model != nil {
-		for _, c := range k.model.node.chains {
-			if c.hook == nil && c.name != chainServices {
-				continue
+		// Each chain is one small dump, which another writer's commit
+		// interrupts only in the moment between its two parts: read
+		// again at once.
+		lost := ""
+		err := nl.RetryInterrupted(ctx, func() error {
+			lost = ""
+			for _, c := range k.model.node.chains {
+				if c.hook == nil && c.name != chainServices {
+					continue
+				}
+				rs, err := k.conn.RulesRaw(ctx, nfnl.Inet, k.opts.Table, c.name)
+				if err != nil {
+					return err
+				}
+				if len(rs) != len(c.rules) {
+					k.log.Info("a fixed chain lost its rules", "chain", c.name, "rules", len(rs), "want", len(c.rules))
+					lost = c.name
+					return nil
+				}
 			}
-			rs, err := k.conn.RulesRaw(ctx, nfnl.Inet, k.opts.Table, c.name)
-			if err != nil {
-				return false, err
-			}
-			if len(rs) != len(c.rules) {
-				k.log.Info("a fixed chain lost its rules", "chain", c.name, "rules", len(rs), "want", len(c.rules))
-				return false, nil
-			}
+			return nil
+		})
+		if err != nil || lost != "" {
+			return false, err
 		}
 	}
 	k.gen, k.genOK = g.ID, true
@@ -118,8 +131,8 @@ func (k *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 	err = k.commit(ctx, b, d.objects())
 	if errors.Is(err, nfnl.ErrGenerationChanged) && k.presumed {
 		// Someone committed since the Proxier's last commit, which Check
-		// took on trust: check now, and send the batch again from the
-		// generation checked if the table is as the Proxier left it.
+		// took on trust: check now, and send the batch again if the table
+		// is as the Proxier left it.
 		ok, cerr := k.Check(ctx)
 		switch {
 		case cerr != nil:
@@ -142,16 +155,25 @@ func (k *engine) Apply(ctx context.Context, st *servicelb.State, ch *servicelb.C
 // batch started from (nobody committed in between), and, when b adds or
 // deletes chains or sets (objects), the table's object count, for the
 // next cheap check. Elements and rules leave the count as it was, so a
-// change of elements alone costs no read. When the table is known as the
-// Proxier left it (genOK), b requires the generation to be still the one
-// it was left at: if anyone committed since, the kernel refuses b with
-// ErrGenerationChanged, which the sync retries after a check.
+// change of elements alone costs no read.
+//
+// When the sync's check took the table on trust (presumed: the Proxier's
+// own commit was the last), b requires the generation to be still that
+// commit's: if anyone committed since, the kernel refuses b with
+// ErrGenerationChanged, and the sync checks and sends it again. After a
+// check that read the table, b requires nothing: a foreign commit between
+// that check and b is no different from one just after b, which the next
+// sync's check reads (the generation then does not follow the one checked),
+// and b names every object it touches, never a rule's handle, so it means
+// the same whatever else the ruleset holds. Requiring the generation
+// there would only lose, over and over, to a writer that commits more
+// often than a check takes.
 func (k *engine) commit(ctx context.Context, b *nfnl.Batch, objects bool) error {
 	if b.Len() == 0 {
 		return nil
 	}
 	from := k.seen
-	if k.genOK {
+	if k.genOK && k.presumed {
 		b.RequireGeneration(k.gen)
 		from = k.gen
 	}
