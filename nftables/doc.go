@@ -183,7 +183,13 @@
 // # What it owns, what Cleanup removes
 //
 // The inet table named by Options.Table, with every chain, set and element
-// in it. Cleanup deletes that table. Two Proxiers with different tables
+// in it. Cleanup deletes that table, its rules first and the rest in a
+// second transaction, so that no packet reads the rules of before with
+// the maps of after (which would reject a flow either state serves).
+// The kernel translates a flow by its conntrack entry only while some
+// chain of NAT is registered in the namespace: on a node with no other
+// (no CNI plugin's, no other proxy's), the flows the table translated
+// end with it. Two Proxiers with different tables
 // coexist in one namespace; each only reads the other's commits as a reason
 // to check its own table. The Proxier never changes routes, addresses,
 // sysctls or other tables, and never execs a binary.

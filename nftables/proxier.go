@@ -181,11 +181,25 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	} else if err != nil {
 		return fmt.Errorf("nftables: cleanup: %w", err)
 	}
-	var b nfnl.Batch
-	b.DelTable(nfnl.Inet, p.opts.Table)
-	// ENOENT: someone deleted the table since we looked.
-	if _, err := p.conn.Commit(ctx, &b); err != nil && !errors.Is(err, syscall.ENOENT) {
-		return fmt.Errorf("nftables: cleanup: %w", err)
+	// Two transactions: the rules, then the rest. A packet that is
+	// going through the rules when a transaction commits reads them as
+	// they were, but the sets and maps as they are: had one transaction
+	// deleted both, the dispatch map would already be empty to it while
+	// the rule rejecting what it does not dispatch still read a full set
+	// of cluster IPs, and the packet, which either table would have
+	// translated or left to whatever serves after, would be rejected.
+	for _, del := range []func(*nfnl.Batch){
+		func(b *nfnl.Batch) { b.FlushTable(nfnl.Inet, p.opts.Table) },
+		func(b *nfnl.Batch) { b.DelTable(nfnl.Inet, p.opts.Table) },
+	} {
+		var b nfnl.Batch
+		del(&b)
+		// ENOENT: someone deleted the table since we looked.
+		if _, err := p.conn.Commit(ctx, &b); errors.Is(err, syscall.ENOENT) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("nftables: cleanup: %w", err)
+		}
 	}
 	p.log.Info("table deleted")
 	return nil

@@ -7,9 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -507,4 +511,107 @@ func tableHandle(t *testing.T, h *netnstest.Host) uint64 {
 		t.Fatal(err)
 	}
 	return tb.Handle
+}
+
+// TestCleanupRefusesNoFlow: connections opened without pause to a
+// cluster IP while Cleanup deletes the table meet either the table (and
+// its endpoint) or, once it is gone, what the node serves there itself,
+// never a refusal: a packet going through the rules as a transaction
+// commits reads the rules of before and the sets of after, and one
+// transaction deleting both left the dispatch map empty to it beside a
+// full set of cluster IPs, whose reject rule refused it (some 10 of
+// 300 cycles here).
+func TestCleanupRefusesNoFlow(t *testing.T) {
+	tp := netnstest.New(t, netnstest.Options{Backends: 1})
+	tp.Backends[0].Serve(t, "tcp", backendPort)
+	vip := netip.MustParseAddr("10.96.0.10")
+	tp.Node.Exec(t, "ip", "address", "add", vip.String()+"/32", "dev", "lo")
+	tp.Node.Serve(t, "tcp", 80)
+	// A chain of NAT beside the table, as a node's CNI plugin has: the
+	// kernel translates a flow's packets by its conntrack entry only
+	// while some chain of NAT is registered, so without one every flow
+	// the table translated would end with it.
+	tp.Node.Exec(t, "nft", "add table ip cni; add chain ip cni postrouting { type nat hook postrouting priority srcnat + 10; }")
+	p := newProxier(t, tp.Node, nftables.Options{NoConntrackCleanup: true})
+	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4()}, ClusterCIDRs: netnstest.ClusterCIDRs()}
+	st, err := servicelb.NewState(node, servicelb.Service{Name: "default/web", ClusterIPs: []netip.Addr{vip},
+		Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: backendPort}},
+		Endpoints: []servicelb.Endpoint{{Addr: netnstest.BackendIPv4(0)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// phase is where a failure was seen: with the table, while Cleanup
+	// ran, or after it.
+	var opened, refused, other, phase atomic.Int64
+	var refusals, others sync.Map
+	for range 300 {
+		if _, err := p.Sync(testCtx(t), st); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				_ = tp.Client.Do(func() error {
+					// A whole exchange, so that each connection closes
+					// in order and its port is not taken again at once.
+					d := net.Dialer{Timeout: 3 * time.Second}
+					for {
+						select {
+						case <-stop:
+							return nil
+						default:
+						}
+						c, err := d.Dial("tcp", netip.AddrPortFrom(vip, 80).String())
+						opened.Add(1)
+						if err == nil {
+							_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+							if _, err = c.Write([]byte("hello\n")); err == nil {
+								_, err = io.ReadAll(c)
+							}
+							c.Close()
+						}
+						if err != nil {
+							what := fmt.Sprintf("%s: %v", [...]string{"table", "cleanup", "after"}[phase.Load()], err)
+							if errors.Is(err, syscall.ECONNREFUSED) {
+								refused.Add(1)
+								refusals.Store(what, true)
+							} else {
+								other.Add(1)
+								others.Store(what, true)
+							}
+						}
+					}
+				})
+			})
+		}
+		for from := opened.Load(); opened.Load() < from+8; {
+			time.Sleep(100 * time.Microsecond)
+		}
+		phase.Store(1)
+		if err := p.Cleanup(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		phase.Store(2)
+		for from := opened.Load(); opened.Load() < from+8; {
+			time.Sleep(100 * time.Microsecond)
+		}
+		close(stop)
+		wg.Wait()
+		phase.Store(0)
+	}
+	list := func(m *sync.Map) []string {
+		var msgs []string
+		m.Range(func(k, _ any) bool { msgs = append(msgs, k.(string)); return true })
+		return msgs
+	}
+	// Under emulation on a busy machine an exchange across the cleanup
+	// has been seen to time out (2 of 5,538): said, not failed on, as the
+	// refusal is what the transactions decide.
+	if n := other.Load(); n > 0 {
+		t.Logf("%d of %d connections failed otherwise than refused: %v", n, opened.Load(), list(&others))
+	}
+	if n := refused.Load(); n > 0 {
+		t.Errorf("%d of %d connections refused across 300 cleanups: %v", n, opened.Load(), list(&refusals))
+	}
 }
