@@ -178,16 +178,18 @@
 // already sent to an endpoint meets no frontend in the next), its maps,
 // and under Options.PinPath the pins named after them ("link_<hook>", and
 // "maps-<layout>/kp_*"; an earlier version's "kp_*" in PinPath itself).
-// Of other processes' sockets it ends only the connected UDP sockets its
-// hooks sent to an endpoint that stopped serving (Limits, below). It
+// Of other processes' sockets it connects again only the connected UDP
+// sockets its hooks sent to an endpoint that stopped serving (Limits,
+// below). It
 // never changes routes, addresses, sysctls, firewall rules or other
 // programs.
 //
 // # Privileges
 //
-// CAP_BPF and CAP_NET_ADMIN (or CAP_SYS_ADMIN), and CAP_SYS_PTRACE to
-// find a socket to end among another process's descriptors
-// (pidfd_getfd): root, in practice. The
+// CAP_BPF and CAP_NET_ADMIN, and CAP_SYS_PTRACE to take a socket to
+// connect again from another process's descriptors (pidfd_getfd), with
+// the processes of the cgroup in sight (the host's PID namespace). It
+// never enters another network namespace: no CAP_SYS_ADMIN. The
 // kernel needs cgroup v2, BPF_PROG_TYPE_CGROUP_SOCK_ADDR with the
 // getpeername hooks (5.8), bpf_get_netns_cookie (5.7), bpf_set_retval
 // (5.18), SO_NETNS_COOKIE (5.14), batched map operations (5.6) and
@@ -201,17 +203,19 @@
 //     conntrack entry to delete when the endpoint stops serving its
 //     frontend while others serve it (servicelb.StaleFlow, where
 //     kube-proxy deletes the flow's entry and the client's next datagram
-//     is translated afresh): after such a Sync, the socket is ended as
-//     `ss -K` ends one (SOCK_DESTROY; the kernel needs
-//     CONFIG_INET_DIAG_DESTROY, else a warning says the sockets stay).
-//     Its owner's next receive fails with ECONNABORTED (a send, with
-//     EDESTADDRREQ: the socket lost its peer), and a client that
-//     connects again is balanced again; a client that ignores the error
-//     sends nowhere rather than to the endpoint that left. The sockets
-//     are found through the reverse translations (kp_revnat) and the
-//     descriptors of the cgroup's processes, in whatever network
-//     namespace they were made; a reverse translation the LRU map has
-//     evicted leaves its socket alone.
+//     is translated afresh): after such a Sync, the socket is connected
+//     again to its frontend through the hooks, from a descriptor of it
+//     taken with pidfd_getfd, as if its owner had connected it again: its
+//     next datagram goes to a serving endpoint, and its owner sees no
+//     error. Where the hooks refuse the frontend to that socket (no
+//     endpoint serves it for the socket's origin, as under the internal
+//     Local policy with none on the node), it is disconnected instead:
+//     its owner's next send fails with EDESTADDRREQ, rather than reaching
+//     the endpoint that left. The sockets are found through the reverse
+//     translations (kp_revnat) and the descriptors of the cgroup's
+//     processes, in whatever network namespace they were made, without
+//     entering it; a reverse translation the LRU map has evicted leaves
+//     its socket alone.
 //   - A new socket is translated afresh, and so is a datagram of an
 //     unconnected one whose flow's endpoint left: a flow does not run on to its endpoint once its
 //     service has no serving endpoint or goes away, as a conntrack

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kproxy-dev/kproxy/internal/nsutil"
+	"github.com/kproxy-dev/kproxy/internal/privilege"
 	"github.com/kproxy-dev/kproxy/internal/syncer"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -46,10 +47,9 @@ type Proxier struct {
 	// layout; retired is set once the pins of other layouts are gone.
 	mapDir  string
 	retired bool
-	// noSocketEnd is set once the kernel refused to end a socket, and
-	// blindWarned once a warning said some processes' sockets cannot be
-	// looked at (see staleSockets).
-	noSocketEnd, blindWarned bool
+	// blindWarned is set once a warning said some processes' sockets
+	// cannot be looked at (see staleSockets).
+	blindWarned bool
 	// model is what the maps hold, by service port; nil before the first
 	// sync and after Cleanup.
 	model *model
@@ -84,6 +84,9 @@ func New(o Options) (*Proxier, error) {
 			return nil, pe
 		}
 		return nil, fmt.Errorf("ebpf: %w", err)
+	}
+	if err := privilege.Require("moving connected UDP sockets whose endpoint stops serving", privilege.SysPtrace); err != nil {
+		p.log.Warn("connected UDP sockets will stay with endpoints that stop serving", "err", err)
 	}
 	return p, nil
 }

@@ -646,10 +646,12 @@ func TestUDPFlowsKeepTheirEndpoint(t *testing.T) {
 }
 
 // TestConnectedUDPSocketsLeaveADeletedEndpoint: a connected UDP socket of
-// the node or of a pod that the hooks sent to an endpoint is ended once
-// that endpoint leaves a set others still serve (its owner sees the
-// socket ended, and connecting again reaches a serving endpoint), while
-// every socket on a serving endpoint keeps it.
+// the node or of a pod that the hooks sent to an endpoint is connected
+// again to its frontend once that endpoint leaves a set others still
+// serve, so that its next datagram reaches a serving endpoint with no
+// error for its owner, while every socket on a serving endpoint keeps it.
+// And once no endpoint serves the frontend, a socket whose endpoint left
+// is disconnected: its owner's send fails, never reaching the endpoint.
 func TestConnectedUDPSocketsLeaveADeletedEndpoint(t *testing.T) {
 	w := newWorld(t)
 	type flow struct {
@@ -672,22 +674,44 @@ func TestConnectedUDPSocketsLeaveADeletedEndpoint(t *testing.T) {
 		}
 	}
 	w.sync(t, node(), service(eps("elsewhere", 0, 1)))
-	ended := 0
+	moved := 0
 	for _, f := range flows {
 		what := fmt.Sprintf("%s of %s to %s, on endpoint %d", f.name, f.h.Name, f.dst, f.at)
 		r, err := w.ask(f.h, "udp", f.dst, netnstest.KeepConnected(f.name))
-		if f.at != 2 {
-			if assert.NoError(t, err, what) {
-				assert.Equal(t, f.at, hostIndex(r.Host), what)
-			}
+		if !assert.NoError(t, err, what) {
 			continue
 		}
-		require.Error(t, err, "%s: still answered by %s", what, r.Host)
-		require.True(t, netnstest.SocketEnded(err), "%s: %v, want the socket ended", what, err)
-		ended++
-		r, err = w.ask(f.h, "udp", f.dst, netnstest.KeepConnected(f.name))
-		require.NoError(t, err, "%s, connected again", what)
-		assert.Contains(t, []int{0, 1}, hostIndex(r.Host), "%s, connected again", what)
+		if f.at != 2 {
+			assert.Equal(t, f.at, hostIndex(r.Host), what)
+			continue
+		}
+		assert.Contains(t, []int{0, 1}, hostIndex(r.Host), "%s: answered by the endpoint that left", what)
+		moved++
+		f.at = hostIndex(r.Host)
 	}
-	assert.Positive(t, ended, "no socket was on the endpoint removed: the change tested nothing")
+	assert.Positive(t, moved, "no socket was on the endpoint removed: the change tested nothing")
+}
+
+// TestConnectedUDPSocketsWithNowhereToGo: a connected UDP socket whose
+// endpoint left a set that others serve, but none for the socket (the
+// internal Local policy, and no endpoint on the node any more), is
+// disconnected rather than left on the endpoint: its owner's send fails,
+// as kube-proxy's next translation of the flow drops it.
+func TestConnectedUDPSocketsWithNowhereToGo(t *testing.T) {
+	w := newWorld(t)
+	local := func(s *servicelb.Service) { s.InternalTrafficPolicy = servicelb.PolicyLocal }
+	w.sync(t, node(), service(append(eps("node", 0), eps("elsewhere", 1)...), local))
+	dst := netip.AddrPortFrom(vip4, 80)
+	for _, h := range []*netnstest.Host{w.tp.Node, w.tp.Backends[podHost]} {
+		r, err := w.ask(h, "udp", dst, netnstest.KeepConnected("flow"))
+		require.NoError(t, err)
+		require.Equal(t, "backend-0", r.Host, h.Name)
+	}
+	w.sync(t, node(), service(eps("elsewhere", 1), local))
+	for _, h := range []*netnstest.Host{w.tp.Node, w.tp.Backends[podHost]} {
+		r, err := w.ask(h, "udp", dst, netnstest.KeepConnected("flow"))
+		if assert.Error(t, err, "%s: answered by %s", h.Name, r.Host) {
+			assert.True(t, netnstest.SocketEnded(err), "%s: %v, want the socket disconnected", h.Name, err)
+		}
+	}
 }

@@ -11,11 +11,12 @@ import (
 
 // Capabilities the backends need.
 const (
-	NetAdmin = unix.CAP_NET_ADMIN
-	SysAdmin = unix.CAP_SYS_ADMIN
+	NetAdmin  = unix.CAP_NET_ADMIN
+	SysAdmin  = unix.CAP_SYS_ADMIN
+	SysPtrace = unix.CAP_SYS_PTRACE
 )
 
-var capNames = map[int]string{NetAdmin: "CAP_NET_ADMIN", SysAdmin: "CAP_SYS_ADMIN"}
+var capNames = map[int]string{NetAdmin: "CAP_NET_ADMIN", SysAdmin: "CAP_SYS_ADMIN", SysPtrace: "CAP_SYS_PTRACE"}
 
 // Require returns an error wrapping servicelb.ErrPermission that names
 // the capabilities of caps the process lacks in its effective set, or nil.

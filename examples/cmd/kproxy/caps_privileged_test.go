@@ -5,6 +5,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -21,12 +23,13 @@ import (
 )
 
 // backendCaps are the capabilities each backend needs in the namespace it
-// programs, as deploy/ and the README state them (setpriv's names).
+// programs, as deploy/ grants them (setpriv's names; TestBackendCapsAreDeployed
+// holds them to the manifests).
 var backendCaps = map[string][]string{
 	"nftables":  {"net_admin"},
 	"iptables":  {"net_admin"},
 	"ipvs":      {"net_admin"},
-	"ebpf":      {"net_admin", "bpf"},
+	"ebpf":      {"net_admin", "bpf", "sys_ptrace"},
 	"userspace": {"net_admin", "net_bind_service"},
 }
 
@@ -53,10 +56,13 @@ func TestCapabilities(t *testing.T) {
 			caps := backendCaps[backend]
 			require.NotEmpty(t, caps)
 			sb := newSandbox(t)
-			args := []string{"--source", "file", "--file", servicesFile(t), "--backend", backend,
+			file := servicesFile(t)
+			args := []string{"--source", "file", "--file", file, "--backend", backend,
 				"--node-name", "node", "--node-ips", sandbox.NodeAddr.String(), "--metrics-bind-address="}
+			var bpf bpfEnv
 			if backend == "ebpf" {
-				args = append(args, newBPFEnv(t).args()...)
+				bpf = newBPFEnv(t)
+				args = append(args, bpf.args()...)
 			} else {
 				args = append(args, "--bpf-pin-path=")
 			}
@@ -88,9 +94,13 @@ func TestCapabilities(t *testing.T) {
 				}))
 				assert.Equal(t, "1\n", string(v))
 			}
+			if backend == "ebpf" {
+				staleSocketMoves(t, sb, bpf, file)
+			}
 			require.NoError(t, cmd.Process.Signal(os.Interrupt))
 			require.NoError(t, cmd.Wait(), logs.String())
 			assert.NotContains(t, logs.String(), "CAP_", "a capability is missing")
+			assert.NotContains(t, logs.String(), "not permitted", "a capability is missing")
 
 			for _, c := range caps {
 				fewer := slices.DeleteFunc(slices.Clone(caps), func(x string) bool { return x == c })
@@ -131,4 +141,103 @@ func waitFor(cmd *exec.Cmd, d time.Duration) error {
 	t := time.AfterFunc(d, func() { _ = cmd.Process.Signal(os.Interrupt) })
 	defer t.Stop()
 	return cmd.Wait()
+}
+
+// staleSocketMoves: a connected UDP socket of a process in the ebpf
+// backend's cgroup, in another network namespace than the node's (a
+// pod's, here the client's), that the hooks sent to an endpoint, reaches
+// another endpoint once its endpoint leaves the service (file, which
+// kproxy follows): kproxy moves it with the capabilities it runs with.
+func staleSocketMoves(t *testing.T, sb *sandbox.Sandbox, bpf bpfEnv, file string) {
+	t.Helper()
+	// Two endpoints: the backend, and the node itself.
+	eps := []*sandbox.Host{sb.Backends[0], sb.Node}
+	for _, h := range eps {
+		serveUDPName(t, h, 8053)
+	}
+	service := func(hosts ...*sandbox.Host) string {
+		s := "\n  - name: demo/dns\n    clusterIPs: [10.96.0.53]\n    ports:\n      - {name: dns, protocol: UDP, port: 53, targetPort: 8053}\n    endpoints:\n"
+		for _, h := range hosts {
+			s += "      - addr: " + h.Addr.String() + "\n"
+		}
+		return string(exampleServices) + s
+	}
+	write := func(content string) {
+		t.Helper()
+		tmp := file + ".new"
+		require.NoError(t, os.WriteFile(tmp, []byte(content), 0o644))
+		require.NoError(t, os.Rename(tmp, file))
+	}
+	write(service(eps...))
+	// The socket is the cgroup's while it is made, and its process is
+	// there while kproxy looks for it.
+	back, err := bpf.env.Enter()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, back()) }()
+	var c *net.UDPConn
+	ask := func() (string, error) {
+		if err := c.SetDeadline(time.Now().Add(time.Second)); err != nil {
+			return "", err
+		}
+		if _, err := c.Write([]byte("who")); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		return string(buf[:n]), err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var first string
+	for {
+		require.NoError(t, sandbox.In(sb.Client.NS, func() (err error) {
+			c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.MustParseAddrPort("10.96.0.53:53")))
+			return err
+		}))
+		first, err = ask()
+		if err == nil {
+			break
+		}
+		c.Close()
+		require.True(t, time.Now().Before(deadline), "the UDP service never answered: %v", err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer c.Close()
+	var stays *sandbox.Host
+	for _, h := range eps {
+		if h.Name != first {
+			stays = h
+		}
+	}
+	require.NotNil(t, stays, "answered by %q", first)
+	write(service(stays))
+	for {
+		got, err := ask()
+		if err == nil && got == stays.Name {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the socket still reaches %s (last: %q, %v), not %s", first, got, err, stays.Name)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// serveUDPName answers every datagram to h's address and port with h's
+// name, until the test ends.
+func serveUDPName(t *testing.T, h *sandbox.Host, port uint16) {
+	t.Helper()
+	var c *net.UDPConn
+	require.NoError(t, sandbox.In(h.NS, func() (err error) {
+		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(h.Addr, port)))
+		return err
+	}))
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = c.WriteToUDPAddrPort([]byte(h.Name), from)
+		}
+	}()
 }

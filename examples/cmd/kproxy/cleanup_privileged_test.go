@@ -56,6 +56,7 @@ func in(t *testing.T, sb *sandbox.Sandbox, argv ...string) (string, bool) {
 // the host's cgroups nor pin in its /sys/fs/bpf.
 type bpfEnv struct {
 	cgroup, pins string
+	env          *ebpftest.Env
 }
 
 func newBPFEnv(t *testing.T) bpfEnv {
@@ -63,7 +64,7 @@ func newBPFEnv(t *testing.T) bpfEnv {
 	e, err := ebpftest.New("kproxy-cmd-test")
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, e.Close()) })
-	return bpfEnv{cgroup: e.Cgroup, pins: filepath.Join(e.BPFFS, "kproxy")}
+	return bpfEnv{cgroup: e.Cgroup, pins: filepath.Join(e.BPFFS, "kproxy"), env: e}
 }
 
 // args are kproxy's flags for the ebpf backend in the env.

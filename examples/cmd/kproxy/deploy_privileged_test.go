@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -298,4 +299,61 @@ func saKubeconfig(t *testing.T, cm *unstructured.Unstructured, server, token str
 	path := filepath.Join(dir, "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*kc, path))
 	return path
+}
+
+// TestBackendCapsAreDeployed: the capabilities TestCapabilities runs each
+// backend with are those the deployment grants it: the DaemonSet's, with
+// the patches of the backend's overlay in deploy/backends applied.
+func TestBackendCapsAreDeployed(t *testing.T) {
+	base := find(t, manifests(t), "DaemonSet")
+	doc, err := base.MarshalJSON()
+	require.NoError(t, err)
+	for backend, want := range backendCaps {
+		t.Run(backend, func(t *testing.T) {
+			ds := doc
+			data, err := os.ReadFile(filepath.Join(deployDir, "..", "backends", backend, "kustomization.yaml"))
+			if err == nil {
+				var k struct {
+					Patches []struct {
+						Target struct{ Kind, Name string }
+						Patch  string
+					}
+				}
+				require.NoError(t, yaml.Unmarshal(data, &k))
+				for _, p := range k.Patches {
+					require.Equal(t, "DaemonSet", p.Target.Kind, "a patch of the overlay")
+					ops, err := yaml.YAMLToJSON([]byte(p.Patch))
+					require.NoError(t, err)
+					patch, err := jsonpatch.DecodePatch(ops)
+					require.NoError(t, err)
+					ds, err = patch.Apply(ds)
+					require.NoError(t, err)
+				}
+			} else {
+				require.ErrorIs(t, err, os.ErrNotExist)
+			}
+			var got struct {
+				Spec struct {
+					Template struct {
+						Spec struct {
+							Containers []struct {
+								SecurityContext struct {
+									Capabilities struct{ Add, Drop []string }
+								} `json:"securityContext"`
+							}
+						}
+					}
+				}
+			}
+			require.NoError(t, yaml.Unmarshal(ds, &got))
+			require.NotEmpty(t, got.Spec.Template.Spec.Containers)
+			caps := got.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities
+			assert.Equal(t, []string{"ALL"}, caps.Drop)
+			var granted []string
+			for _, c := range caps.Add {
+				granted = append(granted, strings.ToLower(c))
+			}
+			assert.ElementsMatch(t, want, granted)
+		})
+	}
 }
