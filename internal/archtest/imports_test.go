@@ -23,8 +23,7 @@ const module = "github.com/kproxy-dev/kproxy"
 var (
 	dataplanes = []string{"~/nftables", "~/iptables", "~/ipvs", "~/userspace", "~/ebpf"}
 	primitives = []string{"~/ipset", "~/conntrack", "~/nodeaddr"}
-	netlink    = []string{"~/internal/nfnl", "~/internal/nl", "~/internal/rtnl",
-		"~/internal/ipvsnl", "~/internal/sockdiag"}
+	netlink    = []string{"~/internal/nfnl", "~/internal/nl", "~/internal/rtnl", "~/internal/ipvsnl"}
 	// kits are the test kits and tools: the internal wing, and the public
 	// kits that embedders' tests use (the conformance kit, and the bpf
 	// environment that socket balancing is tried in).

@@ -17,15 +17,14 @@ import (
 // whole directories (ending in "/") and single modules (by name), each with
 // every module it depends on. It covers netfilter with nf_tables,
 // nft_compat and the xt matches and targets, ipset, conntrack, NAT, IPVS
-// and its schedulers, SCTP, bridge, veth, dummy, and the sockets'
-// diagnostics.
+// and its schedulers, SCTP, bridge, veth and dummy.
 var DefaultModuleSelection = []string{
 	"kernel/net/netfilter/",
 	"kernel/net/ipv4/netfilter/",
 	"kernel/net/ipv6/netfilter/",
 	"kernel/net/bridge/",
 	"kernel/net/sctp/",
-	"dummy", "veth", "bridge", "sctp", "inet_diag", "tcp_diag", "udp_diag",
+	"dummy", "veth", "bridge", "sctp",
 }
 
 // DefaultModules are loaded at boot, before any test runs, so that a test
@@ -46,7 +45,7 @@ var DefaultModules = []string{
 	"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_wlc", "ip_vs_lblc",
 	"ip_vs_lblcr", "ip_vs_dh", "ip_vs_sh", "ip_vs_sed", "ip_vs_nq", "ip_vs_fo",
 	"ip_vs_ovf", "ip_vs_mh",
-	"dummy", "veth", "bridge", "sctp", "inet_diag", "tcp_diag", "udp_diag",
+	"dummy", "veth", "bridge", "sctp",
 }
 
 // ModuleDeps is a kernel's modules.dep: each module file (relative to
