@@ -47,6 +47,9 @@ type Proxier struct {
 	// layout; retired is set once the pins of other layouts are gone.
 	mapDir  string
 	retired bool
+	// packetsLeftOut names, sorted, the services the packet path left
+	// out in the last Sync: the maps are not given them first.
+	packetsLeftOut []string
 	// blindWarned is set once a warning said some processes' sockets
 	// cannot be looked at (see staleSockets).
 	blindWarned bool
@@ -276,14 +279,21 @@ func capabilities(packets servicelb.Proxier) servicelb.Capabilities {
 }
 
 // Sync makes the maps (and Options.Packets) match st. See the package
-// documentation for what it writes and when. The packet path syncs first,
-// and the maps hold what it applied (its SyncReport.Applied): a service it
-// leaves out is left out of the maps too, so that the node's sockets never
-// reach a service the packet path does not serve, and the report names
-// the services either half left out. When the packet path applies
-// nothing, the maps do not change either. The two halves of one Sync run
-// under one lock: a concurrent Sync runs both of its halves before or
-// after them, never between.
+// documentation for what it writes and when. The maps sync first: a
+// frontend the hooks do not know yet leaves a pod's connection
+// untranslated, for the packet path to balance its own way (and, under
+// session affinity, to pin where the hooks' pin of the pod's next
+// connection need not be), so the hooks must know every frontend before
+// the packet path serves it. Then the packet path syncs, and the maps
+// come to hold what it applied (its SyncReport.Applied): a service it
+// leaves out is taken out of the maps again, so that the node's sockets
+// never reach a service the packet path does not serve, and the report
+// names the services either half left out. When the packet path applies
+// nothing, the maps go back to the state they held, the pair's last
+// (on a first Sync they keep the new one, which serves the node's
+// sockets until the packet path catches up). The halves of one Sync run
+// under one lock: a concurrent Sync runs all of them before or after,
+// never between.
 func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -296,12 +306,22 @@ func (p *Proxier) Sync(ctx context.Context, st *servicelb.State) (servicelb.Sync
 	if p.opts.Packets == nil {
 		return p.eng.Sync(ctx, st)
 	}
+	prev, skipped := p.eng.Applied(), p.packetsLeftOut
+	rep, err := p.eng.Sync(ctx, st.Without(skipped...))
 	prep, perr := p.opts.Packets.Sync(ctx, st)
 	if prep.Applied == nil {
-		return prep, perr
+		if prev != nil && rep.Applied != nil {
+			_, rerr := p.eng.Sync(ctx, prev)
+			err = errors.Join(err, rerr)
+		}
+		return prep, errors.Join(perr, err)
 	}
-	rep, err := p.eng.Sync(ctx, prep.Applied)
-	rep.Full = rep.Full || prep.Full
+	p.packetsLeftOut = slices.Sorted(maps.Keys(prep.LeftOut))
+	full := rep.Full
+	if !slices.Equal(skipped, p.packetsLeftOut) || rep.Applied == nil {
+		rep, err = p.eng.Sync(ctx, prep.Applied)
+	}
+	rep.Full = rep.Full || full || prep.Full
 	rep.LeftOut = joinLeftOut(prep.LeftOut, rep.LeftOut)
 	return rep, errors.Join(perr, err)
 }
@@ -338,7 +358,7 @@ func (p *Proxier) cleanup() error {
 		return ErrRenderOnly
 	}
 	p.eng.Forget()
-	p.model = nil
+	p.model, p.packetsLeftOut = nil, nil
 	var errs []error
 	for i, l := range p.links {
 		if l == nil {

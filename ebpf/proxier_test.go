@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,12 +36,17 @@ func (h *halves) add(half string, st *servicelb.State) {
 	time.Sleep(50 * time.Microsecond) // widen the window between the halves
 }
 
-// mark is the name of the one service of a state made by markedState.
+// mark names the services of a state, sorted and joined by commas.
 func mark(st *servicelb.State) string {
-	for _, sp := range st.Ports() {
-		return sp.Key.Service
+	var names []string
+	for _, s := range st.Services() {
+		names = append(names, s.Name)
 	}
-	return "empty"
+	slices.Sort(names)
+	if len(names) == 0 {
+		return "empty"
+	}
+	return strings.Join(names, ",")
 }
 
 func markedState(t *testing.T, n int) *servicelb.State {
@@ -90,7 +97,7 @@ func (m mapHalf) Apply(_ context.Context, st *servicelb.State, _ *servicelb.Chan
 }
 
 // TestConcurrentSyncsKeepTheHalvesTogether: Syncs called at once from
-// several goroutines each give the packet path and then the maps their
+// several goroutines each give the maps and then the packet path their
 // state, one Sync after the other: the halves of two Syncs never
 // interleave, so both hold the state of the Sync that ran last. A Close
 // among them is no data race (go test -race).
@@ -122,9 +129,9 @@ func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
 		var a, b string
 		fmt.Sscan(h.log[i], &a)
 		fmt.Sscan(h.log[i+1], &b)
-		require.Equal(t, "packets", a, "record %d: %v", i, h.log[i:i+2])
-		require.Equal(t, "maps", b, "record %d: %v", i+1, h.log[i:i+2])
-		require.Equal(t, h.log[i][len("packets "):], h.log[i+1][len("maps "):], "the halves of two Syncs interleave at %d: %v", i, h.log[i:i+2])
+		require.Equal(t, "maps", a, "record %d: %v", i, h.log[i:i+2])
+		require.Equal(t, "packets", b, "record %d: %v", i+1, h.log[i:i+2])
+		require.Equal(t, h.log[i][len("maps "):], h.log[i+1][len("packets "):], "the halves of two Syncs interleave at %d: %v", i, h.log[i:i+2])
 	}
 
 	// Syncs racing with a Close: each either runs whole or finds the
@@ -144,10 +151,13 @@ func TestConcurrentSyncsKeepTheHalvesTogether(t *testing.T) {
 	wg.Wait()
 }
 
-// TestMapsHoldWhatThePacketPathApplied: a service the packet path leaves
-// out is left out of the maps too, and the pair's report names it and
-// reports the state both halves hold; a packet path that applies nothing
-// leaves the maps as they are.
+// TestMapsHoldWhatThePacketPathApplied: the maps are given a state before
+// the packet path, so that the hooks know every frontend the packet path
+// serves; a service the packet path leaves out is taken out of the maps
+// again, and not given to them first in later Syncs while the packet path
+// leaves it out; the pair's report names it and reports the state both
+// halves hold. A packet path that applies nothing has the maps go back to
+// the state they held.
 func TestMapsHoldWhatThePacketPathApplied(t *testing.T) {
 	h := &halves{}
 	refused := &servicelb.ValidationError{Service: "d/s1", Field: "ports", Err: servicelb.ErrRefused}
@@ -166,18 +176,32 @@ func TestMapsHoldWhatThePacketPathApplied(t *testing.T) {
 
 	rep, err := p.Sync(t.Context(), two)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"packets d/s0", "maps d/s0"}, h.log, "the maps are given what the packet path applied")
+	assert.Equal(t, []string{"maps d/s0,d/s1", "packets d/s0,d/s1", "maps d/s0"}, h.log,
+		"the maps are given the state, then what the packet path applied")
 	assert.Equal(t, map[string]error{"d/s1": refused}, rep.LeftOut)
 	require.NotNil(t, rep.Applied)
 	_, has := rep.Applied.Service("d/s1")
 	assert.False(t, has, "the state applied holds the service left out")
 	assert.Equal(t, 1, rep.Applied.Len())
 
+	// Still left out: the maps are not given it, once.
+	h.log = nil
+	b = two.Edit()
+	s2 := *markedState(t, 2).Services()[0]
+	s2.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.12")}
+	require.NoError(t, b.Upsert(s2))
+	three := b.State()
+	rep, err = p.Sync(t.Context(), three)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"maps d/s0,d/s2", "packets d/s0,d/s1,d/s2"}, h.log)
+	assert.Equal(t, map[string]error{"d/s1": refused}, rep.LeftOut)
+
 	h.log = nil
 	boom := errors.New("boom")
 	half.fail = boom
-	rep, err = p.Sync(t.Context(), markedState(t, 2))
+	rep, err = p.Sync(t.Context(), markedState(t, 3))
 	require.ErrorIs(t, err, boom)
 	assert.Nil(t, rep.Applied)
-	assert.Equal(t, []string{"packets d/s2"}, h.log, "the maps changed although the packet path applied nothing")
+	assert.Equal(t, []string{"maps d/s3", "packets d/s3", "maps d/s0,d/s2"}, h.log,
+		"the maps went back to what the pair held")
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/kproxy-dev/kproxy/ebpf/ebpftest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
+	"github.com/kproxy-dev/kproxy/nftables"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
@@ -714,4 +715,60 @@ func TestConnectedUDPSocketsWithNowhereToGo(t *testing.T) {
 			assert.True(t, netnstest.SocketEnded(err), "%s: %v, want the socket disconnected", h.Name, err)
 		}
 	}
+}
+
+// beforeSync is a packet path that runs before ahead of each Sync.
+type beforeSync struct {
+	servicelb.Proxier
+	before func()
+}
+
+func (b *beforeSync) Sync(ctx context.Context, st *servicelb.State) (servicelb.SyncReport, error) {
+	b.before()
+	return b.Proxier.Sync(ctx, st)
+}
+
+// TestHooksKnowAFrontendBeforeThePacketPath: when a Sync adds a service,
+// the hooks balance it before the packet path serves it. A pod's
+// connection made as the packet path is about to take the service is the
+// hooks' (answered, though the packet path has no rule for it yet), so
+// that the packet path never balances a pod's flow, nor pins it under
+// session affinity, where the hooks then balance the pod's next flow
+// their own way.
+func TestHooksKnowAFrontendBeforeThePacketPath(t *testing.T) {
+	e := newEnv(t)
+	tp := netnstest.New(t, netnstest.Options{Backends: 4})
+	for _, h := range tp.Backends {
+		h.Serve(t, "tcp", 8080)
+	}
+	cg := netnstest.StartCgroup(t, e.Cgroup)
+	nft, err := nftables.New(nftables.Options{NetNS: tp.Node.NS})
+	require.NoError(t, err)
+	var asks []error
+	other := netip.MustParseAddr("10.96.0.20")
+	packets := &beforeSync{Proxier: nft, before: func() {}}
+	p, err := kebpf.New(kebpf.Options{Cgroup: e.Cgroup, PinPath: filepath.Join(e.BPFFS, "kproxy"), NetNS: tp.Node.NS, Packets: packets})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, p.Cleanup(context.Background()))
+		assert.NoError(t, p.Close())
+	})
+	web := service(eps("elsewhere", 0))
+	st, err := servicelb.NewState(node(), web)
+	require.NoError(t, err)
+	require.NoError(t, servicetest.SyncErr(p.Sync(t.Context(), st)))
+
+	packets.before = func() {
+		_, err := tp.Backends[podHost].Ask(t.Context(), "tcp", netip.AddrPortFrom(other, 80),
+			netnstest.InCgroup(cg), netnstest.Timeout(time.Second))
+		asks = append(asks, err)
+	}
+	st, err = servicelb.NewState(node(), web, service(eps("elsewhere", 1), func(s *servicelb.Service) {
+		s.Name, s.ClusterIPs = "default/other", []netip.Addr{other}
+		s.Affinity = servicelb.SessionAffinity{ClientIP: true, Timeout: time.Minute}
+	}))
+	require.NoError(t, err)
+	require.NoError(t, servicetest.SyncErr(p.Sync(t.Context(), st)))
+	require.Len(t, asks, 1)
+	assert.NoError(t, asks[0], "a pod's connection as the packet path took the new service")
 }
