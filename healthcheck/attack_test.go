@@ -126,22 +126,36 @@ func TestProxyConnectionCap(t *testing.T) {
 	var logMu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
 	addr := runProxy(t, healthcheck.ProxyOptions{MaxConns: 4, Logger: logger})
+	// Each held connection asks once, so that it holds its share before
+	// the next is dialled. runProxy's probe of the port holds one until
+	// the server has read its end, which a busy machine may delay: a
+	// full set that one of them was shed from is dialled again.
 	var held []net.Conn
-	for range 4 {
-		c, err := net.Dial("tcp", addr)
-		require.NoError(t, err)
-		defer c.Close()
-		held = append(held, c)
-	}
-	// The held connections are accepted in turn: ask on each once, so
-	// that every one holds its share before the next is dialled.
-	for _, c := range held {
-		_, err := fmt.Fprint(c, "GET /livez HTTP/1.1\r\nHost: node\r\n\r\n")
-		require.NoError(t, err)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		require.NoError(t, err)
-		resp.Body.Close()
-	}
+	require.Eventually(t, func() bool {
+		for _, c := range held {
+			c.Close()
+		}
+		held = held[:0]
+		for range 4 {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			held = append(held, c)
+			if _, err := fmt.Fprint(c, "GET /livez HTTP/1.1\r\nHost: node\r\n\r\n"); err != nil {
+				return false
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+		}
+		return true
+	}, 5*time.Second, 50*time.Millisecond, "four connections held at once")
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
 	extra, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	defer extra.Close()
