@@ -138,12 +138,14 @@ func TestHandOverAConnectionBeingMade(t *testing.T) {
 	slow := startSlowTCP(t, "slow")
 	w.real[netip.AddrPortFrom(epAddr(0), tcpTarget)] = slow.at
 	st := mustState(t, servicelb.NodeConfig{}, service(1, ep(0)))
-	old := newProxier(t, w, Options{ConnectTimeout: 5 * time.Second})
+	// Time enough for a busy machine: the kernel sends the SYN again 1,
+	// 3, 7 and 15 s after the first.
+	old := newProxier(t, w, Options{ConnectTimeout: 30 * time.Second})
 	mustSync(t, old, st)
 	c, err := net.DialTimeout("tcp", w.at(key(1, "tcp")).String(), 2*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	require.Eventually(t, func() bool { return synSent(t, slow.at) }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return synSent(t, slow.at) }, 10*time.Second, 10*time.Millisecond,
 		"the proxy connects to the endpoint")
 
 	a, b := seqpacketPair(t)
@@ -162,7 +164,7 @@ func TestHandOverAConnectionBeingMade(t *testing.T) {
 	old.Close()
 	<-synced
 
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 	greeting, err := bufio.NewReader(c).ReadString('\n')
 	require.NoError(t, err, "the connection being made at the handover was cut")
 	assert.Equal(t, "slow\n", greeting)
@@ -295,9 +297,11 @@ func startSlowTCP(t *testing.T, name string) *slowTCP {
 			_, _ = io.WriteString(c, name+"\n")
 		}
 	}()
+	release := sync.OnceFunc(func() { close(released) })
 	t.Cleanup(func() {
 		ln.Close()
 		filler.Close()
+		release() // else a test that failed before releasing waits here
 		<-done
 		mu.Lock()
 		for _, c := range conns {
@@ -305,7 +309,7 @@ func startSlowTCP(t *testing.T, name string) *slowTCP {
 		}
 		mu.Unlock()
 	})
-	return &slowTCP{at: at, release: sync.OnceFunc(func() { close(released) })}
+	return &slowTCP{at: at, release: release}
 }
 
 // synSent reports whether a socket of this network namespace is
