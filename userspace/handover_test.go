@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -316,7 +317,12 @@ func startSlowTCP(t *testing.T, name string) *slowTCP {
 // connecting to at (SYN-SENT in /proc/net/tcp).
 func synSent(t *testing.T, at netip.AddrPort) bool {
 	t.Helper()
-	b, err := os.ReadFile("/proc/net/tcp")
+	// The calling thread's namespace, not the process's: /proc/net is
+	// the main thread's, which a goroutine that ended locked in another
+	// namespace (a test's) leaves there for good.
+	runtime.LockOSThread()
+	b, err := os.ReadFile("/proc/thread-self/net/tcp")
+	runtime.UnlockOSThread()
 	require.NoError(t, err)
 	a4 := at.Addr().As4()
 	remote := fmt.Sprintf("%02X%02X%02X%02X:%04X", a4[3], a4[2], a4[1], a4[0], at.Port())
