@@ -24,16 +24,25 @@ func TestForeignWriter(t *testing.T) {
 	h := netnstest.NewHost(t, "churn")
 	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true, VerifyInterval: 50 * time.Millisecond})
 	commits := h.Churn(t, 10*time.Millisecond)
-	svcs := servicetest.Scale(300, 10)
 	// A hundred changes at least, and more while the other writer has
 	// committed fewer than fifty times: each of its commits starts the
 	// nft tool, which a busy machine slows.
+	syncsBeside(t, p, commits, 50, 100, 20*time.Millisecond)
+}
+
+// syncsBeside makes rounds of n one-endpoint changes to 300 services of
+// 10 endpoints, a Sync each every apart, until another writer has
+// committed atLeast times (or two minutes passed), and requires every
+// Sync to succeed and the writer to have committed that often.
+func syncsBeside(t *testing.T, p *nftables.Proxier, commits func() int, atLeast, n int, every time.Duration) {
+	t.Helper()
+	svcs := servicetest.Scale(300, 10)
 	failed, rounds := 0, 0
-	for deadline := time.Now().Add(2 * time.Minute); rounds == 0 || commits() < 50 && time.Now().Before(deadline); rounds++ {
-		failed += servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, 100, 20*time.Millisecond)
+	for deadline := time.Now().Add(2 * time.Minute); rounds == 0 || commits() < atLeast && time.Now().Before(deadline); rounds++ {
+		failed += servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, n, every)
 	}
-	require.Zero(t, failed, "Syncs failed while another writer committed")
-	require.GreaterOrEqual(t, commits(), 50, "the other writer hardly ran in %d rounds of changes", rounds)
+	require.Zero(t, failed, "Syncs failed while another writer committed %d times", commits())
+	require.GreaterOrEqual(t, commits(), atLeast, "the other writer hardly ran in %d rounds of changes", rounds)
 }
 
 // BenchmarkForeignWriter loads 5,000 services of 10 endpoints
@@ -65,12 +74,5 @@ func TestForeignFlood(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
 	h := netnstest.NewHost(t, "flood")
 	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true, VerifyInterval: 50 * time.Millisecond})
-	commits := h.Flood(t, 50*time.Microsecond)
-	svcs := servicetest.Scale(300, 10)
-	failed, rounds := 0, 0
-	for deadline := time.Now().Add(2 * time.Minute); rounds == 0 || commits() < 2000 && time.Now().Before(deadline); rounds++ {
-		failed += servicetest.SyncChanges(t, p, servicetest.ScaleNode(), svcs, 50, 0)
-	}
-	require.Zero(t, failed, "Syncs failed while another writer committed %d times", commits())
-	require.GreaterOrEqual(t, commits(), 2000, "the other writer hardly ran in %d rounds of changes", rounds)
+	syncsBeside(t, p, h.Flood(t, 50*time.Microsecond), 2000, 50, 0)
 }
