@@ -13,29 +13,48 @@ import (
 
 // TestWatchIdle: a guest whose output keeps growing is let run, however
 // long; one whose output stops is stopped once it has written nothing for
-// the idle time.
+// the idle time. The test hands the watchdog its ticks, so that a busy
+// machine, which can hold any goroutine for longer than an idle time,
+// changes nothing of what it sees.
 func TestWatchIdle(t *testing.T) {
+	const idle = 300 * time.Millisecond
 	var n atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ticks := make(chan time.Time)
 	done := make(chan error, 1)
-	go func() { done <- watchIdle(ctx, 300*time.Millisecond, 10*time.Millisecond, n.Load) }()
-	for range 240 { // 1.2 s of output, four times the idle time
+	go func() { done <- watchIdle(ctx, idle, ticks, n.Load) }()
+	// Each tick is taken only once the watchdog has looked at the one
+	// before: a tick it never takes means it stopped.
+	now := time.Unix(1e9, 0)
+	tick := func(d time.Duration) {
+		t.Helper()
+		now = now.Add(d)
+		select {
+		case ticks <- now:
+		case err := <-done:
+			t.Fatalf("stopped at %v: %v", now, err)
+		}
+	}
+	for range 100 { // ten idle times of output, a tick each 100 ms
 		n.Add(1)
-		time.Sleep(5 * time.Millisecond)
+		tick(100 * time.Millisecond)
 	}
-	select {
-	case err := <-done:
-		t.Fatalf("a guest writing output was stopped: %v", err)
-	default:
-	}
-	start := time.Now()
+	tick(100 * time.Millisecond)
+	tick(100 * time.Millisecond) // 200 ms without output: let run
+	tick(99 * time.Millisecond)
+	tick(time.Millisecond) // 300 ms: stopped, on this tick
 	select {
 	case err := <-done:
 		require.ErrorIs(t, err, errIdle)
-		require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond)
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("a silent guest was not stopped")
 	}
+
+	go func() { done <- watchIdle(ctx, idle, ticks, n.Load) }()
+	tick(time.Hour) // the first tick starts the count
+	n.Add(1)
+	tick(time.Hour)
 	cancel()
-	require.NoError(t, watchIdle(ctx, time.Hour, time.Millisecond, n.Load), "an ended context")
+	require.NoError(t, <-done, "an ended context")
 }

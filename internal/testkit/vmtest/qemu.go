@@ -53,19 +53,19 @@ var errIdle = errors.New("the guest wrote nothing")
 const idleTick = 10 * time.Second
 
 // watchIdle returns errIdle once progress (a count of the bytes the guest
-// wrote) has not moved for idle, looking every tick; nil when ctx ends
-// first. A guest that is slow (emulated, on a busy machine) keeps writing
-// test output and is let run; one that hangs writes nothing.
-func watchIdle(ctx context.Context, idle, tick time.Duration, progress func() int64) error {
-	t := time.NewTicker(tick)
-	defer t.Stop()
-	last, since := progress(), time.Now()
+// wrote) has not moved for idle, looking at each tick (the time of the
+// tick is the time it looks); nil when ctx ends first. The first tick
+// starts the count. A guest that is slow (emulated, on a busy machine)
+// keeps writing test output and is let run; one that hangs writes nothing.
+func watchIdle(ctx context.Context, idle time.Duration, ticks <-chan time.Time, progress func() int64) error {
+	last := progress()
+	var since time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case now := <-t.C:
-			if p := progress(); p != last {
+		case now := <-ticks:
+			if p := progress(); p != last || since.IsZero() {
 				last, since = p, now
 			} else if now.Sub(since) >= idle {
 				return errIdle
@@ -85,7 +85,9 @@ func (v *VM) Run(ctx context.Context) (tail []string, err error) {
 	var written atomic.Int64          // console bytes; the results file's are read from its size
 	if v.Idle > 0 && !v.Interactive { // a debug shell may sit idle
 		go func() {
-			if err := watchIdle(ctx, v.Idle, idleTick, func() int64 {
+			t := time.NewTicker(idleTick)
+			defer t.Stop()
+			if err := watchIdle(ctx, v.Idle, t.C, func() int64 {
 				n := written.Load()
 				if fi, err := os.Stat(v.Results); err == nil {
 					n += fi.Size()
