@@ -5,6 +5,8 @@ package nftables_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -187,7 +189,7 @@ func loadPorts(b *testing.B, sz layoutSize) *layoutChange {
 // dispatch moved to another shared chain.
 func loadFlat(b *testing.B, sz layoutSize, verdict bool) *layoutChange {
 	h := netnstest.NewHost(b, "layout")
-	h.ExecInput(b, flatTable(benchServices(sz.n, sz.k), sz.k, false), "nft", "-f", "-")
+	h.ExecInput(b, flatTable(benchServices(sz.n, sz.k), sz.k, false, 0), "nft", "-f", "-")
 	conn := openConn(b, h)
 	ctx := context.Background()
 	const table = "flat"
@@ -229,7 +231,7 @@ func loadFlat(b *testing.B, sz layoutSize, verdict bool) *layoutChange {
 // keeps the change that adds a service and the one that deletes it.
 func loadFlatSets(b *testing.B, sz layoutSize) *layoutChange {
 	h := netnstest.NewHost(b, "layout")
-	h.ExecInput(b, flatTable(benchServices(sz.n, sz.k), sz.k, true), "nft", "-f", "-")
+	h.ExecInput(b, flatTable(benchServices(sz.n, sz.k), sz.k, true, 0), "nft", "-f", "-")
 	conn := openConn(b, h)
 	ctx := context.Background()
 	const table = "flat"
@@ -270,8 +272,10 @@ func loadFlatSets(b *testing.B, sz layoutSize) *layoutChange {
 
 // flatTable renders the flat candidate for services of one TCP port and
 // k endpoints each, dispatched by a verdict map or, with bySets, by a set
-// of the frontends of each shared chain.
-func flatTable(svcs []servicelb.Service, k int, bySets bool) string {
+// of the frontends of each shared chain. With decoys, every frontend is
+// matched after as many rules that dispatch other shared chains and as
+// many that pick other numbers of buckets, each reading a set of its own.
+func flatTable(svcs []servicelb.Service, k int, bySets bool, decoys int) string {
 	var s strings.Builder
 	s.WriteString("table inet flat {\n")
 	fmt.Fprintf(&s, "\tmap eps4 {\n\t\ttypeof ip daddr . meta l4proto . th dport . numgen random mod %d : ip daddr . th dport\n\t\telements = {\n", k)
@@ -294,7 +298,12 @@ func flatTable(svcs []servicelb.Service, k int, bySets bool) string {
 		}
 		s.WriteString("\t\t}\n\t}\n")
 		s.WriteString("\tset frontends-cluster-b4 {\n\t\ttype ipv4_addr . inet_proto . inet_service\n\t}\n")
-		dispatch = "\t\tip daddr . meta l4proto . th dport @frontends-cluster4 goto cluster\n" +
+		dispatch = ""
+		for i := range decoys {
+			fmt.Fprintf(&s, "\tset frontends-decoy%d-4 {\n\t\ttype ipv4_addr . inet_proto . inet_service\n\t\telements = { 192.0.2.%d . tcp . 80 }\n\t}\n", i, i)
+			dispatch += fmt.Sprintf("\t\tip daddr . meta l4proto . th dport @frontends-decoy%d-4 goto cluster-b\n", i)
+		}
+		dispatch += "\t\tip daddr . meta l4proto . th dport @frontends-cluster4 goto cluster\n" +
 			"\t\tip daddr . meta l4proto . th dport @frontends-cluster-b4 goto cluster-b\n"
 	} else {
 		s.WriteString("\tmap services4 {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t\telements = {\n")
@@ -303,8 +312,14 @@ func flatTable(svcs []servicelb.Service, k int, bySets bool) string {
 		}
 		s.WriteString("\t\t}\n\t}\n")
 	}
+	for i := range decoys {
+		fmt.Fprintf(&s, "\tset buckets%d-4 {\n\t\ttype ipv4_addr . inet_proto . inet_service\n\t\telements = { 192.0.2.%d . tcp . 80 }\n\t}\n", 100+i, i)
+	}
 	for _, chain := range []string{"cluster", "cluster-b"} {
 		fmt.Fprintf(&s, "\tchain %s {\n", chain)
+		for i := range decoys {
+			fmt.Fprintf(&s, "\t\tip daddr . meta l4proto . th dport @buckets%d-4 meta l4proto tcp dnat ip to ip daddr . meta l4proto . th dport . numgen random mod %d map @eps4\n", 100+i, k)
+		}
 		fmt.Fprintf(&s, "\t\tip daddr . meta l4proto . th dport @buckets%d-4 meta l4proto tcp dnat ip to ip daddr . meta l4proto . th dport . numgen random mod %d map @eps4\n", k, k)
 		s.WriteString("\t\tdrop\n\t}\n")
 	}
@@ -313,4 +328,104 @@ func flatTable(svcs []servicelb.Service, k int, bySets bool) string {
 	s.WriteString("\tchain output {\n\t\ttype nat hook output priority -100; policy accept;\n\t\tjump services\n\t}\n")
 	s.WriteString("}\n")
 	return s.String()
+}
+
+// BenchmarkLayoutFirstPacket sets a new TCP connection's connect time
+// through a service beside a direct connect, from the node's own sockets
+// (the output hook), with 50k services x 5 under each candidate layout:
+// today's; flat with one rule to the endpoint; and flat with set dispatch
+// where the frontend is matched after 16 other shared chains' rules and
+// 16 rules of other numbers of buckets (a node with that many verdict
+// shapes and endpoint counts in use). Rounds of connects through the
+// service and direct take turns; each metric is a median.
+func BenchmarkLayoutFirstPacket(b *testing.B) {
+	netnstest.Require(b, "nf_tables", "nat")
+	sz := layoutSizes[1]
+	svcs := benchServices(sz.n, sz.k)
+	target := svcs[sz.n/2]
+	layouts := []struct {
+		name string
+		load func(h *netnstest.Host)
+	}{
+		{"ports", func(h *netnstest.Host) {
+			st, err := servicelb.NewState(benchNode(), svcs...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p, err := nftables.New(nftables.Options{NetNS: h.NS, NoConntrackCleanup: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { p.Close() })
+			if err := servicetest.SyncErr(p.Sync(context.Background(), st)); err != nil {
+				b.Fatal(err)
+			}
+		}},
+		{"flat", func(h *netnstest.Host) { h.ExecInput(b, flatTable(svcs, sz.k, false, 0), "nft", "-f", "-") }},
+		{"flat-sets-16-decoys", func(h *netnstest.Host) { h.ExecInput(b, flatTable(svcs, sz.k, true, 16), "nft", "-f", "-") }},
+	}
+	for _, l := range layouts {
+		b.Run(l.name, func(b *testing.B) {
+			h := netnstest.NewHost(b, "layout")
+			l.load(h)
+			for _, ep := range target.Endpoints {
+				h.AddAddress(b, netip.PrefixFrom(ep.Addr, 32))
+			}
+			// A route to the service addresses, for the connect's
+			// route lookup before the output hook translates it.
+			h.Exec(b, "ip", "route", "add", "172.16.0.0/12", "dev", "lo")
+			vip := netip.AddrPortFrom(target.ClusterIPs[0], 80)
+			direct := netip.AddrPortFrom(target.Endpoints[0].Addr, 8080)
+			var via, dir []time.Duration
+			err := h.Do(func() error {
+				ln, err := net.Listen("tcp4", ":8080")
+				if err != nil {
+					return err
+				}
+				defer ln.Close()
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						c.Close()
+					}
+				}()
+				connect := func(to netip.AddrPort) (time.Duration, error) {
+					t0 := time.Now()
+					c, err := net.DialTimeout("tcp4", to.String(), 5*time.Second)
+					d := time.Since(t0)
+					if err != nil {
+						return 0, err
+					}
+					return d, c.Close()
+				}
+				b.ResetTimer()
+				for i := range b.N {
+					to, out := vip, &via
+					if i%2 == 1 {
+						to, out = direct, &dir
+					}
+					d, err := connect(to)
+					if err != nil {
+						return err
+					}
+					*out = append(*out, d)
+				}
+				b.StopTimer()
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(dir) == 0 {
+				return
+			}
+			v, d := medianDuration(via), medianDuration(dir)
+			b.ReportMetric(float64(v.Nanoseconds())/1000, "service-us")
+			b.ReportMetric(float64(d.Nanoseconds())/1000, "direct-us")
+			b.ReportMetric(float64(v)/float64(d), "service/direct")
+		})
+	}
 }
