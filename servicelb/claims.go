@@ -335,9 +335,12 @@ func (cs conflictSet) update(c *claims, node *NodeConfig, vips []frontKey, nps [
 	}
 	for _, k := range nps {
 		x, ok := c.portConflict(k)
-		np, hc := fmt.Sprintf("node port %d/%s", k.port, k.proto), fmt.Sprintf("health check node port %d", k.port)
+		np := fmt.Sprintf("node port %d/%s", k.port, k.proto)
 		set(np, x, ok && x.Frontend == np)
-		set(hc, x, ok && x.Frontend == hc)
+		if k.proto == TCP { // a health check node port is TCP's
+			hc := fmt.Sprintf("health check node port %d", k.port)
+			set(hc, x, ok && x.Frontend == hc)
+		}
 	}
 	return changed
 }
