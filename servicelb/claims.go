@@ -70,31 +70,178 @@ type claimKey struct {
 	health bool
 }
 
+// frontend names the frontend of a claim as a Conflict does.
+func (k claimKey) frontend() string {
+	switch {
+	case !k.isNP:
+		return k.vip.String()
+	case k.health:
+		return healthFrontend(k.np.port)
+	}
+	return nodePortFrontend(k.np)
+}
+
+func nodePortFrontend(k portKey) string { return fmt.Sprintf("node port %d/%s", k.port, k.proto) }
+
+func healthFrontend(port uint16) string { return fmt.Sprintf("health check node port %d", port) }
+
 // claims indexes every frontend claim of a Builder's services, each list
-// ordered winner first.
+// ordered winner first. A State keeps the index of the Builder that made it,
+// shared as the services are (claimMap), so that a Builder editing the State
+// starts from it instead of indexing every service again.
+//
+// A Builder that edits a State counts the claims the State holds as made
+// together, as a new index of its services would: the holder of each
+// frontend as if it had claimed it before any other, the rest of its
+// claimants after it, ordered by the rules alone. Claims made before epoch
+// are such claims: each list written before epoch is read settled so
+// (claimList), and written back settled when it changes.
 type claims struct {
-	vips      map[frontKey][]claim
-	nodePorts map[portKey][]claim
+	vips      claimMap[frontKey]
+	nodePorts claimMap[portKey]
+	epoch     uint64
 }
 
 func newClaims() *claims {
-	return &claims{vips: map[frontKey][]claim{}, nodePorts: map[portKey][]claim{}}
+	return &claims{vips: newClaimMap[frontKey](), nodePorts: newClaimMap[portKey]()}
+}
+
+// claimList is the claims of one frontend, and the epoch of the index that
+// last wrote them.
+type claimList struct {
+	cs    []claim
+	epoch uint64
+}
+
+// settled returns the claims of l as an index of epoch holds them. A list
+// written before epoch has not changed since, so every claim of it was
+// made before epoch, and its first is the frontend's holder.
+func (c *claims) settled(l claimList) []claim {
+	if l.epoch >= c.epoch || len(l.cs) == 0 {
+		return l.cs
+	}
+	out := slices.Clone(l.cs)
+	for i := range out {
+		out[i].seq = min(uint64(i), 1)
+	}
+	slices.SortStableFunc(out, compareClaims)
+	return out
+}
+
+func (c *claims) vipList(k frontKey) []claim { return c.settled(c.vips.get(k)) }
+
+func (c *claims) portList(k portKey) []claim { return c.settled(c.nodePorts.get(k)) }
+
+func (c *claims) setVIP(k frontKey, cs []claim) {
+	c.vips.set(k, claimList{cs: cs, epoch: c.epoch})
+}
+
+func (c *claims) setPort(k portKey, cs []claim) {
+	c.nodePorts.set(k, claimList{cs: cs, epoch: c.epoch})
+}
+
+// share marks the index as held by a State: later writes copy first.
+func (c *claims) share() {
+	c.vips.share()
+	c.nodePorts.share()
+}
+
+// claimMap is a map of claim lists that a State shares with its Builder,
+// as serviceMap shares services: a base and an overlay of the lists
+// written since a State first shared the base (an empty list marks one
+// deleted from the base), folded into a new base once it grows past about
+// twice the square root of the base's size. The lists themselves are
+// never written in place.
+type claimMap[K comparable] struct {
+	base, over             map[K]claimList
+	baseShared, overShared bool
+}
+
+func newClaimMap[K comparable]() claimMap[K] {
+	return claimMap[K]{base: map[K]claimList{}}
+}
+
+func (m *claimMap[K]) get(k K) claimList {
+	if l, ok := m.over[k]; ok {
+		return l
+	}
+	return m.base[k]
+}
+
+// set writes the list of k; an empty one deletes it.
+func (m *claimMap[K]) set(k K, l claimList) {
+	if !m.baseShared {
+		if len(l.cs) == 0 {
+			delete(m.base, k)
+		} else {
+			m.base[k] = l
+		}
+		return
+	}
+	if m.overShared || m.over == nil {
+		m.over = maps.Clone(m.over)
+		if m.over == nil {
+			m.over = map[K]claimList{}
+		}
+		m.overShared = false
+	}
+	if _, inBase := m.base[k]; len(l.cs) == 0 && !inBase {
+		delete(m.over, k)
+	} else {
+		m.over[k] = l
+	}
+	if len(m.over) > overlayLimit(len(m.base)) {
+		m.compact()
+	}
+}
+
+func (m *claimMap[K]) share() { m.baseShared, m.overShared = true, true }
+
+// each calls f for every key with claims, in no particular order.
+func (m *claimMap[K]) each(f func(k K)) {
+	for k := range m.base {
+		if _, ok := m.over[k]; !ok {
+			f(k)
+		}
+	}
+	for k, l := range m.over {
+		if len(l.cs) > 0 {
+			f(k)
+		}
+	}
+}
+
+// compact folds the overlay into a base of the map's own.
+func (m *claimMap[K]) compact() {
+	base := make(map[K]claimList, len(m.base)+len(m.over))
+	for k := range m.base {
+		if _, ok := m.over[k]; !ok {
+			base[k] = m.base[k]
+		}
+	}
+	for k, l := range m.over {
+		if len(l.cs) > 0 {
+			base[k] = l
+		}
+	}
+	m.base, m.over = base, nil
+	m.baseShared, m.overShared = false, false
 }
 
 // vipOwner returns the service that holds a virtual address and port.
 func (c *claims) vipOwner(k frontKey) string {
-	if cs := c.vips[k]; len(cs) > 0 {
+	if cs := c.vipList(k); len(cs) > 0 {
 		return cs[0].name
 	}
 	return ""
 }
 
 // vipClaimed reports whether a service claims k as a virtual address.
-func (c *claims) vipClaimed(k frontKey) bool { return len(c.vips[k]) > 0 }
+func (c *claims) vipClaimed(k frontKey) bool { return len(c.vips.get(k).cs) > 0 }
 
 // nodePortOwner returns the service that holds a node port.
 func (c *claims) nodePortOwner(k portKey) string {
-	if cs := c.nodePorts[k]; len(cs) > 0 && !cs[0].health {
+	if cs := c.portList(k); len(cs) > 0 && !cs[0].health {
 		return cs[0].name
 	}
 	return ""
@@ -102,7 +249,7 @@ func (c *claims) nodePortOwner(k portKey) string {
 
 // healthOwner returns the service that holds a health check node port.
 func (c *claims) healthOwner(port uint16) string {
-	if cs := c.nodePorts[portKey{TCP, port}]; len(cs) > 0 && cs[0].health {
+	if cs := c.portList(portKey{TCP, port}); len(cs) > 0 && cs[0].health {
 		return cs[0].name
 	}
 	return ""
@@ -129,9 +276,11 @@ func serviceClaims(s *Service) []claimKey {
 func (c *claims) seqs(s *Service) map[claimKey]uint64 {
 	out := map[claimKey]uint64{}
 	for _, k := range serviceClaims(s) {
-		list := c.vips[k.vip]
+		var list []claim
 		if k.isNP {
-			list = c.nodePorts[k.np]
+			list = c.portList(k.np)
+		} else {
+			list = c.vipList(k.vip)
 		}
 		for _, x := range list {
 			if x.name == s.Name && x.health == k.health {
@@ -147,35 +296,39 @@ func (c *claims) add(s *Service, seq func(claimKey) uint64) {
 	for _, k := range serviceClaims(s) {
 		x := claim{name: s.Name, seq: seq(k), health: k.health}
 		if k.isNP {
-			c.nodePorts[k.np] = insertClaim(c.nodePorts[k.np], x)
+			c.setPort(k.np, insertClaim(c.portList(k.np), x))
 		} else {
-			c.vips[k.vip] = insertClaim(c.vips[k.vip], x)
+			c.setVIP(k.vip, insertClaim(c.vipList(k.vip), x))
 		}
 	}
 }
 
+// insertClaim returns cs with x in its place, in a new slice: a State may
+// hold cs.
 func insertClaim(cs []claim, x claim) []claim {
 	if slices.ContainsFunc(cs, func(y claim) bool { return y.name == x.name && y.health == x.health }) {
 		return cs
 	}
 	i, _ := slices.BinarySearchFunc(cs, x, compareClaims)
-	return slices.Insert(cs, i, x)
+	return slices.Concat(cs[:i], []claim{x}, cs[i:])
 }
 
 // remove forgets a service's claims.
 func (c *claims) remove(s *Service) {
 	for _, k := range serviceClaims(s) {
-		mine := func(x claim) bool { return x.name == s.Name }
-		if k.isNP {
-			if cs := slices.DeleteFunc(c.nodePorts[k.np], mine); len(cs) > 0 {
-				c.nodePorts[k.np] = cs
-			} else {
-				delete(c.nodePorts, k.np)
+		others := func(cs []claim) []claim {
+			out := make([]claim, 0, len(cs))
+			for _, x := range cs {
+				if x.name != s.Name {
+					out = append(out, x)
+				}
 			}
-		} else if cs := slices.DeleteFunc(c.vips[k.vip], mine); len(cs) > 0 {
-			c.vips[k.vip] = cs
+			return out
+		}
+		if k.isNP {
+			c.setPort(k.np, others(c.portList(k.np)))
 		} else {
-			delete(c.vips, k.vip)
+			c.setVIP(k.vip, others(c.vipList(k.vip)))
 		}
 	}
 }
@@ -192,16 +345,16 @@ func (c *claims) affected(node *NodeConfig, s, old *Service) []string {
 		}
 		for _, k := range serviceClaims(svc) {
 			if k.isNP {
-				for _, x := range c.nodePorts[k.np] {
+				for _, x := range c.nodePorts.get(k.np).cs {
 					seen[x.name] = true
 				}
 				continue
 			}
-			for _, x := range c.vips[k.vip] {
+			for _, x := range c.vips.get(k.vip).cs {
 				seen[x.name] = true
 			}
 			if slices.Contains(node.NodeIPs, k.vip.addr) {
-				for _, x := range c.nodePorts[portKey{k.vip.proto, k.vip.port}] {
+				for _, x := range c.nodePorts.get(portKey{k.vip.proto, k.vip.port}).cs {
 					seen[x.name] = true
 				}
 			}
@@ -249,7 +402,7 @@ func quoteAll(names []string) string {
 // if any: several services claim it, or it is a node address on which
 // another service's node port is not served.
 func (c *claims) vipConflict(node *NodeConfig, k frontKey) (Conflict, bool) {
-	cs := c.vips[k]
+	cs := c.vipList(k)
 	if len(cs) == 0 {
 		return Conflict{}, false
 	}
@@ -258,7 +411,7 @@ func (c *claims) vipConflict(node *NodeConfig, k frontKey) (Conflict, bool) {
 		losers = append(losers, x.name)
 	}
 	if slices.Contains(node.NodeIPs, k.addr) {
-		for _, x := range c.nodePorts[portKey{k.proto, k.port}] {
+		for _, x := range c.portList(portKey{k.proto, k.port}) {
 			if !x.health && x.name != cs[0].name && !slices.Contains(losers, x.name) {
 				losers = append(losers, x.name)
 			}
@@ -273,13 +426,13 @@ func (c *claims) vipConflict(node *NodeConfig, k frontKey) (Conflict, bool) {
 // portConflict returns the clash at a node port, if several services
 // claim it.
 func (c *claims) portConflict(k portKey) (Conflict, bool) {
-	cs := c.nodePorts[k]
+	cs := c.portList(k)
 	if len(cs) < 2 {
 		return Conflict{}, false
 	}
-	what := fmt.Sprintf("node port %d/%s", k.port, k.proto)
+	what := nodePortFrontend(k)
 	if cs[0].health {
-		what = fmt.Sprintf("health check node port %d", k.port)
+		what = healthFrontend(k.port)
 	}
 	var losers []string
 	for _, x := range cs[1:] {
@@ -335,10 +488,10 @@ func (cs conflictSet) update(c *claims, node *NodeConfig, vips []frontKey, nps [
 	}
 	for _, k := range nps {
 		x, ok := c.portConflict(k)
-		np := fmt.Sprintf("node port %d/%s", k.port, k.proto)
+		np := nodePortFrontend(k)
 		set(np, x, ok && x.Frontend == np)
 		if k.proto == TCP { // a health check node port is TCP's
-			hc := fmt.Sprintf("health check node port %d", k.port)
+			hc := healthFrontend(k.port)
 			set(hc, x, ok && x.Frontend == hc)
 		}
 	}

@@ -204,31 +204,40 @@ func TestForkedBuildersKeepTheirChanges(t *testing.T) {
 	}
 }
 
-// BenchmarkChangeAndDiff is a Runner's work for one endpoint change: an
-// upsert into a Builder holding n services, a State, and its Diff from the
-// State before.
+// BenchmarkChangeAndDiff is the work of one endpoint change with n
+// services, by each path: a Runner's (an upsert into the Builder it keeps,
+// a State, and its Diff from the State before), and an editor's (the last
+// State edited, the upsert, a State and its Diff from the one edited).
 func BenchmarkChangeAndDiff(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			bl, _ := NewBuilder(NodeConfig{})
-			for i := range n {
-				if err := bl.Upsert(simple(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1), "10.0.0.1")); err != nil {
-					b.Fatal(err)
-				}
+	svc := func(i, gen int) Service {
+		return simple(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1), fmt.Sprintf("10.0.%d.1", gen%2+1))
+	}
+	for _, n := range []int{1000, 10000, 50000} {
+		bl, _ := NewBuilder(NodeConfig{})
+		for i := range n {
+			if err := bl.Upsert(svc(i, 0)); err != nil {
+				b.Fatal(err)
 			}
-			prev := bl.State()
-			b.ResetTimer()
-			for i := range b.N {
-				j := i % n
-				if err := bl.Upsert(simple(fmt.Sprintf("s%05d", j), fmt.Sprintf("10.%d.%d.%d", 96+j/62500, j/250%250, j%250+1), fmt.Sprintf("10.0.%d.1", i/n%2+1))); err != nil {
-					b.Fatal(err)
+		}
+		start := bl.State()
+		for _, path := range []string{"builder", "edit"} {
+			b.Run(fmt.Sprintf("%s/%d", path, n), func(b *testing.B) {
+				prev, bl := start, start.Edit()
+				b.ResetTimer()
+				for i := range b.N {
+					if path == "edit" {
+						bl = prev.Edit()
+					}
+					if err := bl.Upsert(svc(i%n, i/n+1)); err != nil {
+						b.Fatal(err)
+					}
+					cur := bl.State()
+					if c := Diff(prev, cur); c.Len() != 2 {
+						b.Fatalf("%d changes", c.Len())
+					}
+					prev = cur
 				}
-				cur := bl.State()
-				if c := Diff(prev, cur); c.Len() != 2 {
-					b.Fatalf("%d changes", c.Len())
-				}
-				prev = cur
-			}
-		})
+			})
+		}
 	}
 }

@@ -16,6 +16,11 @@ type State struct {
 	node      NodeConfig
 	svcs      serviceMap
 	conflicts []Conflict
+	// claims is the frontend index of the Builder that made the State,
+	// and seq its count of batches (see Edit); nil in a State that holds
+	// less than its Builder did (Without).
+	claims *claims
+	seq    uint64
 	// built is set on every State a Builder makes: the zero State{} is
 	// no state at all.
 	built bool
@@ -138,20 +143,38 @@ func (s *State) Without(names ...string) *State {
 		m.n--
 	}
 	// The journal names what one Builder set; these States differ from
-	// its States by more, so Diff reads their overlays instead.
+	// its States by more, so Diff reads their overlays instead. The index
+	// of claims still holds the services left out: an Edit indexes anew.
 	m.journal, m.names = nil, nil
 	out := *s
-	out.svcs = m
+	out.svcs, out.claims = m, nil
 	return &out
 }
 
 // Edit returns a Builder that starts from s. s itself does not change.
-// Edit costs a walk of every service (to index their frontends); a Builder
-// kept across changes, as a Runner keeps one, does not.
+// The Builder counts the claims of frontends s holds as made together
+// (see Conflict): each frontend's holder keeps it, and the rules order the
+// rest. Edit costs the conflicts of s, not a walk of every service: the
+// Builder shares the services and the index of their frontends with s,
+// as a Builder shares them with its States. Only a State from Without is
+// indexed again, service by service.
 func (s *State) Edit() *Builder {
 	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs}}
 	b.w.fork()
-	b.index()
+	if s.claims == nil {
+		b.index(s)
+		return b
+	}
+	c := *s.claims
+	c.share()
+	// Every claim s holds was made before the new epoch, and every
+	// claim of the Builder after it.
+	c.epoch = s.seq + 1
+	b.claims, b.seq = &c, c.epoch
+	b.clashes = make(conflictSet, len(s.conflicts))
+	for _, x := range s.conflicts {
+		b.clashes[x.Frontend] = x
+	}
 	return b
 }
 
@@ -180,18 +203,28 @@ func NewBuilder(node NodeConfig) (*Builder, error) {
 	}
 	node = cloneNode(node)
 	b := &Builder{node: node, w: newMapWriter()}
-	b.index()
+	b.index(nil)
 	return b, nil
 }
 
 // index indexes the claims of the services present: each frontend a
-// service holds as if it had claimed it before any other.
-func (b *Builder) index() {
+// service holds as if it had claimed it before any other. A service holds
+// the frontends its ports serve, and those that from's conflicts (if from
+// is not nil) give it: a node port whose every node address is another
+// service's serves nothing, and is still its holder's.
+func (b *Builder) index(from *State) {
 	b.claims, b.clashes, b.seq = newClaims(), conflictSet{}, 1
+	var winners map[string]string
+	if from != nil {
+		winners = make(map[string]string, len(from.conflicts))
+		for _, c := range from.conflicts {
+			winners[c.Frontend] = c.Winner
+		}
+	}
 	b.w.each(func(_ string, e *entry) {
 		held := heldClaims(e)
 		b.claims.add(e.svc, func(k claimKey) uint64 {
-			if held[k] {
+			if held[k] || winners[k.frontend()] == e.svc.Name {
 				return 0
 			}
 			return 1
@@ -200,7 +233,7 @@ func (b *Builder) index() {
 	b.allClashes()
 }
 
-// heldClaims returns the frontends a service's compiled ports hold.
+// heldClaims returns the frontends a service's compiled ports serve.
 func heldClaims(e *entry) map[claimKey]bool {
 	out := map[claimKey]bool{}
 	for _, sp := range e.ports {
@@ -225,12 +258,8 @@ func (b *Builder) allClashes() {
 	b.clashes = conflictSet{}
 	var vips []frontKey
 	var nps []portKey
-	for k := range b.claims.vips {
-		vips = append(vips, k)
-	}
-	for k := range b.claims.nodePorts {
-		nps = append(nps, k)
-	}
+	b.claims.vips.each(func(k frontKey) { vips = append(vips, k) })
+	b.claims.nodePorts.each(func(k portKey) { nps = append(nps, k) })
 	b.clashes.update(b.claims, &b.node, vips, nps)
 	b.clashVer++
 }
@@ -320,9 +349,17 @@ func (b *Builder) upsert(s Service) ([]string, error) {
 	}
 	var oldSvc *Service
 	var seqs map[claimKey]uint64
+	// A service that asks for the frontends it asked for (an endpoint
+	// changed, say) keeps its claims as they are: taken away and made
+	// again with the same seqs, they would land where they were.
+	same := false
 	if old != nil {
-		oldSvc, seqs = old.svc, b.claims.seqs(old.svc)
-		b.claims.remove(oldSvc)
+		oldSvc = old.svc
+		same = slices.Equal(serviceClaims(oldSvc), serviceClaims(n))
+		if !same {
+			seqs = b.claims.seqs(oldSvc)
+			b.claims.remove(oldSvc)
+		}
 	}
 	seqOf := func(k claimKey) uint64 {
 		if s, ok := seqs[k]; ok {
@@ -330,13 +367,17 @@ func (b *Builder) upsert(s Service) ([]string, error) {
 		}
 		return b.seq
 	}
-	b.claims.add(n, seqOf)
+	if !same {
+		b.claims.add(n, seqOf)
+	}
 	e := &entry{svc: n, ports: compilePorts(&b.node, n, b.claims)}
 	if b.caps != nil {
 		if err := checkFits(b.caps, e); err != nil {
-			b.claims.remove(n)
-			if oldSvc != nil {
-				b.claims.add(oldSvc, seqOf)
+			if !same {
+				b.claims.remove(n)
+				if oldSvc != nil {
+					b.claims.add(oldSvc, seqOf)
+				}
 			}
 			return nil, err
 		}
@@ -428,8 +469,10 @@ func (b *Builder) SetNode(node NodeConfig) error {
 // number of services each, not a copy of them all.
 func (b *Builder) State() *State {
 	if b.snapshot == nil {
-		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap, conflicts: b.clashes.sorted(), built: true}
+		c := *b.claims
+		b.snapshot = &State{node: b.node, svcs: b.w.serviceMap, conflicts: b.clashes.sorted(), claims: &c, seq: b.seq, built: true}
 		b.w.share()
+		b.claims.share()
 	}
 	return b.snapshot
 }
