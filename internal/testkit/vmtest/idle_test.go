@@ -23,9 +23,21 @@ func TestWatchIdle(t *testing.T) {
 	defer cancel()
 	ticks := make(chan time.Time)
 	done := make(chan error, 1)
-	go func() { done <- watchIdle(ctx, idle, ticks, n.Load) }()
-	// Each tick is taken only once the watchdog has looked at the one
-	// before: a tick it never takes means it stopped.
+	// The watchdog reads the count once as it starts and once a tick; the
+	// test goes on only once it has, so that the count it reads at a tick
+	// is the one the test set before that tick.
+	looked := make(chan struct{})
+	progress := func() int64 {
+		v := n.Load()
+		looked <- struct{}{}
+		return v
+	}
+	watch := func() {
+		go func() { done <- watchIdle(ctx, idle, ticks, progress) }()
+		<-looked
+	}
+	watch()
+	// A tick the watchdog never takes means it stopped.
 	now := time.Unix(1e9, 0)
 	tick := func(d time.Duration) {
 		t.Helper()
@@ -33,8 +45,9 @@ func TestWatchIdle(t *testing.T) {
 		select {
 		case ticks <- now:
 		case err := <-done:
-			t.Fatalf("stopped at %v: %v", now, err)
+			t.Fatalf("stopped before %v: %v", now, err)
 		}
+		<-looked
 	}
 	for range 100 { // ten idle times of output, a tick each 100 ms
 		n.Add(1)
@@ -51,7 +64,7 @@ func TestWatchIdle(t *testing.T) {
 		t.Fatal("a silent guest was not stopped")
 	}
 
-	go func() { done <- watchIdle(ctx, idle, ticks, n.Load) }()
+	watch()
 	tick(time.Hour) // the first tick starts the count
 	n.Add(1)
 	tick(time.Hour)
