@@ -87,7 +87,7 @@ func healthFrontend(port uint16) string { return fmt.Sprintf("health check node 
 
 // claims indexes every frontend claim of a Builder's services, each list
 // ordered winner first. A State keeps the index of the Builder that made it,
-// shared as the services are (claimMap), so that a Builder editing the State
+// shared as the services are (pmap), so that a Builder editing the State
 // starts from it instead of indexing every service again.
 //
 // A Builder that edits a State counts the claims the State holds as made
@@ -97,17 +97,17 @@ func healthFrontend(port uint16) string { return fmt.Sprintf("health check node 
 // are such claims: each list written before epoch is read settled so
 // (claimList), and written back settled when it changes.
 type claims struct {
-	vips      claimMap[frontKey]
-	nodePorts claimMap[portKey]
+	vips      pmap[frontKey, claimList]
+	nodePorts pmap[portKey, claimList]
 	epoch     uint64
+	// o is the writer's right to change the index's nodes in place.
+	o *owner
 }
 
-func newClaims() *claims {
-	return &claims{vips: newClaimMap[frontKey](), nodePorts: newClaimMap[portKey]()}
-}
+func newClaims() *claims { return &claims{o: &owner{}} }
 
 // claimList is the claims of one frontend, and the epoch of the index that
-// last wrote them.
+// last wrote them. Its slice is never written in place: a State may hold it.
 type claimList struct {
 	cs    []claim
 	epoch uint64
@@ -128,105 +128,34 @@ func (c *claims) settled(l claimList) []claim {
 	return out
 }
 
-func (c *claims) vipList(k frontKey) []claim { return c.settled(c.vips.get(k)) }
+func (c *claims) vipList(k frontKey) []claim {
+	l, _ := c.vips.get(k)
+	return c.settled(l)
+}
 
-func (c *claims) portList(k portKey) []claim { return c.settled(c.nodePorts.get(k)) }
+func (c *claims) portList(k portKey) []claim {
+	l, _ := c.nodePorts.get(k)
+	return c.settled(l)
+}
 
 func (c *claims) setVIP(k frontKey, cs []claim) {
-	c.vips.set(k, claimList{cs: cs, epoch: c.epoch})
+	if len(cs) == 0 {
+		c.vips.delete(c.o, k)
+		return
+	}
+	c.vips.set(c.o, k, claimList{cs: cs, epoch: c.epoch})
 }
 
 func (c *claims) setPort(k portKey, cs []claim) {
-	c.nodePorts.set(k, claimList{cs: cs, epoch: c.epoch})
+	if len(cs) == 0 {
+		c.nodePorts.delete(c.o, k)
+		return
+	}
+	c.nodePorts.set(c.o, k, claimList{cs: cs, epoch: c.epoch})
 }
 
 // share marks the index as held by a State: later writes copy first.
-func (c *claims) share() {
-	c.vips.share()
-	c.nodePorts.share()
-}
-
-// claimMap is a map of claim lists that a State shares with its Builder,
-// as serviceMap shares services: a base and an overlay of the lists
-// written since a State first shared the base (an empty list marks one
-// deleted from the base), folded into a new base once it grows past about
-// twice the square root of the base's size. The lists themselves are
-// never written in place.
-type claimMap[K comparable] struct {
-	base, over             map[K]claimList
-	baseShared, overShared bool
-}
-
-func newClaimMap[K comparable]() claimMap[K] {
-	return claimMap[K]{base: map[K]claimList{}}
-}
-
-func (m *claimMap[K]) get(k K) claimList {
-	if l, ok := m.over[k]; ok {
-		return l
-	}
-	return m.base[k]
-}
-
-// set writes the list of k; an empty one deletes it.
-func (m *claimMap[K]) set(k K, l claimList) {
-	if !m.baseShared {
-		if len(l.cs) == 0 {
-			delete(m.base, k)
-		} else {
-			m.base[k] = l
-		}
-		return
-	}
-	if m.overShared || m.over == nil {
-		m.over = maps.Clone(m.over)
-		if m.over == nil {
-			m.over = map[K]claimList{}
-		}
-		m.overShared = false
-	}
-	if _, inBase := m.base[k]; len(l.cs) == 0 && !inBase {
-		delete(m.over, k)
-	} else {
-		m.over[k] = l
-	}
-	if len(m.over) > overlayLimit(len(m.base)) {
-		m.compact()
-	}
-}
-
-func (m *claimMap[K]) share() { m.baseShared, m.overShared = true, true }
-
-// each calls f for every key with claims, in no particular order.
-func (m *claimMap[K]) each(f func(k K)) {
-	for k := range m.base {
-		if _, ok := m.over[k]; !ok {
-			f(k)
-		}
-	}
-	for k, l := range m.over {
-		if len(l.cs) > 0 {
-			f(k)
-		}
-	}
-}
-
-// compact folds the overlay into a base of the map's own.
-func (m *claimMap[K]) compact() {
-	base := make(map[K]claimList, len(m.base)+len(m.over))
-	for k := range m.base {
-		if _, ok := m.over[k]; !ok {
-			base[k] = m.base[k]
-		}
-	}
-	for k, l := range m.over {
-		if len(l.cs) > 0 {
-			base[k] = l
-		}
-	}
-	m.base, m.over = base, nil
-	m.baseShared, m.overShared = false, false
-}
+func (c *claims) share() { c.o = &owner{} }
 
 // vipOwner returns the service that holds a virtual address and port.
 func (c *claims) vipOwner(k frontKey) string {
@@ -237,7 +166,10 @@ func (c *claims) vipOwner(k frontKey) string {
 }
 
 // vipClaimed reports whether a service claims k as a virtual address.
-func (c *claims) vipClaimed(k frontKey) bool { return len(c.vips.get(k).cs) > 0 }
+func (c *claims) vipClaimed(k frontKey) bool {
+	_, ok := c.vips.get(k)
+	return ok
+}
 
 // nodePortOwner returns the service that holds a node port.
 func (c *claims) nodePortOwner(k portKey) string {
@@ -345,16 +277,16 @@ func (c *claims) affected(node *NodeConfig, s, old *Service) []string {
 		}
 		for _, k := range serviceClaims(svc) {
 			if k.isNP {
-				for _, x := range c.nodePorts.get(k.np).cs {
+				for _, x := range c.portList(k.np) {
 					seen[x.name] = true
 				}
 				continue
 			}
-			for _, x := range c.vips.get(k.vip).cs {
+			for _, x := range c.vipList(k.vip) {
 				seen[x.name] = true
 			}
 			if slices.Contains(node.NodeIPs, k.vip.addr) {
-				for _, x := range c.nodePorts.get(portKey{k.vip.proto, k.vip.port}).cs {
+				for _, x := range c.portList(portKey{k.vip.proto, k.vip.port}) {
 					seen[x.name] = true
 				}
 			}

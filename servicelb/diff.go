@@ -45,26 +45,22 @@ func (c *Changes) Len() int { return len(c.Added) + len(c.Removed) + len(c.Chang
 
 // Diff returns what changed from one State to the next. A nil from means an
 // empty state on an unknown node. Services the two States share are skipped
-// by identity, and States taken one after another from one Builder (as a
-// Runner takes them) are compared by the services changed between them
-// alone, and have the same node unless SetNode came between them, so Diff
-// costs what changed, not what is there; only service ports of services
-// that changed are compared in full.
+// by identity, and States made from one another (by one Builder, as a
+// Runner takes them, by Edit, or by Without) share every part of their
+// index that holds no change, which Diff skips whole: it costs what
+// changed (O(log n) a service), not what is there; only service ports of
+// services that changed are compared in full.
 func Diff(from, to *State) Changes {
 	var c Changes
-	switch {
-	case from == nil:
+	if from == nil {
 		from = &State{}
 		c.NodeChanged = true
-	case from.svcs.sameBase(&to.svcs):
-		// One Builder's States with no SetNode between them (which
-		// starts a new base): the same node.
-	default:
+	} else {
 		c.NodeChanged = !reflect.DeepEqual(from.node, to.node)
 	}
-	service := func(oe, ne *entry) {
+	same := func(a, b *entry) bool { return a == b }
+	from.svcs.diff(&to.svcs.pmap, same, func(_ string, oe, ne *entry, _, _ bool) {
 		switch {
-		case oe == ne:
 		case ne == nil:
 			c.Removed = append(c.Removed, oe.ports...)
 		case oe == nil:
@@ -72,19 +68,7 @@ func Diff(from, to *State) Changes {
 		default:
 			diffPorts(&c, oe.ports, ne.ports)
 		}
-	}
-	if from.svcs.sameBase(&to.svcs) {
-		for _, name := range from.svcs.changedNames(&to.svcs) {
-			service(from.svcs.get(name), to.svcs.get(name))
-		}
-	} else {
-		to.svcs.each(func(name string, ne *entry) { service(from.svcs.get(name), ne) })
-		from.svcs.each(func(name string, oe *entry) {
-			if to.svcs.get(name) == nil {
-				service(oe, nil)
-			}
-		})
-	}
+	})
 	byKey := func(a, b *ServicePort) int { return a.Key.Compare(b.Key) }
 	slices.SortFunc(c.Added, byKey)
 	slices.SortFunc(c.Removed, byKey)

@@ -72,8 +72,7 @@ func TestEditCountsTheStatesClaimsAsMadeTogether(t *testing.T) {
 // of it: what Edit did before it shared the State's index, and still does
 // for a State from Without.
 func indexed(s *State) *Builder {
-	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs}}
-	b.w.fork()
+	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs, o: &owner{}}}
 	b.index(s)
 	return b
 }

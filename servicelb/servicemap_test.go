@@ -34,9 +34,8 @@ func refDiff(from, to *State) (added, removed, changed []string) {
 
 // TestBuilderSnapshotsAgainstReference applies random upserts and deletes,
 // taking States at random points, and checks every State's contents and
-// the Diff between consecutive States (which share a base most of the
-// time, and cross a compaction now and then) against a full comparison;
-// then Diff between States far apart.
+// the Diff between consecutive States against a full comparison; then
+// Diff between States far apart.
 func TestBuilderSnapshotsAgainstReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	b, err := NewBuilder(NodeConfig{})
@@ -54,7 +53,6 @@ func TestBuilderSnapshotsAgainstReference(t *testing.T) {
 		}
 	}
 	states := []*State{b.State()}
-	shared := 0
 	for step := range 3000 {
 		i := rng.IntN(400)
 		name := fmt.Sprintf("s%03d", i)
@@ -75,15 +73,9 @@ func TestBuilderSnapshotsAgainstReference(t *testing.T) {
 		}
 		prev, cur := states[len(states)-1], b.State()
 		states = append(states, cur)
-		if prev.svcs.sameBase(&cur.svcs) {
-			shared++
-		}
 		checkContents(t, cur, want)
 		checkDiff(t, prev, cur)
 		checkDiff(t, cur, prev)
-	}
-	if n := len(states) - 1; shared < n*9/10 {
-		t.Errorf("%d of %d consecutive States shared a base; want at least 90%%", shared, n)
 	}
 	for range 50 {
 		x, y := states[rng.IntN(len(states))], states[rng.IntN(len(states))]
@@ -130,9 +122,9 @@ func checkDiff(t *testing.T, from, to *State) {
 }
 
 // TestDiffOfConsecutiveStatesReadsOnlyChanges: with many services, Diff of
-// two States one change apart looks at the changed service alone, not at
-// all of them nor at every service of their overlays; the overlay stays
-// small.
+// two States one change apart looks at the services of the one branch of
+// the index the change made again (a few, not all of them), and Diff of a
+// State and its Without at those of the names left out.
 func TestDiffOfConsecutiveStatesReadsOnlyChanges(t *testing.T) {
 	b, _ := NewBuilder(NodeConfig{})
 	for i := range 5000 {
@@ -141,23 +133,26 @@ func TestDiffOfConsecutiveStatesReadsOnlyChanges(t *testing.T) {
 		}
 	}
 	prev := b.State()
+	same := func(a, b *entry) bool { return a == b }
 	for i := range 1000 {
 		if err := b.Upsert(simple(fmt.Sprintf("s%04d", i), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), "10.0.0.2")); err != nil {
 			t.Fatal(err)
 		}
 		cur := b.State()
-		if n := len(cur.svcs.over); n > overlayLimit(5000) {
-			t.Fatalf("overlay of %d entries, over its limit of %d", n, overlayLimit(5000))
-		}
-		if cur.svcs.sameBase(&prev.svcs) {
-			if names := prev.svcs.changedNames(&cur.svcs); len(names) != 1 {
-				t.Fatalf("Diff of one change reads %d services, of an overlay of %d", len(names), len(cur.svcs.over))
-			}
+		var changed []string
+		seen := prev.svcs.diff(&cur.svcs.pmap, same, func(name string, _, _ *entry, _, _ bool) { changed = append(changed, name) })
+		if want := []string{fmt.Sprintf("s%04d", i)}; !slices.Equal(changed, want) || seen > 64 {
+			t.Fatalf("change %d: Diff found %v, want %v, looking at %d services", i, changed, want, seen)
 		}
 		if c := Diff(prev, cur); len(c.Changed) != 2 || len(c.Added)+len(c.Removed) != 0 {
 			t.Fatalf("change %d: %+v", i, c)
 		}
 		prev = cur
+	}
+	w := prev.Without("s0001", "s4999")
+	seen := prev.svcs.diff(&w.svcs.pmap, same, func(string, *entry, *entry, bool, bool) {})
+	if c := Diff(prev, w); len(c.Removed) != 4 || len(c.Added)+len(c.Changed) != 0 || seen > 128 {
+		t.Fatalf("Without: %+v, looking at %d services", c, seen)
 	}
 }
 

@@ -119,33 +119,18 @@ func (s *State) Conflicts() []Conflict { return slices.Clone(s.conflicts) }
 // service stays as s compiled it, its frontends included: a frontend that
 // a service left out holds is not handed to another service that asks for
 // it, so that leaving a service out changes nothing else. Without costs
-// the names and the changes s holds over the services it shares with the
-// States of its Builder (about 2√n of n services), not a walk of them all,
-// and Diff of two such States costs as much.
+// O(log n) for each name, not a walk of the services, and Diff of s and
+// its Without what the names left out.
 func (s *State) Without(names ...string) *State {
 	if !slices.ContainsFunc(names, func(name string) bool { return s.svcs.get(name) != nil }) {
 		return s
 	}
 	m := s.svcs
-	m.over = maps.Clone(m.over)
-	if m.over == nil {
-		m.over = map[string]*entry{}
-	}
 	for _, name := range names {
-		if m.get(name) == nil {
-			continue
-		}
-		if m.base != nil && m.base.m[name] != nil {
-			m.over[name] = nil
-		} else {
-			delete(m.over, name)
-		}
-		m.n--
+		m.delete(nil, name) // no owner: every node it changes is copied
 	}
-	// The journal names what one Builder set; these States differ from
-	// its States by more, so Diff reads their overlays instead. The index
-	// of claims still holds the services left out: an Edit indexes anew.
-	m.journal, m.names = nil, nil
+	// The index of claims still holds the services left out: an Edit
+	// indexes anew.
 	out := *s
 	out.svcs, out.claims = m, nil
 	return &out
@@ -159,8 +144,7 @@ func (s *State) Without(names ...string) *State {
 // as a Builder shares them with its States. Only a State from Without is
 // indexed again, service by service.
 func (s *State) Edit() *Builder {
-	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs}}
-	b.w.fork()
+	b := &Builder{node: s.node, w: mapWriter{serviceMap: s.svcs, o: &owner{}}}
 	if s.claims == nil {
 		b.index(s)
 		return b
@@ -258,8 +242,8 @@ func (b *Builder) allClashes() {
 	b.clashes = conflictSet{}
 	var vips []frontKey
 	var nps []portKey
-	b.claims.vips.each(func(k frontKey) { vips = append(vips, k) })
-	b.claims.nodePorts.each(func(k portKey) { nps = append(nps, k) })
+	b.claims.vips.each(func(k frontKey, _ claimList) { vips = append(vips, k) })
+	b.claims.nodePorts.each(func(k portKey, _ claimList) { nps = append(nps, k) })
 	b.clashes.update(b.claims, &b.node, vips, nps)
 	b.clashVer++
 }
@@ -464,9 +448,9 @@ func (b *Builder) SetNode(node NodeConfig) error {
 	return nil
 }
 
-// State returns the current state. It costs nothing while the Builder is
-// unchanged, and the changes after it cost about the square root of the
-// number of services each, not a copy of them all.
+// State returns the current state. It costs nothing but the sorted
+// conflicts, and each change after it copies the O(log n) nodes of the
+// index it changes, not the services.
 func (b *Builder) State() *State {
 	if b.snapshot == nil {
 		c := *b.claims
