@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,6 +39,13 @@ var (
 
 // DefaultTimeout bounds an ask without a Timeout option.
 const DefaultTimeout = time.Second
+
+// AnswerTimeout bounds each ask of a Count that expects every ask answered
+// (without CountFailures or Timeout). On a busy machine, or an emulated
+// one, an answer can come later than DefaultTimeout, and it is still an
+// answer; asks that may meet silence keep DefaultTimeout, which is how
+// long they wait for it.
+const AnswerTimeout = 10 * time.Second
 
 // Keys under which Count with CountFailures counts failed asks.
 const (
@@ -99,6 +107,7 @@ type AskOption func(*askConfig)
 
 type askConfig struct {
 	timeout       time.Duration
+	timeoutSet    bool
 	from          netip.Addr
 	fromPort      uint16
 	countFailures bool
@@ -112,7 +121,9 @@ type askConfig struct {
 
 // Timeout bounds each ask (connection and exchange); the default is
 // DefaultTimeout.
-func Timeout(d time.Duration) AskOption { return func(c *askConfig) { c.timeout = d } }
+func Timeout(d time.Duration) AskOption {
+	return func(c *askConfig) { c.timeout, c.timeoutSet = d, true }
+}
 
 // FromAddr sets the source address of the asks; it must be an address of
 // the asking host (see Host.AddAddress) of the destination's family.
@@ -504,11 +515,15 @@ func failureKey(err error) string {
 
 // Count makes n asks, one after the other, each on a fresh connection or
 // socket, and returns how many each host answered, by host name. A failed
-// ask fails the test unless the CountFailures option is given. Call it
-// from the test's goroutine.
+// ask fails the test unless the CountFailures option is given; then each
+// ask waits up to AnswerTimeout for its answer, unless Timeout says
+// otherwise. Call it from the test's goroutine.
 func (h *Host) Count(t testing.TB, proto string, dst netip.AddrPort, n int, opts ...AskOption) map[string]int {
 	t.Helper()
 	cfg := newAskConfig(opts)
+	if !cfg.countFailures && !cfg.timeoutSet {
+		opts = append(slices.Clip(opts), Timeout(AnswerTimeout))
+	}
 	counts := map[string]int{}
 	for i := range n {
 		r, err := h.Ask(context.Background(), proto, dst, opts...)

@@ -3,7 +3,10 @@
 package netnstest_test
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -196,6 +199,37 @@ func TestCount(t *testing.T) {
 	got := tp.Client.Count(t, "udp", netip.AddrPortFrom(b.IPv4, 9), 50, netnstest.CountFailures())
 	if len(got) != 1 || got[netnstest.KeyRefused] != 50 {
 		t.Errorf("closed port: counts %v, want %s:50 (ICMP rate limits off)", got, netnstest.KeyRefused)
+	}
+
+	// A Count that expects answers waits for a slow one, longer than
+	// DefaultTimeout: a server that answers after 1.5 s.
+	const slow = 1500 * time.Millisecond
+	var ln net.Listener
+	if err := b.Do(func() (err error) {
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.IPv4, 8081).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+					return
+				}
+				time.Sleep(slow)
+				fmt.Fprintf(c, "slow %s 8081\n", c.RemoteAddr())
+			}()
+		}
+	}()
+	if got := tp.Client.Count(t, "tcp", netip.AddrPortFrom(b.IPv4, 8081), 2); got["slow"] != 2 {
+		t.Errorf("slow server: counts %v, want slow:2", got)
 	}
 }
 
