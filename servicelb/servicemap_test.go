@@ -201,8 +201,11 @@ func TestForkedBuildersKeepTheirChanges(t *testing.T) {
 
 // BenchmarkChangeAndDiff is the work of one endpoint change with n
 // services, by each path: a Runner's (an upsert into the Builder it keeps,
-// a State, and its Diff from the State before), and an editor's (the last
-// State edited, the upsert, a State and its Diff from the one edited).
+// a State, and its Diff from the State before), an editor's (the last
+// State edited, the upsert, a State and its Diff from the one edited), and
+// a caller's that hands over the whole next state (NewState of every
+// service, one of them changed, and its Diff from the last: it shares
+// nothing with the last, so both cost O(n)).
 func BenchmarkChangeAndDiff(b *testing.B) {
 	svc := func(i, gen int) Service {
 		return simple(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1), fmt.Sprintf("10.0.%d.1", gen%2+1))
@@ -215,18 +218,34 @@ func BenchmarkChangeAndDiff(b *testing.B) {
 			}
 		}
 		start := bl.State()
-		for _, path := range []string{"builder", "edit"} {
+		for _, path := range []string{"builder", "edit", "newstate"} {
 			b.Run(fmt.Sprintf("%s/%d", path, n), func(b *testing.B) {
 				prev, bl := start, start.Edit()
+				var all []Service
+				if path == "newstate" {
+					for i := range n {
+						all = append(all, svc(i, 0))
+					}
+				}
 				b.ResetTimer()
 				for i := range b.N {
-					if path == "edit" {
+					var cur *State
+					switch path {
+					case "newstate":
+						all[i%n] = svc(i%n, i/n+1)
+						var err error
+						if cur, err = NewState(NodeConfig{}, all...); err != nil {
+							b.Fatal(err)
+						}
+					case "edit":
 						bl = prev.Edit()
+						fallthrough
+					default:
+						if err := bl.Upsert(svc(i%n, i/n+1)); err != nil {
+							b.Fatal(err)
+						}
+						cur = bl.State()
 					}
-					if err := bl.Upsert(svc(i%n, i/n+1)); err != nil {
-						b.Fatal(err)
-					}
-					cur := bl.State()
 					if c := Diff(prev, cur); c.Len() != 2 {
 						b.Fatalf("%d changes", c.Len())
 					}
