@@ -184,8 +184,10 @@
 //
 // The inet table named by Options.Table, with every chain, set and element
 // in it. Cleanup deletes that table, its rules first and the rest in a
-// second transaction, so that no packet reads the rules of before with
-// the maps of after (which would reject a flow either state serves).
+// second transaction, once every packet that read the rules before the
+// first has gone through (an RCU grace period, waited for with
+// membarrier(2)), so that no packet reads the rules of before with the
+// maps of after (which would reject a flow either state serves).
 // The kernel translates a flow by its conntrack entry only while some
 // chain of NAT is registered in the namespace: on a node with no other
 // (no CNI plugin's, no other proxy's), the flows the table translated

@@ -188,10 +188,17 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	// the rule rejecting what it does not dispatch still read a full set
 	// of cluster IPs, and the packet, which either table would have
 	// translated or left to whatever serves after, would be rejected.
-	for _, del := range []func(*nfnl.Batch){
+	// Between the two, every packet reading the rules of before has gone
+	// through (nfnl.AwaitReaders): one that read them before the first
+	// commit and looked up the maps after the second (held that long by
+	// a busy host's scheduler, say) would meet the same mix.
+	for i, del := range []func(*nfnl.Batch){
 		func(b *nfnl.Batch) { b.FlushTable(nfnl.Inet, p.opts.Table) },
 		func(b *nfnl.Batch) { b.DelTable(nfnl.Inet, p.opts.Table) },
 	} {
+		if i > 0 {
+			nfnl.AwaitReaders()
+		}
 		var b nfnl.Batch
 		del(&b)
 		// ENOENT: someone deleted the table since we looked.
