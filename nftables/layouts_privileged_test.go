@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kproxy-dev/kproxy/internal/nfnl"
+	"github.com/kproxy-dev/kproxy/internal/testkit/benchwork"
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/nftables"
@@ -109,29 +110,9 @@ func medianDuration(d []time.Duration) time.Duration {
 }
 
 // floorMedian is the median time of the cheapest element commit of the
-// connection's namespace: one element added to and deleted from a small
-// set of a table of its own (see changer.floor).
+// connection's namespace (elementCommits).
 func floorMedian(b *testing.B, conn *nfnl.Conn, n int) time.Duration {
-	ctx := context.Background()
-	var setup nfnl.Batch
-	setup.AddTable(nfnl.Table{Family: nfnl.IPv4, Name: "floor"})
-	setup.AddSet(nfnl.Set{Family: nfnl.IPv4, Table: "floor", Name: "s", KeyType: 7, KeyLen: 4}) // ipv4_addr
-	if _, err := conn.Commit(ctx, &setup); err != nil {
-		b.Fatal(err)
-	}
-	el := []nfnl.Element{{Key: []byte{10, 1, 2, 3}}}
-	d := make([]time.Duration, n)
-	for i := range d {
-		var fb nfnl.Batch
-		fb.AddElements(nfnl.IPv4, "floor", "s", el)
-		fb.DelElements(nfnl.IPv4, "floor", "s", el)
-		t0 := time.Now()
-		if _, err := conn.Commit(ctx, &fb); err != nil {
-			b.Fatal(err)
-		}
-		d[i] = time.Since(t0)
-	}
-	return medianDuration(d)
+	return medianDuration(elementCommits(b, conn, n))
 }
 
 func openConn(b *testing.B, h *netnstest.Host) *nfnl.Conn {
@@ -201,14 +182,7 @@ func loadFlat(b *testing.B, sz layoutSize, verdict bool) *layoutChange {
 		el := els[len(els)/2]
 		moved := el
 		moved.Verdict = &nfnl.Verdict{Code: el.Verdict.Code, Chain: "cluster-b"}
-		batches := [2]nfnl.Element{moved, el}
-		return &layoutChange{h: h, conn: conn, commit: func(ctx context.Context, i int) error {
-			var bt nfnl.Batch
-			bt.DelElements(nfnl.Inet, table, "services4", []nfnl.Element{{Key: el.Key}})
-			bt.AddElements(nfnl.Inet, table, "services4", []nfnl.Element{batches[i%2]})
-			_, err := conn.Commit(ctx, &bt)
-			return err
-		}}
+		return replacing(h, conn, table, "services4", moved, el)
 	}
 	els, err := conn.Elements(ctx, nfnl.Inet, table, "eps4")
 	if err != nil {
@@ -217,11 +191,17 @@ func loadFlat(b *testing.B, sz layoutSize, verdict bool) *layoutChange {
 	el, other := els[len(els)/2], els[len(els)/2+1]
 	replaced := el
 	replaced.Data = other.Data
-	pair := [2]nfnl.Element{replaced, el}
+	return replacing(h, conn, table, "eps4", replaced, el)
+}
+
+// replacing is the change that replaces an element of set with changed
+// (i even) and puts it back as it was (i odd), in one commit each.
+func replacing(h *netnstest.Host, conn *nfnl.Conn, table, set string, changed, was nfnl.Element) *layoutChange {
+	pair := [2]nfnl.Element{changed, was}
 	return &layoutChange{h: h, conn: conn, commit: func(ctx context.Context, i int) error {
 		var bt nfnl.Batch
-		bt.DelElements(nfnl.Inet, table, "eps4", []nfnl.Element{{Key: el.Key}})
-		bt.AddElements(nfnl.Inet, table, "eps4", []nfnl.Element{pair[i%2]})
+		bt.DelElements(nfnl.Inet, table, set, []nfnl.Element{{Key: was.Key}})
+		bt.AddElements(nfnl.Inet, table, set, []nfnl.Element{pair[i%2]})
 		_, err := conn.Commit(ctx, &bt)
 		return err
 	}}
@@ -337,7 +317,8 @@ func flatTable(svcs []servicelb.Service, k int, bySets bool, decoys int) string 
 // where the frontend is matched after 16 other shared chains' rules and
 // 16 rules of other numbers of buckets (a node with that many verdict
 // shapes and endpoint counts in use). Rounds of connects through the
-// service and direct take turns; each metric is a median.
+// service and direct take turns (benchwork.ConnectBoth); each metric is a
+// median.
 func BenchmarkLayoutFirstPacket(b *testing.B) {
 	netnstest.Require(b, "nf_tables", "nat")
 	sz := layoutSizes[1]
@@ -374,9 +355,9 @@ func BenchmarkLayoutFirstPacket(b *testing.B) {
 			// A route to the service addresses, for the connect's
 			// route lookup before the output hook translates it.
 			h.Exec(b, "ip", "route", "add", "172.16.0.0/12", "dev", "lo")
-			vip := netip.AddrPortFrom(target.ClusterIPs[0], 80)
-			direct := netip.AddrPortFrom(target.Endpoints[0].Addr, 8080)
-			var via, dir []time.Duration
+			vip := netip.AddrPortFrom(target.ClusterIPs[0], 80).String()
+			direct := netip.AddrPortFrom(target.Endpoints[0].Addr, 8080).String()
+			var via, dir benchwork.Latency
 			err := h.Do(func() error {
 				ln, err := net.Listen("tcp4", ":8080")
 				if err != nil {
@@ -392,40 +373,17 @@ func BenchmarkLayoutFirstPacket(b *testing.B) {
 						c.Close()
 					}
 				}()
-				connect := func(to netip.AddrPort) (time.Duration, error) {
-					t0 := time.Now()
-					c, err := net.DialTimeout("tcp4", to.String(), 5*time.Second)
-					d := time.Since(t0)
-					if err != nil {
-						return 0, err
-					}
-					return d, c.Close()
-				}
 				b.ResetTimer()
-				for i := range b.N {
-					to, out := vip, &via
-					if i%2 == 1 {
-						to, out = direct, &dir
-					}
-					d, err := connect(to)
-					if err != nil {
-						return err
-					}
-					*out = append(*out, d)
-				}
+				via, dir, err = benchwork.ConnectBoth([]string{vip}, []string{direct}, b.N, 5*time.Second)
 				b.StopTimer()
-				return nil
+				return err
 			})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if len(dir) == 0 {
-				return
-			}
-			v, d := medianDuration(via), medianDuration(dir)
-			b.ReportMetric(float64(v.Nanoseconds())/1000, "service-us")
-			b.ReportMetric(float64(d.Nanoseconds())/1000, "direct-us")
-			b.ReportMetric(float64(v)/float64(d), "service/direct")
+			b.ReportMetric(via.P50, "service-us")
+			b.ReportMetric(dir.P50, "direct-us")
+			b.ReportMetric(via.P50/dir.P50, "service/direct")
 		})
 	}
 }
