@@ -270,8 +270,16 @@ func diffNodes[K comparable, V any](x, y *pnode[K, V], shift uint, same func(a, 
 		if y.bits&bit != 0 {
 			sy = &y.slots[bits.OnesCount32(y.bits&(bit-1))]
 		}
-		if sx != nil && sy != nil && sx.child != nil && sy.child != nil {
+		switch {
+		case sx != nil && sy != nil && sx.child != nil && sy.child != nil:
 			seen += diffNodes(sx.child, sy.child, shift+pmapBits, same, f)
+			continue
+		case sx != nil && sy != nil && sx.child == nil && sy.child == nil && sx.key == sy.key:
+			// The common case of a change: one leaf, changed in place.
+			if !same(sx.val, sy.val) {
+				f(sx.key, sx.val, sy.val, true, true)
+			}
+			seen += 2
 			continue
 		}
 		seen += diffLeaves(slotLeaves(sx), slotLeaves(sy), same, f)
