@@ -423,21 +423,19 @@ const (
 
 // kindOf returns what changed from old to cur, either nil for a service
 // absent.
-func kindOf(old, cur *Service) changeKind {
+func kindOf(old, cur *entry) changeKind {
 	if old == nil || cur == nil {
 		k := serviceChange
-		if (old != nil && len(old.Endpoints) > 0) || (cur != nil && len(cur.Endpoints) > 0) {
+		if (old != nil && len(old.eps) > 0) || (cur != nil && len(cur.eps) > 0) {
 			k |= endpointChange
 		}
 		return k
 	}
 	var k changeKind
-	if !reflect.DeepEqual(old.Endpoints, cur.Endpoints) {
+	if !endpointsEqual(old.eps, cur.eps) {
 		k |= endpointChange
 	}
-	a, b := *old, *cur
-	a.Endpoints, b.Endpoints = nil, nil
-	if k == 0 || !reflect.DeepEqual(a, b) {
+	if k == 0 || !reflect.DeepEqual(old.svc, cur.svc) {
 		k |= serviceChange
 	}
 	return k
@@ -484,7 +482,7 @@ func changeFamilies(old, cur *entry, k changeKind) familySet {
 	}
 	if k&endpointChange != 0 {
 		for _, f := range Families() {
-			if !reflect.DeepEqual(old.endpointsOf(f), cur.endpointsOf(f)) {
+			if !endpointsEqual(old.endpointsOf(f), cur.endpointsOf(f)) {
 				fams |= familyBit(f)
 			}
 		}
@@ -506,12 +504,12 @@ func (e *entry) families() familySet {
 
 // endpointsOf returns the service's endpoints of family f, in order; nil
 // for a nil entry.
-func (e *entry) endpointsOf(f Family) []Endpoint {
-	var out []Endpoint
+func (e *entry) endpointsOf(f Family) []epRec {
+	var out []epRec
 	if e != nil {
-		for _, ep := range e.svc.Endpoints {
-			if FamilyOf(ep.Addr) == f {
-				out = append(out, ep)
+		for _, r := range e.eps {
+			if r.family() == f {
+				out = append(out, r)
 			}
 		}
 	}
@@ -853,11 +851,7 @@ func (s *Source) upsert(svc *Service, at time.Time) error {
 		cur := r.b.w.get(name)
 		k, fams := serviceChange, cur.families()
 		if name == svc.Name {
-			var old *Service
-			if before != nil {
-				old = before.svc
-			}
-			k = kindOf(old, cur.svc)
+			k = kindOf(before, cur)
 			fams = changeFamilies(before, cur, k)
 		}
 		r.changed(name, k, at, fams)
@@ -890,7 +884,7 @@ func (s *Source) delete(name string) error {
 	}
 	before := r.b.w.get(name)
 	if others, ok := r.b.delete(name); ok {
-		k := kindOf(before.svc, nil)
+		k := kindOf(before, nil)
 		r.changed(name, k, time.Time{}, changeFamilies(before, nil, k))
 		for _, o := range others {
 			r.changed(o, serviceChange, time.Time{}, r.b.w.get(o).families())

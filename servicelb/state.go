@@ -41,8 +41,34 @@ func (s *State) Check() error {
 }
 
 type entry struct {
+	// svc is the service without its endpoints, which eps holds.
 	svc   *Service
+	eps   []epRec
 	ports []*ServicePort
+}
+
+// newEntry returns the entry of service s (normalized), compiled into
+// ports, with s's endpoints in their compact form eps: it keeps s, and
+// drops s's endpoints.
+func newEntry(s *Service, eps []epRec, ports []*ServicePort) *entry {
+	s.Endpoints = nil
+	return &entry{svc: s, eps: eps, ports: ports}
+}
+
+// service returns the entry's service whole: a copy whose endpoints are
+// decoded from the entry's.
+func (e *entry) service() *Service {
+	s := *e.svc
+	s.Endpoints = decodeEndpoints(e.eps)
+	return &s
+}
+
+// holds reports whether the entry holds service s (normalized) with the
+// endpoints eps (s's, in their compact form).
+func (e *entry) holds(s *Service, eps []epRec) bool {
+	x := *s
+	x.Endpoints = nil
+	return reflect.DeepEqual(e.svc, &x) && endpointsEqual(e.eps, eps)
 }
 
 // NewState validates services against node and returns their State. It
@@ -65,19 +91,21 @@ func (s *State) Node() NodeConfig { return s.node }
 // Len returns the number of services.
 func (s *State) Len() int { return s.svcs.n }
 
-// Service returns the named service. The result is read only.
+// Service returns the named service, as it was given with the defaults
+// applied. The result is read only; each call decodes the service's
+// endpoints anew.
 func (s *State) Service(name string) (*Service, bool) {
 	e := s.svcs.get(name)
 	if e == nil {
 		return nil, false
 	}
-	return e.svc, true
+	return e.service(), true
 }
 
-// Services returns every service, ordered by name. The results are read only.
+// Services returns every service, ordered by name, as Service does.
 func (s *State) Services() []*Service {
 	out := make([]*Service, 0, s.svcs.n)
-	s.svcs.each(func(_ string, e *entry) { out = append(out, e.svc) })
+	s.svcs.each(func(_ string, e *entry) { out = append(out, e.service()) })
 	slices.SortFunc(out, func(a, b *Service) int { return cmp.Compare(a.Name, b.Name) })
 	return out
 }
@@ -322,8 +350,9 @@ func (b *Builder) upsert(s Service) ([]string, error) {
 		return nil, err
 	}
 	n := normalize(s)
+	eps := encodeEndpoints(n.Endpoints)
 	old := b.w.get(n.Name)
-	if old != nil && reflect.DeepEqual(old.svc, n) {
+	if old != nil && old.holds(n, eps) {
 		return nil, nil
 	}
 	if b.caps != nil {
@@ -354,7 +383,7 @@ func (b *Builder) upsert(s Service) ([]string, error) {
 	if !same {
 		b.claims.add(n, seqOf)
 	}
-	e := &entry{svc: n, ports: compilePorts(&b.node, n, b.claims)}
+	e := newEntry(n, eps, compilePorts(&b.node, n, b.claims))
 	if b.caps != nil {
 		if err := checkFits(b.caps, e); err != nil {
 			if !same {
@@ -385,9 +414,9 @@ func (b *Builder) settle(s, old *Service) []string {
 		if e == nil {
 			continue
 		}
-		ports := compilePorts(&b.node, e.svc, b.claims)
+		ports := compilePorts(&b.node, e.service(), b.claims)
 		if !reflect.DeepEqual(ports, e.ports) {
-			b.w.set(name, &entry{svc: e.svc, ports: ports})
+			b.w.set(name, &entry{svc: e.svc, eps: e.eps, ports: ports})
 			changed = append(changed, name)
 		}
 	}
@@ -431,7 +460,7 @@ func (b *Builder) SetNode(node NodeConfig) error {
 	node = cloneNode(node)
 	var errs []error
 	b.w.each(func(_ string, e *entry) {
-		if err := Validate(&node, e.svc); err != nil {
+		if err := Validate(&node, e.service()); err != nil {
 			errs = append(errs, err)
 		}
 	})
@@ -441,7 +470,7 @@ func (b *Builder) SetNode(node NodeConfig) error {
 	b.node = node
 	next := newMapWriter()
 	b.w.each(func(name string, e *entry) {
-		next.set(name, &entry{svc: e.svc, ports: compilePorts(&b.node, e.svc, b.claims)})
+		next.set(name, &entry{svc: e.svc, eps: e.eps, ports: compilePorts(&b.node, e.service(), b.claims)})
 	})
 	b.w, b.snapshot = next, nil
 	b.allClashes()
@@ -471,7 +500,10 @@ func normalize(s Service) *Service {
 	n.SourceRanges = slices.Clone(s.SourceRanges)
 	n.Ports = slices.Clone(s.Ports)
 	n = WithDefaults(n)
-	n.Endpoints = slices.Clone(s.Endpoints)
+	n.Endpoints = nil
+	if len(s.Endpoints) > 0 {
+		n.Endpoints = slices.Clone(s.Endpoints)
+	}
 	for i := range n.Endpoints {
 		e := &n.Endpoints[i]
 		e.Ports = maps.Clone(e.Ports)

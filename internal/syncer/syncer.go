@@ -167,8 +167,10 @@ type Engine struct {
 }
 
 type leftOut struct {
-	svc *servicelb.Service
-	err error
+	// ports are the service's ports when it was left out: a State keeps
+	// them, the same values, until the service changes.
+	ports []*servicelb.ServicePort
+	err   error
 }
 
 // New returns an Engine for b.
@@ -323,11 +325,10 @@ func (e *Engine) leaveOut(st *servicelb.State, bad map[string]error) {
 		e.leftOut = map[string]leftOut{}
 	}
 	for name, err := range bad {
-		svc, _ := st.Service(name)
 		if _, was := e.leftOut[name]; !was {
 			e.log.Warn("service left out: the backend or the kernel refuses it; the rest is applied", "service", name, "err", err)
 		}
-		e.leftOut[name] = leftOut{svc: svc, err: err}
+		e.leftOut[name] = leftOut{ports: st.ServicePorts(name), err: err}
 	}
 }
 
@@ -337,7 +338,7 @@ func (e *Engine) leaveOut(st *servicelb.State, bad map[string]error) {
 func (e *Engine) exclude(st *servicelb.State) *servicelb.State {
 	var names []string
 	for name, lo := range e.leftOut {
-		if svc, ok := st.Service(name); !ok || svc != lo.svc {
+		if _, ok := st.Service(name); !ok || !slices.Equal(st.ServicePorts(name), lo.ports) {
 			delete(e.leftOut, name)
 			continue
 		}
