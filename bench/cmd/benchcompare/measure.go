@@ -27,18 +27,21 @@ var proxiers = []proxier{
 // result is what one proxier measured at one size. Times in ms, memory
 // in MiB, connect times in µs; zero is not measured.
 type result struct {
-	Proxier   proxier
-	N, M      int
-	Err       string `json:",omitempty"` // why the run stopped early
-	Bounded   bool   // a sync did not finish within the bound
-	Cold      float64
-	Change    []float64
-	Add, Del  []float64
-	PeakMiB   float64 // VmHWM after the cold sync
-	SteadyMiB float64 // VmRSS after the changes, once the Go heap is returned
-	Adopt     float64
-	Connect   *latency `json:",omitempty"` // through a service's address
-	Direct    *latency `json:",omitempty"` // to an endpoint, routed by the node
+	Proxier proxier
+	N, M    int
+	Err     string `json:",omitempty"` // why the run stopped early
+	Bounded bool   // a sync did not finish within the bound
+	Cold    float64
+	Change  []float64
+	// ChangeEdit are one-endpoint changes made by State.Edit (kproxy
+	// only), each timed with its edit.
+	ChangeEdit []float64 `json:",omitempty"`
+	Add, Del   []float64
+	PeakMiB    float64 // VmHWM after the cold sync
+	SteadyMiB  float64 // VmRSS after the changes, once the Go heap is returned
+	Adopt      float64
+	Connect    *latency `json:",omitempty"` // through a service's address
+	Direct     *latency `json:",omitempty"` // to an endpoint, routed by the node
 	// kproxy only: the kernel's floors.
 	ElementFloor float64 // median element commit in the loaded namespace
 	ColdReplay   float64 // the cold sync's batches replayed in an empty namespace
@@ -146,6 +149,12 @@ func (c config) first(r *result, t *topo, pr proxier, sz size, want string, vips
 		return fmt.Errorf("change: %w", err)
 	}
 	r.Change = ch.MS
+	if pr.Impl == "kproxy" {
+		if err := p.ask(c.bound+c.changeBudget, &ch, "change-edit", strconv.Itoa(c.changes), budget); err != nil {
+			return fmt.Errorf("change by State.Edit: %w", err)
+		}
+		r.ChangeEdit = ch.MS
+	}
 	var sv struct {
 		Add []float64 `json:"add_ms"`
 		Del []float64 `json:"delete_ms"`

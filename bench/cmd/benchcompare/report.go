@@ -109,6 +109,7 @@ var rows = []row{
 	{"one endpoint change, median", func(r *result) float64 { return median(r.Change) }, ms},
 	{"one endpoint change, p99", func(r *result) float64 { return pct(r.Change, 99) }, ms},
 	{"one endpoint change, max", func(r *result) float64 { return slices.Max(append([]float64{0}, r.Change...)) }, ms},
+	{"one endpoint change by State.Edit, with the edit, median", func(r *result) float64 { return median(r.ChangeEdit) }, ms},
 	{"service added, median", func(r *result) float64 { return median(r.Add) }, ms},
 	{"service deleted, median", func(r *result) float64 { return median(r.Del) }, ms},
 	{"restart (new process, full table)", func(r *result) float64 { return r.Adopt }, ms},
@@ -334,6 +335,10 @@ var targets = []target{
 	{"nftables one endpoint change (median), 50k x 5 over 1k x 10", 2, true, func(r *report) (float64, bool) {
 		a, b := r.find("kproxy", "nftables", size{50000, 5}), r.find("kproxy", "nftables", size{1000, 10})
 		return div(a, b, func(x *result) float64 { return median(x.Change) })
+	}},
+	{"nftables one endpoint change by State.Edit (median, with the edit), 50k x 5 over 1k x 10", 2, true, func(r *report) (float64, bool) {
+		a, b := r.find("kproxy", "nftables", size{50000, 5}), r.find("kproxy", "nftables", size{1000, 10})
+		return div(a, b, func(x *result) float64 { return median(x.ChangeEdit) })
 	}},
 	{"nftables cold sync, 50k x 5 over 5k x 50", 2, true, func(r *report) (float64, bool) {
 		a, b := r.find("kproxy", "nftables", size{50000, 5}), r.find("kproxy", "nftables", size{5000, 50})

@@ -58,3 +58,25 @@ func TestKernelShare(t *testing.T) {
 		t.Errorf("a report without floors has their section:\n%s", md)
 	}
 }
+
+// TestChangeByEdit: the report gives kproxy's one-endpoint change made by
+// State.Edit beside the Builder's, at each size, and its growth from 1k x
+// 10 to 50k x 5 as a target; kube-proxy has no such path.
+func TestChangeByEdit(t *testing.T) {
+	nft := proxier{"kproxy", "nftables"}
+	rep := &report{Results: []*result{
+		{Proxier: proxier{"kube-proxy", "nftables"}, N: 1000, M: 10, Cold: 200, Change: []float64{180}},
+		{Proxier: nft, N: 1000, M: 10, Cold: 60, Change: []float64{0.05}, ChangeEdit: []float64{0.08, 0.1, 0.12}},
+		{Proxier: nft, N: 50000, M: 5, Cold: 3000, Change: []float64{0.4}, ChangeEdit: []float64{0.3}},
+	}}
+	md := rep.markdown()
+	for _, want := range []string{
+		"| one endpoint change by State.Edit, with the edit, median | - | 0.10 ms | - |",
+		"| one endpoint change by State.Edit, with the edit, median | - | 0.30 ms | - |",
+		"| nftables one endpoint change by State.Edit (median, with the edit), 50k x 5 over 1k x 10 | at most 2 | 3.00 | no |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}

@@ -71,7 +71,8 @@ func newDriver(backend string, n, m int) (*driver, error) {
 }
 
 // do runs one command: sync; change K MS (up to K one-endpoint changes,
-// or fewer once MS milliseconds are spent, at least 3); service K MS (K
+// or fewer once MS milliseconds are spent, at least 3); change-edit K MS
+// (the same, each change made by State.Edit of the last State); service K MS (K
 // services added, then removed, one sync each); mem; floor-element K;
 // floor-change K MS; floor-cold; cpuprofile FILE (starts, or stops without FILE);
 // heapprofile FILE.
@@ -100,6 +101,9 @@ func (d *driver) do(ctx context.Context, f []string) (map[string]any, error) {
 		d.syncCPU = 0
 		s, err := d.changeSamples(ctx, arg(1, 100), arg(2, 30000))
 		return map[string]any{"ms": s, "cpu_ms_each": d.syncCPU / float64(len(s))}, err
+	case "change-edit":
+		s, err := d.editSamples(ctx, arg(1, 100), arg(2, 30000))
+		return map[string]any{"ms": s}, err
 	case "service":
 		add, del, err := d.serviceSamples(ctx, arg(1, 10), arg(2, 30000))
 		return map[string]any{"add_ms": add, "delete_ms": del}, err
@@ -164,6 +168,30 @@ func (d *driver) changed(svcs []benchwork.Service, k int) benchwork.Service {
 	w.Endpoints[j].Addr = benchwork.EndpointIP(benchwork.BaseReplacements, k)
 	svcs[i] = w
 	return w
+}
+
+// editSamples replaces one endpoint of one service per sync, as
+// changeSamples does, each change made by editing the last State
+// (State.Edit), as a caller that keeps States rather than a Builder
+// does. Each sample times the whole change: the edit, the upsert and the
+// sync. The changes after go on from the last Builder.
+func (d *driver) editSamples(ctx context.Context, k, ms int) ([]float64, error) {
+	return benchwork.Budget(k, ms, func(int) (time.Duration, error) {
+		w := d.changed(d.svcs, d.changes)
+		d.changes++
+		t0 := time.Now()
+		b := d.st.Edit()
+		if err := b.Upsert(benchlb.Service(w)); err != nil {
+			return 0, err
+		}
+		st := b.State()
+		if _, err := d.p.Sync(ctx, st); err != nil {
+			return 0, err
+		}
+		el := time.Since(t0)
+		d.st, d.b = st, b
+		return el, nil
+	})
 }
 
 // serviceSamples adds k services one sync each, then deletes them.
