@@ -115,7 +115,7 @@ func (n *pnode[K, V]) editable(o *owner) *pnode[K, V] {
 	if o != nil && n.owner == o {
 		return n
 	}
-	return &pnode[K, V]{bits: n.bits, slots: slices.Clone(n.slots), owner: o}
+	return &pnode[K, V]{bits: n.bits, slots: append(make([]pslot[K, V], 0, len(n.slots)), n.slots...), owner: o}
 }
 
 func (n *pnode[K, V]) with(o *owner, shift uint, leaf pslot[K, V], added *bool) *pnode[K, V] {
@@ -136,9 +136,12 @@ func (n *pnode[K, V]) with(o *owner, shift uint, leaf pslot[K, V], added *bool) 
 	bit, i, ok := n.slot(leaf.hash, shift)
 	if !ok {
 		*added = true
-		c := n.editable(o)
+		c := n
+		if o == nil || n.owner != o {
+			c = &pnode[K, V]{bits: n.bits, owner: o}
+		}
 		c.bits |= bit
-		c.slots = slices.Insert(c.slots, i, leaf)
+		c.slots = insertExact(n.slots, i, leaf)
 		return c
 	}
 	s := n.slots[i]
@@ -153,6 +156,17 @@ func (n *pnode[K, V]) with(o *owner, shift uint, leaf pslot[K, V], added *bool) 
 		c.slots[i] = pslot[K, V]{child: pairNode(o, shift+pmapBits, s, leaf)}
 	}
 	return c
+}
+
+// insertExact returns s with v inserted at i, in a new array of the
+// length needed and no more: a node keeps its array as long as it lives,
+// shared by every State that holds it, and most nodes never grow again.
+func insertExact[T any](s []T, i int, v T) []T {
+	out := make([]T, len(s)+1)
+	copy(out, s[:i])
+	out[i] = v
+	copy(out[i+1:], s[i:])
+	return out
 }
 
 func leafNode[K comparable, V any](o *owner, shift uint, leaf pslot[K, V]) *pnode[K, V] {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -105,4 +106,30 @@ func TestPmapAgainstAMap(t *testing.T) {
 			require.Zero(t, m.n)
 		})
 	}
+}
+
+// TestPmapNodesHoldNoSpareRoom: a node's array is as long as its slots,
+// filled in place by one writer or copied along a path: every State that
+// shares a node keeps its array as long as the node lives.
+func TestPmapNodesHoldNoSpareRoom(t *testing.T) {
+	var m pmap[int, int]
+	o := &owner{}
+	for k := range 20000 {
+		m.set(o, k, k)
+		if k%1000 == 0 {
+			o = &owner{}
+		}
+	}
+	var walk func(n *pnode[int, int])
+	spare := 0
+	walk = func(n *pnode[int, int]) {
+		spare += cap(n.slots) - len(n.slots)
+		for _, s := range n.slots {
+			if s.child != nil {
+				walk(s.child)
+			}
+		}
+	}
+	walk(m.root)
+	assert.Zero(t, spare, "slots allocated and unused")
 }
