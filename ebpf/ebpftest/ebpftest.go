@@ -34,6 +34,7 @@ package ebpftest
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -42,6 +43,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -220,10 +223,12 @@ func pidOf(prefix, n string) (int, bool) {
 
 // Reap removes what processes that are gone left with this prefix: their
 // mount points in the temporary directory (their child cgroups first) and
-// returns what it removed. Unmounting a bpf filesystem drops its pins,
-// and with the pin of a link the link itself, which detaches its program
-// from the cgroup it was attached to, even a cgroup that cannot be
-// removed yet because a process is still in it (an error says which).
+// returns what it removed. Each link pinned in a bpf filesystem is
+// detached from where it is attached before the filesystem goes, so that
+// its program has left the cgroup when Reap returns, even a cgroup that
+// cannot be removed yet because a process is still in it (an error says
+// which). Unmounting drops the pins; the kernel frees a link whose last
+// reference goes later, from a work queue, and only then would it detach.
 func Reap(prefix string) ([]string, error) {
 	ents, err := os.ReadDir(os.TempDir())
 	if err != nil {
@@ -240,6 +245,11 @@ func Reap(prefix string) ([]string, error) {
 		if strings.HasSuffix(ent.Name(), "-cgroup2") {
 			removed = append(removed, reapCgroups(prefix, dir, &errs)...)
 		}
+		if strings.HasSuffix(ent.Name(), "-bpf") {
+			if err := detachPinnedLinks(dir); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if err := unmount(dir); err != nil {
 			errs = append(errs, err)
 			continue
@@ -247,6 +257,27 @@ func Reap(prefix string) ([]string, error) {
 		removed = append(removed, dir)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// detachPinnedLinks detaches every link pinned under a bpf filesystem
+// (BPF_LINK_DETACH); other pins are left to the unmount.
+func detachPinnedLinks(root string) error {
+	var errs []error
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			return nil // not a link
+		}
+		defer l.Close()
+		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", path, err))
+		}
+		return nil
+	})
+	return errors.Join(append(errs, err)...)
 }
 
 // reapCgroups removes the child cgroups under a cgroup v2 mount whose

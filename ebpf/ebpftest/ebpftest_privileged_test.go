@@ -3,12 +3,14 @@
 package ebpftest
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -93,23 +95,29 @@ func TestReap(t *testing.T) {
 
 	// A crashed run's hook: a program attached through a link to its
 	// child cgroup, the link pinned in its bpf filesystem. Reap detaches
-	// it, and the kernel frees the link and the program.
+	// it, and the kernel frees the link and the program (from a work
+	// queue: soon after, not always before Reap returns).
 	run := crashedRun(t, itoa(gone), live, 10)
 	require.Equal(t, []ebpf.ProgramID{run.prog}, attachedTo(t, run.cgroup), "attached before")
 	removed, err = Reap("kproxy-reaptest")
 	require.NoError(t, err)
 	assert.Contains(t, removed, run.dir)
 	assert.NoDirExists(t, run.cgroup)
-	_, err = link.NewFromID(run.link)
-	assert.ErrorIs(t, err, os.ErrNotExist, "the link outlived Reap")
-	_, err = ebpf.NewProgramFromID(run.prog)
-	assert.ErrorIs(t, err, os.ErrNotExist, "the program outlived Reap")
+	assert.Eventually(t, func() bool {
+		_, lerr := link.NewFromID(run.link)
+		_, perr := ebpf.NewProgramFromID(run.prog)
+		return errors.Is(lerr, os.ErrNotExist) && errors.Is(perr, os.ErrNotExist)
+	}, 10*time.Second, 10*time.Millisecond, "the link or the program outlived Reap")
 
 	// The same with a process of the crashed run still in its cgroup,
-	// which cannot be removed then: Reap says so, and detaches the hook
-	// all the same; once the process ends, the next Reap removes the
-	// cgroup.
+	// which cannot be removed then, and the link still open elsewhere
+	// (a process of the run that outlived it holds it): Reap says so, and
+	// detaches the hook all the same, by the time it returns; once the
+	// process ends, the next Reap removes the cgroup.
 	run = crashedRun(t, itoa(gone), live, 20)
+	held, err := link.NewFromID(run.link)
+	require.NoError(t, err)
+	defer held.Close()
 	sleeper := exec.Command("sleep", "60")
 	require.NoError(t, sleeper.Start())
 	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
@@ -117,8 +125,11 @@ func TestReap(t *testing.T) {
 	_, err = Reap("kproxy-reaptest")
 	assert.ErrorContains(t, err, run.dir)
 	assert.Empty(t, attachedTo(t, run.cgroup), "the hook outlived Reap")
-	_, err = link.NewFromID(run.link)
-	assert.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, held.Close())
+	assert.Eventually(t, func() bool {
+		_, err := link.NewFromID(run.link)
+		return errors.Is(err, os.ErrNotExist)
+	}, 10*time.Second, 10*time.Millisecond, "the link outlived its last holder")
 	require.NoError(t, sleeper.Process.Kill())
 	sleeper.Wait()
 	var again []error
