@@ -9,36 +9,34 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// bucketCounts shares the slot's buckets among the backends in proportion
-// to their weights (largest remainder first), giving each at least one. It
-// returns nil when there are more backends than buckets.
+// bucketCounts shares buckets among the backends in proportion to their
+// weights: as many as the weights divided by their greatest common
+// divisor (one each when they are equal), so that the shares are exact;
+// or, when those add up to more than buckets, all of them in proportion
+// (largest remainder first), at least one each. It returns nil when there
+// are more backends than buckets.
 func bucketCounts(bs []servicelb.Backend) []uint32 {
 	n := len(bs)
 	if n == 0 || n > buckets {
 		return nil
 	}
+	g := uint64(0)
 	var total uint64
-	equal := true
 	for _, b := range bs {
-		total += uint64(b.Weight)
-		equal = equal && b.Weight == bs[0].Weight
+		g = gcd(g, uint64(max(b.Weight, 1)))
+		total += uint64(max(b.Weight, 1))
 	}
 	counts := make([]uint32, n)
-	if equal {
-		// Every remainder is the same: the first ones gain the buckets
-		// left over, as the stable sort below would give them.
-		for i := range counts {
-			counts[i] = uint32(buckets / n)
-			if i < buckets%n {
-				counts[i]++
-			}
+	if total/g <= buckets {
+		for i, b := range bs {
+			counts[i] = uint32(uint64(max(b.Weight, 1)) / g)
 		}
 		return counts
 	}
 	rems := make([]uint64, n)
 	sum := uint32(0)
 	for i, b := range bs {
-		share := uint64(b.Weight) * buckets
+		share := uint64(max(b.Weight, 1)) * buckets
 		counts[i] = uint32(share / total)
 		rems[i] = share % total
 		if counts[i] == 0 {
@@ -68,4 +66,20 @@ func bucketCounts(bs []servicelb.Backend) []uint32 {
 		sum--
 	}
 	return counts
+}
+
+func gcd(a, b uint64) uint64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// sum returns the number of buckets counts share.
+func sum(counts []uint32) uint32 {
+	var s uint32
+	for _, c := range counts {
+		s += c
+	}
+	return s
 }

@@ -17,16 +17,19 @@ import (
 var _ servicelb.FlowChecker = (*Proxier)(nil)
 
 // CheckFlow reads back from the kernel what serves the flow e explains:
-// the table, the node's chains and elements (the dispatch chain every
-// flow passes, the pod and service CIDRs), and, for a flow that hits a
-// frontend, its service port's chains with their rules, its frontends'
-// elements in the services and firewall maps, its ranges in the backends
-// maps (each endpoint's hash range) and the cluster IP and hairpin
-// elements it needs; for a flow that hits none, that no element of the
-// services map takes its address, protocol and port. It compares each
-// with the plan of the explained port, which the explanation's own
-// ServicePort renders, and reports every rule, element or chain missing,
-// changed or in the way.
+// the table, the chains no port owns (the dispatch chain every flow
+// passes, the chains of the verdict shapes in use, the balancing chains)
+// and the node's elements (the pod and service CIDRs), and, for a flow
+// that hits a frontend, its service port's chains with their rules (a
+// port with affinity), its frontends' elements in the services map or
+// the sets of their shape and buckets, in the firewall sets, its
+// endpoints' elements in the endpoints map, and the cluster IP and
+// hairpin elements it needs, and that no other shape or bucket set holds
+// its frontends; for a flow that hits none, that no element of the
+// services map or of a shape set takes its address, protocol and port.
+// It compares each with the plan of the explained port, which the
+// explanation's own ServicePort renders, and reports every rule, element
+// or chain missing, changed or in the way.
 func (p *Proxier) CheckFlow(ctx context.Context, e *servicelb.Explanation) (servicelb.KernelCheck, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -50,7 +53,7 @@ func (p *Proxier) CheckFlow(ctx context.Context, e *servicelb.Explanation) (serv
 	if err := c.table(); err != nil || !c.out.Agrees() {
 		return c.out, err
 	}
-	chains := slices.Clone(m.node.chains)
+	chains := p.plan.nodeChains(m)
 	for set, es := range m.node.elems {
 		c.want(set).present = append(c.want(set).present, es...)
 	}
@@ -64,16 +67,29 @@ func (p *Proxier) CheckFlow(ctx context.Context, e *servicelb.Explanation) (serv
 		for _, x := range fr.elems {
 			c.want(x.set).present = append(c.want(x.set).present, x.es...)
 		}
-		for _, r := range fr.backends {
-			c.want(r.set).present = append(c.want(r.set).present, backendElems(r.slot, r.bs, bucketCounts(r.bs))...)
-		}
 		for _, r := range refsOf(pp.sp) {
 			c.want(r.set).present = append(c.want(r.set).present, r.elem())
 		}
+		var keys [][]byte
+		for _, external := range []bool{false, true} {
+			if !external && pp.sp.ClusterIP.IsValid() || external && pp.sp.ExternallyAccessible() {
+				keys = frontendKeys(keys, pp.sp, external)
+			}
+		}
+		for set := range m.shared {
+			if set.family() == pp.sp.Family && !slices.Contains(pp.shared, set) {
+				c.want(set).absent = append(c.want(set).absent, keys...)
+			}
+		}
 	} else if e.Flow.Dst.IsValid() {
 		f := servicelb.FamilyOf(e.Flow.Dst.Addr())
-		w := c.want(fixedSet(kindServices, f))
-		w.absent = append(w.absent, entryBytes(e.Flow.Dst.Addr(), e.Flow.Protocol, e.Flow.Dst.Port()))
+		key := entryBytes(e.Flow.Dst.Addr(), e.Flow.Protocol, e.Flow.Dst.Port())
+		c.want(fixedSet(kindServices, f)).absent = append(c.want(fixedSet(kindServices, f)).absent, key)
+		for set := range m.shared {
+			if set.family() == f && set.kind() == kindShape {
+				c.want(set).absent = append(c.want(set).absent, key)
+			}
+		}
 	}
 	present, err := p.conn.Chains(ctx, nfnl.Inet, p.opts.Table)
 	if err != nil {
@@ -216,15 +232,15 @@ func (c *flowCheck) elements(set setID, w *setWant) error {
 		}
 	}
 	kind := "set"
-	if set.kind() == kindServices || set.kind() == kindBackends {
+	if set.kind() == kindServices || set.kind() == kindEndpoints {
 		kind = "map"
 	}
-	texts, _ := elemTexts(set, held)
+	texts := elemTexts(set, held)
 	for _, t := range texts {
 		c.read("%s %s: %s", kind, set.name(), t)
 	}
 	if len(missing) > 0 {
-		texts, _ := elemTexts(set, missing)
+		texts := elemTexts(set, missing)
 		for _, t := range texts {
 			c.differ("%s %s: element %s is missing", kind, set.name(), t)
 		}
@@ -233,7 +249,7 @@ func (c *flowCheck) elements(set setID, w *setWant) error {
 		}
 	}
 	for _, f := range foreign {
-		texts, _ := elemTexts(set, []elem{f})
+		texts := elemTexts(set, []elem{f})
 		text := fmt.Sprintf("% x", f.key)
 		if len(texts) > 0 {
 			text = texts[0]

@@ -52,9 +52,10 @@ func TestCheckFlowReadsTheKernel(t *testing.T) {
 	}
 	kc := checkFlow(t, p, st, servicelb.TCP, "10.96.0.10:80")
 	read := strings.Join(kc.Read, "\n")
-	assert.Contains(t, read, "map services4: 10.96.0.10 . tcp . 80 : goto svc4-default/web/http")
-	assert.Contains(t, read, "chain svc4-default/web/http: ")
-	assert.Contains(t, read, ": 10.244.1.2 . 8080", "the endpoint's hash range in its backends map")
+	assert.Regexp(t, `set verdicts4/[a-z/-]+: 10.96.0.10 . tcp . 80\n`, read, "the frontend in the set of its shape")
+	assert.Contains(t, read, "set buckets4/cluster-2: 10.96.0.10 . tcp . 80")
+	assert.Contains(t, read, "chain cluster4: ")
+	assert.Regexp(t, `map endpoints4: 10.96.0.10 . tcp . 80 . [01] : 10.244.1.2 . 8080`, read, "the endpoint's bucket")
 	assert.Contains(t, read, "set cluster-ips4: 10.96.0.10")
 	// An unallocated service address, a port no endpoint serves: the
 	// node's rules alone, and no element of the services map in the way.
@@ -70,19 +71,19 @@ func TestCheckFlowReadsTheKernel(t *testing.T) {
 	})
 	t.Run("an element changed", func(t *testing.T) {
 		h.Exec(t, "nft", "delete", "element", "inet", nftables.DefaultTable, "services4", "{ 10.96.0.11 . tcp . 80 }")
-		h.Exec(t, "nft", "add", "element", "inet", nftables.DefaultTable, "services4", "{ 10.96.0.11 . tcp . 80 : goto svc4-default/web/http }")
+		h.Exec(t, "nft", "add", "element", "inet", nftables.DefaultTable, "services4", "{ 10.96.0.11 . tcp . 80 : goto cluster4 }")
 		kc := checkFlow(t, p, st, servicelb.TCP, "10.96.0.11:80")
-		assert.Contains(t, strings.Join(kc.Differences, "\n"), "10.96.0.11 . tcp . 80 : goto svc4-default/web/http is not the proxier's")
+		assert.Contains(t, strings.Join(kc.Differences, "\n"), "10.96.0.11 . tcp . 80 : goto cluster4 is not the proxier's")
 	})
 	t.Run("an element missing", func(t *testing.T) {
-		h.Exec(t, "nft", "delete", "element", "inet", nftables.DefaultTable, "services4", "{ 10.96.0.13 . tcp . 80 }")
-		kc := checkFlow(t, p, st, servicelb.TCP, "10.96.0.13:80")
-		assert.Contains(t, strings.Join(kc.Differences, "\n"), "map services4: element 10.96.0.13 . tcp . 80 : goto svc4-default/local/ is missing")
+		h.Exec(t, "nft", "delete", "element", "inet", nftables.DefaultTable, "buckets4/cluster-2", "{ 10.96.0.10 . tcp . 80 }")
+		kc := checkFlow(t, p, st, servicelb.TCP, "10.96.0.10:80")
+		assert.Contains(t, strings.Join(kc.Differences, "\n"), "set buckets4/cluster-2: element 10.96.0.10 . tcp . 80 is missing")
 	})
 	t.Run("a chain flushed", func(t *testing.T) {
-		h.Exec(t, "nft", "flush", "chain", "inet", nftables.DefaultTable, "svc4-default/web/http")
+		h.Exec(t, "nft", "flush", "chain", "inet", nftables.DefaultTable, "cluster4")
 		kc := checkFlow(t, p, st, servicelb.TCP, "10.96.0.10:80")
-		assert.Contains(t, strings.Join(kc.Differences, "\n"), "chain svc4-default/web/http: 0 rules, the plan has")
+		assert.Contains(t, strings.Join(kc.Differences, "\n"), "chain cluster4: 0 rules, the plan has")
 	})
 	t.Run("an explanation of another state", func(t *testing.T) {
 		ed := st.Edit()

@@ -11,9 +11,11 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// This example renders, as a dry run, the chain the table gets for one
-// service, and its entry in the dispatch map. Render needs no privileges
-// and changes nothing; Sync would write the same table.
+// This example renders, as a dry run, what the table holds for one
+// service: its cluster IP in the set of its verdicts' shape and in the
+// set of its number of buckets, its endpoints in the endpoints map, and
+// the shared chains that read them. Render needs no privileges and
+// changes nothing; Sync would write the same table.
 func ExampleProxier_Render() {
 	node := servicelb.NodeConfig{NodeName: "node-a", ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	st, err := servicelb.NewState(node, servicelb.Service{
@@ -41,25 +43,34 @@ func ExampleProxier_Render() {
 	for _, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		switch {
-		case strings.HasPrefix(line, "chain svc4-default/web/http"):
+		case strings.HasPrefix(line, "chain services {"), strings.HasPrefix(line, "chain cluster4 {"), strings.HasPrefix(line, "chain verdicts4/"):
 			show = true
-		case strings.Contains(line, ": goto svc4-"), strings.Contains(line, ". 8080"):
-			line = strings.Replace(strings.TrimSuffix(line, " }"), " }\t#", "\t#", 1)
-			fmt.Println(strings.TrimPrefix(line, "elements = { "))
+		case strings.Contains(line, "10.96.0.10 . tcp . 80"):
+			fmt.Println(strings.TrimSuffix(strings.TrimPrefix(line, "elements = { "), " }"))
 			continue
 		}
-		if show {
+		if show && !strings.Contains(line, "6 ") && !strings.Contains(line, "firewall") && !strings.Contains(line, "@service-cidrs") {
 			fmt.Println(line)
-			show = line != "}"
 		}
+		show = show && line != "}"
 	}
 	// Output:
-	// 10.96.0.10 . tcp . 80 : goto svc4-default/web/http
-	// 1639673856-1639675903 : 10.244.1.2 . 8080,	# default/web:http/ipv4
-	// 1639675904-1639677950 : 10.244.2.2 . 8080	# default/web:http/ipv4
-	// chain svc4-default/web/http {
+	// 10.96.0.10 . tcp . 80 . 0 : 10.244.1.2 . 8080,
+	// 10.96.0.10 . tcp . 80 . 1 : 10.244.2.2 . 8080
+	// 10.96.0.10 . tcp . 80
+	// 10.96.0.10 . tcp . 80
+	// chain services {
+	// ip daddr . meta l4proto . th dport @verdicts4/outside-cluster-masq/pod-cluster/node-cluster-masq goto verdicts4/outside-cluster-masq/pod-cluster/node-cluster-masq
+	// ip daddr . meta l4proto . th dport vmap @services4
+	// ip daddr @cluster-ips4 reject with icmp port-unreachable
+	// }
+	// chain cluster4 {
+	// ip daddr . meta l4proto . th dport @buckets4/cluster-2 meta l4proto @protocols4 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints4
+	// drop
+	// }
+	// chain verdicts4/outside-cluster-masq/pod-cluster/node-cluster-masq {
 	// ip saddr != @pod-cidrs4 jump mark-for-masquerade
-	// meta l4proto tcp dnat ip to numgen random mod 4095 offset 1639673856 map @backends4-439
+	// goto cluster4
 	// drop
 	// }
 }

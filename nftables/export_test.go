@@ -14,20 +14,18 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// SharedShards returns how many backends maps the proxier's last applied
-// state reads from more than one load-balancing chain.
-func SharedShards(p *Proxier) int {
+// SharedSets returns the shape and bucket sets of the proxier's last
+// applied state, by name.
+func SharedSets(p *Proxier) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := 0
+	var out []string
 	if p.model != nil {
-		for _, c := range p.model.shards {
-			if c > 1 {
-				n++
-			}
+		for s := range p.model.shared {
+			out = append(out, s.name())
 		}
 	}
-	return n
+	return out
 }
 
 // GoldenCases are the states whose renderings testdata holds.
@@ -63,9 +61,9 @@ func modelDrift(p *planner, m, fresh *model) string {
 				return fmt.Sprintf("%s element %s: %d ports, fresh %d", r.set.name(), r.ref().addr, m.refs[r], fresh.refs[r])
 			}
 		}
-		for s := range x.shards {
-			if m.shards[s] != fresh.shards[s] {
-				return fmt.Sprintf("shard %s: %d, fresh %d", s.name(), m.shards[s], fresh.shards[s])
+		for s := range x.shared {
+			if m.shared[s] != fresh.shared[s] {
+				return fmt.Sprintf("set %s: %d ports, fresh %d", s.name(), m.shared[s], fresh.shared[s])
 			}
 		}
 		for fi := range x.slots.used {

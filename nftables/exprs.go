@@ -3,11 +3,9 @@
 package nftables
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
@@ -453,68 +451,36 @@ func dnatTo(f servicelb.Family, to netip.AddrPort) term {
 	}}
 }
 
-// dnatMap translates the destination to the endpoint a random bucket of
-// the slot maps to: "dnat ip to numgen random mod 4095 offset o map @m".
-// The draw, whose offset is the slot's, comes encoded from ng; the rest,
-// which every slot of the map shares, from tail (dnatTail), whose text
-// is set's name.
-func dnatMap(f servicelb.Family, offset uint32, set string, ng *numgenCode, tail term) term {
-	b := make([]byte, 0, 64+len(set))
-	b = append(b, "dnat "...)
-	b = append(b, ipFamily(f)...)
-	b = append(b, " to numgen random mod "...)
-	b = strconv.AppendUint(b, buckets, 10)
-	b = append(b, " offset "...)
-	b = strconv.AppendUint(b, uint64(offset), 10)
-	b = append(b, " map @"...)
-	b = append(b, set...)
-	t := term{text: string(b), exprs: append([]expr.Any{numgen(offset)}, tail.exprs...)}
-	if tail.raw != nil && ng != nil {
-		t.raw = append([]nfnl.RawExpr{ng.encode(offset)}, tail.raw...)
+// protoIn matches packets whose protocol is in set: "meta l4proto @protocols4".
+func protoIn(set string) term {
+	return term{text: "meta l4proto @" + set, exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: set},
+	}}
+}
+
+// dnatEndpoint translates the destination to the endpoint that the map
+// set holds for the frontend and a bucket drawn at random from n buckets
+// from from: "dnat ip to ip daddr . meta l4proto . th dport . numgen
+// random mod n offset from map @endpoints4".
+func dnatEndpoint(f servicelb.Family, n, from uint32, set string) term {
+	regs := concatRegs(addrLen(f), 1, 2, 4)
+	to := concatRegs(addrLen(f), 2)
+	draw := fmt.Sprintf("numgen random mod %d", n)
+	if from != 0 {
+		draw += fmt.Sprintf(" offset %d", from)
 	}
-	return t
-}
-
-func numgen(offset uint32) *expr.Numgen {
-	return &expr.Numgen{Register: reg1, Modulus: buckets, Type: unix.NFT_NG_RANDOM, Offset: offset}
-}
-
-// dnatTail is what follows the draw in dnatMap: the lookup of the bucket
-// in the backends map set and the translation.
-func dnatTail(f servicelb.Family, set string) term {
-	regs := concatRegs(addrLen(f), 2)
-	return encoded(term{exprs: []expr.Any{
-		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: reg1},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: regs[0], RegAddrMax: regs[0], RegProtoMin: regs[1], RegProtoMax: regs[1], Specified: true},
-	}})
-}
-
-// numgenCode encodes dnatMap's draw for any offset: encoded once, with
-// the offset's bytes found and replaced for each.
-type numgenCode struct {
-	raw nfnl.RawExpr
-	at  int // where the offset's four bytes start in raw.Data
-}
-
-func newNumgenCode() *numgenCode {
-	const mark = 0x5a5a5a5a
-	raw, err := nfnl.EncodeExprs(nfnl.Inet, []expr.Any{numgen(mark)})
-	if err != nil || len(raw) != 1 {
-		return nil
+	return term{
+		text: fmt.Sprintf("dnat %s to %s . meta l4proto . th dport . %s map @%s", ipFamily(f), addrWord(f, false), draw, set),
+		exprs: []expr.Any{
+			addrLoad(f, false, regs[0]),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+			&expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Numgen{Register: regs[3], Modulus: n, Type: unix.NFT_NG_RANDOM, Offset: from},
+			&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: reg1},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(f), RegAddrMin: to[0], RegAddrMax: to[0], RegProtoMin: to[1], RegProtoMax: to[1], Specified: true},
+		},
 	}
-	at := bytes.Index(raw[0].Data, binary.BigEndian.AppendUint32(nil, mark))
-	if at < 0 {
-		return nil
-	}
-	return &numgenCode{raw: raw[0], at: at}
-}
-
-// encode returns the draw with offset, encoded.
-func (c *numgenCode) encode(offset uint32) nfnl.RawExpr {
-	data := bytes.Clone(c.raw.Data)
-	binary.BigEndian.PutUint32(data[c.at:], offset)
-	return nfnl.RawExpr{Name: c.raw.Name, Data: data}
 }
 
 // nftDuration formats a duration as nft prints timeouts ("3h", "1h30m",

@@ -20,13 +20,15 @@ type model struct {
 	ports map[servicelb.ServicePortKey]*portPlan
 	// refs counts the ports that need each shared element.
 	refs map[refKey]int32
-	// shards counts the load-balancing chains reading each backends map.
-	shards map[setID]int
+	// shared counts the ports whose frontends are in each shape and
+	// bucket set: the sets, and the shared chains' rules that read them,
+	// exist while some port needs them.
+	shared map[setID]int
 	slots  *slotTable
 }
 
 func newModel() *model {
-	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: map[refKey]int32{}, shards: map[setID]int{}, slots: newSlotTable()}
+	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: map[refKey]int32{}, shared: map[setID]int{}, slots: newSlotTable()}
 }
 
 // build plans a whole State from scratch.
@@ -51,7 +53,9 @@ func (p *planner) build(st *servicelb.State) (*model, error) {
 		plans[i] = pp
 		m.ports[sp.Key] = &plans[i]
 		eachRef(sp, func(r ref) { m.refs[r.key()]++ })
-		pp.eachShard(func(s setID) { m.shards[s]++ })
+		for _, s := range pp.shared {
+			m.shared[s]++
+		}
 	}
 	txn.commit()
 	return m, nil
@@ -68,16 +72,12 @@ type step struct {
 	changed []portChange
 	slots   *slotTxn
 	refs    map[refKey]int32 // new counts of the shared elements that moved
-	shards  map[setID]int    // new counts of the maps that moved
+	shared  map[setID]int    // new counts of the shared sets that moved
 }
 
-// portChange is a port planned again. When endpoints is set, its change
-// touches its endpoints alone (servicelb.PortChange.EndpointsOnly) and it
-// has no affinity: its chains and its frontends' elements stay as they
-// were, and only its slots' ranges and hairpin elements move.
+// portChange is a port planned again.
 type portChange struct {
-	old, cur  *portPlan
-	endpoints bool
+	old, cur *portPlan
 }
 
 // plan computes the step from m (the model of from) to to. When the node
@@ -85,9 +85,8 @@ type portChange struct {
 // reports.
 func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*step, error) {
 	node := to.Node()
-	s := &step{p: p, cfg: &node, slots: m.slots.begin(), refs: map[refKey]int32{}, shards: map[setID]int{}}
+	s := &step{p: p, cfg: &node, slots: m.slots.begin(), refs: map[refKey]int32{}, shared: map[setID]int{}}
 	var targets []*servicelb.ServicePort
-	endpoints := map[servicelb.ServicePortKey]bool{}
 	if ch.NodeChanged {
 		np, err := p.node(&node)
 		if err != nil {
@@ -108,9 +107,6 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 		targets = make([]*servicelb.ServicePort, 0, len(ch.Added)+len(ch.Changed))
 		targets = append(targets, ch.Added...)
 		for _, c := range ch.Changed {
-			if c.New.Affinity == 0 && c.EndpointsOnly() {
-				endpoints[c.New.Key] = true
-			}
 			targets = append(targets, c.New)
 		}
 	}
@@ -127,15 +123,23 @@ func (p *planner) plan(m *model, ch *servicelb.Changes, to *servicelb.State) (*s
 			s.added = append(s.added, &pp)
 			continue
 		}
-		s.release(old, pp.uses)
-		s.changed = append(s.changed, portChange{old: old, cur: &pp, endpoints: endpoints[sp.Key]})
+		if pp.sp.Affinity > 0 {
+			s.release(old, pp.uses)
+		} else {
+			s.release(old, [2]bool{})
+		}
+		s.changed = append(s.changed, portChange{old: old, cur: &pp})
 	}
 	s.count(m)
 	return s, nil
 }
 
-// release frees the slots of old that the port no longer uses (keeps).
+// release frees the slots of old that the port no longer uses (keeps,
+// when it still has affinity). Only a port with affinity holds slots.
 func (s *step) release(old *portPlan, keeps [2]bool) {
+	if old.sp.Affinity == 0 {
+		return
+	}
 	for i, used := range old.uses {
 		if used && !keeps[i] {
 			s.slots.release(old.sp.Family, old.slot[i])
@@ -155,15 +159,17 @@ func (s *step) count(m *model) {
 		}
 		s.refs[k] = n + d
 	}
-	moveShard := func(x setID, d int) {
-		if _, ok := s.shards[x]; !ok {
-			s.shards[x] = m.shards[x]
+	moveShared := func(pp *portPlan, d int) {
+		for _, x := range pp.shared {
+			if _, ok := s.shared[x]; !ok {
+				s.shared[x] = m.shared[x]
+			}
+			s.shared[x] += d
 		}
-		s.shards[x] += d
 	}
 	move := func(pp *portPlan, d int) {
 		eachRef(pp.sp, func(r ref) { moveRef(r, int32(d)) })
-		pp.eachShard(func(x setID) { moveShard(x, d) })
+		moveShared(pp, d)
 	}
 	for _, pp := range s.removed {
 		move(pp, -1)
@@ -185,8 +191,10 @@ func (s *step) count(m *model) {
 				old, cur = old[1:], cur[1:]
 			}
 		}
-		c.old.eachShard(func(x setID) { moveShard(x, -1) })
-		c.cur.eachShard(func(x setID) { moveShard(x, 1) })
+		if !slices.Equal(c.old.shared, c.cur.shared) {
+			moveShared(c.old, -1)
+			moveShared(c.cur, 1)
+		}
 	}
 }
 
@@ -223,11 +231,11 @@ func (s *step) apply(m *model) {
 			delete(m.refs, r)
 		}
 	}
-	for x, n := range s.shards {
+	for x, n := range s.shared {
 		if n > 0 {
-			m.shards[x] = n
+			m.shared[x] = n
 		} else {
-			delete(m.shards, x)
+			delete(m.shared, x)
 		}
 	}
 	s.slots.commit()
@@ -269,14 +277,14 @@ type elemPart struct {
 }
 
 // setDefs returns the definitions of the model's sets: the fixed ones,
-// then the backends maps its ports read.
+// then the shape and bucket sets its ports are in.
 func (p *planner) setDefs(m *model) []setDef {
 	var defs []setDef
 	for _, f := range families {
 		defs = append(defs, fixedSets(p.table, f, p.affinitySize)...)
 	}
-	for _, s := range slices.Sorted(maps.Keys(m.shards)) {
-		defs = append(defs, backendsDef(p.table, s))
+	for _, s := range slices.Sorted(maps.Keys(m.shared)) {
+		defs = append(defs, dynamicDef(p.table, s))
 	}
 	return defs
 }
@@ -286,16 +294,13 @@ func (p *planner) content(m *model) *content {
 	for set, es := range m.node.elems {
 		c.add(set, nil, es)
 	}
-	c.chains = append(c.chains, m.node.chains...)
+	c.chains = append(c.chains, p.nodeChains(m)...)
 	c.owners = make([]any, len(c.chains), len(c.chains)+3*len(m.ports))
 	for _, pp := range m.sortedPorts() {
 		var owner any = pp.sp.Key
 		fr := p.fragment(pp, m.cfg)
 		for _, x := range fr.elems {
 			c.add(x.set, owner, x.es)
-		}
-		for _, r := range fr.backends {
-			c.add(r.set, owner, backendElems(r.slot, r.bs, bucketCounts(r.bs)))
 		}
 		c.chains = append(c.chains, fr.chains...)
 		for range fr.chains {

@@ -90,7 +90,7 @@ func TestWriteAllocatesLittleBeyondItsBatch(t *testing.T) {
 	require.NoError(t, p.write(m, &batch))
 	runtime.ReadMemStats(&after)
 	ratio := float64(after.TotalAlloc-before.TotalAlloc) / float64(batch.Size())
-	t.Logf("%d shards: %.2f bytes allocated per byte of batch", len(m.shards), ratio)
+	t.Logf("%d shared sets: %.2f bytes allocated per byte of batch", len(m.shared), ratio)
 	assert.Less(t, ratio, 5.0, "bytes allocated per byte of the batch")
 }
 

@@ -48,6 +48,77 @@ func chainLocal(k servicelb.ServicePortKey) string {
 	return "local" + fam(k.Family) + "-" + portName(k)
 }
 
+// chainBalance names the shared chain that spreads the flows of every
+// port without affinity over its cluster endpoints ("cluster4") or its
+// local ones ("local4").
+func chainBalance(f servicelb.Family, local bool) string {
+	if local {
+		return "local" + fam(f)
+	}
+	return "cluster" + fam(f)
+}
+
+// Verdict shapes. A port without affinity has no chain of its own: each of
+// its frontends goes to the shared chain of its verdicts (a shape), named
+// after them and numbered by a code of three bits per origin, the action
+// and whether it masquerades.
+const shapeCodes = 1 << (3 * origins)
+
+func shapeCode(vs servicelb.Verdicts) uint16 {
+	var c uint16
+	for o, v := range vs {
+		c |= (uint16(v.Action)&3 | uint16(boolByte(v.Masquerade))<<2) << (3 * o)
+	}
+	return c
+}
+
+func shapeVerdicts(c uint16) servicelb.Verdicts {
+	var vs servicelb.Verdicts
+	for o := range vs {
+		b := c >> (3 * o)
+		vs[o] = servicelb.Verdict{Action: servicelb.Action(b & 3), Masquerade: b&4 != 0}
+	}
+	return vs
+}
+
+// shapeName is the name of a shape's chain and of its set of frontends:
+// "verdicts4/outside-cluster-masq/pod-cluster/node-cluster-masq".
+func shapeName(f string, vs servicelb.Verdicts) string {
+	b := []byte("verdicts" + f)
+	for _, o := range servicelb.Origins() {
+		b = append(b, '/')
+		b = append(b, originWord(o)...)
+		b = append(b, '-')
+		b = append(b, actionWord(vs[o].Action)...)
+		if vs[o].Masquerade {
+			b = append(b, "-masq"...)
+		}
+	}
+	return string(b)
+}
+
+func originWord(o servicelb.Origin) string {
+	switch o {
+	case servicelb.FromPod:
+		return "pod"
+	case servicelb.FromNode:
+		return "node"
+	}
+	return "outside"
+}
+
+func actionWord(a servicelb.Action) string {
+	switch a {
+	case servicelb.ToCluster:
+		return "cluster"
+	case servicelb.ToLocal:
+		return "local"
+	case servicelb.Drop:
+		return "drop"
+	}
+	return "reject"
+}
+
 // validTableName reports whether name is an nft identifier that nft can
 // parse back: a letter, "_" or "." followed by letters, digits, "/", "-",
 // "_" or ".".
@@ -66,29 +137,18 @@ func validTableName(name string) bool {
 	return true
 }
 
-// Load balancing slots. Every load-balancing chain without affinity (the
-// cluster-wide or the local endpoints of one service port) owns a slot: a
-// range of bucketStride keys in the backends maps, from slot*bucketStride.
-// Its rule draws "numgen random mod 4095" plus that offset and looks the
-// result up in an interval map whose ranges, one per endpoint, are sized by
-// weight. Changing endpoints then changes map elements only, never rules.
+// Buckets. A frontend's cluster (or local) endpoints share the numbers
+// from 0 (from bucketStride) up to the number of buckets of the set, each
+// endpoint as many as its weight asks for; the rule that translates draws
+// one at random. A port with affinity holds a slot instead: a number that
+// tells its pins apart from other ports' in the affinity sets.
 const (
 	bucketBits   = 12
 	bucketStride = 1 << bucketBits
-	// buckets is the number of draws per slot. One less than the stride
-	// leaves a gap between slots, so a slot's closing interval end never
-	// shares a key with the next slot's first interval start.
+	// buckets is the most buckets one set of endpoints spreads over,
+	// and the most endpoints it may have.
 	buckets  = bucketStride - 1
 	maxSlots = 1 << (32 - bucketBits)
-	// shards is the number of backends maps per family. Every rule that
-	// reads a map is bound to it, and the kernel walks a map's bindings
-	// each time it adds an element with data, and each time it binds a
-	// new rule, and walks a whole map to rebuild its lookup after a commit
-	// that changed it; but it finds a map by name by walking the table's
-	// list of sets. Spreading slots over a constant number of maps keeps
-	// those walks short at any scale; 512 weighs them against each other
-	// at tens of thousands of ports.
-	shards = 512
 )
 
 // slotKey names a load-balancing chain.

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -21,9 +22,14 @@ import (
 // fragment per service port (its chains and its elements in the shared
 // sets). Fragments are independent of each other, so a sync rebuilds only
 // those of the service ports that changed and writes only their difference.
-// The model keeps a port as its ServicePort and the slots of its
-// balancers (portPlan) and makes its fragment again when a diff, a verify
-// or a write needs it, so that it holds almost nothing the State does not.
+// A port without affinity has no chain of its own: its fragment is
+// elements alone (its frontends in the sets of their verdict shape and of
+// their number of buckets, and its endpoints in the endpoints map), and the
+// chains it goes through are shared by every port of the same shape. The
+// model keeps a port as its ServicePort, the slots of an affinity port's
+// balancers and the shared sets it is in (portPlan), and makes its
+// fragment again when a diff, a verify or a write needs it, so that it
+// holds almost nothing the State does not.
 
 // chainPlan is a chain and its rules.
 type chainPlan struct {
@@ -39,45 +45,24 @@ type nodePlan struct {
 }
 
 // portPlan is one service port as the model keeps it: the ServicePort it
-// renders and the load-balancing slots it holds, over its cluster set
-// (index 0) and its local set (1) where uses says so.
+// renders; for a port with affinity, the slots its balancers hold over its
+// cluster set (index 0) and its local set (1) where uses says so; for a
+// port without, the shape and bucket sets its frontends are in (shared),
+// in ascending order.
 type portPlan struct {
-	sp   *servicelb.ServicePort
-	slot [2]uint32
-	uses [2]bool
+	sp     *servicelb.ServicePort
+	slot   [2]uint32
+	uses   [2]bool
+	shared []setID
 }
 
 // slotKey returns the key of the port's slot i.
 func (pp *portPlan) slotKey(i int) slotKey { return slotKey{port: pp.sp.Key, local: i == 1} }
 
-// eachShard calls f for each backends map the port's rules read: one per
-// slot of a port without affinity.
-func (pp *portPlan) eachShard(f func(setID)) {
-	if pp.sp.Affinity > 0 {
-		return
-	}
-	for i := range pp.uses {
-		if pp.uses[i] {
-			f(shardSet(pp.sp.Family, pp.slot[i]))
-		}
-	}
-}
-
-// fragment is a port's chains and elements: its elements by set, but for
-// its slots' ranges in the backends maps (backends), which stay the
-// ServicePort's backends until elements of them are needed.
+// fragment is a port's chains and its elements by set.
 type fragment struct {
-	chains   []chainPlan
-	elems    []setElems
-	backends []slotRange
-}
-
-// slotRange is a load-balancing slot's range in a backends map, kept as
-// the backends it spreads over (the ServicePort's own slice).
-type slotRange struct {
-	set  setID
-	slot uint32
-	bs   []servicelb.Backend
+	chains []chainPlan
+	elems  []setElems
 }
 
 // setElems are a port's elements in one set. A port has elements in few
@@ -89,6 +74,9 @@ type setElems struct {
 
 // add appends es to the fragment's elements in set.
 func (fr *fragment) add(set setID, es ...elem) {
+	if len(es) == 0 {
+		return
+	}
 	for i := range fr.elems {
 		if fr.elems[i].set == set {
 			fr.elems[i].es = append(fr.elems[i].es, es...)
@@ -98,19 +86,11 @@ func (fr *fragment) add(set setID, es ...elem) {
 	fr.elems = append(fr.elems, setElems{set: set, es: es})
 }
 
-// allElems returns the fragment's elements by set, its slots' ranges
-// with them.
+// allElems returns the fragment's elements by set.
 func (fr *fragment) allElems() map[setID][]elem {
-	out := make(map[setID][]elem, len(fr.elems)+len(fr.backends))
+	out := make(map[setID][]elem, len(fr.elems))
 	for _, x := range fr.elems {
 		out[x.set] = x.es
-	}
-	for _, r := range fr.backends {
-		es := backendElems(r.slot, r.bs, bucketCounts(r.bs))
-		if prev := out[r.set]; prev != nil {
-			es = append(slices.Clip(prev), es...)
-		}
-		out[r.set] = es
 	}
 	return out
 }
@@ -147,17 +127,6 @@ func compareRefKeys(a, b refKey) int {
 	return cmp.Or(cmp.Compare(a.set, b.set), bytes.Compare(a.a[:], b.a[:]))
 }
 
-// slotRanges returns the ranges of a port without affinity in its slots.
-func slotRanges(pp *portPlan) []slotRange {
-	var out []slotRange
-	for i := range pp.uses {
-		if bs := targets(pp.sp, i); pp.uses[i] && len(bs) > 0 {
-			out = append(out, slotRange{set: shardSet(pp.sp.Family, pp.slot[i]), slot: pp.slot[i], bs: bs})
-		}
-	}
-	return out
-}
-
 // planner builds plans for one table. The rules every port shares are made
 // (and encoded) once.
 type planner struct {
@@ -167,13 +136,8 @@ type planner struct {
 	drop         *rule
 	// origins holds the rules the entry chains share, by family and way
 	// of recognising pods: made once for each that a node asks for.
-	// protos and tails hold, encoded, the terms every load-balancing rule
-	// of a protocol, or of a backends map, shares; ng encodes the draws.
 	mu      sync.Mutex
 	origins map[originKey]*originRules
-	protos  map[servicelb.Protocol]term
-	tails   map[setID]term
-	ng      *numgenCode
 	// podsNode and podsOf are the last node whose pods were asked for
 	// (podsOf reads every CIDR of the node), and its answer per family.
 	podsNode *servicelb.NodeConfig
@@ -202,34 +166,7 @@ const origins = len(servicelb.Verdicts{})
 
 func newPlanner(table string, affinitySize uint32) *planner {
 	return &planner{table: table, affinitySize: affinitySize, caps: capabilities(), drop: mk(drop()),
-		origins: map[originKey]*originRules{}, protos: map[servicelb.Protocol]term{}, tails: map[setID]term{},
-		ng: newNumgenCode()}
-}
-
-// l4proto returns "meta l4proto p", encoded once.
-func (p *planner) l4proto(proto servicelb.Protocol) term {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t, ok := p.protos[proto]
-	if !ok {
-		t = encoded(l4proto(proto))
-		p.protos[proto] = t
-	}
-	return t
-}
-
-// tail returns dnatTail of a backends map, encoded once, with the map's
-// name for text.
-func (p *planner) tail(set setID) term {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t, ok := p.tails[set]
-	if !ok {
-		t = dnatTail(set.family(), set.name())
-		t.text = set.name()
-		p.tails[set] = t
-	}
-	return t
+		origins: map[originKey]*originRules{}}
 }
 
 // originRules returns the shared rules of the entry chains of family f on
@@ -272,25 +209,94 @@ func (p *planner) node(n *servicelb.NodeConfig) (nodePlan, error) {
 			baseChain(chainNatPostrouting, nfnl.HookPostrouting, 100, mk(jump(chainMasquerading))),
 			{name: chainMarkMasq, rules: []*rule{mk(markSetOr(m))}},
 			{name: chainMasquerading, rules: masq},
-			{name: chainServices, rules: servicesRules()},
 		},
 		elems: map[setID][]elem{},
 	}
 	for _, f := range families {
 		np.elems[fixedSet(kindPodCIDRs, f)] = cidrElems(n.LocalMatch(f).CIDRs)
 		np.elems[fixedSet(kindServiceCIDRs, f)] = cidrElems(n.DroppedServiceCIDRs(f))
+		np.elems[fixedSet(kindProtocols, f)] = protocolElems()
 	}
 	return np, nil
 }
 
+// protocolElems are the protocols a service port may have, which the
+// balancing rules name for nft's sake: it translates a port only after
+// a match of the protocol.
+func protocolElems() []elem {
+	var out []elem
+	for _, p := range []servicelb.Protocol{servicelb.TCP, servicelb.UDP, servicelb.SCTP} {
+		out = append(out, elem{key: []byte{p.Number()}})
+	}
+	return out
+}
+
+// shared plans the chains the ports without affinity share, for the shape
+// and bucket sets in use (counted in inUse): the services chain, which
+// dispatches to the shapes' chains, the chain of each shape, and the
+// balancing chains, one rule per bucket set.
+func (p *planner) shared(n *servicelb.NodeConfig, inUse map[setID]int) []chainPlan {
+	var shapes []setID
+	var spreads [2][2][]setID // by family, then cluster and local
+	for _, id := range slices.Sorted(maps.Keys(inUse)) {
+		if id.kind() == kindShape {
+			shapes = append(shapes, id)
+			continue
+		}
+		_, local := id.buckets()
+		fi := famIndex(id.family())
+		spreads[fi][boolByte(local)] = append(spreads[fi][boolByte(local)], id)
+	}
+	chains := []chainPlan{{name: chainServices, rules: servicesRules(shapes)}}
+	for _, f := range families {
+		for i := range 2 {
+			var rs []*rule
+			for _, id := range spreads[famIndex(f)][i] {
+				rs = append(rs, balanceRule(f, id))
+			}
+			chains = append(chains, chainPlan{name: chainBalance(f, i == 1), rules: append(rs, p.drop)})
+		}
+	}
+	for _, id := range shapes {
+		f := id.family()
+		lbs := [2]balancer{{chain: chainBalance(f, false)}, {chain: chainBalance(f, true)}}
+		chains = append(chains, chainPlan{name: id.name(), rules: p.entryRules(p.originRules(n, f), id.verdicts(), &lbs)})
+	}
+	return chains
+}
+
+// nodeChains returns the chains of the model that no port owns: the
+// node's, and those the ports without affinity share.
+func (p *planner) nodeChains(m *model) []chainPlan {
+	return append(slices.Clip(m.node.chains), p.shared(m.cfg, m.shared)...)
+}
+
+// balanceRule translates the flows of the frontends in a bucket set to
+// one of their endpoints, drawn at random:
+//
+//	ip daddr . meta l4proto . th dport @buckets4/cluster-3 meta l4proto @protocols4 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints4
+func balanceRule(f servicelb.Family, id setID) *rule {
+	n, local := id.buckets()
+	var from uint32
+	if local {
+		from = bucketStride
+	}
+	return mk(entryIn(f, id.name()), protoIn(fixedSet(kindProtocols, f).name()), dnatEndpoint(f, n, from, fixedSet(kindEndpoints, f).name()))
+}
+
 // servicesRules dispatch new flows: a load-balancer IP drops the sources
-// outside its ranges; every frontend goes to its port's chain; what
-// remains is rejected when it is for a cluster IP (a port no service
-// has), and dropped when it is for another address of the service CIDRs.
-func servicesRules() []*rule {
+// outside its ranges; every frontend goes to the chain of its shape (in
+// the set of the shape), or of its port when it has affinity (in the
+// services map); what remains is rejected when it is for a cluster IP (a
+// port no service has), and dropped when it is for another address of the
+// service CIDRs.
+func servicesRules(shapes []setID) []*rule {
 	var svc []*rule
 	for _, f := range families {
 		svc = append(svc, mk(entryIn(f, fixedSet(kindFirewall, f).name()), entrySourceNotIn(f, fixedSet(kindFirewallPass, f).name()), drop()))
+	}
+	for _, id := range shapes {
+		svc = append(svc, mk(entryIn(id.family(), id.name()), goTo(id.name())))
 	}
 	for _, f := range families {
 		svc = append(svc, mk(entryVmap(f, fixedSet(kindServices, f).name())))
@@ -322,16 +328,23 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 		return portPlan{}, err
 	}
 	pp := portPlan{sp: sp}
-	pp.uses = balanced(sp, p.pods(n, sp.Family).detects())
+	pods := p.pods(n, sp.Family).detects()
+	pp.uses = balanced(sp, pods)
+	for i, used := range pp.uses {
+		if used && sp.Affinity == 0 && len(targets(sp, i)) > buckets {
+			// Capabilities.CheckPort refuses such a port first.
+			return portPlan{}, capacityError(sp.Key, "endpoints", fmt.Sprintf("%d endpoints in one set, at most %d", len(targets(sp, i)), buckets))
+		}
+	}
+	if sp.Affinity == 0 {
+		pp.shared = sharedSets(sp, pods)
+		return pp, nil
+	}
 	for i, used := range pp.uses {
 		if !used {
 			continue
 		}
-		if sp.Affinity == 0 && len(targets(sp, i)) > buckets {
-			// Capabilities.CheckPort refuses such a port first.
-			return portPlan{}, capacityError(sp.Key, "endpoints", fmt.Sprintf("%d endpoints in one set, at most %d", len(targets(sp, i)), buckets))
-		}
-		if old != nil && old.uses[i] {
+		if old != nil && old.sp.Affinity > 0 && old.uses[i] {
 			pp.slot[i] = old.slot[i]
 			continue
 		}
@@ -349,22 +362,69 @@ func (p *planner) port(sp *servicelb.ServicePort, n *servicelb.NodeConfig, slots
 // node recognises any flow as a pod's.
 func balanced(sp *servicelb.ServicePort, pods bool) [2]bool {
 	var out [2]bool
-	var vs [2]servicelb.Verdicts
-	n := 0
-	if sp.ClusterIP.IsValid() {
-		vs[n], n = sp.Internal, n+1
+	kinds, n := entryKinds(sp)
+	for _, c := range kinds[:n] {
+		r := routed(c.verdicts, pods)
+		out[0], out[1] = out[0] || r[0], out[1] || r[1]
 	}
-	if sp.ExternallyAccessible() {
-		vs[n], n = sp.External, n+1
+	return out
+}
+
+// routed reports which sets of endpoints verdicts vs forward to.
+func routed(vs servicelb.Verdicts, pods bool) [2]bool {
+	var out [2]bool
+	for _, o := range routes(vs, pods) {
+		switch vs[o].Action {
+		case servicelb.ToCluster:
+			out[0] = true
+		case servicelb.ToLocal:
+			out[1] = true
+		}
 	}
-	for _, v := range vs[:n] {
-		for _, o := range routes(v, pods) {
-			switch v[o].Action {
-			case servicelb.ToCluster:
-				out[0] = true
-			case servicelb.ToLocal:
-				out[1] = true
+	return out
+}
+
+// sharedSets returns the shape and bucket sets the frontends of a port
+// without affinity are in, in ascending order: for each kind of
+// frontend, the set of its verdicts' shape, and the bucket set of each
+// set of endpoints they forward to, when it has endpoints.
+func sharedSets(sp *servicelb.ServicePort, pods bool) []setID {
+	var out []setID
+	add := func(id setID) {
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	spread := spreadOf(sp)
+	kinds, n := entryKinds(sp)
+	for _, c := range kinds[:n] {
+		if frontends(sp, c.external) == 0 {
+			continue
+		}
+		add(shapeSet(sp.Family, c.verdicts))
+		for i, to := range routed(c.verdicts, pods) {
+			if to && spread[i].n > 0 {
+				add(bucketSet(sp.Family, i == 1, spread[i].n))
 			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// spread is how one set of a port's endpoints shares its buckets: counts
+// per endpoint (bucketCounts), n in all; none for no endpoints.
+type spread struct {
+	counts []uint32
+	n      uint32
+}
+
+// spreadOf returns the spreads of a port's cluster set (0) and local set (1).
+func spreadOf(sp *servicelb.ServicePort) [2]spread {
+	var out [2]spread
+	for i := range out {
+		if cs := bucketCounts(targets(sp, i)); cs != nil {
+			out[i] = spread{counts: cs, n: sum(cs)}
 		}
 	}
 	return out
@@ -383,17 +443,18 @@ func targets(sp *servicelb.ServicePort, i int) []servicelb.Backend {
 type entryChain struct {
 	name     string
 	verdicts servicelb.Verdicts
+	external bool
 }
 
 // entryKinds returns the port's entry chains, the first n of kinds: its
 // cluster IP's, its external frontends'.
 func entryKinds(sp *servicelb.ServicePort) (kinds [2]entryChain, n int) {
 	if sp.ClusterIP.IsValid() {
-		kinds[n] = entryChain{chainInternal(sp.Key), sp.Internal}
+		kinds[n] = entryChain{chainInternal(sp.Key), sp.Internal, false}
 		n++
 	}
 	if sp.ExternallyAccessible() {
-		kinds[n] = entryChain{chainExternal(sp.Key), sp.External}
+		kinds[n] = entryChain{chainExternal(sp.Key), sp.External, true}
 		n++
 	}
 	return kinds, n
@@ -401,11 +462,24 @@ func entryKinds(sp *servicelb.ServicePort) (kinds [2]entryChain, n int) {
 
 // fragment makes a planned port's chains and elements for node n.
 func (p *planner) fragment(pp *portPlan, n *servicelb.NodeConfig) *fragment {
-	sp := pp.sp
 	fr := &fragment{}
-	origins := p.originRules(n, sp.Family)
+	p.fragmentInto(fr, pp, n, nil)
+	return fr
+}
+
+// fragmentInto makes a planned port's chains and elements into fr, which
+// holds none, taking the memory of the elements of a port without
+// affinity from a (nil: its own).
+func (p *planner) fragmentInto(fr *fragment, pp *portPlan, n *servicelb.NodeConfig, a *arena) {
+	sp := pp.sp
 	all, nk := entryKinds(sp)
 	kinds := all[:nk]
+	if sp.Affinity == 0 {
+		p.flatEntries(fr, sp, n, kinds, a)
+		firewall(fr, sp)
+		return
+	}
+	origins := p.originRules(n, sp.Family)
 	fr.chains = make([]chainPlan, len(kinds), len(kinds)+1)
 	var lbs [2]balancer
 	for i, used := range pp.uses {
@@ -417,7 +491,7 @@ func (p *planner) fragment(pp *portPlan, n *servicelb.NodeConfig) *fragment {
 		fr.chains[i] = chainPlan{name: c.name, rules: p.entryRules(origins, c.verdicts, &lbs)}
 	}
 	entries(fr, sp, kinds)
-	return fr
+	firewall(fr, sp)
 }
 
 // eachRef calls f with each shared element a port needs, in order
@@ -439,9 +513,131 @@ func refsOf(sp *servicelb.ServicePort) []ref {
 	return out
 }
 
+// flatEntries plans the elements of a port without affinity: each
+// frontend in the set of its kind's shape, and, for each set of endpoints
+// its kind forwards to, in the bucket set of the endpoints' spread, with
+// its buckets in the endpoints map (the local set's from bucketStride).
+// The elements and their bytes come from a.
+func (p *planner) flatEntries(fr *fragment, sp *servicelb.ServicePort, n *servicelb.NodeConfig, kinds []entryChain, a *arena) {
+	f := sp.Family
+	al := addrLen(f)
+	pods := p.pods(n, f).detects()
+	spread := spreadOf(sp)
+	for _, c := range kinds {
+		nf := frontends(sp, c.external)
+		if nf == 0 {
+			continue
+		}
+		keys := a.bytes(nf * (al + 8))
+		set := a.elems(nf)
+		add := func(addr netip.Addr, port uint16) {
+			at := len(keys)
+			keys = appendEntry(keys, addr, sp.Port.Protocol, port)
+			set = append(set, elem{key: keys[at:len(keys):len(keys)]})
+		}
+		if !c.external {
+			add(sp.ClusterIP, sp.Port.Port)
+		} else {
+			for _, x := range sp.ExternalIPs {
+				add(x, sp.Port.Port)
+			}
+			for _, x := range sp.LoadBalancerIPs {
+				add(x, sp.Port.Port)
+			}
+			for _, x := range sp.NodeIPs {
+				add(x, sp.Port.NodePort)
+			}
+		}
+		fr.add(shapeSet(f, c.verdicts), set...)
+		for i, to := range routed(c.verdicts, pods) {
+			if !to || spread[i].n == 0 {
+				continue
+			}
+			fr.add(bucketSet(f, i == 1, spread[i].n), set...)
+			per := int(spread[i].n)
+			es := a.elems(nf * per)
+			buf := a.bytes(nf * per * (2*al + 16))
+			for _, k := range set {
+				es, buf = endpointElems(es, buf, k.key, uint32(i)*bucketStride, targets(sp, i), spread[i].counts)
+			}
+			fr.add(fixedSet(kindEndpoints, f), es...)
+		}
+	}
+}
+
+// arena hands out the memory of fragments' elements from large chunks, so
+// that a write of a whole table allocates about what its batch holds,
+// not a little for each port. Bytes it handed out it never takes back;
+// elements it takes back when told (reuseElems). A nil arena allocates
+// each request.
+type arena struct {
+	b []byte
+	e []elem
+}
+
+// bytes returns an empty slice with room for n bytes.
+func (a *arena) bytes(n int) []byte {
+	if a == nil {
+		return make([]byte, 0, n)
+	}
+	if cap(a.b)-len(a.b) < n {
+		a.b = make([]byte, 0, max(64<<10, n))
+	}
+	at := len(a.b)
+	a.b = a.b[:at+n]
+	return a.b[at : at : at+n]
+}
+
+// elems returns an empty slice with room for n elements.
+func (a *arena) elems(n int) []elem {
+	if a == nil {
+		return make([]elem, 0, n)
+	}
+	if cap(a.e)-len(a.e) < n {
+		a.e = make([]elem, 0, max(1024, n))
+	}
+	at := len(a.e)
+	a.e = a.e[:at+n]
+	return a.e[at : at : at+n]
+}
+
+// reuseElems hands out again the elements handed out so far: none of
+// them is in use any more.
+func (a *arena) reuseElems() { a.e = a.e[:0] }
+
+// frontends returns the number of a port's frontends of one kind.
+func frontends(sp *servicelb.ServicePort, external bool) int {
+	if !external {
+		return 1
+	}
+	return len(sp.ExternalIPs) + len(sp.LoadBalancerIPs) + len(sp.NodeIPs)
+}
+
+// frontendKeys appends the entry keys of a port's frontends of one kind:
+// its cluster IP, or its external IPs, load-balancer IPs and node ports.
+func frontendKeys(out [][]byte, sp *servicelb.ServicePort, external bool) [][]byte {
+	proto, port := sp.Port.Protocol, sp.Port.Port
+	if !external {
+		return append(out, entryBytes(sp.ClusterIP, proto, port))
+	}
+	for _, a := range sp.ExternalIPs {
+		out = append(out, entryBytes(a, proto, port))
+	}
+	for _, a := range sp.LoadBalancerIPs {
+		out = append(out, entryBytes(a, proto, port))
+	}
+	for _, a := range sp.NodeIPs {
+		out = append(out, entryBytes(a, proto, sp.Port.NodePort))
+	}
+	return out
+}
+
 // chainNames calls f with the name of each chain of a planned port, as
-// its fragment makes them.
+// its fragment makes them: none for a port without affinity.
 func chainNames(pp *portPlan, f func(name string)) {
+	if pp.sp.Affinity == 0 {
+		return
+	}
 	kinds, n := entryKinds(pp.sp)
 	for _, c := range kinds[:n] {
 		f(c.name)
@@ -464,42 +660,26 @@ func chainNames(pp *portPlan, f func(name string)) {
 // balancing chain.
 func endpointChain(chain string, i int) string { return chain + "/" + strconv.Itoa(i) }
 
-// balancer spreads a port's traffic over one set of endpoints: with a rule
-// that translates at once (dnat terms), or through the chain that holds an
-// affinity port's rules.
+// balancer spreads a port's traffic over one set of endpoints: the chain
+// that does, shared (chainBalance) or an affinity port's own.
 type balancer struct {
 	chain string
-	dnat  []term
 }
 
-// rule matches the terms, then balances.
+// rule matches the terms, then goes to the balancer's chain.
 func (b balancer) rule(match ...term) *rule {
-	terms := make([]term, 0, len(match)+len(b.dnat)+1)
-	terms = append(terms, match...)
-	if b.chain != "" {
-		return mkOwn(append(terms, goTo(b.chain))...)
-	}
-	return mkOwn(append(terms, b.dnat...)...)
+	return mkOwn(append(slices.Clip(match), goTo(b.chain))...)
 }
 
-// lb plans the load balancing over bs in the slot. Without affinity it is
-// one rule term that reads the slot's ranges in a backends map, written
-// into the chains that use it; with affinity it is a chain of its own with
-// a rule per endpoint, since a pinned client must find its own endpoint.
+// lb plans the load balancing of an affinity port over bs in the slot: a
+// chain of its own with a rule per endpoint, since a pinned client must
+// find its own endpoint.
 func (p *planner) lb(fr *fragment, sp *servicelb.ServicePort, key slotKey, slot uint32, bs []servicelb.Backend) balancer {
 	f, proto := sp.Family, sp.Port.Protocol
-	if sp.Affinity > 0 {
-		rules, eps := affinityRules(f, proto, fixedSet(kindAffinity, f).name(), key.chain(), slot, bs, sp.Affinity)
-		fr.chains = append(fr.chains, chainPlan{name: key.chain(), rules: append(rules, p.drop)})
-		fr.chains = append(fr.chains, eps...)
-		return balancer{chain: key.chain()}
-	}
-	set := shardSet(f, slot)
-	if len(bs) > 0 {
-		fr.backends = append(fr.backends, slotRange{set: set, slot: slot, bs: bs})
-	}
-	tail := p.tail(set)
-	return balancer{dnat: []term{p.l4proto(proto), dnatMap(f, slot*bucketStride, tail.text, p.ng, tail)}}
+	rules, eps := affinityRules(f, proto, fixedSet(kindAffinity, f).name(), key.chain(), slot, bs, sp.Affinity)
+	fr.chains = append(fr.chains, chainPlan{name: key.chain(), rules: append(rules, p.drop)})
+	fr.chains = append(fr.chains, eps...)
+	return balancer{chain: key.chain()}
 }
 
 // capacityError refuses a service port the table has no room for.
@@ -541,8 +721,8 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 	return rs, eps
 }
 
-// entries plans the port's elements in the dispatch map and the
-// firewall sets; kinds are the port's entry chains (entryKinds).
+// entries plans an affinity port's elements in the dispatch map; kinds
+// are the port's entry chains (entryKinds).
 func entries(fr *fragment, sp *servicelb.ServicePort, kinds []entryChain) {
 	f, proto, port := sp.Family, sp.Port.Protocol, sp.Port.Port
 	ents := make([]elem, 0, len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs)+1)
@@ -565,7 +745,6 @@ func entries(fr *fragment, sp *servicelb.ServicePort, kinds []entryChain) {
 		}
 	}
 	fr.add(fixedSet(kindServices, f), ents...)
-	firewall(fr, sp)
 }
 
 // firewall plans the source ranges of the port's load-balancer IPs. They

@@ -4,6 +4,7 @@ package nftables_test
 
 import (
 	"flag"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func TestRandomTransitions(t *testing.T) {
 	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true})
 	mustSync(t, p, b.State())
 	kinds := map[string]int{}
-	shared := 0
+	seen, gone := map[string]bool{}, map[string]bool{}
 	steps := 300
 	if testing.Short() {
 		steps = 100 // in the VM, whose emulation is slow: the host runs all
@@ -52,7 +53,15 @@ func TestRandomTransitions(t *testing.T) {
 		if d := nftables.ModelDrift(p, b.State()); d != "" {
 			t.Fatalf("after change %d (%s): %s", i, kind, d)
 		}
-		shared = max(shared, nftables.SharedShards(p))
+		now := nftables.SharedSets(p)
+		for name := range seen {
+			if !slices.Contains(now, name) {
+				gone[name] = true
+			}
+		}
+		for _, name := range now {
+			seen[name] = true
+		}
 	}
 	t.Logf("changes: %v; %d services at the end", kinds, b.Len())
 	q := newProxier(t, fresh, nftables.Options{NoConntrackCleanup: true})
@@ -60,7 +69,7 @@ func TestRandomTransitions(t *testing.T) {
 	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 		t.Errorf("table after 300 changes differs from a fresh apply of the final state (-fresh +history):\n%s", diff)
 	}
-	if shared == 0 {
-		t.Error("no backends map ever served two service ports: the test did not cover neighbouring intervals")
+	if len(gone) == 0 {
+		t.Errorf("no shape or bucket set ever went (of %d): the test did not cover the shared chains changing", len(seen))
 	}
 }

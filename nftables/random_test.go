@@ -177,7 +177,7 @@ func (ft *fakeTable) apply(d *delta) error {
 	for _, set := range slices.Sorted(maps.Keys(d.delElems)) {
 		for _, e := range d.delElems[set] {
 			if _, ok := ft.sets[set.name()][e.id()]; !ok {
-				return fmt.Errorf("delete of a missing element of %s", set.name())
+				return fmt.Errorf("delete of a missing element of %s: %v", set.name(), elemTexts(set, []elem{e}))
 			}
 			delete(ft.sets[set.name()], e.id())
 		}

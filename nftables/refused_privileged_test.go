@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
@@ -39,7 +40,7 @@ func manyServices(n int) []servicelb.Service {
 
 // TestKernelRefusalLeavesOnePortOut: the kernel refuses what the Proxier
 // writes for one service (its rules, made to name a chain that does not
-// exist): that service is left out, named alone in the report, and
+// exist; its elements, made unreadable): that service is left out, named alone in the report, and
 // the 1,000 others are in the kernel after the same Sync. A later change
 // of another service reaches the kernel in the next sync; once the
 // refused service changes and the kernel takes it, it goes in.
@@ -54,10 +55,12 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	for _, s := range good {
 		require.NoError(t, b.Upsert(s))
 	}
+	// Its port has affinity, so that it has rules of its own.
 	bad := servicelb.Service{
 		Name: "default/bad", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")},
 		Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
 		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9")}},
+		Affinity:  servicelb.SessionAffinity{ClientIP: true, Timeout: time.Minute},
 	}
 	require.NoError(t, b.Upsert(bad))
 	nftables.RefuseRules(p, func(o any) bool {
@@ -127,5 +130,37 @@ func TestKernelRefusalLeavesOnePortOut(t *testing.T) {
 	require.NoError(t, servicetest.SyncErr(p.Sync(testCtx(t), b.State())))
 	listed = h.Exec(t, "nft", "list", "table", "inet", nftables.DefaultTable)
 	assert.Contains(t, listed, "10.96.9.9 . tcp . 80")
+	t.Run("elements", refusedElements)
 	assert.True(t, strings.Contains(listed, "10.2.9.10"), "the changed service's endpoint is not in the table")
+}
+
+// refusedElements: the kernel refuses the elements the Proxier writes for
+// a port without affinity (its only objects), made unreadable: the port
+// is left out, named alone, and the others are in the kernel after the
+// same Sync.
+func refusedElements(t *testing.T) {
+	h, fresh := netnstest.NewHost(t, "refused-elems"), netnstest.NewHost(t, "fresh-elems")
+	p := newProxier(t, h, nftables.Options{NoConntrackCleanup: true})
+	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: []netip.Addr{netnstest.NodeIPv4()}, ClusterCIDRs: netnstest.ClusterCIDRs()}
+	good := manyServices(100)
+	bad := servicelb.Service{
+		Name: "default/bad", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")},
+		Ports:     []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80, TargetPort: 8080}},
+		Endpoints: []servicelb.Endpoint{{Addr: netip.MustParseAddr("10.2.9.9")}},
+	}
+	nftables.RefuseRules(p, func(o any) bool {
+		k, ok := o.(servicelb.ServicePortKey)
+		return ok && k.Service == bad.Name
+	})
+	mustSync(t, p, mustState(t, node, good...))
+	rep, err := p.Sync(testCtx(t), mustState(t, node, append(slices.Clone(good), bad)...))
+	require.NoError(t, err)
+	assert.Equal(t, []string{bad.Name}, slices.Sorted(maps.Keys(rep.LeftOut)))
+	err = servicetest.LeftOut(rep)
+	require.ErrorIs(t, err, servicelb.ErrRefused)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	mustSync(t, newProxier(t, fresh, nftables.Options{NoConntrackCleanup: true}), mustState(t, node, good...))
+	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
+		t.Fatalf("the table is not the good services' (-want +got):\n%s", diff)
+	}
 }

@@ -53,9 +53,7 @@ func hookName(n uint32) string {
 	return fmt.Sprintf("hook%d", n)
 }
 
-// renderSet writes a set declaration with its elements. An element of a
-// backends map, whose hash range alone says nothing of the service it
-// serves, is followed by a comment naming its service port.
+// renderSet writes a set declaration with its elements.
 func renderSet(d setDef, parts []elemPart, b *strings.Builder) {
 	kind := "set"
 	if d.set.Flags&nfnl.SetMap != 0 {
@@ -63,16 +61,10 @@ func renderSet(d setDef, parts []elemPart, b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "\t%s %s {\n\t\t%s\n", kind, d.set.Name, d.decl)
 	var es []elem
-	owner := map[string]string{} // a backends element's key: its service port
 	for _, p := range parts {
 		es = append(es, p.es...)
-		if k, ok := p.owner.(servicelb.ServicePortKey); ok && d.id.kind() == kindBackends {
-			for _, e := range p.es {
-				owner[string(e.key)] = k.String()
-			}
-		}
 	}
-	texts, starts := elemTexts(d.id, es)
+	texts := elemTexts(d.id, es)
 	if len(texts) > 0 {
 		b.WriteString("\t\telements = { ")
 		for i, t := range texts {
@@ -83,9 +75,6 @@ func renderSet(d setDef, parts []elemPart, b *strings.Builder) {
 			} else {
 				b.WriteString(",")
 			}
-			if o := owner[string(starts[i].key)]; o != "" {
-				b.WriteString("\t# " + o)
-			}
 			if !last {
 				b.WriteString("\n\t\t\t     ")
 			}
@@ -95,10 +84,9 @@ func renderSet(d setDef, parts []elemPart, b *strings.Builder) {
 	b.WriteString("\t}\n")
 }
 
-// elemTexts renders a set's elements as nft writes them, with the element
-// each text starts at. Interval sets turn pairs of start and end elements
-// into ranges and prefixes.
-func elemTexts(id setID, es []elem) ([]string, []elem) {
+// elemTexts renders a set's elements as nft writes them. Interval sets
+// turn pairs of start and end elements into ranges and prefixes.
+func elemTexts(id setID, es []elem) []string {
 	es = slices.Clone(es)
 	slices.SortFunc(es, func(a, b elem) int {
 		return cmp.Or(bytes.Compare(a.key, b.key), cmp.Compare(b.flags, a.flags))
@@ -106,7 +94,6 @@ func elemTexts(id setID, es []elem) ([]string, []elem) {
 	f := id.family()
 	al := addrLen(f)
 	var out []string
-	var starts []elem
 	for i, e := range es {
 		if e.flags&nfnl.ElemIntervalEnd != 0 {
 			continue
@@ -118,8 +105,13 @@ func elemTexts(id setID, es []elem) ([]string, []elem) {
 				break
 			}
 			out = append(out, entryText(e.key, al)+" : goto "+e.chain)
-		case kindFirewall:
+		case kindFirewall, kindShape, kindBuckets:
 			out = append(out, entryText(e.key, al))
+		case kindEndpoints:
+			out = append(out, fmt.Sprintf("%s . %d : %s . %d", entryText(e.key, al), binary.NativeEndian.Uint32(e.key[al+8:]),
+				addrAt(e.data[:al]), binary.BigEndian.Uint16(e.data[al:])))
+		case kindProtocols:
+			out = append(out, protocolOf(e.key[0]).Lower())
 		case kindClusterIPs:
 			out = append(out, addrAt(e.key).String())
 		case kindFirewallPass:
@@ -128,19 +120,9 @@ func elemTexts(id setID, es []elem) ([]string, []elem) {
 			out = append(out, addrAt(e.key[:al]).String()+" . "+addrAt(e.key[al:]).String())
 		case kindPodCIDRs, kindServiceCIDRs:
 			out = append(out, rangeText(addrAt(e.key), lastBefore(es, i, f)))
-		case kindBackends:
-			lo := binary.BigEndian.Uint32(e.key)
-			hi := lo + buckets - 1
-			if i+1 < len(es) {
-				hi = binary.BigEndian.Uint32(es[i+1].key) - 1
-			}
-			out = append(out, fmt.Sprintf("%d-%d : %s . %d", lo, hi, addrAt(e.data[:al]), binary.BigEndian.Uint16(e.data[al:])))
-		}
-		if len(out) > len(starts) {
-			starts = append(starts, e)
 		}
 	}
-	return out, starts
+	return out
 }
 
 // lastBefore returns the last address of the interval starting at es[i]:
@@ -162,16 +144,20 @@ func addrAt(b []byte) netip.Addr {
 
 // entryText renders "addr . proto . port" from an entry key.
 func entryText(k []byte, al int) string {
-	proto := servicelb.Protocol("")
-	switch k[al] {
+	return addrAt(k[:al]).String() + " . " + protocolOf(k[al]).Lower() + " . " + strconv.Itoa(int(binary.BigEndian.Uint16(k[al+4:])))
+}
+
+// protocolOf returns the protocol of an IP protocol number.
+func protocolOf(n byte) servicelb.Protocol {
+	switch n {
 	case 6:
-		proto = servicelb.TCP
+		return servicelb.TCP
 	case 17:
-		proto = servicelb.UDP
+		return servicelb.UDP
 	case 132:
-		proto = servicelb.SCTP
+		return servicelb.SCTP
 	}
-	return addrAt(k[:al]).String() + " . " + proto.Lower() + " . " + strconv.Itoa(int(binary.BigEndian.Uint16(k[al+4:])))
+	return ""
 }
 
 // rangeText renders an address range as a single address, a prefix, or

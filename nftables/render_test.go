@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -255,8 +256,10 @@ func ops(b *nfnl.Batch) []string {
 }
 
 // TestChangesWriteOnlyWhatDiffers: an endpoint change rewrites map
-// elements only, never a rule; a new service adds its chains, rules and
-// elements; a removed one takes them away; no change sends nothing.
+// elements only, never a rule; a new service of a shape and a spread in
+// use adds elements alone, and one of a new spread adds its bucket set
+// and rewrites the balancing chain that reads it; a removed one takes
+// its elements away; no change sends nothing.
 func TestChangesWriteOnlyWhatDiffers(t *testing.T) {
 	var svcs []servicelb.Service
 	for i := range 20 {
@@ -285,30 +288,51 @@ func TestChangesWriteOnlyWhatDiffers(t *testing.T) {
 			t.Errorf("endpoint change sends %q: only elements may change", op)
 		}
 	}
-	added := change(func(b *servicelb.Builder) {
-		b.Upsert(servicelb.Service{Name: "ns/new", ClusterIPs: addrs("10.96.1.1"),
-			Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: eps("", "10.244.99.2")})
-	})
-	want := []string{
-		"add chain inet kproxy svc4-ns/new/",
-		"add rule inet kproxy svc4-ns/new/",
-		"add elements inet kproxy services4",
-	}
-	got := strings.Join(ops(batchFor(t, a, added)), "\n")
-	for _, w := range want {
-		if !strings.Contains(got, w) {
-			t.Errorf("adding a service: batch lacks %q:\n%s", w, got)
+	shape := "verdicts4/outside-cluster-masq/pod-cluster/node-cluster-masq"
+	for _, tc := range []struct {
+		name string
+		eps  []servicelb.Endpoint
+		want []string
+	}{
+		{"a service of a spread in use", eps("", "10.244.99.2", "10.244.99.3"), []string{
+			"add elements inet kproxy buckets4/cluster-2",
+			"add elements inet kproxy endpoints4",
+			"add elements inet kproxy " + shape,
+		}},
+		{"a service of a new spread", eps("", "10.244.99.2"), []string{
+			"add set inet kproxy buckets4/cluster-1",
+			"flush chain inet kproxy cluster4",
+			"add rule inet kproxy cluster4",
+			"add elements inet kproxy buckets4/cluster-1",
+			"add elements inet kproxy endpoints4",
+			"add elements inet kproxy " + shape,
+		}},
+	} {
+		added := change(func(b *servicelb.Builder) {
+			b.Upsert(servicelb.Service{Name: "ns/new", ClusterIPs: addrs("10.96.1.1"),
+				Ports: []servicelb.Port{{Protocol: servicelb.UDP, Port: 53}}, Endpoints: tc.eps})
+		})
+		got := ops(batchFor(t, a, added))
+		for _, w := range tc.want {
+			if !slices.ContainsFunc(got, func(op string) bool { return strings.HasPrefix(op, w) }) {
+				t.Errorf("%s: batch lacks %q:\n%s", tc.name, w, strings.Join(got, "\n"))
+			}
+		}
+		for _, op := range got {
+			if strings.Contains(op, "chain") && !strings.HasSuffix(op, " cluster4") {
+				t.Errorf("%s: batch touches a chain other than the balancing one: %q", tc.name, op)
+			}
 		}
 	}
 	removed := change(func(b *servicelb.Builder) { b.Delete("ns/svc3") })
-	got = strings.Join(ops(batchFor(t, a, removed)), "\n")
-	for _, w := range []string{"delete elements inet kproxy services4", "flush chain inet kproxy svc4-ns/svc3/", "delete chain inet kproxy svc4-ns/svc3/"} {
+	got := strings.Join(ops(batchFor(t, a, removed)), "\n")
+	for _, w := range []string{"delete elements inet kproxy " + shape, "delete elements inet kproxy endpoints4", "delete elements inet kproxy buckets4/cluster-2"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("removing a service: batch lacks %q:\n%s", w, got)
 		}
 	}
-	if strings.Count(got, "chain") != 2 {
-		t.Errorf("removing one service touches other chains:\n%s", got)
+	if strings.Contains(got, "chain") || strings.Contains(got, " set ") {
+		t.Errorf("removing one service touches chains or sets:\n%s", got)
 	}
 }
 
@@ -376,7 +400,14 @@ func TestNames(t *testing.T) {
 		{chainInternal(servicelb.ServicePortKey{Service: "a/b", Port: "", Family: servicelb.IPv4}), "svc4-a/b/"},
 		{chainInternal(servicelb.ServicePortKey{Service: "a", Port: "b", Family: servicelb.IPv4}), "svc4-a/b"},
 		{chainLocal(servicelb.ServicePortKey{Service: "x", Port: "p", Family: servicelb.IPv6}), "local6-x/p"},
-		{shardSet(servicelb.IPv6, 7+shards).name(), "backends6-07"},
+		{bucketSet(servicelb.IPv6, true, 7).name(), "buckets6/local-7"},
+		{bucketSet(servicelb.IPv4, false, buckets).name(), "buckets4/cluster-4095"},
+		{shapeSet(servicelb.IPv4, servicelb.Verdicts{
+			servicelb.FromOutside: {Action: servicelb.ToLocal},
+			servicelb.FromPod:     {Action: servicelb.ToCluster},
+			servicelb.FromNode:    {Action: servicelb.Reject, Masquerade: true},
+		}).name(), "verdicts4/outside-local/pod-cluster/node-reject-masq"},
+		{chainBalance(servicelb.IPv6, false), "cluster6"},
 		{fixedSet(kindFirewallPass, servicelb.IPv4).name(), "firewall-allow4"},
 		{nftDuration(3 * time.Hour), "3h"},
 		{nftDuration(90*time.Second + 5*time.Millisecond), "1m30s5ms"},
@@ -401,10 +432,11 @@ func TestNames(t *testing.T) {
 }
 
 // TestEndpointChangeKeepsThePortsRules: a change of a port's endpoints
-// alone plans no rule again and rewrites no chain, an endpoint replaced in
-// its place changes one element of the backends map, and planning the
-// change with its delta costs a few allocations for that endpoint, not
-// some for each endpoint of the port.
+// alone rewrites no chain and no set: an endpoint replaced in its place
+// changes the one element of the endpoints map that held it; one added
+// moves the frontend to the bucket set of one bucket more, and adds its
+// element. Planning the change with its delta costs allocations for the
+// port, not for the table.
 func TestEndpointChangeKeepsThePortsRules(t *testing.T) {
 	ips := make([]string, 50)
 	for i := range ips {
@@ -412,38 +444,57 @@ func TestEndpointChangeKeepsThePortsRules(t *testing.T) {
 	}
 	svc := servicelb.Service{Name: "ns/web", ClusterIPs: addrs("10.96.0.1"),
 		Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}}, Endpoints: eps("", ips...)}
+	other := servicelb.Service{Name: "ns/other", ClusterIPs: addrs("10.96.0.2"),
+		Ports: []servicelb.Port{{Name: "http", Protocol: servicelb.TCP, Port: 80}}, Endpoints: eps("", ips[:3]...)}
 	b, err := servicelb.NewBuilder(testNode)
 	require.NoError(t, err)
 	require.NoError(t, b.Upsert(svc))
+	require.NoError(t, b.Upsert(other))
 	a := b.State()
-	svc.Endpoints = slices.Clone(svc.Endpoints)
-	svc.Endpoints[20].Addr = netip.MustParseAddr("10.244.1.43")
-	require.NoError(t, b.Upsert(svc))
-	next := b.State()
 	p := newPlanner("kproxy", DefaultAffinitySize)
 	m, err := p.build(a)
 	require.NoError(t, err)
-	ch := servicelb.Diff(a, next)
-	s, err := p.plan(m, &ch, next)
-	require.NoError(t, err)
-	require.Len(t, s.changed, 1)
-	require.True(t, s.changed[0].endpoints, "planned as a change of endpoints alone")
-	d := s.delta(m)
-	assert.Empty(t, append(append(d.flush, d.delete...), chainNamesOf(d.write)...), "chains rewritten")
-	// The endpoint's range keeps its bounds: its start element, which
-	// holds the endpoint, is all that changes in the backends map.
-	for set, es := range d.delElems {
-		if set.kind() == kindBackends {
-			assert.Len(t, es, 1, "elements deleted from %s", set.name())
-			assert.Len(t, d.addElems[set], 1, "elements added to %s", set.name())
-			assert.Zero(t, es[0].flags&nfnl.ElemIntervalEnd, "the start element")
-		}
+	endpoints := fixedSet(kindEndpoints, servicelb.IPv4)
+	change := func(next *servicelb.State, rewritten ...string) *delta {
+		ch := servicelb.Diff(a, next)
+		s, err := p.plan(m, &ch, next)
+		require.NoError(t, err)
+		require.Len(t, s.changed, 1)
+		d := s.delta(m)
+		assert.Empty(t, d.delete, "chains deleted")
+		assert.Empty(t, d.create, "chains created")
+		assert.Equal(t, rewritten, d.flush, "chains rewritten")
+		assert.Equal(t, rewritten, chainNamesOf(d.write), "chains rewritten")
+		return d
 	}
+
+	replaced := slices.Clone(svc.Endpoints)
+	replaced[20].Addr = netip.MustParseAddr("10.244.1.43")
+	require.NoError(t, b.Upsert(servicelb.Service{Name: svc.Name, ClusterIPs: svc.ClusterIPs, Ports: svc.Ports, Endpoints: replaced}))
+	next := b.State()
+	d := change(next)
+	assert.Empty(t, append(d.addSets, d.delSets...), "sets added or deleted")
+	hairpin := fixedSet(kindHairpin, servicelb.IPv4)
+	assert.ElementsMatch(t, []setID{endpoints, hairpin}, slices.Collect(maps.Keys(d.delElems)), "sets elements left")
+	assert.Len(t, d.delElems[endpoints], 1, "elements deleted from the endpoints map")
+	assert.Len(t, d.addElems[endpoints], 1, "elements added to the endpoints map")
+	ch := servicelb.Diff(a, next)
 	allocs := testing.AllocsPerRun(20, func() {
 		s, _ := p.plan(m, &ch, next)
 		s.delta(m)
 	})
-	assert.Less(t, allocs, 60.0, "allocations of planning a one-endpoint change")
+	assert.Less(t, allocs, 400.0, "allocations of planning a one-endpoint change")
+
+	added := append(slices.Clone(svc.Endpoints), eps("", "10.244.9.9")...)
+	require.NoError(t, b.Upsert(servicelb.Service{Name: svc.Name, ClusterIPs: svc.ClusterIPs, Ports: svc.Ports, Endpoints: added}))
+	d = change(b.State(), "cluster4")
+	from, to := bucketSet(servicelb.IPv4, false, 50), bucketSet(servicelb.IPv4, false, 51)
+	assert.Equal(t, []setID{from}, d.delSets, "the last port of 50 buckets goes")
+	assert.Equal(t, []setID{to}, d.addSets, "the first port of 51 buckets comes")
+	assert.Len(t, d.delElems[from], 1)
+	assert.Len(t, d.addElems[to], 1)
+	assert.Empty(t, d.delElems[endpoints], "elements deleted from the endpoints map")
+	assert.Len(t, d.addElems[endpoints], 1, "elements added to the endpoints map")
 }
 
 func chainNamesOf(cs []chainPlan) []string {

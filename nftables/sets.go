@@ -15,14 +15,15 @@ import (
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
-// The table's named sets and maps: a fixed list per family, plus the
-// backends maps (shards of them per family). Their number does not grow
-// with the number of services. A setID numbers them.
+// The table's named sets and maps: a fixed list per family, plus one set
+// of frontends for each verdict shape in use and for each number of
+// buckets in use. Their number does not grow with the number of services.
+// A setID numbers them.
 type setID uint16
 
 // The kinds of fixed sets.
 const (
-	kindServices     = iota // entry -> goto svc/ext chain
+	kindServices     = iota // entry -> goto the entry chain of a port with affinity
 	kindClusterIPs          // every cluster IP of the state
 	kindFirewall            // load-balancer entries with source ranges
 	kindFirewallPass        // entry . allowed source range
@@ -30,8 +31,12 @@ const (
 	kindPodCIDRs            // the sources of the node's pods (NodeConfig.LocalMatch)
 	kindServiceCIDRs        // NodeConfig.ServiceCIDRs
 	kindAffinity            // client . slot . endpoint, dynamic
+	kindEndpoints           // entry . bucket -> endpoint
+	kindProtocols           // the protocols a service port may have
 	numKinds
-	kindBackends = numKinds // bucket -> endpoint, one map per shard
+	// The kinds of the sets that exist while some port needs them.
+	kindShape   = numKinds     // the entries whose verdicts make one shape
+	kindBuckets = numKinds + 1 // the entries that spread over B buckets
 )
 
 func kindName(k int) string {
@@ -52,22 +57,48 @@ func kindName(k int) string {
 		return "service-cidrs"
 	case kindAffinity:
 		return "affinity"
+	case kindEndpoints:
+		return "endpoints"
+	case kindProtocols:
+		return "protocols"
+	case kindShape:
+		return "verdicts"
 	}
-	return "backends"
+	return "buckets"
 }
 
-const firstShard = numKinds * 2
+// The numbering of setIDs: the fixed sets (kind*2 + family), then the
+// shape sets (a shape's code per family), then the bucket sets (the
+// number of buckets, per family and per set of endpoints).
+const (
+	firstShape   = numKinds * 2
+	firstBuckets = firstShape + 2*shapeCodes
+	bucketIDs    = 2 * bucketStride // per family: cluster's, then local's
+)
 
 func fixedSet(kind int, f servicelb.Family) setID { return setID(kind*2 + famIndex(f)) }
 
-func shardSet(f servicelb.Family, slot uint32) setID {
-	return setID(firstShard + famIndex(f)*shards + int(slot%shards))
+// shapeSet is the set of the entries whose verdicts are vs: the entries
+// the services chain sends to vs's chain.
+func shapeSet(f servicelb.Family, vs servicelb.Verdicts) setID {
+	return setID(firstShape + famIndex(f)*shapeCodes + int(shapeCode(vs)))
+}
+
+// bucketSet is the set of the entries whose cluster or local endpoints
+// spread over n buckets.
+func bucketSet(f servicelb.Family, local bool, n uint32) setID {
+	return setID(firstBuckets + famIndex(f)*bucketIDs + int(boolByte(local))*bucketStride + int(n))
 }
 
 func (s setID) family() servicelb.Family {
-	i := int(s) % 2
-	if s >= firstShard {
-		i = (int(s) - firstShard) / shards
+	var i int
+	switch {
+	case s >= firstBuckets:
+		i = (int(s) - firstBuckets) / bucketIDs
+	case s >= firstShape:
+		i = (int(s) - firstShape) / shapeCodes
+	default:
+		i = int(s) % 2
 	}
 	if i == 1 {
 		return servicelb.IPv6
@@ -76,31 +107,48 @@ func (s setID) family() servicelb.Family {
 }
 
 func (s setID) kind() int {
-	if s >= firstShard {
-		return kindBackends
+	switch {
+	case s >= firstBuckets:
+		return kindBuckets
+	case s >= firstShape:
+		return kindShape
 	}
 	return int(s) / 2
 }
 
+// verdicts returns the verdicts of a shape set.
+func (s setID) verdicts() servicelb.Verdicts {
+	return shapeVerdicts(uint16((int(s) - firstShape) % shapeCodes))
+}
+
+// buckets returns the number of buckets of a bucket set, and whether it
+// spreads local endpoints.
+func (s setID) buckets() (n uint32, local bool) {
+	i := (int(s) - firstBuckets) % bucketIDs
+	return uint32(i % bucketStride), i >= bucketStride
+}
+
 func (s setID) name() string {
-	n := kindName(s.kind()) + fam(s.family())
-	if s >= firstShard {
-		i := (int(s) - firstShard) % shards
-		if i < 10 {
-			n += "-0"
-		} else {
-			n += "-"
+	f := fam(s.family())
+	switch s.kind() {
+	case kindShape:
+		return shapeName(f, s.verdicts())
+	case kindBuckets:
+		n, local := s.buckets()
+		of := "cluster"
+		if local {
+			of = "local"
 		}
-		n += strconv.Itoa(i)
+		return "buckets" + f + "/" + of + "-" + strconv.Itoa(int(n))
 	}
-	return n
+	return kindName(s.kind()) + f
 }
 
 // interval reports whether the set holds intervals as separate start and
 // end elements (the kernel's rbtree sets).
 func (s setID) interval() bool {
 	k := s.kind()
-	return k == kindBackends || k == kindPodCIDRs || k == kindServiceCIDRs
+	return k == kindPodCIDRs || k == kindServiceCIDRs
 }
 
 // setDef is a set's definition, for the kernel and for nft text.
@@ -127,6 +175,7 @@ const (
 	udDataTypeof    = 4
 	udDataInterval  = 6
 	udExprPayload   = 7
+	udExprMeta      = 9
 	udExprConcat    = 13
 	udExprNumgen    = 23
 	byteOrderHost   = 1
@@ -139,6 +188,7 @@ const (
 	fieldIP6Saddr   = 8
 	fieldIP6Daddr   = 9
 	fieldTHDport    = 2
+	metaL4proto     = 16
 )
 
 func (u udata) u32(t byte, v uint32) udata {
@@ -149,6 +199,10 @@ func (u udata) nest(t byte, in udata) udata { return append(append(u, t, byte(le
 
 func udPayload(desc, field uint32) udata {
 	return udata{}.u32(0, udExprPayload).nest(1, udata{}.u32(0, desc).u32(1, field))
+}
+
+func udMeta(key uint32) udata {
+	return udata{}.u32(0, udExprMeta).nest(1, udata{}.u32(0, key))
 }
 
 func udNumgen() udata {
@@ -210,6 +264,14 @@ func fixedSets(table string, f servicelb.Family, affinitySize uint32) []setDef {
 			KeyLen: al + 8, Size: affinitySize,
 			UserData: udata{}.u32(udKeyByteOrder, 0).nest(udKeyTypeof, udConcat(udAddr(f, true), udNumgen(), udNumgen()))},
 			fmt.Sprintf("typeof %s . numgen random mod 1 . numgen random mod 1\n\t\tsize %d\n\t\tflags dynamic,timeout", addrWord(f, true), affinitySize)},
+		{kindEndpoints, nfnl.Set{Flags: nfnl.SetMap, KeyType: nfnl.ConcatType(at, nfnl.TypeInetProto, nfnl.TypeInetService, nfnl.TypeInteger),
+			KeyLen: al + 12, DataType: nfnl.ConcatType(at, nfnl.TypeInetService), DataLen: al + 4,
+			UserData: udata{}.u32(udKeyByteOrder, 0).u32(udDataByteOrder, 0).
+				nest(udKeyTypeof, udConcat(udAddr(f, false), udMeta(metaL4proto), udPayload(protoDescTH, fieldTHDport), udNumgen())).
+				nest(udDataTypeof, udConcat(udAddr(f, false), udPayload(protoDescTH, fieldTHDport))).
+				u32(udDataInterval, 0)},
+			fmt.Sprintf("typeof %s . meta l4proto . th dport . numgen random mod 1 : %s . th dport", addrWord(f, false), addrWord(f, false))},
+		{kindProtocols, nfnl.Set{KeyType: nfnl.TypeInetProto, KeyLen: 1, UserData: udata{}.u32(udKeyByteOrder, 0)}, "type inet_proto"},
 	}
 	out := make([]setDef, len(defs))
 	for i, d := range defs {
@@ -220,21 +282,16 @@ func fixedSets(table string, f servicelb.Family, affinitySize uint32) []setDef {
 	return out
 }
 
-// backendsDef is the definition of one backends map: bucket number to
-// endpoint address and port.
-func backendsDef(table string, id setID) setDef {
-	f := id.family()
-	at, _ := addrType(f)
-	ud := udata{}.u32(udKeyByteOrder, byteOrderHost).u32(udDataByteOrder, 0).
-		nest(udKeyTypeof, udNumgen()).
-		nest(udDataTypeof, udConcat(udAddr(f, false), udPayload(protoDescTH, fieldTHDport))).
-		u32(udDataInterval, 0)
+// dynamicDef is the definition of a set that exists while some port
+// needs it: a shape's or a bucket count's set of frontends.
+func dynamicDef(table string, id setID) setDef {
+	at, an := addrType(id.family())
+	al := uint32(addrLen(id.family()))
 	return setDef{
 		id: id,
-		set: nfnl.Set{Family: nfnl.Inet, Table: table, Name: id.name(), Flags: nfnl.SetInterval | nfnl.SetMap,
-			KeyType: nfnl.TypeInteger, KeyLen: 4, DataType: nfnl.ConcatType(at, nfnl.TypeInetService),
-			DataLen: uint32(addrLen(f)) + 4, UserData: ud},
-		decl: "typeof numgen random mod 1 : " + addrWord(f, false) + " . th dport\n\t\tflags interval",
+		set: nfnl.Set{Family: nfnl.Inet, Table: table, Name: id.name(), KeyType: nfnl.ConcatType(at, nfnl.TypeInetProto, nfnl.TypeInetService),
+			KeyLen: al + 8, UserData: udata{}.u32(udKeyByteOrder, 0).nest(udKeyTypeof, udata{}.u32(0, udExprConcat).nest(1, nil))},
+		decl: "type " + an + " . inet_proto . inet_service",
 	}
 }
 
@@ -307,7 +364,12 @@ func elemOf(el nfnl.Element) elem {
 // entryBytes is the key of "ip daddr . meta l4proto . th dport": the
 // address, then the protocol and the port each padded to four bytes.
 func entryBytes(a netip.Addr, p servicelb.Protocol, port uint16) []byte {
-	b := appendAddr(make([]byte, 0, a.BitLen()/8+8), a)
+	return appendEntry(make([]byte, 0, a.BitLen()/8+8), a, p, port)
+}
+
+// appendEntry appends an entry key (entryBytes) to b.
+func appendEntry(b []byte, a netip.Addr, p servicelb.Protocol, port uint16) []byte {
+	b = appendAddr(b, a)
 	b = append(b, p.Number(), 0, 0, 0)
 	return append(binary.BigEndian.AppendUint16(b, port), 0, 0)
 }
@@ -355,83 +417,24 @@ func hairpinElem(a netip.Addr) elem {
 	return elem{key: appendAddr(appendAddr(make([]byte, 0, a.BitLen()/4), a), a)}
 }
 
-// backendElems returns the intervals of one slot: bucket ranges sized by
-// weight, each mapped to its endpoint. Each interval is a start element
-// with the endpoint and an end element at the first bucket after it (which
-// the kernel keeps apart from the next interval's start at the same key).
-// They come in ascending order, as the kernel accepts them.
-func backendElems(slot uint32, bs []servicelb.Backend, counts []uint32) []elem {
-	out, _ := appendBackendElems(make([]elem, 0, 2*len(bs)), make([]byte, 0, len(bs)*backendElemBytes), slot, bs, counts)
-	return out
-}
-
-// backendElemBytes bounds the bytes of one endpoint's two elements: two
-// keys, an address and a port.
-const backendElemBytes = 8 + 16 + 4
-
-// appendBackendElems appends backendElems' elements to out, their bytes
-// to buf (each range's start key, end key and data), and returns both.
-// The elements keep referring to buf's bytes: buf may be appended to
-// again, not overwritten, while they are in use.
-func appendBackendElems(out []elem, buf []byte, slot uint32, bs []servicelb.Backend, counts []uint32) ([]elem, []byte) {
-	base := slot * bucketStride
-	lo := uint32(0)
+// endpointElems appends the elements of the endpoints map that spread
+// one frontend's flows (its entry key) over bs: bucket from+j for each j
+// below the endpoint's count, in order. Their bytes are appended to buf
+// and stay referred to: buf may be appended to again, not overwritten,
+// while they are in use.
+func endpointElems(out []elem, buf []byte, entry []byte, from uint32, bs []servicelb.Backend, counts []uint32) ([]elem, []byte) {
+	bucket := from
 	for i, b := range bs {
-		end := lo + counts[i]
-		at := len(buf)
-		buf = binary.BigEndian.AppendUint32(buf, base+lo)
-		buf = binary.BigEndian.AppendUint32(buf, base+end)
-		buf = appendAddr(buf, b.Addr)
-		buf = append(binary.BigEndian.AppendUint16(buf, b.Port), 0, 0)
-		out = append(out,
-			elem{key: buf[at : at+4 : at+4], data: buf[at+8 : len(buf) : len(buf)]},
-			elem{key: buf[at+4 : at+8 : at+8], flags: nfnl.ElemIntervalEnd})
-		lo = end
+		for range counts[i] {
+			at := len(buf)
+			buf = append(buf, entry...)
+			buf = binary.NativeEndian.AppendUint32(buf, bucket)
+			k := len(buf)
+			buf = appendAddr(buf, b.Addr)
+			buf = append(binary.BigEndian.AppendUint16(buf, b.Port), 0, 0)
+			out = append(out, elem{key: buf[at:k:k], data: buf[k:len(buf):len(buf)]})
+			bucket++
+		}
 	}
 	return out, buf
-}
-
-// rangeStart is the element that begins a range, holding its endpoint.
-func rangeStart(base, lo uint32, b servicelb.Backend) elem {
-	data := appendAddr(make([]byte, 0, b.Addr.BitLen()/8+4), b.Addr)
-	data = append(binary.BigEndian.AppendUint16(data, b.Port), 0, 0)
-	return elem{key: bigU32(base + lo), data: data}
-}
-
-// rangeEnd is the element that ends a range.
-func rangeEnd(base, end uint32) elem {
-	return elem{key: bigU32(base + end), flags: nfnl.ElemIntervalEnd}
-}
-
-// ranges are the buckets of one slot shared among its endpoints, in
-// ascending order: endpoint i takes buckets lo[i] to lo[i+1]-1.
-type ranges struct {
-	bs []servicelb.Backend
-	lo []uint32
-}
-
-// rangesOf shares a slot among bs as backendElems does; none when bs is
-// empty or has more endpoints than buckets.
-func rangesOf(bs []servicelb.Backend) ranges {
-	counts := bucketCounts(bs)
-	if counts == nil {
-		return ranges{}
-	}
-	lo := make([]uint32, len(bs)+1)
-	for i, c := range counts {
-		lo[i+1] = lo[i] + c
-	}
-	return ranges{bs: bs, lo: lo}
-}
-
-func (r *ranges) len() int { return len(r.bs) }
-
-// appendElems appends the elements of range i in a slot from base.
-func (r *ranges) appendElems(es []elem, base uint32, i int) []elem {
-	return append(es, r.start(base, i), rangeEnd(base, r.lo[i+1]))
-}
-
-// start returns the element that begins range i in a slot from base.
-func (r *ranges) start(base uint32, i int) elem {
-	return rangeStart(base, r.lo[i], r.bs[i])
 }

@@ -75,8 +75,8 @@ func (p *Proxier) ruleTexts(ctx context.Context, chain string) (map[uint64]strin
 	return out, nil
 }
 
-// plannedTexts returns the texts of a chain's planned rules: a chain of
-// the node's, or of the port whose chains include it.
+// plannedTexts returns the texts of a chain's planned rules: a chain no
+// port owns, or of the port whose chains include it.
 func (p *Proxier) plannedTexts(chain string) []string {
 	m := p.model
 	if m == nil {
@@ -94,7 +94,7 @@ func (p *Proxier) plannedTexts(chain string) []string {
 		}
 		return nil
 	}
-	if t := texts(m.node.chains); t != nil {
+	if t := texts(p.plan.nodeChains(m)); t != nil {
 		return t
 	}
 	for _, pp := range m.ports {

@@ -25,7 +25,7 @@ var detections = []pods{{}, {set: true}, {iface: "cbr0"}, {iface: "veth", prefix
 // its verdict masquerades.
 func TestEntryRulesRenderEveryVerdict(t *testing.T) {
 	p := newPlanner("kproxy", DefaultAffinitySize)
-	lbs := &[2]balancer{{dnat: []term{{text: "to-cluster"}}}, {dnat: []term{{text: "to-local"}}}}
+	lbs := &[2]balancer{{chain: "cluster4"}, {chain: "local4"}}
 	var choices []servicelb.Verdict
 	for _, a := range []servicelb.Action{servicelb.Reject, servicelb.Drop, servicelb.ToCluster, servicelb.ToLocal} {
 		choices = append(choices, servicelb.Verdict{Action: a})
@@ -120,9 +120,9 @@ func runChain(t *testing.T, rules []*rule, is, not string, pod, local bool) (ser
 		case strings.HasSuffix(text, "jump "+chainMarkMasq):
 			marked = true
 			continue
-		case strings.HasSuffix(text, "to-cluster"):
+		case strings.HasSuffix(text, "goto cluster4"):
 			return servicelb.ToCluster, marked
-		case strings.HasSuffix(text, "to-local"):
+		case strings.HasSuffix(text, "goto local4"):
 			return servicelb.ToLocal, marked
 		case strings.HasSuffix(text, "drop"):
 			return servicelb.Drop, marked
@@ -150,7 +150,7 @@ func ruleTexts(rs []*rule) string {
 // interface they come in on, as the node says.
 func TestEntryRulesCommonShapes(t *testing.T) {
 	p := newPlanner("kproxy", DefaultAffinitySize)
-	lbs := &[2]balancer{{dnat: []term{{text: "to-cluster"}}}, {dnat: []term{{text: "to-local"}}}}
+	lbs := &[2]balancer{{chain: "cluster4"}, {chain: "local4"}}
 	cluster, masq := servicelb.Verdict{Action: servicelb.ToCluster}, servicelb.Verdict{Action: servicelb.ToCluster, Masquerade: true}
 	local := servicelb.Verdict{Action: servicelb.ToLocal}
 	reject := servicelb.Verdict{Action: servicelb.Reject}
@@ -162,26 +162,26 @@ func TestEntryRulesCommonShapes(t *testing.T) {
 		vs   servicelb.Verdicts
 		want []string
 	}{
-		{"internal", servicelb.IPv4, bySource, servicelb.Verdicts{masq, cluster, masq}, []string{"ip saddr != @pod-cidrs4 jump mark-for-masquerade", "to-cluster", "drop"}},
-		{"masquerade all", servicelb.IPv4, bySource, servicelb.Verdicts{masq, masq, masq}, []string{"jump mark-for-masquerade", "to-cluster", "drop"}},
-		{"no masquerade", servicelb.IPv4, bySource, servicelb.Verdicts{cluster, cluster, cluster}, []string{"to-cluster", "drop"}},
+		{"internal", servicelb.IPv4, bySource, servicelb.Verdicts{masq, cluster, masq}, []string{"ip saddr != @pod-cidrs4 jump mark-for-masquerade", "goto cluster4", "drop"}},
+		{"masquerade all", servicelb.IPv4, bySource, servicelb.Verdicts{masq, masq, masq}, []string{"jump mark-for-masquerade", "goto cluster4", "drop"}},
+		{"no masquerade", servicelb.IPv4, bySource, servicelb.Verdicts{cluster, cluster, cluster}, []string{"goto cluster4", "drop"}},
 		{"external local", servicelb.IPv4, bySource, servicelb.Verdicts{local, cluster, masq}, []string{
 			"ip saddr != @pod-cidrs4 fib saddr type local jump mark-for-masquerade",
-			"ip saddr @pod-cidrs4 to-cluster", "fib saddr type local to-cluster", "to-local", "drop"}},
+			"ip saddr @pod-cidrs4 goto cluster4", "fib saddr type local goto cluster4", "goto local4", "drop"}},
 		{"drop", servicelb.IPv4, bySource, servicelb.Verdicts{{Action: servicelb.Drop}, {Action: servicelb.Drop}, {Action: servicelb.Drop}}, []string{"drop"}},
 		{"reject", servicelb.IPv4, bySource, servicelb.Verdicts{}, []string{"reject"}},
-		{"internal, bridge", servicelb.IPv6, byBridge, servicelb.Verdicts{masq, cluster, masq}, []string{`iifname != "cbr0" jump mark-for-masquerade`, "to-cluster", "drop"}},
-		{"internal, prefix", servicelb.IPv4, byPrefix, servicelb.Verdicts{masq, cluster, masq}, []string{`iifname != "veth*" jump mark-for-masquerade`, "to-cluster", "drop"}},
+		{"internal, bridge", servicelb.IPv6, byBridge, servicelb.Verdicts{masq, cluster, masq}, []string{`iifname != "cbr0" jump mark-for-masquerade`, "goto cluster4", "drop"}},
+		{"internal, prefix", servicelb.IPv4, byPrefix, servicelb.Verdicts{masq, cluster, masq}, []string{`iifname != "veth*" jump mark-for-masquerade`, "goto cluster4", "drop"}},
 		{"external local, bridge", servicelb.IPv4, byBridge, servicelb.Verdicts{local, cluster, masq}, []string{
 			`iifname != "cbr0" fib saddr type local jump mark-for-masquerade`,
-			`iifname "cbr0" to-cluster`, "fib saddr type local to-cluster", "to-local", "drop"}},
+			`iifname "cbr0" goto cluster4`, "fib saddr type local goto cluster4", "goto local4", "drop"}},
 		{"external local, prefix", servicelb.IPv6, byPrefix, servicelb.Verdicts{local, cluster, masq}, []string{
 			`iifname != "veth*" fib saddr type local jump mark-for-masquerade`,
-			`iifname "veth*" to-cluster`, "fib saddr type local to-cluster", "to-local", "drop"}},
+			`iifname "veth*" goto cluster4`, "fib saddr type local goto cluster4", "goto local4", "drop"}},
 		{"pods rejected by source", servicelb.IPv6, bySource, servicelb.Verdicts{cluster, reject, cluster}, []string{
-			"ip6 saddr @pod-cidrs6 reject with icmpv6 port-unreachable", "to-cluster", "drop"}},
+			"ip6 saddr @pod-cidrs6 reject with icmpv6 port-unreachable", "goto cluster4", "drop"}},
 		{"pods rejected by interface", servicelb.IPv6, byPrefix, servicelb.Verdicts{cluster, reject, cluster}, []string{
-			`iifname "veth*" reject`, "to-cluster", "drop"}},
+			`iifname "veth*" reject`, "goto cluster4", "drop"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := p.entryRules(p.originRules(nodeDetecting(tc.pods), tc.f), tc.vs, lbs)

@@ -209,114 +209,43 @@ func (d *delta) port(owner any, old, cur *fragment) {
 	defer func() { d.owner = nil }()
 	var oc, cc []chainPlan
 	var oe, ce []setElems
-	var ob, cb []slotRange
 	if old != nil {
-		oc, oe, ob = old.chains, old.elems, old.backends
+		oc, oe = old.chains, old.elems
 	}
 	if cur != nil {
-		cc, ce, cb = cur.chains, cur.elems, cur.backends
+		cc, ce = cur.chains, cur.elems
 	}
 	d.chains(oc, cc)
 	d.setElems(oe, ce)
-	d.slots(ob, cb)
 }
 
-// setElems diffs a port's elements outside the backends maps.
+// setElems diffs a port's elements.
 func (d *delta) setElems(old, cur []setElems) {
-	find := func(xs []setElems, set setID) []elem {
+	find := func(xs []setElems, set setID) ([]elem, bool) {
 		for _, x := range xs {
 			if x.set == set {
-				return x.es
+				return x.es, true
 			}
 		}
-		return nil
+		return nil, false
 	}
 	for _, x := range cur {
-		d.elems(x.set, find(old, x.set), x.es)
+		was, _ := find(old, x.set)
+		d.elems(x.set, was, x.es)
 	}
 	for _, x := range old {
-		if find(cur, x.set) == nil {
+		if _, ok := find(cur, x.set); !ok {
 			d.elems(x.set, x.es, nil)
 		}
 	}
 }
 
-// slots diffs the ranges of a port's load-balancing slots, slot by slot:
-// a range that stays with the same bounds and endpoint stays in place.
-func (d *delta) slots(old, cur []slotRange) {
-	find := func(xs []slotRange, r *slotRange) *slotRange {
-		for i := range xs {
-			if xs[i].set == r.set && xs[i].slot == r.slot {
-				return &xs[i]
-			}
-		}
-		return nil
-	}
-	for i := range cur {
-		d.slot(cur[i].set, cur[i].slot, find(old, &cur[i]), &cur[i])
-	}
-	for i := range old {
-		if find(cur, &old[i]) == nil {
-			d.slot(old[i].set, old[i].slot, &old[i], nil)
-		}
-	}
-}
-
-// slot adds the difference between two spreads of one slot (nil for
-// none): its ranges in ascending order, merged by their first bucket. A
-// range whose bounds stay and whose endpoint changes changes its start
-// element alone, which holds the endpoint. The kernel refuses to split
-// or stretch a range that stays, so a range whose bounds change goes
-// whole and comes back whole.
-func (d *delta) slot(set setID, slot uint32, old, cur *slotRange) {
-	var o, c ranges
-	if old != nil {
-		o = rangesOf(old.bs)
-	}
-	if cur != nil {
-		c = rangesOf(cur.bs)
-	}
-	base := slot * bucketStride
-	// The slot's elements go out and in as two runs of one owner.
-	var dels, adds []elem
-	del := func(i int) { dels = o.appendElems(dels, base, i) }
-	add := func(i int) { adds = c.appendElems(adds, base, i) }
-	i, j := 0, 0
-	for i < o.len() || j < c.len() {
-		switch {
-		case j == c.len() || i < o.len() && o.lo[i] < c.lo[j]:
-			del(i)
-			i++
-		case i == o.len() || c.lo[j] < o.lo[i]:
-			add(j)
-			j++
-		case o.lo[i+1] != c.lo[j+1]:
-			del(i)
-			add(j)
-			i, j = i+1, j+1
-		default:
-			if o.bs[i].AddrPort() != c.bs[j].AddrPort() {
-				dels = append(dels, o.start(base, i))
-				adds = append(adds, c.start(base, j))
-			}
-			i, j = i+1, j+1
-		}
-	}
-	if len(dels) > 0 {
-		d.delElem(set, dels...)
-	}
-	if len(adds) > 0 {
-		d.addElem(set, adds...)
-	}
-}
-
-// delta works out what a step changes in the table. A port whose
-// endpoints alone changed moves only its slots' ranges: its chains and
-// its frontends' elements are the same in both fragments.
+// delta works out what a step changes in the table. The shared chains
+// change only with the node, or when a shape or a bucket set comes or
+// goes.
 func (s *step) delta(m *model) *delta {
 	d := newDelta()
 	if s.node != nil {
-		d.chains(m.node.chains, s.node.chains)
 		d.elemMaps(m.node.elems, s.node.elems)
 	}
 	for _, pp := range s.removed {
@@ -326,12 +255,6 @@ func (s *step) delta(m *model) *delta {
 		d.port(pp.sp.Key, nil, s.p.fragment(pp, s.cfg))
 	}
 	for _, c := range s.changed {
-		if c.endpoints {
-			d.owner = c.cur.sp.Key
-			d.slots(slotRanges(c.old), slotRanges(c.cur))
-			d.owner = nil
-			continue
-		}
 		d.port(c.cur.sp.Key, s.p.fragment(c.old, m.cfg), s.p.fragment(c.cur, s.cfg))
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(s.refs), compareRefKeys) {
@@ -343,14 +266,32 @@ func (s *step) delta(m *model) *delta {
 			d.delElem(k.set, k.ref().elem())
 		}
 	}
-	for _, x := range slices.Sorted(maps.Keys(s.shards)) {
-		was, now := m.shards[x], s.shards[x]
+	moved := false
+	for _, x := range slices.Sorted(maps.Keys(s.shared)) {
+		was, now := m.shared[x], s.shared[x]
 		switch {
 		case was == 0 && now > 0:
 			d.addSets = append(d.addSets, x)
+			moved = true
 		case was > 0 && now == 0:
 			d.delSets = append(d.delSets, x)
+			moved = true
 		}
+	}
+	if s.node != nil || moved {
+		next := maps.Clone(m.shared)
+		for x, n := range s.shared {
+			if n > 0 {
+				next[x] = n
+			} else {
+				delete(next, x)
+			}
+		}
+		node := &m.node
+		if s.node != nil {
+			node = s.node
+		}
+		d.chains(s.p.nodeChains(m), append(slices.Clip(node.chains), s.p.shared(s.cfg, next)...))
 	}
 	return d
 }
@@ -376,7 +317,7 @@ func (d *delta) batch(table string, b *nfnl.Batch) error {
 		b.DelSet(nfnl.Inet, table, s.name())
 	}
 	for _, s := range d.addSets {
-		b.AddSet(backendsDef(table, s).set)
+		b.AddSet(dynamicDef(table, s).set)
 	}
 	owners := make([]any, len(d.write))
 	for i, c := range d.write {
@@ -513,7 +454,7 @@ func (p *Proxier) replaceBatch(ctx context.Context, m *model) (*nfnl.Batch, erro
 		}
 	}
 	hooks := map[string]*nfnl.Hook{}
-	for _, ch := range m.node.chains {
+	for _, ch := range p.plan.nodeChains(m) {
 		hooks[ch.name] = ch.hook
 	}
 	for _, pp := range m.ports {
@@ -545,42 +486,30 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 	for _, d := range defs {
 		b.AddSet(d.set)
 	}
-	if err := writeChains(p.table, m.node.chains, nil, b); err != nil {
+	if err := writeChains(p.table, p.nodeChains(m), nil, b); err != nil {
 		return err
 	}
-	ports := m.sortedPorts()
-	// Each port's chains and rules, then its elements in the dispatch map
-	// and the firewall sets, which refer to its chains.
-	// The backends maps are written one after the other, at the end:
-	// they share one writer (and its buffer), which the ports never
-	// reach.
+	// Each port's chains and rules, then its elements, which refer to
+	// its chains, set by set: a writer each.
 	writers := map[setID]*elemWriter{}
 	for _, d := range defs {
-		if d.id.kind() != kindBackends {
-			writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
-		}
+		writers[d.id] = &elemWriter{b: b, table: p.table, set: d.set.Name}
 	}
-	backends := &elemWriter{b: b, table: p.table}
-	// The backends elements of a port are made in scratch, their bytes in
-	// arena: a buffer that is only appended to, never reused, since the
-	// writer holds the elements until it flushes; a full one is replaced.
-	var scratch []elem
-	var arena []byte
-	byShard := map[setID][]*portPlan{}
-	for _, pp := range ports {
+	// The ports' elements come from one arena: a writer keeps their
+	// bytes until it flushes, and copies the elements themselves at once.
+	a := &arena{}
+	var fr fragment
+	for _, pp := range m.sortedPorts() {
 		var owner any = pp.sp.Key
-		fr := p.fragment(pp, m.cfg)
+		fr = fragment{elems: fr.elems[:0]}
+		a.reuseElems()
+		p.fragmentInto(&fr, pp, m.cfg, a)
 		if err := writeChains(p.table, fr.chains, owner, b); err != nil {
 			return err
 		}
 		for _, x := range fr.elems {
 			writers[x.set].add(owner, x.es...)
 		}
-		pp.eachShard(func(s setID) {
-			if ps := byShard[s]; len(ps) == 0 || ps[len(ps)-1] != pp {
-				byShard[s] = append(ps, pp)
-			}
-		})
 	}
 	for k := range m.refs {
 		w := writers[k.set]
@@ -588,25 +517,7 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 	}
 	for _, d := range defs {
 		w := writers[d.id]
-		switch d.id.kind() {
-		case kindBackends:
-			w = backends
-			w.set = d.set.Name
-			for _, pp := range byShard[d.id] {
-				for i := range pp.uses {
-					if pp.uses[i] && shardSet(pp.sp.Family, pp.slot[i]) == d.id {
-						bs := targets(pp.sp, i)
-						if need := len(bs) * backendElemBytes; cap(arena)-len(arena) < need {
-							arena = make([]byte, 0, max(64<<10, need))
-						}
-						scratch, arena = appendBackendElems(scratch[:0], arena, pp.slot[i], bs, bucketCounts(bs))
-						w.add(pp.sp.Key, scratch...)
-					}
-				}
-			}
-		default:
-			w.add(nil, m.node.elems[d.id]...)
-		}
+		w.add(nil, m.node.elems[d.id]...)
 		w.flush()
 	}
 	b.SetOwner(nil)
@@ -616,7 +527,7 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 // size estimates the bytes and the messages of the batch that writes m,
 // so that the batch grows once.
 func (m *model) size() (bytes, msgs int) {
-	sets := 16 + len(m.shards)
+	sets := 20 + len(m.shared)
 	bytes, msgs = 300*sets, sets
 	for _, ch := range m.node.chains {
 		bytes += 100 + 250*len(ch.rules)
@@ -624,14 +535,18 @@ func (m *model) size() (bytes, msgs int) {
 	}
 	elems := len(m.refs)
 	for _, pp := range m.ports {
-		// An entry chain of three rules and the port's frontends.
-		bytes += 1000
-		msgs += 4
-		elems += 1 + len(pp.sp.ExternalIPs) + len(pp.sp.LoadBalancerIPs) + len(pp.sp.NodeIPs)
+		// Each frontend in a shape set and a bucket set or two, and
+		// their endpoints; an affinity port's chains.
+		fronts := 1 + len(pp.sp.ExternalIPs) + len(pp.sp.LoadBalancerIPs) + len(pp.sp.NodeIPs)
+		elems += 2 * fronts
 		for i := range pp.uses {
 			if pp.uses[i] {
-				elems += 2 * len(targets(pp.sp, i))
+				elems += fronts * len(targets(pp.sp, i))
 			}
+		}
+		if pp.sp.Affinity > 0 {
+			bytes += 1000 + 500*len(pp.sp.Cluster)
+			msgs += 4 + 2*len(pp.sp.Cluster)
 		}
 	}
 	// An element takes some 20 to 50 bytes; the batch holds what it
