@@ -75,17 +75,29 @@
 //   - drops packets to a load-balancer address from sources outside the
 //     port's source ranges (sets firewall4/6 and firewall-allow4/6), for
 //     the ports whose external verdicts forward;
-//   - dispatches on destination address, protocol and port through the
-//     verdict maps services4/6 to the service port's entry chain:
-//     svc4-<ns/name>/<port> for its cluster IP, ext4-... for its node
-//     ports, external IPs and load-balancer IPs;
+//   - dispatches on destination address, protocol and port: a frontend
+//     of a port without affinity goes to the chain of its verdicts'
+//     shape (below), one rule per shape in use, each matching the set of
+//     that shape's frontends; a frontend of a port with affinity goes
+//     through the verdict map services4/6 to its port's entry chain
+//     (svc4-<ns/name>/<port> for its cluster IP, ext4-... for its node
+//     ports, external IPs and load-balancer IPs);
 //   - rejects what remains for a cluster IP (set cluster-ips4/6, every
 //     cluster IP of the state: a port no service has) and drops what
 //     remains for the service CIDRs (set service-cidrs4/6, as
 //     NodeConfig.DroppedServiceCIDRs lists them).
 //
-// An entry chain renders the verdicts of its kind of frontend
-// (ServicePort.Internal or External). It tells origins apart as servicelb
+// A shape is the verdicts of one kind of frontend
+// (ServicePort.Internal or External), and its chain and its set of
+// frontends are named after them:
+// verdicts4/outside-cluster-masq/pod-cluster/node-cluster-masq. Every
+// port whose frontends have those verdicts shares them, so the table has
+// a chain per shape in use, never a chain per port: the kernel walks
+// every chain of the namespace on each commit, and a change of a port
+// costs the same with 50 or 50,000 ports.
+//
+// A shape's chain (or an affinity port's entry chain) renders the
+// verdicts of its kind of frontend. It tells origins apart as servicelb
 // does: a pod as the node's local-traffic detection recognises it
 // (servicelb.NodeConfig.LocalMatch), else the node by "fib saddr type
 // local", else outside. A pod is matched by its source in the set
@@ -102,7 +114,8 @@
 // outside's are matched first (pods, then the node; pods also when the
 // node is matched and their actions differ, since a pod's source may be a
 // local address), and outside's action is the fall-through. An action is
-// the load-balancing rule of the cluster or local set, "drop", or
+// "goto cluster4" or "goto local4" (an affinity port: its own balancing
+// chain), "drop", or
 // "reject": an ICMP (ICMPv6) port unreachable, for TCP too. A chain that
 // forwards ends with drop, so that a flow never leaves untranslated. A
 // change of the detection is a node change: every entry chain is
@@ -113,35 +126,31 @@
 // addresses of ServicePort.Hairpin, every endpoint a verdict may forward
 // to).
 //
-// # Load balancing without per-service sets
+// # Load balancing without per-service sets or chains
 //
-// The number of named sets is constant: the kernel finds a named set by
-// walking a list, binds every rule that reads a map to it, walking those
-// bindings on each element it adds, and walks a changed map whole after
-// each commit. Each set of endpoints a port forwards to (cluster, local)
-// owns a slot of 4096 keys in one of 512 interval maps per family
-// (backends4-NN, chosen by slot), and the rule
-// that balances reads
+// The number of named sets does not grow with the number of ports: the
+// kernel finds a named set by walking a list. A port's cluster (or local)
+// endpoints share a number of buckets: as many as their weights, divided
+// by their greatest common divisor, ask for (one each when the weights are
+// equal), or, when that would be more than 4095, 4095 shared in
+// proportion. Each frontend is in the set of its number of buckets
+// (buckets4/cluster-3, buckets4/local-2), and its buckets are elements of
+// the hash map endpoints4/6, frontend and bucket to endpoint (a local
+// set's buckets from 4096). The balancing chains cluster4 and local4
+// (and 6) hold one rule per number of buckets in use:
 //
-//	meta l4proto tcp dnat ip to numgen random mod 4095 offset <slot*4096> map @backends4-NN
+//	ip daddr . meta l4proto . th dport @buckets4/cluster-3 meta l4proto @protocols4 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints4
 //
-// where each endpoint holds a range of buckets sized by its weight. So a
-// change of endpoints that leaves the verdicts alone is a change of map
-// elements only: no rule changes, and the kernel skips the validation of
-// the whole table that any rule change costs. Such a change is planned
-// from the port's plan before, without planning its rules again, and
-// moves only the ranges that changed: a range that keeps its bounds and
-// gets another endpoint (an endpoint replaced in its place) changes its
-// first element alone, which holds the endpoint. A change of verdicts (a
-// port that gains its first endpoint, or loses its last local one)
-// rewrites the port's entry chains. Weights are honoured to 1/4095 of a
-// port's traffic. Slots are derived from a hash of the service port's
-// name, so a restarted Proxier reuses the same ones.
+// So a change of endpoints is a change of elements: an endpoint replaced
+// changes the element of its bucket; one added adds its bucket and moves
+// the port's frontends to the set of one bucket more, whose rule the
+// balancing chain gains if no port had that many. A hash map's commit
+// does not walk the map.
 //
 // A port with ClientIP affinity is balanced by a chain of its own instead
 // (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule
 // that sends a client pinned to it in the dynamic set affinity4/6 (key:
-// client address, slot, endpoint) to the endpoint's chain; then one rule
+// client address, the port's slot, endpoint) to the endpoint's chain; then one rule
 // per endpoint that picks it with probability weight / remaining weight
 // (exact weights) and goes to its chain. The endpoint's chain
 // (cluster4-.../<i>) pins the client with the service's timeout, or
@@ -207,8 +216,6 @@
 // with nf_tables' trace events, each rule named as Render writes it; a
 // table of its own ("<table>-trace") marks the first packet of each new
 // flow meanwhile.
-// Render names each endpoint's service port beside its hash range, so
-// that the backends maps can be read by eye.
 //
 // # Privileges
 //
@@ -220,8 +227,9 @@
 // # Where each step lives
 //
 // The files follow the backends' one skeleton (see CONTRIBUTING.md).
-// plan.go plans a State's service ports, with verdicts.go (a port's
-// chains) and buckets.go (its load-balancing buckets); model.go holds the
+// plan.go plans a State's service ports and the chains they share, with
+// verdicts.go (the rules of a shape's or an entry chain) and buckets.go
+// (the buckets of a set of endpoints); model.go holds the
 // applied model, the step to the next and the table's content; write.go
 // the batch that writes a step or replaces the table; verify.go the read
 // back; checkflow.go and trace.go the kernel's word on one flow; render.go
