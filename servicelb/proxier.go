@@ -144,10 +144,9 @@ type KernelCheck struct {
 	// Backend names the backend that read.
 	Backend string `json:"backend"`
 	// Read lists what it read that serves the flow, one object a line,
-	// in the dataplane's own terms: "chain svc4-default/web/http: 3
-	// rules", "map services4: 10.96.0.10 . tcp . 80 : goto
-	// svc4-default/web/http", a virtual server with its real servers, a
-	// map entry, a listener.
+	// in the dataplane's own terms: "chain cluster4: 2 rules", "map
+	// endpoints4: 10.96.0.10 . tcp . 80 . 0 : 10.244.1.2 . 8080", a
+	// virtual server with its real servers, a map entry, a listener.
 	Read []string `json:"read"`
 	// Differences are where what it read differs from the explanation:
 	// a rule, element, virtual server, map entry or listener missing,
@@ -190,7 +189,7 @@ type TraceStep struct {
 	Table string `json:"table"`
 	Chain string `json:"chain"`
 	Rule  string `json:"rule,omitempty"`
-	// Verdict is what became of the packet there: "goto svc4-...",
+	// Verdict is what became of the packet there: "goto cluster4",
 	// "jump ...", "accept" (a NAT rule's, once it translated the
 	// packet), "drop", "continue" (a rule that only marked it), "return",
 	// "policy accept".

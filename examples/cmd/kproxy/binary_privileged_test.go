@@ -207,7 +207,8 @@ func TestBinaryAnswersWhy(t *testing.T) {
 	}, 40*time.Second, 100*time.Millisecond, "no trace")
 	require.NoError(t, tr.err, tr.out)
 	t.Logf("kproxy explain:\n%s\nkproxy trace:\n%s", online, tr.out)
-	assert.Regexp(t, `inet kproxy services: ip daddr \. meta l4proto \. th dport vmap @services4 -> goto svc4-demo/web/http`, tr.out)
+	assert.Regexp(t, `inet kproxy services: ip daddr \. meta l4proto \. th dport @verdicts4/[a-z/-]+ goto verdicts4/[a-z/-]+ -> goto verdicts4/`, tr.out)
+	assert.Regexp(t, `inet kproxy cluster4: .* map @endpoints4 -> accept`, tr.out)
 
 	decided, _, found := strings.Cut(online, "\nkernel ")
 	require.True(t, found, online)

@@ -185,7 +185,8 @@ conntrack: {maxPerCore: 0}
 	code, out, logs = run(t, "--source", "file", "--file", servicesFile(t), "--config", cfg, "--backend", "nftables", "--dry-run", "--once")
 	require.Equal(t, 0, code, logs)
 	has(t, out, "# nftables dry run", "--backend")
-	assert.False(t, strings.Contains(out, "chain svc4-demo/web/http {\n\t\tjump mark-for-masquerade"), "nftables.masqueradeAll is false")
+	assert.Contains(t, out, "set verdicts4/outside-cluster/pod-cluster/node-cluster {\n\t\ttype ipv4_addr . inet_proto . inet_service\n\t\telements = { 10.96.0.10 . tcp . 80 }",
+		"nftables.masqueradeAll is false: the cluster IP's verdicts masquerade no flow")
 
 	// The file must be a KubeProxyConfiguration.
 	require.NoError(t, os.WriteFile(cfg, []byte("apiVersion: v1\nkind: ConfigMap\n"), 0o644))

@@ -64,32 +64,26 @@ func (nftDataplane) flush(ctx context.Context, h *netnstest.Host) (injected, err
 	}, nil
 }
 
-// deleteChain deletes the entry chain of a service port with the
-// services4 element that jumps to it, in one transaction; if the kernel
-// refuses that, it flushes the chain.
+// deleteChain flushes the shared balancing chain of cluster endpoints
+// (cluster4), which every service port without affinity goes through,
+// and deletes the first bucket of the service port's cluster IP from the
+// endpoints map, in one transaction.
 func (nftDataplane) deleteChain(ctx context.Context, h *netnstest.Host, svc servicelb.Service, port servicelb.Port) (injected, error) {
-	chain := fmt.Sprintf("svc4-%s/%s", svc.Name, port.Name)
-	key := fmt.Sprintf("%s . tcp . %d", svc.ClusterIPs[0], port.Port)
-	script := fmt.Sprintf("delete element inet %[1]s services4 { %[2]s }\nflush chain inet %[1]s %[3]s\ndelete chain inet %[1]s %[3]s\n", table, key, chain)
+	const chain = "cluster4"
+	key := fmt.Sprintf("%s . tcp . %d . 0", svc.ClusterIPs[0], port.Port)
+	script := fmt.Sprintf("delete element inet %[1]s endpoints4 { %[2]s }\nflush chain inet %[1]s %[3]s\n", table, key, chain)
 	hasRules := func(ctx context.Context) bool {
 		out, err := h.Output(ctx, "", "nft", "list", "chain", "inet", table, chain)
 		return err == nil && strings.Contains(out, "dnat")
 	}
-	_, err := h.Output(ctx, script, "nft", "-f", "-")
-	if err == nil {
-		return injected{
-			detail: fmt.Sprintf("deleted chain %s and element { %s } of services4", chain, key),
-			repaired: func(ctx context.Context) bool {
-				return hasRules(ctx) && hasElement(ctx, h, "map", "services4", key)
-			},
-		}, nil
-	}
-	if _, ferr := h.Output(ctx, "", "nft", "flush", "chain", "inet", table, chain); ferr != nil {
-		return injected{}, errors.Join(err, ferr)
+	if _, err := h.Output(ctx, script, "nft", "-f", "-"); err != nil {
+		return injected{}, err
 	}
 	return injected{
-		detail:   fmt.Sprintf("flushed chain %s (could not delete it: %s)", chain, oneLine(err.Error())),
-		repaired: hasRules,
+		detail: fmt.Sprintf("flushed chain %s and deleted element { %s } of endpoints4", chain, key),
+		repaired: func(ctx context.Context) bool {
+			return hasRules(ctx) && hasElement(ctx, h, "map", "endpoints4", key)
+		},
 	}, nil
 }
 
@@ -179,6 +173,3 @@ func hasElement(ctx context.Context, h *netnstest.Host, kind, name, key string) 
 	}
 	return false
 }
-
-// oneLine returns s on one line: every run of white space made one space.
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
