@@ -87,36 +87,14 @@ func shapeName(f string, vs servicelb.Verdicts) string {
 	b := []byte("verdicts" + f)
 	for _, o := range servicelb.Origins() {
 		b = append(b, '/')
-		b = append(b, originWord(o)...)
+		b = append(b, o.String()...)
 		b = append(b, '-')
-		b = append(b, actionWord(vs[o].Action)...)
+		b = append(b, vs[o].Action.String()...)
 		if vs[o].Masquerade {
 			b = append(b, "-masq"...)
 		}
 	}
 	return string(b)
-}
-
-func originWord(o servicelb.Origin) string {
-	switch o {
-	case servicelb.FromPod:
-		return "pod"
-	case servicelb.FromNode:
-		return "node"
-	}
-	return "outside"
-}
-
-func actionWord(a servicelb.Action) string {
-	switch a {
-	case servicelb.ToCluster:
-		return "cluster"
-	case servicelb.ToLocal:
-		return "local"
-	case servicelb.Drop:
-		return "drop"
-	}
-	return "reject"
 }
 
 // validTableName reports whether name is an nft identifier that nft can
