@@ -141,11 +141,21 @@
 //
 //	ip daddr . meta l4proto . th dport @buckets4/cluster-3 meta l4proto @protocols4 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints4
 //
+// Which bucket goes to which endpoint is a function of the endpoints
+// alone (a fresh sync writes what a run of changes wrote), chosen so that
+// a change moves few buckets (buckets.go, bucketOwners): each of an
+// endpoint's buckets asks, in rounds, for the first free bucket of a
+// sequence of its own drawn from a hash of the endpoint, and a bucket
+// asked for twice goes to the one that ranks higher for it. An endpoint
+// replaced, added or removed moves about log2 n of n buckets, wherever its
+// address sorts (in the order of the addresses it would move every bucket
+// between its old place and its new one).
+//
 // So a change of endpoints is a change of elements: an endpoint replaced
-// changes the element of its bucket; one added adds its bucket and moves
-// the port's frontends to the set of one bucket more, whose rule the
-// balancing chain gains if no port had that many. A hash map's commit
-// does not walk the map.
+// changes the elements of the few buckets that move; one added adds its
+// bucket, moves a few and moves the port's frontends to the set of one
+// bucket more, whose rule the balancing chain gains if no port had that
+// many. A hash map's commit does not walk the map.
 //
 // A port with ClientIP affinity is balanced by a chain of its own instead
 // (cluster4-<ns/name>/<port>, local4-...): for each endpoint one rule

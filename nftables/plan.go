@@ -523,6 +523,8 @@ func (p *planner) flatEntries(fr *fragment, sp *servicelb.ServicePort, n *servic
 	al := addrLen(f)
 	pods := p.pods(n, f).detects()
 	spread := spreadOf(sp)
+	var owners [2][]int32
+	a.reuseScratch()
 	for _, c := range kinds {
 		nf := frontends(sp, c.external)
 		if nf == 0 {
@@ -554,11 +556,14 @@ func (p *planner) flatEntries(fr *fragment, sp *servicelb.ServicePort, n *servic
 				continue
 			}
 			fr.add(bucketSet(f, i == 1, spread[i].n), set...)
+			if owners[i] == nil {
+				owners[i] = bucketOwners(targets(sp, i), spread[i].counts, spread[i].n, a)
+			}
 			per := int(spread[i].n)
 			es := a.elems(nf * per)
 			buf := a.bytes(nf * per * (2*al + 16))
 			for _, k := range set {
-				es, buf = endpointElems(es, buf, k.key, uint32(i)*bucketStride, targets(sp, i), spread[i].counts)
+				es, buf = endpointElems(es, buf, k.key, uint32(i)*bucketStride, targets(sp, i), owners[i])
 			}
 			fr.add(fixedSet(kindEndpoints, f), es...)
 		}
@@ -568,11 +573,14 @@ func (p *planner) flatEntries(fr *fragment, sp *servicelb.ServicePort, n *servic
 // arena hands out the memory of fragments' elements from large chunks, so
 // that a write of a whole table allocates about what its batch holds,
 // not a little for each port. Bytes it handed out it never takes back;
-// elements it takes back when told (reuseElems). A nil arena allocates
-// each request.
+// elements it takes back when told (reuseElems), and the scratch of
+// bucketOwners when a port's elements are made (reuseScratch). A nil
+// arena allocates each request.
 type arena struct {
 	b []byte
 	e []elem
+	i []int32
+	t []ticket
 }
 
 // bytes returns an empty slice with room for n bytes.
@@ -599,6 +607,40 @@ func (a *arena) elems(n int) []elem {
 	at := len(a.e)
 	a.e = a.e[:at+n]
 	return a.e[at : at : at+n]
+}
+
+// int32s returns n zeroed int32s of scratch.
+func (a *arena) int32s(n int) []int32 {
+	if a == nil {
+		return make([]int32, n)
+	}
+	if cap(a.i)-len(a.i) < n {
+		a.i = make([]int32, 0, max(4096, n))
+	}
+	at := len(a.i)
+	a.i = a.i[:at+n]
+	clear(a.i[at:])
+	return a.i[at : at+n : at+n]
+}
+
+// tickets returns an empty slice of scratch with room for n tickets.
+func (a *arena) tickets(n int) []ticket {
+	if a == nil {
+		return make([]ticket, 0, n)
+	}
+	if cap(a.t)-len(a.t) < n {
+		a.t = make([]ticket, 0, max(1024, n))
+	}
+	at := len(a.t)
+	a.t = a.t[:at+n]
+	return a.t[at : at : at+n]
+}
+
+// reuseScratch hands out again the scratch handed out so far.
+func (a *arena) reuseScratch() {
+	if a != nil {
+		a.i, a.t = a.i[:0], a.t[:0]
+	}
 }
 
 // reuseElems hands out again the elements handed out so far: none of

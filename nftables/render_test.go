@@ -432,11 +432,12 @@ func TestNames(t *testing.T) {
 }
 
 // TestEndpointChangeKeepsThePortsRules: a change of a port's endpoints
-// alone rewrites no chain and no set: an endpoint replaced in its place
-// changes the one element of the endpoints map that held it; one added
-// moves the frontend to the bucket set of one bucket more, and adds its
-// element. Planning the change with its delta costs allocations for the
-// port, not for the table.
+// alone rewrites no chain and no set: an endpoint replaced changes a few
+// elements of the endpoints map (its bucket, and the few its successor
+// displaces: bucketOwners), wherever its address sorts; one added moves
+// the frontend to the bucket set of one bucket more, and adds its bucket
+// and moves a few. Planning the change with its delta costs allocations
+// for the port, not for the table.
 func TestEndpointChangeKeepsThePortsRules(t *testing.T) {
 	ips := make([]string, 50)
 	for i := range ips {
@@ -468,16 +469,21 @@ func TestEndpointChangeKeepsThePortsRules(t *testing.T) {
 		return d
 	}
 
+	// Of the 50 buckets, an endpoint change moves about log2 50; an
+	// assignment in the order of the addresses would move every bucket
+	// from the eleventh to the last here.
+	const few = 7
 	replaced := slices.Clone(svc.Endpoints)
-	replaced[20].Addr = netip.MustParseAddr("10.244.1.43")
+	replaced[10].Addr = netip.MustParseAddr("10.244.2.1")
 	require.NoError(t, b.Upsert(servicelb.Service{Name: svc.Name, ClusterIPs: svc.ClusterIPs, Ports: svc.Ports, Endpoints: replaced}))
 	next := b.State()
 	d := change(next)
 	assert.Empty(t, append(d.addSets, d.delSets...), "sets added or deleted")
 	hairpin := fixedSet(kindHairpin, servicelb.IPv4)
 	assert.ElementsMatch(t, []setID{endpoints, hairpin}, slices.Collect(maps.Keys(d.delElems)), "sets elements left")
-	assert.Len(t, d.delElems[endpoints], 1, "elements deleted from the endpoints map")
-	assert.Len(t, d.addElems[endpoints], 1, "elements added to the endpoints map")
+	assert.NotEmpty(t, d.delElems[endpoints], "elements deleted from the endpoints map")
+	assert.LessOrEqual(t, len(d.delElems[endpoints]), few, "elements deleted from the endpoints map")
+	assert.Len(t, d.addElems[endpoints], len(d.delElems[endpoints]), "elements added to the endpoints map")
 	ch := servicelb.Diff(a, next)
 	allocs := testing.AllocsPerRun(20, func() {
 		s, _ := p.plan(m, &ch, next)
@@ -493,8 +499,8 @@ func TestEndpointChangeKeepsThePortsRules(t *testing.T) {
 	assert.Equal(t, []setID{to}, d.addSets, "the first port of 51 buckets comes")
 	assert.Len(t, d.delElems[from], 1)
 	assert.Len(t, d.addElems[to], 1)
-	assert.Empty(t, d.delElems[endpoints], "elements deleted from the endpoints map")
-	assert.Len(t, d.addElems[endpoints], 1, "elements added to the endpoints map")
+	assert.Len(t, d.addElems[endpoints], len(d.delElems[endpoints])+1, "elements added to the endpoints map")
+	assert.LessOrEqual(t, len(d.addElems[endpoints]), few, "elements added to the endpoints map")
 }
 
 func chainNamesOf(cs []chainPlan) []string {

@@ -418,23 +418,20 @@ func hairpinElem(a netip.Addr) elem {
 }
 
 // endpointElems appends the elements of the endpoints map that spread
-// one frontend's flows (its entry key) over bs: bucket from+j for each j
-// below the endpoint's count, in order. Their bytes are appended to buf
-// and stay referred to: buf may be appended to again, not overwritten,
-// while they are in use.
-func endpointElems(out []elem, buf []byte, entry []byte, from uint32, bs []servicelb.Backend, counts []uint32) ([]elem, []byte) {
-	bucket := from
-	for i, b := range bs {
-		for range counts[i] {
-			at := len(buf)
-			buf = append(buf, entry...)
-			buf = binary.NativeEndian.AppendUint32(buf, bucket)
-			k := len(buf)
-			buf = appendAddr(buf, b.Addr)
-			buf = append(binary.BigEndian.AppendUint16(buf, b.Port), 0, 0)
-			out = append(out, elem{key: buf[at:k:k], data: buf[k:len(buf):len(buf)]})
-			bucket++
-		}
+// one frontend's flows (its entry key) over bs: bucket from+j to
+// bs[owners[j]] (bucketOwners). Their bytes are appended to buf and stay
+// referred to: buf may be appended to again, not overwritten, while they
+// are in use.
+func endpointElems(out []elem, buf []byte, entry []byte, from uint32, bs []servicelb.Backend, owners []int32) ([]elem, []byte) {
+	for j, o := range owners {
+		b := &bs[o]
+		at := len(buf)
+		buf = append(buf, entry...)
+		buf = binary.NativeEndian.AppendUint32(buf, from+uint32(j))
+		k := len(buf)
+		buf = appendAddr(buf, b.Addr)
+		buf = append(binary.BigEndian.AppendUint16(buf, b.Port), 0, 0)
+		out = append(out, elem{key: buf[at:k:k], data: buf[k:len(buf):len(buf)]})
 	}
 	return out, buf
 }
