@@ -5,6 +5,7 @@ package nftables_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -28,8 +29,9 @@ import (
 // same namespace (floorMedian). Only the kernel's share is measured: the
 // batches are built before the clock starts.
 //
-//   - ports: the table as this package writes it today, a chain per
-//     service port; the change is the batch its Proxier sends.
+//   - proxier: the table as this package writes it (when these were
+//     first measured, a chain per service port; since, flat, with set
+//     dispatch); the change is the batch its Proxier sends.
 //   - flat: no chain per port. services4 sends every frontend to one
 //     shared chain for its verdicts; there, one rule per number of
 //     buckets B in use picks the frontends of B buckets (a set each) and
@@ -65,7 +67,7 @@ func BenchmarkLayouts(b *testing.B) {
 		name string
 		load func(b *testing.B, sz layoutSize) *layoutChange
 	}{
-		{"ports", loadPorts},
+		{"proxier", loadProxier},
 		{"flat", func(b *testing.B, sz layoutSize) *layoutChange { return loadFlat(b, sz, false) }},
 		{"flat-verdict", func(b *testing.B, sz layoutSize) *layoutChange { return loadFlat(b, sz, true) }},
 		{"flat-sets", loadFlatSets},
@@ -124,9 +126,9 @@ func openConn(b *testing.B, h *netnstest.Host) *nfnl.Conn {
 	return conn
 }
 
-// loadPorts syncs the services with a Proxier and keeps the batches of
+// loadProxier syncs the services with a Proxier and keeps the batches of
 // one endpoint replaced in the middle service and put back.
-func loadPorts(b *testing.B, sz layoutSize) *layoutChange {
+func loadProxier(b *testing.B, sz layoutSize) *layoutChange {
 	h := netnstest.NewHost(b, "layout")
 	svcs := benchServices(sz.n, sz.k)
 	a, err := servicelb.NewState(benchNode(), svcs...)
@@ -310,80 +312,129 @@ func flatTable(svcs []servicelb.Service, k int, bySets bool, decoys int) string 
 	return s.String()
 }
 
-// BenchmarkLayoutFirstPacket sets a new TCP connection's connect time
-// through a service beside a direct connect, from the node's own sockets
-// (the output hook), with 50k services x 5 under each candidate layout:
-// today's; flat with one rule to the endpoint; and flat with set dispatch
-// where the frontend is matched after 16 other shared chains' rules and
-// 16 rules of other numbers of buckets (a node with that many verdict
-// shapes and endpoint counts in use). Rounds of connects through the
-// service and direct take turns (benchwork.ConnectBoth); each metric is a
-// median.
+// BenchmarkLayoutFirstPacket sets the data path through a service beside
+// the direct path to its endpoint, from the node's own sockets (the
+// output hook), at 1k services x 10 and at 50k x 5, under each candidate
+// layout: the Proxier's; flat with one rule to the endpoint; and flat
+// with set dispatch where the frontend is matched after 16 other shared
+// chains' rules and 16 rules of other numbers of buckets (a node with
+// that many verdict shapes and endpoint counts in use). Two measures: a
+// new TCP connection's connect time (rounds of connects through the
+// service and direct take turns, benchwork.ConnectBoth; medians), and
+// the time of a 1 GiB stream (streams through the service and direct
+// take turns, seven each; medians). Each is reported over the direct
+// path's.
 func BenchmarkLayoutFirstPacket(b *testing.B) {
 	netnstest.Require(b, "nf_tables", "nat")
-	sz := layoutSizes[1]
-	svcs := benchServices(sz.n, sz.k)
-	target := svcs[sz.n/2]
-	layouts := []struct {
-		name string
-		load func(h *netnstest.Host)
-	}{
-		{"ports", func(h *netnstest.Host) {
-			st, err := servicelb.NewState(benchNode(), svcs...)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p, err := nftables.New(nftables.Options{NetNS: h.NS, NoConntrackCleanup: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { p.Close() })
-			if err := servicetest.SyncErr(p.Sync(context.Background(), st)); err != nil {
-				b.Fatal(err)
-			}
-		}},
-		{"flat", func(h *netnstest.Host) { h.ExecInput(b, flatTable(svcs, sz.k, false, 0), "nft", "-f", "-") }},
-		{"flat-sets-16-decoys", func(h *netnstest.Host) { h.ExecInput(b, flatTable(svcs, sz.k, true, 16), "nft", "-f", "-") }},
-	}
-	for _, l := range layouts {
-		b.Run(l.name, func(b *testing.B) {
-			h := netnstest.NewHost(b, "layout")
-			l.load(h)
-			for _, ep := range target.Endpoints {
-				h.AddAddress(b, netip.PrefixFrom(ep.Addr, 32))
-			}
-			// A route to the service addresses, for the connect's
-			// route lookup before the output hook translates it.
-			h.Exec(b, "ip", "route", "add", "172.16.0.0/12", "dev", "lo")
-			vip := netip.AddrPortFrom(target.ClusterIPs[0], 80).String()
-			direct := netip.AddrPortFrom(target.Endpoints[0].Addr, 8080).String()
-			var via, dir benchwork.Latency
-			err := h.Do(func() error {
-				ln, err := net.Listen("tcp4", ":8080")
+	for _, sz := range layoutSizes {
+		svcs := benchServices(sz.n, sz.k)
+		target := svcs[sz.n/2]
+		layouts := []struct {
+			name string
+			load func(h *netnstest.Host)
+		}{
+			{"proxier", func(h *netnstest.Host) {
+				st, err := servicelb.NewState(benchNode(), svcs...)
 				if err != nil {
-					return err
+					b.Fatal(err)
 				}
-				defer ln.Close()
-				go func() {
-					for {
-						c, err := ln.Accept()
-						if err != nil {
-							return
-						}
-						c.Close()
+				p, err := nftables.New(nftables.Options{NetNS: h.NS, NoConntrackCleanup: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { p.Close() })
+				if err := servicetest.SyncErr(p.Sync(context.Background(), st)); err != nil {
+					b.Fatal(err)
+				}
+			}},
+			{"flat", func(h *netnstest.Host) { h.ExecInput(b, flatTable(svcs, sz.k, false, 0), "nft", "-f", "-") }},
+			{"flat-sets-16-decoys", func(h *netnstest.Host) { h.ExecInput(b, flatTable(svcs, sz.k, true, 16), "nft", "-f", "-") }},
+		}
+		for _, l := range layouts {
+			b.Run(sz.name+"/"+l.name, func(b *testing.B) {
+				h := netnstest.NewHost(b, "layout")
+				l.load(h)
+				for _, ep := range target.Endpoints {
+					h.AddAddress(b, netip.PrefixFrom(ep.Addr, 32))
+				}
+				// A route to the service addresses, for the connect's
+				// route lookup before the output hook translates it.
+				h.Exec(b, "ip", "route", "add", "172.16.0.0/12", "dev", "lo")
+				vip := netip.AddrPortFrom(target.ClusterIPs[0], 80).String()
+				direct := netip.AddrPortFrom(target.Endpoints[0].Addr, 8080).String()
+				var via, dir benchwork.Latency
+				var streams [2][]time.Duration
+				err := h.Do(func() error {
+					ln, err := net.Listen("tcp4", ":8080")
+					if err != nil {
+						return err
 					}
-				}()
-				b.ResetTimer()
-				via, dir, err = benchwork.ConnectBoth([]string{vip}, []string{direct}, b.N, 5*time.Second)
-				b.StopTimer()
-				return err
+					defer ln.Close()
+					go func() {
+						for {
+							c, err := ln.Accept()
+							if err != nil {
+								return
+							}
+							go func() {
+								_, _ = io.Copy(io.Discard, c)
+								c.Close()
+							}()
+						}
+					}()
+					b.ResetTimer()
+					via, dir, err = benchwork.ConnectBoth([]string{vip}, []string{direct}, b.N, 5*time.Second)
+					b.StopTimer()
+					if err != nil {
+						return err
+					}
+					for range 7 {
+						for i, to := range []string{vip, direct} {
+							d, err := stream(to, 1<<30)
+							if err != nil {
+								return err
+							}
+							streams[i] = append(streams[i], d)
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(via.P50, "service-us")
+				b.ReportMetric(dir.P50, "direct-us")
+				b.ReportMetric(via.P50/dir.P50, "service/direct")
+				sv, sd := medianDuration(streams[0]), medianDuration(streams[1])
+				b.ReportMetric(float64(sv.Milliseconds()), "stream-service-ms")
+				b.ReportMetric(float64(sd.Milliseconds()), "stream-direct-ms")
+				b.ReportMetric(float64(sv)/float64(sd), "stream-service/direct")
 			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(via.P50, "service-us")
-			b.ReportMetric(dir.P50, "direct-us")
-			b.ReportMetric(via.P50/dir.P50, "service/direct")
-		})
+		}
 	}
+}
+
+// stream sends n bytes to addr over one TCP connection and waits for the
+// server to have read them all (its close after the client's): the time
+// from the connect to the end.
+func stream(addr string, n int) (time.Duration, error) {
+	t0 := time.Now()
+	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	buf := make([]byte, 1<<20)
+	for sent := 0; sent < n; sent += len(buf) {
+		if _, err := c.Write(buf); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		return 0, err
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
 }
