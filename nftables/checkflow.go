@@ -71,10 +71,8 @@ func (p *Proxier) CheckFlow(ctx context.Context, e *servicelb.Explanation) (serv
 			c.want(r.set).present = append(c.want(r.set).present, r.elem())
 		}
 		var keys [][]byte
-		for _, external := range []bool{false, true} {
-			if !external && pp.sp.ClusterIP.IsValid() || external && pp.sp.ExternallyAccessible() {
-				keys = frontendKeys(keys, pp.sp, external)
-			}
+		for fe := range pp.sp.AllFrontends() {
+			keys = append(keys, entryBytes(fe.Addr, pp.sp.Port.Protocol, fe.Port))
 		}
 		for set := range m.shared {
 			if set.family() == pp.sp.Family && !slices.Contains(pp.shared, set) {

@@ -537,17 +537,9 @@ func (p *planner) flatEntries(fr *fragment, sp *servicelb.ServicePort, n *servic
 			keys = appendEntry(keys, addr, sp.Port.Protocol, port)
 			set = append(set, elem{key: keys[at:len(keys):len(keys)]})
 		}
-		if !c.external {
-			add(sp.ClusterIP, sp.Port.Port)
-		} else {
-			for _, x := range sp.ExternalIPs {
-				add(x, sp.Port.Port)
-			}
-			for _, x := range sp.LoadBalancerIPs {
-				add(x, sp.Port.Port)
-			}
-			for _, x := range sp.NodeIPs {
-				add(x, sp.Port.NodePort)
+		for fe := range sp.AllFrontends() {
+			if external(fe) == c.external {
+				add(fe.Addr, fe.Port)
 			}
 		}
 		fr.add(shapeSet(f, c.verdicts), set...)
@@ -648,31 +640,19 @@ func (a *arena) reuseScratch() {
 func (a *arena) reuseElems() { a.e = a.e[:0] }
 
 // frontends returns the number of a port's frontends of one kind.
-func frontends(sp *servicelb.ServicePort, external bool) int {
-	if !external {
-		return 1
+func frontends(sp *servicelb.ServicePort, ext bool) int {
+	n := 0
+	for fe := range sp.AllFrontends() {
+		if external(fe) == ext {
+			n++
+		}
 	}
-	return len(sp.ExternalIPs) + len(sp.LoadBalancerIPs) + len(sp.NodeIPs)
+	return n
 }
 
-// frontendKeys appends the entry keys of a port's frontends of one kind:
-// its cluster IP, or its external IPs, load-balancer IPs and node ports.
-func frontendKeys(out [][]byte, sp *servicelb.ServicePort, external bool) [][]byte {
-	proto, port := sp.Port.Protocol, sp.Port.Port
-	if !external {
-		return append(out, entryBytes(sp.ClusterIP, proto, port))
-	}
-	for _, a := range sp.ExternalIPs {
-		out = append(out, entryBytes(a, proto, port))
-	}
-	for _, a := range sp.LoadBalancerIPs {
-		out = append(out, entryBytes(a, proto, port))
-	}
-	for _, a := range sp.NodeIPs {
-		out = append(out, entryBytes(a, proto, sp.Port.NodePort))
-	}
-	return out
-}
+// external tells whether a frontend is of the external kind: an external
+// IP, a load-balancer IP or a node port, not the cluster IP.
+func external(fe servicelb.Frontend) bool { return fe.Kind != servicelb.ClusterIPFrontend }
 
 // chainNames calls f with the name of each chain of a planned port, as
 // its fragment makes them: none for a port without affinity.
@@ -766,27 +746,15 @@ func affinityRules(f servicelb.Family, proto servicelb.Protocol, set, chain stri
 // entries plans an affinity port's elements in the dispatch map; kinds
 // are the port's entry chains (entryKinds).
 func entries(fr *fragment, sp *servicelb.ServicePort, kinds []entryChain) {
-	f, proto, port := sp.Family, sp.Port.Protocol, sp.Port.Port
-	ents := make([]elem, 0, len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs)+1)
-	add := func(a netip.Addr, port uint16, chain string) {
-		ents = append(ents, elem{key: entryBytes(a, proto, port), chain: chain})
-	}
-	if sp.ClusterIP.IsValid() {
-		add(sp.ClusterIP, port, kinds[0].name)
-	}
-	if sp.ExternallyAccessible() {
-		ext := kinds[len(kinds)-1].name
-		for _, a := range sp.ExternalIPs {
-			add(a, port, ext)
+	ents := make([]elem, 0, 1+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs))
+	for fe := range sp.AllFrontends() {
+		chain := kinds[0].name
+		if external(fe) {
+			chain = kinds[len(kinds)-1].name
 		}
-		for _, a := range sp.LoadBalancerIPs {
-			add(a, port, ext)
-		}
-		for _, a := range sp.NodeIPs {
-			add(a, sp.Port.NodePort, ext)
-		}
+		ents = append(ents, elem{key: entryBytes(fe.Addr, sp.Port.Protocol, fe.Port), chain: chain})
 	}
-	fr.add(fixedSet(kindServices, f), ents...)
+	fr.add(fixedSet(kindServices, sp.Family), ents...)
 }
 
 // firewall plans the source ranges of the port's load-balancer IPs. They

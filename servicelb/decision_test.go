@@ -203,9 +203,22 @@ func TestFrontends(t *testing.T) {
 	node := NodeConfig{NodeIPs: []netip.Addr{a("192.0.2.1")}}
 	s := Service{Name: "ns/svc", ClusterIPs: []netip.Addr{a("10.96.0.1")}, ExternalIPs: []netip.Addr{a("198.51.100.7")},
 		LoadBalancerIPs: []netip.Addr{a("203.0.113.9")}, Ports: []Port{{Protocol: TCP, Port: 80, NodePort: 30080}}}
+	sp := compile(t, node, s)
 	var got []string
-	for _, f := range compile(t, node, s).Frontends() {
+	for _, f := range sp.Frontends() {
 		got = append(got, f.String())
 	}
-	assert.Equal(t, []string{"cluster IP 10.96.0.1:80", "external IP 198.51.100.7:80", "load-balancer IP 203.0.113.9:80", "node port 192.0.2.1:30080"}, got)
+	want := []string{"cluster IP 10.96.0.1:80", "external IP 198.51.100.7:80", "load-balancer IP 203.0.113.9:80", "node port 192.0.2.1:30080"}
+	assert.Equal(t, want, got)
+	// A walk of AllFrontends stops where its loop does.
+	for n := range len(want) + 1 {
+		got = got[:0]
+		for f := range sp.AllFrontends() {
+			if len(got) == n {
+				break
+			}
+			got = append(got, f.String())
+		}
+		assert.Equal(t, want[:min(n, len(want))], got, "the first %d", n)
+	}
 }

@@ -3,6 +3,7 @@ package servicelb
 import (
 	"cmp"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"time"
@@ -158,24 +159,35 @@ func (f Frontend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(f.Addr, 
 // String formats the frontend as "kind addr:port".
 func (f Frontend) String() string { return f.Kind.String() + " " + f.AddrPort().String() }
 
-// Frontends returns every frontend of the port: its cluster IP, external
+// Frontends returns every frontend of the port, in AllFrontends' order.
+func (sp *ServicePort) Frontends() []Frontend {
+	return slices.AppendSeq(make([]Frontend, 0, 1+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs)), sp.AllFrontends())
+}
+
+// AllFrontends yields every frontend of the port: its cluster IP, external
 // IPs and load-balancer IPs with the port, and its node addresses with the
 // node port.
-func (sp *ServicePort) Frontends() []Frontend {
-	out := make([]Frontend, 0, 1+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs)+len(sp.NodeIPs))
-	if sp.ClusterIP.IsValid() {
-		out = append(out, Frontend{ClusterIPFrontend, sp.ClusterIP, sp.Port.Port})
+func (sp *ServicePort) AllFrontends() iter.Seq[Frontend] {
+	return func(yield func(Frontend) bool) {
+		if sp.ClusterIP.IsValid() && !yield(Frontend{ClusterIPFrontend, sp.ClusterIP, sp.Port.Port}) {
+			return
+		}
+		for _, a := range sp.ExternalIPs {
+			if !yield(Frontend{ExternalIPFrontend, a, sp.Port.Port}) {
+				return
+			}
+		}
+		for _, a := range sp.LoadBalancerIPs {
+			if !yield(Frontend{LoadBalancerFrontend, a, sp.Port.Port}) {
+				return
+			}
+		}
+		for _, a := range sp.NodeIPs {
+			if !yield(Frontend{NodePortFrontend, a, sp.Port.NodePort}) {
+				return
+			}
+		}
 	}
-	for _, a := range sp.ExternalIPs {
-		out = append(out, Frontend{ExternalIPFrontend, a, sp.Port.Port})
-	}
-	for _, a := range sp.LoadBalancerIPs {
-		out = append(out, Frontend{LoadBalancerFrontend, a, sp.Port.Port})
-	}
-	for _, a := range sp.NodeIPs {
-		out = append(out, Frontend{NodePortFrontend, a, sp.Port.NodePort})
-	}
-	return out
 }
 
 // String sums the port up on one line, for logs and test failures.
