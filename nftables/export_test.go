@@ -56,9 +56,9 @@ func modelDrift(p *planner, m, fresh *model) string {
 		}
 	}
 	for _, x := range []*model{fresh, m} {
-		for r := range x.refs {
-			if m.refs[r] != fresh.refs[r] {
-				return fmt.Sprintf("%s element %s: %d ports, fresh %d", r.set.name(), r.ref().addr, m.refs[r], fresh.refs[r])
+		for r := range x.refs.all() {
+			if m.refs.get(r) != fresh.refs.get(r) {
+				return fmt.Sprintf("%s element %s: %d ports, fresh %d", r.set.name(), r.ref().addr, m.refs.get(r), fresh.refs.get(r))
 			}
 		}
 		for s := range x.shared {

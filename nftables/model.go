@@ -19,7 +19,7 @@ type model struct {
 	cfg   *servicelb.NodeConfig
 	ports map[servicelb.ServicePortKey]*portPlan
 	// refs counts the ports that need each shared element.
-	refs map[refKey]int32
+	refs refCounts
 	// shared counts the ports whose frontends are in each shape and
 	// bucket set: the sets, and the shared chains' rules that read them,
 	// exist while some port needs them.
@@ -28,7 +28,7 @@ type model struct {
 }
 
 func newModel() *model {
-	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: map[refKey]int32{}, shared: map[setID]int{}, slots: newSlotTable()}
+	return &model{ports: map[servicelb.ServicePortKey]*portPlan{}, refs: newRefCounts(), shared: map[setID]int{}, slots: newSlotTable()}
 }
 
 // build plans a whole State from scratch.
@@ -52,7 +52,7 @@ func (p *planner) build(st *servicelb.State) (*model, error) {
 		}
 		plans[i] = pp
 		m.ports[sp.Key] = &plans[i]
-		eachRef(sp, func(r ref) { m.refs[r.key()]++ })
+		eachRef(sp, func(r ref) { m.refs.inc(r.key()) })
 		for _, s := range pp.shared {
 			m.shared[s]++
 		}
@@ -155,7 +155,7 @@ func (s *step) count(m *model) {
 		k := r.key()
 		n, ok := s.refs[k]
 		if !ok {
-			n = m.refs[k]
+			n = m.refs.get(k)
 		}
 		s.refs[k] = n + d
 	}
@@ -225,11 +225,7 @@ func (s *step) apply(m *model) {
 		m.ports[c.cur.sp.Key] = c.cur
 	}
 	for r, n := range s.refs {
-		if n > 0 {
-			m.refs[r] = n
-		} else {
-			delete(m.refs, r)
-		}
+		m.refs.put(r, n)
 	}
 	for x, n := range s.shared {
 		if n > 0 {
@@ -308,7 +304,7 @@ func (p *planner) content(m *model) *content {
 		}
 	}
 	refs := map[setID][]elem{}
-	for k := range m.refs {
+	for k := range m.refs.all() {
 		r := k.ref()
 		refs[r.set] = append(refs[r.set], r.elem())
 	}

@@ -258,7 +258,7 @@ func (s *step) delta(m *model) *delta {
 		d.port(c.cur.sp.Key, s.p.fragment(c.old, m.cfg), s.p.fragment(c.cur, s.cfg))
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(s.refs), compareRefKeys) {
-		was, now := m.refs[k], s.refs[k]
+		was, now := m.refs.get(k), s.refs[k]
 		switch {
 		case was == 0 && now > 0:
 			d.addElem(k.set, k.ref().elem())
@@ -511,7 +511,7 @@ func (p *planner) write(m *model, b *nfnl.Batch) error {
 			writers[x.set].add(owner, x.es...)
 		}
 	}
-	for k := range m.refs {
+	for k := range m.refs.all() {
 		w := writers[k.set]
 		w.add(nil, w.refElem(k))
 	}
@@ -533,7 +533,7 @@ func (m *model) size() (bytes, msgs int) {
 		bytes += 100 + 250*len(ch.rules)
 		msgs += 1 + len(ch.rules)
 	}
-	elems := len(m.refs)
+	elems := m.refs.len()
 	for _, pp := range m.ports {
 		// Each frontend in a shape set and a bucket set or two, and
 		// their endpoints; an affinity port's chains.
