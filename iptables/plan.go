@@ -586,7 +586,7 @@ func (p *planner) sepRules(s *portPlan, chain string, b servicelb.Backend) []xta
 		ms = p.matches(comment, xtables.Port{Proto: s.proto})
 	}
 	dnat := xtables.Rule{Proto: s.proto, Matches: ms, Target: xtables.DNAT{To: b.AddrPort()}}
-	if _, hairpin := slices.BinarySearchFunc(s.sp.Hairpin, b.Addr, netip.Addr.Compare); hairpin {
+	if s.sp.IsHairpin(b.Addr) {
 		return append(p.rules(2), xtables.Rule{Src: host(b.Addr), Matches: p.matches(comment), Target: p.markMasq}, dnat)
 	}
 	return append(p.rules(1), dnat)

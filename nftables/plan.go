@@ -496,19 +496,19 @@ func (p *planner) fragmentInto(fr *fragment, pp *portPlan, n *servicelb.NodeConf
 
 // eachRef calls f with each shared element a port needs, in order
 // (compareRefs): its cluster IP, then the hairpin pairs of the endpoints
-// its verdicts may forward to, as sorted as ServicePort.Hairpin.
+// its verdicts may forward to, in ServicePort.Hairpin's order.
 func eachRef(sp *servicelb.ServicePort, f func(ref)) {
 	if sp.ClusterIP.IsValid() {
 		f(ref{fixedSet(kindClusterIPs, sp.Family), sp.ClusterIP})
 	}
-	for _, a := range sp.Hairpin {
-		f(ref{fixedSet(kindHairpin, servicelb.FamilyOf(a)), a})
+	for a := range sp.Hairpin() {
+		f(ref{fixedSet(kindHairpin, sp.Family), a})
 	}
 }
 
 // refsOf returns the shared elements a port needs, in eachRef's order.
 func refsOf(sp *servicelb.ServicePort) []ref {
-	out := make([]ref, 0, 1+len(sp.Hairpin))
+	out := make([]ref, 0, 1+len(sp.Cluster)+len(sp.Local))
 	eachRef(sp, func(r ref) { out = append(out, r) })
 	return out
 }

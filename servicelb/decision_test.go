@@ -2,6 +2,7 @@ package servicelb
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -191,7 +192,7 @@ func TestHairpinAndServing(t *testing.T) {
 		},
 	}
 	sp := compile(t, NodeConfig{NodeName: "n1"}, s)
-	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.3")}, sp.Hairpin)
+	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.3")}, slices.Collect(sp.Hairpin()))
 	assert.Equal(t, []netip.AddrPort{
 		netip.MustParseAddrPort("10.0.0.1:53"), netip.MustParseAddrPort("10.0.0.2:53"),
 		netip.MustParseAddrPort("10.0.0.3:53"), netip.MustParseAddrPort("10.0.0.4:53"),
@@ -221,4 +222,36 @@ func TestFrontends(t *testing.T) {
 		}
 		assert.Equal(t, want[:min(n, len(want))], got, "the first %d", n)
 	}
+}
+
+// TestHairpinReadsTheSetsInUse: the hairpin addresses are those of the
+// sets a verdict forwards to, merged in order, each once however many
+// ports and sets it has.
+func TestHairpinReadsTheSetsInUse(t *testing.T) {
+	b := func(addr string, port uint16) Backend {
+		return Backend{Addr: a(addr), Port: port, Weight: 1, Ready: true}
+	}
+	sp := ServicePort{ClusterIP: a("10.96.0.1"),
+		Cluster: []Backend{b("10.0.0.1", 80), b("10.0.0.1", 81), b("10.0.0.4", 80)},
+		Local:   []Backend{b("10.0.0.1", 80), b("10.0.0.2", 80), b("10.0.0.5", 80)}}
+	sp.Internal[FromPod].Action = ToCluster
+	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.4")}, slices.Collect(sp.Hairpin()), "Cluster alone in use")
+	assert.False(t, sp.IsHairpin(a("10.0.0.2")), "an address of Local, which no verdict uses")
+	sp.Internal[FromNode].Action = ToLocal
+	want := []netip.Addr{a("10.0.0.1"), a("10.0.0.2"), a("10.0.0.4"), a("10.0.0.5")}
+	assert.Equal(t, want, slices.Collect(sp.Hairpin()), "both in use")
+	for _, x := range want {
+		assert.True(t, sp.IsHairpin(x), "%s", x)
+	}
+	assert.False(t, sp.IsHairpin(a("10.0.0.3")))
+	var first []netip.Addr
+	for x := range sp.Hairpin() {
+		if len(first) == 2 {
+			break
+		}
+		first = append(first, x)
+	}
+	assert.Equal(t, want[:2], first, "a walk stops where its loop does")
+	sp.Internal[FromPod].Action, sp.Internal[FromNode].Action = Drop, Drop
+	assert.Empty(t, slices.Collect(sp.Hairpin()), "no set in use")
 }

@@ -111,7 +111,7 @@ func (s *State) Explain(f Flow) Explanation {
 	if e.Verdict.Action.Forwards() {
 		e.MasqueradeWhy = s.masqueradeWhy(svc, sp, fe.Kind, e.Origin)
 		e.Endpoints = slices.Clone(sp.Targets(e.Verdict))
-		if slices.Contains(sp.Hairpin, f.Src.Addr()) {
+		if sp.IsHairpin(f.Src.Addr()) {
 			e.MasqueradeWhy += "; a flow from an endpoint that reaches itself is masqueraded (hairpin)"
 		}
 	}

@@ -249,13 +249,6 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		sp.SourceRanges = allowedSources(node, s, sp)
 	}
 	sp.decide(node, s)
-	if bs := sp.Backends(); len(bs) > 0 {
-		sp.Hairpin = make([]netip.Addr, len(bs))
-		for i, b := range bs {
-			sp.Hairpin[i] = b.Addr
-		}
-		sp.Hairpin = slices.Compact(sp.Hairpin)
-	}
 	return sp
 }
 

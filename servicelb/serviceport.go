@@ -78,11 +78,6 @@ type ServicePort struct {
 	// HealthCheckNodePort is the service's health check node port, 0 for
 	// none. Backends that filter node traffic accept TCP on it.
 	HealthCheckNodePort uint16
-	// Hairpin lists the addresses of the endpoints a verdict may forward
-	// to, sorted: a flow from one of them that is forwarded to itself is
-	// masqueraded, so that the endpoint's reply comes back through the
-	// node.
-	Hairpin []netip.Addr
 	// Serving lists every endpoint of this family that serves the port
 	// (ready, or serving while terminating), at its target port, whatever
 	// the policies, topology or weights select, sorted. A UDP or SCTP flow
@@ -144,6 +139,58 @@ func (sp *ServicePort) Backends() []Backend {
 		out = slices.CompactFunc(out, func(a, b Backend) bool { return a.AddrPort() == b.AddrPort() })
 	}
 	return out
+}
+
+// Hairpin yields the addresses of the endpoints a verdict may forward to
+// (those of Backends), each once, in order: a flow from one of them that
+// is forwarded to itself is masqueraded, so that the endpoint's reply
+// comes back through the node. They are read from Cluster and Local, not
+// kept beside them.
+func (sp *ServicePort) Hairpin() iter.Seq[netip.Addr] {
+	return func(yield func(netip.Addr) bool) {
+		c, l := sp.hairpinSets()
+		var last netip.Addr
+		for len(c) > 0 || len(l) > 0 {
+			var a netip.Addr
+			switch {
+			case len(l) == 0 || len(c) > 0 && c[0].Addr.Compare(l[0].Addr) <= 0:
+				a, c = c[0].Addr, c[1:]
+			default:
+				a, l = l[0].Addr, l[1:]
+			}
+			if a == last {
+				continue
+			}
+			if !yield(a) {
+				return
+			}
+			last = a
+		}
+	}
+}
+
+// IsHairpin reports whether a is among the addresses Hairpin yields.
+func (sp *ServicePort) IsHairpin(a netip.Addr) bool {
+	c, l := sp.hairpinSets()
+	for _, bs := range [2][]Backend{c, l} {
+		i, _ := slices.BinarySearchFunc(bs, a, func(b Backend, a netip.Addr) int { return b.Addr.Compare(a) })
+		if i < len(bs) && bs[i].Addr == a {
+			return true
+		}
+	}
+	return false
+}
+
+// hairpinSets returns the port's sets of endpoints a verdict forwards to:
+// Cluster, Local, or none for a set no verdict uses.
+func (sp *ServicePort) hairpinSets() (c, l []Backend) {
+	if sp.Uses(ToCluster) {
+		c = sp.Cluster
+	}
+	if sp.Uses(ToLocal) {
+		l = sp.Local
+	}
+	return c, l
 }
 
 // Frontend is one address and port where a service port is reached.

@@ -141,7 +141,7 @@ func (x *explained) masquerades(i int) bool {
 	if x.ex.Verdict.Masquerade {
 		return true
 	}
-	return x.ex.Port != nil && hostOf(x.src) == i && slices.Contains(x.ex.Port.Hairpin, x.src)
+	return x.ex.Port != nil && hostOf(x.src) == i && x.ex.Port.IsHairpin(x.src)
 }
 
 // disagreement says how the explanation differs from what check c

@@ -84,8 +84,8 @@ func seePort(seen map[string]bool, node *servicelb.NodeConfig, sp *servicelb.Ser
 		"node port on some node addresses":   len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.IPs(sp.Family))+len(node.LocalIPs),
 		"node port on another local address": slices.ContainsFunc(sp.NodeIPs, func(a netip.Addr) bool { return slices.Contains(node.LocalIPs, a) }),
 		"node port on localhost":             slices.Contains(sp.NodeIPs, netip.AddrFrom4([4]byte{127, 0, 0, 1})),
-		"hairpin":                            len(sp.Hairpin) > 0,
-		"serving not selected":               len(sp.Serving) > len(sp.Hairpin),
+		"hairpin":                            len(slices.Collect(sp.Hairpin())) > 0,
+		"serving not selected":               len(sp.Serving) > len(slices.Collect(sp.Hairpin())),
 	} {
 		seen[what] = seen[what] || ok
 	}
