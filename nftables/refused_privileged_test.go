@@ -153,12 +153,17 @@ func refusedElements(t *testing.T) {
 		return ok && k.Service == bad.Name
 	})
 	mustSync(t, p, mustState(t, node, good...))
-	rep, err := p.Sync(testCtx(t), mustState(t, node, append(slices.Clone(good), bad)...))
+	batches := 0
+	rep, err := p.Sync(nfnl.WithTap(testCtx(t), func([]byte) { batches++ }), mustState(t, node, append(slices.Clone(good), bad)...))
 	require.NoError(t, err)
 	assert.Equal(t, []string{bad.Name}, slices.Sorted(maps.Keys(rep.LeftOut)))
 	err = servicetest.LeftOut(rep)
 	require.ErrorIs(t, err, servicelb.ErrRefused)
 	require.ErrorIs(t, err, syscall.EINVAL)
+	// One batch: the change, which the kernel refuses. It held the
+	// refused port alone, so nothing is left to apply without it: no
+	// second batch, and no rewrite of the table.
+	assert.Equal(t, 1, batches, "batches sent")
 	mustSync(t, newProxier(t, fresh, nftables.Options{NoConntrackCleanup: true}), mustState(t, node, good...))
 	if diff := cmp.Diff(fresh.CanonicalTable(t, "inet", nftables.DefaultTable), h.CanonicalTable(t, "inet", nftables.DefaultTable)); diff != "" {
 		t.Fatalf("the table is not the good services' (-want +got):\n%s", diff)
