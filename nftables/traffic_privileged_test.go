@@ -436,19 +436,26 @@ func lineEcho(t *testing.T, h *netnstest.Host, port uint16) {
 	}()
 }
 
-// TestRestartKeepsConnections: a new Proxier adopts the table an earlier
-// one left (with a leftover chain in it), replaces its content in one
-// transaction without deleting the table, and an open TCP connection
-// through the service keeps working.
-func TestRestartKeepsConnections(t *testing.T) {
-	netnstest.Require(t, "nf_tables", "nat")
+// longService starts a topology of one backend that echoes lines on
+// port 9000, and returns it with the state of one service whose cluster
+// IP's port 80 goes there: a service to hold a connection open through.
+func longService(t *testing.T) (*netnstest.Topology, *servicelb.State) {
 	tp := netnstest.New(t, netnstest.Options{Backends: 1})
 	lineEcho(t, tp.Backends[0], 9000)
 	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: tp.NodeIPs(), ClusterCIDRs: netnstest.ClusterCIDRs()}
 	svc := servicelb.Service{Name: "default/long", ClusterIPs: []netip.Addr{clusterIP4},
 		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 9000}},
 		Endpoints: endpoints("", 0)}
-	st := mustState(t, node, svc)
+	return tp, mustState(t, node, svc)
+}
+
+// TestRestartKeepsConnections: a new Proxier adopts the table an earlier
+// one left (with a leftover chain in it), replaces its content in one
+// transaction without deleting the table, and an open TCP connection
+// through the service keeps working.
+func TestRestartKeepsConnections(t *testing.T) {
+	netnstest.Require(t, "nf_tables", "nat")
+	tp, st := longService(t)
 	first, err := nftables.New(nftables.Options{NetNS: tp.Node.NS})
 	if err != nil {
 		t.Fatal(err)

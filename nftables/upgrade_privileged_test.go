@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 
 	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/nftables"
-	"github.com/kproxy-dev/kproxy/servicelb"
 )
 
 // The tables of testdata/previous are what the previous layout of the
@@ -56,13 +54,7 @@ func TestAdoptsThePreviousLayout(t *testing.T) {
 // working, and no new one fails.
 func TestUpgradeKeepsEveryConnection(t *testing.T) {
 	netnstest.Require(t, "nf_tables", "nat")
-	tp := netnstest.New(t, netnstest.Options{Backends: 1})
-	lineEcho(t, tp.Backends[0], 9000)
-	node := servicelb.NodeConfig{NodeName: "node", NodeIPs: tp.NodeIPs(), ClusterCIDRs: netnstest.ClusterCIDRs()}
-	svc := servicelb.Service{Name: "default/long", ClusterIPs: []netip.Addr{clusterIP4},
-		Ports:     []servicelb.Port{{Protocol: servicelb.TCP, Port: 80, TargetPort: 9000}},
-		Endpoints: endpoints("", 0)}
-	st := mustState(t, node, svc)
+	tp, st := longService(t)
 	text, err := os.ReadFile(filepath.Join("testdata", "previous", "upgrade.nft"))
 	require.NoError(t, err)
 	tp.Node.ExecInput(t, string(text), "nft", "-f", "-")
@@ -70,39 +62,23 @@ func TestUpgradeKeepsEveryConnection(t *testing.T) {
 	conn := dialLong(t, tp.Client, dst)
 	talk(t, conn, "before")
 
-	var opened, failed atomic.Int64
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	dials := netnstest.Repeat(t, func() error {
+		return tp.Client.Do(func() error {
+			c, err := net.DialTimeout("tcp", dst.String(), 2*time.Second)
+			if err == nil {
+				c.Close()
 			}
-			err := tp.Client.Do(func() error {
-				c, err := net.DialTimeout("tcp", dst.String(), 2*time.Second)
-				if err == nil {
-					c.Close()
-				}
-				return err
-			})
-			opened.Add(1)
-			if err != nil {
-				failed.Add(1)
-			}
-		}
-	}()
-	require.Eventually(t, func() bool { return opened.Load() >= 20 }, 10*time.Second, 5*time.Millisecond, "connections before the upgrade")
-	before := opened.Load()
+			return err
+		})
+	})
+	require.Eventually(t, func() bool { return dials.Runs() >= 20 }, 10*time.Second, 5*time.Millisecond, "connections before the upgrade")
+	before := dials.Runs()
 	p := newProxier(t, tp.Node, nftables.Options{})
 	mustSync(t, p, st)
-	require.Eventually(t, func() bool { return opened.Load() >= before+20 }, 10*time.Second, 5*time.Millisecond, "connections after the upgrade")
-	close(stop)
-	<-done
-	t.Logf("%d connections opened across the upgrade, %d failed", opened.Load(), failed.Load())
-	assert.Zero(t, failed.Load(), "connections that failed")
+	require.Eventually(t, func() bool { return dials.Runs() >= before+20 }, 10*time.Second, 5*time.Millisecond, "connections after the upgrade")
+	failed := dials.Stop()
+	t.Logf("%d connections opened across the upgrade, %d failed", dials.Runs(), len(failed))
+	assert.Empty(t, failed, "connections that failed")
 	talk(t, conn, "after")
 	assert.NotContains(t, tp.Node.Exec(t, "nft", "list", "table", "inet", "kproxy"), "svc4-", "a chain of the previous layout survived")
 }
