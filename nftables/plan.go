@@ -577,55 +577,39 @@ type arena struct {
 
 // bytes returns an empty slice with room for n bytes.
 func (a *arena) bytes(n int) []byte {
-	if a == nil {
-		return make([]byte, 0, n)
-	}
-	if cap(a.b)-len(a.b) < n {
-		a.b = make([]byte, 0, max(64<<10, n))
-	}
-	at := len(a.b)
-	a.b = a.b[:at+n]
-	return a.b[at : at : at+n]
+	return take(a, func(a *arena) *[]byte { return &a.b }, n, 64<<10)
 }
 
 // elems returns an empty slice with room for n elements.
-func (a *arena) elems(n int) []elem {
-	if a == nil {
-		return make([]elem, 0, n)
-	}
-	if cap(a.e)-len(a.e) < n {
-		a.e = make([]elem, 0, max(1024, n))
-	}
-	at := len(a.e)
-	a.e = a.e[:at+n]
-	return a.e[at : at : at+n]
-}
+func (a *arena) elems(n int) []elem { return take(a, func(a *arena) *[]elem { return &a.e }, n, 1024) }
 
 // int32s returns n zeroed int32s of scratch.
 func (a *arena) int32s(n int) []int32 {
-	if a == nil {
-		return make([]int32, n)
-	}
-	if cap(a.i)-len(a.i) < n {
-		a.i = make([]int32, 0, max(4096, n))
-	}
-	at := len(a.i)
-	a.i = a.i[:at+n]
-	clear(a.i[at:])
-	return a.i[at : at+n : at+n]
+	s := take(a, func(a *arena) *[]int32 { return &a.i }, n, 4096)[:n]
+	clear(s)
+	return s
 }
 
 // tickets returns an empty slice of scratch with room for n tickets.
 func (a *arena) tickets(n int) []ticket {
+	return take(a, func(a *arena) *[]ticket { return &a.t }, n, 1024)
+}
+
+// take returns an empty slice with room for n values from the arena's
+// chunk of them (field), which it replaces by a new one of at least size
+// values when it has not that room left; from no arena, a slice of its
+// own.
+func take[T any](a *arena, field func(*arena) *[]T, n, size int) []T {
 	if a == nil {
-		return make([]ticket, 0, n)
+		return make([]T, 0, n)
 	}
-	if cap(a.t)-len(a.t) < n {
-		a.t = make([]ticket, 0, max(1024, n))
+	chunk := field(a)
+	if cap(*chunk)-len(*chunk) < n {
+		*chunk = make([]T, 0, max(size, n))
 	}
-	at := len(a.t)
-	a.t = a.t[:at+n]
-	return a.t[at : at : at+n]
+	at := len(*chunk)
+	*chunk = (*chunk)[:at+n]
+	return (*chunk)[at : at : at+n]
 }
 
 // reuseScratch hands out again the scratch handed out so far.
