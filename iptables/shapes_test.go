@@ -38,8 +38,7 @@ func shapesPorts() []*servicelb.ServicePort {
 	cluster, local := []servicelb.Backend{be("10.244.1.2", true), be("10.244.2.2", false)}, []servicelb.Backend{be("10.244.1.2", true)}
 	port := func(svc string, p uint16, np uint16) servicelb.ServicePort {
 		return servicelb.ServicePort{Key: servicelb.ServicePortKey{Service: svc, Family: servicelb.IPv4}, Family: servicelb.IPv4,
-			Port: servicelb.Port{Protocol: servicelb.TCP, Port: p, NodePort: np}, Cluster: cluster, Local: local,
-			Serving: []netip.AddrPort{netip.MustParseAddrPort("10.244.1.2:8080"), netip.MustParseAddrPort("10.244.2.2:8080")}}
+			Port: servicelb.Port{Protocol: servicelb.TCP, Port: p, NodePort: np}, Cluster: cluster, Local: local}
 	}
 	// The cluster IP: pods dropped, the node refused, the rest forwarded.
 	mixed := port("odd/mixed", 80, 0)

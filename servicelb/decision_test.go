@@ -120,7 +120,7 @@ func TestOnlyNamedPorts(t *testing.T) {
 	http := st.Port(ServicePortKey{"ns/w", "http", IPv4})
 	metrics := st.Port(ServicePortKey{"ns/w", "metrics", IPv4})
 	assert.Equal(t, []Backend{{Addr: a("10.0.0.2"), Port: 8080, Weight: 1, Ready: true}}, http.Cluster)
-	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:8080")}, http.Serving)
+	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:8080")}, http.Serving())
 	assert.Equal(t, []string{"10.0.0.1", "10.0.0.2"}, addrs(metrics.Cluster))
 }
 
@@ -196,7 +196,7 @@ func TestHairpinAndServing(t *testing.T) {
 	assert.Equal(t, []netip.AddrPort{
 		netip.MustParseAddrPort("10.0.0.1:53"), netip.MustParseAddrPort("10.0.0.2:53"),
 		netip.MustParseAddrPort("10.0.0.3:53"), netip.MustParseAddrPort("10.0.0.4:53"),
-	}, sp.Serving)
+	}, sp.Serving())
 }
 
 // TestFrontends lists a port's frontends with their kinds.

@@ -31,7 +31,7 @@ type PortChange struct {
 // those for such a change.
 func (c PortChange) EndpointsOnly() bool {
 	x := *c.New
-	x.Cluster, x.Local, x.Serving = c.Old.Cluster, c.Old.Local, c.Old.Serving
+	x.Cluster, x.Local, x.moreServing = c.Old.Cluster, c.Old.Local, c.Old.moreServing
 	return x.Equal(c.Old)
 }
 
@@ -102,7 +102,7 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		slices.Equal(sp.NodeIPs, o.NodeIPs) && slices.Equal(sp.Cluster, o.Cluster) && slices.Equal(sp.Local, o.Local) &&
 		sp.Internal == o.Internal && sp.External == o.External && slices.Equal(sp.SourceRanges, o.SourceRanges) &&
 		sp.Affinity == o.Affinity && sp.Scheduler == o.Scheduler && sp.HealthCheckNodePort == o.HealthCheckNodePort &&
-		slices.Equal(sp.Serving, o.Serving)
+		slices.Equal(sp.moreServing, o.moreServing)
 }
 
 // StaleFlow selects the UDP or SCTP conntrack flows to one frontend that
@@ -148,7 +148,7 @@ func flowFrontends(m map[flowKey][]netip.AddrPort, sp *ServicePort) {
 	}
 	for _, f := range sp.Frontends() {
 		k := flowKey{sp.Port.Protocol, f.Addr, f.Port}
-		m[k] = mergeAddrs(m[k], sp.Serving)
+		m[k] = mergeAddrs(m[k], sp.Serving())
 	}
 }
 

@@ -85,28 +85,27 @@ func endpointPort(e *Endpoint, p Port) (uint16, bool) {
 // serving returns the endpoints of family f that serve port p (ready, or
 // serving), each at its target port of p, whatever their weight, sorted.
 func serving(s *Service, p Port, f Family) []netip.AddrPort {
-	port := func(e *Endpoint) (uint16, bool) {
-		tp, ok := endpointPort(e, p)
-		return tp, ok && FamilyOf(e.Addr) == f && (e.IsReady() || e.IsServing())
-	}
-	n := 0
+	var out []netip.AddrPort
 	for i := range s.Endpoints {
-		if _, ok := port(&s.Endpoints[i]); ok {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	// The service port keeps the slice: sized once, it holds no spare room.
-	out := make([]netip.AddrPort, 0, n)
-	for i := range s.Endpoints {
-		if tp, ok := port(&s.Endpoints[i]); ok {
-			out = append(out, netip.AddrPortFrom(s.Endpoints[i].Addr, tp))
+		e := &s.Endpoints[i]
+		if tp, ok := endpointPort(e, p); ok && FamilyOf(e.Addr) == f && (e.IsReady() || e.IsServing()) {
+			out = append(out, netip.AddrPortFrom(e.Addr, tp))
 		}
 	}
 	slices.SortFunc(out, netip.AddrPort.Compare)
 	return slices.Compact(out)
+}
+
+// beyond returns the endpoints of all that sp's Cluster and Local do not
+// hold, in a slice of their own; nil for none.
+func beyond(all []netip.AddrPort, sp *ServicePort) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, a := range all {
+		if !sp.Serves(a) {
+			out = append(out, a)
+		}
+	}
+	return slices.Clip(out)
 }
 
 // pick returns the ready candidates that keep says yes to or, when there
@@ -227,8 +226,8 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		Scheduler:       s.Scheduler,
 		Cluster:         cluster,
 		Local:           pick(cs, func(c *candidate) bool { return c.Local }),
-		Serving:         serving(s, p, f),
 	}
+	sp.moreServing = beyond(serving(s, p, f), sp)
 	if ips := held(s.ClusterIPs); len(ips) > 0 {
 		sp.ClusterIP = ips[0]
 	}

@@ -78,12 +78,9 @@ type ServicePort struct {
 	// HealthCheckNodePort is the service's health check node port, 0 for
 	// none. Backends that filter node traffic accept TCP on it.
 	HealthCheckNodePort uint16
-	// Serving lists every endpoint of this family that serves the port
-	// (ready, or serving while terminating), at its target port, whatever
-	// the policies, topology or weights select, sorted. A UDP or SCTP flow
-	// to a frontend of the port whose endpoint address and port are not
-	// among them is stale (see StaleFlow).
-	Serving []netip.AddrPort
+	// moreServing are the endpoints Serving lists beyond those of Cluster
+	// and Local (none, as a rule), sorted.
+	moreServing []netip.AddrPort
 }
 
 // ExternallyAccessible reports whether the port is reachable from outside the cluster:
@@ -139,6 +136,41 @@ func (sp *ServicePort) Backends() []Backend {
 		out = slices.CompactFunc(out, func(a, b Backend) bool { return a.AddrPort() == b.AddrPort() })
 	}
 	return out
+}
+
+// Serving returns every endpoint of this family that serves the port
+// (ready, or serving while terminating), at its target port, whatever the
+// policies, topology or weights select, sorted. A UDP or SCTP flow to a
+// frontend of the port whose endpoint address and port are not among them
+// is stale (see StaleFlow). They are those of Cluster and Local, and the
+// few the port keeps beside them: a State holds an endpoint once in a
+// port, not in two lists.
+func (sp *ServicePort) Serving() []netip.AddrPort {
+	n := len(sp.Cluster) + len(sp.Local) + len(sp.moreServing)
+	if n == 0 {
+		return nil
+	}
+	out := make([]netip.AddrPort, 0, n)
+	for _, bs := range [2][]Backend{sp.Cluster, sp.Local} {
+		for _, b := range bs {
+			out = append(out, b.AddrPort())
+		}
+	}
+	out = append(out, sp.moreServing...)
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
+}
+
+// Serves reports whether the endpoint at a (its address and target port)
+// is among those Serving returns, without making the list.
+func (sp *ServicePort) Serves(a netip.AddrPort) bool {
+	for _, bs := range [2][]Backend{sp.Cluster, sp.Local} {
+		if _, ok := slices.BinarySearchFunc(bs, a, func(b Backend, a netip.AddrPort) int { return b.AddrPort().Compare(a) }); ok {
+			return true
+		}
+	}
+	_, ok := slices.BinarySearchFunc(sp.moreServing, a, netip.AddrPort.Compare)
+	return ok
 }
 
 // Hairpin yields the addresses of the endpoints a verdict may forward to

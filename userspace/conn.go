@@ -275,7 +275,7 @@ func (p *Proxier) track(c *conn) bool {
 	ps := c.ps
 	ps.mu.Lock()
 	ps.conns[c] = struct{}{}
-	if ps.gone.Load() || !serving(ps.tab.Load().sp, c.to) {
+	if ps.gone.Load() || !ps.tab.Load().sp.Serves(c.to) {
 		p.startDrain(c)
 	}
 	ps.mu.Unlock()
@@ -316,7 +316,7 @@ func (p *Proxier) redrain(ps *portState) {
 	gone := ps.gone.Load()
 	for c := range ps.conns {
 		switch {
-		case gone || !serving(sp, c.to):
+		case gone || !sp.Serves(c.to):
 			p.startDrain(c)
 		case c.drain != nil:
 			c.drain.Stop()

@@ -201,11 +201,3 @@ func failed(d decision, client netip.Addr, to netip.AddrPort) {
 		p.drop(client, to)
 	}
 }
-
-// serving reports whether the endpoint at a (its address and target
-// port) still serves the port, so that its flows continue
-// (servicelb.StaleFlow).
-func serving(sp *servicelb.ServicePort, a netip.AddrPort) bool {
-	_, ok := slices.BinarySearchFunc(sp.Serving, a, netip.AddrPort.Compare)
-	return ok
-}

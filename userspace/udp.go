@@ -266,7 +266,7 @@ func (p *Proxier) newSession(l *listener, client netip.AddrPort, sa unix.Sockadd
 	}
 	// A sync that ran since the decision closes the sessions to
 	// endpoints that stopped serving; this one was not there yet.
-	if ps.gone.Load() || !serving(ps.tab.Load().sp, to) {
+	if ps.gone.Load() || !ps.tab.Load().sp.Serves(to) {
 		s.end()
 		return nil
 	}

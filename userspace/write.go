@@ -272,7 +272,7 @@ func (p *Proxier) settlePort(ps *portState) {
 	}
 	sp := ps.sp
 	for _, l := range ps.lns {
-		n := l.udp.closeIf(func(s *session) bool { return !serving(sp, s.to) })
+		n := l.udp.closeIf(func(s *session) bool { return !sp.Serves(s.to) })
 		ps.stats.drained.Add(uint64(n))
 	}
 }

@@ -17,8 +17,12 @@ func TestPendingFlows(t *testing.T) {
 	a, b := netip.MustParseAddrPort("10.244.1.2:53"), netip.MustParseAddrPort("10.244.2.2:53")
 	vip := netip.MustParseAddr("10.96.0.10")
 	port := func(serving ...netip.AddrPort) *servicelb.ServicePort {
-		return &servicelb.ServicePort{Key: servicelb.ServicePortKey{Service: "d/s", Family: servicelb.IPv4},
-			Port: servicelb.Port{Protocol: servicelb.UDP, Port: 53}, ClusterIP: vip, Serving: serving}
+		sp := &servicelb.ServicePort{Key: servicelb.ServicePortKey{Service: "d/s", Family: servicelb.IPv4},
+			Port: servicelb.Port{Protocol: servicelb.UDP, Port: 53}, ClusterIP: vip}
+		for _, a := range serving {
+			sp.Cluster = append(sp.Cluster, servicelb.Backend{Addr: a.Addr(), Port: a.Port(), Weight: 1, Ready: true})
+		}
+		return sp
 	}
 	var pf pendingFlows
 	pf.refresh(&servicelb.Changes{Changed: []servicelb.PortChange{{Old: port(a, b), New: port(a)}}})

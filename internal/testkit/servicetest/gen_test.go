@@ -1,6 +1,7 @@
 package servicetest
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -85,7 +86,7 @@ func seePort(seen map[string]bool, node *servicelb.NodeConfig, sp *servicelb.Ser
 		"node port on another local address": slices.ContainsFunc(sp.NodeIPs, func(a netip.Addr) bool { return slices.Contains(node.LocalIPs, a) }),
 		"node port on localhost":             slices.Contains(sp.NodeIPs, netip.AddrFrom4([4]byte{127, 0, 0, 1})),
 		"hairpin":                            len(slices.Collect(sp.Hairpin())) > 0,
-		"serving not selected":               len(sp.Serving) > len(slices.Collect(sp.Hairpin())),
+		"serving not selected":               len(sp.Serving()) > len(slices.Collect(sp.Hairpin())),
 	} {
 		seen[what] = seen[what] || ok
 	}
@@ -111,5 +112,45 @@ func TestSource(t *testing.T) {
 	r := rand.New(Source(nil))
 	for range 100 {
 		r.IntN(3)
+	}
+}
+
+// TestServingIsEveryServingEndpoint: over a walk of states, a port's
+// Serving (read from its sets and the few it keeps beside them) is every
+// endpoint of its service and family that is ready or serving, at its
+// target port, whatever the selection; Serves finds each of them, and no
+// other.
+func TestServingIsEveryServingEndpoint(t *testing.T) {
+	states, err := New(Options{Seed: 2, Schedulers: []servicelb.Scheduler{servicelb.SchedulerRandom}}).Walk(200)
+	require.NoError(t, err)
+	for _, st := range states {
+		svcs := map[string]*servicelb.Service{}
+		for _, s := range st.Services() {
+			svcs[s.Name] = s
+		}
+		for _, sp := range st.Ports() {
+			var want []netip.AddrPort
+			for _, e := range svcs[sp.Key.Service].Endpoints {
+				if servicelb.FamilyOf(e.Addr) != sp.Family || !e.IsReady() && !e.IsServing() {
+					continue
+				}
+				port, ok := e.Ports[sp.Port.Name]
+				if !ok && e.OnlyNamedPorts {
+					continue
+				}
+				if !ok {
+					port = cmp.Or(sp.Port.TargetPort, sp.Port.Port)
+				}
+				want = append(want, netip.AddrPortFrom(e.Addr, port))
+			}
+			slices.SortFunc(want, netip.AddrPort.Compare)
+			want = slices.Compact(want)
+			require.Equal(t, want, sp.Serving(), "%s", sp.Key)
+			for _, a := range want {
+				require.True(t, sp.Serves(a), "%s: %s", sp.Key, a)
+				other := netip.AddrPortFrom(a.Addr(), a.Port()+1)
+				require.Equal(t, slices.Contains(want, other), sp.Serves(other), "%s: %s", sp.Key, other)
+			}
+		}
 	}
 }
