@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"sync"
 )
 
 // Backend is an endpoint selected for a service port: where new flows may go.
@@ -44,30 +45,39 @@ type candidate struct {
 // this node, as kube-proxy's endpoint slice cache keeps them: a local
 // duplicate wins whatever its conditions.
 func candidates(node *NodeConfig, s *Service, p Port, f Family) []candidate {
-	var out []candidate
-	index := map[netip.AddrPort]int{}
+	return candidatesInto(nil, node, s, p, f)
+}
+
+// candidatesInto is candidates, appended to out.
+func candidatesInto(out []candidate, node *NodeConfig, s *Service, p Port, f Family) []candidate {
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		port, ok := endpointPort(e, p)
 		if !ok || FamilyOf(e.Addr) != f || e.EffectiveWeight() == 0 {
 			continue
 		}
-		c := candidate{
+		out = append(out, candidate{
 			Backend: Backend{Addr: e.Addr, Port: port, Weight: e.EffectiveWeight(), Local: node.Local(e), Ready: e.IsReady()},
 			ep:      e,
 			serving: e.IsReady() || (e.IsServing() && e.Terminating),
-		}
-		if j, dup := index[c.AddrPort()]; dup {
-			if c.Local {
-				out[j] = c
-			}
-			continue
-		}
-		index[c.AddrPort()] = len(out)
-		out = append(out, c)
+		})
 	}
-	slices.SortFunc(out, func(a, b candidate) int { return compareBackends(a.Backend, b.Backend) })
-	return out
+	// Sorted stably, the endpoints of one address and port stand
+	// together in the order they were listed: the first of them stays,
+	// or the last of them on this node.
+	slices.SortStableFunc(out, func(a, b candidate) int { return compareBackends(a.Backend, b.Backend) })
+	kept := out[:0]
+	for i := 0; i < len(out); {
+		j, keep := i+1, i
+		for ; j < len(out) && out[j].AddrPort() == out[i].AddrPort(); j++ {
+			if out[j].Local {
+				keep = j
+			}
+		}
+		kept = append(kept, out[keep])
+		i = j
+	}
+	return kept
 }
 
 // endpointPort returns the endpoint's port for service port p, and false
@@ -82,30 +92,22 @@ func endpointPort(e *Endpoint, p Port) (uint16, bool) {
 	return cmp.Or(p.TargetPort, p.Port), true
 }
 
-// serving returns the endpoints of family f that serve port p (ready, or
-// serving), each at its target port of p, whatever their weight, sorted.
-func serving(s *Service, p Port, f Family) []netip.AddrPort {
+// moreServing returns the endpoints of family f that serve port p (ready,
+// or serving), each at its target port of p, whatever their weight, that
+// sp's Cluster and Local do not hold: sorted, in a slice of their own;
+// nil for none.
+func moreServing(s *Service, p Port, f Family, sp *ServicePort) []netip.AddrPort {
 	var out []netip.AddrPort
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		if tp, ok := endpointPort(e, p); ok && FamilyOf(e.Addr) == f && (e.IsReady() || e.IsServing()) {
-			out = append(out, netip.AddrPortFrom(e.Addr, tp))
+			if a := netip.AddrPortFrom(e.Addr, tp); !sp.Serves(a) {
+				out = append(out, a)
+			}
 		}
 	}
 	slices.SortFunc(out, netip.AddrPort.Compare)
-	return slices.Compact(out)
-}
-
-// beyond returns the endpoints of all that sp's Cluster and Local do not
-// hold, in a slice of their own; nil for none.
-func beyond(all []netip.AddrPort, sp *ServicePort) []netip.AddrPort {
-	var out []netip.AddrPort
-	for _, a := range all {
-		if !sp.Serves(a) {
-			out = append(out, a)
-		}
-	}
-	return slices.Clip(out)
+	return slices.Clip(slices.Compact(out))
 }
 
 // pick returns the ready candidates that keep says yes to or, when there
@@ -205,13 +207,27 @@ func compilePorts(node *NodeConfig, s *Service, c *claims) []*ServicePort {
 	return out
 }
 
+// scratch holds the candidates of compilePort between calls: a port keeps
+// what it selects of them, not them, and a slice made for each port would
+// leave the State's long-lived objects among holes.
+var scratch = sync.Pool{New: func() any { return new([]candidate) }}
+
 func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *ServicePort {
-	cs := candidates(node, s, p, f)
+	buf := scratch.Get().(*[]candidate)
+	cs := candidatesInto((*buf)[:0], node, s, p, f)
+	defer func() {
+		clear(cs)
+		*buf = cs[:0]
+		scratch.Put(buf)
+	}()
 	cluster, _ := selectCluster(node, cs)
+	holds := func(a netip.Addr) bool {
+		return FamilyOf(a) == f && c.vipOwner(frontKey{a, p.Protocol, p.Port}) == s.Name
+	}
 	held := func(as []netip.Addr) []netip.Addr {
 		var out []netip.Addr
-		for _, a := range addrsOf(as, f) {
-			if c.vipOwner(frontKey{a, p.Protocol, p.Port}) == s.Name {
+		for _, a := range as {
+			if holds(a) {
 				out = append(out, a)
 			}
 		}
@@ -227,9 +243,9 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		Cluster:         cluster,
 		Local:           pick(cs, func(c *candidate) bool { return c.Local }),
 	}
-	sp.moreServing = beyond(serving(s, p, f), sp)
-	if ips := held(s.ClusterIPs); len(ips) > 0 {
-		sp.ClusterIP = ips[0]
+	sp.moreServing = moreServing(s, p, f, sp)
+	if i := slices.IndexFunc(s.ClusterIPs, holds); i >= 0 {
+		sp.ClusterIP = s.ClusterIPs[i]
 	}
 	if p.NodePort != 0 && c.nodePortOwner(portKey{p.Protocol, p.NodePort}) == s.Name {
 		for _, a := range node.NodePortIPs(f) {
