@@ -175,7 +175,7 @@ func newServer(sp *servicelb.ServicePort, name func(*VirtualServer), targets []s
 		sched = DefaultScheduler
 	}
 	vs := &VirtualServer{Scheduler: sched, HashPort: sp.Scheduler == servicelb.SchedulerMaglev,
-		Persistence: uint32(sp.Affinity / time.Second), Real: realServers(targets), serving: sp.Serving()}
+		Persistence: uint32(sp.Affinity / time.Second), Real: realServers(targets), serving: sp.ServingEndpoints()}
 	name(vs)
 	return vs
 }

@@ -501,7 +501,7 @@ func eachRef(sp *servicelb.ServicePort, f func(ref)) {
 	if sp.ClusterIP.IsValid() {
 		f(ref{fixedSet(kindClusterIPs, sp.Family), sp.ClusterIP})
 	}
-	for a := range sp.Hairpin() {
+	for a := range sp.HairpinAddrs() {
 		f(ref{fixedSet(kindHairpin, sp.Family), a})
 	}
 }

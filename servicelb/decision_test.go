@@ -120,7 +120,7 @@ func TestOnlyNamedPorts(t *testing.T) {
 	http := st.Port(ServicePortKey{"ns/w", "http", IPv4})
 	metrics := st.Port(ServicePortKey{"ns/w", "metrics", IPv4})
 	assert.Equal(t, []Backend{{Addr: a("10.0.0.2"), Port: 8080, Weight: 1, Ready: true}}, http.Cluster)
-	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:8080")}, http.Serving())
+	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:8080")}, http.ServingEndpoints())
 	assert.Equal(t, []string{"10.0.0.1", "10.0.0.2"}, addrs(metrics.Cluster))
 }
 
@@ -192,11 +192,13 @@ func TestHairpinAndServing(t *testing.T) {
 		},
 	}
 	sp := compile(t, NodeConfig{NodeName: "n1"}, s)
-	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.3")}, slices.Collect(sp.Hairpin()))
+	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.3")}, slices.Collect(sp.HairpinAddrs()))
+	assert.Equal(t, slices.Collect(sp.HairpinAddrs()), sp.Hairpin, "the deprecated list")
+	assert.Equal(t, sp.ServingEndpoints(), sp.Serving, "the deprecated list")
 	assert.Equal(t, []netip.AddrPort{
 		netip.MustParseAddrPort("10.0.0.1:53"), netip.MustParseAddrPort("10.0.0.2:53"),
 		netip.MustParseAddrPort("10.0.0.3:53"), netip.MustParseAddrPort("10.0.0.4:53"),
-	}, sp.Serving())
+	}, sp.ServingEndpoints())
 }
 
 // TestFrontends lists a port's frontends with their kinds.
@@ -235,17 +237,17 @@ func TestHairpinReadsTheSetsInUse(t *testing.T) {
 		Cluster: []Backend{b("10.0.0.1", 80), b("10.0.0.1", 81), b("10.0.0.4", 80)},
 		Local:   []Backend{b("10.0.0.1", 80), b("10.0.0.2", 80), b("10.0.0.5", 80)}}
 	sp.Internal[FromPod].Action = ToCluster
-	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.4")}, slices.Collect(sp.Hairpin()), "Cluster alone in use")
+	assert.Equal(t, []netip.Addr{a("10.0.0.1"), a("10.0.0.4")}, slices.Collect(sp.HairpinAddrs()), "Cluster alone in use")
 	assert.False(t, sp.IsHairpin(a("10.0.0.2")), "an address of Local, which no verdict uses")
 	sp.Internal[FromNode].Action = ToLocal
 	want := []netip.Addr{a("10.0.0.1"), a("10.0.0.2"), a("10.0.0.4"), a("10.0.0.5")}
-	assert.Equal(t, want, slices.Collect(sp.Hairpin()), "both in use")
+	assert.Equal(t, want, slices.Collect(sp.HairpinAddrs()), "both in use")
 	for _, x := range want {
 		assert.True(t, sp.IsHairpin(x), "%s", x)
 	}
 	assert.False(t, sp.IsHairpin(a("10.0.0.3")))
 	var first []netip.Addr
-	for x := range sp.Hairpin() {
+	for x := range sp.HairpinAddrs() {
 		if len(first) == 2 {
 			break
 		}
@@ -253,5 +255,5 @@ func TestHairpinReadsTheSetsInUse(t *testing.T) {
 	}
 	assert.Equal(t, want[:2], first, "a walk stops where its loop does")
 	sp.Internal[FromPod].Action, sp.Internal[FromNode].Action = Drop, Drop
-	assert.Empty(t, slices.Collect(sp.Hairpin()), "no set in use")
+	assert.Empty(t, slices.Collect(sp.HairpinAddrs()), "no set in use")
 }

@@ -24,14 +24,14 @@ type PortChange struct {
 }
 
 // EndpointsOnly reports whether the change touches the port's endpoints
-// alone: the sets it forwards to (Cluster, Local) and the serving
-// endpoints (Serving) differ, and every other
+// alone: the sets it forwards to (Cluster, Local), their addresses
+// (Hairpin) and the serving endpoints (Serving) differ, and every other
 // field, the frontends and the verdicts among them, stays. A backend that
 // keeps its endpoints apart from the rules that reach them rewrites only
 // those for such a change.
 func (c PortChange) EndpointsOnly() bool {
 	x := *c.New
-	x.Cluster, x.Local, x.moreServing = c.Old.Cluster, c.Old.Local, c.Old.moreServing
+	x.Cluster, x.Local, x.Hairpin, x.Serving, x.moreServing = c.Old.Cluster, c.Old.Local, c.Old.Hairpin, c.Old.Serving, c.Old.moreServing
 	return x.Equal(c.Old)
 }
 
@@ -102,7 +102,7 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		slices.Equal(sp.NodeIPs, o.NodeIPs) && slices.Equal(sp.Cluster, o.Cluster) && slices.Equal(sp.Local, o.Local) &&
 		sp.Internal == o.Internal && sp.External == o.External && slices.Equal(sp.SourceRanges, o.SourceRanges) &&
 		sp.Affinity == o.Affinity && sp.Scheduler == o.Scheduler && sp.HealthCheckNodePort == o.HealthCheckNodePort &&
-		slices.Equal(sp.moreServing, o.moreServing)
+		slices.Equal(sp.Hairpin, o.Hairpin) && slices.Equal(sp.Serving, o.Serving) && slices.Equal(sp.moreServing, o.moreServing)
 }
 
 // StaleFlow selects the UDP or SCTP conntrack flows to one frontend that
@@ -148,7 +148,7 @@ func flowFrontends(m map[flowKey][]netip.AddrPort, sp *ServicePort) {
 	}
 	for _, f := range sp.Frontends() {
 		k := flowKey{sp.Port.Protocol, f.Addr, f.Port}
-		m[k] = mergeAddrs(m[k], sp.Serving())
+		m[k] = mergeAddrs(m[k], sp.ServingEndpoints())
 	}
 }
 

@@ -371,6 +371,8 @@ func TestSamePortSeesEveryField(t *testing.T) {
 		"Affinity":            func(sp *ServicePort) { sp.Affinity = time.Hour },
 		"Scheduler":           func(sp *ServicePort) { sp.Scheduler = SchedulerRoundRobin },
 		"HealthCheckNodePort": func(sp *ServicePort) { sp.HealthCheckNodePort = 30100 },
+		"Hairpin":             func(sp *ServicePort) { sp.Hairpin = []netip.Addr{a("10.0.0.1")} },
+		"Serving":             func(sp *ServicePort) { sp.Serving = []netip.AddrPort{ap("10.0.0.1", 80)} },
 		"moreServing":         func(sp *ServicePort) { sp.moreServing = []netip.AddrPort{ap("10.0.0.1", 80)} },
 	}
 	typ := reflect.TypeFor[ServicePort]()

@@ -244,6 +244,7 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		Local:           pick(cs, func(c *candidate) bool { return c.Local }),
 	}
 	sp.moreServing = moreServing(s, p, f, sp)
+	sp.Serving = slices.Clip(sp.ServingEndpoints())
 	if i := slices.IndexFunc(s.ClusterIPs, holds); i >= 0 {
 		sp.ClusterIP = s.ClusterIPs[i]
 	}
@@ -264,6 +265,13 @@ func compilePort(node *NodeConfig, s *Service, c *claims, p Port, f Family) *Ser
 		sp.SourceRanges = allowedSources(node, s, sp)
 	}
 	sp.decide(node, s)
+	n := 0
+	for range sp.HairpinAddrs() {
+		n++
+	}
+	if n > 0 {
+		sp.Hairpin = slices.AppendSeq(make([]netip.Addr, 0, n), sp.HairpinAddrs())
+	}
 	return sp
 }
 

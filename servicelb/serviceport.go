@@ -78,8 +78,20 @@ type ServicePort struct {
 	// HealthCheckNodePort is the service's health check node port, 0 for
 	// none. Backends that filter node traffic accept TCP on it.
 	HealthCheckNodePort uint16
-	// moreServing are the endpoints Serving lists beyond those of Cluster
-	// and Local (none, as a rule), sorted.
+	// Hairpin lists the addresses HairpinAddrs yields.
+	//
+	// Deprecated: read HairpinAddrs or IsHairpin, which read Cluster and
+	// Local. The next minor release removes the list (24 bytes an
+	// endpoint).
+	Hairpin []netip.Addr
+	// Serving lists the endpoints ServingEndpoints returns.
+	//
+	// Deprecated: read ServingEndpoints or Serves, which read Cluster,
+	// Local and the few other serving endpoints the port keeps. The next
+	// minor release removes the list (32 bytes an endpoint).
+	Serving []netip.AddrPort
+	// moreServing are the serving endpoints beyond those of Cluster and
+	// Local (none, as a rule), sorted.
 	moreServing []netip.AddrPort
 }
 
@@ -138,14 +150,13 @@ func (sp *ServicePort) Backends() []Backend {
 	return out
 }
 
-// Serving returns every endpoint of this family that serves the port
-// (ready, or serving while terminating), at its target port, whatever the
-// policies, topology or weights select, sorted. A UDP or SCTP flow to a
-// frontend of the port whose endpoint address and port are not among them
-// is stale (see StaleFlow). They are those of Cluster and Local, and the
-// few the port keeps beside them: a State holds an endpoint once in a
-// port, not in two lists.
-func (sp *ServicePort) Serving() []netip.AddrPort {
+// ServingEndpoints returns every endpoint of this family that serves the
+// port (ready, or serving while terminating), at its target port, whatever
+// the policies, topology or weights select, sorted. A UDP or SCTP flow to
+// a frontend of the port whose endpoint address and port are not among
+// them is stale (see StaleFlow). They are those of Cluster and Local, and
+// the few the port keeps beside them.
+func (sp *ServicePort) ServingEndpoints() []netip.AddrPort {
 	n := len(sp.Cluster) + len(sp.Local) + len(sp.moreServing)
 	if n == 0 {
 		return nil
@@ -162,7 +173,7 @@ func (sp *ServicePort) Serving() []netip.AddrPort {
 }
 
 // Serves reports whether the endpoint at a (its address and target port)
-// is among those Serving returns, without making the list.
+// is among those ServingEndpoints returns, without making the list.
 func (sp *ServicePort) Serves(a netip.AddrPort) bool {
 	for _, bs := range [2][]Backend{sp.Cluster, sp.Local} {
 		if _, ok := slices.BinarySearchFunc(bs, a, func(b Backend, a netip.AddrPort) int { return b.AddrPort().Compare(a) }); ok {
@@ -173,12 +184,12 @@ func (sp *ServicePort) Serves(a netip.AddrPort) bool {
 	return ok
 }
 
-// Hairpin yields the addresses of the endpoints a verdict may forward to
+// HairpinAddrs yields the addresses of the endpoints a verdict may forward to
 // (those of Backends), each once, in order: a flow from one of them that
 // is forwarded to itself is masqueraded, so that the endpoint's reply
 // comes back through the node. They are read from Cluster and Local, not
 // kept beside them.
-func (sp *ServicePort) Hairpin() iter.Seq[netip.Addr] {
+func (sp *ServicePort) HairpinAddrs() iter.Seq[netip.Addr] {
 	return func(yield func(netip.Addr) bool) {
 		c, l := sp.hairpinSets()
 		var last netip.Addr
@@ -201,7 +212,7 @@ func (sp *ServicePort) Hairpin() iter.Seq[netip.Addr] {
 	}
 }
 
-// IsHairpin reports whether a is among the addresses Hairpin yields.
+// IsHairpin reports whether a is among the addresses HairpinAddrs yields.
 func (sp *ServicePort) IsHairpin(a netip.Addr) bool {
 	c, l := sp.hairpinSets()
 	for _, bs := range [2][]Backend{c, l} {

@@ -62,10 +62,10 @@ func (pf *pendingFlows) refresh(ch *servicelb.Changes) {
 		set(c.Old, nil)
 	}
 	for _, c := range ch.Changed {
-		set(c.New, c.New.Serving())
+		set(c.New, c.New.ServingEndpoints())
 	}
 	for _, sp := range ch.Added {
-		set(sp, sp.Serving())
+		set(sp, sp.ServingEndpoints())
 	}
 	maps.DeleteFunc(pf.m, func(_ flowKey, x servicelb.StaleFlow) bool { return len(x.Serving) == 0 })
 }

@@ -85,8 +85,8 @@ func seePort(seen map[string]bool, node *servicelb.NodeConfig, sp *servicelb.Ser
 		"node port on some node addresses":   len(sp.NodeIPs) > 0 && len(sp.NodeIPs) < len(node.IPs(sp.Family))+len(node.LocalIPs),
 		"node port on another local address": slices.ContainsFunc(sp.NodeIPs, func(a netip.Addr) bool { return slices.Contains(node.LocalIPs, a) }),
 		"node port on localhost":             slices.Contains(sp.NodeIPs, netip.AddrFrom4([4]byte{127, 0, 0, 1})),
-		"hairpin":                            len(slices.Collect(sp.Hairpin())) > 0,
-		"serving not selected":               len(sp.Serving()) > len(slices.Collect(sp.Hairpin())),
+		"hairpin":                            len(slices.Collect(sp.HairpinAddrs())) > 0,
+		"serving not selected":               len(sp.ServingEndpoints()) > len(slices.Collect(sp.HairpinAddrs())),
 	} {
 		seen[what] = seen[what] || ok
 	}
@@ -116,7 +116,8 @@ func TestSource(t *testing.T) {
 }
 
 // TestServingIsEveryServingEndpoint: over a walk of states, a port's
-// Serving (read from its sets and the few it keeps beside them) is every
+// ServingEndpoints (read from its sets and the few it keeps beside them),
+// and the deprecated list Serving, are every
 // endpoint of its service and family that is ready or serving, at its
 // target port, whatever the selection; Serves finds each of them, and no
 // other.
@@ -145,7 +146,11 @@ func TestServingIsEveryServingEndpoint(t *testing.T) {
 			}
 			slices.SortFunc(want, netip.AddrPort.Compare)
 			want = slices.Compact(want)
-			require.Equal(t, want, sp.Serving(), "%s", sp.Key)
+			require.Equal(t, want, sp.ServingEndpoints(), "%s", sp.Key)
+			//lint:ignore SA1019 the deprecated list holds the same until it goes
+			require.Equal(t, want, sp.Serving, "%s: the deprecated list", sp.Key)
+			//lint:ignore SA1019 the deprecated list holds the same until it goes
+			require.Equal(t, slices.Collect(sp.HairpinAddrs()), sp.Hairpin, "%s: the deprecated list", sp.Key)
 			for _, a := range want {
 				require.True(t, sp.Serves(a), "%s: %s", sp.Key, a)
 				other := netip.AddrPortFrom(a.Addr(), a.Port()+1)
