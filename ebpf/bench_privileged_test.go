@@ -246,15 +246,7 @@ func newDataPath(b *testing.B, e *ebpftest.Env) *dataPath {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	netnstest.ServeConns(ln, func(c net.Conn) { io.Copy(io.Discard, c); c.Close() })
 	d := &dataPath{tp: tp, direct: netip.AddrPortFrom(be.IPv4, sinkPort),
 		vip: netip.MustParseAddrPort("10.96.0.10:80"), nftIP: netip.MustParseAddrPort("10.96.0.20:80")}
 	svc := func(name string, ip netip.Addr) servicelb.Service {

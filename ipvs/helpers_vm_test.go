@@ -159,24 +159,16 @@ func (e *env) serveLines(i int, port uint16) {
 		e.t.Fatalf("listen on %s: %v", h.Name, err)
 	}
 	e.t.Cleanup(func() { ln.Close() })
-	go func() {
+	netnstest.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := r.ReadString('\n'); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					if _, err := r.ReadString('\n'); err != nil {
-						return
-					}
-					fmt.Fprintf(c, "%s\n", h.Name)
-				}
-			}()
+			fmt.Fprintf(c, "%s\n", h.Name)
 		}
-	}()
+	})
 }
 
 // dial opens a session from the client to dst.

@@ -370,18 +370,10 @@ func BenchmarkLayoutFirstPacket(b *testing.B) {
 						return err
 					}
 					defer ln.Close()
-					go func() {
-						for {
-							c, err := ln.Accept()
-							if err != nil {
-								return
-							}
-							go func() {
-								_, _ = io.Copy(io.Discard, c)
-								c.Close()
-							}()
-						}
-					}()
+					netnstest.ServeConns(ln, func(c net.Conn) {
+						_, _ = io.Copy(io.Discard, c)
+						c.Close()
+					})
 					b.ResetTimer()
 					via, dir, err = benchwork.ConnectBoth([]string{vip}, []string{direct}, b.N, 5*time.Second)
 					b.StopTimer()

@@ -413,27 +413,19 @@ func lineEcho(t *testing.T, h *netnstest.Host, port uint16) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
+	netnstest.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(line)); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := c.Write([]byte(line)); err != nil {
+				return
+			}
 		}
-	}()
+	})
 }
 
 // longService starts a topology of one backend that echoes lines on

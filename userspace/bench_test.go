@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -68,29 +69,21 @@ func benchSetup(b testing.TB) (direct, proxied path, p *Proxier) {
 // ends its side.
 func startEcho(b testing.TB, do func(func() error) error) netip.AddrPort {
 	ln := listenTCP(b, do)
-	go func() {
+	netnstest.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 64<<10)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, err := c.Write(buf[:n]); err != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
@@ -244,30 +237,22 @@ func cpuTime() float64 {
 // with the number of bytes it read.
 func startSink(b testing.TB, do func(func() error) error) netip.AddrPort {
 	ln := listenTCP(b, do)
-	go func() {
+	netnstest.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 256<<10)
+		var n int64
 		for {
-			c, err := ln.Accept()
+			m, err := c.Read(buf)
+			n += int64(m)
+			if err == io.EOF {
+				io.WriteString(c, strconv.FormatInt(n, 10))
+				return
+			}
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 256<<10)
-				var n int64
-				for {
-					m, err := c.Read(buf)
-					n += int64(m)
-					if err == io.EOF {
-						io.WriteString(c, strconv.FormatInt(n, 10))
-						return
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 

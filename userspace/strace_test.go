@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kproxy-dev/kproxy/internal/testkit/netnstest"
 	"github.com/kproxy-dev/kproxy/internal/testkit/servicetest"
 	"github.com/kproxy-dev/kproxy/servicelb"
 )
@@ -115,22 +116,14 @@ func startCountingSink(t *testing.T) netip.AddrPort {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(time.Minute))
-				n, err := io.Copy(io.Discard, c)
-				if err == nil {
-					io.WriteString(c, strconv.FormatInt(n, 10))
-				}
-			}()
+	netnstest.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		n, err := io.Copy(io.Discard, c)
+		if err == nil {
+			io.WriteString(c, strconv.FormatInt(n, 10))
 		}
-	}()
+	})
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 

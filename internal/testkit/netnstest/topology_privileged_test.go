@@ -212,22 +212,14 @@ func TestCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-					return
-				}
-				time.Sleep(slow)
-				fmt.Fprintf(c, "slow %s 8081\n", c.RemoteAddr())
-			}()
+	netnstest.ServeConns(ln, func(c net.Conn) {
+		defer c.Close()
+		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+			return
 		}
-	}()
+		time.Sleep(slow)
+		fmt.Fprintf(c, "slow %s 8081\n", c.RemoteAddr())
+	})
 	if got := tp.Client.Count(t, "tcp", netip.AddrPortFrom(b.IPv4, 8081), 2); got["slow"] != 2 {
 		t.Errorf("slow server: counts %v, want slow:2", got)
 	}

@@ -3,6 +3,7 @@
 package netnstest
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,4 +57,19 @@ func (r *Repeated) Stop() []error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.failures
+}
+
+// ServeConns accepts connections on ln until it is closed, and handles
+// each in a goroutine of its own: a test's server in a few lines. The
+// caller closes ln (and its handlers their connections).
+func ServeConns(ln net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
 }
