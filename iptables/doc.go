@@ -19,7 +19,7 @@
 //     local set: statistic random rules with each endpoint's share of the
 //     weight left, printed as kube-proxy prints them, after ClientIP
 //     affinity checks (-m recent). P-SEP-* marks a flow from an endpoint
-//     of ServicePort.Hairpin to itself for masquerade, records affinity
+//     of ServicePort.HairpinAddrs to itself for masquerade, records affinity
 //     and DNATs to one endpoint.
 //   - P-EXT-* takes the flows to the port's external IPs, load-balancer
 //     IPs and node ports. P-FW-*, before it for load-balancer IPs with

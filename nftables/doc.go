@@ -123,7 +123,7 @@
 //
 // "masquerading" masquerades marked packets, and hairpin packets: a
 // translated flow from an endpoint to itself (set hairpin4/6 holds the
-// addresses of ServicePort.Hairpin, every endpoint a verdict may forward
+// addresses of ServicePort.HairpinAddrs, every endpoint a verdict may forward
 // to).
 //
 // # Load balancing without per-service sets or chains

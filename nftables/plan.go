@@ -496,7 +496,7 @@ func (p *planner) fragmentInto(fr *fragment, pp *portPlan, n *servicelb.NodeConf
 
 // eachRef calls f with each shared element a port needs, in order
 // (compareRefs): its cluster IP, then the hairpin pairs of the endpoints
-// its verdicts may forward to, in ServicePort.Hairpin's order.
+// its verdicts may forward to, in ServicePort.HairpinAddrs' order.
 func eachRef(sp *servicelb.ServicePort, f func(ref)) {
 	if sp.ClusterIP.IsValid() {
 		f(ref{fixedSet(kindClusterIPs, sp.Family), sp.ClusterIP})
