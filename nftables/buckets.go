@@ -98,10 +98,10 @@ func sum(counts []uint32) uint32 {
 // Each of a backend's buckets is a ticket, with a hash of the backend's
 // address, port and the ticket's number. In rounds, each ticket not yet
 // placed asks for the first bucket still free in a sequence of its own
-// (jumpHash: the same sequence for n and n+1 buckets but for one bucket in n,
-// so a change of n moves little too); a bucket asked for by several
-// tickets goes to the one that ranks highest for it (rank), the others
-// ask again in the next round. Every round places at least one ticket;
+// (jumpHash: the same sequence for n and n+1 buckets but for one bucket
+// in n, so a change of n moves little too); a bucket asked for by several
+// tickets goes to the one that ranks highest for it (outranks), the
+// others ask again in the next round. Every round places at least one ticket;
 // about log n rounds place them all.
 //
 // Its scratch (and the slice it returns) comes from a.
@@ -117,8 +117,8 @@ func bucketOwners(bs []servicelb.Backend, counts []uint32, n uint32, a *arena) [
 	}
 	tickets := a.tickets(int(n))
 	for i, b := range bs {
-		a := b.Addr.As16()
-		h := mix(binary.BigEndian.Uint64(a[:8]) ^ mix(binary.BigEndian.Uint64(a[8:])^uint64(b.Port)))
+		x := b.Addr.As16()
+		h := mix(binary.BigEndian.Uint64(x[:8]) ^ mix(binary.BigEndian.Uint64(x[8:])^uint64(b.Port)))
 		for j := range counts[i] {
 			tickets = append(tickets, ticket{id: mix(h + uint64(j)*golden), backend: int32(i)})
 		}
