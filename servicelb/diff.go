@@ -146,9 +146,10 @@ func flowFrontends(m map[flowKey][]netip.AddrPort, sp *ServicePort) {
 	if sp.Port.Protocol == TCP {
 		return
 	}
-	for _, f := range sp.Frontends() {
+	serving := sp.ServingEndpoints()
+	for f := range sp.AllFrontends() {
 		k := flowKey{sp.Port.Protocol, f.Addr, f.Port}
-		m[k] = mergeAddrs(m[k], sp.ServingEndpoints())
+		m[k] = mergeAddrs(m[k], serving)
 	}
 }
 

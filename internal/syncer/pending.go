@@ -46,26 +46,33 @@ func (pf *pendingFlows) refresh(ch *servicelb.Changes) {
 	if pf.empty() {
 		return
 	}
-	set := func(sp *servicelb.ServicePort, serving []netip.AddrPort) {
-		for _, f := range sp.Frontends() {
+	// set gives the pending filters of sp's frontends the endpoints
+	// serving sp (none when it went), read once sp has one.
+	set := func(sp *servicelb.ServicePort, stays bool) {
+		var serving []netip.AddrPort
+		read := false
+		for f := range sp.AllFrontends() {
 			k := flowKey{sp.Port.Protocol, f.Addr, f.Port}
 			if x, ok := pf.m[k]; ok {
+				if stays && !read {
+					serving, read = sp.ServingEndpoints(), true
+				}
 				x.Serving = serving
 				pf.m[k] = x
 			}
 		}
 	}
 	for _, sp := range ch.Removed {
-		set(sp, nil)
+		set(sp, false)
 	}
 	for _, c := range ch.Changed {
-		set(c.Old, nil)
+		set(c.Old, false)
 	}
 	for _, c := range ch.Changed {
-		set(c.New, c.New.ServingEndpoints())
+		set(c.New, true)
 	}
 	for _, sp := range ch.Added {
-		set(sp, sp.ServingEndpoints())
+		set(sp, true)
 	}
 	maps.DeleteFunc(pf.m, func(_ flowKey, x servicelb.StaleFlow) bool { return len(x.Serving) == 0 })
 }
